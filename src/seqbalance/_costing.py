@@ -1,0 +1,36 @@
+"""Turn the ``cost=`` argument of the planner, baselines and simulator into numbers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ._validate import as_weights
+
+__all__ = ["sequence_costs"]
+
+
+def sequence_costs(lengths: np.ndarray, cost: Any) -> tuple[np.ndarray, float]:
+    """Per-sequence costs (float64) and the per-micro-batch cost for ``lengths``.
+
+    ``cost`` may be None (cost = tokens), a 1-D array of per-sequence costs (one per
+    length, no per-micro-batch term), or anything :func:`seqbalance.costs.load_cost`
+    accepts: a cost model, ``"tokens"``, a shipped model name, a path to a HF config or to
+    a cost JSON.
+    """
+    if cost is None:
+        return lengths.astype(np.float64), 0.0
+    if isinstance(cost, (np.ndarray, list, tuple)):
+        costs = as_weights(cost, "cost")
+        if costs.shape[0] != lengths.shape[0]:
+            raise ValueError(
+                f"cost has {costs.shape[0]} entries but there are {lengths.shape[0]} lengths; "
+                "pass one cost per sequence, or a cost model"
+            )
+        return costs, 0.0
+    from .costs import load_cost  # the costs package imports nothing heavy
+
+    model = load_cost(cost)
+    costs = as_weights(model(lengths), "cost")
+    return costs, float(model.per_microbatch)

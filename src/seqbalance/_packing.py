@@ -1,0 +1,229 @@
+"""Pack sequences into a fixed number of capacity-bounded bins of near-equal cost.
+
+The planner's workhorse. Three steps, all deterministic (ties broken by index):
+
+1. capacitated LPT: sequences in decreasing cost order, each into the cheapest bin that still
+   has room for its tokens;
+2. if that fails, first-fit decreasing on tokens (the classic bin-packing heuristic), which
+   needs no more bins than FFD-by-tokens does by construction;
+3. pairwise refinement (packed mode): move one sequence, or swap two, between a heavy and a
+   light bin whenever that makes the pair more equal without breaking the capacity; first
+   the heaviest bin against the lightest ones, then the lightest against the heaviest.
+
+Padded bins (``count * longest <= capacity``) get steps 1 and 2 only.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+__all__ = ["pack"]
+
+_PARTNERS = 12  # light (or heavy) bins tried per refinement step
+
+
+class _Bins:
+    """Bin contents with cached cost and token totals."""
+
+    def __init__(self, w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> None:
+        self.w, self.t, self.cap, self.padded = w, t, cap, padded
+        self.items: list[list[int]] = [[] for _ in range(nbins)]
+        self.cost = np.zeros(nbins)
+        self.tok = np.zeros(nbins, dtype=np.int64)
+        self.maxw = np.zeros(nbins)
+        self.maxt = np.zeros(nbins, dtype=np.int64)
+
+    def after_add(self, b: int, i: int) -> tuple[float, int]:
+        """Cost and tokens of bin ``b`` if item ``i`` were added."""
+        if self.padded:
+            n = len(self.items[b]) + 1
+            return n * max(self.maxw[b], self.w[i]), n * max(int(self.maxt[b]), int(self.t[i]))
+        return self.cost[b] + self.w[i], int(self.tok[b] + self.t[i])
+
+    def add(self, b: int, i: int) -> None:
+        c, tok = self.after_add(b, i)
+        self.items[b].append(i)
+        self.cost[b], self.tok[b] = c, tok
+        self.maxw[b] = max(self.maxw[b], self.w[i])
+        self.maxt[b] = max(self.maxt[b], self.t[i])
+
+
+def _lpt(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _Bins | None:
+    bins = _Bins(w, t, nbins, cap, padded)
+    idx = np.arange(w.size)
+    # Most expensive first; padded bins are priced by their longest row, so longest first there.
+    order = np.lexsort((idx, -w, -t)) if padded else np.lexsort((idx, -t, -w))
+    heap = [(0.0, b) for b in range(nbins)]
+    for i in order.tolist():
+        stash = []
+        while heap:
+            c, b = heapq.heappop(heap)
+            if bins.after_add(b, i)[1] <= cap:
+                bins.add(b, i)
+                heapq.heappush(heap, (float(bins.cost[b]), b))
+                break
+            stash.append((c, b))
+            if len(stash) > 64:  # bins are nearly full in tokens: let first-fit handle it
+                return None
+        else:
+            return None
+        for entry in stash:
+            heapq.heappush(heap, entry)
+    return bins
+
+
+def _ffd(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _Bins | None:
+    bins = _Bins(w, t, nbins, cap, padded)
+    order = np.lexsort((np.arange(w.size), -w, -t))
+    room = np.full(nbins, cap, dtype=np.int64)
+    for i in order.tolist():
+        if padded:
+            fits = [b for b in range(nbins) if bins.after_add(b, i)[1] <= cap]
+            if not fits:
+                return None
+            b = fits[0]
+        else:
+            ok = room >= t[i]
+            b = int(np.argmax(ok))
+            if not ok[b]:
+                return None
+            room[b] -= t[i]
+        bins.add(b, i)
+    return bins
+
+
+def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
+    """Move or swap between heavier bin ``a`` and lighter bin ``b`` to even them out."""
+    gap = bins.cost[a] - bins.cost[b]
+    if gap <= 0:
+        return False
+    w, t, cap = bins.w, bins.t, bins.cap
+    ia = np.asarray(bins.items[a], dtype=np.int64)
+    ib = np.asarray(bins.items[b], dtype=np.int64)
+    wa, ta = w[ia], t[ia]
+    target = gap / 2.0
+    tiny = 1e-12 * bins.cost[a]
+    best_err, best = np.inf, None
+    # Move x: a -> b.
+    ok = (wa > tiny) & (wa < gap - tiny) & (bins.tok[b] + ta <= cap)
+    if ok.any():
+        err = np.where(ok, np.abs(wa - target), np.inf)
+        k = int(np.argmin(err))
+        best_err, best = float(err[k]), (k, -1)
+    # Swap x <-> y: for each x, the y whose cost is nearest wx - gap/2.
+    if ib.size and best_err > 0:
+        wb, tb = w[ib], t[ib]
+        srt = np.argsort(wb, kind="stable")
+        pos = np.searchsorted(wb[srt], wa - target)
+        cand = np.clip(pos[:, None] + np.array([-2, -1, 0, 1]), 0, ib.size - 1)
+        y = srt[cand]
+        delta = wa[:, None] - wb[y]
+        ok = (
+            (delta > tiny)
+            & (delta < gap - tiny)
+            & (bins.tok[b] - tb[y] + ta[:, None] <= cap)
+            & (bins.tok[a] - ta[:, None] + tb[y] <= cap)
+        )
+        if ok.any():
+            err = np.where(ok, np.abs(delta - target), np.inf)
+            flat = int(np.argmin(err))
+            if err.flat[flat] < best_err:
+                x, c = divmod(flat, cand.shape[1])
+                best_err, best = float(err.flat[flat]), (x, int(y[x, c]))
+    if best is None:
+        return False
+    x, y = best
+    xi = int(ia[x])
+    bins.items[a].remove(xi)
+    bins.items[b].append(xi)
+    dc, dt = float(w[xi]), int(t[xi])
+    if y >= 0:
+        yi = int(ib[y])
+        bins.items[b].remove(yi)
+        bins.items[a].append(yi)
+        dc -= float(w[yi])
+        dt -= int(t[yi])
+    bins.cost[a] -= dc
+    bins.cost[b] += dc
+    bins.tok[a] -= dt
+    bins.tok[b] += dt
+    return True
+
+
+def _refine(bins: _Bins, max_steps: int) -> None:
+    nb = bins.cost.size
+    k = min(_PARTNERS, nb - 1)
+    if k < 1:
+        return
+    steps = 0
+    for phase in ("max", "min", "max"):
+        while steps < max_steps:
+            steps += 1
+            cost = bins.cost
+            if phase == "max":
+                hi = int(np.argmax(cost))
+                part = np.argpartition(cost, k)[: k + 1]
+                part = part[np.lexsort((part, cost[part]))]
+                done = not any(p != hi and _improve_pair(bins, hi, int(p)) for p in part)
+            else:
+                lo = int(np.argmin(cost))
+                part = np.argpartition(-cost, k)[: k + 1]
+                part = part[np.lexsort((part, -cost[part]))]
+                done = not any(p != lo and _improve_pair(bins, int(p), lo) for p in part)
+            if done:
+                break
+
+
+def _fill_empty(bins: _Bins) -> None:
+    """Give every empty bin one sequence from the bin with the most (a single one always fits)."""
+    for e in [b for b, items in enumerate(bins.items) if not items]:
+        counts = np.fromiter((len(x) for x in bins.items), dtype=np.int64, count=len(bins.items))
+        src = int(np.argmax(counts))
+        if counts[src] < 2:
+            return
+        src_items = bins.items[src]
+        i = min(src_items, key=lambda j: (bins.w[j], j))
+        src_items.remove(i)
+        bins.items[e].append(i)
+        _recompute(bins, src)
+        _recompute(bins, e)
+
+
+def _recompute(bins: _Bins, b: int) -> None:
+    idx = np.asarray(bins.items[b], dtype=np.int64)
+    if idx.size == 0:
+        bins.cost[b] = bins.tok[b] = bins.maxw[b] = bins.maxt[b] = 0
+        return
+    w, t = bins.w[idx], bins.t[idx]
+    bins.maxw[b], bins.maxt[b] = w.max(), t.max()
+    if bins.padded:
+        bins.cost[b], bins.tok[b] = idx.size * w.max(), idx.size * int(t.max())
+    else:
+        bins.cost[b], bins.tok[b] = w.sum(), int(t.sum())
+
+
+def pack(
+    w: np.ndarray,
+    t: np.ndarray,
+    nbins: int,
+    cap: int,
+    *,
+    padded: bool = False,
+    refine: bool = True,
+) -> list[list[int]] | None:
+    """Pack items (cost ``w``, tokens ``t``) into exactly ``nbins`` bins of ``cap`` tokens.
+
+    Returns the bins as lists of positions into ``w`` (unsorted), or None when neither
+    heuristic fits everything. Bins may be empty only when there are fewer items than bins.
+    """
+    bins = _lpt(w, t, nbins, cap, padded)
+    if bins is None:
+        bins = _ffd(w, t, nbins, cap, padded)
+        if bins is None:
+            return None
+    if refine and not padded:
+        _refine(bins, max_steps=4 * nbins + 2000)
+    _fill_empty(bins)
+    return bins.items

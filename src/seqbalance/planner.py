@@ -1,0 +1,273 @@
+"""``plan``: sequences -> data-parallel ranks x micro-batches under a token capacity.
+
+How a plan is built (every step deterministic):
+
+1. ``m``, the micro-batches per rank, starts at the capacity minimum
+   ``ceil(total_tokens / (dp * max_tokens))`` (raised to ``min_micro_batches`` and to a
+   multiple of ``micro_batch_multiple``) and grows only when packing fails.
+2. Without a size rule or groups, all sequences are packed into ``dp * m`` bins of
+   near-equal cost under the capacity (:mod:`seqbalance._packing`). The bins are sorted by
+   cost and dealt out in slots of ``dp``: slot ``j`` is every rank's ``j``-th micro-batch,
+   so bins of similar cost run side by side (what ``fsdp`` pays for), and inside a slot the
+   heaviest bin goes to the rank with the least work so far (what ``ddp`` pays for).
+3. With a size rule or groups, ranks are chosen first with :func:`seqbalance.partition`
+   (balanced cost, the rule honoured), then each rank's sequences are packed into ``m``
+   bins and ordered heaviest first, which lines slots up across ranks.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ._costing import sequence_costs
+from ._packing import pack
+from ._validate import as_groups, as_lengths, check_choice, check_positive_int
+from .plans import Plan
+from .simulation import SYNC_MODELS
+
+__all__ = ["SIZE_RULES", "plan"]
+
+SIZE_RULES = ("free", "equal", "balanced")
+
+
+def _round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def _check_fits(lengths: np.ndarray, max_tokens: int) -> None:
+    over = np.flatnonzero(lengths > max_tokens)
+    if over.size:
+        i = int(over[0])
+        more = f" (and {over.size - 1} more)" if over.size > 1 else ""
+        raise ValueError(
+            f"sequence {i} has {int(lengths[i])} tokens, more than max_tokens={max_tokens}{more}; "
+            "raise max_tokens, or split or truncate such sequences before planning"
+        )
+
+
+def _deal_slots(bins: list[list[int]], bin_cost: np.ndarray, dp: int, m: int) -> list[list[list[int]]]:
+    """Sorted bins -> slots of ``dp``; inside a slot the heaviest bin to the lightest rank."""
+    order = np.lexsort((np.arange(bin_cost.size), -bin_cost))
+    ranks: list[list[list[int]]] = [[] for _ in range(dp)]
+    load = np.zeros(dp)
+    rank_ids = np.arange(dp)
+    for j in range(m):
+        slot = order[j * dp : (j + 1) * dp]
+        lightest = np.lexsort((rank_ids, load))
+        for r, b in zip(lightest.tolist(), slot.tolist()):
+            ranks[r].append(bins[b])
+            load[r] += bin_cost[b]
+    return ranks
+
+
+def _bin_costs(bins: list[list[int]], costs: np.ndarray, padded: bool) -> np.ndarray:
+    out = np.zeros(len(bins))
+    for b, items in enumerate(bins):
+        if items:
+            w = costs[np.asarray(items, dtype=np.int64)]
+            out[b] = len(items) * w.max() if padded else w.sum()
+    return out
+
+
+def _plan_global(
+    lengths: np.ndarray, costs: np.ndarray, dp: int, m: int, cap: int, padded: bool
+) -> list[list[list[int]]] | None:
+    bins = pack(costs, lengths, dp * m, cap, padded=padded)
+    if bins is None:
+        return None
+    return _deal_slots(bins, _bin_costs(bins, costs, padded), dp, m)
+
+
+def _plan_by_rank(
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    rank_items: list[list[int]],
+    m: int,
+    cap: int,
+    padded: bool,
+) -> list[list[list[int]]] | None:
+    out = []
+    for items in rank_items:
+        idx = np.asarray(items, dtype=np.int64)
+        bins = pack(costs[idx], lengths[idx], m, cap, padded=padded)
+        if bins is None:
+            return None
+        mbs = [idx[np.asarray(b, dtype=np.int64)].tolist() for b in bins]
+        c = _bin_costs(mbs, costs, padded)
+        out.append([mbs[b] for b in np.lexsort((np.arange(m), -c)).tolist()])
+    return out
+
+
+def plan(
+    lengths: Any,
+    dp_size: int,
+    max_tokens: int,
+    *,
+    cost: Any = None,
+    sync: str = "fsdp",
+    size: str = "free",
+    groups: Any = None,
+    min_micro_batches: int = 1,
+    micro_batch_multiple: int = 1,
+    padded: bool = False,
+    allow_empty: bool = False,
+    extra_micro_batches: int = 0,
+) -> Plan:
+    """Plan which sequences every data-parallel rank runs, micro-batch by micro-batch.
+
+    Parameters
+    ----------
+    lengths : array-like of int
+        Tokens per sequence.
+    dp_size : int
+        Number of data-parallel ranks.
+    max_tokens : int
+        Token capacity of one micro-batch (packed: sum of lengths; ``padded=True``:
+        count x longest).
+    cost : optional
+        What to balance: None (tokens), a cost model or anything
+        :func:`seqbalance.costs.load_cost` accepts (model name, config path, cost JSON), or
+        a 1-D array of per-sequence costs.
+    sync : {"fsdp", "ddp"}
+        How ranks synchronise; the plan minimises that model's simulated step time.
+    size : {"free", "equal", "balanced"}
+        Rule on the number of sequences (or groups) per rank, as in
+        :func:`seqbalance.partition`.
+    groups : array-like, optional
+        Group id per sequence; a group never spans ranks (it may span micro-batches).
+    min_micro_batches : int
+        Fewest micro-batches per rank.
+    micro_batch_multiple : int
+        The micro-batch count must be a multiple of this (e.g. virtual pipeline stages).
+    padded : bool
+        Micro-batches are padded to their longest sequence.
+    allow_empty : bool
+        Allow empty micro-batches when there are too few sequences for ``dp * m`` of them;
+        the plan marks them (``plan.violations()["empty"]`` and ``plan.notes``). Otherwise
+        that case raises ValueError.
+    extra_micro_batches : int
+        Also try this many larger micro-batch counts (in steps of
+        ``micro_batch_multiple``) and keep the plan with the lowest simulated step time.
+        Useful when the cost model has a per-micro-batch term, which makes extra
+        micro-batches cost something.
+
+    Returns
+    -------
+    Plan
+        Every rank has the same number ``m`` of micro-batches, no micro-batch exceeds
+        ``max_tokens``, every index appears exactly once.
+
+    Raises
+    ------
+    ValueError
+        On bad arguments, a sequence longer than ``max_tokens``, too few sequences for
+        non-empty micro-batches, or a size rule that cannot be met.
+
+    Examples
+    --------
+    >>> p = plan([900, 100, 500, 500, 300, 700], dp_size=2, max_tokens=1000)
+    >>> p.num_micro_batches
+    2
+    >>> sorted(len(mb) for rank in p.micro_batches for mb in rank)
+    [1, 1, 2, 2]
+    """
+    lens = as_lengths(lengths)
+    dp = check_positive_int(dp_size, "dp_size")
+    cap = check_positive_int(max_tokens, "max_tokens")
+    check_choice(sync, "sync", SYNC_MODELS)
+    check_choice(size, "size", SIZE_RULES)
+    m_min = check_positive_int(min_micro_batches, "min_micro_batches")
+    mult = check_positive_int(micro_batch_multiple, "micro_batch_multiple")
+    if isinstance(extra_micro_batches, bool) or int(extra_micro_batches) != extra_micro_batches:
+        raise ValueError(f"extra_micro_batches must be an integer >= 0, got {extra_micro_batches!r}")
+    if extra_micro_batches < 0:
+        raise ValueError(f"extra_micro_batches must be >= 0, got {extra_micro_batches}")
+    n = lens.shape[0]
+    group_ids = None if groups is None else as_groups(groups, n)
+    costs, c0 = sequence_costs(lens, cost)
+    _check_fits(lens, cap)
+
+    notes: list[str] = []
+    m_cap = max(1, math.ceil(int(lens.sum()) / (dp * cap)))
+    m = _round_up(max(m_cap, m_min), mult)
+    if m > m_cap:
+        why = []
+        if m_min > m_cap:
+            why.append(f"min_micro_batches={m_min}")
+        if m > max(m_cap, m_min):
+            why.append(f"rounded up to a multiple of micro_batch_multiple={mult}")
+        notes.append(
+            f"{m} micro-batches per rank where the capacity alone needs {m_cap}: "
+            + " and ".join(why)
+        )
+
+    rank_items: list[list[int]] | None = None
+    if size != "free" or group_ids is not None:
+        from .partitioning import partition  # lazy: only this path needs it
+
+        rank_items = [list(p) for p in partition(costs, dp, size=size, groups=group_ids)]
+
+    def build(m: int) -> list[list[list[int]]] | None:
+        if rank_items is None:
+            return _plan_global(lens, costs, dp, m, cap, padded)
+        return _plan_by_rank(lens, costs, rank_items, m, cap, padded)
+
+    def too_few(m: int) -> str | None:
+        if rank_items is None:
+            if n < dp * m:
+                return f"{n} sequences cannot fill {dp} ranks x {m} micro-batches"
+            return None
+        short = [r for r, items in enumerate(rank_items) if len(items) < m]
+        if short:
+            r = short[0]
+            return (
+                f"under size={size!r}{' and groups' if group_ids is not None else ''}, rank {r} "
+                f"holds {len(rank_items[r])} sequences but needs {m} micro-batches"
+            )
+        return None
+
+    first_m = m
+    m_limit = _round_up(max(n, 1), mult) + mult  # one sequence per micro-batch always fits
+    candidates: list[Plan] = []
+    while m <= m_limit:
+        problem = too_few(m)
+        if problem and not allow_empty:
+            raise ValueError(
+                f"{problem}; every micro-batch would need a sequence. Lower dp_size, "
+                "min_micro_batches or micro_batch_multiple, raise max_tokens, or pass "
+                "allow_empty=True to allow (marked) empty micro-batches"
+            )
+        mbs = build(m)
+        if mbs is not None:
+            extra = []
+            if m > first_m:
+                extra.append(
+                    f"{m} micro-batches per rank: the sequences could not be packed into "
+                    f"{first_m} micro-batches of {cap} tokens per rank"
+                )
+            empty = [(r, j) for r, rank in enumerate(mbs) for j, mb in enumerate(rank) if not mb]
+            if empty:
+                extra.append(f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}")
+            candidates.append(
+                Plan(
+                    mbs,
+                    lens,
+                    max_tokens=cap,
+                    costs=costs,
+                    per_microbatch=c0,
+                    padded=padded,
+                    sync=sync,
+                    strategy="seqbalance",
+                    notes=notes + extra,
+                )
+            )
+            if len(candidates) > extra_micro_batches:
+                break
+        m += mult
+    if not candidates:  # unreachable: one sequence per micro-batch always fits
+        raise ValueError("could not build a plan; please report this input")
+    times = [p.simulate(sync=sync).step_time for p in candidates]
+    return candidates[int(np.argmin(times))]

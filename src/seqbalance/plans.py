@@ -1,0 +1,303 @@
+"""The :class:`Plan`: which sequences each data-parallel rank runs, in which micro-batch.
+
+A plan is plain data (index lists plus the lengths and costs it was made for), so it can be
+sent between processes as JSON, checked, simulated and used to reorder a batch and restore
+per-sequence outputs to their original order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._costing import sequence_costs
+from ._validate import as_lengths, check_choice
+from .simulation import SYNC_MODELS, Simulation, simulate, step_time_lower_bound
+
+__all__ = ["FORMAT", "Plan"]
+
+FORMAT = "seqbalance.plan/1"
+
+
+class Plan:
+    """A micro-batch schedule for every data-parallel rank.
+
+    Attributes
+    ----------
+    micro_batches : list of list of list of int
+        ``micro_batches[r][j]`` holds the sequence indices (ascending) of rank ``r``'s
+        micro-batch ``j``, in the order the rank should run them.
+    lengths : np.ndarray
+        Tokens per sequence (int64), as planned.
+    costs : np.ndarray
+        Per-sequence cost (float64) the plan was balanced for.
+    per_microbatch : float
+        Fixed cost of one micro-batch in the same units.
+    max_tokens : int
+        Token capacity of a micro-batch (padded: ``count * longest``).
+    padded : bool
+        Whether micro-batches are padded to their longest sequence.
+    sync : str
+        The sync model the plan was optimised for.
+    strategy : str
+        Which planner or baseline made it.
+    notes : tuple of str
+        Why the plan looks as it does where that is not obvious (e.g. why the micro-batch
+        count is above the capacity minimum).
+    """
+
+    def __init__(
+        self,
+        micro_batches: Sequence[Sequence[Sequence[int]]],
+        lengths: Any,
+        *,
+        max_tokens: int,
+        costs: Any = None,
+        per_microbatch: float = 0.0,
+        padded: bool = False,
+        sync: str = "fsdp",
+        strategy: str = "seqbalance",
+        notes: Sequence[str] = (),
+    ) -> None:
+        self.lengths = as_lengths(lengths)
+        self.micro_batches = [[sorted(int(i) for i in mb) for mb in rank] for rank in micro_batches]
+        if costs is None:
+            costs = self.lengths.astype(np.float64)
+        self.costs = np.asarray(costs, dtype=np.float64)
+        self.per_microbatch = float(per_microbatch)
+        self.max_tokens = int(max_tokens)
+        self.padded = bool(padded)
+        self.sync = check_choice(sync, "sync", SYNC_MODELS)
+        self.strategy = str(strategy)
+        self.notes = tuple(notes)
+
+    # ---- shape -------------------------------------------------------------------------
+    @property
+    def dp_size(self) -> int:
+        """Number of data-parallel ranks."""
+        return len(self.micro_batches)
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Micro-batches per rank (the largest count if a baseline left them unequal)."""
+        return max((len(r) for r in self.micro_batches), default=0)
+
+    @property
+    def num_sequences(self) -> int:
+        """Number of sequences planned."""
+        return int(self.lengths.shape[0])
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan(strategy={self.strategy!r}, dp_size={self.dp_size}, "
+            f"num_micro_batches={self.num_micro_batches}, sequences={self.num_sequences}, "
+            f"max_tokens={self.max_tokens}, sync={self.sync!r})"
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Plan):
+            return NotImplemented
+        return self.to_json() == other.to_json()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable lists inside
+
+    # ---- reordering --------------------------------------------------------------------
+    def rank_indices(self, rank: int) -> np.ndarray:
+        """Indices of rank ``rank``'s sequences, micro-batch after micro-batch (int64)."""
+        if not 0 <= rank < self.dp_size:
+            raise ValueError(f"rank must be in [0, {self.dp_size}), got {rank}")
+        flat = [i for mb in self.micro_batches[rank] for i in mb]
+        return np.asarray(flat, dtype=np.int64)
+
+    def order(self) -> np.ndarray:
+        """Flat permutation of all sequence indices: rank-major, then micro-batch, then position.
+
+        ``batch[plan.order()]`` lays a batch out as the plan runs it.
+        """
+        flat = [i for rank in self.micro_batches for mb in rank for i in mb]
+        return np.asarray(flat, dtype=np.int64)
+
+    def inverse_order(self) -> np.ndarray:
+        """Inverse of :meth:`order`: ``reordered[plan.inverse_order()]`` restores input order."""
+        order = self.order()
+        inv = np.empty_like(order)
+        inv[order] = np.arange(order.shape[0], dtype=np.int64)
+        return inv
+
+    # ---- tokens and checks -------------------------------------------------------------
+    def microbatch_tokens(self) -> np.ndarray:
+        """Tokens each micro-batch occupies, shape ``(dp, m)``; padded: ``count * longest``.
+
+        Missing micro-batches (a rank with fewer than ``m``) count as 0.
+        """
+        out = np.zeros((self.dp_size, self.num_micro_batches), dtype=np.int64)
+        for r, rank in enumerate(self.micro_batches):
+            for j, mb in enumerate(rank):
+                if mb:
+                    t = self.lengths[np.asarray(mb, dtype=np.int64)]
+                    out[r, j] = len(mb) * int(t.max()) if self.padded else int(t.sum())
+        return out
+
+    def violations(self) -> dict[str, int]:
+        """Counts of broken constraints; all zero for a plan from :func:`seqbalance.plan`.
+
+        Keys: ``over_capacity`` (micro-batches above ``max_tokens``), ``empty``
+        (empty micro-batches), ``unequal_counts`` (ranks whose micro-batch count differs
+        from the largest), ``missing`` and ``duplicated`` (sequence indices).
+        """
+        seen = np.zeros(self.num_sequences, dtype=np.int64)
+        out_of_range = 0
+        for rank in self.micro_batches:
+            for mb in rank:
+                for i in mb:
+                    if 0 <= i < self.num_sequences:
+                        seen[i] += 1
+                    else:
+                        out_of_range += 1
+        m = self.num_micro_batches
+        return {
+            "over_capacity": int((self.microbatch_tokens() > self.max_tokens).sum()),
+            "empty": sum(1 for rank in self.micro_batches for mb in rank if not mb),
+            "unequal_counts": sum(1 for rank in self.micro_batches if len(rank) != m),
+            "missing": int((seen == 0).sum()),
+            "duplicated": int(np.clip(seen - 1, 0, None).sum()) + out_of_range,
+        }
+
+    # ---- evidence ----------------------------------------------------------------------
+    def min_micro_batches_bound(self) -> int:
+        """Fewest micro-batches per rank that the token capacity allows (a lower bound)."""
+        total = int(self.lengths.sum())
+        return max(1, math.ceil(total / (self.dp_size * self.max_tokens))) if self.dp_size else 0
+
+    def lower_bound(self, cost: Any = None) -> float:
+        """Step-time lower bound for these sequences (see ``step_time_lower_bound``)."""
+        costs, c0 = self._costs(cost)
+        return step_time_lower_bound(
+            costs,
+            self.dp_size,
+            min_micro_batches=self.min_micro_batches_bound(),
+            per_microbatch=c0,
+        )
+
+    def simulate(self, cost: Any = None, sync: str | None = None) -> Simulation:
+        """Simulate one training step of this plan.
+
+        Parameters
+        ----------
+        cost : optional
+            Cost to simulate with (model, name, array); default: the plan's own costs.
+        sync : {"fsdp", "ddp"}, optional
+            Default: the sync model the plan was made for.
+
+        Returns
+        -------
+        Simulation
+            Step time, per-rank busy/idle time, the lower bound and the gap to it.
+        """
+        costs, c0 = self._costs(cost)
+        return simulate(
+            self.micro_batches,
+            costs,
+            sync=self.sync if sync is None else sync,
+            per_microbatch=c0,
+            padded=self.padded,
+            lower_bound=self.lower_bound(cost),
+        )
+
+    def stats(self, cost: Any = None) -> dict[str, Any]:
+        """Balance and capacity statistics of the plan.
+
+        Returns a dict with per-rank loads (``rank_loads``), per-micro-batch loads
+        (``mb_loads``, ``(dp, m)`` nested list), their spread, cv and imbalance
+        (max/mean - 1), capacity utilisation (tokens used / ``dp * m * max_tokens``),
+        unused tokens, the step-time lower bound, and the gap to it under both sync models.
+        """
+        costs, c0 = self._costs(cost)
+        mb = self.simulate(cost, "ddp").mb_costs
+        ranks = mb.sum(axis=1)
+        mean = float(ranks.mean()) if ranks.size else 0.0
+        tokens = self.microbatch_tokens()
+        slots = self.dp_size * self.num_micro_batches
+        capacity = slots * self.max_tokens
+        used = int(tokens.sum())
+        return {
+            "strategy": self.strategy,
+            "dp_size": self.dp_size,
+            "num_micro_batches": self.num_micro_batches,
+            "sequences": self.num_sequences,
+            "rank_loads": ranks.tolist(),
+            "mb_loads": mb.tolist(),
+            "max": float(ranks.max()) if ranks.size else 0.0,
+            "min": float(ranks.min()) if ranks.size else 0.0,
+            "mean": mean,
+            "spread": float(ranks.max() - ranks.min()) if ranks.size else 0.0,
+            "cv": float(ranks.std() / mean) if mean > 0 else 0.0,
+            "imbalance": float(ranks.max() / mean - 1.0) if mean > 0 else 0.0,
+            "mb_spread": float(mb.max() - mb.min()) if mb.size else 0.0,
+            "capacity_utilisation": used / capacity if capacity else 0.0,
+            "unused_tokens": capacity - used,
+            "lower_bound": self.lower_bound(cost),
+            "gap_ddp": self.simulate(cost, "ddp").gap,
+            "gap_fsdp": self.simulate(cost, "fsdp").gap,
+            "violations": self.violations(),
+        }
+
+    def _costs(self, cost: Any) -> tuple[np.ndarray, float]:
+        if cost is None:
+            return self.costs, self.per_microbatch
+        return sequence_costs(self.lengths, cost)
+
+    # ---- serialisation -----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-data form of the plan (what :meth:`to_json` writes)."""
+        return {
+            "format": FORMAT,
+            "strategy": self.strategy,
+            "sync": self.sync,
+            "dp_size": self.dp_size,
+            "num_micro_batches": self.num_micro_batches,
+            "max_tokens": self.max_tokens,
+            "padded": self.padded,
+            "per_microbatch": self.per_microbatch,
+            "notes": list(self.notes),
+            "lengths": self.lengths.tolist(),
+            "costs": self.costs.tolist(),
+            "micro_batches": self.micro_batches,
+        }
+
+    def to_json(self, path: Any = None) -> str:
+        """Serialise to JSON (floats round-trip exactly); also write it to ``path`` if given."""
+        text = json.dumps(self.to_dict(), separators=(",", ":"))
+        if path is not None:
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(text)
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """Rebuild a plan from :meth:`to_dict` output."""
+        if data.get("format") != FORMAT:
+            raise ValueError(f"not a seqbalance plan: format is {data.get('format')!r}, want {FORMAT!r}")
+        return cls(
+            data["micro_batches"],
+            data["lengths"],
+            max_tokens=data["max_tokens"],
+            costs=data["costs"],
+            per_microbatch=data["per_microbatch"],
+            padded=data["padded"],
+            sync=data["sync"],
+            strategy=data["strategy"],
+            notes=data.get("notes", ()),
+        )
+
+    @classmethod
+    def from_json(cls, text_or_path: str) -> Plan:
+        """Rebuild a plan from a JSON string or a path to a JSON file."""
+        text = text_or_path
+        if not text.lstrip().startswith("{"):
+            with open(text_or_path, encoding="utf-8") as fh:
+                text = fh.read()
+        return cls.from_dict(json.loads(text))

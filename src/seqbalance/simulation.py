@@ -1,0 +1,191 @@
+"""Step-time simulation of a plan under the way data-parallel ranks synchronise.
+
+Two sync models (see DESIGN.md):
+
+``ddp``
+    DDP, ZeRO-1/2, Megatron's distributed optimizer: ranks meet once per optimizer step (the
+    gradient all-reduce), so each rank runs its micro-batches back to back and
+    ``step_time = max_r sum_j cost(r, j)``.
+``fsdp``
+    FSDP, ZeRO-3: parameters are all-gathered in every layer of every micro-batch, so
+    micro-batch slot ``j`` runs in lockstep on all ranks and
+    ``step_time = sum_j max_r cost(r, j)``.
+
+A micro-batch costs ``per_microbatch + sum of its sequences' costs`` (packed), or
+``per_microbatch + count * max cost`` when padded (every row is as long as the longest).
+An empty micro-batch still costs ``per_microbatch``: the rank must run a dummy forward and
+backward to take part in the collectives.
+
+The lower bound used for gaps is :func:`step_time_lower_bound`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from ._validate import check_choice
+
+__all__ = ["SYNC_MODELS", "Simulation", "microbatch_costs", "simulate", "step_time_lower_bound"]
+
+SYNC_MODELS = ("fsdp", "ddp")
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """The simulated step of one plan.
+
+    Attributes
+    ----------
+    sync : str
+        ``"fsdp"`` or ``"ddp"``.
+    step_time : float
+        Time of the whole step, in cost units.
+    mb_costs : np.ndarray
+        Cost of each micro-batch, shape ``(dp, m)``.
+    start, end : np.ndarray
+        When each micro-batch starts and ends, shape ``(dp, m)``.
+    rank_busy, rank_idle : np.ndarray
+        Per-rank compute time and waiting time; ``busy + idle == step_time``.
+    lower_bound : float
+        A step time no plan of these sequences on ``dp`` ranks can beat.
+    gap : float
+        ``step_time / lower_bound - 1``.
+    idle_fraction : float
+        Share of all rank-time spent waiting: ``sum(rank_idle) / (dp * step_time)``.
+    """
+
+    sync: str
+    step_time: float
+    mb_costs: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    rank_busy: np.ndarray
+    rank_idle: np.ndarray
+    lower_bound: float
+    gap: float
+    idle_fraction: float
+
+
+def microbatch_costs(
+    micro_batches: Sequence[Sequence[Sequence[int]]],
+    costs: np.ndarray,
+    *,
+    per_microbatch: float = 0.0,
+    padded: bool = False,
+) -> np.ndarray:
+    """Cost of every micro-batch of a plan as a ``(dp, m)`` float64 array.
+
+    Ranks with fewer micro-batches than the longest rank are padded with NaN (such a plan
+    would hang a real job; :func:`simulate` refuses it).
+    """
+    dp = len(micro_batches)
+    m = max((len(r) for r in micro_batches), default=0)
+    out = np.full((dp, m), np.nan)
+    for r, rank in enumerate(micro_batches):
+        for j, mb in enumerate(rank):
+            if len(mb) == 0:
+                out[r, j] = per_microbatch
+                continue
+            w = costs[np.asarray(mb, dtype=np.int64)]
+            out[r, j] = per_microbatch + (len(mb) * float(w.max()) if padded else float(w.sum()))
+    return out
+
+
+def step_time_lower_bound(
+    costs: np.ndarray,
+    dp_size: int,
+    *,
+    min_micro_batches: int = 1,
+    per_microbatch: float = 0.0,
+) -> float:
+    """A step time that no plan can beat, for either sync model.
+
+    ``max(sum(costs) / dp, max(costs)) + min_micro_batches * per_microbatch``.
+
+    Why it is valid: under ``ddp`` the step lasts at least as long as the busiest rank, whose
+    total is at least the average ``sum/dp`` and at least the rank that holds the most
+    expensive sequence; every rank runs at least ``min_micro_batches`` micro-batches and pays
+    ``per_microbatch`` for each. Under ``fsdp`` the step time ``sum_j max_r`` is never below
+    ``max_r sum_j`` (a sum of maxima bounds the maximum of sums), so the same bound holds.
+    Padding only adds cost. ``min_micro_batches`` must itself be a lower bound on the count
+    (e.g. ``ceil(total_tokens / (dp * max_tokens))``).
+    """
+    if costs.size == 0:
+        return float(min_micro_batches * per_microbatch)
+    total = float(np.sum(costs, dtype=np.float64))
+    return max(total / dp_size, float(costs.max())) + min_micro_batches * per_microbatch
+
+
+def simulate(
+    micro_batches: Sequence[Sequence[Sequence[int]]],
+    costs: np.ndarray,
+    *,
+    sync: str = "fsdp",
+    per_microbatch: float = 0.0,
+    padded: bool = False,
+    lower_bound: float | None = None,
+) -> Simulation:
+    """Simulate one step of a plan.
+
+    Parameters
+    ----------
+    micro_batches : list of list of list of int
+        ``micro_batches[r][j]``: the sequence indices of rank ``r``'s micro-batch ``j``.
+        Every rank must hold the same number of micro-batches.
+    costs : np.ndarray
+        Per-sequence cost (float64), indexed by sequence.
+    sync : {"fsdp", "ddp"}
+        How ranks synchronise (module docstring).
+    per_microbatch : float
+        Fixed cost of every micro-batch.
+    padded : bool
+        Cost a micro-batch as ``count * max`` instead of the sum.
+    lower_bound : float, optional
+        The bound to report the gap against; defaults to :func:`step_time_lower_bound`
+        with one micro-batch per rank.
+
+    Returns
+    -------
+    Simulation
+    """
+    check_choice(sync, "sync", SYNC_MODELS)
+    mb = microbatch_costs(micro_batches, costs, per_microbatch=per_microbatch, padded=padded)
+    if np.isnan(mb).any():
+        counts = sorted({len(r) for r in micro_batches})
+        raise ValueError(
+            f"ranks hold different numbers of micro-batches ({counts}); collectives would hang. "
+            "Every rank needs the same count"
+        )
+    dp, m = mb.shape
+    if sync == "ddp":
+        end = np.cumsum(mb, axis=1)
+        start = end - mb
+        busy = end[:, -1] if m else np.zeros(dp)
+        step = float(busy.max()) if dp else 0.0
+    else:
+        slot = mb.max(axis=0) if dp else np.zeros(m)
+        slot_start = np.concatenate([[0.0], np.cumsum(slot)[:-1]]) if m else np.zeros(0)
+        start = np.broadcast_to(slot_start, mb.shape).copy()
+        end = start + mb
+        busy = mb.sum(axis=1)
+        step = float(slot.sum())
+    idle = step - busy
+    if lower_bound is None:
+        lower_bound = step_time_lower_bound(costs, max(dp, 1), per_microbatch=per_microbatch)
+    gap = step / lower_bound - 1.0 if lower_bound > 0 else 0.0
+    idle_fraction = float(idle.sum() / (dp * step)) if dp and step > 0 else 0.0
+    return Simulation(
+        sync=sync,
+        step_time=step,
+        mb_costs=mb,
+        start=start,
+        end=end,
+        rank_busy=busy,
+        rank_idle=idle,
+        lower_bound=float(lower_bound),
+        gap=float(gap),
+        idle_fraction=idle_fraction,
+    )
