@@ -48,7 +48,9 @@ def _check_fits(lengths: np.ndarray, max_tokens: int) -> None:
         )
 
 
-def _deal_slots(bins: list[list[int]], bin_cost: np.ndarray, dp: int, m: int) -> list[list[list[int]]]:
+def _deal_slots(
+    bins: list[list[int]], bin_cost: np.ndarray, dp: int, m: int
+) -> list[list[list[int]]]:
     """Sorted bins -> slots of ``dp``; inside a slot the heaviest bin to the lightest rank."""
     order = np.lexsort((np.arange(bin_cost.size), -bin_cost))
     ranks: list[list[list[int]]] = [[] for _ in range(dp)]
@@ -182,7 +184,9 @@ def plan(
     m_min = check_positive_int(min_micro_batches, "min_micro_batches")
     mult = check_positive_int(micro_batch_multiple, "micro_batch_multiple")
     if isinstance(extra_micro_batches, bool) or int(extra_micro_batches) != extra_micro_batches:
-        raise ValueError(f"extra_micro_batches must be an integer >= 0, got {extra_micro_batches!r}")
+        raise ValueError(
+            f"extra_micro_batches must be an integer >= 0, got {extra_micro_batches!r}"
+        )
     if extra_micro_batches < 0:
         raise ValueError(f"extra_micro_batches must be >= 0, got {extra_micro_batches}")
     n = lens.shape[0]
@@ -250,7 +254,9 @@ def plan(
                 )
             empty = [(r, j) for r, rank in enumerate(mbs) for j, mb in enumerate(rank) if not mb]
             if empty:
-                extra.append(f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}")
+                extra.append(
+                    f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}"
+                )
             candidates.append(
                 Plan(
                     mbs,

@@ -215,7 +215,6 @@ class Plan:
         (max/mean - 1), capacity utilisation (tokens used / ``dp * m * max_tokens``),
         unused tokens, the step-time lower bound, and the gap to it under both sync models.
         """
-        costs, c0 = self._costs(cost)
         mb = self.simulate(cost, "ddp").mb_costs
         ranks = mb.sum(axis=1)
         mean = float(ranks.mean()) if ranks.size else 0.0
@@ -280,7 +279,9 @@ class Plan:
     def from_dict(cls, data: dict[str, Any]) -> Plan:
         """Rebuild a plan from :meth:`to_dict` output."""
         if data.get("format") != FORMAT:
-            raise ValueError(f"not a seqbalance plan: format is {data.get('format')!r}, want {FORMAT!r}")
+            raise ValueError(
+                f"not a seqbalance plan: format is {data.get('format')!r}, want {FORMAT!r}"
+            )
         return cls(
             data["micro_batches"],
             data["lengths"],
