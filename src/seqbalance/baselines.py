@@ -1,0 +1,162 @@
+"""The strategies other frameworks use, written from their descriptions, for comparison.
+
+Each baseline returns a :class:`~seqbalance.plans.Plan` with the same fields as
+:func:`seqbalance.plan`, so it can be simulated and checked the same way; baselines do not
+promise the planner's guarantees, and :meth:`Plan.violations` reports what they break.
+
+``sequential``
+    The default of most trainers: contiguous slices of the batch per rank, then each rank
+    fills micro-batches in arrival order, first fit under the token capacity.
+``token-ffd``
+    First-fit decreasing on tokens over the whole batch (fewest micro-batches), the bins
+    dealt to ranks round-robin (AReaL-style packing).
+``token-kk``
+    Karmarkar-Karp on tokens for the rank split (balanced counts), then on each rank
+    Karmarkar-Karp on tokens into ``ceil(rank tokens / capacity)`` micro-batches, the count
+    synced to the maximum over ranks (verl's dynamic batch size). The capacity is not
+    enforced: KK balances tokens, it does not bound them.
+``cost-kk-uncapped``
+    As ``token-kk`` but balancing the cost (slime's ``--balance-by-flops``); capacity
+    violations are reported, not prevented.
+
+Ranks that end with fewer micro-batches than the busiest rank split their fullest
+micro-batches until the counts match (what a trainer must do to avoid hung collectives);
+where nothing can be split, empty micro-batches are added and reported.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from ._costing import sequence_costs
+from ._validate import as_lengths, check_choice, check_positive_int
+from .plans import Plan
+from .simulation import SYNC_MODELS
+
+__all__ = ["BASELINES", "cost_kk_uncapped", "sequential", "token_ffd", "token_kk"]
+
+
+def _equalize(ranks: list[list[list[int]]]) -> list[list[list[int]]]:
+    """Give every rank the same micro-batch count by splitting its fullest micro-batches."""
+    m = max((len(r) for r in ranks), default=0)
+    for rank in ranks:
+        while len(rank) < m:
+            j = max(range(len(rank)), key=lambda k: (len(rank[k]), -k), default=None)
+            if j is None or len(rank[j]) < 2:
+                rank.append([])
+                continue
+            mb = rank[j]
+            half = (len(mb) + 1) // 2
+            rank[j], tail = mb[:half], mb[half:]
+            rank.insert(j + 1, tail)
+    return ranks
+
+
+def _first_fit(items: list[int], lengths: np.ndarray, cap: int) -> list[list[int]]:
+    """First fit in the given order; a sequence that fits nowhere opens a new micro-batch."""
+    bins: list[list[int]] = []
+    room = np.empty(len(items), dtype=np.int64)
+    for i in items:
+        t = int(lengths[i])
+        open_room = room[: len(bins)]
+        ok = open_room >= t
+        b = int(np.argmax(ok)) if ok.size else 0
+        if ok.size and ok[b]:
+            bins[b].append(i)
+            room[b] -= t
+        else:
+            room[len(bins)] = cap - t
+            bins.append([i])
+    return bins
+
+
+def _prepare(
+    lengths: Any, dp_size: int, max_tokens: int, cost: Any, sync: str
+) -> tuple[np.ndarray, int, int, np.ndarray, float]:
+    lens = as_lengths(lengths)
+    dp = check_positive_int(dp_size, "dp_size")
+    cap = check_positive_int(max_tokens, "max_tokens")
+    check_choice(sync, "sync", SYNC_MODELS)
+    costs, c0 = sequence_costs(lens, cost)
+    return lens, dp, cap, costs, c0
+
+
+def _plan(name: str, ranks: list[list[list[int]]], lens, cap, costs, c0, sync) -> Plan:
+    return Plan(
+        _equalize(ranks),
+        lens,
+        max_tokens=cap,
+        costs=costs,
+        per_microbatch=c0,
+        sync=sync,
+        strategy=name,
+    )
+
+
+def sequential(
+    lengths: Any, dp_size: int, max_tokens: int, *, cost: Any = None, sync: str = "fsdp"
+) -> Plan:
+    """Contiguous rank slices, then first-fit micro-batches in arrival order.
+
+    Sequences longer than ``max_tokens`` get a micro-batch of their own (reported as a
+    capacity violation).
+    """
+    lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
+    slices = np.array_split(np.arange(lens.size), dp)
+    ranks = [_first_fit(s.tolist(), lens, cap) for s in slices]
+    return _plan("sequential", ranks, lens, cap, costs, c0, sync)
+
+
+def token_ffd(
+    lengths: Any, dp_size: int, max_tokens: int, *, cost: Any = None, sync: str = "fsdp"
+) -> Plan:
+    """First-fit decreasing on tokens over the batch; bins dealt to ranks round-robin."""
+    lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
+    order = np.lexsort((np.arange(lens.size), -lens)).tolist()
+    bins = _first_fit(order, lens, cap)
+    ranks = [bins[r::dp] for r in range(dp)]
+    return _plan("token-ffd", ranks, lens, cap, costs, c0, sync)
+
+
+def _kk_two_level(
+    name: str, weights: np.ndarray, lens, dp, cap, costs, c0, sync
+) -> Plan:
+    from .partitioning import partition  # lazy: keeps import order free
+
+    rank_parts = [list(p) for p in partition(weights, dp, size="balanced", method="kk")]
+    m = max(
+        (max(1, math.ceil(int(lens[p].sum()) / cap)) for p in rank_parts if p), default=1
+    )
+    ranks = []
+    for items in rank_parts:
+        idx = np.asarray(items, dtype=np.int64)
+        parts = partition(weights[idx], m, method="kk") if idx.size else [[] for _ in range(m)]
+        ranks.append([idx[np.asarray(p, dtype=np.int64)].tolist() for p in parts])
+    return _plan(name, ranks, lens, cap, costs, c0, sync)
+
+
+def token_kk(
+    lengths: Any, dp_size: int, max_tokens: int, *, cost: Any = None, sync: str = "fsdp"
+) -> Plan:
+    """KK on tokens for ranks and micro-batches; micro-batch count synced to the maximum."""
+    lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
+    return _kk_two_level("token-kk", lens.astype(np.float64), lens, dp, cap, costs, c0, sync)
+
+
+def cost_kk_uncapped(
+    lengths: Any, dp_size: int, max_tokens: int, *, cost: Any = None, sync: str = "fsdp"
+) -> Plan:
+    """KK on cost for ranks and micro-batches; the capacity is not enforced."""
+    lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
+    return _kk_two_level("cost-kk-uncapped", costs, lens, dp, cap, costs, c0, sync)
+
+
+BASELINES: dict[str, Callable[..., Plan]] = {
+    "sequential": sequential,
+    "token-ffd": token_ffd,
+    "token-kk": token_kk,
+    "cost-kk-uncapped": cost_kk_uncapped,
+}
