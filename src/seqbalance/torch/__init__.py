@@ -1,0 +1,37 @@
+"""PyTorch integration: balanced batch sampler, cross-rank rebalancing, loss normalisation.
+
+Importing this module imports torch (``import seqbalance`` alone never does).
+
+- :class:`BalancedDistributedSampler`: data with known lengths (SFT). Every rank plans the
+  same global batches from the lengths and the epoch seed, without communication.
+- :func:`rebalance` / :class:`RebalanceHandle`: data produced on the ranks (RL rollouts).
+  Ranks exchange lengths, agree on one plan, move rows, and later restore outputs to their
+  original rank and order.
+- :func:`pack_collate`: a DataLoader collate function for packed (varlen) micro-batches.
+- :func:`global_token_count`, :func:`token_mean_loss`: a token-mean loss over balanced
+  micro-batches that equals the single-process value.
+- :func:`seqbalance.torch.testing.run_distributed`: run a function on local gloo processes.
+"""
+
+from __future__ import annotations
+
+try:
+    import torch as _torch  # noqa: F401  (the real torch: imports are absolute)
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "seqbalance.torch needs PyTorch; install it with `pip install seqbalance[torch]`"
+    ) from exc
+
+from .collate import pack_collate
+from .exchange import RebalanceHandle, rebalance
+from .loss import global_token_count, token_mean_loss
+from .sampler import BalancedDistributedSampler
+
+__all__ = [
+    "BalancedDistributedSampler",
+    "RebalanceHandle",
+    "global_token_count",
+    "pack_collate",
+    "rebalance",
+    "token_mean_loss",
+]

@@ -1,0 +1,593 @@
+"""Move sequences that live on the ranks to where a plan puts them, and results back.
+
+Use :func:`rebalance` when each rank produced its own sequences (RL rollouts): the ranks
+all-gather their lengths, every rank computes the same plan from them (no further
+agreement needed: planning is deterministic), rows travel in one all-to-all, and each rank
+gets its micro-batches plus a :class:`RebalanceHandle`. ``handle.restore(outputs)`` sends
+per-sequence (or per-token) results back to the rank and position each sequence came from.
+
+Supported batch layouts
+-----------------------
+A batch is a dict of tensors on one device.
+
+padded rows
+    Every tensor's first dimension indexes this rank's ``n`` sequences: ``input_ids [n, T]``,
+    ``attention_mask [n, T]``, ``advantages [n]``... Trailing shapes and dtypes may differ
+    between keys but must agree across ranks for each key (pass ``pad_values`` to pad dim 1
+    to the largest ``T`` of any rank instead). ``lengths`` is required.
+packed tokens
+    The batch has a ``cu_seqlens`` tensor (``[n + 1]``, starting at 0) and each other tensor
+    is either per token (first dim ``cu_seqlens[-1]``: ``input_ids``, ``position_ids``,
+    ``labels``...) or per sequence (first dim ``n``). Which is which is read from the shapes
+    (on all ranks together) or given as ``token_keys``. ``lengths`` defaults to
+    ``diff(cu_seqlens)``. Every micro-batch comes back packed with its own ``cu_seqlens``.
+
+Any rank may hold zero sequences, and totals need not divide evenly.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Collection, Mapping, Sequence, Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .._validate import as_lengths, as_weights, check_positive_int
+from ._transport import (
+    Spec,
+    all_gather_checked,
+    from_rows,
+    group_info,
+    move,
+    to_rows,
+)
+
+__all__ = ["RebalanceHandle", "rebalance"]
+
+Outputs = Union[torch.Tensor, Mapping[str, torch.Tensor]]
+
+_SINGLE = "\x00output"  # internal key for a bare-tensor output
+
+
+def _describe(
+    tensors: Mapping[str, Any],
+    n: int,
+    tokens: int | None,
+    lens: np.ndarray,
+    token_keys: Collection[str] | None,
+    what: str,
+) -> dict[str, tuple[str, torch.dtype, tuple[int, ...], int]]:
+    """Classify each tensor as per-sequence / per-token / either, from this rank alone.
+
+    Returns ``{key: (kind, dtype, trailing_shape, rows)}``; raises ValueError on local
+    problems. ``tokens`` is None when per-token tensors are not allowed (padded layout).
+    """
+    out = {}
+    for key in sorted(tensors):
+        t = tensors[key]
+        name = f"{what}[{key!r}]" if key != _SINGLE else what
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(
+                f"{name} is a {type(t).__name__}, not a torch.Tensor; only tensors can be "
+                "exchanged (move other values out of the batch)"
+            )
+        if t.dim() == 0:
+            raise ValueError(f"{name} is a 0-d tensor; it needs a first dimension per sequence")
+        rows = int(t.shape[0])
+        if tokens is None:
+            kind = "seq"
+            if rows != n:
+                raise ValueError(
+                    f"{name} has first dimension {rows} but this rank holds {n} sequences "
+                    "(len(lengths)); every tensor needs one row per sequence"
+                )
+        elif token_keys is not None:
+            kind = "token" if key in token_keys else "seq"
+            want = tokens if kind == "token" else n
+            if rows != want:
+                unit = "tokens" if kind == "token" else "sequences"
+                raise ValueError(
+                    f"{name} has first dimension {rows} but there are {want} {unit} "
+                    f"({'listed' if kind == 'token' else 'not listed'} in token_keys)"
+                )
+        else:
+            is_seq, is_tok = rows == n, rows == tokens
+            if not (is_seq or is_tok):
+                raise ValueError(
+                    f"{name} has first dimension {rows}, which is neither the number of "
+                    f"sequences ({n}) nor of tokens ({tokens}); give one row per sequence "
+                    "or per token"
+                )
+            kind = "either" if is_seq and is_tok else ("seq" if is_seq else "token")
+            if kind == "either" and bool((lens == 1).all()):
+                kind = "unit"  # one token per sequence (or none): both readings agree
+        out[key] = (kind, t.dtype, tuple(int(s) for s in t.shape[1:]), rows)
+    return out
+
+
+def _resolve(
+    metas: Sequence[dict[str, Any]],
+    pad_values: Mapping[str, float] | None,
+    what: str,
+) -> dict[str, Spec]:
+    """Agree on one :class:`Spec` per key from every rank's description (same on all ranks)."""
+    keysets = [tuple(m["keys"]) for m in metas]
+    if any(ks != keysets[0] for ks in keysets):
+        detail = ", ".join(f"rank {r}: {list(ks)}" for r, ks in enumerate(keysets))
+        raise ValueError(f"{what} must have the same keys on every rank; got {detail}")
+    specs = {}
+    for key in keysets[0]:
+        descs = [m["keys"][key] for m in metas]
+        name = f"{what}[{key!r}]" if key != _SINGLE else what
+        seen = {d[0] for d in descs}
+        kinds = seen - {"either", "unit"}
+        if len(kinds) > 1:
+            raise ValueError(
+                f"{name} is per-token on some ranks and per-sequence on others (from the "
+                "shapes); pass token_keys to say which"
+            )
+        if not kinds and "either" not in seen:
+            kinds = {"seq"}
+        if not kinds:
+            raise ValueError(
+                f"{name} has as many rows as both sequences and tokens on every rank, so it "
+                "is ambiguous; pass token_keys to say whether it is per token"
+            )
+        level = kinds.pop()
+        full = [d for d in descs if d[3] > 0] or descs[:1]
+        dtypes = {d[1] for d in full}
+        if len(dtypes) > 1:
+            raise ValueError(
+                f"{name} has different dtypes on different ranks ({sorted(map(str, dtypes))}); "
+                "cast it to one dtype everywhere"
+            )
+        shapes = sorted({d[2] for d in full})
+        trailing = shapes[0]
+        if len(shapes) > 1:
+            can_pad = (
+                pad_values is not None
+                and key in pad_values
+                and level == "seq"
+                and len({len(s) for s in shapes}) == 1
+                and len(shapes[0]) >= 1
+                and len({s[1:] for s in shapes}) == 1
+            )
+            if not can_pad:
+                raise ValueError(
+                    f"{name} has trailing shapes {shapes} on different ranks; pad every rank "
+                    f"to the same shape, or pass pad_values={{{key!r}: <pad>}} to right-pad "
+                    "dim 1 to the longest"
+                )
+            trailing = (max(s[0] for s in shapes), *shapes[0][1:])
+        specs[key] = Spec(level, next(iter(dtypes)), trailing)
+    return specs
+
+
+def _pad(t: torch.Tensor, spec: Spec, value: float | None) -> torch.Tensor:
+    extra = spec.trailing[0] - t.shape[1] if t.dim() >= 2 else 0
+    if extra <= 0 or value is None:
+        return t
+    # F.pad pads the last dims first: pad nothing after dim 1, `extra` at the end of dim 1.
+    pad = [0, 0] * (t.dim() - 2) + [0, extra]
+    return F.pad(t, pad, value=value)
+
+
+def _as_dict(outputs: Any, what: str) -> tuple[dict[str, Any], bool]:
+    if isinstance(outputs, torch.Tensor):
+        return {_SINGLE: outputs}, True
+    if isinstance(outputs, Mapping):
+        return dict(outputs), False
+    raise ValueError(
+        f"{what} must be a tensor or a dict of tensors, got {type(outputs).__name__}"
+    )
+
+
+def _device_of(tensors: Mapping[str, Any]) -> torch.device:
+    devs = {t.device for t in tensors.values() if isinstance(t, torch.Tensor)}
+    if len(devs) > 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devs))}")
+    return devs.pop() if devs else torch.device("cpu")
+
+
+class RebalanceHandle:
+    """What :func:`rebalance` did, and the way back.
+
+    Attributes
+    ----------
+    plan : Plan or None
+        The plan every rank computed (None when a custom layout was used).
+    rank, world_size : int
+        This rank and the group size.
+    num_micro_batches : int
+        Micro-batches on every rank.
+    micro_batch_lengths : list of np.ndarray
+        Token counts of the sequences in each of this rank's micro-batches.
+    source_rank, source_index : np.ndarray
+        For each sequence this rank now holds (in micro-batch order), the rank and local
+        index it came from.
+    global_lengths : np.ndarray
+        Lengths of all sequences, rank-major in original order (rank 0's first).
+    """
+
+    def __init__(
+        self,
+        *,
+        plan: Any,
+        group: Any,
+        rank: int,
+        world_size: int,
+        counts: np.ndarray,
+        global_lengths: np.ndarray,
+        micro_batches: list[list[np.ndarray]],
+        method: str,
+        device: torch.device,
+    ) -> None:
+        self.plan = plan
+        self.group = group
+        self.rank = rank
+        self.world_size = world_size
+        self.global_lengths = global_lengths
+        self.method = method
+        self.device = device
+        self._counts = counts
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._src = [
+            np.arange(offsets[r], offsets[r + 1], dtype=np.int64) for r in range(world_size)
+        ]
+        self._dst = [
+            np.concatenate([np.asarray(mb, dtype=np.int64) for mb in rank_mbs])
+            if rank_mbs
+            else np.zeros(0, dtype=np.int64)
+            for rank_mbs in micro_batches
+        ]
+        self._mine = micro_batches[rank]
+        held = self._dst[rank]
+        self.source_rank = np.searchsorted(offsets, held, side="right") - 1
+        self.source_index = held - offsets[self.source_rank]
+        self.micro_batch_lengths = [
+            global_lengths[np.asarray(mb, dtype=np.int64)] for mb in self._mine
+        ]
+
+    @property
+    def num_micro_batches(self) -> int:
+        return len(self._mine)
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences this rank holds after the rebalance."""
+        return int(self._dst[self.rank].shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens this rank holds after the rebalance."""
+        return int(self.global_lengths[self._dst[self.rank]].sum())
+
+    @property
+    def global_num_tokens(self) -> int:
+        """Tokens on all ranks together (a ready denominator for a token-mean loss)."""
+        return int(self.global_lengths.sum())
+
+    def __repr__(self) -> str:
+        return (
+            f"RebalanceHandle(rank={self.rank}, world_size={self.world_size}, "
+            f"num_micro_batches={self.num_micro_batches}, num_sequences={self.num_sequences})"
+        )
+
+    def restore(
+        self,
+        outputs: Outputs | Sequence[Outputs],
+        *,
+        token_keys: Collection[str] | None = None,
+    ) -> Any:
+        """Send per-sequence results back to the rank and position each sequence came from.
+
+        Collective: every rank of the group must call it, with the same keys.
+
+        Parameters
+        ----------
+        outputs : tensor, dict of tensors, or a list of either (one per micro-batch)
+            Results in this rank's micro-batch order: first dimension = sequences this rank
+            holds (``num_sequences``) for per-sequence results, or tokens (``num_tokens``,
+            packed in the same order) for per-token results. A list is concatenated first.
+        token_keys : collection of str, optional
+            Keys that are per token; by default read from the first dimensions (pass it when
+            the two counts coincide). For a bare tensor, any non-empty value marks it per
+            token.
+
+        Returns
+        -------
+        tensor or dict of tensors
+            The same structure, with rows in the original order of this rank's batch:
+            first dimension = the sequences (or their tokens, packed) it passed to
+            :func:`rebalance`. Values are bit-exact copies.
+        """
+        what = "outputs"
+        if isinstance(outputs, (list, tuple)):
+            if len(outputs) != self.num_micro_batches:
+                raise ValueError(
+                    f"outputs is a list of {len(outputs)} items but this rank has "
+                    f"{self.num_micro_batches} micro-batches; pass one item per micro-batch "
+                    "or one concatenated tensor/dict"
+                )
+            outputs = _concat(outputs)
+        tensors, single = _as_dict(outputs, what)
+        if single and token_keys:
+            token_keys = {_SINGLE}
+        held = self._dst[self.rank]
+        lens = self.global_lengths[held]
+        try:
+            keys = _describe(tensors, len(held), int(lens.sum()), lens, token_keys, what)
+            error = None
+        except ValueError as exc:
+            keys, error = {}, str(exc)
+        metas = all_gather_checked({"keys": keys, "error": error}, self.group, "restore")
+        specs = _resolve(metas, None, what)
+        device = _device_of(tensors)
+        rows = {
+            k: to_rows(tensors[k], int(tensors[k].shape[0])) for k in specs
+        }
+        moved = move(
+            rows,
+            specs,
+            self._dst,
+            self._src,
+            self.global_lengths,
+            group=self.group,
+            method=self.method,
+            device=device,
+        )
+        out = {k: from_rows(moved[k], specs[k]) for k in specs}
+        return out[_SINGLE] if single else out
+
+
+def _concat(items: Sequence[Outputs]) -> Outputs:
+    if all(isinstance(x, torch.Tensor) for x in items):
+        return torch.cat(list(items))
+    if all(isinstance(x, Mapping) for x in items):
+        keys = list(items[0])
+        if any(list(x) != keys for x in items):
+            raise ValueError("outputs: every micro-batch's dict must have the same keys")
+        return {k: torch.cat([x[k] for x in items]) for k in keys}
+    raise ValueError("outputs: a list must hold only tensors or only dicts of tensors")
+
+
+def rebalance(
+    batch: Mapping[str, torch.Tensor],
+    lengths: Any = None,
+    *,
+    max_tokens: int,
+    cost: Any = None,
+    sync: str = "fsdp",
+    group: Any = None,
+    token_keys: Collection[str] | None = None,
+    pad_values: Mapping[str, float] | None = None,
+    cu_seqlens_key: str = "cu_seqlens",
+    method: str = "auto",
+    **plan_options: Any,
+) -> tuple[list[dict[str, torch.Tensor]], RebalanceHandle]:
+    """Balance the sequences held by the ranks of ``group`` and move them into place.
+
+    Collective: every rank of the group must call it. The ranks all-gather lengths, each
+    computes the same :func:`seqbalance.planner.plan`, and rows move in one exchange
+    (``all_to_all_single`` where the backend has it, ``isend``/``irecv`` otherwise).
+
+    Parameters
+    ----------
+    batch : dict of str to tensor
+        This rank's sequences, padded rows or packed with ``cu_seqlens`` (see the module
+        docstring for both layouts). May hold zero sequences.
+    lengths : array-like of int, optional
+        Tokens per sequence of this rank (what the plan balances and ``max_tokens``
+        bounds). Required for padded rows; for packed batches defaults to
+        ``diff(cu_seqlens)``.
+    max_tokens : int
+        Token capacity of a micro-batch.
+    cost : None, str, cost model, or array-like, optional
+        Passed to the planner. An array gives one cost per sequence of *this* rank; the
+        ranks gather it along with the lengths.
+    sync : {"fsdp", "ddp"}, optional
+        When ranks wait for each other; see the planner.
+    group : ProcessGroup, optional
+        Process group (default: the world).
+    token_keys : collection of str, optional
+        Packed layout only: the keys that hold one row per token (default: read from the
+        shapes on all ranks together).
+    pad_values : dict of str to number, optional
+        Padded layout: for these keys, right-pad dim 1 to the largest size on any rank with
+        the given value instead of requiring equal shapes.
+    cu_seqlens_key : str, optional
+        Name of the cumulative-lengths key that marks a packed batch.
+    method : {"auto", "all_to_all", "p2p"}, optional
+        Exchange path. ``auto`` tries ``all_to_all_single`` and falls back to point-to-point
+        where the backend does not support it.
+    **plan_options
+        Forwarded to the planner (``min_micro_batches``, ``micro_batch_multiple``,
+        ``padded``, ``allow_empty``...). They must be the same on every rank.
+
+    Returns
+    -------
+    micro_batches : list of dict
+        This rank's micro-batches, in order, in the layout of ``batch`` (the same number on
+        every rank).
+    handle : RebalanceHandle
+        The plan and the way back (:meth:`RebalanceHandle.restore`).
+
+    Raises
+    ------
+    ValueError
+        On every rank, if any rank's input is malformed or the ranks disagree on keys,
+        dtypes or shapes, or if the planner rejects the lengths (e.g. a sequence longer
+        than ``max_tokens``).
+    """
+    max_tokens = check_positive_int(max_tokens, "max_tokens")
+    from seqbalance.planner import plan as make_plan
+
+    def layout(global_lengths: np.ndarray, global_costs: np.ndarray | None) -> Any:
+        p = make_plan(
+            global_lengths,
+            world,
+            max_tokens,
+            cost=global_costs if global_costs is not None else cost,
+            sync=sync,
+            **plan_options,
+        )
+        return p, [[np.asarray(mb, dtype=np.int64) for mb in mbs] for mbs in p.micro_batches]
+
+    _, world = group_info(group)
+    return _rebalance(
+        batch,
+        lengths,
+        layout,
+        cost=cost,
+        group=group,
+        token_keys=token_keys,
+        pad_values=pad_values,
+        cu_seqlens_key=cu_seqlens_key,
+        method=method,
+    )
+
+
+def _local_costs(cost: Any, n: int) -> np.ndarray | None:
+    """Per-sequence costs given as an array travel with the lengths; other forms do not."""
+    if cost is None or isinstance(cost, str) or callable(cost):
+        return None
+    if isinstance(cost, torch.Tensor):
+        cost = cost.detach().cpu().numpy()
+    arr = as_weights(cost, "cost")
+    if arr.shape[0] != n:
+        raise ValueError(f"cost has {arr.shape[0]} entries but this rank holds {n} sequences")
+    return arr
+
+
+def _rebalance(
+    batch: Mapping[str, torch.Tensor],
+    lengths: Any,
+    layout: Any,
+    *,
+    cost: Any = None,
+    group: Any = None,
+    token_keys: Collection[str] | None = None,
+    pad_values: Mapping[str, float] | None = None,
+    cu_seqlens_key: str = "cu_seqlens",
+    method: str = "auto",
+) -> tuple[list[dict[str, torch.Tensor]], RebalanceHandle]:
+    """:func:`rebalance` with the plan replaced by ``layout(global_lengths, global_costs)``,
+    which returns ``(plan_or_None, micro_batches[rank][j] -> global ids)``."""
+    rank, world = group_info(group)
+    if not isinstance(batch, Mapping):
+        raise ValueError(f"batch must be a dict of tensors, got {type(batch).__name__}")
+    packed = cu_seqlens_key in batch
+    meta: dict[str, Any] = {"error": None, "keys": {}, "lengths": None, "costs": None}
+    cu_dtype = torch.int32
+    try:
+        tensors = {k: v for k, v in batch.items() if k != cu_seqlens_key}
+        if packed:
+            cu = batch[cu_seqlens_key]
+            if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.shape[0] < 1:
+                raise ValueError(
+                    f"batch[{cu_seqlens_key!r}] must be a 1-D tensor of n + 1 offsets"
+                )
+            cu_dtype = cu.dtype
+            cu_np = cu.detach().cpu().numpy().astype(np.int64)
+            if cu_np[0] != 0 or (np.diff(cu_np) < 0).any():
+                raise ValueError(
+                    f"batch[{cu_seqlens_key!r}] must start at 0 and never decrease, got "
+                    f"{cu_np[:8].tolist()}..."
+                )
+            derived = np.diff(cu_np)
+            if lengths is None:
+                lens = derived
+            else:
+                lens = as_lengths(_np(lengths), "lengths")
+                if lens.shape != derived.shape or (lens != derived).any():
+                    raise ValueError(
+                        "lengths must equal diff(cu_seqlens) for a packed batch (or be "
+                        "left out)"
+                    )
+            tokens: int | None = int(cu_np[-1])
+        else:
+            if lengths is None:
+                raise ValueError(
+                    "lengths is required for a padded batch (one token count per row); "
+                    f"or pack the batch and pass {cu_seqlens_key!r}"
+                )
+            lens = as_lengths(_np(lengths), "lengths")
+            tokens = None
+            if token_keys:
+                raise ValueError("token_keys applies to packed batches (with cu_seqlens) only")
+        meta["keys"] = _describe(tensors, len(lens), tokens, lens, token_keys, "batch")
+        meta["lengths"] = lens
+        meta["costs"] = _local_costs(cost, len(lens))
+        device = _device_of(tensors)
+    except ValueError as exc:
+        meta["error"] = str(exc)
+        tensors, device = {}, torch.device("cpu")
+    meta["packed"] = packed
+    metas = all_gather_checked(meta, group, "rebalance")
+    if len({m["packed"] for m in metas}) > 1:
+        raise ValueError(
+            f"rebalance: some ranks passed a packed batch (with {cu_seqlens_key!r}) and "
+            "others padded rows; use one layout on every rank"
+        )
+    has_costs = [m["costs"] is not None for m in metas]
+    if any(has_costs) and not all(has_costs):
+        raise ValueError("rebalance: cost is an array on some ranks but not on others")
+    specs = _resolve(metas, pad_values, "batch")
+    counts = np.array([len(m["lengths"]) for m in metas], dtype=np.int64)
+    global_lengths = np.concatenate([m["lengths"] for m in metas]).astype(np.int64)
+    global_costs = (
+        np.concatenate([m["costs"] for m in metas]) if all(has_costs) else None
+    )
+
+    plan, micro = layout(global_lengths, global_costs)
+    handle = RebalanceHandle(
+        plan=plan,
+        group=group,
+        rank=rank,
+        world_size=world,
+        counts=counts,
+        global_lengths=global_lengths,
+        micro_batches=micro,
+        method=method,
+        device=device,
+    )
+    pads = pad_values or {}
+    rows = {
+        k: to_rows(_pad(tensors[k], specs[k], pads.get(k)), int(tensors[k].shape[0]))
+        for k in specs
+    }
+    moved = move(
+        rows,
+        specs,
+        handle._src,
+        handle._dst,
+        global_lengths,
+        group=group,
+        method=method,
+        device=device,
+    )
+    full = {k: from_rows(moved[k], specs[k]) for k in specs}
+
+    # Cut the held rows into micro-batches.
+    seq_sizes = [len(mb) for mb in handle._mine]
+    tok_sizes = [int(x.sum()) for x in handle.micro_batch_lengths]
+    pieces = {
+        k: torch.split(v, seq_sizes if specs[k].level == "seq" else tok_sizes)
+        for k, v in full.items()
+    }
+    out: list[dict[str, torch.Tensor]] = []
+    for j, mb_lens in enumerate(handle.micro_batch_lengths):
+        mb = {k: pieces[k][j] for k in batch if k in pieces}
+        if packed:
+            cu = np.concatenate([[0], np.cumsum(mb_lens)])
+            mb[cu_seqlens_key] = torch.as_tensor(cu, dtype=cu_dtype, device=device)
+            mb = {k: mb[k] for k in batch}  # keep the caller's key order
+        out.append(mb)
+    return out, handle
+
+
+def _np(values: Any) -> Any:
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu().numpy()
+    return values

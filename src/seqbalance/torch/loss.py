@@ -1,0 +1,110 @@
+"""Loss normalisation for balanced micro-batches.
+
+Balancing changes which sequences share a rank and a micro-batch, so a token mean taken per
+micro-batch or per rank weights tokens unequally and no longer equals the mean over the
+global batch. The fix: sum token losses locally and divide by the *global* token count.
+
+Under DDP (and FSDP), gradients are averaged over the ``W`` data-parallel ranks, so each
+rank's loss must also be multiplied by ``W``::
+
+    count = global_token_count(mask.sum())                 # same on every rank
+    loss = token_losses[mask].sum() * world_size / count   # per micro-batch, then backward
+    # summed over micro-batches and averaged over ranks, the gradient equals that of
+    # (all token losses).sum() / count, the single-process token mean.
+
+:func:`token_mean_loss` does that scaling.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["global_token_count", "token_mean_loss"]
+
+
+def global_token_count(local_count: Any, group: Any = None) -> torch.Tensor:
+    """Sum a token count over the ranks of ``group`` (collective: every rank must call it).
+
+    Parameters
+    ----------
+    local_count : int or tensor
+        Tokens that enter the loss on this rank (over all its micro-batches of the step).
+    group : ProcessGroup, optional
+        Data-parallel group (default: the world). Without an initialised process group the
+        local count is returned.
+
+    Returns
+    -------
+    torch.Tensor
+        0-d int64 tensor, identical on every rank (on the device of ``local_count`` when it
+        is a tensor).
+
+    Examples
+    --------
+    >>> int(global_token_count(7))  # no process group: the local count
+    7
+    """
+    if isinstance(local_count, torch.Tensor):
+        if local_count.is_floating_point() or local_count.is_complex():
+            raise ValueError(
+                f"local_count must be an integer count, got a {local_count.dtype} tensor"
+            )
+        count = local_count.detach().to(torch.int64).sum()
+    else:
+        try:
+            count = torch.tensor(int(local_count), dtype=torch.int64)
+        except (TypeError, ValueError):
+            raise ValueError(f"local_count must be an integer, got {local_count!r}") from None
+        if count != local_count:
+            raise ValueError(f"local_count must be a whole number, got {local_count!r}")
+    if int(count) < 0:
+        raise ValueError(f"local_count must be >= 0, got {int(count)}")
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(count, op=dist.ReduceOp.SUM, group=group)
+    return count
+
+
+def token_mean_loss(
+    loss_sum: torch.Tensor,
+    global_count: Any,
+    *,
+    world_size: int | None = None,
+    averaged_gradients: bool = True,
+) -> torch.Tensor:
+    """Scale a local sum of token losses so gradients match the global token mean.
+
+    Parameters
+    ----------
+    loss_sum : tensor
+        Sum of token losses of one micro-batch (or of all of a rank's micro-batches).
+    global_count : int or tensor
+        Tokens in the whole global batch, e.g. from :func:`global_token_count`.
+    world_size : int, optional
+        Number of data-parallel ranks whose gradients are averaged (default: the world
+        size of torch.distributed, 1 without a process group).
+    averaged_gradients : bool, optional
+        True for DDP/FSDP, which average gradients over ranks: the loss is multiplied by
+        ``world_size`` to undo that average. False when gradients are summed.
+
+    Returns
+    -------
+    tensor
+        ``loss_sum * world_size / global_count`` (or ``loss_sum / global_count``). Its sum
+        over micro-batches and ranks, divided by ``world_size``, is the global token mean.
+
+    Examples
+    --------
+    >>> float(token_mean_loss(torch.tensor(6.0), 4, world_size=2))
+    3.0
+    """
+    count = global_count if isinstance(global_count, torch.Tensor) else torch.tensor(global_count)
+    if int(count) <= 0:
+        raise ValueError(f"global_count must be >= 1, got {int(count)}")
+    if world_size is None:
+        initialised = dist.is_available() and dist.is_initialized()
+        world_size = dist.get_world_size() if initialised else 1
+    scale = world_size if averaged_gradients else 1
+    return loss_sum * scale / count.to(device=loss_sum.device, dtype=loss_sum.dtype)

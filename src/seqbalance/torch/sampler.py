@@ -1,0 +1,222 @@
+"""A batch sampler that gives every rank balanced micro-batches of a map-style dataset."""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from .._validate import as_lengths, as_weights, check_positive_int
+
+__all__ = ["BalancedDistributedSampler"]
+
+
+def _default_world() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ValueError(
+            "num_replicas and rank were not given and torch.distributed is not initialised; "
+            "call init_process_group first or pass num_replicas= and rank="
+        )
+    return dist.get_world_size(), dist.get_rank()
+
+
+class BalancedDistributedSampler:
+    """Yield this rank's balanced micro-batches, global step after global step.
+
+    Every epoch the dataset's indices are (optionally) shuffled with
+    ``numpy.random.default_rng(seed + epoch)`` and cut into global batches of
+    ``global_batch_size`` sequences. Each global batch is planned with
+    :func:`seqbalance.planner.plan` over ``num_replicas`` ranks; this rank yields its
+    micro-batches (lists of dataset indices) in order. Every rank computes the same plans
+    from the same lengths and seed, so no communication is needed, and every rank yields
+    the same number of micro-batches per step (so collectives line up).
+
+    Use it as ``DataLoader(dataset, batch_sampler=sampler, collate_fn=pack_collate)``;
+    :meth:`micro_batches_per_step` tells the training loop where optimizer steps end.
+
+    Parameters
+    ----------
+    lengths : array-like of int, or callable
+        Tokens per sample, indexed like the dataset; or a function of one dataset item
+        returning its length (then ``dataset`` is required and is read once, item by item,
+        here).
+    global_batch_size : int
+        Sequences per optimizer step over all ranks.
+    max_tokens : int
+        Token capacity of a micro-batch.
+    dataset : sized, optional
+        The dataset; only needed when ``lengths`` is a callable (or to check its size).
+    num_replicas, rank : int, optional
+        Data-parallel size and this rank (default: from torch.distributed).
+    cost : None, str, cost model or array-like, optional
+        Passed to the planner; an array gives one cost per dataset item.
+    sync : {"fsdp", "ddp"}, optional
+        Sync model the plans optimise for.
+    shuffle : bool, optional
+        Shuffle the sample order every epoch (seeded; see :meth:`set_epoch`).
+    seed : int, optional
+        Base seed; the same on every rank.
+    drop_last : bool, optional
+        What happens to the ``len(dataset) % global_batch_size`` samples left over after the
+        last full global batch. ``False`` (default): they form one last, smaller step, so
+        every sample is used exactly once per epoch; that step is planned with
+        ``allow_empty=True``, so when it has fewer samples than ranks some ranks get empty
+        micro-batches (yielded as ``[]``; :func:`pack_collate` turns them into empty
+        tensors, and the rank must still run forward/backward for the collectives).
+        ``True``: they are skipped this epoch (with shuffling, different ones each epoch),
+        and every step has exactly ``global_batch_size`` samples.
+    **plan_options
+        Forwarded to the planner (``min_micro_batches``, ``micro_batch_multiple``,
+        ``padded``, ``allow_empty``...).
+
+    Examples
+    --------
+    >>> s = BalancedDistributedSampler([5, 1, 4, 4], 4, max_tokens=8, num_replicas=2, rank=0,
+    ...                                shuffle=False)
+    >>> len(s) == sum(s.micro_batches_per_step())
+    True
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int] | np.ndarray | Callable[[Any], int],
+        global_batch_size: int,
+        max_tokens: int,
+        *,
+        dataset: Any = None,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        cost: Any = None,
+        sync: str = "fsdp",
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        **plan_options: Any,
+    ) -> None:
+        if callable(lengths):
+            if dataset is None:
+                raise ValueError("lengths is a callable, so pass dataset= to apply it to")
+            fn = lengths
+            lengths = [fn(dataset[i]) for i in range(len(dataset))]
+        self.lengths = as_lengths(lengths, "lengths")
+        if dataset is not None and len(dataset) != len(self.lengths):
+            raise ValueError(
+                f"lengths has {len(self.lengths)} entries but the dataset has {len(dataset)} "
+                "items; give one length per item"
+            )
+        self.global_batch_size = check_positive_int(global_batch_size, "global_batch_size")
+        self.max_tokens = check_positive_int(max_tokens, "max_tokens")
+        if num_replicas is None or rank is None:
+            world, me = _default_world()
+            num_replicas = world if num_replicas is None else num_replicas
+            rank = me if rank is None else rank
+        self.num_replicas = check_positive_int(num_replicas, "num_replicas")
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+            raise ValueError(f"rank must be an integer, got {rank!r}")
+        if not 0 <= rank < self.num_replicas:
+            raise ValueError(f"rank must be in [0, {self.num_replicas}), got {rank}")
+        self.rank = int(rank)
+        if cost is None or isinstance(cost, str) or callable(cost):
+            self.cost, self._cost_array = cost, None
+        else:
+            self.cost, self._cost_array = None, as_weights(cost, "cost")
+            if len(self._cost_array) != len(self.lengths):
+                raise ValueError(
+                    f"cost has {len(self._cost_array)} entries but lengths has "
+                    f"{len(self.lengths)}; give one cost per item"
+                )
+        self.sync = sync
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.drop_last = bool(drop_last)
+        self.plan_options = dict(plan_options)
+        self.epoch = 0
+        self._cache: tuple[int, list[Any]] | None = None
+        # Plan one step now so bad options (cost name, sync...) fail here, not mid-epoch.
+        first = np.arange(min(len(self.lengths), self.global_batch_size), dtype=np.int64)
+        if len(first):
+            self._step_plan(first, last_partial=len(first) < self.global_batch_size)
+
+    # ---- epochs ------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Use the shuffle of ``epoch`` (call before each epoch, on every rank alike)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, (int, np.integer)) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer, got {epoch!r}")
+        self.epoch = int(epoch)
+
+    @property
+    def num_steps(self) -> int:
+        """Global steps (optimizer steps) per epoch."""
+        full, rest = divmod(len(self.lengths), self.global_batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def epoch_order(self) -> np.ndarray:
+        """This epoch's order of dataset indices (before the last partial batch is dropped)."""
+        n = len(self.lengths)
+        if not self.shuffle:
+            return np.arange(n, dtype=np.int64)
+        return np.random.default_rng(self.seed + self.epoch).permutation(n).astype(np.int64)
+
+    def step_plans(self) -> list[Any]:
+        """The plan of every global step of the current epoch (indices are into that step's
+        batch; :meth:`step_indices` maps them to dataset indices). Cached per epoch."""
+        return [p for _, p in self._epoch()]
+
+    def step_indices(self) -> list[np.ndarray]:
+        """Dataset indices of each global step's batch (all ranks together)."""
+        return [idx for idx, _ in self._epoch()]
+
+    def micro_batches_per_step(self) -> list[int]:
+        """Micro-batches in each global step of the current epoch (the same on every rank)."""
+        return [p.num_micro_batches for _, p in self._epoch()]
+
+    def steps(self) -> Iterator[list[list[int]]]:
+        """This rank's micro-batches grouped by global step."""
+        for idx, p in self._epoch():
+            mbs = p.micro_batches[self.rank]
+            yield [idx[np.asarray(mb, dtype=np.int64)].tolist() for mb in mbs]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in self.steps():
+            yield from step
+
+    def __len__(self) -> int:
+        return sum(self.micro_batches_per_step())
+
+    def __repr__(self) -> str:
+        return (
+            f"BalancedDistributedSampler(n={len(self.lengths)}, "
+            f"global_batch_size={self.global_batch_size}, max_tokens={self.max_tokens}, "
+            f"rank={self.rank}/{self.num_replicas}, epoch={self.epoch})"
+        )
+
+    # ---- planning ----------------------------------------------------------------------
+    def _epoch(self) -> list[tuple[np.ndarray, Any]]:
+        if self._cache is not None and self._cache[0] == self.epoch:
+            return self._cache[1]
+        order = self.epoch_order()
+        b = self.global_batch_size
+        steps = []
+        for s in range(self.num_steps):
+            idx = order[s * b : (s + 1) * b]
+            steps.append((idx, self._step_plan(idx, last_partial=len(idx) < b)))
+        self._cache = (self.epoch, steps)
+        return steps
+
+    def _step_plan(self, idx: np.ndarray, last_partial: bool) -> Any:
+        from seqbalance.planner import plan
+
+        options = dict(self.plan_options)
+        if last_partial:
+            options.setdefault("allow_empty", True)
+        cost = self._cost_array[idx] if self._cost_array is not None else self.cost
+        return plan(
+            self.lengths[idx],
+            self.num_replicas,
+            self.max_tokens,
+            cost=cost,
+            sync=self.sync,
+            **options,
+        )
