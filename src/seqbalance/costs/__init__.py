@@ -1,0 +1,42 @@
+"""Cost models: what a sequence of L tokens costs to train.
+
+- :class:`TokenCost`: cost = L.
+- :class:`QuadraticCost`: ``a + b·L + c·L²`` per sequence plus ``c0`` per micro-batch
+  (hand-written, or fitted to timings by :func:`fit_cost` / ``seqbalance calibrate``).
+- :class:`FlopsCost`: exact training FLOPs from a Hugging Face ``config.json`` (dense,
+  GQA, SwiGLU, MoE, MLA, sliding windows), or a shipped config by name (:data:`SHIPPED`).
+- :func:`load_cost`: any of the above from what the user names (a model, a name, a path).
+
+Pure numpy; nothing here imports torch.
+
+Examples
+--------
+>>> from seqbalance.costs import load_cost
+>>> cost = load_cost("llama-3-8b")
+>>> float(cost.microbatch_cost([4096])) > float(cost.microbatch_cost([2048, 2048]))
+True
+"""
+
+from __future__ import annotations
+
+from .architecture import Architecture, parse_config
+from .base import CostModel, QuadraticCost, TokenCost
+from .fit import evaluate_cost, fit_cost
+from .flops import SHIPPED, FlopsCost
+from .load import cost_from_dict, load_cost
+from .report import FitReport
+
+__all__ = [
+    "SHIPPED",
+    "Architecture",
+    "CostModel",
+    "FitReport",
+    "FlopsCost",
+    "QuadraticCost",
+    "TokenCost",
+    "cost_from_dict",
+    "evaluate_cost",
+    "fit_cost",
+    "load_cost",
+    "parse_config",
+]

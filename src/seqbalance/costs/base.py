@@ -1,0 +1,202 @@
+"""Cost models: the interface, the token count, and the quadratic polynomial.
+
+Every cost model maps a 1-D array of sequence lengths to per-sequence costs (float64)
+and exposes its polynomial form, so a micro-batch of lengths ``L_1..L_n`` costs
+
+    c0 + sum_i (a + b * L_i + c * L_i**2)
+
+with ``c0 = per_microbatch``, ``a = per_sequence``, ``b = per_token`` and
+``c = per_token_sq``. Calling a model returns the per-sequence part (no ``c0``);
+:meth:`CostModel.microbatch_cost` adds ``c0`` once, and costs an empty micro-batch 0.0
+(nothing runs, so no fixed cost is paid).
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from .._validate import as_lengths
+from .report import COEFFICIENTS, FitReport
+
+__all__ = ["CostModel", "QuadraticCost", "TokenCost"]
+
+
+class CostModel(abc.ABC):
+    """Interface of a cost model: per-sequence costs plus the polynomial form."""
+
+    per_microbatch: float
+    per_sequence: float
+    per_token: float
+    per_token_sq: float
+
+    @abc.abstractmethod
+    def __call__(self, lengths: Any) -> np.ndarray:
+        """Per-sequence costs (float64, one per length), without the per-micro-batch term."""
+
+    @abc.abstractmethod
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict with a ``"kind"`` key; :func:`seqbalance.costs.load_cost` reads it."""
+
+    @property
+    def polynomial(self) -> tuple[float, float, float, float]:
+        """``(per_microbatch, per_sequence, per_token, per_token_sq)``."""
+        return (self.per_microbatch, self.per_sequence, self.per_token, self.per_token_sq)
+
+    def microbatch_cost(self, lengths: Any) -> float:
+        """Cost of one micro-batch: ``per_microbatch + sum(self(lengths))``.
+
+        An empty micro-batch costs 0.0: it is never run, so its fixed cost is not paid.
+
+        Examples
+        --------
+        >>> cost = QuadraticCost(per_token=2.0, per_token_sq=0.0, per_microbatch=5.0)
+        >>> cost.microbatch_cost([1, 3])
+        13.0
+        >>> cost.microbatch_cost([])
+        0.0
+        """
+        arr = as_lengths(lengths)
+        if arr.size == 0:
+            return 0.0
+        return float(self.per_microbatch + self(arr).sum())
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """:meth:`to_dict` as a JSON string."""
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write :meth:`to_json` to ``path`` (read back with ``load_cost(path)``)."""
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(self.to_json() + "\n")
+
+    def __repr__(self) -> str:
+        terms = ", ".join(f"{k}={getattr(self, k):.6g}" for k in COEFFICIENTS)
+        return f"{type(self).__name__}({terms})"
+
+
+class TokenCost(CostModel):
+    """Cost = number of tokens: ``b = 1``, every other coefficient 0.
+
+    Examples
+    --------
+    >>> TokenCost()([3, 5])
+    array([3., 5.])
+    """
+
+    per_microbatch = 0.0
+    per_sequence = 0.0
+    per_token = 1.0
+    per_token_sq = 0.0
+
+    def __call__(self, lengths: Any) -> np.ndarray:
+        return as_lengths(lengths).astype(np.float64)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": "tokens"}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TokenCost)
+
+    def __hash__(self) -> int:
+        return hash("TokenCost")
+
+
+def _coefficient(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a real number >= 0, got {value!r}")
+    out = float(value)
+    if not math.isfinite(out) or out < 0:
+        raise ValueError(
+            f"{name} = {value!r} is invalid; cost coefficients must be finite and >= 0 "
+            "(a negative term would make some sequences cost less than nothing)"
+        )
+    return out
+
+
+class QuadraticCost(CostModel):
+    """Cost ``a + b*L + c*L**2`` per sequence plus ``c0`` per micro-batch.
+
+    Parameters
+    ----------
+    per_token, per_token_sq, per_sequence, per_microbatch
+        ``b``, ``c``, ``a`` and ``c0``; finite and >= 0. Units are the caller's (seconds
+        for a cost from ``seqbalance calibrate``).
+    meta
+        Free-form JSON-ready facts kept with the model (units, source, device...).
+    report
+        The :class:`FitReport` when the model was fitted (set by ``fit_cost``).
+
+    Examples
+    --------
+    >>> cost = QuadraticCost(per_token=4.0, per_token_sq=0.5, per_sequence=1.0)
+    >>> cost([0, 2, 4])
+    array([ 1., 11., 25.])
+    """
+
+    def __init__(
+        self,
+        per_token: float,
+        per_token_sq: float,
+        per_sequence: float = 0.0,
+        per_microbatch: float = 0.0,
+        *,
+        meta: Mapping[str, Any] | None = None,
+        report: FitReport | None = None,
+    ) -> None:
+        self.per_token = _coefficient(per_token, "per_token")
+        self.per_token_sq = _coefficient(per_token_sq, "per_token_sq")
+        self.per_sequence = _coefficient(per_sequence, "per_sequence")
+        self.per_microbatch = _coefficient(per_microbatch, "per_microbatch")
+        if meta is not None and not isinstance(meta, Mapping):
+            raise ValueError(f"meta must be a mapping or None, got {type(meta).__name__}")
+        self.meta: dict[str, Any] = dict(meta or {})
+        if report is not None and not isinstance(report, FitReport):
+            raise ValueError(f"report must be a FitReport or None, got {type(report).__name__}")
+        self.report = report
+
+    def __call__(self, lengths: Any) -> np.ndarray:
+        x = as_lengths(lengths).astype(np.float64)
+        return self.per_sequence + x * (self.per_token + self.per_token_sq * x)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": "quadratic"}
+        out.update({k: getattr(self, k) for k in COEFFICIENTS})
+        if self.meta:
+            out["meta"] = self.meta
+        if self.report is not None:
+            out["fit"] = self.report.to_dict()
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> QuadraticCost:
+        """Inverse of :meth:`to_dict`; missing coefficients other than ``per_token`` are 0."""
+        if data.get("kind", "quadratic") != "quadratic":
+            raise ValueError(f"expected a cost of kind 'quadratic', got {data.get('kind')!r}")
+        if "per_token" not in data or "per_token_sq" not in data:
+            raise ValueError(
+                "a quadratic cost needs 'per_token' and 'per_token_sq'; got keys "
+                f"{sorted(data)}"
+            )
+        fit = data.get("fit")
+        return cls(
+            data["per_token"],
+            data["per_token_sq"],
+            data.get("per_sequence", 0.0),
+            data.get("per_microbatch", 0.0),
+            meta=data.get("meta"),
+            report=FitReport.from_dict(fit) if fit else None,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, QuadraticCost):
+            return NotImplemented
+        return self.polynomial == other.polynomial and self.meta == other.meta
+
+    __hash__ = None  # type: ignore[assignment]  # mutable meta: not hashable

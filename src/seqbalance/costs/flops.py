@@ -1,0 +1,220 @@
+"""Exact training FLOPs of one sequence, from a Hugging Face ``config.json``.
+
+Counting convention
+-------------------
+- 2 FLOPs per multiply-add; a matmul of a token through a ``m x n`` weight costs ``2mn``.
+- Attention projections Q, K, V, O. With GQA, K and V have ``num_key_value_heads``
+  heads; ``head_dim`` comes from the config when given, else ``hidden / heads``.
+- Attention core: the scores (Q·Kᵀ) and the attention-weighted values each cost
+  ``2 x pairs x num_heads x head_dim`` FLOPs, where ``pairs = L²/2`` for causal
+  attention and ``pairs = W·L − W²/2`` for a sliding window ``W < L``. The window applies
+  only where the config enables it (see :mod:`seqbalance.costs.architecture`).
+- MLA (deepseek_v3): q_a (h → q_lora_rank), q_b (q_lora_rank → heads·(qk_nope+qk_rope)),
+  kv_a (h → kv_lora_rank + qk_rope), kv_b (kv_lora_rank → heads·(qk_nope+v_head_dim)),
+  o (heads·v_head_dim → h); the scores use ``qk_nope + qk_rope`` per head, the values
+  ``v_head_dim``.
+- MLP: gated (SwiGLU/GeGLU) = 3 matrices of ``h x intermediate``, otherwise 2.
+- MoE layer: router (``h x experts``) + the top-k routed experts + the shared experts,
+  each a gated MLP of the expert width (mixtral: ``intermediate_size``; qwen2_moe's shared
+  expert: ``shared_expert_intermediate_size``); dense layers where the config says so
+  (``first_k_dense_replace``, ``mlp_only_layers``, ``decoder_sparse_step``).
+- LM head: ``h x vocab``, counted even when tied to the embedding.
+- Not counted: norms, softmax, activations, rotary, biases, embedding lookups,
+  multi-token-prediction layers, the qwen2_moe shared-expert gate (``h x 1``).
+
+So forward FLOPs of a sequence of ``L`` tokens are ``2·P·L + Σ_layers 2·pairs(L)·w`` with
+``P`` the active matmul parameters per token (:attr:`FlopsCost.matmul_params`) and
+``w = heads·(qk_head_dim + v_head_dim)`` per layer. Training costs 3× forward (backward ≈
+2× forward), or 4× with full activation recompute.
+
+Polynomial form
+---------------
+``per_token = k·2·P`` and ``per_token_sq = k·Σ_layers w`` with ``k = 3`` (4 with
+recompute); ``per_sequence = per_microbatch = 0``. This is exact when no layer has a
+sliding window. With a window, the polynomial counts those layers as full causal
+attention, so it equals the exact cost for sequences no longer than the window and is an
+upper bound beyond it (:attr:`FlopsCost.polynomial_is_exact` says which); calling the
+model always gives the exact, windowed count.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .._validate import as_lengths
+from .architecture import ARCH_KEYS, Architecture, parse_config, read_config, text_model_config
+from .base import CostModel
+
+__all__ = ["SHIPPED", "FlopsCost", "shipped_config"]
+
+_CONFIG_DIR = Path(__file__).with_name("configs")
+
+#: Names of the shipped architecture configs (``FlopsCost.from_name``, ``--model``).
+SHIPPED: tuple[str, ...] = (
+    "llama-2-7b",
+    "llama-3-8b",
+    "mistral-7b-v0.1",
+    "qwen2.5-7b",
+    "qwen3-8b",
+    "qwen3-30b-a3b",
+    "mixtral-8x7b",
+    "deepseek-v3",
+    "gemma-2-9b",
+)
+
+
+def shipped_config(name: str) -> dict[str, Any]:
+    """The shipped config called ``name`` (case-insensitive) as a dict.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not shipped; the message lists the shipped names.
+    """
+    key = name.lower() if isinstance(name, str) else name
+    if key not in SHIPPED:
+        raise ValueError(
+            f"unknown model name {name!r}; shipped configs are: {', '.join(SHIPPED)} "
+            "(or pass a path to a config.json)"
+        )
+    return read_config(_CONFIG_DIR / f"{key}.json")
+
+
+def _pairs(lengths: np.ndarray, window: int | None) -> np.ndarray:
+    """Query-key pairs a causal layer scores: L²/2, or W·L − W²/2 when W < L."""
+    full = lengths * lengths / 2.0
+    if window is None:
+        return full
+    w = float(window)
+    return np.where(lengths > w, w * lengths - w * w / 2.0, full)
+
+
+class FlopsCost(CostModel):
+    """Training FLOPs per sequence from a model architecture (see the module docstring).
+
+    Build one with :meth:`from_hf_config` or :meth:`from_name`. Calling it gives exact
+    training FLOPs per sequence (3× forward; 4× when ``recompute``).
+
+    Examples
+    --------
+    >>> cost = FlopsCost.from_name("llama-2-7b")
+    >>> round(cost.per_token / cost.per_token_sq)
+    50408
+    >>> cost.microbatch_cost([1, 2]) == float(cost([1, 2]).sum())
+    True
+    """
+
+    per_microbatch = 0.0
+    per_sequence = 0.0
+
+    def __init__(
+        self,
+        architecture: Architecture,
+        *,
+        recompute: bool = False,
+        name: str | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(architecture, Architecture):
+            raise ValueError(
+                f"architecture must be an Architecture, got {type(architecture).__name__}; "
+                "use FlopsCost.from_hf_config(config) to build one from a config"
+            )
+        if not isinstance(recompute, bool):
+            raise ValueError(f"recompute must be True or False, got {recompute!r}")
+        self.architecture = architecture
+        self.recompute = recompute
+        self.name = name
+        self.config = config
+        mult = 4.0 if recompute else 3.0
+        self.per_token = mult * 2.0 * float(architecture.matmul_params)
+        self.per_token_sq = mult * float(
+            sum(layer.attention.core_width for layer in architecture.layers)
+        )
+        # Layers sharing (core width, window) cost the same: count each kind once.
+        self._attention_kinds = sorted(
+            Counter(
+                (layer.attention.core_width, layer.attention.window)
+                for layer in architecture.layers
+            ).items(),
+            key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1]),
+        )
+
+    @classmethod
+    def from_hf_config(cls, config: Any, *, recompute: bool = False) -> FlopsCost:
+        """Build from a Hugging Face config: a dict, a path to a ``config.json`` or its
+        folder, or an object with ``to_dict()`` (transformers is not required)."""
+        data = text_model_config(read_config(config))
+        arch = parse_config(data)
+        kept = {k: data[k] for k in ARCH_KEYS if k in data}
+        name = data.get("_name_or_path") or None
+        return cls(arch, recompute=recompute, name=name, config=kept)
+
+    @classmethod
+    def from_name(cls, name: str, *, recompute: bool = False) -> FlopsCost:
+        """Build from a shipped config, e.g. ``"qwen2.5-7b"`` (see :meth:`names`)."""
+        cfg = shipped_config(name)
+        out = cls(parse_config(cfg), recompute=recompute, name=name.lower(), config=cfg)
+        return out
+
+    @staticmethod
+    def names() -> tuple[str, ...]:
+        """Names of the shipped configs."""
+        return SHIPPED
+
+    @property
+    def matmul_params(self) -> int:
+        """Active matmul weights per token (layers + LM head; no embedding)."""
+        return self.architecture.matmul_params
+
+    @property
+    def polynomial_is_exact(self) -> bool:
+        """False when a sliding window makes the polynomial an upper bound."""
+        return not self.architecture.has_window
+
+    def forward_flops(self, lengths: Any) -> np.ndarray:
+        """Forward FLOPs per sequence (float64), sliding windows counted exactly."""
+        x = as_lengths(lengths).astype(np.float64)
+        out = 2.0 * float(self.matmul_params) * x
+        for (width, window), count in self._attention_kinds:
+            out += (2.0 * count * width) * _pairs(x, window)
+        return out
+
+    def training_flops(self, lengths: Any, recompute: bool = False) -> np.ndarray:
+        """Forward + backward FLOPs per sequence: 3× forward, 4× with full recompute."""
+        return (4.0 if recompute else 3.0) * self.forward_flops(lengths)
+
+    def __call__(self, lengths: Any) -> np.ndarray:
+        return self.training_flops(lengths, recompute=self.recompute)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"kind": "flops"}
+        if self.name:
+            out["name"] = self.name
+        out["recompute"] = self.recompute
+        if self.config is not None:
+            out["config"] = self.config
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> FlopsCost:
+        """Inverse of :meth:`to_dict`: from ``config`` when present, else the shipped ``name``."""
+        recompute = bool(data.get("recompute", False))
+        if data.get("config") is not None:
+            out = cls.from_hf_config(data["config"], recompute=recompute)
+            out.name = data.get("name")
+            return out
+        if data.get("name"):
+            return cls.from_name(data["name"], recompute=recompute)
+        raise ValueError("a flops cost needs a 'config' or a shipped 'name'; got neither")
+
+    def __repr__(self) -> str:
+        label = f"{self.name!r}, " if self.name else ""
+        return (
+            f"FlopsCost({label}per_token={self.per_token:.6g}, "
+            f"per_token_sq={self.per_token_sq:.6g}, recompute={self.recompute})"
+        )

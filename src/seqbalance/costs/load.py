@@ -1,0 +1,101 @@
+"""``load_cost``: turn whatever the user names into a cost model."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from .base import CostModel, QuadraticCost, TokenCost
+from .flops import SHIPPED, FlopsCost
+
+__all__ = ["cost_from_dict", "load_cost"]
+
+
+def cost_from_dict(data: Mapping[str, Any]) -> CostModel:
+    """Rebuild a cost model from its ``to_dict()`` (dispatching on ``"kind"``).
+
+    Examples
+    --------
+    >>> cost_from_dict({"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.5})
+    QuadraticCost(per_microbatch=0, per_sequence=0, per_token=1, per_token_sq=0.5)
+    """
+    kind = data.get("kind")
+    if kind == "tokens":
+        return TokenCost()
+    if kind == "quadratic":
+        return QuadraticCost.from_dict(data)
+    if kind == "flops":
+        return FlopsCost.from_dict(dict(data))
+    raise ValueError(
+        f"cost kind {kind!r} is unknown; a cost JSON has kind 'tokens', 'quadratic' or 'flops'"
+    )
+
+
+def _from_mapping(data: Mapping[str, Any]) -> CostModel:
+    if "kind" in data:
+        return cost_from_dict(data)
+    return FlopsCost.from_hf_config(dict(data))  # a Hugging Face config
+
+
+def load_cost(spec: Any = None) -> CostModel:
+    """Return the cost model ``spec`` names.
+
+    Parameters
+    ----------
+    spec
+        - a cost model: returned as is;
+        - None or ``"tokens"``: :class:`TokenCost`;
+        - a shipped model name such as ``"qwen2.5-7b"`` (case-insensitive):
+          :class:`FlopsCost` of that config;
+        - a path to a Hugging Face ``config.json`` or to a folder holding one, a dict of
+          one, or an object with ``to_dict()``: :class:`FlopsCost`;
+        - a path to a cost JSON (written by ``seqbalance calibrate`` or ``save``/
+          ``to_json``) or its dict: the model it describes (a :class:`QuadraticCost` for a
+          calibrated cost).
+
+    Raises
+    ------
+    ValueError
+        If ``spec`` names nothing of the above; the message lists the shipped names.
+
+    Examples
+    --------
+    >>> load_cost(None)
+    TokenCost(per_microbatch=0, per_sequence=0, per_token=1, per_token_sq=0)
+    >>> load_cost("Qwen2.5-7B").name
+    'qwen2.5-7b'
+    """
+    if isinstance(spec, CostModel):
+        return spec
+    if spec is None or (isinstance(spec, str) and spec.lower() == "tokens"):
+        return TokenCost()
+    if isinstance(spec, Mapping):
+        return _from_mapping(spec)
+    if isinstance(spec, str) and spec.lower() in SHIPPED:
+        return FlopsCost.from_name(spec)
+    if isinstance(spec, (str, os.PathLike)):
+        path = Path(spec)
+        if path.is_dir():
+            return FlopsCost.from_hf_config(path)
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"cost file {str(path)!r} is not valid JSON ({exc})") from exc
+            if not isinstance(data, dict):
+                raise ValueError(f"cost file {str(path)!r} must hold a JSON object")
+            return _from_mapping(data)
+        raise ValueError(
+            f"unknown cost {str(spec)!r}: not 'tokens', not a shipped model name "
+            f"({', '.join(SHIPPED)}), and no such file or folder (a HF config.json, its "
+            "folder, or a cost JSON from `seqbalance calibrate`)"
+        )
+    if callable(getattr(spec, "to_dict", None)):
+        return FlopsCost.from_hf_config(spec)
+    raise ValueError(
+        f"cost must be a cost model, None, 'tokens', a shipped model name "
+        f"({', '.join(SHIPPED)}), or a path to a config/cost JSON; got {type(spec).__name__}"
+    )
