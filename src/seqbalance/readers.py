@@ -1,0 +1,279 @@
+"""Read sequence lengths (and optional group ids) from files.
+
+Supported formats, chosen by the file extension:
+
+``.txt``, ``.lst`` or no extension
+    One integer per line; blank lines and lines starting with ``#`` are skipped.
+``.json``
+    A JSON list of numbers, or a list of objects (then ``column`` picks the field).
+``.npy``
+    A 1-D numpy array, or a structured array (then ``column`` picks the field).
+``.csv``, ``.tsv``
+    A table with a header row; ``column`` names the column.
+``.jsonl``, ``.ndjson``
+    One JSON object per line (``column`` names the field), or one number per line.
+``.parquet``, ``.pq``
+    A Parquet table (needs pyarrow: ``pip install "seqbalance[parquet]"``).
+
+For tables, ``column`` may be omitted when the table has exactly one column.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._validate import as_lengths
+
+__all__ = ["FORMATS", "read_column", "read_lengths"]
+
+_TEXT = ("", ".txt", ".lst")
+FORMATS: dict[str, str] = {
+    **dict.fromkeys(_TEXT, "text"),
+    ".json": "json",
+    ".npy": "npy",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+
+
+def _format_of(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in FORMATS:
+        known = ", ".join(sorted(s for s in FORMATS if s))
+        raise ValueError(
+            f"{path}: unknown file type {suffix!r}; use one of {known} "
+            "(or a file with no extension holding one integer per line)"
+        )
+    return FORMATS[suffix]
+
+
+def _pick(columns: Sequence[str], column: str | None, path: Path, what: str) -> str:
+    """The column to read: ``column`` if given and present, else the only column."""
+    listed = ", ".join(repr(c) for c in columns) or "(none)"
+    if column is None:
+        if len(columns) == 1:
+            return columns[0]
+        raise ValueError(
+            f"{path} has {len(columns)} columns ({listed}); say which one holds the {what} "
+            "(--column / column=)"
+        )
+    if column not in columns:
+        raise ValueError(f"{path} has no column {column!r}; available columns: {listed}")
+    return column
+
+
+def _number(text: str, where: str) -> int | float:
+    s = text.strip()
+    try:
+        return int(s)
+    except ValueError:
+        pass
+    try:
+        return float(s)
+    except ValueError:
+        raise ValueError(f"{where}: {text!r} is not a number") from None
+
+
+def _no_column(column: str | None, path: Path, kind: str) -> None:
+    if column is not None:
+        raise ValueError(
+            f"{path} is {kind} and has no named columns, but column {column!r} was asked for; "
+            "use a CSV, JSONL, Parquet file or a JSON list of objects to read named columns"
+        )
+
+
+def _read_text(path: Path, column: str | None) -> list[Any]:
+    _no_column(column, path, "a plain list (one value per line)")
+    out: list[Any] = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            s = line.strip()
+            if s and not s.startswith("#"):
+                out.append(_number(s, f"{path}:{lineno}"))
+    return out
+
+
+def _records_column(
+    records: Sequence[Any], column: str | None, path: Path, what: str, where: str
+) -> list[Any]:
+    """``column`` of a list of dicts (or the values themselves when they are not dicts)."""
+    if not records or not isinstance(records[0], dict):
+        if any(isinstance(r, dict) for r in records):
+            raise ValueError(f"{path}: mixes objects and plain values; use one or the other")
+        _no_column(column, path, "a list of plain values")
+        return list(records)
+    names: list[str] = list(records[0])
+    key = _pick(names, column, path, what)
+    out = []
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict) or key not in rec:
+            raise ValueError(f"{path}: {where} {i + 1} has no field {key!r}")
+        out.append(rec[key])
+    return out
+
+
+def _read_json(path: Path, column: str | None, what: str) -> list[Any]:
+    with open(path, encoding="utf-8") as fh:
+        try:
+            data = json.load(fh)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, list):
+        raise ValueError(
+            f"{path}: expected a JSON list of numbers (or of objects), got {type(data).__name__}"
+        )
+    return _records_column(data, column, path, what, "item")
+
+
+def _read_jsonl(path: Path, column: str | None, what: str) -> list[Any]:
+    records = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+    return _records_column(records, column, path, what, "record")
+
+
+def _read_csv(path: Path, column: str | None, what: str) -> list[Any]:
+    delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
+    with open(path, encoding="utf-8", newline="") as fh:
+        reader = csv.reader(fh, delimiter=delimiter)
+        header = next(reader, None)
+        if header is None:
+            raise ValueError(f"{path} is empty; a CSV file needs a header row naming its columns")
+        header = [h.strip() for h in header]
+        key = _pick(header, column, path, what)
+        k = header.index(key)
+        out = []
+        for rowno, row in enumerate(reader, start=2):
+            if not row or all(not c.strip() for c in row):
+                continue
+            if k >= len(row):
+                raise ValueError(f"{path}:{rowno}: row has no value for column {key!r}")
+            out.append(row[k].strip())
+    return out
+
+
+def _read_npy(path: Path, column: str | None, what: str) -> np.ndarray:
+    arr = np.load(path, allow_pickle=False)
+    if arr.dtype.names:
+        return arr[_pick(list(arr.dtype.names), column, path, what)]
+    _no_column(column, path, "a plain array")
+    return arr
+
+
+def _read_parquet(path: Path, column: str | None, what: str) -> list[Any]:
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ValueError(
+            f'reading {path} needs pyarrow; install it with: pip install "seqbalance[parquet]"'
+        ) from None
+    names = list(pq.read_schema(path).names)
+    key = _pick(names, column, path, what)
+    return pq.read_table(path, columns=[key]).column(key).to_pylist()
+
+
+def read_column(
+    path: str | os.PathLike[str], column: str | None = None, *, what: str = "values"
+) -> np.ndarray:
+    """Read one column of values (numbers or labels) from a file.
+
+    Parameters
+    ----------
+    path : str or path-like
+        The file; its extension picks the format (see the module docstring).
+    column : str, optional
+        Column (CSV, Parquet) or field (JSONL, JSON objects, structured .npy) to read.
+        May be omitted when the table has exactly one column.
+    what : str
+        What the column holds, for error messages (e.g. ``"lengths"``, ``"group ids"``).
+
+    Returns
+    -------
+    np.ndarray
+        One value per row, as numpy makes of them (CSV cells stay strings).
+
+    Raises
+    ------
+    ValueError
+        Unknown file type, unparsable content, or a missing or ambiguous column (the message
+        lists the available columns).
+    OSError
+        The file cannot be opened.
+    """
+    p = Path(path)
+    fmt = _format_of(p)
+    if fmt == "npy":
+        return np.asarray(_read_npy(p, column, what))
+    if fmt == "text":
+        values = _read_text(p, column)
+    elif fmt == "json":
+        values = _read_json(p, column, what)
+    elif fmt == "jsonl":
+        values = _read_jsonl(p, column, what)
+    elif fmt == "csv":
+        values = _read_csv(p, column, what)
+    else:
+        values = _read_parquet(p, column, what)
+    if any(isinstance(v, (list, dict)) for v in values):
+        raise ValueError(f"{p}: the {what} must be single values, found a nested list or object")
+    if any(v is None for v in values):
+        i = next(i for i, v in enumerate(values) if v is None)
+        raise ValueError(f"{p}: {what} value {i} is missing (null); fill or drop such rows")
+    return np.asarray(values) if values else np.zeros(0, dtype=np.int64)
+
+
+def read_lengths(path: str | os.PathLike[str], column: str | None = None) -> np.ndarray:
+    """Read sequence lengths (tokens per sequence) from a file.
+
+    Parameters
+    ----------
+    path : str or path-like
+        One integer per line (``.txt`` or no extension), a JSON list (``.json``), ``.npy``,
+        or a table (CSV/TSV, JSONL, Parquet) with ``column`` naming the lengths.
+    column : str, optional
+        Column holding the lengths; required for tables with more than one column.
+
+    Returns
+    -------
+    np.ndarray
+        int64 lengths, validated with :func:`seqbalance._validate.as_lengths`.
+
+    Raises
+    ------
+    ValueError
+        Unreadable content, a missing column, or lengths that are negative or not whole.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> path = os.path.join(d, "lengths.csv")
+    >>> with open(path, "w") as fh:
+    ...     _ = fh.write("id,n_tokens\\na,120\\nb,4096\\n")
+    >>> read_lengths(path, column="n_tokens").tolist()
+    [120, 4096]
+    """
+    values = read_column(path, column, what="lengths")
+    if values.dtype.kind in "US":  # CSV cells: parse them, naming the row on failure
+        where = f"{path}: lengths value"
+        values = np.asarray([_number(str(v), f"{where} {i}") for i, v in enumerate(values)])
+    try:
+        return as_lengths(values)
+    except ValueError as exc:  # say which file the bad value came from
+        raise ValueError(f"{os.fspath(path)}: {exc}") from None
