@@ -51,13 +51,13 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
         raise ValueError(
-            f"{name}[{i}] = {arr[i]!r} is not finite; every {name[:-1] if name.endswith('s') else name}"
-            " must be a finite number (check the cost model or the data for NaN/inf)"
+            f"{name}[{i}] = {float(arr[i])!r} is not finite; {name} must be finite numbers "
+            "(check the cost model or the data for NaN/inf)"
         )
     neg = arr < 0
     if neg.any():
         i = int(np.flatnonzero(neg)[0])
-        raise ValueError(f"{name}[{i}] = {arr[i]!r} is negative; {name} must be >= 0")
+        raise ValueError(f"{name}[{i}] = {float(arr[i])!r} is negative; {name} must be >= 0")
     return arr
 
 
@@ -76,7 +76,7 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
         bad = ~np.isfinite(arr) | (arr != np.round(arr))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{name}[{i}] = {arr[i]!r} is not a whole number of tokens")
+            raise ValueError(f"{name}[{i}] = {arr[i].item()!r} is not a whole number of tokens")
     elif arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size and arr.max() > 2**62:
         raise ValueError(f"{name} holds a value above 2**62; token counts cannot be that large")
     out = arr.astype(np.int64)
@@ -128,7 +128,7 @@ def as_groups(groups: Any, n: int, name: str = "groups") -> np.ndarray:
         )
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         i = int(np.flatnonzero(~np.isfinite(arr))[0])
-        raise ValueError(f"{name}[{i}] = {arr[i]!r} is not a valid group id")
+        raise ValueError(f"{name}[{i}] = {arr[i].item()!r} is not a valid group id")
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     _, first, inverse = np.unique(arr, return_index=True, return_inverse=True)

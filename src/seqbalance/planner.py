@@ -234,7 +234,7 @@ def plan(
         return None
 
     first_m = m
-    m_limit = _round_up(max(n, 1), mult) + mult  # one sequence per micro-batch always fits
+    m_limit = max(m, _round_up(max(n, 1), mult)) + mult  # one sequence per micro-batch fits
     candidates: list[Plan] = []
     while m <= m_limit:
         problem = too_few(m)

@@ -1,0 +1,241 @@
+"""The planner: every constraint as a property, every error path, exact small cases."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from seqbalance import workloads
+from seqbalance.baselines import token_ffd
+from seqbalance.planner import plan
+from seqbalance.plans import Plan
+
+
+def _flat(p: Plan) -> list[int]:
+    return [i for rank in p.micro_batches for mb in rank for i in mb]
+
+
+def _check_invariants(p: Plan, lengths, cap, *, padded=False, allow_empty=False):
+    lengths = np.asarray(lengths, dtype=np.int64)
+    assert sorted(_flat(p)) == list(range(len(lengths)))  # every index exactly once
+    m = p.num_micro_batches
+    assert all(len(rank) == m for rank in p.micro_batches)  # equal counts
+    for rank in p.micro_batches:
+        for mb in rank:
+            assert mb == sorted(mb)
+            if not mb:
+                assert allow_empty
+                continue
+            t = lengths[mb]
+            used = len(mb) * int(t.max()) if padded else int(t.sum())
+            assert used <= cap
+    v = p.violations()
+    assert v["over_capacity"] == v["unequal_counts"] == v["missing"] == v["duplicated"] == 0
+
+
+lengths_st = st.lists(st.integers(0, 1000), min_size=1, max_size=60)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=lengths_st,
+    dp=st.integers(1, 5),
+    cap=st.integers(1000, 4000),
+    sync=st.sampled_from(["fsdp", "ddp"]),
+    padded=st.booleans(),
+    min_mb=st.integers(1, 3),
+    mult=st.integers(1, 3),
+)
+def test_constraints_hold(lengths, dp, cap, sync, padded, min_mb, mult):
+    p = plan(
+        lengths,
+        dp,
+        cap,
+        sync=sync,
+        padded=padded,
+        min_micro_batches=min_mb,
+        micro_batch_multiple=mult,
+        allow_empty=True,
+    )
+    _check_invariants(p, lengths, cap, padded=padded, allow_empty=True)
+    m = p.num_micro_batches
+    assert m >= min_mb and m % mult == 0
+    assert m >= math.ceil(sum(lengths) / (dp * cap))
+    sim = p.simulate()
+    assert sim.step_time >= p.lower_bound() * (1 - 1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=lengths_st, dp=st.integers(1, 5), cap=st.integers(1000, 3000))
+def test_no_more_micro_batches_than_ffd_and_none_empty(lengths, dp, cap):
+    ffd_m = token_ffd(lengths, dp, cap).num_micro_batches
+    assume(len(lengths) >= dp * ffd_m)  # else no plan without empty micro-batches exists
+    p = plan(lengths, dp, cap)
+    _check_invariants(p, lengths, cap)
+    assert p.num_micro_batches <= ffd_m
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    data=st.data(),
+    dp=st.integers(1, 4),
+    size=st.sampled_from(["free", "balanced"]),
+)
+def test_groups_stay_on_one_rank(data, dp, size):
+    n_groups = data.draw(st.integers(dp, 12))
+    per_group = data.draw(st.lists(st.integers(1, 4), min_size=n_groups, max_size=n_groups))
+    groups = np.repeat(np.arange(n_groups), per_group)
+    lengths = data.draw(st.lists(st.integers(1, 500), min_size=groups.size, max_size=groups.size))
+    p = plan(lengths, dp, 2000, groups=groups, size=size, allow_empty=True)
+    _check_invariants(p, lengths, 2000, allow_empty=True)
+    owner = {}
+    for r, rank in enumerate(p.micro_batches):
+        for mb in rank:
+            for i in mb:
+                assert owner.setdefault(int(groups[i]), r) == r
+    if size == "balanced":
+        per_rank = [len({int(groups[i]) for mb in rank for i in mb}) for rank in p.micro_batches]
+        assert max(per_rank) - min(per_rank) <= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 800), min_size=4, max_size=48), dp=st.integers(1, 4))
+def test_equal_size_rule_per_rank(lengths, dp):
+    n = len(lengths) - len(lengths) % dp
+    assume(n >= dp)
+    lengths = lengths[:n]
+    p = plan(lengths, dp, 4000, size="equal", allow_empty=True)
+    _check_invariants(p, lengths, 4000, allow_empty=True)
+    counts = {sum(len(mb) for mb in rank) for rank in p.micro_batches}
+    assert counts == {n // dp}
+
+
+def test_exact_small_case():
+    # 4,000 tokens over 2 ranks at 1,000 per micro-batch: 2 micro-batches per rank, each
+    # exactly full, e.g. {900, 100} {500, 500} {300, 700} {400, 600}; cost = tokens.
+    lengths = [900, 100, 500, 500, 300, 700, 400, 600]
+    p = plan(lengths, 2, 1000)
+    assert p.num_micro_batches == 2
+    loads = sorted(int(sum(lengths[i] for i in mb)) for rank in p.micro_batches for mb in rank)
+    assert loads == [1000, 1000, 1000, 1000]  # 4,000 tokens, four full micro-batches
+    assert p.simulate().step_time == 2000.0
+    assert p.simulate().gap == 0.0
+
+
+def test_m_is_capacity_minimum_on_workloads():
+    for name in ("rl-math", "sft-chat", "bimodal", "uniform"):
+        lengths = workloads.lengths(name, 2048, seed=3)
+        cap = 32768
+        p = plan(lengths, 8, cap)
+        _check_invariants(p, lengths, cap)
+        assert p.num_micro_batches <= token_ffd(lengths, 8, cap).num_micro_batches
+        assert p.num_micro_batches >= p.min_micro_batches_bound()
+
+
+def test_forced_m_is_explained():
+    p = plan([10] * 40, 2, 1000, min_micro_batches=3, micro_batch_multiple=2)
+    assert p.num_micro_batches == 4
+    assert any("min_micro_batches=3" in n and "micro_batch_multiple=2" in n for n in p.notes)
+    assert plan([10] * 40, 2, 1000).notes == ()
+
+
+def test_extra_micro_batches_trade_off():
+    lengths = workloads.lengths("sft-chat", 512, seed=1)
+    base = plan(lengths, 4, 32768, cost=lengths.astype(float))
+    more = plan(lengths, 4, 32768, cost=lengths.astype(float), extra_micro_batches=3)
+    assert more.simulate().step_time <= base.simulate().step_time
+    assert base.num_micro_batches <= more.num_micro_batches <= base.num_micro_batches + 3
+
+
+def test_allow_empty_marks_empty_micro_batches():
+    p = plan([5, 5, 5], 2, 100, min_micro_batches=2, allow_empty=True)
+    assert p.violations()["empty"] == 1
+    assert any("empty" in n for n in p.notes)
+
+
+def test_cost_array_and_cost_model_like_objects():
+    lengths = [100, 200, 300, 400]
+    p = plan(lengths, 2, 1000, cost=[1.0, 1.0, 1.0, 100.0])
+    assert p.costs.tolist() == [1.0, 1.0, 1.0, 100.0]
+    # the expensive sequence sits alone on its rank
+    ranks = [sorted(i for mb in rank for i in mb) for rank in p.micro_batches]
+    assert [3] in ranks
+
+
+# ---- errors -----------------------------------------------------------------------------
+
+
+def test_too_long_sequence_names_index():
+    with pytest.raises(ValueError, match=r"sequence 2 has 5000 tokens.*max_tokens=4096"):
+        plan([10, 20, 5000, 7000], 2, 4096)
+
+
+def test_too_few_sequences():
+    with pytest.raises(ValueError, match="cannot fill 4 ranks x 1 micro-batches.*allow_empty"):
+        plan([10, 20, 30], 4, 1000)
+
+
+def test_too_few_sequences_per_rank_with_groups():
+    with pytest.raises(ValueError, match="rank .* holds 1 sequences but needs 2"):
+        plan([10, 20, 30, 40], 2, 1000, groups=[0, 0, 0, 1], min_micro_batches=2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"dp_size": 0}, "dp_size must be >= 1"),
+        ({"dp_size": 1.5}, "dp_size must be a positive integer"),
+        ({"max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"sync": "zero3"}, "sync must be one of"),
+        ({"size": "same"}, "size must be one of"),
+        ({"min_micro_batches": 0}, "min_micro_batches must be >= 1"),
+        ({"micro_batch_multiple": -2}, "micro_batch_multiple must be >= 1"),
+        ({"extra_micro_batches": -1}, "extra_micro_batches must be >= 0"),
+        ({"lengths": [10, -1]}, r"lengths\[1\] = -1 is negative"),
+        ({"lengths": [[1, 2]]}, "must be 1-D"),
+        ({"lengths": [1.5]}, "not a whole number"),
+        ({"cost": [1.0, float("nan"), 1.0, 1.0]}, r"cost\[1\] = nan is not finite"),
+        ({"cost": [1.0]}, "cost has 1 entries but there are 4 lengths"),
+        ({"groups": [0, 1]}, "groups has 2 entries but there are 4 items"),
+        ({"size": "equal", "lengths": [1, 2, 3]}, "equal"),
+    ],
+)
+def test_bad_arguments(kwargs, match):
+    args = {"lengths": [10, 20, 30, 40], "dp_size": 2, "max_tokens": 100}
+    args.update(kwargs)
+    lengths = args.pop("lengths")
+    with pytest.raises(ValueError, match=match):
+        plan(lengths, **args)
+
+
+# ---- determinism ------------------------------------------------------------------------
+
+_SCRIPT = """
+import hashlib, numpy as np
+from seqbalance import workloads
+from seqbalance.planner import plan
+w = workloads.load("rl-math", 4096, seed=7)
+out = []
+for kw in ({}, {"sync": "ddp"}, {"groups": w.groups, "size": "balanced"}):
+    out.append(plan(w.lengths, 16, 32768, cost=w.lengths ** 2 / 1e4 + w.lengths, **kw).to_json())
+print(hashlib.sha256("".join(out).encode()).hexdigest())
+"""
+
+
+def test_same_plan_in_every_process():
+    digests = set()
+    for seed in ("0", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        res = subprocess.run(
+            [sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=240
+        )
+        assert res.returncode == 0, res.stderr
+        digests.add(res.stdout.strip())
+    assert len(digests) == 1
