@@ -178,12 +178,12 @@ def test_too_long_sequence_names_index():
 
 
 def test_too_few_sequences():
-    with pytest.raises(ValueError, match="cannot fill 4 ranks x 1 micro-batches.*allow_empty"):
+    with pytest.raises(ValueError, match=r"cannot fill 4 ranks x 1 micro-batches.*allow_empty"):
         plan([10, 20, 30], 4, 1000)
 
 
 def test_too_few_sequences_per_rank_with_groups():
-    with pytest.raises(ValueError, match="rank .* holds 1 sequences but needs 2"):
+    with pytest.raises(ValueError, match=r"rank .* holds 1 sequences but needs 2"):
         plan([10, 20, 30, 40], 2, 1000, groups=[0, 0, 0, 1], min_micro_batches=2)
 
 
