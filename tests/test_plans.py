@@ -1,0 +1,92 @@
+"""Plan: reordering, JSON round trip, statistics and violation reporting."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance import workloads
+from seqbalance.planner import plan
+from seqbalance.plans import Plan
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 900), min_size=1, max_size=50),
+    dp=st.integers(1, 4),
+    seed=st.integers(0, 1000),
+)
+def test_inverse_order_restores_input_order(lengths, dp, seed):
+    p = plan(lengths, dp, 1000, allow_empty=True)
+    data = np.random.default_rng(seed).standard_normal((len(lengths), 3))
+    reordered = data[p.order()]
+    np.testing.assert_array_equal(reordered[p.inverse_order()], data)
+    # rank_indices concatenated give the same layout as order()
+    flat = np.concatenate([p.rank_indices(r) for r in range(p.dp_size)])
+    np.testing.assert_array_equal(flat, p.order())
+
+
+def test_json_round_trip(tmp_path):
+    w = workloads.load("rl-math", 512, seed=2)
+    cost = w.lengths + w.lengths.astype(float) ** 2 / 7e4  # non-integer floats must survive
+    p = plan(w.lengths, 4, 32768, cost=cost, groups=w.groups, size="balanced", sync="ddp")
+    q = Plan.from_json(p.to_json())
+    assert q == p
+    assert q.micro_batches == p.micro_batches
+    np.testing.assert_array_equal(q.costs, p.costs)  # bit-exact floats
+    assert q.simulate().step_time == p.simulate().step_time
+    path = tmp_path / "plan.json"
+    p.to_json(path)
+    assert Plan.from_json(str(path)) == p
+
+
+def test_from_json_rejects_other_documents():
+    with pytest.raises(ValueError, match="not a seqbalance plan"):
+        Plan.from_json('{"format": "something-else"}')
+
+
+def test_stats_fields_and_values():
+    # rank 0: micro-batches {0:600} {1:300}; rank 1: {2:500} {3:200, 4:200}
+    p = Plan([[[0], [1]], [[2], [3, 4]]], [600, 300, 500, 200, 200], max_tokens=1000)
+    s = p.stats()
+    assert s["rank_loads"] == [900.0, 900.0]
+    assert s["mb_loads"] == [[600.0, 300.0], [500.0, 400.0]]
+    assert s["imbalance"] == 0.0 and s["spread"] == 0.0
+    assert s["capacity_utilisation"] == pytest.approx(1800 / 4000)
+    assert s["unused_tokens"] == 2200
+    assert s["lower_bound"] == 900.0
+    assert s["gap_ddp"] == 0.0
+    assert s["gap_fsdp"] == pytest.approx((600 + 400) / 900 - 1)
+    assert s["violations"] == {
+        "over_capacity": 0,
+        "empty": 0,
+        "unequal_counts": 0,
+        "missing": 0,
+        "duplicated": 0,
+    }
+
+
+def test_violations_are_counted():
+    p = Plan([[[0, 1], []], [[1]]], [600, 500, 7], max_tokens=1000)
+    v = p.violations()
+    assert v == {"over_capacity": 1, "empty": 1, "unequal_counts": 1, "missing": 1, "duplicated": 1}
+
+
+def test_padded_tokens():
+    p = Plan([[[0, 1, 2]]], [100, 300, 200], max_tokens=1000, padded=True)
+    assert p.microbatch_tokens().tolist() == [[900]]
+    assert p.simulate().step_time == 900.0  # 3 rows x the longest (cost = tokens)
+
+
+def test_simulate_with_another_cost():
+    p = Plan([[[0]], [[1]]], [100, 200], max_tokens=1000)
+    assert p.simulate().step_time == 200.0
+    assert p.simulate(cost=[5.0, 1.0]).step_time == 5.0
+
+
+def test_rank_indices_bad_rank():
+    p = Plan([[[0]]], [10], max_tokens=10)
+    with pytest.raises(ValueError, match="rank must be in"):
+        p.rank_indices(1)
