@@ -181,8 +181,7 @@ class QuadraticCost(CostModel):
             raise ValueError(f"expected a cost of kind 'quadratic', got {data.get('kind')!r}")
         if "per_token" not in data or "per_token_sq" not in data:
             raise ValueError(
-                "a quadratic cost needs 'per_token' and 'per_token_sq'; got keys "
-                f"{sorted(data)}"
+                f"a quadratic cost needs 'per_token' and 'per_token_sq'; got keys {sorted(data)}"
             )
         fit = data.get("fit")
         return cls(

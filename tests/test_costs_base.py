@@ -1,0 +1,179 @@
+"""TokenCost, QuadraticCost, JSON round trips and load_cost."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance.costs import (
+    SHIPPED,
+    CostModel,
+    FitReport,
+    FlopsCost,
+    QuadraticCost,
+    TokenCost,
+    cost_from_dict,
+    load_cost,
+)
+
+
+def test_token_cost():
+    cost = TokenCost()
+    out = cost(np.array([0, 3, 10], dtype=np.int32))
+    assert out.dtype == np.float64
+    np.testing.assert_array_equal(out, [0.0, 3.0, 10.0])
+    assert cost.polynomial == (0.0, 0.0, 1.0, 0.0)
+    assert cost.microbatch_cost([2, 5]) == 7.0
+    assert cost.microbatch_cost([]) == 0.0
+
+
+def test_quadratic_values():
+    cost = QuadraticCost(per_token=2.0, per_token_sq=0.25, per_sequence=3.0, per_microbatch=10.0)
+    # 3 + 2*4 + 0.25*16 = 15 ; 3 + 2*0 + 0 = 3
+    np.testing.assert_array_equal(cost([4, 0]), [15.0, 3.0])
+    assert cost.microbatch_cost([4, 0]) == 28.0
+    assert cost.microbatch_cost(np.array([], dtype=np.int64)) == 0.0
+    assert cost.polynomial == (10.0, 3.0, 2.0, 0.25)
+
+
+def test_quadratic_no_int_overflow():
+    cost = QuadraticCost(per_token=0.0, per_token_sq=1.0)
+    big = np.array([3_000_000], dtype=np.int32)  # L² overflows int32 and int64 would not
+    assert cost(big)[0] == 9e12
+
+
+@pytest.mark.parametrize(
+    "kwargs, name",
+    [
+        ({"per_token": -1.0, "per_token_sq": 0.0}, "per_token"),
+        ({"per_token": 1.0, "per_token_sq": math.nan}, "per_token_sq"),
+        ({"per_token": 1.0, "per_token_sq": 0.0, "per_sequence": math.inf}, "per_sequence"),
+        ({"per_token": 1.0, "per_token_sq": 0.0, "per_microbatch": -0.5}, "per_microbatch"),
+        ({"per_token": "1", "per_token_sq": 0.0}, "per_token"),
+        ({"per_token": True, "per_token_sq": 0.0}, "per_token"),
+    ],
+)
+def test_quadratic_bad_coefficients(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        QuadraticCost(**kwargs)
+
+
+@pytest.mark.parametrize("bad", [[-1], [2.5], [[1, 2]], "12", [math.nan]])
+def test_bad_lengths(bad):
+    for cost in (TokenCost(), QuadraticCost(1.0, 1.0)):
+        with pytest.raises(ValueError, match="lengths"):
+            cost(bad)
+        with pytest.raises(ValueError, match="lengths"):
+            cost.microbatch_cost(bad)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.integers(0, 10**6), max_size=30),
+    st.tuples(*[st.floats(0, 1e3, allow_nan=False) for _ in range(4)]),
+)
+def test_quadratic_matches_formula(lengths, coefs):
+    b, c, a, c0 = coefs
+    cost = QuadraticCost(b, c, a, c0)
+    got = cost(lengths)
+    want = [a + b * x + c * x * x for x in lengths]
+    np.testing.assert_allclose(got, want, rtol=1e-12)
+    mb = cost.microbatch_cost(lengths)
+    assert mb == (0.0 if not lengths else pytest.approx(c0 + sum(want), rel=1e-12))
+
+
+def test_quadratic_json_round_trip(tmp_path):
+    report = FitReport(
+        0.99,
+        0.05,
+        0.01,
+        12,
+        {"per_microbatch": 1.0, "per_sequence": 0.5, "per_token": 2.0, "per_token_sq": 0.1},
+    )
+    cost = QuadraticCost(2.0, 0.1, 0.5, 1.0, meta={"unit": "seconds"}, report=report)
+    p = tmp_path / "cost.json"
+    cost.save(p)
+    data = json.loads(p.read_text())
+    assert data["kind"] == "quadratic" and data["per_token_sq"] == 0.1
+    back = load_cost(p)
+    assert isinstance(back, QuadraticCost)
+    assert back == cost
+    assert back.report == report
+    assert load_cost(str(p)) == cost
+    assert cost_from_dict(json.loads(cost.to_json())) == cost
+
+
+def test_report_round_trip_with_nan_and_holdout():
+    hold = FitReport(
+        math.nan,
+        0.1,
+        0.05,
+        3,
+        {"per_microbatch": 0.0, "per_sequence": 0.0, "per_token": 1.0, "per_token_sq": 0.0},
+    )
+    rep = FitReport(0.9, 0.2, 0.1, 9, dict(hold.coefficients), holdout=hold)
+    data = json.loads(json.dumps(rep.to_dict(), allow_nan=False))
+    back = FitReport.from_dict(data)
+    assert back.holdout is not None and math.isnan(back.holdout.r2)
+    assert back.r2 == 0.9 and back.n_samples == 9
+    text = str(rep)
+    assert "held out" in text and "R^2" in text and "b/c" in text
+    with pytest.raises(ValueError, match="malformed"):
+        FitReport.from_dict({"r2": 1.0})
+
+
+def test_quadratic_from_dict_errors():
+    with pytest.raises(ValueError, match="per_token_sq"):
+        QuadraticCost.from_dict({"kind": "quadratic", "per_token": 1.0})
+    with pytest.raises(ValueError, match="kind"):
+        cost_from_dict({"kind": "cubic"})
+
+
+def test_load_cost_specs(tmp_path):
+    q = QuadraticCost(1.0, 2.0)
+    assert load_cost(q) is q
+    assert isinstance(load_cost(None), TokenCost)
+    assert isinstance(load_cost("tokens"), TokenCost)
+    assert isinstance(load_cost(TokenCost().to_dict()), TokenCost)
+    for name in SHIPPED:
+        got = load_cost(name.upper())
+        assert isinstance(got, FlopsCost) and got.name == name
+    assert isinstance(
+        load_cost(
+            {
+                "model_type": "llama",
+                "hidden_size": 8,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "intermediate_size": 8,
+                "vocab_size": 10,
+            }
+        ),
+        FlopsCost,
+    )
+
+
+def test_load_cost_unknown_lists_names(tmp_path):
+    with pytest.raises(ValueError, match="unknown cost") as info:
+        load_cost("gpt-17")
+    for name in SHIPPED:
+        assert name in str(info.value)
+    with pytest.raises(ValueError, match="shipped model name"):
+        load_cost(3.5)
+    bad = tmp_path / "x.json"
+    bad.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="JSON object"):
+        load_cost(bad)
+    bad.write_text("nope")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        load_cost(bad)
+
+
+def test_cost_model_is_abstract():
+    with pytest.raises(TypeError):
+        CostModel()  # type: ignore[abstract]

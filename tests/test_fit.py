@@ -1,0 +1,135 @@
+"""fit_cost, evaluate_cost and the NNLS solver."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from seqbalance import workloads
+from seqbalance.costs import QuadraticCost, evaluate_cost, fit_cost
+from seqbalance.costs.fit import design_matrix, nnls
+
+# A 7B-on-one-GPU-like truth in seconds (b/c = 70k tokens), with a fixed cost per
+# micro-batch and per sequence large enough to be measurable.
+TRUTH = QuadraticCost(per_token=7e-5, per_token_sq=1e-9, per_sequence=2e-4, per_microbatch=5e-3)
+
+
+def _grid(seed: int) -> list[list[int]]:
+    """A designed experiment, like calibrate's: token budgets from 32 to 128k, each split
+    into 1-64 equal sequences and into 3 random mixes; every micro-batch measured twice."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for budget in (32, 128, 512, 2048, 8192, 32768, 131072):
+        out += [[budget // k] * k for k in (1, 2, 4, 8, 16, 32, 64) if budget // k >= 1]
+        for _ in range(3):
+            k = int(rng.integers(2, 33))
+            out.append([max(1, int(v)) for v in rng.dirichlet(np.ones(k)) * budget])
+    return out + out
+
+
+def _sft_grid(seed: int, n: int) -> list[list[int]]:
+    """Micro-batches of 1-32 sequences drawn from the sft-chat workload."""
+    rng = np.random.default_rng(seed)
+    pool = workloads.lengths("sft-chat", 4000, seed=seed)
+    return [[int(v) for v in rng.choice(pool, size=int(rng.integers(1, 33)))] for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
+def test_recovers_coefficients_with_one_percent_noise(seed):
+    mbs = _grid(seed)
+    rng = np.random.default_rng(100 + seed)
+    clean = np.array([TRUTH.microbatch_cost(mb) for mb in mbs])
+    noisy = clean * (1 + 0.01 * rng.standard_normal(clean.shape))
+    cost = fit_cost(mbs, noisy)
+    for got, want in zip(cost.polynomial, TRUTH.polynomial):
+        assert got == pytest.approx(want, rel=0.03)
+    rep = cost.report
+    assert rep is not None and rep.n_samples == len(mbs)
+    assert rep.r2 > 0.99
+    assert rep.median_rel_error < 0.02 and rep.max_rel_error < 0.06
+    assert rep.coefficients["per_token"] == cost.per_token
+
+
+def test_exact_data_is_fit_exactly_with_both_weightings():
+    mbs = _sft_grid(5, 30)
+    t = [TRUTH.microbatch_cost(mb) for mb in mbs]
+    for weighting in ("relative", "absolute"):
+        cost = fit_cost(mbs, t, weighting=weighting)
+        np.testing.assert_allclose(cost.polynomial, TRUTH.polynomial, rtol=1e-6)
+        assert cost.report.max_rel_error < 1e-6
+
+
+def test_negative_truth_is_clipped_to_zero():
+    # Times that fall with the number of sequences would need a < 0: the fit pins a = 0.
+    mbs = [[100], [50, 50], [25] * 4, [200], [100, 100], [50] * 4, [300], [150, 150]]
+    t = [0.001 * sum(mb) - 0.01 * len(mb) + 0.1 for mb in mbs]
+    cost = fit_cost(mbs, t)
+    assert cost.per_sequence == 0.0
+    assert min(cost.polynomial) >= 0.0
+
+
+def test_pinned_coefficients():
+    mbs = _sft_grid(3, 20)
+    t = [TRUTH.microbatch_cost(mb) for mb in mbs]
+    cost = fit_cost(mbs, t, per_microbatch=False, per_sequence=False)
+    assert cost.per_microbatch == 0.0 and cost.per_sequence == 0.0
+    assert cost.per_token > 0
+
+
+def test_fit_errors():
+    with pytest.raises(ValueError, match="seconds has 1 entries"):
+        fit_cost([[1], [2]], [1.0])
+    with pytest.raises(ValueError, match=r"seconds\[1\]"):
+        fit_cost([[1], [2], [3], [4]], [1.0, 0.0, 1.0, 1.0])
+    with pytest.raises(ValueError, match=r"microbatches\[1\] is empty"):
+        fit_cost([[1], [], [3], [4]], [1.0] * 4)
+    with pytest.raises(ValueError, match=r"microbatches\[0\]"):
+        fit_cost([[-1], [2], [3], [4]], [1.0] * 4)
+    with pytest.raises(ValueError, match="at least 4"):
+        fit_cost([[1], [2], [3]], [1.0] * 3)
+    with pytest.raises(ValueError, match="weighting"):
+        fit_cost([[1], [2], [3], [4]], [1.0] * 4, weighting="log")
+    with pytest.raises(ValueError, match="microbatches must be"):
+        fit_cost("abc", [1.0])
+
+
+def test_evaluate_cost():
+    cost = QuadraticCost(per_token=1.0, per_token_sq=0.0)
+    rep = evaluate_cost(cost, [[1], [2], [4]], [1.0, 2.0, 5.0])
+    # relative errors 0, 0, 0.2; R^2 = 1 - 1 / ((1-8/3)^2 + (2-8/3)^2 + (5-8/3)^2)
+    assert rep.max_rel_error == pytest.approx(0.2)
+    assert rep.median_rel_error == 0.0
+    assert rep.r2 == pytest.approx(1 - 1 / (25 / 9 + 4 / 9 + 49 / 9))
+    assert rep.n_samples == 3
+
+
+def test_design_matrix_rows():
+    np.testing.assert_array_equal(design_matrix([[3, 4], [10]]), [[1, 2, 7, 25], [1, 1, 10, 100]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    hnp.arrays(
+        np.float64, st.tuples(st.integers(4, 12), st.integers(1, 4)), elements=st.floats(-10, 10)
+    ),
+    st.data(),
+)
+def test_nnls_satisfies_kkt(a, data):
+    y = data.draw(hnp.arrays(np.float64, a.shape[0], elements=st.floats(-10, 10)))
+    x = nnls(a, y)
+    assert (x >= 0).all()
+    grad = a.T @ (a @ x - y)
+    scale = 1e-7 * (1 + np.abs(a).sum() * (1 + np.abs(y).sum()))
+    # Stationary on the support, no descent direction off it.
+    assert (np.abs(grad[x > 0]) <= scale).all()
+    assert (grad[x == 0] >= -scale).all()
+
+
+def test_nnls_errors():
+    with pytest.raises(ValueError, match="2-D"):
+        nnls(np.ones(3), np.ones(3))
+    with pytest.raises(ValueError, match="12 columns"):
+        nnls(np.ones((20, 13)), np.ones(20))
