@@ -1,0 +1,151 @@
+"""Local refinement: moves and swaps that lower the heaviest part under a size rule.
+
+Each step takes the heaviest part ``h``. With a part ``p`` lighter by ``D``, moving a unit
+of weight ``x`` from ``h`` to ``p`` leaves the pair at ``max(L_h - x, L_p + x)``, and
+swapping units ``a`` (in ``h``) and ``b`` (in ``p``) with ``d = w_a - w_b`` leaves it at
+``max(L_h - d, L_p + d)``: both help only when ``0 < x, d < D`` and are best near ``D / 2``.
+For one pair of parts the best swap per unit of ``h`` is the unit of ``p`` nearest
+``w_a - D / 2`` (one binary search), so a pair costs O(m/k log(m/k)).
+
+A step first tries the few lightest parts (the most room). If none helps, one O(m) scan
+over every other unit decides whether *any* improving swap exists: swapping ``a`` with a
+lighter ``b`` in part ``p`` helps iff ``w_b - L_p > w_a - L_h``, so a running maximum of
+``w_b - L_p`` over units sorted by weight answers all ``a`` at once; the part it names is
+then searched exactly. When nothing helps, the heaviest part is locally optimal and the
+pass stops. Moves run only where the rule allows them ("free"; "balanced" from a part with
+one more unit to one with one fewer; the lightest such part is the best target) and swaps
+keep every count. Steps are capped, so the worst case is O(k) steps of O(m + k log k).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["refine_labels"]
+
+_TRY_LIGHTEST = 4
+
+
+def refine_labels(
+    w: np.ndarray,
+    labels: np.ndarray,
+    k: int,
+    size: str,
+    *,
+    max_steps: int | None = None,
+    target: float = 0.0,
+) -> np.ndarray:
+    """Return improved part labels (a new array); the heaviest part never gets heavier.
+
+    Stops early once the heaviest part weighs no more than ``target`` (a lower bound).
+    """
+    m = int(w.shape[0])
+    lab = labels.astype(np.int64, copy=True)
+    if m == 0 or k == 1:
+        return lab
+    if max_steps is None:
+        max_steps = 3 * k + 256
+    order = np.argsort(lab, kind="stable")
+    counts = np.bincount(lab, minlength=k).astype(np.int64)
+    members = np.split(order, np.cumsum(counts)[:-1])
+    loads = np.bincount(lab, weights=w, minlength=k).astype(np.float64)
+    by_weight = np.argsort(w, kind="stable")
+    w_sorted = w[by_weight]
+    rank = np.empty(m, dtype=np.int64)
+    rank[by_weight] = np.arange(m)
+    lab_sorted = lab[by_weight]  # kept in step with lab by _step
+    c = m // k
+    for _ in range(max_steps):
+        h = int(np.argmax(loads))
+        top = float(loads[h])
+        tol = top * 1e-12
+        if members[h].size == 0 or top <= target:
+            break
+        movable = size == "free" or (size == "balanced" and counts[h] > c)
+        few = min(_TRY_LIGHTEST + 1, k - 1)
+        light = np.argpartition(loads, few)[: few + 1]
+        light = light[np.lexsort((light, loads[light]))]  # lightest first, ties by part
+        tries = [int(p) for p in light if p != h][:_TRY_LIGHTEST]
+        if movable and size == "balanced":
+            at_c = np.flatnonzero(counts == c)
+            if at_c.size:
+                p = int(at_c[np.argmin(loads[at_c])])
+                if p not in tries:
+                    tries.append(p)
+        state = (w, members, loads, counts, size, c, tol, lab, lab_sorted, rank)
+        if any(_step(state, h, p) for p in tries):
+            continue
+        # Nothing with the lightest parts: scan every unit for any improving swap. Only
+        # units lighter than the heaviest unit of h can take part: a prefix by weight.
+        wh = w[members[h]]
+        end = int(np.searchsorted(w_sorted, wh.max(), side="left"))
+        if end == 0:
+            break
+        owner = lab_sorted[:end]
+        ks = w_sorted[:end] - loads[owner]
+        ks[owner == h] = -np.inf
+        run_max = np.maximum.accumulate(ks)
+        pos = np.searchsorted(w_sorted[:end], wh, side="left") - 1  # strictly lighter units
+        ok = pos >= 0
+        best_key = np.where(ok, run_max[np.maximum(pos, 0)], -np.inf)
+        good = best_key > wh - top + tol
+        if not good.any():
+            break
+        i = int(np.argmax(np.where(good, best_key - (wh - top), -np.inf)))
+        j = int(np.argmax(ks[: pos[i] + 1] == run_max[pos[i]]))  # where that maximum sits
+        if not _step(state, h, int(owner[j])):
+            break  # only rounding could get here; stop rather than loop
+    return lab
+
+
+def _step(state: tuple, h: int, p: int) -> bool:  # type: ignore[type-arg]
+    """Apply the best improving move or swap between parts ``h`` and ``p``, if any."""
+    w, members, loads, counts, size, c, tol, lab, lab_sorted, rank = state
+    top, low = float(loads[h]), float(loads[p])
+    gap = top - low
+    if gap <= tol:
+        return False
+    uh, up = members[h], members[p]
+    wh = w[uh]
+    best = top - tol  # an operation must beat this strictly
+    op: tuple[str, int, int] | None = None
+    if size == "free" or (size == "balanced" and counts[h] > c and counts[p] == c):
+        after = np.maximum(top - wh, low + wh)
+        after[(wh <= 0) | (wh >= gap)] = np.inf
+        i = int(np.argmin(after))
+        if after[i] < best:
+            best, op = float(after[i]), ("move", i, -1)
+    if up.size:
+        wp = w[up]
+        srt = np.argsort(wp, kind="stable")
+        wps = wp[srt]
+        pos = np.searchsorted(wps, wh - gap / 2)
+        for j in (np.minimum(pos, wps.size - 1), np.maximum(pos - 1, 0)):
+            d = wh - wps[j]
+            after = np.maximum(top - d, low + d)
+            after[(d <= 0) | (d >= gap)] = np.inf
+            i = int(np.argmin(after))
+            if after[i] < best:
+                best, op = float(after[i]), ("swap", i, int(srt[j[i]]))
+    if op is None:
+        return False
+    kind, i, jb = op
+    a = int(uh[i])
+    if kind == "move":
+        members[h] = np.delete(uh, i)
+        members[p] = np.append(up, a)
+        loads[h] -= w[a]
+        loads[p] += w[a]
+        counts[h] -= 1
+        counts[p] += 1
+        lab[a] = p
+        lab_sorted[rank[a]] = p
+    else:
+        b = int(up[jb])
+        uh[i], up[jb] = b, a
+        lab[a], lab[b] = p, h
+        lab_sorted[rank[a]], lab_sorted[rank[b]] = p, h
+        d = w[a] - w[b]
+        loads[h] -= d
+        loads[p] += d
+    return True

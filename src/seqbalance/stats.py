@@ -1,0 +1,128 @@
+"""Balance statistics of a given partition."""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Sequence
+
+import numpy as np
+
+from ._validate import as_weights
+from .bounds import bound_of_units
+
+__all__ = ["balance_stats"]
+
+
+def part_labels(parts: Sequence[Any], n: int) -> np.ndarray:
+    """Map ``parts`` (lists of indices) to one part label per item, checking exact cover.
+
+    Raises a ValueError for an index that is not an integer, out of range, repeated, or
+    missing from every part.
+    """
+    label = np.full(n, -1, dtype=np.int64)
+    for p, members in enumerate(parts):
+        if isinstance(members, (str, bytes)):
+            raise ValueError(f"parts[{p}] must be a list of item indices, got {members!r}")
+        idx = np.asarray(members)
+        if idx.size == 0:
+            continue
+        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+            try:  # accept plain sequences of Python ints of any container type
+                idx = np.array([operator.index(v) for v in members], dtype=np.int64)
+            except TypeError:
+                raise ValueError(
+                    f"parts[{p}] must be a flat list of integer item indices, got {members!r}"
+                ) from None
+        idx = idx.astype(np.int64, copy=False)
+        bad = (idx < 0) | (idx >= n)
+        if bad.any():
+            i = int(idx[np.flatnonzero(bad)[0]])
+            raise ValueError(f"parts[{p}] holds index {i}, outside 0..{n - 1} (n={n} weights)")
+        seen = label[idx] >= 0
+        uniq, counts = np.unique(idx, return_counts=True)
+        if seen.any() or (counts > 1).any():
+            i = int(idx[np.flatnonzero(seen)[0]]) if seen.any() else int(uniq[counts > 1][0])
+            raise ValueError(f"index {i} appears more than once in parts (again in parts[{p}])")
+        label[idx] = p
+    missing = np.flatnonzero(label < 0)
+    if missing.size:
+        raise ValueError(
+            f"index {int(missing[0])} is in no part ({missing.size} of {n} missing); "
+            "parts must cover every index of weights exactly once"
+        )
+    return label
+
+
+def stats_from_loads(
+    loads: np.ndarray, counts: np.ndarray, bound: float
+) -> dict[str, Any]:
+    """The balance_stats dictionary from per-part loads and counts and a lower bound."""
+    k = loads.shape[0]
+    mx = float(loads.max()) if k else 0.0
+    mn = float(loads.min()) if k else 0.0
+    mean = float(loads.sum()) / k if k else 0.0
+    return {
+        "max": mx,
+        "min": mn,
+        "mean": mean,
+        "spread": mx - mn,
+        "imbalance": mx / mean - 1.0 if mean > 0 else 0.0,
+        "cv": float(loads.std()) / mean if mean > 0 else 0.0,
+        "gap": _gap(mx, bound),
+        "lower_bound": float(bound),
+        "counts": [int(c) for c in counts],
+    }
+
+
+def _gap(mx: float, bound: float) -> float:
+    if bound > 0:
+        return mx / bound - 1.0
+    return 0.0 if mx <= 0 else float("inf")
+
+
+def balance_stats(
+    weights: Any, parts: Sequence[Any], *, bound: float | None = None
+) -> dict[str, Any]:
+    """Summarise how evenly ``parts`` split ``weights``.
+
+    Parameters
+    ----------
+    weights : array_like
+        1-D finite, non-negative weights, one per item.
+    parts : sequence of sequences of int
+        The parts (``k = len(parts)``); together they must hold every index of ``weights``
+        exactly once.
+    bound : float, optional
+        Lower bound to measure ``gap`` against; defaults to the free-rule
+        :func:`~seqbalance.bounds.lower_bound` of ``weights`` on ``k`` parts. Pass the bound
+        of your size rule / groups to measure against that instead.
+
+    Returns
+    -------
+    dict
+        ``max``, ``min``, ``mean`` (of part loads), ``spread`` (max - min), ``imbalance``
+        (max / mean - 1), ``cv`` (standard deviation / mean of the loads), ``gap``
+        (max / lower_bound - 1; 0 when both are 0), ``lower_bound`` and ``counts`` (items
+        per part). Ratios are 0 when the mean is 0.
+
+    Raises
+    ------
+    ValueError
+        If ``parts`` is empty, or an index is out of range, repeated or missing.
+
+    Examples
+    --------
+    >>> s = balance_stats([3, 3, 2, 2, 2], [[0, 1], [2, 3, 4]])
+    >>> s["max"], s["min"], s["spread"], s["gap"], s["counts"]
+    (6.0, 6.0, 0.0, 0.0, [2, 3])
+    """
+    w = as_weights(weights)
+    k = len(parts)
+    if k < 1:
+        raise ValueError("parts must hold at least one part (k >= 1), got an empty sequence")
+    label = part_labels(parts, w.shape[0])
+    loads = np.bincount(label, weights=w, minlength=k).astype(np.float64, copy=False)
+    counts = np.bincount(label, minlength=k)
+    if bound is None:
+        bound = bound_of_units(w, k, "free")
+    return stats_from_loads(loads, counts, float(bound))
