@@ -65,12 +65,14 @@ def all_gather_checked(obj: dict[str, Any], group: Any, what: str) -> list[dict[
 def to_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     """View ``t`` (first dim ``rows``) as a ``[rows, bytes_per_row]`` uint8 tensor."""
     per_row = math.prod(t.shape[1:])
-    flat = t.detach().contiguous().reshape(rows, per_row)
-    if flat.dtype == torch.uint8:
-        return flat
-    if per_row == 0:
-        return torch.empty((rows, 0), dtype=torch.uint8, device=t.device)
-    return flat.view(torch.uint8)
+    if rows == 0 or per_row == 0:
+        nbytes = per_row * t.element_size()
+        return torch.empty((rows, nbytes), dtype=torch.uint8, device=t.device)
+    flat = t.detach().reshape(rows, per_row)
+    if flat.stride() != (per_row, 1):
+        # Size-1 dims may carry any stride, which `view(uint8)` rejects: copy densely.
+        flat = torch.empty((rows, per_row), dtype=t.dtype, device=t.device).copy_(flat)
+    return flat if flat.dtype == torch.uint8 else flat.view(torch.uint8)
 
 
 def from_rows(u8: torch.Tensor, spec: Spec) -> torch.Tensor:
