@@ -1,0 +1,493 @@
+"""The ``seqbalance`` command line: ``plan``, ``compare`` and ``calibrate``.
+
+Only the standard library and numpy are needed; ``rich`` (tables) and ``matplotlib``
+(``compare --plot``) are used when installed (``pip install "seqbalance[cli]"``).
+User errors (bad arguments, unreadable files, infeasible plans) print one ``error:`` line
+to stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence, TextIO
+
+import numpy as np
+
+from . import workloads
+from .baselines import BASELINES
+from .planner import SIZE_RULES, plan
+from .plans import Plan
+from .simulation import SYNC_MODELS
+
+__all__ = ["DEMO_SETUPS", "main"]
+
+PROG = "seqbalance"
+
+
+@dataclass(frozen=True)
+class DemoSetup:
+    """One built-in workload of ``compare --demo``: every sequence fits ``max_tokens``."""
+
+    workload: str
+    n: int
+    dp: int
+    max_tokens: int
+    seed: int = 0
+
+
+# Sizes chosen so every sequence fits the capacity and the whole demo runs in about a second.
+DEMO_SETUPS: tuple[DemoSetup, ...] = (
+    DemoSetup("rl-math", 1024, 8, 32768),
+    DemoSetup("sft-chat", 4096, 16, 32768),
+    DemoSetup("bimodal", 2048, 8, 32768),
+    DemoSetup("long-mix", 16384, 16, 131072),
+)
+DEMO_COST = "qwen2.5-7b"
+
+
+class UserError(Exception):
+    """A problem with the user's input, reported as one line without a traceback."""
+
+
+# ---- cost ------------------------------------------------------------------------------
+
+
+@dataclass
+class CostChoice:
+    """The cost the user picked: what to pass to the planner, and how to describe it."""
+
+    model: Any = None  # a cost model, or None for tokens
+    label: str = "tokens"
+    unit: str = "tok"
+    notes: list[str] = field(default_factory=list)
+
+
+def _load_cost(spec: str | None) -> CostChoice:
+    if spec is None or spec.lower() == "tokens":
+        return CostChoice()
+    try:
+        from .costs import load_cost
+    except ImportError as exc:
+        raise UserError(f"cost models are unavailable in this install ({exc})") from None
+    model = load_cost(spec)
+    kind = type(model).__name__
+    if kind == "TokenCost":
+        return CostChoice(model)
+    if kind == "FlopsCost":
+        name = getattr(model, "name", None) or spec
+        return CostChoice(model, f"training FLOPs of {name}", "FLOP")
+    return CostChoice(model, f"{kind} from {spec}", "")
+
+
+def _demo_cost() -> CostChoice:
+    try:
+        return _load_cost(DEMO_COST)
+    except (UserError, ValueError, OSError) as exc:
+        choice = CostChoice()
+        choice.notes.append(f"note: cost model {DEMO_COST!r} unavailable ({exc}); using tokens")
+        return choice
+
+
+# ---- formatting ------------------------------------------------------------------------
+
+_PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def _si(x: float, unit: str = "") -> str:
+    """``4.2e16, "FLOP"`` -> ``"42.0 PFLOP"``; ``609075, "tok"`` -> ``"609.1k tok"``."""
+    for scale, prefix in _PREFIXES:
+        if abs(x) >= scale:
+            text = f"{x / scale:.1f}{prefix}"
+            break
+    else:
+        text = f"{x:.4g}"
+    if not unit:
+        return text
+    return f"{text} {unit}" if text[-1].isdigit() else f"{text[:-1]} {text[-1]}{unit}"
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    """Print a table: with rich when installed, else as plain aligned text."""
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        Console = None
+    if Console is not None:
+        table = Table(show_edge=False, pad_edge=False, header_style="bold")
+        for i, h in enumerate(headers):
+            table.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+        for row in rows:
+            table.add_row(*row)
+        Console(file=out, width=max(100, sum(len(h) + 3 for h in headers))).print(table)
+        return
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+
+    def line(cells: Sequence[str]) -> str:
+        first = cells[0].ljust(widths[0])
+        rest = [c.rjust(w) for c, w in zip(cells[1:], widths[1:])]
+        return "  ".join([first, *rest]).rstrip()
+
+    print(line(headers), file=out)
+    print("  ".join("-" * w for w in widths), file=out)
+    for row in rows:
+        print(line(row), file=out)
+
+
+# ---- reading inputs --------------------------------------------------------------------
+
+
+def _read_inputs(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray | None]:
+    from .readers import read_column, read_lengths
+
+    lengths = read_lengths(args.lengths, args.column)
+    groups = None
+    if args.groups_column is not None:
+        groups = read_column(args.lengths, args.groups_column, what="group ids")
+    return lengths, groups
+
+
+def _plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "sync": args.sync,
+        "size": args.size,
+        "min_micro_batches": args.min_micro_batches,
+        "micro_batch_multiple": args.micro_batch_multiple,
+        "padded": args.padded,
+        "allow_empty": args.allow_empty,
+        "extra_micro_batches": args.extra_micro_batches,
+    }
+
+
+# ---- plan ------------------------------------------------------------------------------
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    lengths, groups = _read_inputs(args)
+    cost = _load_cost(args.model or args.cost)
+    p = plan(
+        lengths, args.dp, args.max_tokens, cost=cost.model, groups=groups, **_plan_kwargs(args)
+    )
+    text = p.to_json()
+    if args.out in (None, "-"):
+        sys.stdout.write(text + "\n")
+    else:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    sim = p.simulate()
+    used = p.microbatch_tokens()
+    broken = {k: v for k, v in p.violations().items() if v}
+    err = sys.stderr
+    print(
+        f"{p.num_sequences} sequences -> {p.dp_size} ranks x {p.num_micro_batches} "
+        f"micro-batches of <= {p.max_tokens} tokens (capacity minimum "
+        f"{p.min_micro_batches_bound()})",
+        file=err,
+    )
+    print(
+        f"simulated {p.sync} step {_si(sim.step_time, cost.unit)} ({cost.label}), "
+        f"{sim.gap:+.1%} vs lower bound, idle {sim.idle_fraction:.1%}, "
+        f"fullest micro-batch {int(used.max()) if used.size else 0} tokens",
+        file=err,
+    )
+    if broken:
+        print(f"violations: {broken}", file=err)
+    for note in p.notes:
+        print(f"note: {note}", file=err)
+    if args.out not in (None, "-"):
+        print(f"wrote {args.out}", file=err)
+    return 0
+
+
+# ---- compare ---------------------------------------------------------------------------
+
+
+def _strategies(
+    lengths: np.ndarray,
+    dp: int,
+    max_tokens: int,
+    cost: Any,
+    sync: str,
+    groups: np.ndarray | None,
+    plan_kwargs: dict[str, Any],
+) -> dict[str, Plan]:
+    plans = {"seqbalance": plan(lengths, dp, max_tokens, cost=cost, groups=groups, **plan_kwargs)}
+    for name, fn in BASELINES.items():
+        plans[name] = fn(lengths, dp, max_tokens, cost=cost, sync=sync)
+    return plans
+
+
+def _results(plans: dict[str, Plan], sync: str) -> list[dict[str, Any]]:
+    sims = {name: p.simulate(sync=sync) for name, p in plans.items()}
+    ref = sims["sequential"].step_time if "sequential" in sims else None
+    out = []
+    for name, p in plans.items():
+        sim, v = sims[name], p.violations()
+        counts = [len(rank) for rank in p.micro_batches]
+        out.append(
+            {
+                "strategy": name,
+                "step_time": sim.step_time,
+                "speedup_vs_sequential": ref / sim.step_time if ref and sim.step_time else None,
+                "lower_bound": sim.lower_bound,
+                "gap": sim.gap,
+                "micro_batches_per_rank": [min(counts, default=0), max(counts, default=0)],
+                "over_capacity": v["over_capacity"],
+                "empty": v["empty"],
+                "unequal_counts": v["unequal_counts"],
+                "idle_fraction": sim.idle_fraction,
+                "notes": list(p.notes),
+            }
+        )
+    return out
+
+
+def _print_results(results: list[dict[str, Any]], unit: str, out: TextIO) -> None:
+    headers = ["strategy", "step time", "speedup", "gap", "mb/rank", "over cap", "empty", "idle"]
+    rows = []
+    for r in results:
+        lo, hi = r["micro_batches_per_rank"]
+        speed = r["speedup_vs_sequential"]
+        rows.append(
+            [
+                r["strategy"],
+                _si(r["step_time"], unit),
+                "-" if speed is None else f"{speed:.2f}x",
+                f"{r['gap']:+.1%}",
+                str(hi) if lo == hi else f"{lo}-{hi}",
+                str(r["over_capacity"]),
+                str(r["empty"]),
+                f"{r['idle_fraction']:.1%}",
+            ]
+        )
+    _table(headers, rows, out)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    if args.demo == (args.lengths is not None):
+        raise UserError("give either a LENGTHS file or --demo (one of the two)")
+    out = sys.stdout
+    setups: list[dict[str, Any]] = []
+    first_plans: dict[str, Plan] | None = None
+    plot_title = ""
+    if args.demo:
+        cost = _demo_cost()
+        for note in cost.notes:
+            print(note, file=out)
+        print(
+            f"seqbalance compare --demo: simulated {args.sync} step per strategy; cost = "
+            f"{cost.label}; speedup over 'sequential'; gap = step / lower bound - 1",
+            file=out,
+        )
+        runs = []
+        for s in DEMO_SETUPS:
+            w = workloads.load(s.workload, s.n, s.seed)
+            header = (
+                f"{s.workload} ({workloads.describe(s.workload)}): n={s.n}, dp={s.dp}, "
+                f"max_tokens={s.max_tokens}, seed={s.seed}"
+            )
+            runs.append((header, w.lengths, None, s.dp, s.max_tokens, s.workload))
+    else:
+        missing = [
+            f for f, v in (("--dp", args.dp), ("--max-tokens", args.max_tokens)) if v is None
+        ]
+        if missing:
+            raise UserError(f"compare LENGTHS needs {' and '.join(missing)}")
+        cost = _load_cost(args.model or args.cost)
+        lengths, groups = _read_inputs(args)
+        header = (
+            f"{args.lengths}: n={lengths.shape[0]}, dp={args.dp}, max_tokens={args.max_tokens}, "
+            f"sync={args.sync}, cost={cost.label}"
+        )
+        if groups is not None or args.size != "free":
+            header += " (--size/--groups-column apply to seqbalance only; baselines ignore them)"
+        runs = [(header, lengths, groups, args.dp, args.max_tokens, str(args.lengths))]
+
+    for header, lengths, groups, dp, cap, label in runs:
+        plans = _strategies(lengths, dp, cap, cost.model, args.sync, groups, _plan_kwargs(args))
+        results = _results(plans, args.sync)
+        print("", file=out)
+        print(header, file=out)
+        _print_results(results, cost.unit, out)
+        setups.append(
+            {
+                "input": label,
+                "n": int(lengths.shape[0]),
+                "dp": dp,
+                "max_tokens": cap,
+                "sync": args.sync,
+                "cost": cost.label,
+                "results": results,
+            }
+        )
+        if first_plans is None:
+            first_plans = plans
+            plot_title = f"{label}: n={lengths.shape[0]}, dp={dp}, max_tokens={cap}, " + (
+                f"cost = {cost.label}"
+            )
+
+    if args.json is not None:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"format": "seqbalance.compare/1", "setups": setups}, fh, indent=1)
+        print(f"\nwrote {args.json}", file=sys.stderr)
+    if args.plot is not None and first_plans is not None:
+        from .plotting import plot_timeline
+
+        plot_timeline(
+            first_plans, args.plot, sync=args.sync, max_ranks=args.max_ranks, title=plot_title
+        )
+        which = " (first workload)" if args.demo else ""
+        print(f"wrote {args.plot}{which}", file=sys.stderr)
+    return 0
+
+
+# ---- parser ----------------------------------------------------------------------------
+
+
+def _add_common(p: argparse.ArgumentParser, *, required: bool) -> None:
+    p.add_argument("--dp", type=int, required=required, metavar="N", help="data-parallel ranks")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        required=required,
+        metavar="T",
+        help="token capacity of one micro-batch (padded: count x longest)",
+    )
+    cost = p.add_mutually_exclusive_group()
+    cost.add_argument(
+        "--model",
+        metavar="NAME|CONFIG",
+        help="balance training FLOPs of a model: a shipped name (e.g. qwen2.5-7b) or a "
+        "Hugging Face config.json / its folder",
+    )
+    cost.add_argument(
+        "--cost", metavar="COST.json", help="a cost JSON (e.g. from `seqbalance calibrate`)"
+    )
+    p.add_argument(
+        "--sync",
+        choices=SYNC_MODELS,
+        default="fsdp",
+        help="how ranks synchronise: fsdp/ZeRO-3 (every micro-batch) or ddp/ZeRO-1/2 (once "
+        "per step); default fsdp",
+    )
+    p.add_argument(
+        "--column", metavar="COL", help="column holding the lengths (CSV, JSONL, Parquet)"
+    )
+    p.add_argument(
+        "--groups-column",
+        metavar="COL",
+        help="column of group ids; a group never spans ranks (e.g. the responses of one prompt)",
+    )
+    p.add_argument("--size", choices=SIZE_RULES, default="free", help="rule on sequences per rank")
+    p.add_argument("--min-micro-batches", type=int, default=1, metavar="M")
+    p.add_argument(
+        "--micro-batch-multiple",
+        type=int,
+        default=1,
+        metavar="K",
+        help="micro-batch count must be a multiple of K (e.g. virtual pipeline stages)",
+    )
+    p.add_argument(
+        "--padded", action="store_true", help="micro-batches are padded to their longest"
+    )
+    p.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help="allow (marked) empty micro-batches when there are too few sequences",
+    )
+    p.add_argument(
+        "--extra-micro-batches",
+        type=int,
+        default=0,
+        metavar="E",
+        help="also try E larger micro-batch counts and keep the fastest",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``seqbalance`` command."""
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Balance variable-length sequences across data-parallel ranks and "
+        "micro-batches.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    lengths_help = (
+        "lengths file: one integer per line (.txt or no extension), a JSON list, .npy, "
+        "or CSV/TSV/JSONL/Parquet with --column"
+    )
+    p = sub.add_parser(
+        "plan",
+        help="plan ranks x micro-batches and write the plan as JSON",
+        description="Plan which sequences every rank runs in each micro-batch; writes the "
+        "plan JSON (stdout unless --out) and a summary to stderr.",
+    )
+    p.add_argument("lengths", metavar="LENGTHS", help=lengths_help)
+    _add_common(p, required=True)
+    p.add_argument("--out", metavar="PLAN.json", help="write the plan here (default: stdout)")
+    p.set_defaults(func=_cmd_plan)
+
+    c = sub.add_parser(
+        "compare",
+        help="compare seqbalance with the baselines other frameworks use",
+        description="Simulate one step of seqbalance and of each baseline and print a table.",
+    )
+    c.add_argument("lengths", metavar="LENGTHS", nargs="?", help=lengths_help)
+    c.add_argument(
+        "--demo",
+        action="store_true",
+        help=f"run built-in workloads with cost {DEMO_COST} (ignores --dp/--max-tokens/--model)",
+    )
+    _add_common(c, required=False)
+    c.add_argument("--json", metavar="OUT.json", help="also save the table as JSON")
+    c.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="draw a ranks x time timeline (with --demo: of the first workload); needs matplotlib",
+    )
+    c.add_argument("--max-ranks", type=int, default=16, metavar="R", help="ranks drawn per panel")
+    c.set_defaults(func=_cmd_compare)
+
+    try:
+        from . import calibrate
+    except ImportError:
+        calibrate = None  # type: ignore[assignment]  # not written yet or torch-free stub
+    if calibrate is not None and hasattr(calibrate, "register"):
+        calibrate.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``seqbalance`` command line; return the exit status.
+
+    Examples
+    --------
+    >>> main(["plan", "--help"])  # doctest: +SKIP
+    """
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, or a usage error (argparse printed it)
+        return int(exc.code) if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    func: Callable[[argparse.Namespace], int | None] = args.func
+    try:
+        status = func(args)
+    except (UserError, ValueError, OSError) as exc:
+        message = str(exc) or type(exc).__name__
+        if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+            message = f"{exc.filename}: {exc.strerror}"
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+    return 0 if status is None else int(status)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
