@@ -1,0 +1,241 @@
+"""partition: properties (hypothesis), hand-checked cases, every error path, determinism."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance._greedy import lpt_labels
+from seqbalance._refine import refine_labels
+from seqbalance.bounds import lower_bound
+from seqbalance.partitioning import Partition, partition
+
+SIZES = ["free", "equal", "balanced"]
+METHODS = ["auto", "kk", "greedy"]
+
+
+def check_valid(
+    p: Partition, weights: list[float], k: int, size: str, groups: list | None = None
+) -> None:
+    """Every property the contract promises, checked from first principles."""
+    n = len(weights)
+    assert isinstance(p, list) and len(p) == k
+    flat = [i for part in p for i in part]
+    assert sorted(flat) == list(range(n))  # every index exactly once
+    for part in p:
+        assert part == sorted(part) and all(isinstance(i, int) for i in part)
+    part_of = {i: j for j, part in enumerate(p) for i in part}
+    if groups is not None:
+        for i in range(n):
+            for j in range(n):
+                if groups[i] == groups[j]:
+                    assert part_of[i] == part_of[j]
+        counted = [len({groups[i] for i in part}) for part in p]
+    else:
+        counted = [len(part) for part in p]
+    units = len(set(groups)) if groups is not None else n
+    if size == "equal":
+        assert counted == [units // k] * k
+    elif size == "balanced":
+        assert max(counted) - min(counted) <= 1
+    loads = [sum(weights[i] for i in part) for part in p]
+    np.testing.assert_allclose(p.loads, loads, rtol=1e-12, atol=1e-9)
+    assert p.max_load == pytest.approx(max(loads), rel=1e-12, abs=1e-9)
+    assert p.max_load >= p.lower_bound
+    assert p.lower_bound == lower_bound(weights, k, size=size, groups=groups)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(0, 10_000), max_size=60),
+    st.integers(1, 9),
+    st.sampled_from(SIZES),
+    st.sampled_from(METHODS),
+)
+def test_properties(weights: list[int], k: int, size: str, method: str) -> None:
+    if size == "equal" and len(weights) % k:
+        with pytest.raises(ValueError, match="balanced"):
+            partition(weights, k, size=size, method=method)
+        return
+    p = partition(weights, k, size=size, method=method)
+    check_valid(p, [float(x) for x in weights], k, size)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0, 1e6), st.integers(0, 12)), max_size=50),
+    st.integers(1, 6),
+    st.sampled_from(SIZES),
+    st.sampled_from(METHODS),
+)
+def test_groups_properties(pairs: list[tuple[float, int]], k: int, size: str, method: str) -> None:
+    weights = [x for x, _ in pairs]
+    groups = [g for _, g in pairs]
+    if size == "equal" and len(set(groups)) % k:
+        with pytest.raises(ValueError, match="groups"):
+            partition(weights, k, size=size, groups=groups, method=method)
+        return
+    p = partition(weights, k, size=size, groups=groups, method=method)
+    check_valid(p, weights, k, size, groups)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(st.integers(1, 1000), min_size=1, max_size=120),
+    st.integers(1, 12),
+    st.sampled_from(SIZES),
+)
+def test_auto_never_worse_than_candidates(weights: list[int], k: int, size: str) -> None:
+    if size == "equal":
+        weights = weights[: len(weights) - len(weights) % k] or [1] * k
+    w = np.asarray(weights, dtype=np.float64)
+    auto = partition(w, k, size=size)
+    for method in ("kk", "greedy"):
+        assert auto.max_load <= partition(w, k, size=size, method=method).max_load
+    # greedy with counts followed by the refinement (moves where allowed, swaps)
+    ref = refine_labels(w, lpt_labels(w, k, size), k, size)
+    assert auto.max_load <= np.bincount(ref, weights=w, minlength=k).max()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_hand_cases(method: str) -> None:
+    # Optimal answers worked out by hand.
+    p = partition([8, 7, 6, 5, 4], 2, method="auto")
+    assert sorted(p) == [[0, 1], [2, 3, 4]]  # 15 | 15, the only perfect split
+    assert (p.max_load, p.lower_bound, p.gap) == (15.0, 15.0, 0.0)
+    p = partition([1] * 9, 2, size="balanced", method=method)
+    assert sorted(map(len, p)) == [4, 5] and p.max_load == 5.0 and p.gap == 0.0
+    p = partition([10, 1, 1, 1], 2, size="equal", method=method)
+    assert sorted(map(len, p)) == [2, 2] and p.max_load == 11.0
+    assert partition([4, 2, 7], 1, method=method) == [[0, 1, 2]]
+    # fewer items than parts: free mode leaves empty parts
+    p = partition([3, 1], 4, method=method)
+    assert sorted(map(len, p)) == [0, 0, 1, 1] and sorted(p.loads) == [0, 0, 1, 3]
+    # balanced with fewer items than parts: counts are 0 or 1
+    assert sorted(map(len, partition([5, 5], 3, size="balanced", method=method))) == [0, 1, 1]
+    p = partition([0, 0, 0, 0], 2, method=method)
+    assert p.max_load == 0.0 and p.gap == 0.0
+    assert partition([], 3, method=method) == [[], [], []]
+
+
+def test_auto_finds_hand_optima() -> None:
+    # {9, 1} | {5, 5} | {4, 3, 3}: total 30 over 3 parts, 10 each.
+    p = partition([9, 5, 5, 4, 3, 3, 1], 3)
+    assert p.max_load == 10.0 and p.gap == 0.0
+    # equal counts: 2 per part, {9, 1} {8, 2} {7, 3} -> 10 each
+    p = partition([1, 2, 3, 7, 8, 9], 3, size="equal")
+    assert sorted(p) == [[0, 5], [1, 4], [2, 3]]
+    # groups: group weights 2, 2, 4 -> {g0, g1} | {g2}
+    p = partition([1, 1, 1, 1, 4], 2, groups=[0, 0, 1, 1, 2])
+    assert sorted(p) == [[0, 1, 2, 3], [4]]
+    # groups with size="equal": 4 groups (3, 3, 2, 2) -> two per part, 5 | 5
+    p = partition([1, 2, 1, 2, 2, 2], 2, size="equal", groups=["a", "a", "b", "b", "c", "d"])
+    assert p.max_load == 5.0 and all(len({x // 2 for x in part if x < 4}) <= 2 for part in p)
+
+
+def test_result_object() -> None:
+    p = partition(np.array([5, 3, 2], dtype=np.int32), 2)
+    assert p == [[0], [1, 2]] or p == [[1, 2], [0]]
+    assert isinstance(p, list) and isinstance(p.loads, np.ndarray)
+    assert p.loads.dtype == np.float64 and p.loads.shape == (2,)
+    assert p.method in ("kk+refine", "greedy+refine")
+    s = p.stats()
+    assert s["max"] == 5.0 and s["min"] == 5.0 and s["gap"] == 0.0 and sorted(s["counts"]) == [1, 2]
+    q = pickle.loads(pickle.dumps(p))
+    assert q == p and q.max_load == p.max_load and q.method == p.method
+    assert partition([1, 2], 2, method="kk").method == "kk"
+    assert partition([1, 2], 2, method="greedy").method == "greedy"
+
+
+def test_wide_integers_do_not_overflow() -> None:
+    w = np.full(8, 2**31 - 1, dtype=np.int32)
+    p = partition(w, 2, size="equal")
+    assert p.loads.tolist() == [4 * (2**31 - 1)] * 2
+    big = np.array([10**15, 10**15, 1, 2], dtype=np.uint64)
+    p = partition(big, 2)
+    assert sorted(p.loads.tolist()) == [10**15 + 1, 10**15 + 2]
+
+
+def test_size_rules_on_workload_sizes() -> None:
+    rng = np.random.default_rng(7)
+    w = np.round(np.exp(rng.normal(7, 1, 1000)))
+    for size in SIZES:
+        for method in METHODS:
+            p = partition(w, 64 if size != "equal" else 50, size=size, method=method)
+            counts = [len(x) for x in p]
+            if size == "equal":
+                assert counts == [20] * 50
+            elif size == "balanced":
+                assert max(counts) - min(counts) <= 1
+            assert sorted(i for part in p for i in part) == list(range(1000))
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "match"),
+    [
+        (([1, 2], 0), {}, "k must be >= 1"),
+        (([1, 2], -3), {}, "k must be >= 1"),
+        (([1, 2], 2.5), {}, "k must be a positive integer"),
+        (([1, 2], "2"), {}, "k must be a positive integer"),
+        (([1, 2], True), {}, "k must be a positive integer"),
+        (([1, -1], 2), {}, r"weights\[1\] = -1.0 is negative"),
+        (([1, float("nan")], 2), {}, r"weights\[1\] = nan is not finite"),
+        (([float("inf"), 1], 2), {}, r"weights\[0\] = inf is not finite"),
+        ((np.ones((2, 3)), 2), {}, r"1-D .*shape \(2, 3\)"),
+        (("abc", 2), {}, "string"),
+        ((["a", "b"], 2), {}, "numbers"),
+        (([1, 2, 3], 2), {"groups": [0, 1]}, "groups has 2 entries but there are 3 items"),
+        (([1, 2, 3], 2), {"groups": [[0, 1, 2]]}, "groups must be 1-D"),
+        (([1, 2, 3], 2), {"size": "equal"}, r'3 % 2 = 1.*size="balanced"'),
+        (([1, 2, 3, 4, 5], 2), {"size": "equal", "groups": [0, 1, 2, 3, 4]}, "5 groups"),
+        (([1, 2], 2), {"size": "same"}, "size must be one of"),
+        (([1, 2], 2), {"method": "ilp"}, "method must be one of"),
+    ],
+)
+def test_errors(args: tuple, kwargs: dict, match: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(ValueError, match=match):
+        partition(*args, **kwargs)
+
+
+_SCRIPT = textwrap.dedent(
+    """
+    import json
+    import numpy as np
+    from seqbalance import workloads
+    from seqbalance.partitioning import partition
+
+    out = []
+    w = workloads.load("rl-math", 640, seed=3)  # 40 groups
+    tied = [5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1] * 5
+    names = [f"prompt-{i % 9}" for i in range(60)]
+    for size in ("free", "equal", "balanced"):
+        for method in ("auto", "kk", "greedy"):
+            out.append(partition(w.lengths, 8, size=size, method=method))
+            out.append(partition(tied, 6, size=size, method=method))
+            if size != "equal":
+                out.append(partition(tied, 4, size=size, groups=names, method=method))
+            out.append(partition(w.lengths, 5, size=size, groups=w.groups, method=method))
+    print(json.dumps(out))
+    """
+)
+
+
+def test_deterministic_across_processes() -> None:
+    outputs = []
+    for seed in ("0", "12345"):
+        env = dict(os.environ, PYTHONHASHSEED=seed)
+        res = subprocess.run(
+            [sys.executable, "-c", _SCRIPT], env=env, capture_output=True, check=True
+        )
+        outputs.append(res.stdout)
+    assert outputs[0] == outputs[1]
+    assert len(json.loads(outputs[0])) == 33
