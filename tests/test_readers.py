@@ -1,0 +1,190 @@
+"""Tests of seqbalance.readers: every format, column handling, and error messages."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance.readers import read_column, read_lengths
+
+LENGTHS = [120, 4096, 7, 0, 32768]
+
+
+def _write(path, text):
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+# ---- formats ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["lengths.txt", "lengths", "lengths.lst"])
+def test_text_one_integer_per_line(tmp_path, name):
+    p = _write(tmp_path / name, "# tokens per sample\n120\n\n4096\n  7 \n0\n32768\n")
+    out = read_lengths(p)
+    assert out.dtype == np.int64
+    assert out.tolist() == LENGTHS
+
+
+def test_json_list_and_objects(tmp_path):
+    assert read_lengths(_write(tmp_path / "a.json", json.dumps(LENGTHS))).tolist() == LENGTHS
+    records = [{"id": i, "n": n} for i, n in enumerate(LENGTHS)]
+    p = _write(tmp_path / "b.json", json.dumps(records))
+    assert read_lengths(p, "n").tolist() == LENGTHS
+
+
+def test_npy_plain_and_structured(tmp_path):
+    np.save(tmp_path / "a.npy", np.asarray(LENGTHS, dtype=np.int32))
+    out = read_lengths(tmp_path / "a.npy")
+    assert out.dtype == np.int64 and out.tolist() == LENGTHS
+    rec = np.zeros(len(LENGTHS), dtype=[("id", "i4"), ("tokens", "i8")])
+    rec["tokens"] = LENGTHS
+    np.save(tmp_path / "b.npy", rec)
+    assert read_lengths(tmp_path / "b.npy", "tokens").tolist() == LENGTHS
+    with pytest.raises(ValueError, match="'id', 'tokens'"):
+        read_lengths(tmp_path / "b.npy")
+
+
+def test_csv_named_column_and_groups(tmp_path):
+    rows = "".join(f"s{i},{n},prompt-{i // 2}\n" for i, n in enumerate(LENGTHS))
+    p = _write(tmp_path / "data.csv", "id,n_tokens,prompt\n" + rows)
+    assert read_lengths(p, column="n_tokens").tolist() == LENGTHS
+    groups = read_column(p, "prompt", what="group ids")
+    assert groups.tolist() == [f"prompt-{i // 2}" for i in range(len(LENGTHS))]
+
+
+def test_csv_single_column_needs_no_name(tmp_path):
+    p = _write(tmp_path / "one.csv", "tokens\n" + "\n".join(map(str, LENGTHS)) + "\n")
+    assert read_lengths(p).tolist() == LENGTHS
+
+
+def test_tsv(tmp_path):
+    p = _write(tmp_path / "d.tsv", "a\tlen\n" + "".join(f"x\t{n}\n" for n in LENGTHS))
+    assert read_lengths(p, "len").tolist() == LENGTHS
+
+
+def test_jsonl_objects_and_numbers(tmp_path):
+    text = "".join(json.dumps({"len": n, "g": i % 2}) + "\n" for i, n in enumerate(LENGTHS))
+    p = _write(tmp_path / "d.jsonl", text + "\n")
+    assert read_lengths(p, "len").tolist() == LENGTHS
+    assert read_column(p, "g").tolist() == [0, 1, 0, 1, 0]
+    q = _write(tmp_path / "n.ndjson", "\n".join(map(str, LENGTHS)))
+    assert read_lengths(q).tolist() == LENGTHS
+
+
+def test_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = pa.table({"len": LENGTHS, "group": ["a", "a", "b", "b", "c"]})
+    pq.write_table(table, tmp_path / "d.parquet")
+    assert read_lengths(tmp_path / "d.parquet", "len").tolist() == LENGTHS
+    assert read_column(tmp_path / "d.parquet", "group").tolist() == ["a", "a", "b", "b", "c"]
+    with pytest.raises(ValueError, match="available columns: 'len', 'group'"):
+        read_lengths(tmp_path / "d.parquet", "tokens")
+
+
+def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    with pytest.raises(ValueError, match=r'pip install "seqbalance\[parquet\]"'):
+        read_lengths(tmp_path / "d.parquet", "len")
+
+
+def test_empty_file_gives_empty_lengths(tmp_path):
+    out = read_lengths(_write(tmp_path / "e.txt", ""))
+    assert out.shape == (0,) and out.dtype == np.int64
+
+
+# ---- errors ----------------------------------------------------------------------------
+
+
+def test_missing_column_lists_available(tmp_path):
+    p = _write(tmp_path / "d.csv", "id,len\na,1\n")
+    with pytest.raises(ValueError, match=r"no column 'tokens'; available columns: 'id', 'len'"):
+        read_lengths(p, "tokens")
+
+
+def test_ambiguous_table_asks_for_column(tmp_path):
+    p = _write(tmp_path / "d.jsonl", '{"a": 1, "b": 2}\n')
+    with pytest.raises(ValueError, match=r"2 columns \('a', 'b'\); say which"):
+        read_lengths(p)
+
+
+def test_unknown_extension(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown file type '\.xlsx'"):
+        read_lengths(_write(tmp_path / "d.xlsx", "1\n"))
+
+
+def test_bad_line_is_located(tmp_path):
+    p = _write(tmp_path / "d.txt", "12\n13\nabc\n")
+    with pytest.raises(ValueError, match=r"d\.txt:3: 'abc' is not a number"):
+        read_lengths(p)
+
+
+@pytest.mark.parametrize(
+    ("text", "pattern"),
+    [("5\n-3\n", r"lengths\[1\] = -3 is negative"), ("5\n2.5\n", r"lengths\[1\].*whole")],
+)
+def test_invalid_lengths_name_file_and_index(tmp_path, text, pattern):
+    p = _write(tmp_path / "d.txt", text)
+    with pytest.raises(ValueError, match=pattern) as info:
+        read_lengths(p)
+    assert str(p) in str(info.value)
+
+
+def test_csv_cell_not_a_number(tmp_path):
+    p = _write(tmp_path / "d.csv", "len\n5\nten\n")
+    with pytest.raises(ValueError, match=r"lengths value 1: 'ten' is not a number"):
+        read_lengths(p)
+
+
+def test_column_on_plain_list_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no named columns"):
+        read_lengths(_write(tmp_path / "d.txt", "1\n"), "len")
+
+
+def test_null_and_nested_values_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="missing"):
+        read_lengths(_write(tmp_path / "a.json", "[1, null, 3]"))
+    with pytest.raises(ValueError, match="nested"):
+        read_lengths(_write(tmp_path / "b.json", "[1, [2], 3]"))
+    with pytest.raises(ValueError, match="JSON list"):
+        read_lengths(_write(tmp_path / "c.json", '{"a": 1}'))
+    with pytest.raises(ValueError, match="not valid JSON"):
+        read_lengths(_write(tmp_path / "d.jsonl", '{"a": 1}\n{oops\n'))
+
+
+def test_missing_file_is_oserror(tmp_path):
+    with pytest.raises(OSError):
+        read_lengths(tmp_path / "absent.txt")
+
+
+# ---- every format round-trips ----------------------------------------------------------
+
+_WRITERS = {
+    "txt": lambda p, v: p.write_text("".join(f"{x}\n" for x in v)),
+    "json": lambda p, v: p.write_text(json.dumps(v)),
+    "npy": lambda p, v: np.save(p, np.asarray(v, dtype=np.int64)),
+    "csv": lambda p, v: p.write_text("k,len\n" + "".join(f"{i},{x}\n" for i, x in enumerate(v))),
+    "jsonl": lambda p, v: p.write_text("".join(json.dumps({"len": x}) + "\n" for x in v)),
+}
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    values=st.lists(st.integers(0, 2**40), max_size=40),
+    fmt=st.sampled_from(sorted(_WRITERS)),
+)
+def test_round_trip_every_format(tmp_path_factory, values, fmt):
+    path = tmp_path_factory.mktemp("rt") / f"lengths.{fmt}"
+    _WRITERS[fmt](path, values)
+    # An empty JSONL file has no fields to name; a CSV always has its header.
+    column = "len" if fmt == "csv" or (fmt == "jsonl" and values) else None
+    out = read_lengths(path, column)
+    assert out.dtype == np.int64
+    assert out.tolist() == values
