@@ -1,9 +1,82 @@
-"""seqbalance: balance variable-length sequences across data-parallel ranks and micro-batches."""
+"""seqbalance: balance variable-length sequences across data-parallel ranks and micro-batches.
+
+The core needs only numpy:
+
+- :func:`partition`, :func:`lower_bound`, :func:`balance_stats`: k-way balanced partitioning
+  with size rules and groups, and the evidence (bounds, gaps).
+- Cost models (:class:`TokenCost`, :class:`QuadraticCost`, :class:`FlopsCost`,
+  :func:`fit_cost`, :func:`load_cost`): what a sequence of L tokens costs.
+- :func:`plan` -> :class:`Plan`: ranks x micro-batches under a token capacity, optimised for
+  the sync model (``fsdp`` or ``ddp``); :data:`BASELINES` for comparison; :func:`simulate`.
+- :mod:`seqbalance.workloads`: seeded length sets shared by tests, benchmarks and the demo.
+
+The PyTorch integration (:class:`BalancedDistributedSampler`, :func:`rebalance`,
+:func:`pack_collate`, :func:`global_token_count`, :func:`token_mean_loss`) lives in
+:mod:`seqbalance.torch`; its names are also reachable from here, and torch is imported only
+when one of them is first used.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from . import workloads
+from .baselines import BASELINES
+from .costs import (
+    SHIPPED,
+    CostModel,
+    FitReport,
+    FlopsCost,
+    QuadraticCost,
+    TokenCost,
+    fit_cost,
+    load_cost,
+)
+from .partitioning import Partition, balance_stats, lower_bound, partition
+from .planner import plan
+from .plans import Plan
+from .simulation import Simulation, simulate, step_time_lower_bound
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "workloads"]
+_TORCH_NAMES = (
+    "BalancedDistributedSampler",
+    "RebalanceHandle",
+    "global_token_count",
+    "pack_collate",
+    "rebalance",
+    "token_mean_loss",
+)
+
+__all__ = [
+    "BASELINES",
+    "SHIPPED",
+    "CostModel",
+    "FitReport",
+    "FlopsCost",
+    "Partition",
+    "Plan",
+    "QuadraticCost",
+    "Simulation",
+    "TokenCost",
+    "__version__",
+    "balance_stats",
+    "fit_cost",
+    "load_cost",
+    "lower_bound",
+    "partition",
+    "plan",
+    "simulate",
+    "step_time_lower_bound",
+    "workloads",
+    *_TORCH_NAMES,
+]
+
+
+def __getattr__(name: str) -> Any:
+    # Torch-backed names resolve on first use, so `import seqbalance` never imports torch.
+    if name in _TORCH_NAMES:
+        from . import torch as _integration
+
+        return getattr(_integration, name)
+    raise AttributeError(f"module 'seqbalance' has no attribute {name!r}")
