@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TextIO
@@ -46,6 +47,23 @@ DEMO_SETUPS: tuple[DemoSetup, ...] = (
     DemoSetup("long-mix", 16384, 16, 131072),
 )
 DEMO_COST = "qwen2.5-7b"
+
+
+# Library messages name Python arguments; on the command line, name the flags instead.
+_FLAGS = {
+    "dp_size": "--dp",
+    "max_tokens": "--max-tokens",
+    "min_micro_batches": "--min-micro-batches",
+    "micro_batch_multiple": "--micro-batch-multiple",
+    "extra_micro_batches": "--extra-micro-batches",
+    "allow_empty=True": "--allow-empty",
+}
+_FLAG_RE = re.compile(r"\b(" + "|".join(re.escape(k) for k in _FLAGS) + r")\b")
+
+
+def _as_flags(message: str) -> str:
+    """``"dp_size must be >= 1"`` -> ``"--dp must be >= 1"``."""
+    return _FLAG_RE.sub(lambda m: _FLAGS[m.group(1)], message)
 
 
 class UserError(Exception):
@@ -484,7 +502,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc) or type(exc).__name__
         if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
             message = f"{exc.filename}: {exc.strerror}"
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {_as_flags(message)}", file=sys.stderr)
         return 2
     return 0 if status is None else int(status)
 

@@ -1,0 +1,294 @@
+"""Tests of the ``seqbalance`` command line (in-process through ``main`` and once as a process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from seqbalance import workloads
+from seqbalance.baselines import BASELINES
+from seqbalance.cli import DEMO_SETUPS, main
+from seqbalance.planner import plan
+from seqbalance.plans import Plan
+
+STRATEGIES = ["seqbalance", *BASELINES]
+
+
+@pytest.fixture
+def rl(tmp_path):
+    """A small RL batch as a txt file and as a CSV with a group column."""
+    w = workloads.load("rl-math", 256, seed=3)
+    txt = tmp_path / "lengths.txt"
+    txt.write_text("".join(f"{x}\n" for x in w.lengths))
+    csv = tmp_path / "batch.csv"
+    rows = "".join(f"{i},{x},p{g}\n" for i, (x, g) in enumerate(zip(w.lengths, w.groups)))
+    csv.write_text("id,tokens,prompt\n" + rows)
+    return w, txt, csv
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err  # one line, no traceback
+    assert err[0].startswith("error: ")
+    return err[0]
+
+
+# ---- plan ------------------------------------------------------------------------------
+
+
+def test_plan_writes_a_valid_plan(rl, tmp_path, capsys):
+    w, txt, _ = rl
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(txt), "--dp", "4", "--max-tokens", "32768", "--out", str(out)]) == 0
+    p = Plan.from_json(str(out))
+    assert p.dp_size == 4
+    assert p.lengths.tolist() == w.lengths.tolist()
+    assert all(v == 0 for v in p.violations().values())
+    assert sorted(p.order().tolist()) == list(range(256))
+    tokens = p.microbatch_tokens()
+    assert tokens.max() <= 32768
+    # Same plan as the library makes; and the JSON round trip is exact.
+    assert p == plan(w.lengths, 4, 32768)
+    assert Plan.from_json(p.to_json()) == p
+    err = capsys.readouterr().err
+    assert "256 sequences -> 4 ranks x" in err and "wrote" in err
+
+
+def test_plan_to_stdout_with_model_and_options(rl, capsys):
+    w, txt, _ = rl
+    argv = ["plan", str(txt), "--dp", "2", "--max-tokens", "32768", "--model", "qwen2.5-7b"]
+    argv += ["--sync", "ddp", "--micro-batch-multiple", "4", "--padded"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    p = Plan.from_json(captured.out)
+    assert p.sync == "ddp" and p.padded
+    assert p.num_micro_batches % 4 == 0
+    assert (p.microbatch_tokens() <= 32768).all()  # padded: count x longest
+    # FLOPs, not tokens: a 4096-token sequence costs more than 4096 one-token ones.
+    i = int(np.argmax(w.lengths))
+    assert p.costs[i] > 1e9 * w.lengths[i]
+    assert "training FLOPs of qwen2.5-7b" in captured.err
+
+
+def test_plan_groups_column_keeps_groups_on_one_rank(rl, capsys):
+    w, _, csv = rl
+    argv = ["plan", str(csv), "--column", "tokens", "--groups-column", "prompt"]
+    assert main([*argv, "--dp", "4", "--max-tokens", "32768"]) == 0
+    p = Plan.from_json(capsys.readouterr().out)
+    rank_of = np.empty(256, dtype=np.int64)
+    for r in range(p.dp_size):
+        rank_of[p.rank_indices(r)] = r
+    for g in np.unique(w.groups):
+        assert len(set(rank_of[w.groups == g].tolist())) == 1
+
+
+def test_plan_cost_json(rl, tmp_path, capsys):
+    _, txt, _ = rl
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"kind": "quadratic", "per_token": 2.0, "per_token_sq": 0.0}))
+    assert main(["plan", str(txt), "--dp", "4", "--max-tokens", "32768", "--cost", str(cost)]) == 0
+    p = Plan.from_json(capsys.readouterr().out)
+    np.testing.assert_array_equal(p.costs, 2.0 * p.lengths)
+
+
+# ---- errors ----------------------------------------------------------------------------
+
+
+def test_too_long_sequence_names_it(tmp_path, capsys):
+    f = tmp_path / "l.txt"
+    f.write_text("10\n50\n20\n")
+    assert main(["plan", str(f), "--dp", "1", "--max-tokens", "40"]) == 2
+    line = _error_line(capsys)
+    assert "sequence 1 has 50 tokens" in line and "--max-tokens=40" in line
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["plan", "{missing}", "--dp", "2", "--max-tokens", "9"], "No such file"),
+        (["plan", "{csv}", "--dp", "2", "--max-tokens", "40000"], "say which one"),
+        (
+            ["plan", "{csv}", "--column", "x", "--dp", "2", "--max-tokens", "40000"],
+            "available columns: 'id', 'tokens', 'prompt'",
+        ),
+        (["plan", "{txt}", "--dp", "0", "--max-tokens", "40000"], "--dp must be >= 1"),
+        (["plan", "{txt}", "--dp", "1000", "--max-tokens", "40000"], "--allow-empty"),
+        (
+            ["plan", "{txt}", "--dp", "2", "--max-tokens", "40000", "--model", "nope"],
+            "unknown cost 'nope'",
+        ),
+        (["compare", "{txt}"], "needs --dp and --max-tokens"),
+        (["compare"], "either a LENGTHS file or --demo"),
+        (["compare", "{txt}", "--demo"], "either a LENGTHS file or --demo"),
+    ],
+)
+def test_user_errors_exit_2_with_one_line(rl, tmp_path, capsys, argv, needle):
+    _, txt, csv = rl
+    paths = {"missing": str(tmp_path / "absent.txt"), "txt": str(txt), "csv": str(csv)}
+    assert main([a.format(**paths) for a in argv]) == 2
+    assert needle in _error_line(capsys)
+
+
+def test_usage_errors_exit_2(rl, capsys):
+    _, txt, _ = rl
+    argv = ["plan", str(txt), "--dp", "2", "--max-tokens", "9", "--model", "a", "--cost", "b"]
+    assert main(argv) == 2
+    assert "not allowed with" in capsys.readouterr().err
+    assert main(["plan", str(txt)]) == 2  # --dp and --max-tokens are required
+    assert main([]) == 2
+    assert main(["--help"]) == 0
+
+
+# ---- compare ---------------------------------------------------------------------------
+
+
+def test_compare_table_and_json(rl, tmp_path, capsys):
+    w, txt, _ = rl
+    out = tmp_path / "cmp.json"
+    argv = ["compare", str(txt), "--dp", "4", "--max-tokens", "32768", "--json", str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    positions = [text.index(f"{name} ") for name in STRATEGIES]
+    assert positions == sorted(positions)  # seqbalance first, then the baselines
+
+    data = json.loads(out.read_text())
+    assert data["format"] == "seqbalance.compare/1"
+    (setup,) = data["setups"]
+    assert (setup["n"], setup["dp"], setup["max_tokens"]) == (256, 4, 32768)
+    rows = {r["strategy"]: r for r in setup["results"]}
+    assert list(rows) == STRATEGIES
+    # Recompute every step time and speedup from the library, independently of the CLI.
+    plans = {"seqbalance": plan(w.lengths, 4, 32768)}
+    plans.update({k: f(w.lengths, 4, 32768) for k, f in BASELINES.items()})
+    ref = plans["sequential"].simulate().step_time
+    for name, p in plans.items():
+        sim = p.simulate()
+        assert rows[name]["step_time"] == pytest.approx(sim.step_time)
+        assert rows[name]["speedup_vs_sequential"] == pytest.approx(ref / sim.step_time)
+        assert rows[name]["over_capacity"] == int((p.microbatch_tokens() > 32768).sum())
+        assert rows[name]["idle_fraction"] == pytest.approx(sim.idle_fraction)
+    assert rows["sequential"]["speedup_vs_sequential"] == pytest.approx(1.0)
+    assert rows["seqbalance"]["over_capacity"] == 0
+    assert f"{rows['seqbalance']['speedup_vs_sequential']:.2f}x" in text
+
+
+def test_compare_plain_text_without_rich(rl, capsys, monkeypatch):
+    _, txt, _ = rl
+    monkeypatch.setitem(sys.modules, "rich", None)
+    monkeypatch.setitem(sys.modules, "rich.console", None)
+    monkeypatch.setitem(sys.modules, "rich.table", None)
+    assert main(["compare", str(txt), "--dp", "4", "--max-tokens", "32768"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, s in enumerate(lines) if s.startswith("strategy"))
+    assert lines[head].split() == [
+        "strategy",
+        "step",
+        "time",
+        "speedup",
+        "gap",
+        "mb/rank",
+        "over",
+        "cap",
+        "empty",
+        "idle",
+    ]
+    assert set(lines[head + 1].replace(" ", "")) == {"-"}
+    table = lines[head + 2 : head + 2 + len(STRATEGIES)]
+    assert [row.split()[0] for row in table] == STRATEGIES
+    assert len({len(row) for row in [lines[head], *table]}) == 1  # right-aligned columns
+
+
+def test_compare_demo(tmp_path, capsys):
+    out = tmp_path / "demo.json"
+    assert main(["compare", "--demo", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    for s in DEMO_SETUPS:
+        assert f"{s.workload} (" in text and f"dp={s.dp}, max_tokens={s.max_tokens}" in text
+    data = json.loads(out.read_text())
+    assert [s["input"] for s in data["setups"]] == [s.workload for s in DEMO_SETUPS]
+    for setup, s in zip(data["setups"], DEMO_SETUPS):
+        rows = {r["strategy"]: r for r in setup["results"]}
+        assert setup["n"] == s.n
+        assert rows["seqbalance"]["over_capacity"] == rows["seqbalance"]["empty"] == 0
+        # The demo is meant to show an FSDP speedup over the sequential default.
+        assert rows["seqbalance"]["speedup_vs_sequential"] > 1.0
+
+
+def test_compare_demo_falls_back_to_tokens(capsys, monkeypatch):
+    import seqbalance.cli as cli
+
+    monkeypatch.setattr(cli, "DEMO_COST", "no-such-model")
+    monkeypatch.setattr(cli, "DEMO_SETUPS", cli.DEMO_SETUPS[:1])
+    assert main(["compare", "--demo"]) == 0
+    text = capsys.readouterr().out
+    assert "unavailable" in text and "using tokens" in text and "cost = tokens" in text
+
+
+# ---- as a process ----------------------------------------------------------------------
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONHASHSEED": "random"}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def test_python_dash_m_round_trip_and_determinism(rl, tmp_path):
+    _, txt, _ = rl
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"p{k}.json"
+        r = _run(
+            "-m",
+            "seqbalance",
+            "plan",
+            str(txt),
+            "--dp",
+            "4",
+            "--max-tokens",
+            "32768",
+            "--model",
+            "llama-3-8b",
+            "--out",
+            str(out),
+        )
+        assert r.returncode == 0, r.stderr
+        outs.append(out.read_text())
+    assert outs[0] == outs[1]  # same bytes from two processes
+    assert Plan.from_json(outs[0]).num_sequences == 256
+
+    bad = _run(
+        "-m",
+        "seqbalance.cli",
+        "plan",
+        str(tmp_path / "absent.txt"),
+        "--dp",
+        "2",
+        "--max-tokens",
+        "10",
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.startswith("error: ") and "Traceback" not in bad.stderr
+
+
+def test_cli_import_is_light():
+    code = (
+        "import sys; from seqbalance.cli import build_parser; build_parser(); "
+        "print(sorted(m for m in ('torch', 'matplotlib', 'rich', 'pyarrow') if m in sys.modules))"
+    )
+    r = _run("-c", code)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_calibrate_is_wired():
+    pytest.importorskip("seqbalance.calibrate")
+    r = _run("-m", "seqbalance", "calibrate", "--help")
+    assert r.returncode == 0, r.stderr
+    assert "calibrate" in r.stdout
