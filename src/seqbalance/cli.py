@@ -355,7 +355,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from .plotting import plot_timeline
 
         plot_timeline(
-            first_plans, args.plot, sync=args.sync, max_ranks=args.max_ranks, title=plot_title
+            first_plans,
+            args.plot,
+            sync=args.sync,
+            max_ranks=args.max_ranks,
+            title=plot_title,
+            unit={"tok": "tokens", "": "cost units"}.get(cost.unit, cost.unit),
         )
         which = " (first workload)" if args.demo else ""
         print(f"wrote {args.plot}{which}", file=sys.stderr)

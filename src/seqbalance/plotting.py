@@ -87,6 +87,7 @@ def plot_timeline(
     sync: str = "fsdp",
     max_ranks: int = 16,
     title: str | None = None,
+    unit: str = "cost units",
 ) -> None:
     """Draw the simulated step of each plan as a ranks x time chart and save it.
 
@@ -111,6 +112,8 @@ def plot_timeline(
         Rows per panel; with more ranks, the ``max_ranks`` busiest are drawn.
     title : str, optional
         Figure title.
+    unit : str
+        What the cost measures, for the time axis label (e.g. ``"FLOP"``, ``"tokens"``).
 
     Raises
     ------
@@ -181,7 +184,7 @@ def plot_timeline(
     last = axes[-1, 0]
     last.set_xlim(0, t_max * 1.02)
     last.xaxis.set_major_formatter(EngFormatter(sep=""))
-    last.set_xlabel(f"simulated time ({sync} sync, cost units)", fontsize=9)
+    last.set_xlabel(f"simulated time ({unit}, {sync} sync)", fontsize=9)
     handles = [
         (Patch(facecolor=_SHADES[0]), Patch(facecolor=_SHADES[1])),
         (Patch(facecolor=_OVER[0]), Patch(facecolor=_OVER[1])),
