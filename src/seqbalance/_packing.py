@@ -51,10 +51,45 @@ class _Bins:
 
 
 def _lpt(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _Bins | None:
-    bins = _Bins(w, t, nbins, cap, padded)
     idx = np.arange(w.size)
     # Most expensive first; padded bins are priced by their longest row, so longest first there.
     order = np.lexsort((idx, -w, -t)) if padded else np.lexsort((idx, -t, -w))
+    if padded:
+        return _lpt_padded(w, t, nbins, cap, order)
+    # Plain Python floats and lists: this loop runs once per sequence.
+    wl, tl = w.tolist(), t.tolist()
+    cost, tok = [0.0] * nbins, [0] * nbins
+    items: list[list[int]] = [[] for _ in range(nbins)]
+    heap = [(0.0, b) for b in range(nbins)]
+    for i in order.tolist():
+        ti = tl[i]
+        stash = []
+        while heap:
+            c, b = heapq.heappop(heap)
+            if tok[b] + ti <= cap:
+                items[b].append(i)
+                tok[b] += ti
+                cost[b] = c + wl[i]
+                heapq.heappush(heap, (cost[b], b))
+                break
+            stash.append((c, b))
+            if len(stash) > 64:  # bins are nearly full in tokens: let first-fit handle it
+                return None
+        else:
+            return None
+        for entry in stash:
+            heapq.heappush(heap, entry)
+    bins = _Bins(w, t, nbins, cap, padded)
+    bins.items = items
+    bins.cost = np.asarray(cost)
+    bins.tok = np.asarray(tok, dtype=np.int64)
+    return bins
+
+
+def _lpt_padded(
+    w: np.ndarray, t: np.ndarray, nbins: int, cap: int, order: np.ndarray
+) -> _Bins | None:
+    bins = _Bins(w, t, nbins, cap, True)
     heap = [(0.0, b) for b in range(nbins)]
     for i in order.tolist():
         stash = []
@@ -65,7 +100,7 @@ def _lpt(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _B
                 heapq.heappush(heap, (float(bins.cost[b]), b))
                 break
             stash.append((c, b))
-            if len(stash) > 64:  # bins are nearly full in tokens: let first-fit handle it
+            if len(stash) > 64:
                 return None
         else:
             return None
@@ -157,25 +192,31 @@ def _refine(bins: _Bins, max_steps: int) -> None:
     k = min(_PARTNERS, nb - 1)
     if k < 1:
         return
+    pool_size = min(nb, 4 * k + 1)
     steps = 0
     for phase in ("max", "min", "max"):
+        pool = np.zeros(0, dtype=np.int64)
+        age = 0
         while steps < max_steps:
             steps += 1
             cost = bins.cost
+            sign = 1.0 if phase == "max" else -1.0
+            # Light (or heavy) candidates: refreshed now and then rather than every step, since
+            # only the bins a step touches change and those sit in the pool.
+            if age == 0:
+                pool = np.argpartition(sign * cost, pool_size - 1)[:pool_size]
+            age = (age + 1) % 16
+            part = pool[np.lexsort((pool, sign * cost[pool]))][: k + 1].tolist()
             if phase == "max":
                 hi = int(np.argmax(cost))
-                part = np.argpartition(cost, k)[: k + 1]
-                part = part[np.lexsort((part, cost[part]))]
-                done = not any(p != hi and _improve_pair(bins, hi, int(p)) for p in part)
+                done = not any(p != hi and _improve_pair(bins, hi, p) for p in part)
             else:
                 lo = int(np.argmin(cost))
-                part = np.argpartition(-cost, k)[: k + 1]
-                part = part[np.lexsort((part, -cost[part]))]
-                done = not any(p != lo and _improve_pair(bins, int(p), lo) for p in part)
+                done = not any(p != lo and _improve_pair(bins, p, lo) for p in part)
             if done:
-                break
-
-
+                if age == 1:  # the pool was fresh: truly stuck
+                    break
+                age = 0
 def _fill_empty(bins: _Bins) -> None:
     """Give every empty bin one sequence from the bin with the most (a single one always fits)."""
     for e in [b for b, items in enumerate(bins.items) if not items]:

@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 
 from ._costing import sequence_costs
+from ._grouping import bin_totals
 from ._packing import pack
+from ._slots import fill_slack
 from ._validate import as_groups, as_lengths, check_choice, check_positive_int
 from .plans import Plan
 from .simulation import SYNC_MODELS
@@ -65,22 +67,18 @@ def _deal_slots(
     return ranks
 
 
-def _bin_costs(bins: list[list[int]], costs: np.ndarray, padded: bool) -> np.ndarray:
-    out = np.zeros(len(bins))
-    for b, items in enumerate(bins):
-        if items:
-            w = costs[np.asarray(items, dtype=np.int64)]
-            out[b] = len(items) * w.max() if padded else w.sum()
-    return out
-
-
 def _plan_global(
-    lengths: np.ndarray, costs: np.ndarray, dp: int, m: int, cap: int, padded: bool
+    lengths: np.ndarray, costs: np.ndarray, dp: int, m: int, cap: int, padded: bool, sync: str
 ) -> list[list[list[int]]] | None:
     bins = pack(costs, lengths, dp * m, cap, padded=padded)
     if bins is None:
         return None
-    return _deal_slots(bins, _bin_costs(bins, costs, padded), dp, m)
+    grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
+    if sync == "fsdp" and not padded:
+        grid = fill_slack(grid, costs, lengths, cap, max_steps=2 * dp * m + 100)
+        bins = [mb for rank in grid for mb in rank]
+        grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
+    return grid
 
 
 def _plan_by_rank(
@@ -98,7 +96,7 @@ def _plan_by_rank(
         if bins is None:
             return None
         mbs = [idx[np.asarray(b, dtype=np.int64)].tolist() for b in bins]
-        c = _bin_costs(mbs, costs, padded)
+        c = bin_totals(mbs, costs, padded=padded)
         out.append([mbs[b] for b in np.lexsort((np.arange(m), -c)).tolist()])
     return out
 
@@ -216,7 +214,7 @@ def plan(
 
     def build(m: int) -> list[list[list[int]]] | None:
         if rank_items is None:
-            return _plan_global(lens, costs, dp, m, cap, padded)
+            return _plan_global(lens, costs, dp, m, cap, padded, sync)
         return _plan_by_rank(lens, costs, rank_items, m, cap, padded)
 
     def too_few(m: int) -> str | None:

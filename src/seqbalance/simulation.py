@@ -26,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ._grouping import bin_totals
 from ._validate import check_choice
 
 __all__ = ["SYNC_MODELS", "Simulation", "microbatch_costs", "simulate", "step_time_lower_bound"]
@@ -84,13 +85,11 @@ def microbatch_costs(
     dp = len(micro_batches)
     m = max((len(r) for r in micro_batches), default=0)
     out = np.full((dp, m), np.nan)
-    for r, rank in enumerate(micro_batches):
-        for j, mb in enumerate(rank):
-            if len(mb) == 0:
-                out[r, j] = per_microbatch
-                continue
-            w = costs[np.asarray(mb, dtype=np.int64)]
-            out[r, j] = per_microbatch + (len(mb) * float(w.max()) if padded else float(w.sum()))
+    flat = [mb for rank in micro_batches for mb in rank]
+    totals = bin_totals(flat, costs, padded=padded) + per_microbatch
+    rows = np.repeat(np.arange(dp), [len(rank) for rank in micro_batches])
+    cols = np.concatenate([np.arange(len(rank)) for rank in micro_batches] or [np.zeros(0, int)])
+    out[rows, cols] = totals
     return out
 
 
