@@ -217,6 +217,8 @@ def _refine(bins: _Bins, max_steps: int) -> None:
                 if age == 1:  # the pool was fresh: truly stuck
                     break
                 age = 0
+
+
 def _fill_empty(bins: _Bins) -> None:
     """Give every empty bin one sequence from the bin with the most (a single one always fits)."""
     for e in [b for b, items in enumerate(bins.items) if not items]:

@@ -121,15 +121,11 @@ def token_ffd(
     return _plan("token-ffd", ranks, lens, cap, costs, c0, sync)
 
 
-def _kk_two_level(
-    name: str, weights: np.ndarray, lens, dp, cap, costs, c0, sync
-) -> Plan:
+def _kk_two_level(name: str, weights: np.ndarray, lens, dp, cap, costs, c0, sync) -> Plan:
     from .partitioning import partition  # lazy: keeps import order free
 
     rank_parts = [list(p) for p in partition(weights, dp, size="balanced", method="kk")]
-    m = max(
-        (max(1, math.ceil(int(lens[p].sum()) / cap)) for p in rank_parts if p), default=1
-    )
+    m = max((max(1, math.ceil(int(lens[p].sum()) / cap)) for p in rank_parts if p), default=1)
     ranks = []
     for items in rank_parts:
         idx = np.asarray(items, dtype=np.int64)
