@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass, field
@@ -292,7 +293,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     first_plans: dict[str, Plan] | None = None
     plot_title = ""
     if args.demo:
-        cost = _demo_cost()
+        spec = args.model or args.cost
+        cost = _demo_cost() if spec is None else _load_cost(spec)
         for note in cost.notes:
             print(note, file=out)
         print(
@@ -405,7 +407,13 @@ def _add_common(p: argparse.ArgumentParser, *, required: bool) -> None:
         help="column of group ids; a group never spans ranks (e.g. the responses of one prompt)",
     )
     p.add_argument("--size", choices=SIZE_RULES, default="free", help="rule on sequences per rank")
-    p.add_argument("--min-micro-batches", type=int, default=1, metavar="M")
+    p.add_argument(
+        "--min-micro-batches",
+        type=int,
+        default=1,
+        metavar="M",
+        help="at least M micro-batches per rank",
+    )
     p.add_argument(
         "--micro-batch-multiple",
         type=int,
@@ -467,7 +475,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--demo",
         action="store_true",
-        help=f"run built-in workloads with cost {DEMO_COST} (ignores --dp/--max-tokens/--model)",
+        help=f"run built-in workloads with their own dp and max_tokens (ignores --dp and "
+        f"--max-tokens); cost {DEMO_COST} unless --model/--cost says otherwise",
     )
     _add_common(c, required=False)
     c.add_argument("--json", metavar="OUT.json", help="also save the table as JSON")
@@ -503,6 +512,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     func: Callable[[argparse.Namespace], int | None] = args.func
     try:
         status = func(args)
+    except BrokenPipeError:  # e.g. `seqbalance compare --demo | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except (UserError, ValueError, OSError) as exc:
         message = str(exc) or type(exc).__name__
         if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
