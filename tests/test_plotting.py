@@ -123,4 +123,3 @@ def test_cli_plot(tmp_path):
     argv = ["compare", str(lengths), "--dp", "4", "--max-tokens", "8192", "--plot", str(out)]
     assert main(argv) == 0
     assert out.read_bytes()[:8] == PNG_MAGIC
-

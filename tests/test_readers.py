@@ -188,3 +188,12 @@ def test_round_trip_every_format(tmp_path_factory, values, fmt):
     out = read_lengths(path, column)
     assert out.dtype == np.int64
     assert out.tolist() == values
+
+
+def test_docstring_examples():
+    import doctest
+
+    import seqbalance.readers
+
+    result = doctest.testmod(seqbalance.readers)
+    assert result.attempted > 0 and result.failed == 0

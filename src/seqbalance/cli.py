@@ -500,9 +500,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``seqbalance`` command line; return the exit status.
 
-    Examples
-    --------
-    >>> main(["plan", "--help"])  # doctest: +SKIP
+    Parameters
+    ----------
+    argv : sequence of str, optional
+        Arguments without the program name; default ``sys.argv[1:]``.
+
+    Returns
+    -------
+    int
+        0 on success, 2 on a usage or input error (one ``error:`` line on stderr), 1 when
+        the output pipe was closed early.
     """
     parser = build_parser()
     try:
