@@ -13,7 +13,7 @@ import numpy as np
 
 from ._greedy import lpt_labels
 from ._kk import kk_labels
-from ._refine import refine_labels
+from ._refine import STEEPEST_PAIRS, refine_labels, steepest_swaps
 from ._rules import check_size
 from ._validate import as_groups, as_weights, check_choice, check_positive_int
 from .bounds import bound_of_units, lower_bound
@@ -22,6 +22,10 @@ from .stats import balance_stats, stats_from_loads
 __all__ = ["METHODS", "Partition", "balance_stats", "lower_bound", "partition"]
 
 METHODS: tuple[str, ...] = ("auto", "kk", "greedy")
+
+#: In "free" mode, ``method="auto"`` skips its second candidate when the first is already
+#: provably within this relative gap of optimal (``max_load <= (1 + AUTO_RTOL) * bound``).
+AUTO_RTOL = 1e-5
 
 
 class Partition(list):  # type: ignore[type-arg]
@@ -103,7 +107,10 @@ def partition(
         ``"kk"``: k-way largest differencing (Karmarkar–Karp), dealing units in rounds of
         ``k``. ``"greedy"``: longest first to the lightest part that may take it (LPT).
         ``"auto"``: both, each followed by a refinement pass of moves and swaps that lower
-        the heaviest part within the size rule; the lighter result wins (ties: kk).
+        the heaviest part within the size rule (for small problems under a size rule,
+        first steepest-descent swaps); the lighter result wins (ties: kk). The lighter
+        start is refined first, and the other is skipped when the first reaches the lower
+        bound, or in "free" mode comes within :data:`AUTO_RTOL` (1e-5) of it.
 
     Returns
     -------
@@ -166,13 +173,24 @@ def _solve(
         return kk_labels(units, k), "kk"
     if method == "greedy":
         return lpt_labels(units, k, size), "greedy"
+    m = units.shape[0]
+    # Under a size rule, small problems first get steepest-descent swaps, so "auto" is
+    # never worse than greedy-with-counts followed by swaps.
+    steepest = size != "free" and m * -(-m // k) <= STEEPEST_PAIRS
+    starts = [("kk", kk_labels(units, k)), ("greedy", lpt_labels(units, k, size))]
+    # Refine the lighter start first: it usually needs fewer steps, and may end the search.
+    tops = [float(np.bincount(lab, weights=units, minlength=k).max()) for _, lab in starts]
+    if tops[1] < tops[0]:
+        starts.reverse()
     best: tuple[float, np.ndarray, str] | None = None
-    for name, start in (("kk", kk_labels), ("greedy", lambda u, k: lpt_labels(u, k, size))):
-        labels = refine_labels(units, start(units, k), k, size, target=bound)
+    for name, labels in starts:
+        if steepest:
+            labels = steepest_swaps(units, labels, k)
+        labels = refine_labels(units, labels, k, size, target=bound)
         top = float(np.bincount(labels, weights=units, minlength=k).max())
-        if best is None or top < best[0]:
+        if best is None or top < best[0] or (top == best[0] and name == "kk"):
             best = (top, labels, name + "+refine")
-        if best[0] <= bound:  # optimal: nothing can beat it
-            break
+        if best[0] <= bound * (1.0 + (AUTO_RTOL if size == "free" else 0.0)):
+            break  # optimal (or, in free mode, within AUTO_RTOL of it)
     assert best is not None
     return best[1], best[2]
