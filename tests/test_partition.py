@@ -14,8 +14,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqbalance._greedy import lpt_labels
-from seqbalance._refine import refine_labels
 from seqbalance.bounds import lower_bound
 from seqbalance.partitioning import Partition, partition
 
@@ -88,10 +86,51 @@ def test_groups_properties(pairs: list[tuple[float, int]], k: int, size: str, me
     check_valid(p, weights, k, size, groups)
 
 
-@settings(max_examples=120, deadline=None)
+def greedy_with_counts(w: np.ndarray, k: int, size: str) -> np.ndarray:
+    """Reference LPT: heaviest first (ties by index) to the lightest part (ties by number)
+    that may still take one: m // k each, plus one for the first m % k parts to ask
+    ("balanced"). Written independently of seqbalance._greedy."""
+    m = len(w)
+    c, extra = m // k, (m % k if size == "balanced" else 0)
+    loads, counts, lab = [0.0] * k, [0] * k, np.empty(m, dtype=np.int64)
+    for i in sorted(range(m), key=lambda i: (-w[i], i)):
+        allowed = [
+            p for p in range(k)
+            if size == "free" or counts[p] < c or (counts[p] == c and extra > 0)
+        ]
+        p = min(allowed, key=lambda p: (loads[p], p))
+        if size != "free" and counts[p] == c:
+            extra -= 1
+        loads[p] += w[i]
+        counts[p] += 1
+        lab[i] = p
+    return lab
+
+
+def best_swaps(w: np.ndarray, lab: np.ndarray, k: int) -> float:
+    """Reference finish: swap the pair (a in the heaviest part, b elsewhere) that lowers
+    the pair's max most, while it helps; return the final heaviest part."""
+    lab = lab.copy()
+    for _ in range(100 * k):
+        loads = np.bincount(lab, weights=w, minlength=k)
+        h = int(np.argmax(loads))
+        best, pick = loads[h], None
+        for a in np.flatnonzero(lab == h):
+            for b in np.flatnonzero(lab != h):
+                d = w[a] - w[b]
+                if d > 0 and max(loads[h] - d, loads[lab[b]] + d) < best:
+                    best, pick = max(loads[h] - d, loads[lab[b]] + d), (a, b)
+        if pick is None:
+            break
+        a, b = pick
+        lab[a], lab[b] = lab[b], lab[a]
+    return float(np.bincount(lab, weights=w, minlength=k).max())
+
+
+@settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.integers(1, 1000), min_size=1, max_size=120),
-    st.integers(1, 12),
+    st.lists(st.integers(1, 1000), min_size=1, max_size=48),
+    st.integers(1, 8),
     st.sampled_from(SIZES),
 )
 def test_auto_never_worse_than_candidates(weights: list[int], k: int, size: str) -> None:
@@ -101,9 +140,8 @@ def test_auto_never_worse_than_candidates(weights: list[int], k: int, size: str)
     auto = partition(w, k, size=size)
     for method in ("kk", "greedy"):
         assert auto.max_load <= partition(w, k, size=size, method=method).max_load
-    # greedy with counts followed by the refinement (moves where allowed, swaps)
-    ref = refine_labels(w, lpt_labels(w, k, size), k, size)
-    assert auto.max_load <= np.bincount(ref, weights=w, minlength=k).max()
+    if size != "free":  # the acceptance criterion: never worse than greedy-with-counts + swaps
+        assert auto.max_load <= best_swaps(w, greedy_with_counts(w, k, size), k)
 
 
 @pytest.mark.parametrize("method", METHODS)
