@@ -95,6 +95,8 @@ def test_groups_stay_on_one_rank(data, dp, size):
     lengths = data.draw(st.lists(st.integers(1, 500), min_size=groups.size, max_size=groups.size))
     p = plan(lengths, dp, 2000, groups=groups, size=size, allow_empty=True)
     _check_invariants(p, lengths, 2000, allow_empty=True)
+    assert p.violations()["split_groups"] == 0
+    assert p.violations()["size_rule"] == 0
     owner = {}
     for r, rank in enumerate(p.micro_batches):
         for mb in rank:

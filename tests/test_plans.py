@@ -90,3 +90,16 @@ def test_rank_indices_bad_rank():
     p = Plan([[[0]]], [10], max_tokens=10)
     with pytest.raises(ValueError, match="rank must be in"):
         p.rank_indices(1)
+
+
+def test_group_and_size_rule_violations_and_group_aware_bound():
+    # group 1 = sequences {1, 2} is split over both ranks; per-rank group counts 2 and 1
+    p = Plan([[[0, 1]], [[2]]], [1, 1, 1], max_tokens=10, groups=[0, 1, 1], size="balanced")
+    v = p.violations()
+    assert v["split_groups"] == 1
+    assert v["size_rule"] == 0
+    # group weights are 1 and 2, so some rank carries at least 2 (not just 3 / 2)
+    assert p.lower_bound() == 2.0
+    q = Plan([[[0, 1, 2]], []], [1, 1, 1], max_tokens=10, size="equal")
+    assert q.violations()["size_rule"] == 2  # 3 and 0 sequences, neither is 3 // 2
+    assert Plan.from_json(p.to_json()).groups.tolist() == [0, 1, 1]

@@ -206,18 +206,11 @@ def plan(
             + " and ".join(why)
         )
 
-    rank_items: list[list[int]] | None = None
-    if size != "free" or group_ids is not None:
-        from .partitioning import partition  # lazy: only this path needs it
+    first_m = m
+    m_limit = max(m, _round_up(max(n, 1), mult)) + mult  # one sequence per micro-batch fits
+    rule = f"size={size!r}" + (" and groups" if group_ids is not None else "")
 
-        rank_items = [list(p) for p in partition(costs, dp, size=size, groups=group_ids)]
-
-    def build(m: int) -> list[list[list[int]]] | None:
-        if rank_items is None:
-            return _plan_global(lens, costs, dp, m, cap, padded, sync)
-        return _plan_by_rank(lens, costs, rank_items, m, cap, padded)
-
-    def too_few(m: int) -> str | None:
+    def too_few(rank_items: list[list[int]] | None, m: int) -> str | None:
         if rank_items is None:
             if n < dp * m:
                 return f"{n} sequences cannot fill {dp} ranks x {m} micro-batches"
@@ -226,52 +219,95 @@ def plan(
         if short:
             r = short[0]
             return (
-                f"under size={size!r}{' and groups' if group_ids is not None else ''}, rank {r} "
-                f"holds {len(rank_items[r])} sequences but needs {m} micro-batches"
+                f"under {rule}, rank {r} holds {len(rank_items[r])} sequences but needs "
+                f"{m} micro-batches"
             )
         return None
 
-    first_m = m
-    m_limit = max(m, _round_up(max(n, 1), mult)) + mult  # one sequence per micro-batch fits
+    def why_more(rank_items: list[list[int]] | None, m: int) -> str:
+        if rank_items is None:
+            return (
+                f"{m} micro-batches per rank: the sequences could not be packed into "
+                f"{first_m} micro-batches of {cap} tokens per rank"
+            )
+        tokens = [int(lens[np.asarray(items, dtype=np.int64)].sum()) for items in rank_items]
+        r = int(np.argmax(tokens))
+        return (
+            f"{m} micro-batches per rank: under {rule} rank {r} holds {tokens[r]} tokens, "
+            f"which did not pack into {first_m} micro-batches of {cap}"
+        )
+
+    def search(rank_items: list[list[int]] | None) -> list[Plan] | str:
+        """Plans for the smallest feasible m (and the extra ones asked for), or the problem."""
+        found: list[Plan] = []
+        m = first_m
+        while m <= m_limit:
+            problem = too_few(rank_items, m)
+            if problem and not allow_empty:
+                return problem
+            if rank_items is None:
+                mbs = _plan_global(lens, costs, dp, m, cap, padded, sync)
+            else:
+                mbs = _plan_by_rank(lens, costs, rank_items, m, cap, padded)
+            if mbs is not None:
+                extra = [why_more(rank_items, m)] if m > first_m else []
+                empty = [
+                    (r, j) for r, rank in enumerate(mbs) for j, mb in enumerate(rank) if not mb
+                ]
+                if empty:
+                    extra.append(
+                        f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}"
+                    )
+                found.append(
+                    Plan(
+                        mbs,
+                        lens,
+                        max_tokens=cap,
+                        costs=costs,
+                        per_microbatch=c0,
+                        padded=padded,
+                        sync=sync,
+                        strategy="seqbalance",
+                        notes=notes + extra,
+                        size=size,
+                        groups=group_ids,
+                    )
+                )
+                if len(found) > extra_micro_batches:
+                    break
+            m += mult
+        return found
+
+    assignments: list[list[list[int]] | None] = [None]
+    if size != "free" or group_ids is not None:
+        from .partitioning import partition  # lazy: only this path needs it
+
+        # Ranks balanced by cost can differ in tokens and so need more micro-batches; ranks
+        # balanced by tokens may balance cost worse. Try both and keep the better plan.
+        assignments = []
+        for weights in (costs, lens):
+            parts = [list(p) for p in partition(weights, dp, size=size, groups=group_ids)]
+            if parts not in assignments:
+                assignments.append(parts)
+
     candidates: list[Plan] = []
-    while m <= m_limit:
-        problem = too_few(m)
-        if problem and not allow_empty:
-            raise ValueError(
-                f"{problem}; every micro-batch would need a sequence. Lower dp_size, "
-                "min_micro_batches or micro_batch_multiple, raise max_tokens, or pass "
-                "allow_empty=True to allow (marked) empty micro-batches"
-            )
-        mbs = build(m)
-        if mbs is not None:
-            extra = []
-            if m > first_m:
-                extra.append(
-                    f"{m} micro-batches per rank: the sequences could not be packed into "
-                    f"{first_m} micro-batches of {cap} tokens per rank"
-                )
-            empty = [(r, j) for r, rank in enumerate(mbs) for j, mb in enumerate(rank) if not mb]
-            if empty:
-                extra.append(
-                    f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}"
-                )
-            candidates.append(
-                Plan(
-                    mbs,
-                    lens,
-                    max_tokens=cap,
-                    costs=costs,
-                    per_microbatch=c0,
-                    padded=padded,
-                    sync=sync,
-                    strategy="seqbalance",
-                    notes=notes + extra,
-                )
-            )
-            if len(candidates) > extra_micro_batches:
-                break
-        m += mult
-    if not candidates:  # unreachable: one sequence per micro-batch always fits
-        raise ValueError("could not build a plan; please report this input")
-    times = [p.simulate(sync=sync).step_time for p in candidates]
-    return candidates[int(np.argmin(times))]
+    problems: list[str] = []
+    for rank_items in assignments:
+        found = search(rank_items)
+        if isinstance(found, str):
+            problems.append(found)
+        else:
+            candidates.extend(found)
+    if not candidates:
+        raise ValueError(
+            f"{problems[0] if problems else 'no plan found'}; every micro-batch would need a "
+            "sequence. Lower dp_size, min_micro_batches or micro_batch_multiple, raise "
+            "max_tokens, or pass allow_empty=True to allow (marked) empty micro-batches"
+        )
+
+    def key(p: Plan) -> tuple[float, ...]:
+        t = p.simulate(sync=sync).step_time
+        # Fewest micro-batches first, unless the caller asked to trade them for time.
+        return (t,) if extra_micro_batches else (p.num_micro_batches, t)
+
+    return min(candidates, key=key)

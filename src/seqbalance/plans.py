@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._costing import sequence_costs
-from ._validate import as_lengths, check_choice
+from ._validate import as_groups, as_lengths, check_choice
 from .simulation import SYNC_MODELS, Simulation, simulate, step_time_lower_bound
 
 __all__ = ["FORMAT", "Plan"]
@@ -47,6 +47,10 @@ class Plan:
     notes : tuple of str
         Why the plan looks as it does where that is not obvious (e.g. why the micro-batch
         count is above the capacity minimum).
+    size : str
+        The rule on sequences (or groups) per rank the plan was made under.
+    groups : np.ndarray or None
+        Group id per sequence (int64) where groups had to stay on one rank.
     """
 
     def __init__(
@@ -61,6 +65,8 @@ class Plan:
         sync: str = "fsdp",
         strategy: str = "seqbalance",
         notes: Sequence[str] = (),
+        size: str = "free",
+        groups: Any = None,
     ) -> None:
         self.lengths = as_lengths(lengths)
         self.micro_batches = [[sorted(int(i) for i in mb) for mb in rank] for rank in micro_batches]
@@ -73,6 +79,8 @@ class Plan:
         self.sync = check_choice(sync, "sync", SYNC_MODELS)
         self.strategy = str(strategy)
         self.notes = tuple(notes)
+        self.size = check_choice(size, "size", ("free", "equal", "balanced"))
+        self.groups = None if groups is None else as_groups(groups, self.num_sequences)
 
     # ---- shape -------------------------------------------------------------------------
     @property
@@ -146,7 +154,10 @@ class Plan:
 
         Keys: ``over_capacity`` (micro-batches above ``max_tokens``), ``empty``
         (empty micro-batches), ``unequal_counts`` (ranks whose micro-batch count differs
-        from the largest), ``missing`` and ``duplicated`` (sequence indices).
+        from the largest), ``missing`` and ``duplicated`` (sequence indices); for a plan
+        made under groups or a size rule also ``split_groups`` (groups found on more than
+        one rank, counted once per extra rank) and ``size_rule`` (ranks whose sequence or
+        group count breaks the rule).
         """
         seen = np.zeros(self.num_sequences, dtype=np.int64)
         out_of_range = 0
@@ -158,13 +169,43 @@ class Plan:
                     else:
                         out_of_range += 1
         m = self.num_micro_batches
-        return {
+        out = {
             "over_capacity": int((self.microbatch_tokens() > self.max_tokens).sum()),
             "empty": sum(1 for rank in self.micro_batches for mb in rank if not mb),
             "unequal_counts": sum(1 for rank in self.micro_batches if len(rank) != m),
             "missing": int((seen == 0).sum()),
             "duplicated": int(np.clip(seen - 1, 0, None).sum()) + out_of_range,
         }
+        if self.groups is not None or self.size != "free":
+            out.update(self._rule_violations())
+        return out
+
+    def _rule_violations(self) -> dict[str, int]:
+        """Groups split across ranks, and ranks whose count breaks the size rule."""
+        units = []  # per rank: the units (groups, or sequences) it holds
+        split = 0
+        owner: dict[int, int] = {}
+        for r in range(self.dp_size):
+            idx = self.rank_indices(r)
+            idx = idx[(idx >= 0) & (idx < self.num_sequences)]
+            if self.groups is None:
+                units.append(int(idx.size))
+                continue
+            held = np.unique(self.groups[idx]).tolist()
+            units.append(len(held))
+            for g in held:
+                if owner.setdefault(g, r) != r:
+                    split += 1
+        counts = np.asarray(units)
+        total = int(counts.sum())
+        if self.size == "equal":
+            bad = int((counts != total // max(self.dp_size, 1)).sum())
+        elif self.size == "balanced":
+            lo = total // max(self.dp_size, 1)
+            bad = int(((counts < lo) | (counts > lo + 1)).sum())
+        else:
+            bad = 0
+        return {"split_groups": split, "size_rule": bad}
 
     # ---- evidence ----------------------------------------------------------------------
     def min_micro_batches_bound(self) -> int:
@@ -180,6 +221,8 @@ class Plan:
             self.dp_size,
             min_micro_batches=self.min_micro_batches_bound(),
             per_microbatch=c0,
+            size=self.size,
+            groups=self.groups,
         )
 
     def simulate(self, cost: Any = None, sync: str | None = None) -> Simulation:
@@ -262,6 +305,8 @@ class Plan:
             "padded": self.padded,
             "per_microbatch": self.per_microbatch,
             "notes": list(self.notes),
+            "size": self.size,
+            "groups": None if self.groups is None else self.groups.tolist(),
             "lengths": self.lengths.tolist(),
             "costs": self.costs.tolist(),
             "micro_batches": self.micro_batches,
@@ -292,6 +337,8 @@ class Plan:
             sync=data["sync"],
             strategy=data["strategy"],
             notes=data.get("notes", ()),
+            size=data.get("size", "free"),
+            groups=data.get("groups"),
         )
 
     @classmethod

@@ -22,12 +22,13 @@ The lower bound used for gaps is :func:`step_time_lower_bound`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from ._grouping import bin_totals
 from ._validate import check_choice
+from .bounds import lower_bound
 
 __all__ = ["SYNC_MODELS", "Simulation", "microbatch_costs", "simulate", "step_time_lower_bound"]
 
@@ -99,23 +100,28 @@ def step_time_lower_bound(
     *,
     min_micro_batches: int = 1,
     per_microbatch: float = 0.0,
+    size: str = "free",
+    groups: Any = None,
 ) -> float:
     """A step time that no plan can beat, for either sync model.
 
-    ``max(sum(costs) / dp, max(costs)) + min_micro_batches * per_microbatch``.
+    ``lower_bound(costs, dp_size, size=size, groups=groups) + min_micro_batches *
+    per_microbatch``, where :func:`seqbalance.partitioning.lower_bound` bounds the busiest
+    rank's total (at least ``max(sum / dp, largest sequence or group)``, more under a size
+    rule).
 
-    Why it is valid: under ``ddp`` the step lasts at least as long as the busiest rank, whose
-    total is at least the average ``sum/dp`` and at least the rank that holds the most
-    expensive sequence; every rank runs at least ``min_micro_batches`` micro-batches and pays
-    ``per_microbatch`` for each. Under ``fsdp`` the step time ``sum_j max_r`` is never below
-    ``max_r sum_j`` (a sum of maxima bounds the maximum of sums), so the same bound holds.
-    Padding only adds cost. ``min_micro_batches`` must itself be a lower bound on the count
-    (e.g. ``ceil(total_tokens / (dp * max_tokens))``).
+    Why it is valid: under ``ddp`` the step lasts as long as the busiest rank, whose share
+    of the sequences is bounded as above, and every rank runs at least
+    ``min_micro_batches`` micro-batches, paying ``per_microbatch`` for each. Under ``fsdp``
+    the step time ``sum_j max_r`` is never below ``max_r sum_j`` (a sum of maxima bounds the
+    maximum of sums), so the same bound holds. Padding only adds cost.
+    ``min_micro_batches`` must itself be a lower bound on the count (e.g.
+    ``ceil(total_tokens / (dp * max_tokens))``).
     """
     if costs.size == 0:
         return float(min_micro_batches * per_microbatch)
-    total = float(np.sum(costs, dtype=np.float64))
-    return max(total / dp_size, float(costs.max())) + min_micro_batches * per_microbatch
+    bound = lower_bound(costs, dp_size, size=size, groups=groups)
+    return bound + min_micro_batches * per_microbatch
 
 
 def simulate(
