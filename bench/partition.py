@@ -127,7 +127,7 @@ def run_case(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a small subset, lengths only")
-    ap.add_argument("--repeat", type=int, default=3, help="timed runs per cell (best kept)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs per cell (best kept)")
     ap.add_argument("--no-refs", action="store_true", help="skip the reference baselines")
     ap.add_argument("--out", default="bench/results/partition.json")
     args = ap.parse_args(argv)

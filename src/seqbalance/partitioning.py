@@ -13,7 +13,7 @@ import numpy as np
 
 from ._greedy import lpt_labels
 from ._kk import kk_labels
-from ._refine import STEEPEST_PAIRS, refine_labels, steepest_swaps
+from ._refine import STEEPEST_MAX_UNITS, refine_labels, steepest_swaps
 from ._rules import check_size
 from ._validate import as_groups, as_weights, check_choice, check_positive_int
 from .bounds import bound_of_units, lower_bound
@@ -105,7 +105,9 @@ def partition(
         part, and size rules count groups instead of items.
     method : {"auto", "kk", "greedy"}
         ``"kk"``: k-way largest differencing (Karmarkar–Karp), dealing units in rounds of
-        ``k``. ``"greedy"``: longest first to the lightest part that may take it (LPT).
+        ``k`` (so every part gets ``ceil(n / k)`` slots; in "free" mode on long-tailed
+        weights that equal-count start can be far from optimal until "auto" refines it).
+        ``"greedy"``: longest first to the lightest part that may take it (LPT).
         ``"auto"``: both, each followed by a refinement pass of moves and swaps that lower
         the heaviest part within the size rule (for small problems under a size rule,
         first steepest-descent swaps); the lighter result wins (ties: kk). The lighter
@@ -174,9 +176,9 @@ def _solve(
     if method == "greedy":
         return lpt_labels(units, k, size), "greedy"
     m = units.shape[0]
-    # Under a size rule, small problems first get steepest-descent swaps, so "auto" is
-    # never worse than greedy-with-counts followed by swaps.
-    steepest = size != "free" and m * -(-m // k) <= STEEPEST_PAIRS
+    # Under a size rule, small problems first get steepest-descent swaps, so there "auto"
+    # is never worse than greedy-with-counts followed by best-improvement swaps.
+    steepest = size != "free" and m <= STEEPEST_MAX_UNITS
     starts = [("kk", kk_labels(units, k)), ("greedy", lpt_labels(units, k, size))]
     # Refine the lighter start first: it usually needs fewer steps, and may end the search.
     tops = [float(np.bincount(lab, weights=units, minlength=k).max()) for _, lab in starts]
