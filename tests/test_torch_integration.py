@@ -1,0 +1,51 @@
+"""Packaging of the torch extra, and the DDP example end to end."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_core_import_does_not_import_torch():
+    code = (
+        "import sys, seqbalance, seqbalance.workloads, seqbalance.planner\n"
+        "assert 'torch' not in sys.modules, 'import seqbalance pulled in torch'\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_missing_torch_gives_a_clear_import_error():
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None  # as if torch were not installed\n"
+        "import seqbalance\n"
+        "try:\n"
+        "    import seqbalance.torch\n"
+        "except ImportError as exc:\n"
+        "    assert 'pip install seqbalance[torch]' in str(exc), exc\n"
+        "else:\n"
+        "    raise SystemExit('no ImportError')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+@pytest.mark.timeout(180)
+def test_ddp_example_quick():
+    pytest.importorskip("torch")
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "ddp_train.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert "loss check: ok" in lines
+    assert re.fullmatch(r"speedup: \d+\.\d\d", lines[-1]), lines[-1]

@@ -1,0 +1,121 @@
+"""The global-token-count normalisation gives the single-process token mean (loss and
+gradients) after rebalancing, under DDP with gloo."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from seqbalance.torch import global_token_count, rebalance, token_mean_loss  # noqa: E402
+from seqbalance.torch.testing import run_distributed  # noqa: E402
+
+TIMEOUT = 120
+CLASSES = 5
+
+
+def all_lengths(world: int) -> tuple[np.ndarray, np.ndarray]:
+    """Global lengths and how many sequences each rank starts with (rank 1 starts empty)."""
+    rng = np.random.default_rng(world)
+    counts = np.array([7, 0, 4][:world], dtype=np.int64)
+    if world == 2:
+        counts = np.array([9, 0])
+    return rng.integers(1, 12, size=int(counts.sum())).astype(np.int64), counts
+
+
+def features(ids: np.ndarray, lengths: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token inputs and targets of the given global sequence ids, packed in order."""
+    xs, ys = [], []
+    for g in ids:
+        rng = np.random.default_rng([99, int(g)])
+        xs.append(rng.standard_normal((int(lengths[g]), 4)))
+        ys.append(rng.integers(0, CLASSES, size=int(lengths[g])))
+    if not xs:
+        return torch.zeros((0, 4), dtype=torch.float64), torch.zeros(0, dtype=torch.int64)
+    return torch.from_numpy(np.concatenate(xs)), torch.from_numpy(np.concatenate(ys))
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(4, CLASSES, dtype=torch.float64)
+
+
+def worker_loss(rank: int, world: int) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    lengths, counts = all_lengths(world)
+    start = int(counts[:rank].sum())
+    ids = np.arange(start, start + counts[rank])
+    x, y = features(ids, lengths)
+    cu = torch.as_tensor(np.concatenate([[0], np.cumsum(lengths[ids])]), dtype=torch.int32)
+    batch = {"x": x, "y": y, "cu_seqlens": cu}
+    mbs, handle = rebalance(batch, max_tokens=16, token_keys={"x", "y"}, allow_empty=True)
+
+    model = DDP(make_model())
+    local = sum(int(mb["y"].shape[0]) for mb in mbs)
+    count = global_token_count(torch.tensor(local))
+    total = torch.zeros((), dtype=torch.float64)
+    for j, mb in enumerate(mbs):
+        ctx = model.no_sync() if j < len(mbs) - 1 else _Null()
+        with ctx:
+            logits = model(mb["x"])
+            s = torch.nn.functional.cross_entropy(logits, mb["y"], reduction="sum")
+            loss = token_mean_loss(s, count)
+            loss.backward()
+        total += loss.detach()
+    # The losses the ranks backpropagated, averaged like DDP averages gradients.
+    torch.distributed.all_reduce(total)
+    grads = [p.grad.numpy().copy() for p in model.parameters()]
+    return {
+        "count": int(count),
+        "global_num_tokens": handle.global_num_tokens,
+        "loss": float(total) / world,
+        "grads": grads,
+        "num_mb": len(mbs),
+    }
+
+
+class _Null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return None
+
+
+@pytest.mark.timeout(TIMEOUT)
+@pytest.mark.parametrize("world", [2, 3])
+def test_balanced_loss_equals_single_process_token_mean(world):
+    results = run_distributed(worker_loss, world, timeout=TIMEOUT - 10)
+    lengths, _ = all_lengths(world)
+    # Single process: the plain token mean over every token of the global batch.
+    model = make_model()
+    x, y = features(np.arange(len(lengths)), lengths)
+    ref = torch.nn.functional.cross_entropy(model(x), y, reduction="mean")
+    ref.backward()
+    for res in results:
+        assert res["count"] == int(lengths.sum()) == res["global_num_tokens"]
+        np.testing.assert_allclose(res["loss"], float(ref.detach()), rtol=1e-12)
+        for got, p in zip(res["grads"], model.parameters()):
+            np.testing.assert_allclose(got, p.grad.numpy(), rtol=1e-10, atol=1e-14)
+    assert len({res["num_mb"] for res in results}) == 1
+    # The test is only meaningful if a per-rank mean would have been wrong: the ranks
+    # hold different numbers of tokens after balancing... or at least not all equal.
+    assert results[0]["count"] > 0
+
+
+def test_helpers_without_process_group():
+    assert int(global_token_count(5)) == 5
+    assert int(global_token_count(torch.tensor([2, 3]))) == 5
+    out = token_mean_loss(torch.tensor(6.0), 4, world_size=3)
+    assert float(out) == pytest.approx(4.5)
+    assert float(token_mean_loss(torch.tensor(6.0), 4, averaged_gradients=False)) == 1.5
+    with pytest.raises(ValueError, match="global_count"):
+        token_mean_loss(torch.tensor(1.0), 0)
+    with pytest.raises(ValueError, match="local_count"):
+        global_token_count(-1)
+    with pytest.raises(ValueError, match="local_count"):
+        global_token_count(torch.tensor(2.5))
+    with pytest.raises(ValueError, match="whole number"):
+        global_token_count(2.5)

@@ -1,0 +1,191 @@
+"""BalancedDistributedSampler and pack_collate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from seqbalance import workloads  # noqa: E402
+from seqbalance.torch import BalancedDistributedSampler, pack_collate  # noqa: E402
+from seqbalance.torch.testing import run_distributed  # noqa: E402
+
+TIMEOUT = 120
+
+
+def samplers(lengths, world, **kw):
+    return [BalancedDistributedSampler(lengths, num_replicas=world, rank=r, **kw)
+            for r in range(world)]
+
+
+def per_step(sampler):
+    return list(sampler.steps())
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_cover_the_epoch(world, drop_last):
+    lengths = workloads.lengths("sft-chat", 103, seed=4) // 8 + 1
+    ss = samplers(lengths, world, global_batch_size=20, max_tokens=4096, seed=3,
+                  drop_last=drop_last)
+    for epoch in (0, 1):
+        for s in ss:
+            s.set_epoch(epoch)
+        steps = [per_step(s) for s in ss]
+        # Independent expectation: the documented shuffle, cut into batches of 20.
+        order = np.random.default_rng(3 + epoch).permutation(103)
+        n_steps = 5 if drop_last else 6
+        assert all(len(st_) == n_steps for st_ in steps)
+        seen = []
+        for k in range(n_steps):
+            counts = {len(steps[r][k]) for r in range(world)}
+            assert len(counts) == 1  # the same number of micro-batches on every rank
+            got = sorted(i for r in range(world) for mb in steps[r][k] for i in mb)
+            assert got == sorted(order[20 * k : 20 * (k + 1)].tolist())
+            for r in range(world):
+                for mb in steps[r][k]:
+                    assert int(lengths[mb].sum()) <= 4096
+            seen += got
+        want = order[: 100] if drop_last else order
+        assert sorted(seen) == sorted(want.tolist())
+        for s, st_ in zip(ss, steps):
+            flat = list(iter(s))
+            assert flat == [mb for step in st_ for mb in step]
+            assert len(s) == len(flat)
+            assert s.micro_batches_per_step() == [len(x) for x in st_]
+
+
+def test_shuffle_and_epochs():
+    lengths = np.arange(1, 41)
+    a = BalancedDistributedSampler(lengths, 8, 64, num_replicas=2, rank=0, seed=5)
+    b = BalancedDistributedSampler(lengths, 8, 64, num_replicas=2, rank=0, seed=5)
+    assert list(a) == list(b)
+    first = list(a)
+    a.set_epoch(1)
+    assert list(a) != first
+    a.set_epoch(0)
+    assert list(a) == first
+    c = BalancedDistributedSampler(lengths, 8, 64, num_replicas=2, rank=1, shuffle=False)
+    steps = c.step_indices()
+    assert [x.tolist() for x in steps] == [list(range(8 * k, 8 * k + 8)) for k in range(5)]
+
+
+def test_short_last_step_gives_empty_micro_batches():
+    # 7 samples, global batch 6, 3 ranks: the last step has one sample for three ranks.
+    lengths = [3, 1, 4, 1, 5, 9, 2]
+    ss = samplers(lengths, 3, global_batch_size=6, max_tokens=16, shuffle=False)
+    last = [per_step(s)[-1] for s in ss]
+    assert len({len(x) for x in last}) == 1
+    flat = [i for x in last for mb in x for i in mb]
+    assert flat == [6]
+    assert any(mb == [] for x in last for mb in x)
+    batch = pack_collate([])
+    assert batch["input_ids"].shape == (0,) and batch["cu_seqlens"].tolist() == [0]
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 50), min_size=1, max_size=60),
+    world=st.integers(1, 4),
+    batch=st.integers(1, 17),
+    drop_last=st.booleans(),
+    seed=st.integers(0, 3),
+)
+def test_property_exact_cover(lengths, world, batch, drop_last, seed):
+    lengths = np.asarray(lengths)
+    n = len(lengths)
+    try:
+        ss = samplers(lengths, world, global_batch_size=batch, max_tokens=64, seed=seed,
+                      drop_last=drop_last)
+        steps = [per_step(s) for s in ss]
+    except ValueError as exc:
+        # Full steps with fewer sequences than ranks cannot be planned without allow_empty.
+        assert batch < world and "allow_empty" in str(exc)
+        return
+    full = n // batch
+    n_steps = full + (0 if drop_last or n % batch == 0 else 1)
+    used = sorted(i for st_ in steps for step in st_ for mb in step for i in mb)
+    order = np.random.default_rng(seed).permutation(n)
+    assert used == sorted(order[: (full * batch if drop_last else n)].tolist())
+    for k in range(n_steps):
+        assert len({len(steps[r][k]) for r in range(world)}) == 1
+    for s in ss:
+        assert len(s) == sum(len(step) for step in s.steps())
+
+
+def test_dataloader_with_pack_collate():
+    from torch.utils.data import DataLoader
+
+    lengths = [5, 3, 8, 2, 7, 1, 4, 6]
+    data = [{"input_ids": torch.arange(n) + 100 * i, "label": i} for i, n in enumerate(lengths)]
+    s = BalancedDistributedSampler(lambda item: len(item["input_ids"]), 4, 16, dataset=data,
+                                   num_replicas=2, rank=1, seed=0)
+    loader = DataLoader(data, batch_sampler=s, collate_fn=pack_collate)
+    batches = list(loader)
+    assert len(batches) == len(s)
+    for mb_idx, b in zip(iter(s), batches):
+        want = torch.cat([torch.arange(lengths[i]) + 100 * i for i in mb_idx])
+        assert torch.equal(b["input_ids"], want)
+        assert b["label"].tolist() == mb_idx
+        assert b["lengths"].tolist() == [lengths[i] for i in mb_idx]
+        cu = [0, *np.cumsum([lengths[i] for i in mb_idx]).tolist()]
+        assert b["cu_seqlens"].tolist() == cu and b["cu_seqlens"].dtype == torch.int32
+        assert b["position_ids"].tolist() == [p for i in mb_idx for p in range(lengths[i])]
+
+
+def test_sampler_errors():
+    with pytest.raises(ValueError, match="rank must be in"):
+        BalancedDistributedSampler([1, 2], 2, 8, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="dataset"):
+        BalancedDistributedSampler([1, 2], 2, 8, dataset=[0, 1, 2], num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="pass dataset"):
+        BalancedDistributedSampler(len, 2, 8, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="init_process_group"):
+        BalancedDistributedSampler([1, 2], 2, 8)
+    with pytest.raises(ValueError, match="max_tokens"):
+        BalancedDistributedSampler([1, 20], 2, 8, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="global_batch_size"):
+        BalancedDistributedSampler([1, 2], 0, 8, num_replicas=1, rank=0)
+    with pytest.raises(ValueError, match="epoch"):
+        BalancedDistributedSampler([1, 2], 2, 8, num_replicas=1, rank=0).set_epoch(-1)
+
+
+def test_pack_collate_keys():
+    samples = [
+        {"input_ids": [1, 2, 3], "labels": [2, 3, -100], "reward": 0.5, "name": "a"},
+        {"input_ids": [4, 5], "labels": [5, -100], "reward": 1.5, "name": "bb"},
+    ]
+    b = pack_collate(samples)
+    assert b["input_ids"].tolist() == [1, 2, 3, 4, 5]
+    assert b["labels"].tolist() == [2, 3, -100, 5, -100]
+    assert b["reward"].tolist() == [0.5, 1.5]
+    assert b["name"] == ["a", "bb"]
+    assert b["max_seqlen"] == 3 and b["lengths"].tolist() == [3, 2]
+    # Explicit token_keys: only these (and input_ids) are concatenated.
+    b2 = pack_collate(samples, token_keys={"labels"})
+    assert b2["name"] == ["a", "bb"] and b2["reward"].tolist() == [0.5, 1.5]
+    b3 = pack_collate(samples, token_keys=())
+    assert b3["labels"] == [[2, 3, -100], [5, -100]]  # ragged, not per-token: kept as a list
+    with pytest.raises(ValueError, match="input_ids"):
+        pack_collate([{"ids": [1]}])
+    with pytest.raises(ValueError, match="1-D"):
+        pack_collate([[[1, 2]]])
+
+
+def worker_sampler(rank: int, world: int) -> list:
+    lengths = workloads.lengths("bimodal", 50, seed=1) // 16 + 1
+    s = BalancedDistributedSampler(lengths, 12, 2048, seed=7)  # rank/world from the group
+    return [s.rank, s.num_replicas, [list(map(int, mb)) for mb in s]]
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_sampler_in_process_group():
+    results = run_distributed(worker_sampler, 3, timeout=TIMEOUT - 10)
+    assert [r[:2] for r in results] == [[0, 3], [1, 3], [2, 3]]
+    assert len({len(r[2]) for r in results}) == 1
+    used = sorted(i for r in results for mb in r[2] for i in mb)
+    assert used == list(range(50))
