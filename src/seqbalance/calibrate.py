@@ -127,6 +127,11 @@ def _resolve(config: Any) -> tuple[dict[str, Any], str]:
         return dict(config.config), config.name or str(config.config.get("model_type"))
     if isinstance(config, str) and config.lower() in SHIPPED:
         return shipped_config(config), config.lower()
+    if isinstance(config, (str, os.PathLike)) and not os.path.exists(config):
+        raise ValueError(
+            f"model {str(config)!r} is neither a shipped model name ({', '.join(SHIPPED)}) "
+            "nor an existing config.json or folder"
+        )
     data = text_model_config(read_config(config))
     label = str(config) if isinstance(config, (str, os.PathLike)) else ""
     return data, label or str(data.get("_name_or_path") or data.get("model_type"))
@@ -344,6 +349,7 @@ def calibrate(
     holdout: float = 0.25,
     include_head: bool = True,
     seed: int = 0,
+    threads: int | None = None,
     progress: bool = True,
 ) -> tuple[QuadraticCost, FitReport]:
     """Time ``layers`` decoder layers of a model and fit a cost in seconds.
@@ -374,6 +380,9 @@ def calibrate(
         Time the LM head and cross-entropy too.
     seed
         Seeds the weights, the grid's random mixes, the order and the held-out split.
+    threads
+        CPU threads torch may use while timing (restored afterwards); default: torch's
+        setting. On a busy machine 1 thread times small models far more steadily.
     progress
         Show a progress bar on stderr.
 
@@ -431,20 +440,26 @@ def calibrate(
             "use a bigger grid or a smaller holdout"
         )
 
-    idx = _layer_indices(arch.num_layers, layers)
-    torch.manual_seed(seed)
-    model = _Model(
-        torch, arch, [arch.layers[i] for i in idx], device, getattr(torch, dtype_name), seed
-    )
-    timer = _Timer(torch, model, include_head)
-    for _ in range(warmup):
-        timer(max(mbs, key=sum), 1)
-    seconds = np.empty(len(mbs), dtype=np.float64)
-    with _progress(len(mbs), progress, "timing micro-batches") as tick:
-        for i in rng.permutation(len(mbs)).tolist():  # random order: drift spreads evenly
-            seconds[i] = timer(mbs[i], repeats)
-            tick()
-    retimed = _retime_outliers(timer, mbs, seconds, repeats)
+    saved_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(check_positive_int(threads, "threads"))
+    try:
+        idx = _layer_indices(arch.num_layers, layers)
+        torch.manual_seed(seed)
+        dt = getattr(torch, dtype_name)
+        model = _Model(torch, arch, [arch.layers[i] for i in idx], device, dt, seed)
+        timer = _Timer(torch, model, include_head)
+        for _ in range(warmup):
+            timer(max(mbs, key=sum), 1)
+        seconds = np.empty(len(mbs), dtype=np.float64)
+        with _progress(len(mbs), progress, "timing micro-batches") as tick:
+            for i in rng.permutation(len(mbs)).tolist():  # random order: drift spreads evenly
+                seconds[i] = timer(mbs[i], repeats)
+                tick()
+        retimed = _retime_outliers(timer, mbs, seconds, repeats)
+        device_name = _device_name(torch, device)
+    finally:
+        torch.set_num_threads(saved_threads)
 
     order = rng.permutation(len(mbs))
     hold, fit_ids = sorted(order[:n_hold].tolist()), sorted(order[n_hold:].tolist())
@@ -459,7 +474,7 @@ def calibrate(
         "source": "seqbalance calibrate",
         "model": label,
         "model_type": arch.model_type,
-        "device": _device_name(torch, device),
+        "device": device_name,
         "dtype": dtype_name,
         "torch": str(torch.__version__),
         "attention": model.attention_backend,
@@ -597,6 +612,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None)
     p.add_argument("--holdout", type=float, default=0.25, help="fraction held out to check the fit")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for torch while timing")
     p.add_argument("--no-head", action="store_true", help="do not time the LM head")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -621,6 +637,7 @@ def run(args: argparse.Namespace) -> int:
             holdout=args.holdout,
             include_head=not args.no_head,
             seed=args.seed,
+            threads=args.threads,
             progress=not args.no_progress,
         )
     except ValueError as exc:
