@@ -241,3 +241,20 @@ def test_same_plan_in_every_process():
         assert res.returncode == 0, res.stderr
         digests.add(res.stdout.strip())
     assert len(digests) == 1
+
+
+@pytest.mark.parametrize("name", ["rl-math", "sft-chat", "bimodal", "uniform"])
+@pytest.mark.parametrize("sync", ["fsdp", "ddp"])
+def test_never_slower_than_a_runnable_baseline(name, sync):
+    from seqbalance.baselines import BASELINES
+
+    lengths = workloads.lengths(name, 1024, seed=11)
+    cost = lengths + lengths.astype(float) ** 2 / 7e4  # ~Qwen2.5-7B's linear/quadratic ratio
+    ours = plan(lengths, 8, 32768, cost=cost, sync=sync)
+    mine = ours.simulate().step_time
+    for base in BASELINES.values():
+        other = base(lengths, 8, 32768, cost=cost, sync=sync)
+        v = other.violations()
+        if v["over_capacity"] or v["empty"]:
+            continue  # would run out of memory or hang: not a plan one could run
+        assert mine <= other.simulate().step_time * (1 + 1e-12), other.strategy

@@ -11,8 +11,11 @@ How a plan is built (every step deterministic):
    so bins of similar cost run side by side (what ``fsdp`` pays for), and inside a slot the
    heaviest bin goes to the rank with the least work so far (what ``ddp`` pays for).
 3. With a size rule or groups, ranks are chosen first with :func:`seqbalance.partition`
-   (balanced cost, the rule honoured), then each rank's sequences are packed into ``m``
-   bins and ordered heaviest first, which lines slots up across ranks.
+   (balanced cost, and balanced tokens as a second candidate; the rule honoured), then each
+   rank's sequences are packed into ``m`` bins and ordered heaviest first, which lines slots
+   up across ranks. Under ``ddp`` this rank-first plan is also tried without a rule.
+4. Among the candidates, the plan with the fewest micro-batches wins, then the lowest
+   simulated step time (``extra_micro_batches`` > 0: the lowest step time).
 """
 
 from __future__ import annotations
@@ -278,10 +281,10 @@ def plan(
             m += mult
         return found
 
+    from .partitioning import partition
+
     assignments: list[list[list[int]] | None] = [None]
     if size != "free" or group_ids is not None:
-        from .partitioning import partition  # lazy: only this path needs it
-
         # Ranks balanced by cost can differ in tokens and so need more micro-batches; ranks
         # balanced by tokens may balance cost worse. Try both and keep the better plan.
         assignments = []
@@ -289,6 +292,10 @@ def plan(
             parts = [list(p) for p in partition(weights, dp, size=size, groups=group_ids)]
             if parts not in assignments:
                 assignments.append(parts)
+    elif sync == "ddp":
+        # DDP only sees rank totals: a direct partition of the costs may balance them more
+        # finely than dealing out equal micro-batches does.
+        assignments.append([list(p) for p in partition(costs, dp)])
 
     candidates: list[Plan] = []
     problems: list[str] = []
