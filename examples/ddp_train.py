@@ -99,7 +99,12 @@ def token_loss_sum(logits: torch.Tensor, input_ids: torch.Tensor, cu_seqlens: to
     return loss, int((target != -100).sum())
 
 
-CALIBRATION = ([32] * 16, [64] * 8, [128] * 4, [256] * 2, [512], [128, 512], [64] * 2 + [768])
+# Micro-batch shapes to time: totals and sequence counts vary independently, so the fit can
+# tell the per-token, per-sequence, quadratic and per-micro-batch terms apart.
+CALIBRATION = (
+    [16] * 8, [16] * 48, [64] * 4, [64] * 16, [128] * 8, [256], [256] * 3, [512], [768],
+    [1024], [32] * 8 + [512],
+)
 
 
 def calibrate(model: nn.Module, max_tokens: int, reps: int = 2) -> QuadraticCost:
@@ -227,6 +232,7 @@ def worker(rank: int, world: int, init_file: str, args: argparse.Namespace) -> N
         print(f"fitted cost per sequence: {cost.per_sequence:.2e} + {cost.per_token:.2e}*L + "
               f"{cost.per_token_sq:.2e}*L^2 s, per micro-batch {cost.per_microbatch:.2e} s")
     times: dict[str, list[float]] = {name: [] for name in models}
+    cpus: dict[str, list[float]] = {name: [] for name in models}
     first_loss: dict[str, float] = {}
     first_grad: dict[str, torch.Tensor] = {}
     for step in range(args.warmup + args.steps):
@@ -236,12 +242,13 @@ def worker(rank: int, world: int, init_file: str, args: argparse.Namespace) -> N
         for name in order:
             ddp, opt = models[name]
             dist.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             if name == "naive":
                 mbs = naive_micro_batches(batch, args.max_tokens)
             else:
                 mbs, _ = rebalance(batch, max_tokens=args.max_tokens, cost=cost, sync="ddp")
             loss = train_step(ddp, opt, mbs)
+            cpu = time.thread_time() - c0  # this rank's own compute (waits do not count)
             dist.barrier()
             elapsed = time.perf_counter() - t0
             if step == 0:
@@ -249,8 +256,16 @@ def worker(rank: int, world: int, init_file: str, args: argparse.Namespace) -> N
                 first_grad[name] = torch.cat(
                     [p.grad.reshape(-1) for p in ddp.parameters() if p.grad is not None]
                 )
+            if args.verbose:
+                print(f"rank {rank} step {step} {name:>10}: wall {elapsed * 1e3:6.0f} ms, "
+                      f"cpu {cpu * 1e3:6.0f} ms, {len(mbs)} micro-batches", flush=True)
             if step >= args.warmup:
                 times[name].append(elapsed)
+                cpus[name].append(cpu)
+    # Busiest rank's CPU time per step: what the step would take on idle, dedicated cores.
+    gathered: list = [None] * world
+    dist.all_gather_object(gathered, cpus)
+    busiest = {name: np.max([g[name] for g in gathered], axis=0) for name in cpus}
     dist.destroy_process_group()
     if rank != 0:
         return
@@ -267,6 +282,11 @@ def worker(rank: int, world: int, init_file: str, args: argparse.Namespace) -> N
     for name, ts in times.items():
         print(f"{name:>10}: median step {med[name] * 1e3:8.1f} ms  "
               f"(steps: {', '.join(f'{t * 1e3:.0f}' for t in ts)})")
+    cpu_med = {name: float(np.median(v)) for name, v in busiest.items()}
+    print(f"busiest rank's CPU time per step (median): naive {cpu_med['naive'] * 1e3:.1f} ms, "
+          f"seqbalance {cpu_med['seqbalance'] * 1e3:.1f} ms, "
+          f"ratio {cpu_med['naive'] / cpu_med['seqbalance']:.2f} (other load on the machine "
+          "shrinks the wall-clock gain, not this)")
     print(f"speedup: {med['naive'] / med['seqbalance']:.2f}")
 
 
@@ -285,6 +305,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--world", type=int, default=2, help="processes (one CPU thread each)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny run to check it works")
+    p.add_argument("--verbose", action="store_true", help="print every rank's every step")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch, args.scale, args.dim, args.layers = 2, 32, 64.0, 32, 1

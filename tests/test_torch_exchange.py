@@ -272,9 +272,14 @@ def worker_errors(rank: int, world: int) -> list[str]:
     attempt(lambda: rebalance(good, np.full(n, 9), max_tokens=8))
     # Missing lengths for a padded batch.
     attempt(lambda: rebalance(good, None if rank == 0 else lens, max_tokens=8))
+    # A batch that is not a dict, on one rank only.
+    attempt(lambda: rebalance(good if rank else [good["x"]], lens, max_tokens=8))
     # After all that, a good call still works (no collective was left half done).
     mbs, h = rebalance(good, lens, max_tokens=8)
-    back = h.restore([mb["y"] * 2 for mb in mbs])
+    # restore with one output too few on rank 0 only: every rank raises.
+    outs = [mb["y"] * 2 for mb in mbs]
+    attempt(lambda: h.restore(outs[:-1] if rank == 0 else outs))
+    back = h.restore(outs)
     msgs.append("ok" if torch.equal(back, good["y"] * 2) else "bad restore")
     return msgs
 
@@ -291,4 +296,6 @@ def test_errors_raise_on_every_rank(world):
     assert "pad_values" in first[2]
     assert "max_tokens" in first[3]
     assert "rank 0" in first[4] and "lengths is required" in first[4]
-    assert first[5] == "ok"
+    assert "rank 0" in first[5] and "dict of tensors" in first[5]
+    assert "rank 0" in first[6] and "micro-batches" in first[6] and "restore" in first[6]
+    assert first[7] == "ok"

@@ -33,8 +33,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._validate import as_lengths, as_weights, check_positive_int
+from .._validate import as_lengths, as_weights, check_choice, check_positive_int
 from ._transport import (
+    METHODS,
     Spec,
     all_gather_checked,
     from_rows,
@@ -303,27 +304,29 @@ class RebalanceHandle:
             :func:`rebalance`. Values are bit-exact copies.
         """
         what = "outputs"
-        if isinstance(outputs, (list, tuple)):
-            if len(outputs) != self.num_micro_batches:
-                raise ValueError(
-                    f"outputs is a list of {len(outputs)} items but this rank has "
-                    f"{self.num_micro_batches} micro-batches; pass one item per micro-batch "
-                    "or one concatenated tensor/dict"
-                )
-            outputs = _concat(outputs)
-        tensors, single = _as_dict(outputs, what)
-        if single and token_keys:
-            token_keys = {_SINGLE}
         held = self._dst[self.rank]
         lens = self.global_lengths[held]
+        # Local problems are reported through the all-gather, so every rank raises.
         try:
+            if isinstance(outputs, (list, tuple)):
+                if len(outputs) != self.num_micro_batches:
+                    raise ValueError(
+                        f"outputs is a list of {len(outputs)} items but this rank has "
+                        f"{self.num_micro_batches} micro-batches; pass one item per "
+                        "micro-batch or one concatenated tensor/dict"
+                    )
+                outputs = _concat(outputs)
+            tensors, single = _as_dict(outputs, what)
+            if single and token_keys:
+                token_keys = {_SINGLE}
             keys = _describe(tensors, len(held), int(lens.sum()), lens, token_keys, what)
+            device = _device_of(tensors)
             error = None
         except ValueError as exc:
-            keys, error = {}, str(exc)
+            tensors, single, keys, error = {}, False, {}, str(exc)
+            device = self.device
         metas = all_gather_checked({"keys": keys, "error": error}, self.group, "restore")
         specs = _resolve(metas, None, what)
-        device = _device_of(tensors)
         rows = {
             k: to_rows(tensors[k], int(tensors[k].shape[0])) for k in specs
         }
@@ -475,12 +478,14 @@ def _rebalance(
     """:func:`rebalance` with the plan replaced by ``layout(global_lengths, global_costs)``,
     which returns ``(plan_or_None, micro_batches[rank][j] -> global ids)``."""
     rank, world = group_info(group)
-    if not isinstance(batch, Mapping):
-        raise ValueError(f"batch must be a dict of tensors, got {type(batch).__name__}")
-    packed = cu_seqlens_key in batch
+    check_choice(method, "method", METHODS)
+    packed = isinstance(batch, Mapping) and cu_seqlens_key in batch
     meta: dict[str, Any] = {"error": None, "keys": {}, "lengths": None, "costs": None}
     cu_dtype = torch.int32
+    # Local problems are reported through the all-gather, so every rank raises.
     try:
+        if not isinstance(batch, Mapping):
+            raise ValueError(f"batch must be a dict of tensors, got {type(batch).__name__}")
         tensors = {k: v for k, v in batch.items() if k != cu_seqlens_key}
         if packed:
             cu = batch[cu_seqlens_key]
@@ -522,7 +527,7 @@ def _rebalance(
         device = _device_of(tensors)
     except ValueError as exc:
         meta["error"] = str(exc)
-        tensors, device = {}, torch.device("cpu")
+        tensors, device, lens = {}, torch.device("cpu"), np.zeros(0, dtype=np.int64)
     meta["packed"] = packed
     metas = all_gather_checked(meta, group, "rebalance")
     if len({m["packed"] for m in metas}) > 1:
