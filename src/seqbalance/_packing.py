@@ -19,7 +19,9 @@ import heapq
 
 import numpy as np
 
-__all__ = ["pack"]
+from ._grouping import bin_totals
+
+__all__ = ["first_fit", "pack"]
 
 _PARTNERS = 12  # light (or heavy) bins tried per refinement step
 
@@ -109,23 +111,41 @@ def _lpt_padded(
     return bins
 
 
-def _ffd(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _Bins | None:
-    bins = _Bins(w, t, nbins, cap, padded)
-    order = np.lexsort((np.arange(w.size), -w, -t))
+def first_fit(order: list[int], t: np.ndarray, cap: int, nbins: int) -> list[list[int]] | None:
+    """Packed first fit: each item, in ``order``, into the first of ``nbins`` bins with room.
+
+    Returns all ``nbins`` bins (trailing ones may be empty), or None if an item fits nowhere.
+    """
+    items: list[list[int]] = [[] for _ in range(nbins)]
     room = np.full(nbins, cap, dtype=np.int64)
-    for i in order.tolist():
-        if padded:
-            fits = [b for b in range(nbins) if bins.after_add(b, i)[1] <= cap]
-            if not fits:
-                return None
-            b = fits[0]
-        else:
-            ok = room >= t[i]
-            b = int(np.argmax(ok))
-            if not ok[b]:
-                return None
-            room[b] -= t[i]
-        bins.add(b, i)
+    used = 0  # first fit fills a prefix of the bins: search only that and one fresh bin
+    for i in order:
+        ok = room[: min(used + 1, nbins)] >= t[i]
+        b = int(np.argmax(ok))
+        if not ok[b]:
+            return None
+        room[b] -= t[i]
+        items[b].append(i)
+        used = max(used, b + 1)
+    return items
+
+
+def _ffd(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _Bins | None:
+    order = np.lexsort((np.arange(w.size), -w, -t)).tolist()
+    bins = _Bins(w, t, nbins, cap, padded)
+    if not padded:
+        items = first_fit(order, t, cap, nbins)
+        if items is None:
+            return None
+        bins.items = items
+        bins.cost = bin_totals(items, w)
+        bins.tok = bin_totals(items, t)
+        return bins
+    for i in order:
+        fits = [b for b in range(nbins) if bins.after_add(b, i)[1] <= cap]
+        if not fits:
+            return None
+        bins.add(fits[0], i)
     return bins
 
 
@@ -255,13 +275,17 @@ def pack(
     *,
     padded: bool = False,
     refine: bool = True,
+    start: str = "lpt",
 ) -> list[list[int]] | None:
     """Pack items (cost ``w``, tokens ``t``) into exactly ``nbins`` bins of ``cap`` tokens.
 
-    Returns the bins as lists of positions into ``w`` (unsorted), or None when neither
-    heuristic fits everything. Bins may be empty only when there are fewer items than bins.
+    ``start="lpt"`` begins with capacitated LPT and falls back to first-fit decreasing;
+    ``start="ffd"`` begins with first-fit decreasing (tighter packing, looser balance, for
+    refinement to even out). Returns the bins as lists of positions into ``w`` (unsorted),
+    or None when no heuristic fits everything. Bins may be empty only when there are fewer
+    items than bins.
     """
-    bins = _lpt(w, t, nbins, cap, padded)
+    bins = _lpt(w, t, nbins, cap, padded) if start == "lpt" else None
     if bins is None:
         bins = _ffd(w, t, nbins, cap, padded)
         if bins is None:

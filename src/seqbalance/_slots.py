@@ -37,6 +37,11 @@ def fill_slack(
     slot = np.repeat(np.arange(m), dp)
     cost = bin_totals(items, costs)
     tok = bin_totals(items, lengths)
+    where = np.full(costs.shape[0], -1, dtype=np.int64)  # bin of each sequence
+    for b, x in enumerate(items):
+        where[np.asarray(x, dtype=np.int64)] = b
+    placed = np.flatnonzero(where >= 0)
+    swap_budget = _SWAP_BUDGET  # elements of (top-bin items x sequences) left to scan
     tiny = 1e-12 * max(float(cost.max()), 1e-300)
     # Nothing to gain once the step is within 1e-4 of the simple bound max(sum/dp, max).
     good_enough = (1 + 1e-4) * max(float(cost.sum()) / dp, float(costs.max(initial=0.0)))
@@ -46,36 +51,95 @@ def fill_slack(
         if level.sum() <= good_enough:
             break
         top = by_slot.argmax(axis=1) + np.arange(m) * dp
-        srt = np.sort(by_slot, axis=1)
-        second = srt[:, -2]
+        second = np.sort(by_slot, axis=1)[:, -2]
         slack = level[slot] - cost
         room = cap - tok
-        moved = False
+        step = None
         for j in np.lexsort((np.arange(m), -level)).tolist():
-            b = int(top[j])
-            if len(items[b]) < 2:
-                continue
-            ib = np.asarray(items[b], dtype=np.int64)
-            w, t = costs[ib], lengths[ib]
-            ok = (slack[None, :] >= w[:, None]) & (room[None, :] >= t[:, None])
-            ok[:, slot == j] = False  # same-slot moves are the packer's job
-            gain = np.minimum(w, cost[b] - second[j])
-            gain = np.where(ok.any(axis=1), gain, 0.0)
-            x = int(np.argmax(gain))
-            if gain[x] <= tiny:
-                continue
-            # Best fit: the target with the least slack left over.
-            left = np.where(ok[x], slack - w[x], np.inf)
-            dest = int(np.argmin(left))
-            xi = int(ib[x])
-            items[b].remove(xi)
-            items[dest].append(xi)
-            cost[b] -= costs[xi]
-            cost[dest] += costs[xi]
-            tok[b] -= lengths[xi]
-            tok[dest] += lengths[xi]
-            moved = True
+            step = _best_move(
+                items, int(top[j]), second[j], slot, cost, slack, room, costs, lengths, tiny
+            )
+            if step is None and swap_budget > 0:
+                swap_budget -= (len(items[int(top[j])]) + 8) * placed.size
+                step = _best_swap(
+                    items,
+                    int(top[j]),
+                    second[j],
+                    slot,
+                    cost,
+                    slack,
+                    room,
+                    tok,
+                    cap,
+                    costs,
+                    lengths,
+                    placed,
+                    where,
+                    tiny,
+                )
+            if step is not None:
+                break
+        if step is None:
             break
-        if not moved:
-            break
+        b, xi, dest, yi = step
+        _shift(items, cost, tok, where, costs, lengths, xi, b, dest)
+        if yi >= 0:
+            _shift(items, cost, tok, where, costs, lengths, yi, dest, b)
     return [[items[j * dp + r] for j in range(m)] for r in range(dp)]
+
+
+# Swap scans cost (items of a top bin) x (all sequences) each; this caps their total, which
+# keeps the pass well under a second on large batches while small ones get the full search.
+_SWAP_BUDGET = 1.5e7
+
+
+def _shift(items, cost, tok, where, costs, lengths, i: int, src: int, dst: int) -> None:
+    items[src].remove(i)
+    items[dst].append(i)
+    cost[src] -= costs[i]
+    cost[dst] += costs[i]
+    tok[src] -= lengths[i]
+    tok[dst] += lengths[i]
+    where[i] = dst
+
+
+def _best_move(items, b, second, slot, cost, slack, room, costs, lengths, tiny):
+    """Move one sequence off top bin ``b`` into a bin of another slot with slack and room."""
+    if len(items[b]) < 2:  # a micro-batch must keep one sequence
+        return None
+    ib = np.asarray(items[b], dtype=np.int64)
+    w, t = costs[ib], lengths[ib]
+    ok = (slack[None, :] >= w[:, None]) & (room[None, :] >= t[:, None])
+    ok[:, slot == slot[b]] = False  # same-slot moves are the packer's job
+    gain = np.where(ok.any(axis=1), np.minimum(w, cost[b] - second), 0.0)
+    x = int(np.argmax(gain))
+    if gain[x] <= tiny:
+        return None
+    left = np.where(ok[x], slack - w[x], np.inf)  # best fit: least slack left over
+    return b, int(ib[x]), int(np.argmin(left)), -1
+
+
+def _best_swap(
+    items, b, second, slot, cost, slack, room, tok, cap, costs, lengths, placed, where, tiny
+):
+    """Swap a sequence of top bin ``b`` with a cheaper one of another slot's bin that has slack."""
+    ib = np.asarray(items[b], dtype=np.int64)
+    wx, tx = costs[ib][:, None], lengths[ib][:, None]
+    d = where[placed]
+    other = slot[d] != slot[b]
+    y, d = placed[other], d[other]
+    wy, ty = costs[y][None, :], lengths[y][None, :]
+    ok = (
+        (wy < wx)
+        & (slack[d][None, :] + wy >= wx)  # the other slot's level does not rise
+        & (room[d][None, :] + ty >= tx)
+        & (cap - tok[b] + tx >= ty)
+    )
+    gain = np.where(ok, np.minimum(wx - wy, cost[b] - second), 0.0)
+    if gain.size == 0:
+        return None
+    flat = int(np.argmax(gain))
+    if gain.flat[flat] <= tiny:
+        return None
+    x, k = divmod(flat, gain.shape[1])
+    return b, int(ib[x]), int(d[k]), int(y[k])

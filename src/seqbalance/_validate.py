@@ -13,10 +13,13 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_LENGTH",
     "as_groups",
     "as_lengths",
     "as_weights",
+    "check_bool",
     "check_choice",
+    "check_nonnegative_int",
     "check_positive_int",
 ]
 
@@ -24,6 +27,11 @@ __all__ = [
 def _as_1d(values: Any, name: str) -> np.ndarray:
     if isinstance(values, (str, bytes)):
         raise ValueError(f"{name} must be a 1-D sequence of numbers, got a string {values!r}")
+    if not hasattr(values, "__len__") and not hasattr(values, "__array__"):
+        raise ValueError(
+            f"{name} must be an array or a list of numbers, got {type(values).__name__}; "
+            "wrap iterators and generators in list(...)"
+        )
     try:
         arr = np.asarray(values)
     except Exception as exc:  # ragged lists and the like
@@ -33,7 +41,7 @@ def _as_1d(values: Any, name: str) -> np.ndarray:
             f"{name} must be 1-D (one value per sequence), got shape {arr.shape}; "
             "flatten it or pass one value per item"
         )
-    if arr.dtype == object or arr.dtype.kind not in "biuf":
+    if arr.dtype == object or arr.dtype.kind not in "iuf":
         raise ValueError(f"{name} must hold numbers, got dtype {arr.dtype}")
     return arr
 
@@ -61,15 +69,20 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
     return arr
 
 
+MAX_LENGTH = 2**40  # a trillion tokens: anything longer is a unit mix-up, and sums stay in int64
+
+
 def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
     """Return ``values`` as an int64 1-D array of non-negative integer token counts.
 
-    Floats are accepted only when they hold whole numbers.
+    Floats are accepted only when they hold whole numbers. Values must stay below
+    ``2**40`` so that sums of millions of them cannot overflow int64.
 
     Raises
     ------
     ValueError
-        If the input is not 1-D numeric, or holds negative, non-integer or non-finite values.
+        If the input is not 1-D numeric, or holds negative, non-integer, non-finite or
+        absurdly large values.
     """
     arr = _as_1d(values, name)
     if arr.dtype.kind == "f":
@@ -77,8 +90,14 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise ValueError(f"{name}[{i}] = {arr[i].item()!r} is not a whole number of tokens")
-    elif arr.dtype.kind == "u" and arr.dtype.itemsize == 8 and arr.size and arr.max() > 2**62:
-        raise ValueError(f"{name} holds a value above 2**62; token counts cannot be that large")
+    if arr.size:
+        big = arr >= MAX_LENGTH
+        if big.any():
+            i = int(np.flatnonzero(big)[0])
+            raise ValueError(
+                f"{name}[{i}] = {arr[i].item()!r} is too large for a token count "
+                f"(limit 2**40); check the units"
+            )
     out = arr.astype(np.int64)
     neg = out < 0
     if neg.any():
@@ -100,6 +119,26 @@ def check_positive_int(value: Any, name: str) -> int:
     return int(out)
 
 
+def check_nonnegative_int(value: Any, name: str) -> int:
+    """Return ``value`` as an ``int`` >= 0, or raise a ValueError naming ``name``."""
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+    try:
+        out = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= 0, got {value!r}") from None
+    if out < 0:
+        raise ValueError(f"{name} must be >= 0, got {out}")
+    return int(out)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Return ``value`` if it is a bool (numpy bools too), else raise a ValueError."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     """Return ``value`` if it is one of ``choices``, else raise a ValueError listing them."""
     if value not in choices:
@@ -118,7 +157,16 @@ def as_groups(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     ValueError
         If ``groups`` is not 1-D or its length differs from the number of items ``n``.
     """
+    if isinstance(groups, (list, tuple)) and groups:
+        kinds = {isinstance(g, str) for g in groups}
+        if len(kinds) > 1:
+            raise ValueError(
+                f"{name} mixes strings and numbers; use one kind of id so that 1 and '1' "
+                "cannot be confused"
+            )
     arr = np.asarray(groups)
+    if arr.dtype == object or arr.dtype.kind not in "biufUS":
+        raise ValueError(f"{name} must hold numbers or strings, got dtype {arr.dtype}")
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D (one group id per item), got shape {arr.shape}")
     if arr.shape[0] != n:

@@ -32,6 +32,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ._costing import sequence_costs
+from ._packing import first_fit
 from ._validate import as_lengths, check_choice, check_positive_int
 from .plans import Plan
 from .simulation import SYNC_MODELS
@@ -56,21 +57,14 @@ def _equalize(ranks: list[list[list[int]]]) -> list[list[list[int]]]:
 
 
 def _first_fit(items: list[int], lengths: np.ndarray, cap: int) -> list[list[int]]:
-    """First fit in the given order; a sequence that fits nowhere opens a new micro-batch."""
-    bins: list[list[int]] = []
-    room = np.empty(len(items), dtype=np.int64)
-    for i in items:
-        t = int(lengths[i])
-        open_room = room[: len(bins)]
-        ok = open_room >= t
-        b = int(np.argmax(ok)) if ok.size else 0
-        if ok.size and ok[b]:
-            bins[b].append(i)
-            room[b] -= t
-        else:
-            room[len(bins)] = cap - t
-            bins.append([i])
-    return bins
+    """First fit in the given order; a sequence that fits nowhere opens a new micro-batch.
+
+    A sequence longer than ``cap`` gets a micro-batch of its own (a reported violation).
+    """
+    t = np.minimum(lengths, cap)  # over-long sequences then open (and fill) their own bin
+    bins = first_fit(items, t, cap, nbins=len(items))
+    assert bins is not None  # one bin per item always suffices
+    return [b for b in bins if b]
 
 
 def _prepare(

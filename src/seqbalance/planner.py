@@ -20,7 +20,6 @@ How a plan is built (every step deterministic):
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
@@ -28,14 +27,22 @@ import numpy as np
 from ._costing import sequence_costs
 from ._grouping import bin_totals
 from ._packing import pack
+from ._rules import SIZES
 from ._slots import fill_slack
-from ._validate import as_groups, as_lengths, check_choice, check_positive_int
-from .plans import Plan
-from .simulation import SYNC_MODELS
+from ._validate import (
+    as_groups,
+    as_lengths,
+    check_bool,
+    check_choice,
+    check_nonnegative_int,
+    check_positive_int,
+)
+from .plans import Plan, capacity_min_micro_batches
+from .simulation import SYNC_MODELS, simulate
 
 __all__ = ["SIZE_RULES", "plan"]
 
-SIZE_RULES = ("free", "equal", "balanced")
+SIZE_RULES = SIZES
 
 
 def _round_up(x: int, multiple: int) -> int:
@@ -70,18 +77,36 @@ def _deal_slots(
     return ranks
 
 
+_FFD_START_WORK = 5e7  # items x bins: above this, first-fit-decreasing as a second start is slow
+
+
 def _plan_global(
-    lengths: np.ndarray, costs: np.ndarray, dp: int, m: int, cap: int, padded: bool, sync: str
+    lengths: np.ndarray,
+    costs: np.ndarray,
+    dp: int,
+    m: int,
+    cap: int,
+    padded: bool,
+    sync: str,
+    c0: float,
 ) -> list[list[list[int]]] | None:
-    bins = pack(costs, lengths, dp * m, cap, padded=padded)
-    if bins is None:
-        return None
-    grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
-    if sync == "fsdp" and not padded:
-        grid = fill_slack(grid, costs, lengths, cap, max_steps=2 * dp * m + 100)
-        bins = [mb for rank in grid for mb in rank]
+    starts = ["lpt"]
+    if lengths.size * dp * m <= _FFD_START_WORK:
+        starts.append("ffd")  # tighter packing sometimes lines slots up better
+    best, best_time = None, np.inf
+    for start in starts:
+        bins = pack(costs, lengths, dp * m, cap, padded=padded, start=start)
+        if bins is None:
+            continue
         grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
-    return grid
+        if sync == "fsdp" and not padded:
+            grid = fill_slack(grid, costs, lengths, cap, max_steps=2 * dp * m + 100)
+            bins = [mb for rank in grid for mb in rank]
+            grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
+        t = simulate(grid, costs, sync=sync, per_microbatch=c0, padded=padded).step_time
+        if t < best_time:
+            best, best_time = grid, t
+    return best
 
 
 def _plan_by_rank(
@@ -184,19 +209,16 @@ def plan(
     check_choice(size, "size", SIZE_RULES)
     m_min = check_positive_int(min_micro_batches, "min_micro_batches")
     mult = check_positive_int(micro_batch_multiple, "micro_batch_multiple")
-    if isinstance(extra_micro_batches, bool) or int(extra_micro_batches) != extra_micro_batches:
-        raise ValueError(
-            f"extra_micro_batches must be an integer >= 0, got {extra_micro_batches!r}"
-        )
-    if extra_micro_batches < 0:
-        raise ValueError(f"extra_micro_batches must be >= 0, got {extra_micro_batches}")
+    extra_micro_batches = check_nonnegative_int(extra_micro_batches, "extra_micro_batches")
+    padded = check_bool(padded, "padded")
+    allow_empty = check_bool(allow_empty, "allow_empty")
     n = lens.shape[0]
     group_ids = None if groups is None else as_groups(groups, n)
     costs, c0 = sequence_costs(lens, cost)
     _check_fits(lens, cap)
 
     notes: list[str] = []
-    m_cap = max(1, math.ceil(int(lens.sum()) / (dp * cap)))
+    m_cap = capacity_min_micro_batches(lens, dp, cap)
     m = _round_up(max(m_cap, m_min), mult)
     if m > m_cap:
         why = []
@@ -237,7 +259,7 @@ def plan(
         r = int(np.argmax(tokens))
         return (
             f"{m} micro-batches per rank: under {rule} rank {r} holds {tokens[r]} tokens, "
-            f"which did not pack into {first_m} micro-batches of {cap}"
+            f"which the packing heuristics did not fit into {first_m} micro-batches of {cap}"
         )
 
     def search(rank_items: list[list[int]] | None) -> list[Plan] | str:
@@ -249,11 +271,17 @@ def plan(
             if problem and not allow_empty:
                 return problem
             if rank_items is None:
-                mbs = _plan_global(lens, costs, dp, m, cap, padded, sync)
+                mbs = _plan_global(lens, costs, dp, m, cap, padded, sync, c0)
             else:
                 mbs = _plan_by_rank(lens, costs, rank_items, m, cap, padded)
             if mbs is not None:
-                extra = [why_more(rank_items, m)] if m > first_m else []
+                if found:
+                    extra = [
+                        f"{m} micro-batches per rank, tried because extra_micro_batches="
+                        f"{extra_micro_batches}; {found[0].num_micro_batches} would also fit"
+                    ]
+                else:
+                    extra = [why_more(rank_items, m)] if m > first_m else []
                 empty = [
                     (r, j) for r, rank in enumerate(mbs) for j, mb in enumerate(rank) if not mb
                 ]
@@ -286,9 +314,11 @@ def plan(
     assignments: list[list[list[int]] | None] = [None]
     if size != "free" or group_ids is not None:
         # Ranks balanced by cost can differ in tokens and so need more micro-batches; ranks
-        # balanced by tokens may balance cost worse. Try both and keep the better plan.
+        # balanced by tokens may balance cost worse. Try each and keep the better plan.
         assignments = []
-        for weights in (costs, lens):
+        # Third candidate: equal sequence counts, for when a rank would hold too few
+        # sequences to give every micro-batch one.
+        for weights in (costs, lens, np.ones(n)):
             parts = [list(p) for p in partition(weights, dp, size=size, groups=group_ids)]
             if parts not in assignments:
                 assignments.append(parts)
@@ -306,9 +336,15 @@ def plan(
         else:
             candidates.extend(found)
     if not candidates:
+        hedge = (
+            " (for every rank split the planner tried; with groups or a size rule this search "
+            "is heuristic)"
+            if len(assignments) > 1
+            else ""
+        )
         raise ValueError(
-            f"{problems[0] if problems else 'no plan found'}; every micro-batch would need a "
-            "sequence. Lower dp_size, min_micro_batches or micro_batch_multiple, raise "
+            f"{problems[0] if problems else 'no plan found'}{hedge}; every micro-batch would "
+            "need a sequence. Lower dp_size, min_micro_batches or micro_batch_multiple, raise "
             "max_tokens, or pass allow_empty=True to allow (marked) empty micro-batches"
         )
 

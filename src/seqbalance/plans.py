@@ -22,6 +22,13 @@ __all__ = ["FORMAT", "Plan"]
 FORMAT = "seqbalance.plan/1"
 
 
+def capacity_min_micro_batches(lengths: np.ndarray, dp_size: int, max_tokens: int) -> int:
+    """``ceil(total tokens / (dp_size * max_tokens))``, at least 1: no plan needs fewer."""
+    if dp_size < 1:
+        return 0
+    return max(1, math.ceil(int(lengths.sum()) / (dp_size * max_tokens)))
+
+
 class Plan:
     """A micro-batch schedule for every data-parallel rank.
 
@@ -210,8 +217,7 @@ class Plan:
     # ---- evidence ----------------------------------------------------------------------
     def min_micro_batches_bound(self) -> int:
         """Fewest micro-batches per rank that the token capacity allows (a lower bound)."""
-        total = int(self.lengths.sum())
-        return max(1, math.ceil(total / (self.dp_size * self.max_tokens))) if self.dp_size else 0
+        return capacity_min_micro_batches(self.lengths, self.dp_size, self.max_tokens)
 
     def lower_bound(self, cost: Any = None) -> float:
         """Step-time lower bound for these sequences (see ``step_time_lower_bound``)."""
