@@ -103,3 +103,34 @@ def test_group_and_size_rule_violations_and_group_aware_bound():
     q = Plan([[[0, 1, 2]], []], [1, 1, 1], max_tokens=10, size="equal")
     assert q.violations()["size_rule"] == 2  # 3 and 0 sequences, neither is 3 // 2
     assert Plan.from_json(p.to_json()).groups.tolist() == [0, 1, 1]
+
+
+def test_from_json_accepts_paths_and_rejects_incomplete_documents(tmp_path):
+    p = Plan([[[0]], [[1]]], [3, 4], max_tokens=10)
+    path = tmp_path / "p.json"
+    p.to_json(path)
+    assert Plan.from_json(path) == p  # a pathlib.Path, not only a str
+    with pytest.raises(ValueError, match="lacks micro_batches"):
+        Plan.from_json('{"format": "seqbalance.plan/1", "lengths": [1], "max_tokens": 4}')
+    with pytest.raises(ValueError, match="does not parse"):
+        Plan.from_json("{not json")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"micro_batches": [[[0, -1]]]}, r"micro_batches\[0\]\[0\] holds index -1"),
+        ({"micro_batches": [[[0, 2]]]}, "holds index 2, outside 0..1"),
+        ({"micro_batches": [[[0.5]]]}, "integer indices"),
+        ({"costs": [1.0]}, "costs has 1 entries but there are 2 lengths"),
+        ({"costs": [1.0, float("nan")]}, "not finite"),
+        ({"max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"padded": "no"}, "padded must be True or False"),
+        ({"size": "same"}, "size must be one of"),
+    ],
+)
+def test_bad_plans_are_rejected(kwargs, match):
+    args = {"micro_batches": [[[0, 1]]], "lengths": [1, 2], "max_tokens": 10}
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        Plan(args.pop("micro_batches"), args.pop("lengths"), **args)

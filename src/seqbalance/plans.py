@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import json
 import math
+import operator
+import os
 from typing import Any, Sequence
 
 import numpy as np
 
 from ._costing import sequence_costs
-from ._validate import as_groups, as_lengths, check_choice
+from ._grouping import bin_totals
+from ._rules import SIZES, min_count
+from ._validate import (
+    as_groups,
+    as_lengths,
+    as_weights,
+    check_bool,
+    check_choice,
+    check_positive_int,
+)
 from .simulation import SYNC_MODELS, Simulation, simulate, step_time_lower_bound
 
 __all__ = ["FORMAT", "Plan"]
@@ -76,18 +87,36 @@ class Plan:
         groups: Any = None,
     ) -> None:
         self.lengths = as_lengths(lengths)
-        self.micro_batches = [[sorted(int(i) for i in mb) for mb in rank] for rank in micro_batches]
-        if costs is None:
-            costs = self.lengths.astype(np.float64)
-        self.costs = np.asarray(costs, dtype=np.float64)
-        self.per_microbatch = float(per_microbatch)
-        self.max_tokens = int(max_tokens)
-        self.padded = bool(padded)
+        n = self.num_sequences
+        try:
+            self.micro_batches = [
+                [sorted(operator.index(i) for i in mb) for mb in rank] for rank in micro_batches
+            ]
+        except TypeError:
+            raise ValueError(
+                "micro_batches must be nested lists [rank][micro-batch] of integer indices"
+            ) from None
+        for r, rank in enumerate(self.micro_batches):
+            for j, mb in enumerate(rank):
+                if mb and not (0 <= mb[0] and mb[-1] < n):
+                    bad = mb[0] if mb[0] < 0 else mb[-1]
+                    raise ValueError(
+                        f"micro_batches[{r}][{j}] holds index {bad}, outside 0..{n - 1} "
+                        f"({n} sequences)"
+                    )
+        self.costs = (
+            self.lengths.astype(np.float64) if costs is None else as_weights(costs, "costs")
+        )
+        if self.costs.shape[0] != n:
+            raise ValueError(f"costs has {self.costs.shape[0]} entries but there are {n} lengths")
+        self.per_microbatch = float(as_weights([per_microbatch], "per_microbatch")[0])
+        self.max_tokens = check_positive_int(max_tokens, "max_tokens")
+        self.padded = check_bool(padded, "padded")
         self.sync = check_choice(sync, "sync", SYNC_MODELS)
         self.strategy = str(strategy)
-        self.notes = tuple(notes)
-        self.size = check_choice(size, "size", ("free", "equal", "balanced"))
-        self.groups = None if groups is None else as_groups(groups, self.num_sequences)
+        self.notes = tuple(str(x) for x in notes)
+        self.size = check_choice(size, "size", SIZES)
+        self.groups = None if groups is None else as_groups(groups, n)
 
     # ---- shape -------------------------------------------------------------------------
     @property
@@ -149,11 +178,10 @@ class Plan:
         Missing micro-batches (a rank with fewer than ``m``) count as 0.
         """
         out = np.zeros((self.dp_size, self.num_micro_batches), dtype=np.int64)
-        for r, rank in enumerate(self.micro_batches):
-            for j, mb in enumerate(rank):
-                if mb:
-                    t = self.lengths[np.asarray(mb, dtype=np.int64)]
-                    out[r, j] = len(mb) * int(t.max()) if self.padded else int(t.sum())
+        flat = [mb for rank in self.micro_batches for mb in rank]
+        rows = np.repeat(np.arange(self.dp_size), [len(rank) for rank in self.micro_batches])
+        cols = [j for rank in self.micro_batches for j in range(len(rank))]
+        out[rows, cols] = bin_totals(flat, self.lengths, padded=self.padded)
         return out
 
     def violations(self) -> dict[str, int]:
@@ -166,22 +194,14 @@ class Plan:
         one rank, counted once per extra rank) and ``size_rule`` (ranks whose sequence or
         group count breaks the rule).
         """
-        seen = np.zeros(self.num_sequences, dtype=np.int64)
-        out_of_range = 0
-        for rank in self.micro_batches:
-            for mb in rank:
-                for i in mb:
-                    if 0 <= i < self.num_sequences:
-                        seen[i] += 1
-                    else:
-                        out_of_range += 1
+        seen = np.bincount(self.order(), minlength=self.num_sequences)
         m = self.num_micro_batches
         out = {
             "over_capacity": int((self.microbatch_tokens() > self.max_tokens).sum()),
             "empty": sum(1 for rank in self.micro_batches for mb in rank if not mb),
             "unequal_counts": sum(1 for rank in self.micro_batches if len(rank) != m),
             "missing": int((seen == 0).sum()),
-            "duplicated": int(np.clip(seen - 1, 0, None).sum()) + out_of_range,
+            "duplicated": int(np.clip(seen - 1, 0, None).sum()),
         }
         if self.groups is not None or self.size != "free":
             out.update(self._rule_violations())
@@ -189,29 +209,18 @@ class Plan:
 
     def _rule_violations(self) -> dict[str, int]:
         """Groups split across ranks, and ranks whose count breaks the size rule."""
-        units = []  # per rank: the units (groups, or sequences) it holds
-        split = 0
-        owner: dict[int, int] = {}
-        for r in range(self.dp_size):
-            idx = self.rank_indices(r)
-            idx = idx[(idx >= 0) & (idx < self.num_sequences)]
-            if self.groups is None:
-                units.append(int(idx.size))
-                continue
-            held = np.unique(self.groups[idx]).tolist()
-            units.append(len(held))
-            for g in held:
-                if owner.setdefault(g, r) != r:
-                    split += 1
-        counts = np.asarray(units)
-        total = int(counts.sum())
-        if self.size == "equal":
-            bad = int((counts != total // max(self.dp_size, 1)).sum())
-        elif self.size == "balanced":
-            lo = total // max(self.dp_size, 1)
-            bad = int(((counts < lo) | (counts > lo + 1)).sum())
+        per_rank = [np.unique(self.rank_indices(r)) for r in range(self.dp_size)]
+        if self.groups is None:
+            counts = np.array([u.size for u in per_rank])
+            total, split = self.num_sequences, 0
         else:
-            bad = 0
+            held = [np.unique(self.groups[u]) for u in per_rank]
+            counts = np.array([h.size for h in held])
+            total = int(np.unique(self.groups).size)
+            split = int(counts.sum()) - int(np.unique(np.concatenate(held or [[]])).size)
+        lo = min_count(total, max(self.dp_size, 1), self.size)
+        hi = lo if self.size == "equal" else (lo + 1 if self.size == "balanced" else total)
+        bad = int(((counts < lo) | (counts > hi)).sum())
         return {"split_groups": split, "size_rule": bad}
 
     # ---- evidence ----------------------------------------------------------------------
@@ -221,7 +230,9 @@ class Plan:
 
     def lower_bound(self, cost: Any = None) -> float:
         """Step-time lower bound for these sequences (see ``step_time_lower_bound``)."""
-        costs, c0 = self._costs(cost)
+        return self._bound(*self._costs(cost))
+
+    def _bound(self, costs: np.ndarray, c0: float) -> float:
         return step_time_lower_bound(
             costs,
             self.dp_size,
@@ -247,13 +258,18 @@ class Plan:
             Step time, per-rank busy/idle time, the lower bound and the gap to it.
         """
         costs, c0 = self._costs(cost)
+        return self._simulate(costs, c0, self.sync if sync is None else sync, None)
+
+    def _simulate(self, costs: np.ndarray, c0: float, sync: str, bound: float | None) -> Simulation:
+        if bound is None:
+            bound = self._bound(costs, c0)
         return simulate(
             self.micro_batches,
             costs,
-            sync=self.sync if sync is None else sync,
+            sync=sync,
             per_microbatch=c0,
             padded=self.padded,
-            lower_bound=self.lower_bound(cost),
+            lower_bound=bound,
         )
 
     def stats(self, cost: Any = None) -> dict[str, Any]:
@@ -264,13 +280,15 @@ class Plan:
         (max/mean - 1), capacity utilisation (tokens used / ``dp * m * max_tokens``),
         unused tokens, the step-time lower bound, and the gap to it under both sync models.
         """
-        mb = self.simulate(cost, "ddp").mb_costs
+        costs, c0 = self._costs(cost)
+        bound = self._bound(costs, c0)
+        ddp = self._simulate(costs, c0, "ddp", bound)
+        fsdp = self._simulate(costs, c0, "fsdp", bound)
+        mb = ddp.mb_costs
         ranks = mb.sum(axis=1)
         mean = float(ranks.mean()) if ranks.size else 0.0
-        tokens = self.microbatch_tokens()
-        slots = self.dp_size * self.num_micro_batches
-        capacity = slots * self.max_tokens
-        used = int(tokens.sum())
+        capacity = self.dp_size * self.num_micro_batches * self.max_tokens
+        used = int(self.microbatch_tokens().sum())
         return {
             "strategy": self.strategy,
             "dp_size": self.dp_size,
@@ -287,9 +305,9 @@ class Plan:
             "mb_spread": float(mb.max() - mb.min()) if mb.size else 0.0,
             "capacity_utilisation": used / capacity if capacity else 0.0,
             "unused_tokens": capacity - used,
-            "lower_bound": self.lower_bound(cost),
-            "gap_ddp": self.simulate(cost, "ddp").gap,
-            "gap_fsdp": self.simulate(cost, "fsdp").gap,
+            "lower_bound": bound,
+            "gap_ddp": ddp.gap,
+            "gap_fsdp": fsdp.gap,
             "violations": self.violations(),
         }
 
@@ -329,29 +347,36 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
         """Rebuild a plan from :meth:`to_dict` output."""
-        if data.get("format") != FORMAT:
-            raise ValueError(
-                f"not a seqbalance plan: format is {data.get('format')!r}, want {FORMAT!r}"
-            )
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"not a seqbalance plan: format is {found!r}, want {FORMAT!r}")
+        missing = [k for k in ("micro_batches", "lengths", "max_tokens") if k not in data]
+        if missing:
+            raise ValueError(f"plan document lacks {', '.join(missing)}")
         return cls(
             data["micro_batches"],
             data["lengths"],
             max_tokens=data["max_tokens"],
-            costs=data["costs"],
-            per_microbatch=data["per_microbatch"],
-            padded=data["padded"],
-            sync=data["sync"],
-            strategy=data["strategy"],
+            costs=data.get("costs"),
+            per_microbatch=data.get("per_microbatch", 0.0),
+            padded=data.get("padded", False),
+            sync=data.get("sync", "fsdp"),
+            strategy=data.get("strategy", "seqbalance"),
             notes=data.get("notes", ()),
             size=data.get("size", "free"),
             groups=data.get("groups"),
         )
 
     @classmethod
-    def from_json(cls, text_or_path: str) -> Plan:
-        """Rebuild a plan from a JSON string or a path to a JSON file."""
-        text = text_or_path
-        if not text.lstrip().startswith("{"):
+    def from_json(cls, text_or_path: str | os.PathLike[str]) -> Plan:
+        """Rebuild a plan from a JSON string, or from a path to a JSON file."""
+        if isinstance(text_or_path, os.PathLike) or not str(text_or_path).lstrip().startswith("{"):
             with open(text_or_path, encoding="utf-8") as fh:
                 text = fh.read()
-        return cls.from_dict(json.loads(text))
+        else:
+            text = str(text_or_path)
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"plan JSON does not parse: {exc}") from exc
+        return cls.from_dict(data)
