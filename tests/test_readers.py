@@ -177,7 +177,7 @@ _WRITERS = {
 
 @settings(max_examples=25, deadline=None)
 @given(
-    values=st.lists(st.integers(0, 2**40), max_size=40),
+    values=st.lists(st.integers(0, 2**40 - 1), max_size=40),
     fmt=st.sampled_from(sorted(_WRITERS)),
 )
 def test_round_trip_every_format(tmp_path_factory, values, fmt):

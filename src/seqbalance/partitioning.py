@@ -14,10 +14,10 @@ import numpy as np
 from ._greedy import lpt_labels
 from ._kk import kk_labels
 from ._refine import STEEPEST_MAX_UNITS, refine_labels, steepest_swaps
-from ._rules import check_size
+from ._rules import SIZES, check_size
 from ._validate import as_groups, as_weights, check_choice, check_positive_int
 from .bounds import bound_of_units, lower_bound
-from .stats import balance_stats, stats_from_loads
+from .stats import balance_stats, relative_gap, stats_from_loads
 
 __all__ = ["METHODS", "Partition", "balance_stats", "lower_bound", "partition"]
 
@@ -69,10 +69,7 @@ class Partition(list):  # type: ignore[type-arg]
     @property
     def gap(self) -> float:
         """``max_load / lower_bound - 1``; 0.0 when both are 0."""
-        mx, lb = self.max_load, self.lower_bound
-        if lb > 0:
-            return mx / lb - 1.0
-        return 0.0 if mx <= 0 else float("inf")
+        return relative_gap(self.max_load, self.lower_bound)
 
     def stats(self) -> dict[str, Any]:
         """The :func:`balance_stats` dictionary, measured against this result's bound."""
@@ -146,7 +143,7 @@ def partition(
     """
     w = as_weights(weights)
     k = check_positive_int(k, "k")
-    rule = check_choice(size, "size", ("free", "equal", "balanced"))
+    rule = check_choice(size, "size", SIZES)
     how = check_choice(method, "method", METHODS)
     n = w.shape[0]
     labels_of_groups = None

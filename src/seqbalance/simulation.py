@@ -27,8 +27,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ._grouping import bin_totals
-from ._validate import check_choice
+from ._validate import as_weights, check_choice
 from .bounds import lower_bound
+from .stats import relative_gap
 
 __all__ = ["SYNC_MODELS", "Simulation", "microbatch_costs", "simulate", "step_time_lower_bound"]
 
@@ -118,6 +119,7 @@ def step_time_lower_bound(
     ``min_micro_batches`` must itself be a lower bound on the count (e.g.
     ``ceil(total_tokens / (dp * max_tokens))``).
     """
+    costs = as_weights(costs, "costs")
     if costs.size == 0:
         return float(min_micro_batches * per_microbatch)
     bound = lower_bound(costs, dp_size, size=size, groups=groups)
@@ -157,6 +159,14 @@ def simulate(
     Simulation
     """
     check_choice(sync, "sync", SYNC_MODELS)
+    costs = as_weights(costs, "costs")
+    n = costs.shape[0]
+    for r, rank in enumerate(micro_batches):
+        for j, mb in enumerate(rank):
+            if any(not 0 <= i < n for i in mb):
+                raise ValueError(
+                    f"micro_batches[{r}][{j}] holds an index outside 0..{n - 1} ({n} costs)"
+                )
     mb = microbatch_costs(micro_batches, costs, per_microbatch=per_microbatch, padded=padded)
     if np.isnan(mb).any():
         counts = sorted({len(r) for r in micro_batches})
@@ -180,7 +190,7 @@ def simulate(
     idle = step - busy
     if lower_bound is None:
         lower_bound = step_time_lower_bound(costs, max(dp, 1), per_microbatch=per_microbatch)
-    gap = step / lower_bound - 1.0 if lower_bound > 0 else 0.0
+    gap = relative_gap(step, lower_bound)
     idle_fraction = float(idle.sum() / (dp * step)) if dp and step > 0 else 0.0
     return Simulation(
         sync=sync,

@@ -68,13 +68,14 @@ def stats_from_loads(
         "spread": mx - mn,
         "imbalance": mx / mean - 1.0 if mean > 0 else 0.0,
         "cv": float(loads.std()) / mean if mean > 0 else 0.0,
-        "gap": _gap(mx, bound),
+        "gap": relative_gap(mx, bound),
         "lower_bound": float(bound),
         "counts": [int(c) for c in counts],
     }
 
 
-def _gap(mx: float, bound: float) -> float:
+def relative_gap(mx: float, bound: float) -> float:
+    """``mx / bound - 1``: 0 when both are 0, inf when only the bound is."""
     if bound > 0:
         return mx / bound - 1.0
     return 0.0 if mx <= 0 else float("inf")

@@ -22,7 +22,15 @@ packed tokens
     (on all ranks together) or given as ``token_keys``. ``lengths`` defaults to
     ``diff(cu_seqlens)``. Every micro-batch comes back packed with its own ``cu_seqlens``.
 
-Any rank may hold zero sequences, and totals need not divide evenly.
+Any rank may hold zero sequences, and totals need not divide evenly. The exchange copies
+bytes: rows arrive bit-exact, in any dtype, and it is not differentiable (tensors are
+detached).
+
+Example (every rank runs this)::
+
+    mbs, handle = rebalance(rollouts, lengths, max_tokens=16384, cost="qwen2.5-7b")
+    logps = [policy_logprobs(mb) for mb in mbs]   # per-token, packed per micro-batch
+    logps = handle.restore(logps)                 # back in this rank's original order
 """
 
 from __future__ import annotations
@@ -406,7 +414,9 @@ def rebalance(
         where the backend does not support it.
     **plan_options
         Forwarded to the planner (``min_micro_batches``, ``micro_batch_multiple``,
-        ``padded``, ``allow_empty``...). They must be the same on every rank.
+        ``padded``, ``allow_empty``...). Like ``max_tokens``, ``cost`` (unless an array),
+        ``sync`` and ``method``, they must be the same on every rank and are not gathered
+        (so per-sequence ``groups`` are not supported here).
 
     Returns
     -------
