@@ -177,3 +177,12 @@ def test_load_cost_unknown_lists_names(tmp_path):
 def test_cost_model_is_abstract():
     with pytest.raises(TypeError):
         CostModel()  # type: ignore[abstract]
+
+
+def test_empty_microbatch_pays_the_fixed_cost_like_the_simulator():
+    from seqbalance.simulation import simulate
+
+    cost = QuadraticCost(per_token=1.0, per_token_sq=0.0, per_microbatch=100.0)
+    assert cost.microbatch_cost([]) == 100.0
+    sim = simulate([[[0]], [[]]], cost([5]), per_microbatch=cost.per_microbatch)
+    assert sim.mb_costs.tolist() == [[cost.microbatch_cost([5])], [cost.microbatch_cost([])]]

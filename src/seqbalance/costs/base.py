@@ -7,8 +7,9 @@ and exposes its polynomial form, so a micro-batch of lengths ``L_1..L_n`` costs
 
 with ``c0 = per_microbatch``, ``a = per_sequence``, ``b = per_token`` and
 ``c = per_token_sq``. Calling a model returns the per-sequence part (no ``c0``);
-:meth:`CostModel.microbatch_cost` adds ``c0`` once, and costs an empty micro-batch 0.0
-(nothing runs, so no fixed cost is paid).
+:meth:`CostModel.microbatch_cost` adds ``c0`` once, also to an empty micro-batch: a rank
+with an empty slot still runs a dummy step to take part in the collectives (the same rule
+as :mod:`seqbalance.simulation`).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ class CostModel(abc.ABC):
     def microbatch_cost(self, lengths: Any) -> float:
         """Cost of one micro-batch: ``per_microbatch + sum(self(lengths))``.
 
-        An empty micro-batch costs 0.0: it is never run, so its fixed cost is not paid.
+        An empty micro-batch costs ``per_microbatch``: the rank still runs a dummy step to
+        take part in the collectives (as :mod:`seqbalance.simulation` assumes).
 
         Examples
         --------
@@ -60,11 +62,9 @@ class CostModel(abc.ABC):
         >>> cost.microbatch_cost([1, 3])
         13.0
         >>> cost.microbatch_cost([])
-        0.0
+        5.0
         """
         arr = as_lengths(lengths)
-        if arr.size == 0:
-            return 0.0
         return float(self.per_microbatch + self(arr).sum())
 
     def to_json(self, indent: int | None = 2) -> str:
