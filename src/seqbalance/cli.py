@@ -23,6 +23,7 @@ from .baselines import BASELINES
 from .planner import SIZE_RULES, plan
 from .plans import Plan
 from .simulation import SYNC_MODELS
+from .stats import relative_gap
 
 __all__ = ["DEMO_SETUPS", "main"]
 
@@ -242,6 +243,9 @@ def _strategies(
 def _results(plans: dict[str, Plan], sync: str) -> list[dict[str, Any]]:
     sims = {name: p.simulate(sync=sync) for name, p in plans.items()}
     ref = sims["sequential"].step_time if "sequential" in sims else None
+    # One yardstick for every row: the bound without size rule or groups, valid for all
+    # plans (seqbalance's own plan may also carry a tighter, group-aware bound).
+    bound = min(sim.lower_bound for sim in sims.values())
     out = []
     for name, p in plans.items():
         sim, v = sims[name], p.violations()
@@ -251,8 +255,8 @@ def _results(plans: dict[str, Plan], sync: str) -> list[dict[str, Any]]:
                 "strategy": name,
                 "step_time": sim.step_time,
                 "speedup_vs_sequential": ref / sim.step_time if ref and sim.step_time else None,
-                "lower_bound": sim.lower_bound,
-                "gap": sim.gap,
+                "lower_bound": bound,
+                "gap": relative_gap(sim.step_time, bound),
                 "micro_batches_per_rank": [min(counts, default=0), max(counts, default=0)],
                 "over_capacity": v["over_capacity"],
                 "empty": v["empty"],
@@ -288,6 +292,11 @@ def _print_results(results: list[dict[str, Any]], unit: str, out: TextIO) -> Non
 def _cmd_compare(args: argparse.Namespace) -> int:
     if args.demo == (args.lengths is not None):
         raise UserError("give either a LENGTHS file or --demo (one of the two)")
+    if args.padded:
+        raise UserError(
+            "compare does not take --padded: the baselines pack micro-batches, so the table "
+            "would compare padded with packed plans; use `seqbalance plan --padded`"
+        )
     out = sys.stdout
     setups: list[dict[str, Any]] = []
     first_plans: dict[str, Plan] | None = None
@@ -322,8 +331,20 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             f"{args.lengths}: n={lengths.shape[0]}, dp={args.dp}, max_tokens={args.max_tokens}, "
             f"sync={args.sync}, cost={cost.label}"
         )
-        if groups is not None or args.size != "free":
-            header += " (--size/--groups-column apply to seqbalance only; baselines ignore them)"
+        own = [
+            flag
+            for flag, used in (
+                ("--size", args.size != "free"),
+                ("--groups-column", groups is not None),
+                ("--min-micro-batches", args.min_micro_batches != 1),
+                ("--micro-batch-multiple", args.micro_batch_multiple != 1),
+                ("--allow-empty", args.allow_empty),
+                ("--extra-micro-batches", args.extra_micro_batches != 0),
+            )
+            if used
+        ]
+        if own:
+            header += f" ({', '.join(own)} apply to seqbalance only; the baselines ignore them)"
         runs = [(header, lengths, groups, args.dp, args.max_tokens, str(args.lengths))]
 
     for header, lengths, groups, dp, cap, label in runs:
