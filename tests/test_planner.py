@@ -184,6 +184,31 @@ def test_too_few_sequences():
         plan([10, 20, 30], 4, 1000)
 
 
+def test_groups_without_empty_micro_batches():
+    # Rank split by cost would leave a rank with one sequence for two micro-batches; the
+    # planner must find the split {10}, {10} | {2}, {5} instead of giving up.
+    p = plan([2, 10, 5, 10], 2, 11, groups=[0, 1, 0, 3], size="balanced")
+    assert p.num_micro_batches == 2
+    assert p.violations()["empty"] == 0 and p.violations()["split_groups"] == 0
+    p = plan([5, 5, 3, 3, 1, 2], 3, 5, groups=[2, 0, 4, 0, 5, 4])
+    assert p.violations() == {
+        "over_capacity": 0,
+        "empty": 0,
+        "unequal_counts": 0,
+        "missing": 0,
+        "duplicated": 0,
+        "split_groups": 0,
+        "size_rule": 0,
+    }
+
+
+def test_fsdp_fills_slack_with_swaps():
+    # dp=2, 4 micro-batches of <= 20 tokens, cost = tokens. Best: slot 1 = {18} and
+    # {8, 5} (level 18), slot 2 = {5} and {5} (level 5): 23. Balanced bins give 26.
+    p = plan([5, 5, 8, 18, 5], 2, 20)
+    assert p.simulate().step_time == 23.0
+
+
 def test_too_few_sequences_per_rank_with_groups():
     with pytest.raises(ValueError, match=r"rank .* holds 1 sequences but needs 2"):
         plan([10, 20, 30, 40], 2, 1000, groups=[0, 0, 0, 1], min_micro_batches=2)
