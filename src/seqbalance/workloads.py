@@ -45,6 +45,8 @@ from typing import Callable
 
 import numpy as np
 
+from ._validate import check_nonnegative_int
+
 __all__ = ["NAMES", "Workload", "describe", "lengths", "load"]
 
 
@@ -139,7 +141,8 @@ def load(name: str, n: int, seed: int = 0) -> Workload:
     n : int
         Number of sequences (>= 0).
     seed : int, optional
-        Seed of the generator; the same ``(name, n, seed)`` always gives the same lengths.
+        Seed of the generator (an integer >= 0); the same ``(name, n, seed)`` always gives
+        the same lengths.
 
     Returns
     -------
@@ -148,9 +151,9 @@ def load(name: str, n: int, seed: int = 0) -> Workload:
         ``rl-math``, else None).
     """
     _check_name(name)
-    if isinstance(n, bool) or int(n) != n or n < 0:
-        raise ValueError(f"n must be a non-negative integer, got {n!r}")
-    n = int(n)
+    n = check_nonnegative_int(n, "n")
+    # An explicit integer seed: None would silently give different data on every call.
+    seed = check_nonnegative_int(seed, "seed")
     rng = np.random.default_rng(seed)
     if name == "rl-math":
         out, groups = _rl_math(n, rng)
