@@ -32,6 +32,7 @@ from _common import best_time, machine_info, print_table, write_json
 
 from seqbalance import workloads
 from seqbalance._greedy import lpt_labels
+from seqbalance._refine import steepest_swaps
 from seqbalance.bounds import lower_bound
 from seqbalance.partitioning import partition
 
@@ -74,26 +75,7 @@ def pure_python_kk(weights: list[float], k: int, equal: bool) -> list[list[int]]
 
 def greedy_swaps_reference(w: np.ndarray, k: int, size: str) -> float:
     """Max part of LPT-with-counts followed by best-improvement swaps from the heaviest part."""
-    lab = lpt_labels(w, k, size)
-    loads = np.bincount(lab, weights=w, minlength=k)
-    for _ in range(100 * k):
-        h = int(np.argmax(loads))
-        top = loads[h]
-        ia = np.flatnonzero(lab == h)
-        ib = np.flatnonzero(lab != h)
-        if ia.size == 0 or ib.size == 0:
-            break
-        d = w[ia][:, None] - w[ib][None, :]
-        after = np.maximum(top - d, loads[lab[ib]][None, :] + d)
-        after[d <= 0] = np.inf
-        i, j = np.unravel_index(int(np.argmin(after)), after.shape)
-        if not after[i, j] < top:
-            break
-        a, b = ia[i], ib[j]
-        p = lab[b]
-        loads[h] -= d[i, j]
-        loads[p] += d[i, j]
-        lab[a], lab[b] = p, h
+    lab = steepest_swaps(w, lpt_labels(w, k, size), k)
     return float(np.bincount(lab, weights=w, minlength=k).max())
 
 

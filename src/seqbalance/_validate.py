@@ -106,30 +106,27 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
     return out
 
 
-def check_positive_int(value: Any, name: str) -> int:
-    """Return ``value`` as an ``int`` >= 1, or raise a ValueError naming ``name``."""
+def _as_int(value: Any, name: str, minimum: int) -> int:
+    kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     if isinstance(value, bool):
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
     try:
         out = operator.index(value)
     except TypeError:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}") from None
-    if out < 1:
-        raise ValueError(f"{name} must be >= 1, got {out}")
+        raise ValueError(f"{name} must be {kind}, got {value!r}") from None
+    if out < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {out}")
     return int(out)
+
+
+def check_positive_int(value: Any, name: str) -> int:
+    """Return ``value`` as an ``int`` >= 1, or raise a ValueError naming ``name``."""
+    return _as_int(value, name, 1)
 
 
 def check_nonnegative_int(value: Any, name: str) -> int:
     """Return ``value`` as an ``int`` >= 0, or raise a ValueError naming ``name``."""
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
-    try:
-        out = operator.index(value)
-    except TypeError:
-        raise ValueError(f"{name} must be an integer >= 0, got {value!r}") from None
-    if out < 0:
-        raise ValueError(f"{name} must be >= 0, got {out}")
-    return int(out)
+    return _as_int(value, name, 0)
 
 
 def check_bool(value: Any, name: str) -> bool:
