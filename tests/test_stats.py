@@ -68,3 +68,10 @@ def test_accepts_numpy_parts() -> None:
 def test_errors(weights: list, parts: list, match: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError, match=match):
         balance_stats(weights, parts)
+
+
+def test_parts_and_bound_are_checked():
+    with pytest.raises(ValueError, match="parts must be a list of index lists"):
+        balance_stats([1.0, 2.0], 3)
+    with pytest.raises(ValueError, match="bound must be a finite number >= 0"):
+        balance_stats([1.0, 2.0], [[0, 1]], bound=-1.0)

@@ -118,6 +118,8 @@ def balance_stats(
     (6.0, 6.0, 0.0, 0.0, [2, 3])
     """
     w = as_weights(weights)
+    if isinstance(parts, (str, bytes)) or not hasattr(parts, "__len__"):
+        raise ValueError(f"parts must be a list of index lists, got {type(parts).__name__}")
     k = len(parts)
     if k < 1:
         raise ValueError("parts must hold at least one part (k >= 1), got an empty sequence")
@@ -126,4 +128,6 @@ def balance_stats(
     counts = np.bincount(label, minlength=k)
     if bound is None:
         bound = bound_of_units(w, k, "free")
+    elif not (np.isfinite(bound) and bound >= 0):
+        raise ValueError(f"bound must be a finite number >= 0, got {bound!r}")
     return stats_from_loads(loads, counts, float(bound))
