@@ -6,14 +6,18 @@ How a plan is built (every step deterministic):
    ``ceil(total_tokens / (dp * max_tokens))`` (raised to ``min_micro_batches`` and to a
    multiple of ``micro_batch_multiple``) and grows only when packing fails.
 2. Without a size rule or groups, all sequences are packed into ``dp * m`` bins of
-   near-equal cost under the capacity (:mod:`seqbalance._packing`). The bins are sorted by
-   cost and dealt out in slots of ``dp``: slot ``j`` is every rank's ``j``-th micro-batch,
-   so bins of similar cost run side by side (what ``fsdp`` pays for), and inside a slot the
-   heaviest bin goes to the rank with the least work so far (what ``ddp`` pays for).
+   near-equal cost under the capacity (:mod:`seqbalance._packing`; capacitated LPT, and
+   first-fit decreasing as a second start on small inputs). The bins are sorted by cost and
+   dealt out in slots of ``dp``: slot ``j`` is every rank's ``j``-th micro-batch, so bins of
+   similar cost run side by side (what ``fsdp`` pays for), and inside a slot the heaviest
+   bin goes to the rank with the least work so far (what ``ddp`` pays for). Under ``fsdp``,
+   :mod:`seqbalance._slots` then moves or swaps sequences from each slot's heaviest
+   micro-batch into other slots' slack (a slot's cost is its heaviest micro-batch).
 3. With a size rule or groups, ranks are chosen first with :func:`seqbalance.partition`
-   (balanced cost, and balanced tokens as a second candidate; the rule honoured), then each
-   rank's sequences are packed into ``m`` bins and ordered heaviest first, which lines slots
-   up across ranks. Under ``ddp`` this rank-first plan is also tried without a rule.
+   (three candidates: balanced cost, balanced tokens, balanced counts; the rule honoured),
+   then each rank's sequences are packed into ``m`` bins and ordered heaviest first, which
+   lines slots up across ranks. Under ``ddp`` a cost-balanced rank-first plan is also tried
+   without a rule.
 4. Among the candidates, the plan with the fewest micro-batches wins, then the lowest
    simulated step time (``extra_micro_batches`` > 0: the lowest step time).
 """
@@ -252,8 +256,8 @@ def plan(
     def why_more(rank_items: list[list[int]] | None, m: int) -> str:
         if rank_items is None:
             return (
-                f"{m} micro-batches per rank: the sequences could not be packed into "
-                f"{first_m} micro-batches of {cap} tokens per rank"
+                f"{m} micro-batches per rank: the packing heuristics found no way to fit the "
+                f"sequences into {first_m} micro-batches of {cap} tokens per rank"
             )
         tokens = [int(lens[np.asarray(items, dtype=np.int64)].sum()) for items in rank_items]
         r = int(np.argmax(tokens))
