@@ -19,8 +19,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from seqbalance.calibrate import calibrate
 from seqbalance.costs import SHIPPED, FlopsCost
+from seqbalance.costs.calibrate import calibrate
 
 SMALL = {
     "tiny-llama": {

@@ -31,10 +31,10 @@ import numpy as np
 from _common import best_time, machine_info, print_table, write_json
 
 from seqbalance import workloads
-from seqbalance._greedy import lpt_labels
-from seqbalance._refine import steepest_swaps
-from seqbalance.bounds import lower_bound
 from seqbalance.partitioning import partition
+from seqbalance.partitioning._greedy import lpt_labels
+from seqbalance.partitioning._refine import steepest_swaps
+from seqbalance.partitioning.bounds import lower_bound
 
 FREE_CASES = [(512, 8), (8192, 8), (8192, 128), (65536, 64), (65536, 1024)]
 QUICK_FREE = [(512, 8), (8192, 128)]

@@ -10,7 +10,7 @@ FSDP (and DDP), and checks the planner's guarantees. Prints a table, writes JSON
 
 The cost is the FLOPs model of Qwen2.5-7B (``--model`` to change it, ``--model tokens``
 for raw tokens). The gap is ``step_time / lower_bound - 1`` with
-``seqbalance.simulation.step_time_lower_bound`` (valid for every plan, see its docstring).
+``seqbalance.planning.simulation.step_time_lower_bound`` (valid for every plan, see its docstring).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import numpy as np
 
 import seqbalance
 from seqbalance import workloads
-from seqbalance.baselines import BASELINES
 from seqbalance.costs import load_cost
-from seqbalance.planner import plan
+from seqbalance.planning.baselines import BASELINES
+from seqbalance.planning.planner import plan
 
 
 def machine_info() -> dict:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from seqbalance.bounds import lower_bound
+
 from seqbalance.partitioning import partition
 
 

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from seqbalance import calibrate as cal
 from seqbalance.costs import QuadraticCost, load_cost, parse_config
+from seqbalance.costs import calibrate as cal
 
 torch = pytest.importorskip("torch")
 

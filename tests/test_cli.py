@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 import pytest
-
-from seqbalance import workloads
 from seqbalance.baselines import BASELINES
-from seqbalance.cli import DEMO_SETUPS, main
 from seqbalance.planner import plan
 from seqbalance.plans import Plan
+
+from seqbalance import workloads
+from seqbalance.cli.commands import DEMO_SETUPS, main
 
 STRATEGIES = ["seqbalance", *BASELINES]
 
@@ -224,7 +224,7 @@ def test_compare_demo(tmp_path, capsys):
 
 
 def test_compare_demo_falls_back_to_tokens(capsys, monkeypatch):
-    import seqbalance.cli as cli
+    import seqbalance.cli.commands as cli
 
     monkeypatch.setattr(cli, "DEMO_COST", "no-such-model")
     monkeypatch.setattr(cli, "DEMO_SETUPS", cli.DEMO_SETUPS[:1])
@@ -283,7 +283,7 @@ def test_python_dash_m_round_trip_and_determinism(rl, tmp_path):
 
 def test_cli_import_is_light():
     code = (
-        "import sys; from seqbalance.cli import build_parser; build_parser(); "
+        "import sys; from seqbalance.cli.commands import build_parser; build_parser(); "
         "print(sorted(m for m in ('torch', 'matplotlib', 'rich', 'pyarrow') if m in sys.modules))"
     )
     r = _run("-c", code)
@@ -292,7 +292,7 @@ def test_cli_import_is_light():
 
 
 def test_calibrate_is_wired():
-    pytest.importorskip("seqbalance.calibrate")
+    pytest.importorskip("seqbalance.costs.calibrate")
     r = _run("-m", "seqbalance", "calibrate", "--help")
     assert r.returncode == 0, r.stderr
     assert "calibrate" in r.stdout

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-
-from seqbalance import workloads
 from seqbalance.baselines import token_ffd
 from seqbalance.planner import plan
 from seqbalance.plans import Plan
+
+from seqbalance import workloads
 
 
 def _flat(p: Plan) -> list[int]:

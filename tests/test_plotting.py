@@ -6,10 +6,10 @@ import sys
 
 import numpy as np
 import pytest
-
 from seqbalance.baselines import BASELINES
 from seqbalance.planner import plan
-from seqbalance.plotting import _ranks_shown, plot_timeline
+
+from seqbalance.cli.plotting import _ranks_shown, plot_timeline
 
 pytest.importorskip("matplotlib")
 
@@ -115,7 +115,7 @@ def test_without_matplotlib_says_how_to_install(plans, tmp_path, monkeypatch):
 
 
 def test_cli_plot(tmp_path):
-    from seqbalance.cli import main
+    from seqbalance.cli.commands import main
 
     lengths = tmp_path / "l.json"
     lengths.write_text("[" + ",".join(str(100 + 37 * i % 2900) for i in range(200)) + "]")

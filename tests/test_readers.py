@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqbalance.readers import read_column, read_lengths
+from seqbalance.cli.readers import read_column, read_lengths
 
 LENGTHS = [120, 4096, 7, 0, 32768]
 
@@ -193,7 +193,7 @@ def test_round_trip_every_format(tmp_path_factory, values, fmt):
 def test_docstring_examples():
     import doctest
 
-    import seqbalance.readers
+    import seqbalance.cli.readers
 
-    result = doctest.testmod(seqbalance.readers)
+    result = doctest.testmod(seqbalance.cli.readers)
     assert result.attempted > 0 and result.failed == 0

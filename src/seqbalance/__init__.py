@@ -10,6 +10,10 @@ The core needs only numpy:
   the sync model (``fsdp`` or ``ddp``); :data:`BASELINES` for comparison; :func:`simulate`.
 - :mod:`seqbalance.workloads`: seeded length sets shared by tests, benchmarks and the demo.
 
+The layers are packages: :mod:`seqbalance.costs` and :mod:`seqbalance.partitioning` at the
+bottom, :mod:`seqbalance.planning` on top of both, and the integrations
+(:mod:`seqbalance.cli`, :mod:`seqbalance.torch`) above. Imports point down only.
+
 The PyTorch integration (:class:`BalancedDistributedSampler`, :func:`rebalance`,
 :func:`pack_collate`, :func:`global_token_count`, :func:`token_mean_loss`) lives in
 :mod:`seqbalance.torch`; its names are also reachable from here, and torch is imported only
@@ -18,10 +22,10 @@ when one of them is first used.
 
 from __future__ import annotations
 
+import sys as _sys
 from typing import Any
 
 from . import workloads
-from .baselines import BASELINES
 from .costs import (
     SHIPPED,
     CostModel,
@@ -32,12 +36,27 @@ from .costs import (
     fit_cost,
     load_cost,
 )
-from .partitioning import Partition, balance_stats, lower_bound, partition
-from .planner import plan
-from .plans import Plan
-from .simulation import Simulation, simulate, step_time_lower_bound
+from .partitioning import Partition, balance_stats, bounds, lower_bound, partition, stats
+from .planning import (
+    BASELINES,
+    Plan,
+    Simulation,
+    baselines,
+    plan,
+    planner,
+    plans,
+    simulate,
+    simulation,
+    step_time_lower_bound,
+)
 
 __version__ = "0.1.0"
+
+# 0.1.0 had these modules at the top level; keep `import seqbalance.simulation` and friends
+# working. Their homes are seqbalance.partitioning.* and seqbalance.planning.*.
+for _module in (bounds, stats, baselines, planner, plans, simulation):
+    _sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
+del _module
 
 _TORCH_NAMES = (
     "BalancedDistributedSampler",

@@ -9,7 +9,7 @@ with ``c0 = per_microbatch``, ``a = per_sequence``, ``b = per_token`` and
 ``c = per_token_sq``. Calling a model returns the per-sequence part (no ``c0``);
 :meth:`CostModel.microbatch_cost` adds ``c0`` once, also to an empty micro-batch: a rank
 with an empty slot still runs a dummy step to take part in the collectives (the same rule
-as :mod:`seqbalance.simulation`).
+as :mod:`seqbalance.planning.simulation`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class CostModel(abc.ABC):
         """Cost of one micro-batch: ``per_microbatch + sum(self(lengths))``.
 
         An empty micro-batch costs ``per_microbatch``: the rank still runs a dummy step to
-        take part in the collectives (as :mod:`seqbalance.simulation` assumes).
+        take part in the collectives (as :mod:`seqbalance.planning.simulation` assumes).
 
         Examples
         --------

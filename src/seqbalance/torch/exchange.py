@@ -380,7 +380,7 @@ def rebalance(
     """Balance the sequences held by the ranks of ``group`` and move them into place.
 
     Collective: every rank of the group must call it. The ranks all-gather lengths, each
-    computes the same :func:`seqbalance.planner.plan`, and rows move in one exchange
+    computes the same :func:`seqbalance.planning.planner.plan`, and rows move in one exchange
     (``all_to_all_single`` where the backend has it, ``isend``/``irecv`` otherwise).
 
     Parameters
@@ -434,7 +434,7 @@ def rebalance(
         than ``max_tokens``).
     """
     max_tokens = check_positive_int(max_tokens, "max_tokens")
-    from seqbalance.planner import plan as make_plan
+    from seqbalance.planning.planner import plan as make_plan
 
     def layout(global_lengths: np.ndarray, global_costs: np.ndarray | None) -> Any:
         p = make_plan(

@@ -28,7 +28,7 @@ class BalancedDistributedSampler:
     Every epoch the dataset's indices are (optionally) shuffled with
     ``numpy.random.default_rng(seed + epoch)`` and cut into global batches of
     ``global_batch_size`` sequences. Each global batch is planned with
-    :func:`seqbalance.planner.plan` over ``num_replicas`` ranks; this rank yields its
+    :func:`seqbalance.planning.planner.plan` over ``num_replicas`` ranks; this rank yields its
     micro-batches (lists of dataset indices) in order. Every rank computes the same plans
     from the same lengths and seed, so no communication is needed, and every rank yields
     the same number of micro-batches per step (so collectives line up).
@@ -206,7 +206,7 @@ class BalancedDistributedSampler:
         return steps
 
     def _step_plan(self, idx: np.ndarray, last_partial: bool) -> Any:
-        from seqbalance.planner import plan
+        from seqbalance.planning.planner import plan
 
         options = dict(self.plan_options)
         if last_partial:

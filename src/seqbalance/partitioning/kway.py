@@ -11,11 +11,11 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import as_groups, as_weights, check_choice, check_positive_int
 from ._greedy import lpt_labels
 from ._kk import kk_labels
 from ._refine import STEEPEST_MAX_UNITS, refine_labels, steepest_swaps
 from ._rules import SIZES, check_size
-from ._validate import as_groups, as_weights, check_choice, check_positive_int
 from .bounds import bound_of_units, lower_bound
 from .stats import balance_stats, relative_gap, stats_from_loads
 

@@ -6,8 +6,8 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import as_groups, as_weights, check_positive_int
 from ._rules import check_size, min_count
-from ._validate import as_groups, as_weights, check_positive_int
 
 __all__ = ["lower_bound"]
 

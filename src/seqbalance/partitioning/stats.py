@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._validate import as_weights
+from .._validate import as_weights
 from .bounds import bound_of_units
 
 __all__ = ["balance_stats"]
@@ -95,8 +95,8 @@ def balance_stats(
         exactly once.
     bound : float, optional
         Lower bound to measure ``gap`` against; defaults to the free-rule
-        :func:`~seqbalance.bounds.lower_bound` of ``weights`` on ``k`` parts. Pass the bound
-        of your size rule / groups to measure against that instead.
+        :func:`~seqbalance.partitioning.bounds.lower_bound` of ``weights`` on ``k``
+        parts. Pass the bound of your size rule / groups to measure against that instead.
 
     Returns
     -------

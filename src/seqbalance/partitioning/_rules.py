@@ -10,7 +10,7 @@ parts may hold:
 
 from __future__ import annotations
 
-from ._validate import check_choice
+from .._validate import check_choice
 
 SIZES: tuple[str, ...] = ("free", "equal", "balanced")
 

@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._validate import as_lengths
+from .._validate import as_lengths
 
 __all__ = ["FORMATS", "read_column", "read_lengths"]
 

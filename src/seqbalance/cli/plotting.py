@@ -11,9 +11,9 @@ from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
-from ._validate import check_choice, check_positive_int
-from .plans import Plan
-from .simulation import SYNC_MODELS
+from .._validate import check_choice, check_positive_int
+from ..planning.plans import Plan
+from ..planning.simulation import SYNC_MODELS
 
 __all__ = ["plot_timeline"]
 

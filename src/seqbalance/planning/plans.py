@@ -15,10 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ._costing import sequence_costs
-from ._grouping import bin_totals
-from ._rules import SIZES, min_count
-from ._validate import (
+from .._validate import (
     as_groups,
     as_lengths,
     as_weights,
@@ -26,6 +23,9 @@ from ._validate import (
     check_choice,
     check_positive_int,
 )
+from ..partitioning._rules import SIZES, min_count
+from ._costing import sequence_costs
+from ._grouping import bin_totals
 from .simulation import SYNC_MODELS, Simulation, simulate, step_time_lower_bound
 
 __all__ = ["FORMAT", "Plan"]

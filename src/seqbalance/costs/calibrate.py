@@ -50,9 +50,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._validate import as_lengths, check_choice, check_positive_int
-from .costs import FitReport, FlopsCost, QuadraticCost, evaluate_cost, fit_cost
-from .costs.architecture import (
+from .._validate import as_lengths, check_choice, check_positive_int
+from .architecture import (
     Architecture,
     Attention,
     Layer,
@@ -60,7 +59,10 @@ from .costs.architecture import (
     read_config,
     text_model_config,
 )
-from .costs.flops import SHIPPED, shipped_config
+from .base import QuadraticCost
+from .fit import evaluate_cost, fit_cost
+from .flops import SHIPPED, FlopsCost, shipped_config
+from .report import FitReport
 
 __all__ = ["INSTALL_HINT", "MissingTorchError", "calibrate", "calibration_grid", "register", "run"]
 

@@ -1,6 +1,6 @@
 """The strategies other frameworks use, written from their descriptions, for comparison.
 
-Each baseline returns a :class:`~seqbalance.plans.Plan` with the same fields as
+Each baseline returns a :class:`~seqbalance.planning.plans.Plan` with the same fields as
 :func:`seqbalance.plan`, so it can be simulated and checked the same way; baselines do not
 promise the planner's guarantees, and :meth:`Plan.violations` reports what they break.
 
@@ -31,9 +31,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._validate import as_lengths, check_choice, check_positive_int
 from ._costing import sequence_costs
 from ._packing import first_fit
-from ._validate import as_lengths, check_choice, check_positive_int
 from .plans import Plan
 from .simulation import SYNC_MODELS
 
@@ -116,7 +116,7 @@ def token_ffd(
 
 
 def _kk_two_level(name: str, weights: np.ndarray, lens, dp, cap, costs, c0, sync) -> Plan:
-    from .partitioning import partition  # lazy: keeps import order free
+    from ..partitioning import partition  # lazy: keeps import order free
 
     rank_parts = [list(p) for p in partition(weights, dp, size="balanced", method="kk")]
     m = max((max(1, math.ceil(int(lens[p].sum()) / cap)) for p in rank_parts if p), default=1)

@@ -6,12 +6,12 @@ How a plan is built (every step deterministic):
    ``ceil(total_tokens / (dp * max_tokens))`` (raised to ``min_micro_batches`` and to a
    multiple of ``micro_batch_multiple``) and grows only when packing fails.
 2. Without a size rule or groups, all sequences are packed into ``dp * m`` bins of
-   near-equal cost under the capacity (:mod:`seqbalance._packing`; capacitated LPT, and
+   near-equal cost under the capacity (:mod:`seqbalance.planning._packing`; capacitated LPT, and
    first-fit decreasing as a second start on small inputs). The bins are sorted by cost and
    dealt out in slots of ``dp``: slot ``j`` is every rank's ``j``-th micro-batch, so bins of
    similar cost run side by side (what ``fsdp`` pays for), and inside a slot the heaviest
    bin goes to the rank with the least work so far (what ``ddp`` pays for). Under ``fsdp``,
-   :mod:`seqbalance._slots` then moves or swaps sequences from each slot's heaviest
+   :mod:`seqbalance.planning._slots` then moves or swaps sequences from each slot's heaviest
    micro-batch into other slots' slack (a slot's cost is its heaviest micro-batch).
 3. With a size rule or groups, ranks are chosen first with :func:`seqbalance.partition`
    (three candidates: balanced cost, balanced tokens, balanced counts; the rule honoured),
@@ -28,12 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ._costing import sequence_costs
-from ._grouping import bin_totals
-from ._packing import pack
-from ._rules import SIZES
-from ._slots import fill_slack
-from ._validate import (
+from .._validate import (
     as_groups,
     as_lengths,
     check_bool,
@@ -41,6 +36,11 @@ from ._validate import (
     check_nonnegative_int,
     check_positive_int,
 )
+from ..partitioning._rules import SIZES
+from ._costing import sequence_costs
+from ._grouping import bin_totals
+from ._packing import pack
+from ._slots import fill_slack
 from .plans import Plan, capacity_min_micro_batches
 from .simulation import SYNC_MODELS, simulate
 
@@ -313,7 +313,7 @@ def plan(
             m += mult
         return found
 
-    from .partitioning import partition
+    from ..partitioning import partition
 
     assignments: list[list[list[int]] | None] = [None]
     if size != "free" or group_ids is not None:

@@ -18,12 +18,12 @@ from typing import Any, Callable, Sequence, TextIO
 
 import numpy as np
 
-from . import workloads
-from .baselines import BASELINES
-from .planner import SIZE_RULES, plan
-from .plans import Plan
-from .simulation import SYNC_MODELS
-from .stats import relative_gap
+from .. import workloads
+from ..partitioning.stats import relative_gap
+from ..planning.baselines import BASELINES
+from ..planning.planner import SIZE_RULES, plan
+from ..planning.plans import Plan
+from ..planning.simulation import SYNC_MODELS
 
 __all__ = ["DEMO_SETUPS", "main"]
 
@@ -89,7 +89,7 @@ def _load_cost(spec: str | None) -> CostChoice:
     if spec is None or spec.lower() == "tokens":
         return CostChoice()
     try:
-        from .costs import load_cost
+        from ..costs import load_cost
     except ImportError as exc:
         raise UserError(f"cost models are unavailable in this install ({exc})") from None
     model = load_cost(spec)
@@ -461,7 +461,7 @@ def _add_common(p: argparse.ArgumentParser, *, required: bool) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``seqbalance`` command."""
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -510,7 +510,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(func=_cmd_compare)
 
     try:
-        from . import calibrate
+        from ..costs import calibrate
     except ImportError:
         calibrate = None  # type: ignore[assignment]  # not written yet or torch-free stub
     if calibrate is not None and hasattr(calibrate, "register"):

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import as_weights
+from .._validate import as_weights
 
 __all__ = ["sequence_costs"]
 
@@ -29,7 +29,7 @@ def sequence_costs(lengths: np.ndarray, cost: Any) -> tuple[np.ndarray, float]:
                 "pass one cost per sequence, or a cost model"
             )
         return costs, 0.0
-    from .costs import load_cost  # the costs package imports nothing heavy
+    from ..costs import load_cost  # the costs package imports nothing heavy
 
     model = load_cost(cost)
     costs = as_weights(model(lengths), "cost")

@@ -26,10 +26,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._validate import as_weights, check_choice
+from ..partitioning.bounds import lower_bound
+from ..partitioning.stats import relative_gap
 from ._grouping import bin_totals
-from ._validate import as_weights, check_choice
-from .bounds import lower_bound
-from .stats import relative_gap
 
 __all__ = ["SYNC_MODELS", "Simulation", "microbatch_costs", "simulate", "step_time_lower_bound"]
 

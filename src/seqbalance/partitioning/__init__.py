@@ -1,0 +1,19 @@
+"""Layer 2a: k-way balanced partitioning of weights, with size rules, groups and bounds.
+
+Knows nothing of transformers or micro-batches: weights in, ``k`` index lists out.
+
+- :mod:`.kway`: :func:`partition` and its result :class:`Partition`.
+- :mod:`.bounds`: :func:`lower_bound`, a weight no partition's heaviest part can go below.
+- :mod:`.stats`: :func:`balance_stats` and the one gap helper, :func:`relative_gap`.
+- ``_kk``, ``_greedy``, ``_refine``, ``_rules``: the algorithms (Karmarkar–Karp, longest
+  processing time first, local moves and swaps) and the size rules they respect. They take
+  arrays already validated by :func:`partition`.
+"""
+
+from __future__ import annotations
+
+from .bounds import lower_bound
+from .kway import Partition, partition
+from .stats import balance_stats, relative_gap
+
+__all__ = ["Partition", "balance_stats", "lower_bound", "partition", "relative_gap"]

@@ -1,0 +1,22 @@
+"""Layer 3: plans of ranks x micro-batches under a trainer's constraints, and their evidence.
+
+Combines a cost model (:mod:`seqbalance.costs`) with the partitioner
+(:mod:`seqbalance.partitioning`) under a token capacity per micro-batch, equal micro-batch
+counts on every rank, count multiples and the sync model.
+
+- :mod:`.planner`: :func:`plan`.
+- :mod:`.plans`: :class:`Plan` (reorder and restore data, JSON, stats, violations).
+- :mod:`.simulation`: :func:`simulate` and the one step-time lower bound.
+- :mod:`.baselines`: the strategies other frameworks use, for comparison.
+- ``_packing``, ``_slots``, ``_grouping``, ``_costing``: bin packing under the capacity,
+  FSDP slot filling, bin totals and cost resolution, on validated arrays.
+"""
+
+from __future__ import annotations
+
+from .baselines import BASELINES
+from .planner import plan
+from .plans import Plan
+from .simulation import Simulation, simulate, step_time_lower_bound
+
+__all__ = ["BASELINES", "Plan", "Simulation", "plan", "simulate", "step_time_lower_bound"]
