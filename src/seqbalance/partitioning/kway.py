@@ -145,13 +145,22 @@ def partition(
     k = check_positive_int(k, "k")
     rule = check_choice(size, "size", SIZES)
     how = check_choice(method, "method", METHODS)
-    n = w.shape[0]
-    labels_of_groups = None
+    labels_of_groups = None if groups is None else as_groups(groups, w.shape[0])
+    return partition_arrays(w, k, rule, how, labels_of_groups)
+
+
+def partition_arrays(
+    w: np.ndarray, k: int, rule: str, how: str, labels_of_groups: np.ndarray | None
+) -> Partition:
+    """:func:`partition` on validated inputs (float64 weights, int64 dense group labels).
+
+    For callers inside seqbalance that validated at their own boundary (the planner); the
+    size rule is still checked against the number of units, as it depends on the groups.
+    """
     units = w
-    if groups is not None:
-        labels_of_groups = as_groups(groups, n)
+    if labels_of_groups is not None:
         units = np.bincount(labels_of_groups, weights=w, minlength=0).astype(np.float64)
-    rule = check_size(rule, units.shape[0], k, grouped=groups is not None)
+    rule = check_size(rule, units.shape[0], k, grouped=labels_of_groups is not None)
 
     bound = bound_of_units(units, k, rule)
     unit_labels, used = _solve(units, k, rule, how, bound)

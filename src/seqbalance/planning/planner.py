@@ -20,10 +20,16 @@ How a plan is built (every step deterministic):
    without a rule.
 4. Among the candidates, the plan with the fewest micro-batches wins, then the lowest
    simulated step time (``extra_micro_batches`` > 0: the lowest step time).
+
+:func:`plan` reads as these steps: ``_validate_request`` checks every argument once (the
+functions below it take validated arrays), ``_starting_micro_batches`` is step 1,
+``_rank_splits`` chooses between steps 2 and 3 (``None`` for global packing, else fixed rank
+contents), ``_search`` packs for the smallest feasible ``m``, and ``_pick`` is step 4.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,12 +43,13 @@ from .._validate import (
     check_positive_int,
 )
 from ..partitioning._rules import SIZES
+from ..partitioning.kway import partition_arrays
 from ._costing import sequence_costs
 from ._grouping import bin_totals
 from ._packing import pack
 from ._slots import fill_slack
 from .plans import Plan, capacity_min_micro_batches
-from .simulation import SYNC_MODELS, simulate
+from .simulation import SYNC_MODELS, microbatch_costs, step_time_of
 
 __all__ = ["SIZE_RULES", "plan"]
 
@@ -84,6 +91,12 @@ def _deal_slots(
 _FFD_START_WORK = 5e7  # items x bins: above this, first-fit-decreasing as a second start is slow
 
 
+def _step_time(
+    grid: list[list[list[int]]], costs: np.ndarray, c0: float, padded: bool, sync: str
+) -> float:
+    return step_time_of(microbatch_costs(grid, costs, per_microbatch=c0, padded=padded), sync)
+
+
 def _plan_global(
     lengths: np.ndarray,
     costs: np.ndarray,
@@ -107,7 +120,7 @@ def _plan_global(
             grid = fill_slack(grid, costs, lengths, cap, max_steps=2 * dp * m + 100)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
-        t = simulate(grid, costs, sync=sync, per_microbatch=c0, padded=padded).step_time
+        t = _step_time(grid, costs, c0, padded, sync)
         if t < best_time:
             best, best_time = grid, t
     return best
@@ -131,6 +144,211 @@ def _plan_by_rank(
         c = bin_totals(mbs, costs, padded=padded)
         out.append([mbs[b] for b in np.lexsort((np.arange(m), -c)).tolist()])
     return out
+
+
+@dataclass(frozen=True)
+class _Request:
+    """The arguments of :func:`plan`, validated once; every step below trusts them."""
+
+    lens: np.ndarray  # int64 lengths
+    costs: np.ndarray  # float64 per-sequence costs
+    c0: float  # per-micro-batch cost
+    dp: int
+    cap: int
+    sync: str
+    size: str
+    groups: np.ndarray | None
+    m_min: int
+    mult: int
+    padded: bool
+    allow_empty: bool
+    extra: int
+
+    @property
+    def n(self) -> int:
+        return int(self.lens.shape[0])
+
+    @property
+    def rule(self) -> str:
+        return f"size={self.size!r}" + (" and groups" if self.groups is not None else "")
+
+
+def _validate_request(
+    lengths: Any,
+    dp_size: int,
+    max_tokens: int,
+    cost: Any,
+    sync: str,
+    size: str,
+    groups: Any,
+    min_micro_batches: int,
+    micro_batch_multiple: int,
+    padded: bool,
+    allow_empty: bool,
+    extra_micro_batches: int,
+) -> _Request:
+    """Step 0: check every argument of :func:`plan` and resolve the costs."""
+    lens = as_lengths(lengths)
+    dp = check_positive_int(dp_size, "dp_size")
+    cap = check_positive_int(max_tokens, "max_tokens")
+    check_choice(sync, "sync", SYNC_MODELS)
+    check_choice(size, "size", SIZE_RULES)
+    m_min = check_positive_int(min_micro_batches, "min_micro_batches")
+    mult = check_positive_int(micro_batch_multiple, "micro_batch_multiple")
+    extra = check_nonnegative_int(extra_micro_batches, "extra_micro_batches")
+    padded = check_bool(padded, "padded")
+    allow_empty = check_bool(allow_empty, "allow_empty")
+    group_ids = None if groups is None else as_groups(groups, lens.shape[0])
+    costs, c0 = sequence_costs(lens, cost)
+    _check_fits(lens, cap)
+    return _Request(
+        lens, costs, c0, dp, cap, sync, size, group_ids, m_min, mult, padded, allow_empty, extra
+    )
+
+
+def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
+    """Step 1: the capacity minimum, raised to ``min_micro_batches`` and the multiple."""
+    m_cap = capacity_min_micro_batches(req.lens, req.dp, req.cap)
+    m = _round_up(max(m_cap, req.m_min), req.mult)
+    notes = []
+    if m > m_cap:
+        why = []
+        if req.m_min > m_cap:
+            why.append(f"min_micro_batches={req.m_min}")
+        if m > max(m_cap, req.m_min):
+            why.append(f"rounded up to a multiple of micro_batch_multiple={req.mult}")
+        notes.append(
+            f"{m} micro-batches per rank where the capacity alone needs {m_cap}: "
+            + " and ".join(why)
+        )
+    return m, notes
+
+
+def _rank_splits(req: _Request) -> list[list[list[int]] | None]:
+    """Step 2: how to reach ranks. ``None`` packs globally; a list fixes each rank's items."""
+    if req.size != "free" or req.groups is not None:
+        # Ranks balanced by cost can differ in tokens and so need more micro-batches; ranks
+        # balanced by tokens may balance cost worse. Try each and keep the better plan.
+        # Third candidate: equal sequence counts, for when a rank would hold too few
+        # sequences to give every micro-batch one.
+        splits: list[list[list[int]] | None] = []
+        for weights in (req.costs, req.lens, np.ones(req.n)):
+            w = np.asarray(weights, dtype=np.float64)
+            parts = [list(p) for p in partition_arrays(w, req.dp, req.size, "auto", req.groups)]
+            if parts not in splits:
+                splits.append(parts)
+        return splits
+    if req.sync == "ddp":
+        # DDP only sees rank totals: a direct partition of the costs may balance them more
+        # finely than dealing out equal micro-batches does.
+        return [None, [list(p) for p in partition_arrays(req.costs, req.dp, "free", "auto", None)]]
+    return [None]
+
+
+def _too_few(req: _Request, rank_items: list[list[int]] | None, m: int) -> str | None:
+    """Why ``m`` micro-batches per rank cannot all hold a sequence, or None."""
+    if rank_items is None:
+        if req.n < req.dp * m:
+            return f"{req.n} sequences cannot fill {req.dp} ranks x {m} micro-batches"
+        return None
+    short = [r for r, items in enumerate(rank_items) if len(items) < m]
+    if short:
+        r = short[0]
+        return (
+            f"under {req.rule}, rank {r} holds {len(rank_items[r])} sequences but needs "
+            f"{m} micro-batches"
+        )
+    return None
+
+
+def _why_more(req: _Request, rank_items: list[list[int]] | None, m: int, first_m: int) -> str:
+    """The note for a plan that needed more micro-batches than the first count tried."""
+    if rank_items is None:
+        return (
+            f"{m} micro-batches per rank: the packing heuristics found no way to fit the "
+            f"sequences into {first_m} micro-batches of {req.cap} tokens per rank"
+        )
+    tokens = [int(req.lens[np.asarray(items, dtype=np.int64)].sum()) for items in rank_items]
+    r = int(np.argmax(tokens))
+    return (
+        f"{m} micro-batches per rank: under {req.rule} rank {r} holds {tokens[r]} tokens, "
+        f"which the packing heuristics did not fit into {first_m} micro-batches of {req.cap}"
+    )
+
+
+def _search(
+    req: _Request, rank_items: list[list[int]] | None, first_m: int, notes: list[str]
+) -> list[Plan] | str:
+    """Step 3: plans for the smallest feasible m (and the extra ones asked for), or why not."""
+    found: list[Plan] = []
+    # One sequence per micro-batch always fits, so the search ends by this count.
+    m_limit = max(first_m, _round_up(max(req.n, 1), req.mult)) + req.mult
+    m = first_m
+    while m <= m_limit:
+        problem = _too_few(req, rank_items, m)
+        if problem and not req.allow_empty:
+            return problem
+        if rank_items is None:
+            mbs = _plan_global(
+                req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0
+            )
+        else:
+            mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded)
+        if mbs is not None:
+            if found:
+                extra = [
+                    f"{m} micro-batches per rank, tried because extra_micro_batches="
+                    f"{req.extra}; {found[0].num_micro_batches} would also fit"
+                ]
+            else:
+                extra = [_why_more(req, rank_items, m, first_m)] if m > first_m else []
+            empty = [(r, j) for r, rank in enumerate(mbs) for j, mb in enumerate(rank) if not mb]
+            if empty:
+                extra.append(
+                    f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}"
+                )
+            found.append(
+                Plan._from_validated(
+                    mbs,
+                    req.lens,
+                    max_tokens=req.cap,
+                    costs=req.costs,
+                    per_microbatch=req.c0,
+                    padded=req.padded,
+                    sync=req.sync,
+                    strategy="seqbalance",
+                    notes=notes + extra,
+                    size=req.size,
+                    groups=req.groups,
+                )
+            )
+            if len(found) > req.extra:
+                break
+        m += req.mult
+    return found
+
+
+def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: int) -> Plan:
+    """Step 4: fewest micro-batches, then the lowest simulated step time."""
+    if not candidates:
+        hedge = (
+            " (for every rank split the planner tried; with groups or a size rule this search "
+            "is heuristic)"
+            if n_splits > 1
+            else ""
+        )
+        raise ValueError(
+            f"{problems[0] if problems else 'no plan found'}{hedge}; every micro-batch would "
+            "need a sequence. Lower dp_size, min_micro_batches or micro_batch_multiple, raise "
+            "max_tokens, or pass allow_empty=True to allow (marked) empty micro-batches"
+        )
+
+    def key(p: Plan) -> tuple[float, ...]:
+        t = _step_time(p.micro_batches, req.costs, req.c0, req.padded, req.sync)
+        # Fewest micro-batches first, unless the caller asked to trade them for time.
+        return (t,) if req.extra else (p.num_micro_batches, t)
+
+    return min(candidates, key=key)
 
 
 def plan(
@@ -206,155 +424,28 @@ def plan(
     >>> sorted(len(mb) for rank in p.micro_batches for mb in rank)
     [1, 1, 2, 2]
     """
-    lens = as_lengths(lengths)
-    dp = check_positive_int(dp_size, "dp_size")
-    cap = check_positive_int(max_tokens, "max_tokens")
-    check_choice(sync, "sync", SYNC_MODELS)
-    check_choice(size, "size", SIZE_RULES)
-    m_min = check_positive_int(min_micro_batches, "min_micro_batches")
-    mult = check_positive_int(micro_batch_multiple, "micro_batch_multiple")
-    extra_micro_batches = check_nonnegative_int(extra_micro_batches, "extra_micro_batches")
-    padded = check_bool(padded, "padded")
-    allow_empty = check_bool(allow_empty, "allow_empty")
-    n = lens.shape[0]
-    group_ids = None if groups is None else as_groups(groups, n)
-    costs, c0 = sequence_costs(lens, cost)
-    _check_fits(lens, cap)
-
-    notes: list[str] = []
-    m_cap = capacity_min_micro_batches(lens, dp, cap)
-    m = _round_up(max(m_cap, m_min), mult)
-    if m > m_cap:
-        why = []
-        if m_min > m_cap:
-            why.append(f"min_micro_batches={m_min}")
-        if m > max(m_cap, m_min):
-            why.append(f"rounded up to a multiple of micro_batch_multiple={mult}")
-        notes.append(
-            f"{m} micro-batches per rank where the capacity alone needs {m_cap}: "
-            + " and ".join(why)
-        )
-
-    first_m = m
-    m_limit = max(m, _round_up(max(n, 1), mult)) + mult  # one sequence per micro-batch fits
-    rule = f"size={size!r}" + (" and groups" if group_ids is not None else "")
-
-    def too_few(rank_items: list[list[int]] | None, m: int) -> str | None:
-        if rank_items is None:
-            if n < dp * m:
-                return f"{n} sequences cannot fill {dp} ranks x {m} micro-batches"
-            return None
-        short = [r for r, items in enumerate(rank_items) if len(items) < m]
-        if short:
-            r = short[0]
-            return (
-                f"under {rule}, rank {r} holds {len(rank_items[r])} sequences but needs "
-                f"{m} micro-batches"
-            )
-        return None
-
-    def why_more(rank_items: list[list[int]] | None, m: int) -> str:
-        if rank_items is None:
-            return (
-                f"{m} micro-batches per rank: the packing heuristics found no way to fit the "
-                f"sequences into {first_m} micro-batches of {cap} tokens per rank"
-            )
-        tokens = [int(lens[np.asarray(items, dtype=np.int64)].sum()) for items in rank_items]
-        r = int(np.argmax(tokens))
-        return (
-            f"{m} micro-batches per rank: under {rule} rank {r} holds {tokens[r]} tokens, "
-            f"which the packing heuristics did not fit into {first_m} micro-batches of {cap}"
-        )
-
-    def search(rank_items: list[list[int]] | None) -> list[Plan] | str:
-        """Plans for the smallest feasible m (and the extra ones asked for), or the problem."""
-        found: list[Plan] = []
-        m = first_m
-        while m <= m_limit:
-            problem = too_few(rank_items, m)
-            if problem and not allow_empty:
-                return problem
-            if rank_items is None:
-                mbs = _plan_global(lens, costs, dp, m, cap, padded, sync, c0)
-            else:
-                mbs = _plan_by_rank(lens, costs, rank_items, m, cap, padded)
-            if mbs is not None:
-                if found:
-                    extra = [
-                        f"{m} micro-batches per rank, tried because extra_micro_batches="
-                        f"{extra_micro_batches}; {found[0].num_micro_batches} would also fit"
-                    ]
-                else:
-                    extra = [why_more(rank_items, m)] if m > first_m else []
-                empty = [
-                    (r, j) for r, rank in enumerate(mbs) for j, mb in enumerate(rank) if not mb
-                ]
-                if empty:
-                    extra.append(
-                        f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}"
-                    )
-                found.append(
-                    Plan(
-                        mbs,
-                        lens,
-                        max_tokens=cap,
-                        costs=costs,
-                        per_microbatch=c0,
-                        padded=padded,
-                        sync=sync,
-                        strategy="seqbalance",
-                        notes=notes + extra,
-                        size=size,
-                        groups=group_ids,
-                    )
-                )
-                if len(found) > extra_micro_batches:
-                    break
-            m += mult
-        return found
-
-    from ..partitioning import partition
-
-    assignments: list[list[list[int]] | None] = [None]
-    if size != "free" or group_ids is not None:
-        # Ranks balanced by cost can differ in tokens and so need more micro-batches; ranks
-        # balanced by tokens may balance cost worse. Try each and keep the better plan.
-        assignments = []
-        # Third candidate: equal sequence counts, for when a rank would hold too few
-        # sequences to give every micro-batch one.
-        for weights in (costs, lens, np.ones(n)):
-            parts = [list(p) for p in partition(weights, dp, size=size, groups=group_ids)]
-            if parts not in assignments:
-                assignments.append(parts)
-    elif sync == "ddp":
-        # DDP only sees rank totals: a direct partition of the costs may balance them more
-        # finely than dealing out equal micro-batches does.
-        assignments.append([list(p) for p in partition(costs, dp)])
-
+    req = _validate_request(
+        lengths,
+        dp_size,
+        max_tokens,
+        cost,
+        sync,
+        size,
+        groups,
+        min_micro_batches,
+        micro_batch_multiple,
+        padded,
+        allow_empty,
+        extra_micro_batches,
+    )
+    first_m, notes = _starting_micro_batches(req)
+    splits = _rank_splits(req)
     candidates: list[Plan] = []
     problems: list[str] = []
-    for rank_items in assignments:
-        found = search(rank_items)
+    for rank_items in splits:
+        found = _search(req, rank_items, first_m, notes)
         if isinstance(found, str):
             problems.append(found)
         else:
             candidates.extend(found)
-    if not candidates:
-        hedge = (
-            " (for every rank split the planner tried; with groups or a size rule this search "
-            "is heuristic)"
-            if len(assignments) > 1
-            else ""
-        )
-        raise ValueError(
-            f"{problems[0] if problems else 'no plan found'}{hedge}; every micro-batch would "
-            "need a sequence. Lower dp_size, min_micro_batches or micro_batch_multiple, raise "
-            "max_tokens, or pass allow_empty=True to allow (marked) empty micro-batches"
-        )
-
-    def key(p: Plan) -> tuple[float, ...]:
-        t = p.simulate(sync=sync).step_time
-        # Fewest micro-batches first, unless the caller asked to trade them for time.
-        return (t,) if extra_micro_batches else (p.num_micro_batches, t)
-
-    return min(candidates, key=key)
+    return _pick(req, candidates, problems, len(splits))

@@ -118,6 +118,41 @@ class Plan:
         self.size = check_choice(size, "size", SIZES)
         self.groups = None if groups is None else as_groups(groups, n)
 
+    @classmethod
+    def _from_validated(
+        cls,
+        micro_batches: list[list[list[int]]],
+        lengths: np.ndarray,
+        *,
+        max_tokens: int,
+        costs: np.ndarray,
+        per_microbatch: float,
+        padded: bool,
+        sync: str,
+        strategy: str,
+        notes: Sequence[str],
+        size: str,
+        groups: np.ndarray | None,
+    ) -> Plan:
+        """A plan from arguments :func:`seqbalance.plan` has already validated.
+
+        Skips the checks of ``__init__`` (the planner validated at its boundary); indices
+        are still sorted inside each micro-batch, as ``__init__`` does.
+        """
+        self = cls.__new__(cls)
+        self.lengths = lengths
+        self.micro_batches = [[sorted(mb) for mb in rank] for rank in micro_batches]
+        self.costs = costs
+        self.per_microbatch = float(per_microbatch)
+        self.max_tokens = max_tokens
+        self.padded = padded
+        self.sync = sync
+        self.strategy = strategy
+        self.notes = tuple(notes)
+        self.size = size
+        self.groups = groups
+        return self
+
     # ---- shape -------------------------------------------------------------------------
     @property
     def dp_size(self) -> int:

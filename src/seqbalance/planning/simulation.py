@@ -31,7 +31,14 @@ from ..partitioning.bounds import lower_bound
 from ..partitioning.stats import relative_gap
 from ._grouping import bin_totals
 
-__all__ = ["SYNC_MODELS", "Simulation", "microbatch_costs", "simulate", "step_time_lower_bound"]
+__all__ = [
+    "SYNC_MODELS",
+    "Simulation",
+    "microbatch_costs",
+    "simulate",
+    "step_time_lower_bound",
+    "step_time_of",
+]
 
 SYNC_MODELS = ("fsdp", "ddp")
 
@@ -93,6 +100,21 @@ def microbatch_costs(
     cols = np.concatenate([np.arange(len(rank)) for rank in micro_batches] or [np.zeros(0, int)])
     out[rows, cols] = totals
     return out
+
+
+def step_time_of(mb_costs: np.ndarray, sync: str) -> float:
+    """Step time of a ``(dp, m)`` micro-batch cost matrix under ``sync`` (validated inputs).
+
+    ``ddp``: the busiest rank's total; ``fsdp``: the sum over slots of the slot's heaviest
+    micro-batch. The planner compares candidates with this instead of a full
+    :func:`simulate`, which also computes a lower bound.
+    """
+    if mb_costs.size == 0:
+        return 0.0
+    if sync == "ddp":
+        # cumsum, as simulate() does, so both give the same float
+        return float(np.cumsum(mb_costs, axis=1)[:, -1].max())
+    return float(mb_costs.max(axis=0).sum())
 
 
 def step_time_lower_bound(
