@@ -1,7 +1,7 @@
 """The ``seqbalance`` command line: ``plan``, ``compare`` and ``calibrate``.
 
 Only the standard library and numpy are needed; ``rich`` (tables) and ``matplotlib``
-(``compare --plot``) are used when installed (``pip install "seqbalance[cli]"``).
+(``compare --plot``) are used when installed (``pip install ".[cli]"`` in a checkout).
 User errors (bad arguments, unreadable files, infeasible plans) print one ``error:`` line
 to stderr and exit with status 2.
 """

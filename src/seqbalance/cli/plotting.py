@@ -1,6 +1,6 @@
 """Timeline plot of simulated training steps: ranks x time, one panel per strategy.
 
-matplotlib is an optional extra (``pip install "seqbalance[cli]"``); it is imported only
+matplotlib is an optional extra (``pip install ".[cli]"`` in a checkout); it is imported only
 when :func:`plot_timeline` runs, with the non-interactive Agg backend.
 """
 
@@ -42,7 +42,8 @@ def _import_pyplot() -> Any:
         import matplotlib
     except ImportError:
         raise ValueError(
-            'plotting needs matplotlib; install it with: pip install "seqbalance[cli]"'
+            'plotting needs matplotlib; install it with: pip install ".[cli]" (in a '
+            "seqbalance checkout) or pip install matplotlib"
         ) from None
     matplotlib.use("Agg", force=True)  # files only; never open a window
     import matplotlib.pyplot as plt

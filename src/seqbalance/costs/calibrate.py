@@ -67,7 +67,9 @@ from .report import FitReport
 __all__ = ["INSTALL_HINT", "MissingTorchError", "calibrate", "calibration_grid", "register", "run"]
 
 INSTALL_HINT = (
-    'seqbalance calibrate needs PyTorch; install it with: pip install "seqbalance[torch]"'
+    'seqbalance calibrate needs PyTorch; install it with: pip install ".[torch]" (in a '
+    "seqbalance checkout) or pip install torch; a CPU-only build: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 )
 
 _MIN_LEN = 16  # shortest sequence the grid asks for
