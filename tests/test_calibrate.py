@@ -180,7 +180,7 @@ def test_layer_indices_are_spread():
 
 def test_missing_torch_cli_says_how_to_install(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` raise ImportError
-    assert _cli(["calibrate", "--model", "llama-2-7b"]) == 1
+    assert _cli(["calibrate", "--model", "llama-2-7b"]) == 2
     err = capsys.readouterr().err
     assert 'pip install ".[torch]"' in err
     with pytest.raises(cal.MissingTorchError, match="seqbalance\\[torch\\]"):

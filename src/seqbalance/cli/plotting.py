@@ -15,7 +15,7 @@ from .._validate import check_choice, check_positive_int
 from ..planning.plans import Plan
 from ..planning.simulation import SYNC_MODELS
 
-__all__ = ["plot_timeline"]
+__all__ = ["check_plot_path", "plot_timeline"]
 
 PlanSet = Union[Mapping[str, Plan], Sequence[Plan]]
 
@@ -49,6 +49,23 @@ def _import_pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def check_plot_path(path: str | os.PathLike[str]) -> None:
+    """Raise ValueError unless matplotlib is installed and can write ``path``'s format.
+
+    Cheap (no figure is drawn), so the command line calls it before planning.
+    """
+    _import_pyplot()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    suffix = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise ValueError(
+            f"cannot draw a plot as .{suffix} ({os.fspath(path)}); use one of: "
+            + ", ".join(f".{k}" for k in sorted(formats))
+        )
 
 
 def _ranks_shown(busy: np.ndarray, max_ranks: int) -> np.ndarray:
