@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "INT_FLAGS",
     "MAX_EMPTY_SLOTS",
     "MAX_INT",
     "UserError",
@@ -41,17 +42,20 @@ def _get(args: argparse.Namespace, name: str) -> Any:
     return getattr(args, name, None)
 
 
+# The integer flags of `plan` and `compare`: (flag, attribute, smallest allowed value).
+INT_FLAGS = (
+    ("--dp", "dp", 1),
+    ("--max-tokens", "max_tokens", 1),
+    ("--min-micro-batches", "min_micro_batches", 1),
+    ("--micro-batch-multiple", "micro_batch_multiple", 1),
+    ("--extra-micro-batches", "extra_micro_batches", 0),
+    ("--max-ranks", "max_ranks", 1),
+)
+
+
 def check_numbers(args: argparse.Namespace) -> None:
     """Range of every integer flag the command has, before anything is read or computed."""
-    flags = (
-        ("--dp", "dp", 1),
-        ("--max-tokens", "max_tokens", 1),
-        ("--min-micro-batches", "min_micro_batches", 1),
-        ("--micro-batch-multiple", "micro_batch_multiple", 1),
-        ("--extra-micro-batches", "extra_micro_batches", 0),
-        ("--max-ranks", "max_ranks", 1),
-    )
-    for flag, name, low in flags:
+    for flag, name, low in INT_FLAGS:
         value = _get(args, name)
         if value is None:
             continue

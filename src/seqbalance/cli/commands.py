@@ -188,9 +188,11 @@ def _say(text: str, out: TextIO) -> None:
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
     """Print a table: with rich when installed, else as plain aligned text.
 
-    Its natural width is under 80 columns for the usual strategy names; on a narrower
-    terminal rich wraps the strategy names, and a file or pipe gets the full width.
+    Columns are two spaces apart, so the usual table is under 80 columns wide. On a
+    narrower terminal the strategy names fold onto a second line (down to 8 characters);
+    the numbers are never cut. A file or pipe gets the full width.
     """
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     try:
         from rich import box
         from rich.console import Console
@@ -198,8 +200,12 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -
     except ImportError:
         Console = None
     if Console is not None:
-        # One space between columns and a rule under the header: the compact layout that
-        # keeps the table within an 80-column terminal.
+        first = widths[0]
+        natural = sum(widths) + 2 * (len(widths) - 1)
+        term = _terminal_width(out)
+        if term is not None and natural > term:
+            first = max(8, first - (natural - term))
+        # A rule under the header, one space of padding either side of a blank separator.
         table = Table(
             box=box.SIMPLE_HEAD,
             padding=(0, 1),
@@ -210,17 +216,14 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -
         )
         for i, h in enumerate(headers):
             if i == 0:
-                table.add_column(h, justify="left", overflow="fold")
+                table.add_column(h, justify="left", width=first, overflow="fold")
             else:
-                table.add_column(h, justify="right", no_wrap=True)
+                table.add_column(h, justify="right", width=widths[i], no_wrap=True)
         for row in rows:
             table.add_row(*row)
-        width = _terminal_width(out)
-        if width is None:  # a file or a pipe: never wrap
-            width = Console(file=out, width=10_000).measure(table).maximum
-        Console(file=out, width=width).print(table)
+        # Exactly the table's width: rich then neither shrinks columns nor pads lines.
+        Console(file=out, width=natural - widths[0] + first).print(table)
         return
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
         first = cells[0].ljust(widths[0])
