@@ -59,6 +59,7 @@ _FLAGS = {
     "micro_batch_multiple": "--micro-batch-multiple",
     "extra_micro_batches": "--extra-micro-batches",
     "allow_empty=True": "--allow-empty",
+    "cp_size": "--cp-size",
 }
 _FLAG_RE = re.compile(r"\b(" + "|".join(re.escape(k) for k in _FLAGS) + r")\b")
 
@@ -292,6 +293,10 @@ def _print_results(results: list[dict[str, Any]], unit: str, out: TextIO) -> Non
 def _cmd_compare(args: argparse.Namespace) -> int:
     if args.demo == (args.lengths is not None):
         raise UserError("give either a LENGTHS file or --demo (one of the two)")
+    if args.cp_size != 1:  # context parallelism: its own strategies and table
+        from . import cp_compare
+
+        return cp_compare.run(args, sys.stdout)
     if args.padded:
         raise UserError(
             "compare does not take --padded: the baselines pack micro-batches, so the table "
@@ -507,6 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw a ranks x time timeline (with --demo: of the first workload); needs matplotlib",
     )
     c.add_argument("--max-ranks", type=int, default=16, metavar="R", help="ranks drawn per panel")
+    from .cp_compare import add_arguments as add_cp_arguments
+
+    add_cp_arguments(c)
     c.set_defaults(func=_cmd_compare)
 
     try:

@@ -229,32 +229,58 @@ def _degrees_for(req: _Request, theta: float) -> np.ndarray:
     return np.where(chosen > 0, chosen, fastest)
 
 
-def _fill_shorts(
-    w: np.ndarray, t: np.ndarray, ceil_load: np.ndarray, n_free: int, cap: int
-) -> tuple[list[list[int]], list[list[int]]] | None:
-    """Put short sequences (cost ``w``, tokens ``t``) into absorb bins, then free bins.
+class _Group:
+    """A CP group in a slot: ``d`` aligned GPUs running ``seqs`` (each split ``d`` ways)."""
 
-    Absorb bins (the free GPUs of slots whose level a CP group sets) are filled first, most
-    headroom first, with the heaviest sequences, next-fit: a bin takes the next sequences in
-    cost order while its cost stays at or below its slot's level ``ceil_load`` and its tokens
-    within ``cap``. Every other sequence goes to ``n_free`` capacitated LPT bins (each into
-    the cheapest bin with token room). Returns (absorb bins, free bins) of positions into
-    ``w``, or None when a sequence fits no bin.
+    __slots__ = ("d", "seqs", "slot", "time", "tok")
+
+    def __init__(self, d: int, slot: int) -> None:
+        self.d, self.slot, self.seqs, self.time, self.tok = d, slot, [], 0.0, 0
+
+    def add(self, i: int, t: float, p: int) -> None:
+        self.seqs.append(i)
+        self.time += t  # per GPU: the sum of each sequence's slowest piece (an upper bound)
+        self.tok += p  # per GPU: the sum of each sequence's largest piece (an upper bound)
+
+
+def _fill_shorts(
+    req: _Request,
+    shorts: np.ndarray,
+    bins: list[tuple[float, int, int]],
+    n_free: int,
+) -> tuple[list[list[int]], list[list[int]]] | None:
+    """Put the ``d = 1`` sequences into absorb bins, then into ``n_free`` free bins.
+
+    ``bins`` are ``(headroom, token room, degree)``: CP groups below their slot's level and
+    the free GPUs of such slots (degree 1). Most headroom first, each bin takes the next
+    heaviest sequences (next fit, split at the bin's degree) while its cost stays within
+    the headroom and its tokens within the room: work there is free under FSDP. The rest go
+    to capacitated LPT bins (each into the cheapest bin with token room). Returns (absorb
+    bins, free bins) as positions into ``shorts``, or None when a sequence fits no bin.
     """
+    cap = req.cap
+    w = req.tables[1][0][shorts]
+    t = req.lens[shorts]
     n = w.size
     order = np.lexsort((np.arange(n), -t, -w))
-    a = ceil_load.size
-    a_items: list[list[int]] = [[] for _ in range(a)]
+    a_items: list[list[int]] = [[] for _ in bins]
     pos = 0
-    if a and n:
-        cw = np.concatenate([[0.0], np.cumsum(w[order])])
-        ct = np.concatenate([[0], np.cumsum(t[order])])
-        for b in np.lexsort((np.arange(a), -ceil_load)).tolist():
+    if bins and n:
+        sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for b in sorted(range(len(bins)), key=lambda k: (-bins[k][0], k)):
             if pos >= n:
                 break
+            head, room, d = bins[b]
+            if d not in sums:
+                tmax, _, ptok = req.tables[d]
+                sums[d] = (
+                    np.concatenate([[0.0], np.cumsum(tmax[shorts][order])]),
+                    np.concatenate([[0], np.cumsum(ptok[shorts][order])]),
+                )
+            cw, ct = sums[d]
             k = min(
-                int(np.searchsorted(cw, cw[pos] + ceil_load[b], side="right")) - 1,
-                int(np.searchsorted(ct, ct[pos] + cap, side="right")) - 1,
+                int(np.searchsorted(cw, cw[pos] + head, side="right")) - 1,
+                int(np.searchsorted(ct, ct[pos] + room, side="right")) - 1,
             )
             if k > pos:
                 a_items[b] = order[pos:k].tolist()
@@ -297,85 +323,105 @@ def _fill_shorts(
     return a_items, f_items
 
 
+def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[int], list[float]]:
+    """Step 2: sequences with ``d >= 2``, costliest first, into CP groups and slots.
+
+    A sequence joins an existing group of its degree or larger (split that many ways) when
+    that stays within the group's slot level and the token room; otherwise it opens a
+    group in the first slot with ``d`` GPUs left (a new slot if none).
+    """
+    W, cap, lens = req.world, req.cap, req.lens
+    longs = np.flatnonzero(deg >= 2)
+    t_long = np.array([req.tables[int(deg[i])][0][i] for i in longs.tolist()])
+    groups: list[_Group] = []
+    used: list[int] = []
+    level: list[float] = []
+    for k in np.lexsort((longs, -t_long)).tolist():
+        i, d = int(longs[k]), int(deg[longs[k]])
+        best, best_head = None, -1.0
+        for g in groups:
+            if g.d < d or 2 * g.d > lens[i]:
+                continue
+            t = float(req.tables[g.d][0][i])
+            head = level[g.slot] - g.time - t
+            if head >= 0 and g.tok + int(req.tables[g.d][2][i]) <= cap and head > best_head:
+                best, best_head = g, head
+        if best is None:
+            j = next((j for j in range(len(used)) if used[j] + d <= W), len(used))
+            if j == len(used):
+                used.append(0)
+                level.append(0.0)
+            best = _Group(d, j)
+            groups.append(best)
+            used[j] += d
+        best.add(i, float(req.tables[best.d][0][i]), int(req.tables[best.d][2][i]))
+        level[best.slot] = max(level[best.slot], best.time)
+    return groups, used, level
+
+
 def _build_dynamic(req: _Request, deg: np.ndarray) -> CPPlan | None:
     """Steps 2-3 of the module docstring for one degree vector; None if nothing fits."""
-    W, cap, lens = req.world, req.cap, req.lens
-    tmax_of = {d: req.tables[d][0] for d in req.tables}
-    full_cost = req.tables[1][0]  # d = 1: the sequence's own cost
-    longs = np.flatnonzero(deg >= 2)
+    W, cap = req.world, req.cap
+    groups, used, level = _place_groups(req, deg)
     shorts = np.flatnonzero(deg == 1)
-    t_long = np.array([tmax_of[int(deg[i])][i] for i in longs.tolist()])
-    # Step 2: CP groups by cost, first fit into slots of W GPUs.
-    slot_groups: list[list[int]] = []
-    slot_used: list[int] = []
-    slot_level: list[float] = []
-    for k in np.lexsort((longs, -t_long)).tolist():
-        i, wd = int(longs[k]), int(deg[longs[k]])
-        for j in range(len(slot_groups)):
-            if slot_used[j] + wd <= W:
-                break
-        else:
-            slot_groups.append([])
-            slot_used.append(0)
-            slot_level.append(0.0)
-            j = len(slot_groups) - 1
-        slot_groups[j].append(i)
-        slot_used[j] += wd
-        slot_level[j] = max(slot_level[j], float(t_long[k]))
-    m_long = len(slot_groups)
+    m_long = len(used)
+    # Absorb bins: groups below their slot's level, then the free GPUs of those slots.
+    bins = [(level[g.slot] - g.time, cap - g.tok, g.d) for g in groups]
+    owner: list[Any] = list(groups)
+    for j in range(m_long):
+        bins += [(level[j], cap, 1)] * (W - used[j])
+        owner += [j] * (W - used[j])
     m = _round_up(max(req.m_start(), m_long), req.mult)
-    absorb_slot = np.repeat(np.arange(m_long), [W - u for u in slot_used]).astype(np.int64)
-    # a free GPU's sequences may cost up to the slot's CP level (both without c0)
-    ceil_load = np.asarray(slot_level, dtype=np.float64)[absorb_slot]
-    w_s, t_s = full_cost[shorts], lens[shorts]
     m_limit = m + max(shorts.size, 1) + req.mult
     while m <= m_limit:
         n_free = (m - m_long) * W
-        if shorts.size < absorb_slot.size + n_free and not req.allow_empty:
-            # Too few sequences to give every GPU-slot one: more slots only make it worse.
-            return None
-        got = _fill_shorts(w_s, t_s, ceil_load, n_free, cap)
+        got = _fill_shorts(req, shorts, bins, n_free)
         if got is not None:
             a_items, f_items = got
-            return _assemble(req, deg, slot_groups, absorb_slot, a_items, f_items, shorts, m)
+            return _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long)
         m += req.mult
     return None
 
 
-def _assemble(req, deg, slot_groups, absorb_slot, a_items, f_items, shorts, m) -> CPPlan:
+def _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long) -> CPPlan | None:
     W, lens = req.world, req.lens
     full_cost = req.tables[1][0]
-    m_long = len(slot_groups)
     pieces: Pieces = [[[] for _ in range(m)] for _ in range(W)]
     load = np.zeros(W)
-    sh = shorts
-    # Free bins: back to sequence ids, dealt into slots of W by cost (FSDP lines them up).
-    free_bins = [[int(sh[x]) for x in b] for b in f_items]
+    singles: dict[int, list[list[int]]] = {}
+    for k, items in enumerate(a_items):
+        ids = [int(shorts[x]) for x in items]
+        if isinstance(owner[k], _Group):
+            g = owner[k]
+            g.seqs.extend(ids)
+        else:
+            singles.setdefault(owner[k], []).append(ids)
+    free_bins = [[int(shorts[x]) for x in b] for b in f_items]
+    if any(not b for b in free_bins) or any(not b for v in singles.values() for b in v):
+        if not req.allow_empty:
+            return None  # too few sequences for a piece on every GPU in every slot
+    grid: list[list[list[int]]] = [[] for _ in range(W)]
     if free_bins:
         bcost = np.array([float(full_cost[b].sum()) for b in free_bins])
         order = np.lexsort((np.arange(len(free_bins)), -bcost)).tolist()
         grid = [[free_bins[order[j * W + r]] for j in range(m - m_long)] for r in range(W)]
         if req.sync == "fsdp" and m - m_long >= 2:
             grid = fill_slack(grid, full_cost, lens, req.cap, max_steps=2 * W * (m - m_long) + 100)
-    else:
-        grid = [[] for _ in range(W)]
-    absorb = [[int(sh[x]) for x in b] for b in a_items]
-    by_slot: dict[int, list[list[int]]] = {}
-    for k, j in enumerate(absorb_slot.tolist()):
-        by_slot.setdefault(j, []).append(absorb[k])
+    by_slot: dict[int, list[_Group]] = {}
+    for g in groups:
+        by_slot.setdefault(g.slot, []).append(g)
     for j in range(m):
         free = np.ones(W, dtype=bool)
         slot_load = np.zeros(W)
         if j < m_long:
-            groups = sorted(slot_groups[j], key=lambda i: (-int(deg[i]), i))
-            for i in groups:
-                d = int(deg[i])
-                off = _place_block(free, load, d, req.sync)
-                for r, ranges in enumerate(balanced_layout(int(lens[i]), d)):
-                    pieces[off + r][j].extend((i, s, e) for s, e in ranges)
-                free[off : off + d] = False
-                slot_load[off : off + d] = req.tables[d][0][i]
-            bins = by_slot.get(j, [])
+            for g in sorted(by_slot.get(j, []), key=lambda g: (-g.d, g.seqs[0])):
+                off = _place_block(free, load, g.d, req.sync)
+                members = _group_pieces(sorted(g.seqs), lens, g.d)
+                for r in range(g.d):
+                    pieces[off + r][j].extend(members[r])
+                free[off : off + g.d] = False
+                slot_load[off : off + g.d] = float(sum(req.tables[g.d][0][i] for i in g.seqs))
+            bins = singles.get(j, [])
         else:
             bins = [grid[r][j - m_long] for r in range(W)]
         gpus = np.flatnonzero(free)
