@@ -169,14 +169,17 @@ def _place_block(free: np.ndarray, load: np.ndarray, w: int, sync: str) -> int:
 # ---- static CP --------------------------------------------------------------------------
 
 
-def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
-    """Every sequence over its replica's cp_size GPUs, replicas planned by :func:`plan`."""
+def _static_base(req: _Request) -> Any:
+    """The replica-level plan of static CP (a :class:`Plan` over ``dp`` replicas), or why not.
+
+    Each sequence counts its largest piece as tokens (so every GPU stays within
+    ``max_tokens``) and its slowest piece as cost.
+    """
     from .planner import plan  # the CP hook sits in plan(); import lazily to avoid a cycle
 
-    c = req.cp_size
-    tmax, _, ptok = req.tables[c]
+    tmax, _, ptok = req.tables[req.cp_size]
     try:
-        base = plan(
+        return plan(
             ptok,
             req.dp,
             req.cap,
@@ -188,6 +191,27 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
         )
     except ValueError as exc:
         return str(exc)
+
+
+def _static_step(req: _Request, base: Any) -> float:
+    """Simulated step of the static plan from its replica plan, without building pieces.
+
+    Every GPU of a replica holds a piece of every sequence of the replica's micro-batch, so
+    the replica is one CP group per slot: under ``ddp`` it advances by its slowest GPU.
+    """
+    costs, _ = req.cpc.rank_costs(req.lens, req.cp_size)  # (n, cp_size)
+    c0 = req.cpc.per_microbatch
+    m = base.num_micro_batches
+    mb = np.full((req.dp, m), c0)  # slowest GPU of each replica micro-batch
+    for r, rank in enumerate(base.micro_batches):
+        for j, items in enumerate(rank):
+            if items:
+                mb[r, j] = float((c0 + costs[items].sum(axis=0)).max())
+    return float(mb.max(axis=0).sum()) if req.sync == "fsdp" else float(mb.sum(axis=1).max())
+
+
+def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
+    c = req.cp_size
     pieces: Pieces = [[] for _ in range(req.world)]
     for r, rank in enumerate(base.micro_batches):
         for mb in rank:
@@ -206,6 +230,25 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
         strategy=strategy,
         notes=list(base.notes),
     )
+
+
+def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
+    """Every sequence over its replica's cp_size GPUs, replicas planned by :func:`plan`."""
+    base = _static_base(req)
+    return base if isinstance(base, str) else _static_pieces(req, base, strategy)
+
+
+def _fixed_bound(req: _Request, deg: np.ndarray) -> float:
+    """A step no plan with these exact degrees can beat (as :func:`cp_lower_bound`)."""
+    t = np.zeros(req.n)
+    w = np.zeros(req.n)
+    for d in np.unique(deg).tolist():
+        sel = deg == d
+        t[sel] = req.tables[d][0][sel]
+        w[sel] = req.tables[d][1][sel]
+    if req.n == 0:
+        return 0.0
+    return req.m_start() * req.cpc.per_microbatch + max(float(w.sum()) / req.world, float(t.max()))
 
 
 # ---- dynamic CP -------------------------------------------------------------------------
@@ -480,13 +523,25 @@ def _dynamic(req: _Request) -> CPPlan:
             worse += 1
             if worse >= 2:  # raising further keeps costing more: stop
                 break
-    for label, make in (
-        ("the static-CP layout", lambda: _static(req)),
-        ("the Megatron-style layout", lambda: megatron_cp_plan(req)),
-    ):
-        p = make()
-        if isinstance(p, CPPlan) and (req.allow_empty or all(sl for gpu in p.pieces for sl in gpu)):
-            tried.append((label, p, _step(p, req.sync)))
+    # The baselines' layouts are candidates too, unless a bound shows they cannot win.
+    from .cp_baselines import _megatron_degrees
+
+    skipped = []
+    static_deg = np.full(req.n, req.cp_size, dtype=np.int64)
+    if best_time <= _fixed_bound(req, static_deg):
+        skipped.append("the static-CP layout (its bound is no lower)")
+    else:
+        base = _static_base(req)
+        if not isinstance(base, str) and _static_step(req, base) <= best_time * (1 + 1e-9):
+            p = _static_pieces(req, base, "seqbalance")
+            if req.allow_empty or all(sl for gpu in p.pieces for sl in gpu):
+                tried.append(("the static-CP layout", p, _step(p, req.sync)))
+    if best_time <= _fixed_bound(req, _megatron_degrees(req)):
+        skipped.append("the Megatron-style layout (its bound is no lower)")
+    else:
+        p = megatron_cp_plan(req)
+        if req.allow_empty or all(sl for gpu in p.pieces for sl in gpu):
+            tried.append(("the Megatron-style layout", p, _step(p, req.sync)))
     if not tried:
         raise ValueError(
             f"{req.n} sequences cannot give each of {req.world} GPUs x "
@@ -503,6 +558,8 @@ def _dynamic(req: _Request) -> CPPlan:
     notes = [f"dynamic CP: {label} gave the lowest simulated {req.sync} step ({hist})"]
     if others:
         notes.append(f"other candidates' steps: {others}")
+    if skipped:
+        notes.append("not built: " + "; ".join(skipped))
     notes.extend(n for n in best.notes if n not in notes)
     best.cp, best.strategy, best.notes = "dynamic", "seqbalance", tuple(notes)
     return best

@@ -61,25 +61,36 @@ def megatron_cp_plan(req: Any) -> CPPlan:
         members: list[list[int]] = [[] for _ in range(W)]
         heap: list[tuple[float, int]] = [(0.0, g) for g in range(W)]  # for d = 1 samples
         left = []
+        room = -1  # most token room on a GPU open to d = 1 samples; -1: recompute
         for i in remaining:
             d, p, t = int(deg[i]), int(ptok[i]), float(tmax[i])
             if d == 1:
+                if room < 0:
+                    room = cap - int(tok[width <= 1].min(initial=cap))
+                if p > room:  # fits no GPU of this slot: next slot
+                    left.append(i)
+                    continue
                 stash, g_ok = [], -1
-                room = cap - int(tok[width <= 1].min(initial=cap + 1))
-                while heap and p <= room:
+                while heap and len(stash) < 16:
                     c, g = heapq.heappop(heap)
                     if width[g] > 1 or c != load[g]:
                         continue  # taken by a CP group, or a stale entry
-                    stash.append((c, g))
                     if tok[g] + p <= cap:
                         g_ok = g
                         break
+                    stash.append((c, g))
+                if g_ok < 0 and len(stash) == 16:  # nearly full in tokens: scan them all
+                    ok = np.flatnonzero((width <= 1) & (tok + p <= cap))
+                    if ok.size:
+                        g_ok = int(ok[np.argmin(load[ok])])
+                        stash = [(c, g) for c, g in stash if g != g_ok]
                 for s in stash:
                     heapq.heappush(heap, s)
                 if g_ok < 0:
                     left.append(i)
                     continue
                 width[g_ok] = 1
+                room = -1
                 tok[g_ok] += p
                 load[g_ok] += t
                 members[g_ok].append(i)
@@ -96,6 +107,7 @@ def megatron_cp_plan(req: Any) -> CPPlan:
             lo = np.where(ok, load.reshape(-1, d).max(axis=1), np.inf)
             off = int(np.argmin(lo)) * d
             width[off : off + d] = d
+            room = -1
             tok[off : off + d] += p
             load[off : off + d] += t
             for g in range(off, off + d):

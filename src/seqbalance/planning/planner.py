@@ -355,18 +355,29 @@ def _plan_cp_hook(**kw: Any) -> Plan:
     """``cp_size > 1``: context-parallel planning; arguments it cannot honour are refused."""
     from .context_parallel import plan_cp  # lazily: it builds on plan() for static CP
 
-    for name, default in (("size", "free"), ("groups", None), ("padded", False),
-                          ("extra_micro_batches", 0)):
+    for name, default in (
+        ("size", "free"),
+        ("groups", None),
+        ("padded", False),
+        ("extra_micro_batches", 0),
+    ):
         value = kw[name]
         if (value is not None) if default is None else (value != default):
             raise ValueError(
                 f"{name}={value!r} is not supported with cp_size > 1; leave it at {default!r}"
             )
     return plan_cp(
-        kw["lengths"], kw["dp_size"], kw["max_tokens"], cp_size=kw["cp_size"], cp=kw["cp"],
-        cost=kw["cost"], cp_cost=kw["cp_cost"], sync=kw["sync"],
+        kw["lengths"],
+        kw["dp_size"],
+        kw["max_tokens"],
+        cp_size=kw["cp_size"],
+        cp=kw["cp"],
+        cost=kw["cost"],
+        cp_cost=kw["cp_cost"],
+        sync=kw["sync"],
         min_micro_batches=kw["min_micro_batches"],
-        micro_batch_multiple=kw["micro_batch_multiple"], allow_empty=kw["allow_empty"],
+        micro_batch_multiple=kw["micro_batch_multiple"],
+        allow_empty=kw["allow_empty"],
     )
 
 
