@@ -174,14 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         "constraints_ok_all": ok,
         "dynamic_not_slower_all": not_worse,
         "dyn/static": {
-            "min": rs.min(),
+            "min": float(rs.min()),
             "geomean": float(np.exp(np.log(rs).mean())),
-            "max": rs.max(),
+            "max": float(rs.max()),
         },
         "dyn/megatron": {
-            "min": rm.min(),
+            "min": float(rm.min()),
             "geomean": float(np.exp(np.log(rm).mean())),
-            "max": rm.max(),
+            "max": float(rm.max()),
         },
         "gap_dyn": {
             "min": float(gaps.min()),
