@@ -319,3 +319,24 @@ def test_dynamic_is_no_slower_than_static_and_megatron(bandwidth):
     assert t <= static_cp(lengths, 2, 32768, **kw).simulate().step_time
     assert t <= megatron_cp(lengths, 2, 32768, **kw).simulate().step_time
     assert dyn.notes and dyn.notes[0].startswith("dynamic CP:")
+
+
+def test_too_few_sequences_needs_allow_empty():
+    with pytest.raises(ValueError, match="allow_empty=True"):
+        sb.plan([100, 200, 300], 4, 1000, cp_size=2, cp="dynamic")
+    p = sb.plan([100, 200, 300], 4, 1000, cp_size=2, cp="dynamic", allow_empty=True)
+    check_constraints(p, [100, 200, 300], 1000, 2)
+    busy = {(g, j) for g, gpu in enumerate(p.pieces) for j, sl in enumerate(gpu) if sl}
+    assert p.violations()["empty"] == 8 * p.num_micro_batches - len(busy) > 0
+
+
+def test_stats_order_and_degrees():
+    lengths = [9000, 100, 200, 300, 400, 500, 600, 700]
+    p = sb.plan(lengths, 2, 4096, cp_size=4, cp="dynamic", allow_empty=True)
+    assert p.degrees()[0] == 4 and set(p.degrees()[1:].tolist()) <= {1, 2, 4}
+    order = p.order()
+    assert sorted(order.tolist()) == list(range(8))  # each sequence once
+    np.testing.assert_array_equal(order[p.inverse_order()], np.arange(8))
+    st_ = p.stats()
+    assert st_["world_size"] == 8 and sum(st_["degrees"].values()) == 8
+    assert st_["lower_bound"] == p.lower_bound() and st_["violations"] == p.violations()
