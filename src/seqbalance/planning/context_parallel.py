@@ -402,7 +402,7 @@ def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[in
     return groups, used, level
 
 
-def _build_dynamic(req: _Request, deg: np.ndarray) -> CPPlan | None:
+def _build_dynamic(req: _Request, deg: np.ndarray, refine: bool = True) -> CPPlan | None:
     """Steps 2-3 of the module docstring for one degree vector; None if nothing fits."""
     W, cap = req.world, req.cap
     groups, used, level = _place_groups(req, deg)
@@ -421,12 +421,12 @@ def _build_dynamic(req: _Request, deg: np.ndarray) -> CPPlan | None:
         got = _fill_shorts(req, shorts, bins, n_free)
         if got is not None:
             a_items, f_items = got
-            return _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long)
+            return _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long, refine)
         m += req.mult
     return None
 
 
-def _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long) -> CPPlan | None:
+def _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long, refine) -> CPPlan | None:
     W, lens = req.world, req.lens
     full_cost = req.tables[1][0]
     pieces: Pieces = [[[] for _ in range(m)] for _ in range(W)]
@@ -448,7 +448,7 @@ def _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long) -> CPPlan
         bcost = np.array([float(full_cost[b].sum()) for b in free_bins])
         order = np.lexsort((np.arange(len(free_bins)), -bcost)).tolist()
         grid = [[free_bins[order[j * W + r]] for j in range(m - m_long)] for r in range(W)]
-        if req.sync == "fsdp" and m - m_long >= 2:
+        if refine and req.sync == "fsdp" and m - m_long >= 2:
             grid = fill_slack(grid, full_cost, lens, req.cap, max_steps=2 * W * (m - m_long) + 100)
     by_slot: dict[int, list[_Group]] = {}
     for g in groups:
@@ -502,12 +502,14 @@ def _dynamic(req: _Request) -> CPPlan:
     thetas = [math.inf] + [t_top / 2**k for k in range(1, len(req.tables) + 1)]
     worse = 0
     best_time = math.inf
+    best_deg = req.d_min
     for theta in thetas:
         deg = _degrees_for(req, theta)
         if any(np.array_equal(deg, s) for s in seen):
             continue
         seen.append(deg)
-        p = _build_dynamic(req, deg)
+        # Candidates are compared unrefined; the winner gets the slot refinement below.
+        p = _build_dynamic(req, deg, refine=False)
         if p is None:
             continue
         t = _step(p, req.sync)
@@ -518,11 +520,19 @@ def _dynamic(req: _Request) -> CPPlan:
         )
         tried.append((label, p, t))
         if t < best_time:
-            best_time, worse = t, 0
+            best_time, worse, best_deg = t, 0, deg
         else:
             worse += 1
             if worse >= 2:  # raising further keeps costing more: stop
                 break
+    if tried:
+        refined = _build_dynamic(req, best_deg, refine=True)
+        if refined is not None:
+            t = _step(refined, req.sync)
+            k = next(k for k, (_, _, tt) in enumerate(tried) if tt == best_time)
+            if t <= best_time:
+                tried[k] = (tried[k][0], refined, t)
+                best_time = t
     # The baselines' layouts are candidates too, unless a bound shows they cannot win.
     from .cp_baselines import _megatron_degrees
 
