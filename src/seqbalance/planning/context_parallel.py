@@ -20,16 +20,20 @@ serve it.
     1. For a threshold ``theta``, every sequence whose slowest piece costs more than
        ``theta`` gets the smallest larger degree that brings it under ``theta`` (or the
        fastest one). Thresholds tried: none, then the costliest piece halved repeatedly.
-    2. Sequences with ``d >= 2`` form groups of ``d`` GPUs, sorted by cost and placed
-       first-fit into slots of ``world`` GPUs, so groups of similar cost share a slot.
-    3. The sequences with ``d = 1`` fill the rest: first the free GPUs of slots whose level
-       a CP group sets, heaviest sequences first, each where it leaves the most headroom,
-       never above the slot's level (that work is free under FSDP); then the remaining
-       slots, as capacitated LPT bins dealt out by cost and refined by
-       :mod:`seqbalance.planning._slots`. Too little room: one more slot.
-    4. Each candidate is simulated; the static-CP plan and the Megatron-style plan
-       (:mod:`seqbalance.planning.cp_baselines`) are candidates too. The lowest simulated
-       step wins (ties: fewer slots, then the order above), and ``plan.notes`` says which.
+    2. Sequences with ``d >= 2``, costliest first, join an existing CP group of their
+       degree or larger when that keeps the group within its slot's level and token room
+       (a group may hold several sequences, each split over all its GPUs), or open a group
+       of ``d`` GPUs in the first slot with room; so groups of similar cost share a slot.
+    3. The sequences with ``d = 1`` fill the rest: first the slack of slots whose level a CP
+       group sets (groups below the level, split at the group's degree, and the slot's
+       free GPUs), heaviest sequences first, never above the slot's level (that work is
+       free under FSDP); then the remaining slots, as capacitated LPT bins dealt out by
+       cost. Too little room: one more slot.
+    4. Each candidate is simulated; the best one is rebuilt with the slot refinement of
+       :mod:`seqbalance.planning._slots`. The static-CP plan and the Megatron-style plan
+       (:mod:`seqbalance.planning.cp_baselines`) are candidates too, unless a lower bound
+       for their fixed degrees shows they cannot win. The lowest simulated step wins
+       (ties: fewer slots, then the order above), and ``plan.notes`` says which.
 """
 
 from __future__ import annotations
