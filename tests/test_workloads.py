@@ -50,3 +50,11 @@ def test_shapes_match_the_documentation():
 def test_bad_arguments(args, match):
     with pytest.raises(ValueError, match=match):
         workloads.load(*args)
+
+
+def test_long_context_shape():
+    w = workloads.lengths("long-context", 20_000, seed=0)
+    long = w >= 32768
+    assert 0.005 < long.mean() < 0.02 and w.max() <= 262144
+    assert w[~long].max() <= 16384 and 600 < np.median(w[~long]) < 1500
+    assert all((workloads.lengths("long-context", 200, seed=s) >= 32768).any() for s in range(5))

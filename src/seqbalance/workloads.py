@@ -22,6 +22,11 @@ Workloads
     Mostly short samples (99.9%: lognormal, median 512, sigma 0.6, clipped to [16, 8,192])
     with 0.1% long documents, log-uniform on [16,384, 131,072], as in long-context SFT mixes.
     At least one long document is placed in every batch of 1,000 or more.
+``long-context``
+    Long-context SFT or agentic RL: 1% of sequences (at least one in every batch of 200 or
+    more) are long, log-uniform on [32,768, 262,144]; the rest are chat-like (lognormal,
+    median 1,000, sigma 0.8, clipped to [16, 16,384]). Sequences longer than a GPU's token
+    budget need context parallelism (``plan(..., cp_size=...)``).
 ``uniform``
     Uniform integers on [64, 8,192]: a control with no tail.
 ``bimodal``
@@ -91,6 +96,16 @@ def _long_mix(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.round(out).astype(np.int64)
 
 
+def _long_context(n: int, rng: np.random.Generator) -> np.ndarray:
+    out = np.clip(_lognormal(rng, 1000.0, 0.8, n), 16, 16384)
+    is_long = rng.random(n) < 0.01
+    if n >= 200 and not is_long.any():
+        is_long[rng.integers(n)] = True
+    long_len = np.exp(rng.uniform(np.log(32768), np.log(262144), n))
+    out = np.where(is_long, long_len, out)
+    return np.round(out).astype(np.int64)
+
+
 def _uniform(n: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(64, 8192, size=n, endpoint=True).astype(np.int64)
 
@@ -105,16 +120,18 @@ def _bimodal(n: int, rng: np.random.Generator) -> np.ndarray:
 _PLAIN: dict[str, Callable[[int, np.random.Generator], np.ndarray]] = {
     "sft-chat": _sft_chat,
     "long-mix": _long_mix,
+    "long-context": _long_context,
     "uniform": _uniform,
     "bimodal": _bimodal,
 }
 
-NAMES: tuple[str, ...] = ("rl-math", "sft-chat", "long-mix", "uniform", "bimodal")
+NAMES: tuple[str, ...] = ("rl-math", "sft-chat", "long-mix", "long-context", "uniform", "bimodal")
 
 _DESCRIPTIONS = {
     "rl-math": "GRPO math rollouts, 16 responses/prompt, truncation spike at 20,480",
     "sft-chat": "chat SFT, lognormal median 800, tail to 32k",
     "long-mix": "99.9% short + 0.1% long documents of 16k-128k",
+    "long-context": "99% chat-like + 1% long sequences of 32k-256k (needs CP)",
     "uniform": "uniform on [64, 8192]",
     "bimodal": "70% short answers + 30% long reasoning traces",
 }

@@ -50,6 +50,7 @@ INT_FLAGS = (
     ("--micro-batch-multiple", "micro_batch_multiple", 1),
     ("--extra-micro-batches", "extra_micro_batches", 0),
     ("--max-ranks", "max_ranks", 1),
+    ("--cp-size", "cp_size", 1),
 )
 
 

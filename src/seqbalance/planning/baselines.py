@@ -19,6 +19,10 @@ promise the planner's guarantees, and :meth:`Plan.violations` reports what they 
     As ``token-kk`` but balancing the cost (slime's ``--balance-by-flops``); capacity
     violations are reported, not prevented.
 
+The context-parallel baselines ``static-cp`` and ``megatron-cp`` (:data:`CP_BASELINES`,
+:func:`static_cp`, :func:`megatron_cp`) take a ``cp_size`` and return CP plans; they live
+in :mod:`seqbalance.planning.cp_baselines` and are re-exported here.
+
 Ranks that end with fewer micro-batches than the busiest rank split their fullest
 micro-batches until the counts match (what a trainer must do to avoid hung collectives);
 where nothing can be split, empty micro-batches are added and reported.
@@ -34,10 +38,20 @@ import numpy as np
 from .._validate import as_lengths, check_choice, check_positive_int
 from ._costing import sequence_costs
 from ._packing import first_fit
+from .cp_baselines import CP_BASELINES, megatron_cp, static_cp
 from .plans import Plan
 from .simulation import SYNC_MODELS
 
-__all__ = ["BASELINES", "cost_kk_uncapped", "sequential", "token_ffd", "token_kk"]
+__all__ = [
+    "BASELINES",
+    "CP_BASELINES",
+    "cost_kk_uncapped",
+    "megatron_cp",
+    "sequential",
+    "static_cp",
+    "token_ffd",
+    "token_kk",
+]
 
 
 def _equalize(ranks: list[list[list[int]]]) -> list[list[list[int]]]:

@@ -351,6 +351,36 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
     return min(candidates, key=key)
 
 
+def _plan_cp_hook(**kw: Any) -> Plan:
+    """``cp_size > 1``: context-parallel planning; arguments it cannot honour are refused."""
+    from .context_parallel import plan_cp  # lazily: it builds on plan() for static CP
+
+    for name, default in (
+        ("size", "free"),
+        ("groups", None),
+        ("padded", False),
+        ("extra_micro_batches", 0),
+    ):
+        value = kw[name]
+        if (value is not None) if default is None else (value != default):
+            raise ValueError(
+                f"{name}={value!r} is not supported with cp_size > 1; leave it at {default!r}"
+            )
+    return plan_cp(
+        kw["lengths"],
+        kw["dp_size"],
+        kw["max_tokens"],
+        cp_size=kw["cp_size"],
+        cp=kw["cp"],
+        cost=kw["cost"],
+        cp_cost=kw["cp_cost"],
+        sync=kw["sync"],
+        min_micro_batches=kw["min_micro_batches"],
+        micro_batch_multiple=kw["micro_batch_multiple"],
+        allow_empty=kw["allow_empty"],
+    )
+
+
 def plan(
     lengths: Any,
     dp_size: int,
@@ -365,6 +395,9 @@ def plan(
     padded: bool = False,
     allow_empty: bool = False,
     extra_micro_batches: int = 0,
+    cp_size: int = 1,
+    cp: str = "static",
+    cp_cost: Any = None,
 ) -> Plan:
     """Plan which sequences every data-parallel rank runs, micro-batch by micro-batch.
 
@@ -403,6 +436,13 @@ def plan(
         ``micro_batch_multiple``) and keep the plan with the lowest simulated step time.
         Useful when the cost model has a per-micro-batch term, which makes extra
         micro-batches cost something.
+    cp_size, cp, cp_cost : optional
+        Context parallelism over a ``dp_size x cp_size`` mesh (``max_tokens`` per GPU):
+        ``cp="static"`` splits every sequence over its replica's ``cp_size`` GPUs,
+        ``cp="dynamic"`` picks a power-of-two degree per sequence; ``cp_cost`` prices the
+        communication. ``cp_size > 1`` returns a
+        :class:`~seqbalance.planning.cp_plans.CPPlan`; see
+        :func:`seqbalance.planning.context_parallel.plan_cp`.
 
     Returns
     -------
@@ -424,6 +464,8 @@ def plan(
     >>> sorted(len(mb) for rank in p.micro_batches for mb in rank)
     [1, 1, 2, 2]
     """
+    if cp_size != 1:
+        return _plan_cp_hook(**locals())
     req = _validate_request(
         lengths,
         dp_size,

@@ -385,6 +385,10 @@ class Plan:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"not a seqbalance plan: format is {found!r}, want {FORMAT!r}")
+        if "pieces" in data:  # a context-parallel plan
+            from .cp_plans import CPPlan
+
+            return CPPlan.from_dict(data)
         missing = [k for k in ("micro_batches", "lengths", "max_tokens") if k not in data]
         if missing:
             raise ValueError(f"plan document lacks {', '.join(missing)}")
