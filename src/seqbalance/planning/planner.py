@@ -45,9 +45,12 @@ from .._validate import (
 from ..partitioning._rules import SIZES
 from ..partitioning.kway import partition_arrays
 from ._costing import sequence_costs
+from ._exact import pack_ranked_exact
+from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
 from ._grouping import bin_totals
 from ._packing import pack
 from ._slots import fill_slack
+from .bounds import min_bins, min_micro_batches
 from .plans import Plan, capacity_min_micro_batches
 from .simulation import SYNC_MODELS, microbatch_costs, step_time_of
 
@@ -97,6 +100,33 @@ def _step_time(
     return step_time_of(microbatch_costs(grid, costs, per_microbatch=c0, padded=padded), sync)
 
 
+def _global_bins(
+    lengths: np.ndarray, costs: np.ndarray, nbins: int, cap: int, padded: bool
+) -> tuple[list[list[list[int]]], str]:
+    """Candidate packings of all sequences into ``nbins`` bins, and how the search ended.
+
+    The fast packers first; only when both fail, partition-based packing and then the
+    bounded exact search (:mod:`seqbalance.planning._fitting`). Status: ``"found"``,
+    ``"infeasible"`` (proven: no packing exists) or ``"limit"`` (not found within the
+    search limit).
+    """
+    starts = ["lpt"]
+    if lengths.size * nbins <= _FFD_START_WORK:
+        starts.append("ffd")  # tighter packing sometimes lines slots up better
+    found = [b for b in (pack(costs, lengths, nbins, cap, padded=padded, start=s) for s in starts)]
+    found = [b for b in found if b is not None]
+    if found:
+        return found, "found"
+    if not padded:
+        bins = fit_by_partition(costs, lengths, nbins, cap)
+        if bins is not None:
+            return [bins], "found"
+    if lengths.size > EXACT_MAX_ITEMS:
+        return [], "limit"
+    bins, status = fit_exact(costs, lengths, nbins, cap, padded=padded)
+    return ([bins] if bins is not None else []), status
+
+
 def _plan_global(
     lengths: np.ndarray,
     costs: np.ndarray,
@@ -106,15 +136,10 @@ def _plan_global(
     padded: bool,
     sync: str,
     c0: float,
-) -> list[list[list[int]]] | None:
-    starts = ["lpt"]
-    if lengths.size * dp * m <= _FFD_START_WORK:
-        starts.append("ffd")  # tighter packing sometimes lines slots up better
+) -> tuple[list[list[list[int]]] | None, str]:
     best, best_time = None, np.inf
-    for start in starts:
-        bins = pack(costs, lengths, dp * m, cap, padded=padded, start=start)
-        if bins is None:
-            continue
+    packings, status = _global_bins(lengths, costs, dp * m, cap, padded)
+    for bins in packings:
         grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if sync == "fsdp" and not padded:
             grid = fill_slack(grid, costs, lengths, cap, max_steps=2 * dp * m + 100)
@@ -123,7 +148,19 @@ def _plan_global(
         t = _step_time(grid, costs, c0, padded, sync)
         if t < best_time:
             best, best_time = grid, t
-    return best
+    return best, status
+
+
+def _rank_bins(
+    lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool
+) -> list[list[int]] | None:
+    """One rank's sequences into ``m`` bins: fast packer, partition-based, exact (small)."""
+    bins = pack(costs, lengths, m, cap, padded=padded)
+    if bins is None and not padded:
+        bins = fit_by_partition(costs, lengths, m, cap)
+    if bins is None and lengths.size <= EXACT_MAX_ITEMS:
+        bins = fit_exact(costs, lengths, m, cap, padded=padded)[0]
+    return bins
 
 
 def _plan_by_rank(
@@ -137,7 +174,7 @@ def _plan_by_rank(
     out = []
     for items in rank_items:
         idx = np.asarray(items, dtype=np.int64)
-        bins = pack(costs[idx], lengths[idx], m, cap, padded=padded)
+        bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded)
         if bins is None:
             return None
         mbs = [idx[np.asarray(b, dtype=np.int64)].tolist() for b in bins]
@@ -207,18 +244,33 @@ def _validate_request(
 
 
 def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
-    """Step 1: the capacity minimum, raised to ``min_micro_batches`` and the multiple."""
+    """Step 1: the proven minimum, raised to ``min_micro_batches`` and the multiple.
+
+    The proven minimum is the bin-packing bound of
+    :func:`seqbalance.planning.bounds.min_micro_batches`, at least the capacity minimum
+    ``ceil(total / (dp * max_tokens))``; no plan can use fewer micro-batches.
+    """
     m_cap = capacity_min_micro_batches(req.lens, req.dp, req.cap)
-    m = _round_up(max(m_cap, req.m_min), req.mult)
+    m_bins = min_micro_batches(req.lens, req.dp, req.cap) if req.n else 1
+    m = _round_up(max(m_cap, m_bins, req.m_min), req.mult)
     notes = []
-    if m > m_cap:
+    if m_bins > m_cap:
+        big = int((2 * req.lens > req.cap).sum())
+        notes.append(
+            f"{m_bins} micro-batches per rank where the token total alone needs {m_cap}: "
+            f"a bin-packing bound (Martello-Toth L2) proves the sequences need at least "
+            f"{min_bins(req.lens, req.cap)} micro-batches of {req.cap} tokens ({big} of them "
+            f"are longer than {req.cap}/2 and no two of those can share one)"
+        )
+    m_low = max(m_cap, m_bins)
+    if m > m_low:
         why = []
-        if req.m_min > m_cap:
+        if req.m_min > m_low:
             why.append(f"min_micro_batches={req.m_min}")
-        if m > max(m_cap, req.m_min):
+        if m > max(m_low, req.m_min):
             why.append(f"rounded up to a multiple of micro_batch_multiple={req.mult}")
         notes.append(
-            f"{m} micro-batches per rank where the capacity alone needs {m_cap}: "
+            f"{m} micro-batches per rank where the capacity alone needs {m_low}: "
             + " and ".join(why)
         )
     return m, notes
@@ -261,47 +313,131 @@ def _too_few(req: _Request, rank_items: list[list[int]] | None, m: int) -> str |
     return None
 
 
-def _why_more(req: _Request, rank_items: list[list[int]] | None, m: int, first_m: int) -> str:
-    """The note for a plan that needed more micro-batches than the first count tried."""
-    if rank_items is None:
-        return (
-            f"{m} micro-batches per rank: the packing heuristics found no way to fit the "
-            f"sequences into {first_m} micro-batches of {req.cap} tokens per rank"
-        )
-    tokens = [int(req.lens[np.asarray(items, dtype=np.int64)].sum()) for items in rank_items]
-    r = int(np.argmax(tokens))
-    return (
-        f"{m} micro-batches per rank: under {req.rule} rank {r} holds {tokens[r]} tokens, "
-        f"which the packing heuristics did not fit into {first_m} micro-batches of {req.cap}"
+_WHY = {
+    "infeasible": "an exhaustive search proves that no packing into {k} exists",
+    "limit": (
+        "none found by the packers, partition-based packing or a bounded exhaustive search "
+        "(stopped at its limit), so a packing into {k} may still exist"
+    ),
+    "skipped": (
+        "none found by the packers or partition-based packing (the exhaustive search runs "
+        "on at most {n} sequences), so a packing into {k} may still exist"
+    ),
+}
+
+
+def _why_more(req: _Request, m: int, status: str) -> str:
+    """The note for a plan that needed ``m`` micro-batches, ``status`` saying why not fewer."""
+    k = m - req.mult
+    per = f"{k} micro-batches of {req.cap} tokens per rank"
+    under = f" under {req.rule}" if req.size != "free" or req.groups is not None else ""
+    return f"{m} micro-batches per rank: {_WHY[status].format(k=per, n=EXACT_MAX_ITEMS)}{under}"
+
+
+def _joint_exact(req: _Request, m: int, memo: dict[int, Any]) -> tuple[Any, str]:
+    """Rank contents that fit ``m`` micro-batches per rank under the rule, by exact search.
+
+    Returns ``(rank_items, status)``; small inputs only (else status ``"skipped"``).
+    """
+    if m in memo:
+        return memo[m]
+    if req.n > _JOINT_EXACT_MAX_ITEMS:
+        memo[m] = (None, "skipped")
+        return memo[m]
+    if req.groups is None:
+        units = [[i] for i in range(req.n)]
+    else:
+        order = np.argsort(req.groups, kind="stable")
+        cuts = np.flatnonzero(np.diff(req.groups[order])) + 1
+        units = [u.tolist() for u in np.split(order, cuts)]
+    u = len(units)
+    lo = 0 if req.size == "free" else u // req.dp
+    hi = u if req.size == "free" else lo + (1 if req.size == "balanced" and u % req.dp else 0)
+    ranks, status = pack_ranked_exact(
+        req.lens.tolist(),
+        units,
+        req.dp,
+        m,
+        req.cap,
+        lo=lo,
+        hi=hi,
+        need=0 if req.allow_empty else m,
+        padded=req.padded,
+    )
+    items = None if ranks is None else [sorted(i for mb in r for i in mb) for r in ranks]
+    memo[m] = (items, status)
+    return memo[m]
+
+
+_JOINT_EXACT_MAX_ITEMS = 24  # the joint rank x micro-batch search runs on at most this many
+
+
+def _fill_rank_slack(req: _Request, mbs: list[list[list[int]]]) -> list[list[list[int]]]:
+    """FSDP slack filling that keeps every rank's contents (so the rule and groups hold)."""
+    if req.sync != "fsdp" or req.padded:
+        return mbs
+    dp, m = len(mbs), len(mbs[0]) if mbs else 0
+    filled = fill_slack(
+        mbs, req.costs, req.lens, req.cap, max_steps=2 * dp * m + 100, same_rank=True
+    )
+    return min(
+        (mbs, filled),
+        key=lambda g: _step_time(g, req.costs, req.c0, req.padded, req.sync),
     )
 
 
 def _search(
-    req: _Request, rank_items: list[list[int]] | None, first_m: int, notes: list[str]
+    req: _Request,
+    rank_items: list[list[int]] | None,
+    first_m: int,
+    notes: list[str],
+    memo: dict[int, Any],
 ) -> list[Plan] | str:
-    """Step 3: plans for the smallest feasible m (and the extra ones asked for), or why not."""
+    """Step 3: plans for the smallest feasible m (and the extra ones asked for), or why not.
+
+    ``m`` grows only after a count failed, and the note of the plan says why the count
+    below it failed: proven (exhaustive search) or not found within the search limit. On
+    the rank-first path, a count the fixed rank split cannot pack is also searched jointly
+    over ranks and micro-batches on small inputs (:func:`_joint_exact`, shared by all
+    splits through ``memo``).
+    """
     found: list[Plan] = []
     # One sequence per micro-batch always fits, so the search ends by this count.
     m_limit = max(first_m, _round_up(max(req.n, 1), req.mult)) + req.mult
     m = first_m
+    status = "found"  # how the search for the last failed count ended
     while m <= m_limit:
         problem = _too_few(req, rank_items, m)
-        if problem and not req.allow_empty:
-            return problem
+        blocked = problem is not None and not req.allow_empty
+        mbs, st = None, "infeasible"
         if rank_items is None:
-            mbs = _plan_global(
+            if blocked:
+                return str(problem)
+            mbs, st = _plan_global(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0
             )
         else:
-            mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded)
-        if mbs is not None:
+            if not blocked:
+                mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded)
+            if mbs is None:
+                joint, st = _joint_exact(req, m, memo)
+                if joint is not None:
+                    mbs = _plan_by_rank(req.lens, req.costs, joint, m, req.cap, req.padded)
+                    st = "found" if mbs is not None else "limit"
+            if mbs is None and blocked:
+                return str(problem)
+            if mbs is not None:
+                mbs = _fill_rank_slack(req, mbs)
+        if mbs is None:
+            status = st
+        else:
             if found:
                 extra = [
                     f"{m} micro-batches per rank, tried because extra_micro_batches="
                     f"{req.extra}; {found[0].num_micro_batches} would also fit"
                 ]
             else:
-                extra = [_why_more(req, rank_items, m, first_m)] if m > first_m else []
+                extra = [_why_more(req, m, status)] if m > first_m else []
             empty = [(r, j) for r, rank in enumerate(mbs) for j, mb in enumerate(rank) if not mb]
             if empty:
                 extra.append(
@@ -442,8 +578,9 @@ def plan(
     splits = _rank_splits(req)
     candidates: list[Plan] = []
     problems: list[str] = []
+    memo: dict[int, Any] = {}
     for rank_items in splits:
-        found = _search(req, rank_items, first_m, notes)
+        found = _search(req, rank_items, first_m, notes, memo)
         if isinstance(found, str):
             problems.append(found)
         else:
