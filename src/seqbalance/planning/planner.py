@@ -50,6 +50,8 @@ from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
 from ._grouping import bin_totals
 from ._packing import pack
 from ._slots import fill_slack
+from ._pipelines import areal_pipeline, slime_flops_pipeline, verl_pipeline
+from .baselines import token_ffd
 from .bounds import min_bins, min_micro_batches
 from .plans import Plan, capacity_min_micro_batches
 from .simulation import SYNC_MODELS, microbatch_costs, step_time_of
@@ -464,6 +466,61 @@ def _search(
     return found
 
 
+_PIPELINE_MAX_ITEMS = 20_000  # the framework pipelines run as candidates up to this size
+_SLIME_MAX_WORK = 2_000_000
+
+
+def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
+    """Step 3b: other frameworks' pipelines as candidates, so plan is never worse than them.
+
+    AReaL's, verl's and slime's pipelines and first-fit decreasing
+    (:mod:`seqbalance.planning._pipelines`) are kept when they meet every constraint of
+    this request: the capacity, equal counts, no empty micro-batch (unless allowed), the
+    count rules, the size rule and groups, and no more micro-batches than the best plan
+    found. Under FSDP their slots are then slack-filled (inside ranks, so the rules hold).
+    Packed mode, and inputs up to ``_PIPELINE_MAX_ITEMS`` sequences.
+    """
+    if req.padded or req.n > _PIPELINE_MAX_ITEMS or req.n == 0:
+        return []
+    grids = {
+        "areal": lambda: areal_pipeline(req.lens, req.dp, req.cap),
+        "verl": lambda: verl_pipeline(req.lens, req.dp, req.cap),
+        "token-ffd": lambda: token_ffd(req.lens, req.dp, req.cap).micro_batches,
+    }
+    k = -(-int(req.lens.sum()) // req.cap)
+    if req.n * k <= _SLIME_MAX_WORK:  # its KK keeps k parts per state: O(n k log k)
+        grids["slime-flops"] = lambda: slime_flops_pipeline(req.lens, req.costs, req.dp, req.cap)
+    out = []
+    for name, make in grids.items():
+        grid = make()
+        m = len(grid[0]) if grid else 0
+        if m == 0 or any(len(r) != m for r in grid):
+            continue
+        if m < req.m_min or m % req.mult or (m_best is not None and m > m_best):
+            continue
+        if not req.allow_empty and any(not mb for r in grid for mb in r):
+            continue
+        if int(microbatch_costs(grid, req.lens.astype(np.float64)).max()) > req.cap:
+            continue
+        cand = Plan._from_validated(
+            _fill_rank_slack(req, grid),
+            req.lens,
+            max_tokens=req.cap,
+            costs=req.costs,
+            per_microbatch=req.c0,
+            padded=False,
+            sync=req.sync,
+            strategy="seqbalance",
+            notes=[f"the {name} pipeline's plan, slack-filled, was the fastest candidate"],
+            size=req.size,
+            groups=req.groups,
+        )
+        if any(cand._rule_violations().values()):
+            continue
+        out.append(cand)
+    return out
+
+
 def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: int) -> Plan:
     """Step 4: fewest micro-batches, then the lowest simulated step time."""
     if not candidates:
@@ -585,4 +642,7 @@ def plan(
             problems.append(found)
         else:
             candidates.extend(found)
+    if not req.extra:
+        m_best = min((p.num_micro_batches for p in candidates), default=None)
+        candidates.extend(_pipeline_candidates(req, m_best))
     return _pick(req, candidates, problems, len(splits))
