@@ -6,7 +6,7 @@ needed top-level functions and classes are executed. Nothing of theirs is copied
 seqbalance; this script only compares outputs.
 
     pip install --no-deps --target /tmp/ext verl==0.9.1 areal==1.0.4
-    python bench/pipelines_check.py --site /tmp/ext [--slime path/to/slime/utils/seqlen_balancing.py]
+    python bench/pipelines_check.py --site /tmp/ext
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from seqbalance.planning import _pipelines as ours
 
 def load_functions(path: Path, names: set[str]) -> dict:
     tree = ast.parse(path.read_text())
-    keep = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name in names]
+    kinds = (ast.FunctionDef, ast.ClassDef)
+    keep = [n for n in tree.body if isinstance(n, kinds) and n.name in names]
     for n in keep:  # drop decorators such as numba.njit
         n.decorator_list = []
     ns: dict = {"np": np, "heapq": heapq, "bisect": bisect, "math": math}
@@ -82,11 +83,12 @@ def main() -> int:
     args = ap.parse_args()
     site = Path(args.site)
     verl_ns = load_functions(
-        site / "verl/utils/seqlen_balancing.py", {"karmarkar_karp", "get_seqlen_balanced_partitions"}
+        site / "verl/utils/seqlen_balancing.py",
+        {"karmarkar_karp", "get_seqlen_balanced_partitions"},
     )
     areal_ns = load_functions(
         site / "areal/utils/seqpack.py",
-        {"_ffd_allocate", "ffd_allocate", "balanced_greedy_partition", "_KKSet", "_KKState", "_kk_partition"},
+        {"_ffd_allocate", "ffd_allocate", "balanced_greedy_partition"},
     )
     rows = []
     rng = np.random.default_rng(0)
@@ -97,7 +99,8 @@ def main() -> int:
             if lens.max() <= cap:
                 cases.append((name, lens, dp, cap))
     for t in range(30):  # verl-test-shaped batches
-        cases.append((f"verl-shape-{t}", rng.integers(50, 91, size=int(rng.integers(20, 26)) * 2), 2, 300))
+        lens = rng.integers(50, 91, size=int(rng.integers(20, 26)) * 2)
+        cases.append((f"verl-shape-{t}", lens, 2, 300))
     for name, lens, dp, cap in cases:
         kk_ok = all(
             ours.kk_partition(v, k, eq) == verl_ns["get_seqlen_balanced_partitions"](v, k, eq)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from seqbalance.planning.bounds import (
     big_item_slot_bound,
     capacity_step_bound,
@@ -24,8 +25,8 @@ def _set_partitions(items):
     first, rest = items[0], items[1:]
     for part in _set_partitions(rest):
         for i in range(len(part)):
-            yield part[:i] + [[first] + part[i]] + part[i + 1 :]
-        yield [[first]] + part
+            yield [*part[:i], [first, *part[i]], *part[i + 1 :]]
+        yield [[first], *part]
 
 
 def _brute_min_bins(lengths, cap):
@@ -52,7 +53,7 @@ def _brute_ddp(lengths, costs, dp, cap, c0):
     """Least DDP step: every assignment of sequences to ranks; each rank packed into its
     fewest bins; all ranks run the largest of those counts (empty micro-batches cost c0)."""
 
-    @lru_cache(maxsize=None)
+    @cache
     def bins_of(items):
         return _brute_min_bins([lengths[i] for i in items], cap) if items else 0
 

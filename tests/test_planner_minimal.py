@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from seqbalance.planning.planner import plan
 
 
@@ -55,7 +56,9 @@ def _brute_min_m(lengths, dp, cap, size="free", groups=None):
         counts = [assign.count(r) for r in range(dp)]
         if min(counts) < lo or max(counts) > hi:
             continue
-        ranks = [[i for k, unit in enumerate(units) if assign[k] == r for i in unit] for r in range(dp)]
+        ranks = [
+            [i for k, unit in enumerate(units) if assign[k] == r for i in unit] for r in range(dp)
+        ]
         need = max(1, max(bins_of(tuple(sorted(lengths[i] for i in r))) for r in ranks))
         if need <= min(len(r) for r in ranks) and (best is None or need < best):
             best = need
@@ -97,7 +100,8 @@ def test_free_m_is_the_exhaustive_minimum(lengths, dp, cap, sync):
 def test_rule_m_is_the_exhaustive_minimum(lengths, dp, cap, size, grouped, data):
     groups = None
     if grouped:
-        groups = data.draw(st.lists(st.integers(0, 3), min_size=len(lengths), max_size=len(lengths)))
+        n = len(lengths)
+        groups = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n))
     n_units = len(lengths) if groups is None else len(set(groups))
     if size == "equal" and n_units % dp:
         return  # plan refuses such a rule up front

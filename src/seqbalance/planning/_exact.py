@@ -22,6 +22,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
+from .bounds import min_bins
+
 __all__ = ["NODE_LIMIT", "pack_exact", "pack_ranked_exact"]
 
 NODE_LIMIT = 200_000  # search nodes per call: a few tenths of a second in the worst case
@@ -103,6 +107,8 @@ def pack_exact(
     order = sorted(range(len(t)), key=lambda i: (-int(t[i]), i))
     if nbins < 1:
         return (None, "infeasible") if order else ([], "found")
+    if order and min_bins(np.asarray(t, dtype=np.int64), cap) > nbins:
+        return None, "infeasible"  # the bin-packing bound already rules it out
     try:
         bins = _dfs_bins(order, t, nbins, cap, padded, _Budget(node_limit))
     except _OutOfBudget:

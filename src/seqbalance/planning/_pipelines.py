@@ -231,7 +231,10 @@ def areal_pipeline(lengths: np.ndarray, dp: int, cap: int) -> list[list[list[int
     ranks = _areal_dp_split(toks, dp)
     m = 1
     while True:
-        mbs = [areal_ffd([toks[i] for i in r], cap, min(m, max(len(r), 1))) if r else [] for r in ranks]
+        mbs = [
+            areal_ffd([toks[i] for i in r], cap, min(m, max(len(r), 1))) if r else []
+            for r in ranks
+        ]
         counts = [len(x) for x in mbs]
         if len(set(counts)) <= 1 or max(counts) == m:
             break

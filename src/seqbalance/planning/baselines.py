@@ -192,7 +192,8 @@ def slime_flops(
 ) -> Plan:
     """slime's FLOPs schedule: KK on cost into micro-batches, then KK of those over ranks."""
     lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
-    return _plan("slime-flops", slime_flops_pipeline(lens, costs, dp, cap), lens, cap, costs, c0, sync)
+    ranks = slime_flops_pipeline(lens, costs, dp, cap)
+    return _plan("slime-flops", ranks, lens, cap, costs, c0, sync)
 
 
 BASELINES: dict[str, Callable[..., Plan]] = {

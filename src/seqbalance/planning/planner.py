@@ -29,6 +29,7 @@ contents), ``_search`` packs for the smallest feasible ``m``, and ``_pick`` is s
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,14 +44,16 @@ from .._validate import (
     check_positive_int,
 )
 from ..partitioning._rules import SIZES
+from ..partitioning.bounds import lower_bound
 from ..partitioning.kway import partition_arrays
 from ._costing import sequence_costs
 from ._exact import pack_ranked_exact
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
 from ._grouping import bin_totals
 from ._packing import pack
-from ._slots import fill_slack
 from ._pipelines import areal_pipeline, slime_flops_pipeline, verl_pipeline
+from ._ranks import repartition_pairs
+from ._slots import fill_slack
 from .baselines import token_ffd
 from .bounds import min_bins, min_micro_batches
 from .plans import Plan, capacity_min_micro_batches
@@ -161,8 +164,11 @@ def _rank_bins(
     if bins is None and not padded:
         bins = fit_by_partition(costs, lengths, m, cap)
     if bins is None and lengths.size <= EXACT_MAX_ITEMS:
-        bins = fit_exact(costs, lengths, m, cap, padded=padded)[0]
+        bins = fit_exact(costs, lengths, m, cap, padded=padded, node_limit=_RANK_NODE_LIMIT)[0]
     return bins
+
+
+_RANK_NODE_LIMIT = 20_000  # per rank and count: the joint search below is the thorough one
 
 
 def _plan_by_rank(
@@ -264,7 +270,14 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
             f"{min_bins(req.lens, req.cap)} micro-batches of {req.cap} tokens ({big} of them "
             f"are longer than {req.cap}/2 and no two of those can share one)"
         )
-    m_low = max(m_cap, m_bins)
+    m_rule, why_rule = _rule_micro_batches(req)
+    if m_rule > max(m_cap, m_bins):
+        notes.append(
+            f"{m_rule} micro-batches per rank where the token total alone needs {m_cap}: "
+            + why_rule
+        )
+    m_low = max(m_cap, m_bins, m_rule)
+    m = max(m, _round_up(m_low, req.mult))
     if m > m_low:
         why = []
         if req.m_min > m_low:
@@ -276,6 +289,36 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
             + " and ".join(why)
         )
     return m, notes
+
+
+def _rule_micro_batches(req: _Request) -> tuple[int, str]:
+    """A proven floor on ``m`` under a size rule or groups, and the argument for it.
+
+    Every plan obeys the rule, so (1) some rank holds at least ``P`` tokens, ``P`` the
+    partition bound of the lengths under the rule
+    (:func:`seqbalance.partitioning.lower_bound`), and needs ``ceil(P / cap)``
+    micro-batches; (2) a group sits on one rank, so that rank needs at least as many
+    micro-batches as the group's sequences longer than ``cap / 2`` (no two share one) and
+    as ``ceil(group tokens / cap)``.
+    """
+    if (req.size == "free" and req.groups is None) or req.n == 0:
+        return 0, ""
+    p = lower_bound(req.lens.astype(np.float64), req.dp, size=req.size, groups=req.groups)
+    best, why = math.ceil(p / req.cap - 1e-9), (
+        f"under {req.rule} some rank holds at least {int(p)} tokens (partition bound)"
+    )
+    if req.groups is not None:
+        big = np.bincount(req.groups, weights=(2 * req.lens > req.cap).astype(np.float64))
+        tok = np.bincount(req.groups, weights=req.lens.astype(np.float64))
+        need = np.maximum(big, np.ceil(tok / req.cap - 1e-9)).astype(np.int64)
+        g = int(np.argmax(need))
+        if need[g] > best:
+            best = int(need[g])
+            why = (
+                f"group {g} (one rank) has {int(big[g])} sequences longer than "
+                f"{req.cap}/2, no two of which can share a micro-batch, and {int(tok[g])} tokens"
+            )
+    return best, why
 
 
 def _rank_splits(req: _Request) -> list[list[list[int]] | None]:
@@ -291,12 +334,33 @@ def _rank_splits(req: _Request) -> list[list[list[int]] | None]:
             parts = [list(p) for p in partition_arrays(w, req.dp, req.size, "auto", req.groups)]
             if parts not in splits:
                 splits.append(parts)
+        if req.groups is not None:
+            # Few, large units per rank: exact re-splits of rank pairs even out the cost.
+            even = _resplit_groups(req, splits[0])
+            if even not in splits:
+                splits.append(even)
         return splits
     if req.sync == "ddp":
         # DDP only sees rank totals: a direct partition of the costs may balance them more
         # finely than dealing out equal micro-batches does.
         return [None, [list(p) for p in partition_arrays(req.costs, req.dp, "free", "auto", None)]]
     return [None]
+
+
+def _resplit_groups(req: _Request, parts: list[list[int]]) -> list[list[int]]:
+    """``parts`` (sequence ids per rank) after :func:`repartition_pairs` on the groups' costs."""
+    assert req.groups is not None
+    unit_w = np.bincount(req.groups, weights=req.costs)
+    n_units = unit_w.size
+    lo = 0 if req.size == "free" else n_units // req.dp
+    odd = req.size == "balanced" and n_units % req.dp > 0
+    hi = n_units if req.size == "free" else lo + int(odd)
+    unit_parts = [sorted(set(req.groups[np.asarray(p, dtype=np.int64)].tolist())) for p in parts]
+    even = repartition_pairs(unit_w, unit_parts, lo, hi)
+    members = [[] for _ in range(n_units)]
+    for i, g in enumerate(req.groups.tolist()):
+        members[g].append(i)
+    return [sorted(i for g in units for i in members[g]) for units in even]
 
 
 def _too_few(req: _Request, rank_items: list[list[int]] | None, m: int) -> str | None:
@@ -332,8 +396,10 @@ def _why_more(req: _Request, m: int, status: str) -> str:
     """The note for a plan that needed ``m`` micro-batches, ``status`` saying why not fewer."""
     k = m - req.mult
     per = f"{k} micro-batches of {req.cap} tokens per rank"
-    under = f" under {req.rule}" if req.size != "free" or req.groups is not None else ""
-    return f"{m} micro-batches per rank: {_WHY[status].format(k=per, n=EXACT_MAX_ITEMS)}{under}"
+    ruled = req.size != "free" or req.groups is not None
+    under = f" under {req.rule}" if ruled else ""
+    limit = _JOINT_EXACT_MAX_ITEMS if ruled else EXACT_MAX_ITEMS
+    return f"{m} micro-batches per rank: {_WHY[status].format(k=per, n=limit)}{under}"
 
 
 def _joint_exact(req: _Request, m: int, memo: dict[int, Any]) -> tuple[Any, str]:
