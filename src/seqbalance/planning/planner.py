@@ -51,10 +51,9 @@ from ._exact import pack_ranked_exact
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
 from ._grouping import bin_totals
 from ._packing import pack
-from ._pipelines import areal_pipeline, slime_flops_pipeline, verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack
-from .baselines import token_ffd
+from .baselines import BASELINES
 from .bounds import min_bins, min_micro_batches
 from .plans import Plan, capacity_min_micro_batches
 from .simulation import SYNC_MODELS, microbatch_costs, step_time_of
@@ -537,25 +536,23 @@ _SLIME_MAX_WORK = 2_000_000
 
 
 def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
-    """Step 3b: other frameworks' pipelines as candidates, so plan is never worse than them.
+    """Step 3b: every baseline as a candidate, so plan is never worse than one that runs.
 
-    AReaL's, verl's and slime's pipelines and first-fit decreasing
-    (:mod:`seqbalance.planning._pipelines`) are kept when they meet every constraint of
-    this request: the capacity, equal counts, no empty micro-batch (unless allowed), the
-    count rules, the size rule and groups, and no more micro-batches than the best plan
-    found. Under FSDP their slots are then slack-filled (inside ranks, so the rules hold).
-    Packed mode, and inputs up to ``_PIPELINE_MAX_ITEMS`` sequences.
+    The plans of :data:`seqbalance.planning.baselines.BASELINES` (AReaL's, verl's and
+    slime's pipelines, first-fit decreasing, the KK splits, sequential) are kept when they
+    meet every constraint of this request: the capacity, equal counts, no empty
+    micro-batch (unless allowed), the count rules, the size rule and groups, and no more
+    micro-batches than the best plan found. Under FSDP their slots are then slack-filled
+    (inside ranks, so the rules hold). Packed mode, inputs up to ``_PIPELINE_MAX_ITEMS``.
     """
     if req.padded or req.n > _PIPELINE_MAX_ITEMS or req.n == 0:
         return []
-    grids = {
-        "areal": lambda: areal_pipeline(req.lens, req.dp, req.cap),
-        "verl": lambda: verl_pipeline(req.lens, req.dp, req.cap),
-        "token-ffd": lambda: token_ffd(req.lens, req.dp, req.cap).micro_batches,
-    }
     k = -(-int(req.lens.sum()) // req.cap)
-    if req.n * k <= _SLIME_MAX_WORK:  # its KK keeps k parts per state: O(n k log k)
-        grids["slime-flops"] = lambda: slime_flops_pipeline(req.lens, req.costs, req.dp, req.cap)
+    grids = {}
+    for name, fn in BASELINES.items():
+        if name == "slime-flops" and req.n * k > _SLIME_MAX_WORK:
+            continue  # its KK keeps k parts per state: O(n k log k)
+        grids[name] = lambda fn=fn: fn(req.lens, req.dp, req.cap, cost=req.costs).micro_batches
     out = []
     for name, make in grids.items():
         grid = make()
@@ -577,7 +574,7 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
             padded=False,
             sync=req.sync,
             strategy="seqbalance",
-            notes=[f"the {name} pipeline's plan, slack-filled, was the fastest candidate"],
+            notes=[f"the {name} baseline's plan, slack-filled, was the fastest candidate"],
             size=req.size,
             groups=req.groups,
         )
