@@ -3,10 +3,12 @@
 Two searches, both deterministic and bounded by a node budget:
 
 - :func:`pack_exact`: do ``n`` items fit into ``nbins`` bins of ``cap`` tokens (packed:
-  sum; padded: count x longest)? Items go in decreasing length; an item tries each bin
-  whose load differs from the bins already tried for it (bins with equal loads are
-  interchangeable, so trying one covers all), and a branch stops when the remaining tokens
-  exceed the room left in bins that can still take the smallest remaining item.
+  sum; padded: count x longest)? Packed bins are filled one at a time (bin completion,
+  :func:`_bin_completion`). Padded bins are filled item by item in decreasing length: an
+  item tries each bin whose load differs from the bins already tried for it (bins with
+  equal loads are interchangeable, so trying one covers all), and a branch stops when the
+  remaining tokens exceed the room left in bins that can still take the smallest
+  remaining item.
 - :func:`pack_ranked_exact`: the same question when bins belong to ranks (``m`` per rank)
   and ranks obey a rule: a count of units per rank in ``[lo, hi]`` (a unit is a group, or
   one sequence without groups), whole groups per rank, and at least ``need`` sequences per
@@ -95,6 +97,74 @@ def _dfs_bins(
     return items if go(0) else None
 
 
+def _bin_completion(
+    order: list[int], t: Sequence[int], nbins: int, cap: int, budget: _Budget
+) -> list[list[int]] | None:
+    """Packed bins filled one at a time (Korf's bin completion), or None if impossible.
+
+    The largest remaining item must sit in some bin: let the next bin be that one, and try
+    every set of other remaining items that fits beside it, least wasted room first. The
+    room left unused in closed bins can total at most ``nbins * cap - sum``, which prunes
+    hard exactly where greedy packing fails (bins that must be nearly full). Failed states
+    (the multiset of remaining lengths, bins left) are remembered.
+    """
+    lens = [int(t[i]) for i in order]  # decreasing
+    total = sum(lens)
+    failed: set[tuple[tuple[int, ...], int]] = set()
+
+    def subsets(rest: list[int], room: int, min_sum: int) -> list[tuple[int, list[int]]]:
+        """(waste, positions into rest) of subsets of ``rest`` with min_sum <= sum <= room."""
+        out: list[tuple[int, list[int]]] = []
+        chosen: list[int] = []
+
+        def grow(start: int, acc: int) -> None:
+            budget.spend()
+            if acc >= min_sum:
+                out.append((room - acc, list(chosen)))
+            prev = -1
+            for k in range(start, len(rest)):
+                length = lens[rest[k]]
+                if length == prev or acc + length > room:
+                    continue  # equal lengths give the same bins; too long does not fit
+                prev = length
+                chosen.append(k)
+                grow(k + 1, acc + length)
+                chosen.pop()
+
+        grow(0, 0)
+        out.sort(key=lambda x: (x[0], x[1]))
+        return out
+
+    def fill(rest: list[int], bins_left: int, waste_left: int) -> list[list[int]] | None:
+        if not rest:
+            return []
+        if bins_left == 0:
+            return None
+        key = (tuple(lens[k] for k in rest), bins_left)
+        if key in failed:
+            return None
+        budget.spend()
+        first, others = rest[0], rest[1:]
+        room = cap - lens[first]
+        for waste, pick in subsets(others, room, room - waste_left):
+            taken = set(pick)
+            left = [k for j, k in enumerate(others) if j not in taken]
+            tail = fill(left, bins_left - 1, waste_left - waste)
+            if tail is not None:
+                return [[order[first], *(order[others[j]] for j in pick)], *tail]
+        failed.add(key)
+        return None
+
+    bins = fill(list(range(len(lens))), nbins, nbins * cap - total)
+    if bins is None:
+        return None
+    return bins + [[] for _ in range(nbins - len(bins))]
+
+
+def _bin_completion_any(order, t, nbins, cap, padded, budget):  # same signature as _dfs_bins
+    return _bin_completion(order, t, nbins, cap, budget)
+
+
 def pack_exact(
     t: Sequence[int], nbins: int, cap: int, *, padded: bool = False, node_limit: int = NODE_LIMIT
 ) -> tuple[list[list[int]] | None, str]:
@@ -110,7 +180,8 @@ def pack_exact(
     if order and min_bins(np.asarray(t, dtype=np.int64), cap) > nbins:
         return None, "infeasible"  # the bin-packing bound already rules it out
     try:
-        bins = _dfs_bins(order, t, nbins, cap, padded, _Budget(node_limit))
+        search = _dfs_bins if padded else _bin_completion_any
+        bins = search(order, t, nbins, cap, padded, _Budget(node_limit))
     except _OutOfBudget:
         return None, "limit"
     return (bins, "found") if bins is not None else (None, "infeasible")
@@ -152,7 +223,8 @@ def pack_ranked_exact(
         if cache.get(key) is False:
             return None
         order_r = sorted(items, key=lambda i: (-int(t[i]), i))
-        bins = _dfs_bins(order_r, t, m, cap, padded, budget)
+        search = _dfs_bins if padded else _bin_completion_any
+        bins = search(order_r, t, m, cap, padded, budget)
         cache[key] = bins is not None
         return bins
 
