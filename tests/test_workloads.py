@@ -25,6 +25,9 @@ def test_shapes_match_the_documentation():
     # the truncation spike: a few percent of responses hit the generation limit
     spike = np.mean(rl.lengths >= response_cap)
     assert 0.01 < spike < 0.08
+    hard = workloads.load("rl-math-truncated", 20_000, seed=0)
+    assert 0.07 < np.mean(hard.lengths >= response_cap) < 0.11  # ~9% truncated
+    np.testing.assert_array_equal(hard.groups, rl.groups)
     chat = workloads.lengths("sft-chat", 20_000, seed=0)
     assert 600 < np.median(chat) < 1000 and chat.max() <= 32768
     mix = workloads.lengths("long-mix", 20_000, seed=0)

@@ -14,6 +14,10 @@ Workloads
     ``max_response=20480``, which gives the spike of truncated responses seen in
     DAPO/Qwen2.5-Math runs (about 3% here). Lengths are prompt + response. Items of one
     prompt are contiguous and share a group id (``Workload.groups``).
+``rl-math-truncated``
+    As ``rl-math`` with harder prompts (median response 4,600 tokens): about 9% of the
+    responses run into ``max_response=20480`` and are cut there, a spike of identical
+    lengths that makes tight packing hard (seen in long-CoT RL runs with a low limit).
 ``sft-chat``
     Chat SFT samples: lognormal with median 800 and sigma 1.0, clipped to [16, 32,768],
     which matches the published length histograms of ShareGPT/UltraChat-style mixes
@@ -70,11 +74,15 @@ def _lognormal(rng: np.random.Generator, median: float, sigma: float, size: int)
 
 
 def _rl_math(
-    n: int, rng: np.random.Generator, group_size: int = 16, max_response: int = 20480
+    n: int,
+    rng: np.random.Generator,
+    group_size: int = 16,
+    max_response: int = 20480,
+    median_response: float = 2600.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     n_prompts = -(-n // group_size)
     prompt = np.clip(_lognormal(rng, 180.0, 0.5, n_prompts), 32, 2048)
-    difficulty = _lognormal(rng, 2600.0, 1.0, n_prompts)
+    difficulty = _lognormal(rng, median_response, 1.0, n_prompts)
     groups = np.arange(n, dtype=np.int64) // group_size
     response = difficulty[groups] * np.exp(0.5 * rng.standard_normal(n))
     response = np.clip(response, 8, max_response)
@@ -125,7 +133,15 @@ _PLAIN: dict[str, Callable[[int, np.random.Generator], np.ndarray]] = {
     "bimodal": _bimodal,
 }
 
-NAMES: tuple[str, ...] = ("rl-math", "sft-chat", "long-mix", "long-context", "uniform", "bimodal")
+NAMES: tuple[str, ...] = (
+    "rl-math",
+    "sft-chat",
+    "long-mix",
+    "long-context",
+    "uniform",
+    "bimodal",
+    "rl-math-truncated",
+)
 
 _DESCRIPTIONS = {
     "rl-math": "GRPO math rollouts, 16 responses/prompt, truncation spike at 20,480",
@@ -134,6 +150,7 @@ _DESCRIPTIONS = {
     "long-context": "99% chat-like + 1% long sequences of 32k-256k (needs CP)",
     "uniform": "uniform on [64, 8192]",
     "bimodal": "70% short answers + 30% long reasoning traces",
+    "rl-math-truncated": "GRPO rollouts, 16 responses/prompt, ~9% truncated at 20,480",
 }
 
 
@@ -165,7 +182,7 @@ def load(name: str, n: int, seed: int = 0) -> Workload:
     -------
     Workload
         ``lengths`` (int64, shape ``(n,)``, all >= 1) and ``groups`` (int64 group ids for
-        ``rl-math``, else None).
+        ``rl-math`` and ``rl-math-truncated``, else None).
     """
     _check_name(name)
     n = check_nonnegative_int(n, "n")
@@ -174,6 +191,9 @@ def load(name: str, n: int, seed: int = 0) -> Workload:
     rng = np.random.default_rng(seed)
     if name == "rl-math":
         out, groups = _rl_math(n, rng)
+        return Workload(name, out, groups, seed)
+    if name == "rl-math-truncated":
+        out, groups = _rl_math(n, rng, median_response=4600.0)
         return Workload(name, out, groups, seed)
     return Workload(name, _PLAIN[name](n, rng), None, seed)
 

@@ -15,13 +15,14 @@ Padded bins (``count * longest <= capacity``) get steps 1 and 2 only.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import numpy as np
 
 from ._grouping import bin_totals
 
-__all__ = ["first_fit", "pack"]
+__all__ = ["best_fit", "first_fit", "pack"]
 
 _PARTNERS = 12  # light (or heavy) bins tried per refinement step
 
@@ -115,18 +116,62 @@ def first_fit(order: list[int], t: np.ndarray, cap: int, nbins: int) -> list[lis
     """Packed first fit: each item, in ``order``, into the first of ``nbins`` bins with room.
 
     Returns all ``nbins`` bins (trailing ones may be empty), or None if an item fits nowhere.
+    ``O(n log nbins)``: a max-tree over the bins' free room finds the leftmost bin with
+    room for an item by one walk from the root (go left whenever the left subtree has a
+    bin with room), and an update walks back up, stopping where a maximum is unchanged.
     """
+    if nbins < 1:
+        return None if len(order) else []
+    size = 1 << (nbins - 1).bit_length()
+    tree = [0] * (2 * size)  # tree[k] = most free room among the bins under node k
+    tree[size : size + nbins] = [int(cap)] * nbins
+    for k in range(size - 1, 0, -1):
+        tree[k] = max(tree[2 * k], tree[2 * k + 1])
     items: list[list[int]] = [[] for _ in range(nbins)]
-    room = np.full(nbins, cap, dtype=np.int64)
-    used = 0  # first fit fills a prefix of the bins: search only that and one fresh bin
+    tl = t.tolist()
     for i in order:
-        ok = room[: min(used + 1, nbins)] >= t[i]
-        b = int(np.argmax(ok))
-        if not ok[b]:
+        x = tl[i]
+        if tree[1] < x:
             return None
-        room[b] -= t[i]
+        k = 1
+        while k < size:
+            k <<= 1
+            if tree[k] < x:
+                k += 1
+        tree[k] -= x
+        items[k - size].append(i)
+        k >>= 1
+        while k:
+            left, right = tree[2 * k], tree[2 * k + 1]
+            v = left if left > right else right
+            if tree[k] == v:
+                break  # the ancestors' maxima are unchanged too
+            tree[k] = v
+            k >>= 1
+    return items
+
+
+def best_fit(order: list[int], t: np.ndarray, cap: int, nbins: int) -> list[list[int]] | None:
+    """Packed best fit: each item, in ``order``, into the bin with the least room that fits.
+
+    Ties go to the lowest bin index. Returns all ``nbins`` bins, or None if an item fits
+    nowhere. The bins are kept sorted by free room: a binary search finds the bin
+    (``O(log nbins)`` comparisons), and moving it to its new place shifts list entries
+    (a memory move, not a Python loop).
+    """
+    if nbins < 1:
+        return None if len(order) else []
+    by_room = [(int(cap), b) for b in range(nbins)]  # sorted by (room, bin)
+    items: list[list[int]] = [[] for _ in range(nbins)]
+    tl = t.tolist()
+    for i in order:
+        x = tl[i]
+        k = bisect.bisect_left(by_room, (x, -1))
+        if k == len(by_room):
+            return None
+        room, b = by_room.pop(k)
         items[b].append(i)
-        used = max(used, b + 1)
+        bisect.insort(by_room, (room - x, b))
     return items
 
 

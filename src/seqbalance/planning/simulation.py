@@ -135,8 +135,16 @@ def step_time_lower_bound(
     per_microbatch: float = 0.0,
     size: str = "free",
     groups: Any = None,
+    lengths: Any = None,
+    max_tokens: int | None = None,
+    sync: str | None = None,
 ) -> float:
     """A step time that no plan can beat, for either sync model.
+
+    Given ``lengths`` and ``max_tokens``, the bound also knows the capacity: see
+    :func:`seqbalance.planning.bounds.capacity_step_bound` (fewest micro-batches by a
+    bin-packing bound, and under ``sync="fsdp"`` the sequences longer than half the
+    capacity, which cannot share a micro-batch). This is the bound every reported gap uses.
 
     ``lower_bound(costs, dp_size, size=size, groups=groups) + min_micro_batches *
     per_microbatch``, where :func:`seqbalance.partitioning.lower_bound` bounds the busiest
@@ -152,6 +160,21 @@ def step_time_lower_bound(
     ``ceil(total_tokens / (dp * max_tokens))``).
     """
     costs = as_weights(costs, "costs")
+    if lengths is not None and max_tokens is not None:
+        from .bounds import capacity_step_bound  # imports only partitioning
+
+        lens = np.asarray(lengths, dtype=np.int64)
+        return capacity_step_bound(
+            costs,
+            lens,
+            dp_size,
+            int(max_tokens),
+            sync=sync,
+            per_microbatch=per_microbatch,
+            size=size,
+            groups=groups,
+            min_micro_batches_given=min_micro_batches,
+        )
     if costs.size == 0:
         return float(min_micro_batches * per_microbatch)
     bound = lower_bound(costs, dp_size, size=size, groups=groups)
