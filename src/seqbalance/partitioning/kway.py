@@ -15,7 +15,7 @@ from .._validate import as_groups, as_weights, check_choice, check_positive_int
 from ._exact import EXACT_MAX_UNITS, exact_labels
 from ._greedy import lpt_labels
 from ._kk import kk_free_labels, kk_labels
-from ._refine import STEEPEST_MAX_UNITS, refine_labels, steepest_swaps
+from ._refine import PAIR_MAX_COUNT, STEEPEST_MAX_UNITS, pair_rounds, refine_labels, steepest_swaps
 from ._rules import SIZES, check_size
 from .bounds import bound_of_units, lower_bound
 from .stats import balance_stats, relative_gap, stats_from_loads
@@ -31,6 +31,10 @@ AUTO_RTOL = 1e-5
 #: In "free" mode, ``method="auto"`` also tries classic Karmarkar–Karp (no count limits)
 #: on problems with at most this many units; its O(m k) merges cost too much beyond.
 KK_FREE_MAX_UNITS = 4096
+
+#: Under a size rule with more parts than this (and at most ``PAIR_MAX_COUNT`` units a
+#: part), "auto" evens out all parts in vectorised pair rounds before the refinement.
+PAIR_MIN_PARTS = 256
 
 
 class Partition(list):  # type: ignore[type-arg]
@@ -218,6 +222,8 @@ def _solve(
     for name, labels in starts:
         if steepest:
             labels = steepest_swaps(units, labels, k)
+        if size != "free" and k > PAIR_MIN_PARTS and -(-m // k) <= PAIR_MAX_COUNT:
+            labels = pair_rounds(units, labels, k)
         labels = refine_labels(units, labels, k, size, target=bound)
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if best is None or top < best[0] or (top == best[0] and name == "kk"):

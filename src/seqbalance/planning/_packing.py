@@ -10,7 +10,8 @@ The planner's workhorse. Three steps, all deterministic (ties broken by index):
    light bin whenever that makes the pair more equal without breaking the capacity; first
    the heaviest bin against the lightest ones, then the lightest against the heaviest.
 
-Padded bins (``count * longest <= capacity``) get steps 1 and 2 only.
+Padded bins (``count * longest <= capacity``) get steps 1 and 2 only; there step 2 is
+O(n) (bins fill in index order, see ``_ffd``).
 """
 
 from __future__ import annotations
@@ -141,11 +142,23 @@ def _ffd(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _B
         bins.cost = bin_totals(items, w)
         bins.tok = bin_totals(items, t)
         return bins
+    # Padded first fit in O(n): items come longest first, so a bin's longest row is its
+    # first item and adding item i to bin b costs (count_b + 1) * longest_b tokens whatever
+    # i is. A bin that cannot take the next item can never take a later one either, so
+    # first fit is "the lowest bin still open", and bins close for good in index order.
+    tl = t.tolist()
+    counts = [0] * nbins
+    longest = [0] * nbins
+    b = 0
     for i in order:
-        fits = [b for b in range(nbins) if bins.after_add(b, i)[1] <= cap]
-        if not fits:
+        while b < nbins and counts[b] and (counts[b] + 1) * longest[b] > cap:
+            b += 1
+        if b == nbins or tl[i] > cap:
             return None
-        bins.add(fits[0], i)
+        if not counts[b]:
+            longest[b] = tl[i]
+        counts[b] += 1
+        bins.add(b, i)
     return bins
 
 
