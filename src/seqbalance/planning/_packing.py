@@ -10,7 +10,8 @@ The planner's workhorse. Three steps, all deterministic (ties broken by index):
    light bin whenever that makes the pair more equal without breaking the capacity; first
    the heaviest bin against the lightest ones, then the lightest against the heaviest.
 
-Padded bins (``count * longest <= capacity``) get steps 1 and 2 only.
+Padded bins (``count * longest <= capacity``) get steps 1 and 2 only; there step 2 is
+O(n) (bins fill in index order, see ``_ffd``).
 """
 
 from __future__ import annotations
@@ -92,15 +93,26 @@ def _lpt(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _B
 def _lpt_padded(
     w: np.ndarray, t: np.ndarray, nbins: int, cap: int, order: np.ndarray
 ) -> _Bins | None:
-    bins = _Bins(w, t, nbins, cap, True)
+    # Plain Python lists in the loop (it runs once per sequence): a padded bin's cost and
+    # tokens are its count times its largest cost and longest row.
+    wl, tl = w.tolist(), t.tolist()
+    cnt = [0] * nbins
+    mw = [0.0] * nbins
+    mt = [0] * nbins
+    items: list[list[int]] = [[] for _ in range(nbins)]
     heap = [(0.0, b) for b in range(nbins)]
     for i in order.tolist():
+        wi, ti = wl[i], tl[i]
         stash = []
         while heap:
             c, b = heapq.heappop(heap)
-            if bins.after_add(b, i)[1] <= cap:
-                bins.add(b, i)
-                heapq.heappush(heap, (float(bins.cost[b]), b))
+            n_b = cnt[b] + 1
+            if n_b * max(mt[b], ti) <= cap:
+                cnt[b] = n_b
+                mw[b] = max(mw[b], wi)
+                mt[b] = max(mt[b], ti)
+                items[b].append(i)
+                heapq.heappush(heap, (n_b * mw[b], b))
                 break
             stash.append((c, b))
             if len(stash) > 64:
@@ -109,6 +121,25 @@ def _lpt_padded(
             return None
         for entry in stash:
             heapq.heappush(heap, entry)
+    return _padded_bins(w, t, cap, items, cnt, mw, mt)
+
+
+def _padded_bins(
+    w: np.ndarray,
+    t: np.ndarray,
+    cap: int,
+    items: list[list[int]],
+    cnt: list[int],
+    mw: list[float],
+    mt: list[int],
+) -> _Bins:
+    bins = _Bins(w, t, len(items), cap, True)
+    bins.items = items
+    counts = np.asarray(cnt, dtype=np.int64)
+    bins.maxw = np.asarray(mw, dtype=np.float64)
+    bins.maxt = np.asarray(mt, dtype=np.int64)
+    bins.cost = counts * bins.maxw
+    bins.tok = counts * bins.maxt
     return bins
 
 
@@ -186,12 +217,27 @@ def _ffd(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _B
         bins.cost = bin_totals(items, w)
         bins.tok = bin_totals(items, t)
         return bins
+    # Padded first fit in O(n): items come longest first, so a bin's longest row is its
+    # first item and adding item i to bin b costs (count_b + 1) * longest_b tokens whatever
+    # i is. A bin that cannot take the next item can never take a later one either, so
+    # first fit is "the lowest bin still open", and bins close for good in index order.
+    wl, tl = w.tolist(), t.tolist()
+    counts = [0] * nbins
+    longest = [0] * nbins
+    mw = [0.0] * nbins
+    items: list[list[int]] = [[] for _ in range(nbins)]
+    b = 0
     for i in order:
-        fits = [b for b in range(nbins) if bins.after_add(b, i)[1] <= cap]
-        if not fits:
+        while b < nbins and counts[b] and (counts[b] + 1) * longest[b] > cap:
+            b += 1
+        if b == nbins or tl[i] > cap:
             return None
-        bins.add(fits[0], i)
-    return bins
+        if not counts[b]:
+            longest[b] = tl[i]
+        counts[b] += 1
+        mw[b] = max(mw[b], wl[i])
+        items[b].append(i)
+    return _padded_bins(w, t, cap, items, counts, mw, longest)
 
 
 def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
