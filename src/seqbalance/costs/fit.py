@@ -62,8 +62,8 @@ def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
     The optimum is the unconstrained least-squares solution on its own support (the
     KKT conditions), so trying every support and keeping the first feasible solution that
-    meets the KKT conditions finds it. With the 4 columns of a cost fit that is 16 small solves: simpler to trust than an
-    iterative active-set method.
+    meets the KKT conditions finds it. With the 4 columns of a cost fit that is 16 small
+    solves: simpler to trust than an iterative active-set method.
 
     Each column, and ``y``, is first scaled by a power of two so that its largest entry
     lies in [0.5, 1): the scaling is exact (no rounding) and cannot underflow, unlike
