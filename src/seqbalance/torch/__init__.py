@@ -10,6 +10,10 @@ Importing this module imports torch (``import seqbalance`` alone never does).
 - :func:`pack_collate`: a DataLoader collate function for packed (varlen) micro-batches.
 - :func:`global_token_count`, :func:`token_mean_loss`: a token-mean loss over balanced
   micro-batches that equals the single-process value.
+- :class:`MicroBatchTimer`: time each micro-batch on its rank (CUDA events, or
+  ``perf_counter`` after a synchronize) and gather the records at step end into a
+  :class:`seqbalance.costs.TimingRecorder`; :class:`Rebalancer`: ``rebalance`` with a cost
+  that can be swapped between steps (``set_cost``), as the sampler's ``set_cost``.
 - :func:`seqbalance.torch.testing.run_distributed`: run a function on local gloo processes.
 """
 
@@ -22,14 +26,18 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "seqbalance.torch needs PyTorch; install it with `pip install seqbalance[torch]`"
     ) from exc
 
+from .balancer import Rebalancer
 from .collate import pack_collate
 from .exchange import RebalanceHandle, rebalance
 from .loss import global_token_count, token_mean_loss
 from .sampler import BalancedDistributedSampler
+from .timing import MicroBatchTimer
 
 __all__ = [
     "BalancedDistributedSampler",
+    "MicroBatchTimer",
     "RebalanceHandle",
+    "Rebalancer",
     "global_token_count",
     "pack_collate",
     "rebalance",
