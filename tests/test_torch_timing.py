@@ -32,8 +32,8 @@ def worker_timer(rank: int, world: int) -> dict:
     p = plan(LENGTHS, world, 16, cost=TokenCost(), sync="ddp")
     rec = TimingRecorder(sync="ddp")
     timer = MicroBatchTimer(rec, clock="wall")
-    for step in range(2):
-        for j, _ in enumerate(p.micro_batches[rank]):
+    for _ in range(2):
+        for j, _mb in enumerate(p.micro_batches[rank]):
             with timer.time():
                 time.sleep(_sleep_for(rank, j))
         timer.end_step(p)
