@@ -223,6 +223,9 @@ class BalanceReport:
         for r, m, p, s in zip(self.ranks, self.rank_measured, self.rank_predicted,
                               self.rank_speed):
             lines.append(f"  {r:>4}  {m * 1e3:11.2f}  {p * 1e3:12.2f}  {s:5.2f}")
+        lines.append("  slot  measured ms  predicted ms")
+        for j, (m, p) in enumerate(zip(self.slot_measured, self.slot_predicted)):
+            lines.append(f"  {j:>4}  {m * 1e3:11.2f}  {p * 1e3:12.2f}")
         return "\n".join(lines)
 
 
@@ -252,6 +255,7 @@ class TimingRecorder:
         self.sync = check_choice(sync, "sync", SYNC_MODELS)
         self.window = check_positive_int(window, "window")
         self._records: dict[tuple[int, int, int], Timing] = {}
+        self._by_step: dict[int, list[tuple[int, int, int]]] = {}
 
     # ---- recording -----------------------------------------------------------------------
     def record(self, rank: int, step: int, slot: int, lengths: Any, seconds: float) -> None:
@@ -280,7 +284,11 @@ class TimingRecorder:
                 "and slots so that each micro-batch is recorded once"
             )
         self._records[key] = Timing(rank, step, slot, lens, secs)
-        self._trim()
+        self._by_step.setdefault(step, []).append(key)
+        if len(self._by_step) > self.window:
+            for old in sorted(self._by_step)[: len(self._by_step) - self.window]:
+                for k in self._by_step.pop(old):
+                    del self._records[k]
 
     def extend(self, records: Iterable[Any]) -> None:
         """Add many records: :class:`Timing` objects or ``(rank, step, slot, lengths,
@@ -291,15 +299,10 @@ class TimingRecorder:
             else:
                 self.record(*r)
 
-    def _trim(self) -> None:
-        steps = sorted({k[0] for k in self._records})
-        if len(steps) > self.window:
-            cut = steps[-self.window]
-            self._records = {k: v for k, v in self._records.items() if k[0] >= cut}
-
     def clear(self) -> None:
         """Forget every record (e.g. after switching the plan's cost)."""
         self._records.clear()
+        self._by_step.clear()
 
     @property
     def records(self) -> list[Timing]:
@@ -309,7 +312,7 @@ class TimingRecorder:
     @property
     def steps(self) -> list[int]:
         """The steps held, ascending."""
-        return sorted({k[0] for k in self._records})
+        return sorted(self._by_step)
 
     def __len__(self) -> int:
         return len(self._records)

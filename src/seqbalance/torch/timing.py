@@ -89,6 +89,9 @@ class MicroBatchTimer:
     overhead : float
         Seconds spent inside the timer itself so far (entering and leaving the timed
         regions, reading clocks, gathering): the cost of measuring.
+    gather_overhead : float
+        The part of :attr:`overhead` spent in the collective of :meth:`end_step` (it
+        includes waiting for ranks that arrive later).
     """
 
     def __init__(
@@ -122,6 +125,7 @@ class MicroBatchTimer:
         self.clock = clock
         self.step = 0
         self.overhead = 0.0
+        self.gather_overhead = 0.0
         self._pending: list[tuple[np.ndarray | None, Any, Any]] = []
 
     # ---- timing ------------------------------------------------------------------------
@@ -206,12 +210,14 @@ class MicroBatchTimer:
                 row[: len(secs)] = torch.as_tensor(secs, dtype=torch.float64)
             row[m] = float(ok)
             row = row.to(self._comm_device())
+            g0 = time.perf_counter()
             if world > 1:
                 parts = [torch.empty_like(row) for _ in range(world)]
                 dist.all_gather(parts, row, group=self.group)
                 table = torch.stack(parts).cpu().numpy()
             else:
                 table = row.cpu().numpy()[None]
+            self.gather_overhead += time.perf_counter() - g0
             if not table[:, m].all():
                 self._pending.clear()
                 bad = [r for r in range(world) if not table[r, m]]
@@ -235,9 +241,11 @@ class MicroBatchTimer:
                 )
             mine_obj = [(lens.tolist(), s) for (lens, _, _), s in zip(self._pending, secs)]
             gathered: list[Any] = [mine_obj]
+            g0 = time.perf_counter()
             if world > 1:
                 gathered = [None] * world
                 dist.all_gather_object(gathered, mine_obj, group=self.group)
+            self.gather_overhead += time.perf_counter() - g0
             records = [
                 Timing(r, step, j, np.asarray(lens, dtype=np.int64), float(s))
                 for r, items in enumerate(gathered)
