@@ -485,6 +485,10 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
             print(f"--- {name} plans, race steps ---\n{reports[name]}")
     print(f"slowest rank {reports['refit'].slowest_rank}, straggler score "
           f"{reports['refit'].straggler_score:.2f}")
+    cpu = {name: reports[name].step_time_measured for name in names}
+    print(f"busiest rank's micro-batch time per step ({args.clock} clock): tokens "
+          f"{cpu['tokens'] * 1e3:.1f} ms, refit {cpu['refit'] * 1e3:.1f} ms, ratio "
+          f"{cpu['tokens'] / cpu['refit']:.2f}")
     print(f"refit cost vs every run's micro-batch times: median error "
           f"{float(np.median(rel_all)):.1%}")
     print(f"model error: {model_error:.1%}")
