@@ -88,10 +88,12 @@ class MicroBatchTimer:
         The step the next :meth:`end_step` records (starts at 0, +1 per call).
     overhead : float
         Seconds spent inside the timer itself so far (entering and leaving the timed
-        regions, reading clocks, gathering): the cost of measuring.
+        regions, reading clocks, gathering): the cost of measuring. Read on the timer's
+        clock family: this thread's CPU time with ``clock="thread"`` (so neither waiting
+        nor other processes count), ``perf_counter`` otherwise.
     gather_overhead : float
-        The part of :attr:`overhead` spent in the collective of :meth:`end_step` (it
-        includes waiting for ranks that arrive later).
+        The part of :attr:`overhead` spent in the collective of :meth:`end_step` (with a
+        wall clock it includes waiting for ranks that arrive later).
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class MicroBatchTimer:
                 f"device={self.device}; use 'cuda' or 'wall'"
             )
         self.clock = clock
+        self._now = time.thread_time if clock == "thread" else time.perf_counter
         self.step = 0
         self.overhead = 0.0
         self.gather_overhead = 0.0
@@ -136,17 +139,17 @@ class MicroBatchTimer:
         ``lengths`` are its sequences' token counts; they may be left out when
         :meth:`end_step` is given the plan (which knows them).
         """
-        t0 = time.perf_counter()
+        t0 = self._now()
         lens = None if lengths is None else as_lengths(_np(lengths), "lengths")
         start = self._mark()
-        self.overhead += time.perf_counter() - t0
+        self.overhead += self._now() - t0
         try:
             yield
         finally:
-            t1 = time.perf_counter()
+            t1 = self._now()
             end = self._mark()
             self._pending.append((lens, start, end))
-            self.overhead += time.perf_counter() - t1
+            self.overhead += self._now() - t1
 
     def _mark(self) -> Any:
         if self.clock == "cuda":
@@ -195,7 +198,7 @@ class MicroBatchTimer:
             When this rank timed a different number of micro-batches than the plan gives
             it, or (without a plan) a micro-batch was timed without its lengths.
         """
-        t0 = time.perf_counter()
+        t0 = self._now()
         step = self.step if step is None else int(step)
         secs = self._seconds()
         rank, world = _group_info(self.group)
@@ -210,14 +213,14 @@ class MicroBatchTimer:
                 row[: len(secs)] = torch.as_tensor(secs, dtype=torch.float64)
             row[m] = float(ok)
             row = row.to(self._comm_device())
-            g0 = time.perf_counter()
+            g0 = self._now()
             if world > 1:
                 parts = [torch.empty_like(row) for _ in range(world)]
                 dist.all_gather(parts, row, group=self.group)
                 table = torch.stack(parts).cpu().numpy()
             else:
                 table = row.cpu().numpy()[None]
-            self.gather_overhead += time.perf_counter() - g0
+            self.gather_overhead += self._now() - g0
             if not table[:, m].all():
                 self._pending.clear()
                 bad = [r for r in range(world) if not table[r, m]]
@@ -241,11 +244,11 @@ class MicroBatchTimer:
                 )
             mine_obj = [(lens.tolist(), s) for (lens, _, _), s in zip(self._pending, secs)]
             gathered: list[Any] = [mine_obj]
-            g0 = time.perf_counter()
+            g0 = self._now()
             if world > 1:
                 gathered = [None] * world
                 dist.all_gather_object(gathered, mine_obj, group=self.group)
-            self.gather_overhead += time.perf_counter() - g0
+            self.gather_overhead += self._now() - g0
             records = [
                 Timing(r, step, j, np.asarray(lens, dtype=np.int64), float(s))
                 for r, items in enumerate(gathered)
@@ -255,7 +258,7 @@ class MicroBatchTimer:
         self.step = step + 1
         if self.recorder is not None:
             self.recorder.extend(records)
-        self.overhead += time.perf_counter() - t0
+        self.overhead += self._now() - t0
         return records
 
     def _comm_device(self) -> torch.device:
