@@ -194,7 +194,11 @@ def naive_micro_batches(batch: dict, max_tokens: int) -> list[dict]:
 def train_step(ddp: DDP, opt: torch.optim.Optimizer, micro_batches: list[dict], timer=None):
     """One optimizer step over this rank's micro-batches; returns the global token-mean loss.
 
-    With a ``MicroBatchTimer``, each micro-batch's forward+backward is timed."""
+    With a ``MicroBatchTimer``, each micro-batch's forward+backward is timed. Every
+    micro-batch then runs under ``no_sync()`` and the gradients are all-reduced (and
+    averaged, as DDP does) after the last one, outside the timed regions: otherwise the
+    last micro-batch's backward would also hold DDP's bucket copies and the wait for the
+    slowest rank, which are no part of what the cost model predicts."""
     local_count = sum(
         int(mb["cu_seqlens"][-1]) - (len(mb["cu_seqlens"]) - 1) for mb in micro_batches
     )
@@ -202,13 +206,22 @@ def train_step(ddp: DDP, opt: torch.optim.Optimizer, micro_batches: list[dict], 
     opt.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), dtype=torch.float64)
     for j, mb in enumerate(micro_batches):
-        last = j == len(micro_batches) - 1
+        last = j == len(micro_batches) - 1 and timer is None
         ctx = ddp.no_sync() if not last else _nullcontext()
         with ctx, (timer.time() if timer is not None else _nullcontext()):
             logits = ddp(mb["input_ids"], mb["cu_seqlens"])
             s, _ = token_loss_sum(logits, mb["input_ids"], mb["cu_seqlens"])
             token_mean_loss(s, count).backward()
         loss_sum += s.detach().double()
+    if timer is not None:
+        grads = [p.grad for p in ddp.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
     opt.step()
     dist.all_reduce(loss_sum)
     return float(loss_sum / count.double())
@@ -463,10 +476,9 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
     best_t, best_p = np.array([min(v) for v in runs.values()]).T
     error_best = float(np.median(np.abs(best_p - best_t) / best_t))
     model_error = float(np.median(rel_all))
-    # The floor no model can beat: how far one run of a micro-batch lies from the median of
-    # its --repeats runs (same lengths, same rank, same weights but one SGD step).
-    noise = [abs(t - m) / m for v in runs.values() if len(v) > 1
-             for m in [float(np.median([x[0] for x in v]))] for t, _ in v]
+    # Run-to-run noise: spread (slowest / fastest - 1) of the --repeats runs of one
+    # micro-batch (same lengths, same rank; weights one SGD step apart), median.
+    noise = [max(v)[0] / min(v)[0] - 1 for v in runs.values() if len(v) > 1]
     noise_floor = float(np.median(noise)) if noise else math.nan
     final_cost = bal["refit"].cost
     models.clear()
@@ -499,7 +511,7 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
           f"{cpu['tokens'] * 1e3:.1f} ms, refit {cpu['refit'] * 1e3:.1f} ms, ratio "
           f"{cpu['tokens'] / cpu['refit']:.2f}")
     print(f"refit cost vs the fastest of each micro-batch's {args.repeats} runs: median "
-          f"error {error_best:.1%}; run-to-run noise of one micro-batch: {noise_floor:.1%}")
+          f"error {error_best:.1%}; spread of one micro-batch's runs: {noise_floor:.1%}")
     print(f"model error: {model_error:.1%}")
     print(f"speedup: {mean['tokens'] / mean['refit']:.2f}")
 

@@ -5,6 +5,12 @@ Each measured micro-batch gives one row ``[1, n, ΣL, ΣL²]`` of a linear model
 would price some sequence below nothing), by default on relative errors: timings span
 orders of magnitude, and a 1% error on a 10 ms micro-batch matters as much to a balancer
 as 1% on a 1 s one.
+
+Micro-batches come as lists of lengths or as a 2-D array with one zero-padded row per
+micro-batch. When their shapes cannot tell some coefficients apart (every micro-batch the
+same shape, or the same number of sequences...), :func:`fit_cost` warns with an
+:class:`UnidentifiableCostWarning` naming them. ``robust=True`` down-weights outliers
+(Huber IRLS), as :meth:`seqbalance.costs.TimingRecorder.refit` does.
 """
 
 from __future__ import annotations
