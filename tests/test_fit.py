@@ -118,12 +118,16 @@ def _norm(v: np.ndarray) -> float:
 
 def _check_kkt(a: np.ndarray, y: np.ndarray, x: np.ndarray) -> None:
     """KKT conditions of min ‖a x − y‖ s.t. x >= 0, to rounding: the gradient's error is
-    about ε·‖a_j‖·(‖a‖‖x‖ + ‖y‖) per column (plus the underflow threshold), so that is the
+    about ε·‖a_j‖·(‖a‖‖x‖ + ‖y‖) per column (plus an underflow floor), so that is the
     tolerance's scale; a fixed scale ignoring ‖x‖ fails on ill-conditioned a."""
     assert np.isfinite(x).all() and (x >= 0).all()
     grad = a.T @ (a @ x - y)
     cols = np.array([_norm(a[:, j]) for j in range(a.shape[1])])
-    scale = 1e-9 * cols * (_norm(a) * _norm(x) + _norm(y)) + np.finfo(np.float64).tiny
+    # Floor: x itself is only known to the smallest subnormal η, which moves the gradient
+    # by up to ‖a_j‖·‖a‖·η (matters when x is subnormal), plus the underflow threshold.
+    eta = np.nextafter(0.0, 1.0)
+    scale = 1e-9 * cols * (_norm(a) * _norm(x) + _norm(y))
+    scale += 4 * a.shape[0] * cols * _norm(a) * eta + np.finfo(np.float64).tiny
     # Stationary on the support, no descent direction off it.
     assert (np.abs(grad[x > 0]) <= scale[x > 0]).all(), (grad, scale)
     assert (grad[x == 0] >= -scale[x == 0]).all(), (grad, scale)
