@@ -427,6 +427,7 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
     times: dict[str, list[float]] = {name: [] for name in names}
     first_loss: dict[str, float] = {}
     first_grad: dict[str, torch.Tensor] = {}
+    race_plans: dict[str, list] = {name: [] for name in names}
     overhead_from = {name: (timer[name].overhead, timer[name].gather_overhead)
                      for name in names}
     clocked_from = dict(clocked)
@@ -443,6 +444,8 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
                                                   for p in models[name][0].parameters()
                                                   if p.grad is not None])
                 best[name] = min(best[name], elapsed)
+                if rep == 0:
+                    race_plans[name].append(plan)
                 if rank == 0:
                     _log(log, {"step": step, "rep": rep, "phase": "race", "strategy": name,
                                "step_time": elapsed, **metrics(name, plan)})
@@ -510,10 +513,22 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
     print(f"busiest rank's micro-batch time per step ({args.clock} clock): tokens "
           f"{cpu['tokens'] * 1e3:.1f} ms, refit {cpu['refit'] * 1e3:.1f} ms, ratio "
           f"{cpu['tokens'] / cpu['refit']:.2f}")
+    # What the balance can buy at most on these batches, by the model: the token plans'
+    # and the refit plans' compute step time, both under the last refit cost.
+    bound = {name: sum(p.simulate(final_cost).step_time for p in race_plans[name])
+             for name in names}
+    print(f"compute speedup the last refit cost predicts: {bound['tokens'] / bound['refit']:.2f}"
+          f" (token plans' imbalance under it: "
+          f"{statistics.fmean(_imbalance(p, final_cost) for p in race_plans['tokens']):.1%})")
     print(f"refit cost vs the fastest of each micro-batch's {args.repeats} runs: median "
           f"error {error_best:.1%}; spread of one micro-batch's runs: {noise_floor:.1%}")
     print(f"model error: {model_error:.1%}")
     print(f"speedup: {mean['tokens'] / mean['refit']:.2f}")
+
+
+def _imbalance(plan: Any, cost: Any) -> float:
+    loads = plan.simulate(cost).mb_costs.sum(axis=1)
+    return float(loads.max() / loads.mean() - 1.0)
 
 
 def _describe_cost(cost: Any) -> str:
