@@ -45,7 +45,7 @@ def _simulated_run(seed: int, steps: int = 12, dp: int = 8, max_tokens: int = 32
     return rec
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 7])
 def test_refit_recovers_cost_and_names_the_slow_rank(seed):
     rec = _simulated_run(seed)
     before = rec.report()
@@ -53,15 +53,27 @@ def test_refit_recovers_cost_and_names_the_slow_rank(seed):
     cost = rec.refit()
     assert rec.cost is cost
     # Token-balanced micro-batches all hold ~max_tokens, so c0 trades against b (c0 comes
-    # out up to 30x, b 7% low): "recovers the cost" means it predicts within 5%, checked on
-    # fresh micro-batches of 8 to 200 rl-math sequences (1k to 100k+ tokens), plus c.
+    # out up to 60x, b 15% low) and only the range the window saw is identified: "recovers
+    # the cost within 5%" means it predicts within 5% on fresh micro-batches of that range
+    # (tokens and sequence count), planned from new batches by tokens and by the refit
+    # cost itself, plus c. (Outside that range, e.g. micro-batches of a few short
+    # sequences, c0's error shows: up to 11% over seeds 0-23; the test below with varied
+    # shapes recovers all four coefficients.)
     assert cost.per_token_sq == pytest.approx(TRUTH.per_token_sq, rel=0.05)
-    rng = np.random.default_rng(99)
-    pool = workloads.lengths("rl-math", 4096, seed=77)
-    fresh = [rng.choice(pool, size=int(rng.integers(8, 200))) for _ in range(200)]
-    got = np.array([cost.microbatch_cost(mb) for mb in fresh])
-    want = np.array([TRUTH.microbatch_cost(mb) for mb in fresh])
-    assert np.max(np.abs(got / want - 1)) < 0.05
+    tokens = [int(r.lengths.sum()) for r in rec.records]
+    counts = [r.lengths.size for r in rec.records]
+    checked = []
+    for k in range(4):
+        lengths = workloads.lengths("rl-math", 512, seed=10**6 + k)
+        for by in (TokenCost(), cost):
+            for mbs in plan(lengths, 8, 32768, cost=by).micro_batches:
+                for mb in mbs:
+                    lens = lengths[mb]
+                    if (min(tokens) <= lens.sum() <= max(tokens)
+                            and min(counts) <= lens.size <= max(counts)):
+                        checked.append(cost.microbatch_cost(lens) / TRUTH.microbatch_cost(lens))
+    assert len(checked) > 200
+    assert np.max(np.abs(np.array(checked) - 1)) < 0.05
     after = rec.report()
     assert after.slowest_rank == SLOW_RANK
     assert after.straggler_score == pytest.approx(SLOWDOWN, rel=0.05)
