@@ -5,6 +5,8 @@
   (hand-written, or fitted to timings by :func:`fit_cost` / ``seqbalance calibrate``).
 - :class:`FlopsCost`: exact training FLOPs from a Hugging Face ``config.json`` (dense,
   GQA, SwiGLU, MoE, MLA, sliding windows), or a shipped config by name (:data:`SHIPPED`).
+- :class:`ContextParallelCost`: one GPU's piece of a context-parallel sequence, with the
+  ring's communication (:mod:`seqbalance.costs.context_parallel`).
 - :func:`load_cost`: any of the above from what the user names (a model, a name, a path).
 - :class:`TimingRecorder`: measured micro-batch times against the model, a report per
   rank and slot (:class:`BalanceReport`, metrics for loggers) and a robust refit.
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 from .architecture import Architecture, parse_config
 from .base import CostModel, QuadraticCost, TokenCost
+from .context_parallel import ContextParallelCost
 from .feedback import REPORT_METRICS, BalanceReport, Timing, TimingRecorder
 from .fit import UnidentifiableCostWarning, evaluate_cost, fit_cost
 from .flops import SHIPPED, FlopsCost
@@ -34,6 +37,7 @@ __all__ = [
     "SHIPPED",
     "Architecture",
     "BalanceReport",
+    "ContextParallelCost",
     "CostModel",
     "FitReport",
     "FlopsCost",
