@@ -110,3 +110,79 @@ def test_known_values():
     assert min_micro_batches(np.array([6, 6, 6, 5, 5]), 3, 10) == 2
     # A per-micro-batch cost is paid for each of the (at least) 2 slots.
     assert capacity_step_bound(costs, lens, 2, 16, sync="fsdp", per_microbatch=5.0) == 30.0
+
+
+def _fitting_bins(lengths, cap):
+    """Every split of ``range(len(lengths))`` into micro-batches that fit ``cap``."""
+    return [
+        p
+        for p in _set_partitions(list(range(len(lengths))))
+        if all(sum(lengths[i] for i in b) <= cap for b in p)
+    ]
+
+
+def _brute_fsdp_groups(lengths, costs, groups, dp, cap, c0):
+    """Least FSDP step when every group stays on one rank (empty micro-batches allowed,
+    which only lowers the optimum): every assignment of groups to ranks, every packing of
+    each rank, each rank's micro-batches sorted by cost (that alignment minimises the sum
+    of slot maxima: a rank's ``j`` heaviest micro-batches take ``j`` distinct slots)."""
+    labels = sorted(set(groups))
+    best = np.inf
+    for assign in itertools.product(range(dp), repeat=len(labels)):
+        rank_of = dict(zip(labels, assign))
+        per_rank = []
+        for r in range(dp):
+            items = [i for i in range(len(lengths)) if rank_of[groups[i]] == r]
+            options = _fitting_bins([lengths[i] for i in items], cap) if items else [[]]
+            loads = [[sum(costs[items[i]] for i in b) for b in p] for p in options]
+            per_rank.append([sorted(c, reverse=True) for c in loads])
+        for combo in itertools.product(*per_rank):
+            m = max(1, max(len(c) for c in combo))
+            slots = [max((c[j] if j < len(c) else 0.0) for c in combo) for j in range(m)]
+            best = min(best, sum(slots) + m * c0)
+    return best
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.integers(1, 14), st.integers(0, 2)), min_size=1, max_size=6),
+    cap=st.integers(12, 20),
+    dp=st.integers(1, 3),
+    c0=st.sampled_from([0.0, 3.0]),
+    quad=st.booleans(),
+)
+def test_grouped_fsdp_bound_never_above_the_best_plan(pairs, cap, dp, c0, quad):
+    lengths = [min(length, cap) for length, _ in pairs]
+    groups = [g for _, g in pairs]
+    lens = np.array(lengths, dtype=np.int64)
+    costs = lens.astype(float) ** 2 if quad else lens.astype(float)
+    opt = _brute_fsdp_groups(lengths, costs.tolist(), groups, dp, cap, c0)
+    lb = capacity_step_bound(
+        costs, lens, dp, cap, sync="fsdp", per_microbatch=c0, groups=np.array(groups)
+    )
+    assert lb <= opt * (1 + 1e-12)
+
+
+def test_grouped_slot_bound_known_values():
+    # Group 0 holds 11, 10, 9 (> 16 / 2): one rank runs them in three distinct slots, so
+    # FSDP pays at least 11 + 10 + 9 = 30, though dp = 4 seats all five big ones in two
+    # slots (11 + 9 = 20 without groups).
+    lens = np.array([9, 10, 11, 9, 10])
+    costs = lens.astype(float)
+    g = np.array([0, 0, 0, 1, 1])
+    assert big_item_slot_bound(costs, lens, 4, 16) == 20.0
+    assert big_item_slot_bound(costs, lens, 4, 16, g) == 30.0
+    # Four sequences > 16 / 2 with costs 5, 5, 6, 1 on dp = 2: two slots at least, costing
+    # >= 6 + 5 = 11, above the busiest rank's total (10, the DDP bound); the plan with
+    # ranks {0, 1} and {2, 3} reaches 11.
+    lens = np.array([12, 12, 9, 9])
+    costs = np.array([5.0, 5.0, 6.0, 1.0])
+    g = np.array([0, 0, 1, 1])
+    assert big_item_slot_bound(costs, lens, 2, 16, g) == 11.0
+    assert capacity_step_bound(costs, lens, 2, 16, sync="fsdp", groups=g) == 11.0
+    assert capacity_step_bound(costs, lens, 2, 16, sync="ddp", groups=g) == 10.0
+    # A sequence <= cap / 2 joins a group's clique when it fits beside none of its big
+    # ones: 7 + 10 > 16, so group {10, 7} takes two slots: 10 + 7.
+    lens = np.array([10, 7])
+    assert big_item_slot_bound(lens.astype(float), lens, 2, 16, np.array([0, 0])) == 17.0
+    assert big_item_slot_bound(lens.astype(float), lens, 2, 16) == 10.0

@@ -126,6 +126,22 @@ def test_pair_resplits_lower_the_busiest_rank_and_keep_counts(w, dp, balanced):
         assert after == best
 
 
+def test_pair_resplits_even_out_other_ranks_when_the_busiest_is_stuck():
+    # Dealt split [18, 14, 12] / [28, 25] / [1, 22]. Re-splitting only pairs with the
+    # busiest rank stalls at 47; evening out the other ranks as well frees a better
+    # partner, and the pass reaches 40 = total / 3, the optimum (brute force below).
+    w = np.array([18, 28, 1, 14, 25, 22, 12], dtype=np.float64)
+    parts = [list(range(r, 7, 3)) for r in range(3)]
+    out = repartition_pairs(w, parts, 0, 7)
+    assert sorted(i for p in out for i in p) == list(range(7))
+    best = min(
+        max(sum(w[i] for i in range(7) if a[i] == r) for r in range(3))
+        for a in itertools.product(range(3), repeat=7)
+    )
+    assert best == 40.0
+    assert max(w[p].sum() for p in out) == best
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=48),

@@ -5,7 +5,11 @@ so moves and swaps of single units often stall above the best split. This pass t
 busiest rank and a lighter one, pools their units and tries *every* way to split the pool
 in two (``2**k`` subsets for ``k`` pooled units, vectorised), keeping the one whose heavier
 side is lightest and whose counts obey the size rule. Repeated while it lowers the busiest
-rank. Deterministic; pools above ``max_pool`` units are skipped.
+rank. When no pair with the busiest rank helps, the next-heaviest ranks are evened out with
+lighter ones (every accepted re-split lowers the heavier rank of its pair, so the busiest
+rank never grows and the sum of squared loads falls: the search ends); that reshuffles the
+units so that a later pair with the busiest rank can split better. Deterministic; pools
+above ``max_pool`` units are skipped, and the subsets tried are capped by ``max_work``.
 """
 
 from __future__ import annotations
@@ -39,10 +43,13 @@ def repartition_pairs(
     max_pool: int = 14,
     partners: int = 16,
     max_rounds: int | None = None,
+    max_work: int = 1 << 22,
 ) -> list[list[int]]:
     """Return ``parts`` (unit ids per rank) with a lighter or equal busiest rank.
 
-    Every rank keeps between ``lo`` and ``hi`` units (``hi`` = any for no rule).
+    Every rank keeps between ``lo`` and ``hi`` units (``hi`` = any for no rule). The search
+    stops early when the busiest rank weighs no more than the heaviest unit or the mean
+    load (no split does better).
     """
     parts = [sorted(p) for p in parts]
     dp = len(parts)
@@ -51,23 +58,37 @@ def repartition_pairs(
     load = np.array([float(unit_w[p].sum()) if p else 0.0 for p in parts])
     rounds = max_rounds if max_rounds is not None else 4 * dp + 16
     tiny = 1e-12 * max(float(load.max()), 1e-300)
+    floor = max(float(unit_w.max(initial=0.0)), float(unit_w.sum()) / dp)
+    work = 0
+    ids = np.arange(dp)
     for _ in range(rounds):
-        h = int(np.argmax(load))
+        if load.max() <= floor + tiny:
+            break  # proven optimal
         improved = False
-        for r in np.lexsort((np.arange(dp), load)).tolist()[:partners]:
-            if r == h or len(parts[h]) + len(parts[r]) > max_pool:
-                continue
-            pool = np.array(parts[h] + parts[r], dtype=np.int64)
-            mask = _best_split(unit_w[pool], lo, hi)
-            if mask is None:
-                continue
-            a, b = pool[mask], pool[~mask]
-            la, lb = float(unit_w[a].sum()), float(unit_w[b].sum())
-            if max(la, lb) < load[h] - tiny:
-                parts[h], parts[r] = sorted(a.tolist()), sorted(b.tolist())
-                load[h], load[r] = la, lb
-                improved = True
+        lightest = np.lexsort((ids, load)).tolist()
+        # The busiest rank first; the others only when it cannot improve.
+        for h in np.lexsort((ids, -load)).tolist():
+            tried = 0
+            for r in lightest:
+                if load[r] >= load[h] or tried >= partners:
+                    break
+                if len(parts[h]) + len(parts[r]) > max_pool:
+                    continue
+                tried += 1
+                pool = np.array(parts[h] + parts[r], dtype=np.int64)
+                work += 1 << pool.size
+                mask = _best_split(unit_w[pool], lo, hi)
+                if mask is None:
+                    continue
+                a, b = pool[mask], pool[~mask]
+                la, lb = float(unit_w[a].sum()), float(unit_w[b].sum())
+                if max(la, lb) < load[h] - tiny:
+                    parts[h], parts[r] = sorted(a.tolist()), sorted(b.tolist())
+                    load[h], load[r] = la, lb
+                    improved = True
+                    break
+            if improved or work > max_work:
                 break
-        if not improved:
+        if not improved or work > max_work:
             break
     return parts

@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from .._validate import as_groups
 from ..partitioning.bounds import lower_bound
 
 __all__ = ["big_item_slot_bound", "capacity_step_bound", "min_bins", "min_micro_batches"]
@@ -78,30 +79,104 @@ def min_micro_batches(lengths: np.ndarray, dp: int, cap: int) -> int:
     return max(1, math.ceil(min_bins(lengths, cap) / dp))
 
 
-def big_item_slot_bound(costs: np.ndarray, lengths: np.ndarray, dp: int, cap: int) -> float:
-    """FSDP only: a bound from the sequences longer than half the capacity.
+def _clique_order(lengths: np.ndarray, cap: int) -> np.ndarray:
+    """Indices of a set of sequences no two of which fit in one micro-batch, longest first.
 
-    Let ``b[0] >= b[1] >= ...`` be the costs of the sequences with ``2 L > cap`` ("big").
-    The bound is ``b[0] + b[dp] + b[2 dp] + ...``.
-
-    Proof. Two big sequences never share a micro-batch (their tokens exceed ``cap``), and a
-    slot (every rank's ``j``-th micro-batch) has ``dp`` micro-batches, so a slot holds at
-    most ``dp`` big sequences. For ``k >= 0`` the ``k dp + 1`` most expensive big sequences
-    therefore occupy at least ``k + 1`` distinct slots, and each of those slots costs at
-    least the cheapest of them, ``b[k dp]`` (a slot under FSDP costs its heaviest
-    micro-batch, which costs at least every sequence in it). So the ``(k + 1)``-th most
-    expensive slot costs at least ``b[k dp]``, and the FSDP step time, the sum of all slot
-    costs, is at least ``sum_k b[k dp]``. It does not depend on the number of slots.
+    The sequences longer than ``cap / 2`` (two of them exceed ``cap``), plus the longest
+    other one when it does not fit beside the shortest of those (then it fits beside none:
+    the others are longer). Only one other can join: two sequences of ``<= cap / 2`` fit.
     """
-    big = np.sort(costs[2 * lengths > cap])[::-1]
-    if big.size == 0:
+    order = np.lexsort((np.arange(lengths.size), -lengths))
+    n_big = int((2 * lengths > cap).sum())
+    if 0 < n_big < order.size and lengths[order[n_big]] + lengths[order[n_big - 1]] > cap:
+        n_big += 1
+    return order[:n_big]
+
+
+def _exact_sum_down(head: np.ndarray) -> float:
+    """``head.sum()`` rounded so that it never exceeds the exact sum (``head >= 0``)."""
+    if head.size == 0:
         return 0.0
-    head = big[::dp]
     s = float(head.sum())
     if s < 2.0**53 and bool(np.all(head == np.floor(head))):
         return s  # integer costs: the sum is exact
     # Summing k floats may round up by at most k ulps of the sum: lower it by that much.
-    return max(float(head[0]), s - 2.0 * head.size * np.finfo(np.float64).eps * s)
+    return max(float(head.max()), s - 2.0 * head.size * np.finfo(np.float64).eps * s)
+
+
+def big_item_slot_bound(
+    costs: np.ndarray,
+    lengths: np.ndarray,
+    dp: int,
+    cap: int,
+    groups: np.ndarray | None = None,
+) -> float:
+    """FSDP only: a bound from sequences that cannot share a micro-batch.
+
+    A *clique* is a set of sequences no two of which fit together in ``cap`` tokens: the
+    sequences longer than ``cap / 2``, plus the longest other one if it does not fit beside
+    the shortest of them. Let ``b[0] >= b[1] >= ...`` be the costs of the clique of all
+    sequences and, for every group ``g`` (``groups``: dense labels, all of a group on one
+    rank), ``v_g[0] >= v_g[1] >= ...`` the costs of the clique of ``g``'s sequences. The
+    bound is ``sum_i u[i]`` with ``u[i] = max(b[i dp], max_g v_g[i])`` (missing entries 0).
+    Without groups it is ``b[0] + b[dp] + b[2 dp] + ...``.
+
+    Proof. Let ``s[0] >= s[1] >= ...`` be the slot costs of any plan, sorted (slot ``j`` is
+    every rank's ``j``-th micro-batch; under FSDP it costs its heaviest micro-batch, at
+    least the cost of every sequence in it, and the step is the sum of all slot costs).
+    Clique members sit in distinct micro-batches. A slot has ``dp`` micro-batches, so the
+    ``i dp + 1`` most expensive members of the global clique lie in at least ``i + 1``
+    distinct slots, each costing at least ``b[i dp]``: so ``s[i] >= b[i dp]``. The members
+    of ``g``'s clique are on one rank, which has one micro-batch per slot, so its ``i + 1``
+    most expensive members lie in ``i + 1`` distinct slots, each costing at least
+    ``v_g[i]``: so ``s[i] >= v_g[i]``. Hence ``s[i] >= u[i]`` for every ``i`` (and a
+    positive ``u[i]`` means the plan has more than ``i`` slots), so the step
+    ``sum_i s[i] >= sum_i u[i]``. It does not depend on the number of slots.
+
+    Why groups matter: GRPO groups whose responses were truncated at the generation limit
+    hold many sequences longer than ``cap / 2``; one rank must run them one per micro-batch,
+    so the slots they occupy are expensive whatever the other ranks do, which the bound on
+    the busiest rank's total does not see.
+
+    Examples
+    --------
+    >>> lens = np.array([9, 10, 11, 9, 10])
+    >>> big_item_slot_bound(lens.astype(float), lens, 4, 16)   # 5 in 4 per slot: 11 + 9
+    20.0
+    >>> big_item_slot_bound(lens.astype(float), lens, 4, 16, np.array([0, 0, 0, 1, 1]))
+    30.0
+    """
+    clique = _clique_order(lengths, cap)
+    if clique.size == 0:
+        return 0.0
+    u = np.sort(costs[clique])[::-1][::dp].copy()
+    if groups is not None:
+        # Each group's own clique, longest first inside the group (a group may hold a
+        # sequence <= cap / 2 that joins its clique though not the global one).
+        order = np.lexsort((np.arange(lengths.size), -lengths, groups))
+        g, ln = groups[order], lengths[order]
+        start = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+        size = np.diff(np.r_[start, g.size])
+        n_big = np.add.reduceat((2 * ln > cap).astype(np.int64), start)
+        # the first non-big of a group with a big one, if it fits beside no big one
+        nxt = start + n_big
+        has = (n_big > 0) & (n_big < size)
+        joins = np.zeros(start.size, dtype=bool)
+        joins[has] = ln[nxt[has]] + ln[nxt[has] - 1] > cap
+        k = n_big + joins
+        pos = np.arange(g.size) - np.repeat(start, size)  # place inside the group
+        member = pos < np.repeat(k, size)
+        if member.any():
+            gid, vc = g[member], costs[order[member]]
+            by = np.lexsort((-vc, gid))  # by group, costliest first
+            gid, vc = gid[by], vc[by]
+            first = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
+            rank = np.arange(gid.size) - np.repeat(first, np.diff(np.r_[first, gid.size]))
+            width = int(rank.max()) + 1
+            if width > u.size:
+                u = np.concatenate((u, np.zeros(width - u.size)))
+            np.maximum.at(u, rank, vc)
+    return _exact_sum_down(u)
 
 
 def capacity_step_bound(
@@ -122,7 +197,9 @@ def capacity_step_bound(
 
     - ``P = lower_bound(costs, dp, size=size, groups=groups)`` bounds the busiest rank's total
       (:func:`seqbalance.partitioning.lower_bound`);
-    - ``S = big_item_slot_bound(...)`` under ``sync="fsdp"``, else 0;
+    - ``S = big_item_slot_bound(..., groups)`` under ``sync="fsdp"``, else 0 (with groups it
+      also uses that a group's sequences that cannot share a micro-batch take distinct
+      slots of one rank);
     - ``M = max(min_micro_batches_given, min_micro_batches(lengths, dp, cap))``.
 
     Proof. DDP: the step is the busiest rank's total, which is at least ``P`` for its
@@ -136,6 +213,7 @@ def capacity_step_bound(
     if costs.size == 0:
         return float(min_micro_batches_given * per_microbatch)
     p = lower_bound(costs, dp, size=size, groups=groups)
-    s = big_item_slot_bound(costs, lengths, dp, cap) if sync == "fsdp" else 0.0
+    labels = None if groups is None else as_groups(groups, costs.shape[0])
+    s = big_item_slot_bound(costs, lengths, dp, cap, labels) if sync == "fsdp" else 0.0
     m = max(min_micro_batches_given, min_micro_batches(lengths, dp, cap))
     return max(p, s) + m * per_microbatch
