@@ -13,7 +13,7 @@ TORCH_MISSING = (
 
 torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 
-from hypothesis import given, settings  # noqa: E402
+from hypothesis import example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from seqbalance import workloads  # noqa: E402
@@ -93,7 +93,33 @@ def test_short_last_step_gives_empty_micro_batches():
     assert batch["input_ids"].shape == (0,) and batch["cu_seqlens"].tolist() == [0]
 
 
+def _min_bins(items: list[int], cap: int) -> int:
+    """Fewest bins of size ``cap`` that hold ``items`` (exhaustive; for a few items only)."""
+    items = sorted(items, reverse=True)
+    best = len(items)
+
+    def place(i: int, bins: list[int]) -> None:
+        nonlocal best
+        if len(bins) >= best:
+            return
+        if i == len(items):
+            best = len(bins)
+            return
+        seen = set()
+        for b in range(len(bins)):
+            if bins[b] + items[i] <= cap and bins[b] not in seen:
+                seen.add(bins[b])
+                bins[b] += items[i]
+                place(i + 1, bins)
+                bins[b] -= items[i]
+        place(i + 1, [*bins, items[i]])
+
+    place(0, [])
+    return best
+
+
 @settings(max_examples=25, deadline=None)
+@example(lengths=[33, 33, 33, 33, 33, 1], world=4, batch=6, drop_last=False, seed=0)
 @given(
     lengths=st.lists(st.integers(1, 50), min_size=1, max_size=60),
     world=st.integers(1, 4),
@@ -109,8 +135,13 @@ def test_property_exact_cover(lengths, world, batch, drop_last, seed):
                       drop_last=drop_last)
         steps = [per_step(s) for s in ss]
     except ValueError as exc:
-        # Full steps with fewer sequences than ranks cannot be planned without allow_empty.
-        assert batch < world and "allow_empty" in str(exc)
+        # Without allow_empty a step needs a sequence in each of its world x m micro-batches,
+        # where m is forced by the capacity: ceil(min bins / world) per rank.
+        assert "allow_empty" in str(exc)
+        order = np.random.default_rng(seed).permutation(n)
+        n_used = (n // batch) * batch if drop_last else n
+        steps_of = [lengths[order[i : i + batch]] for i in range(0, n_used, batch)]
+        assert any(len(st_) < world * -(-_min_bins(st_.tolist(), 64) // world) for st_ in steps_of)
         return
     full = n // batch
     n_steps = full + (0 if drop_last or n % batch == 0 else 1)
