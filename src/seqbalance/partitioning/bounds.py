@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_groups, as_weights, check_positive_int
+from .._validate import as_groups, as_weights, check_positive_int, check_size_limit
 from ._rules import check_size, min_count
 
 __all__ = ["lower_bound"]
@@ -62,7 +62,7 @@ def lower_bound(weights: Any, k: int, *, size: str = "free", groups: Any = None)
     11.0
     """
     w = as_weights(weights)
-    k = check_positive_int(k, "k")
+    k = check_size_limit(check_positive_int(k, "k"), "k", w.shape[0])
     if groups is not None:
         labels = as_groups(groups, w.shape[0])
         w = np.bincount(labels, weights=w, minlength=0) if w.size else w

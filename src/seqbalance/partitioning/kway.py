@@ -11,7 +11,13 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_groups, as_weights, check_choice, check_positive_int
+from .._validate import (
+    as_groups,
+    as_weights,
+    check_choice,
+    check_positive_int,
+    check_size_limit,
+)
 from ._greedy import lpt_labels
 from ._kk import kk_labels
 from ._refine import STEEPEST_MAX_UNITS, refine_labels, steepest_swaps
@@ -59,7 +65,7 @@ class Partition(list):  # type: ignore[type-arg]
         self.loads = loads
         self.lower_bound = float(bound)
         self.method = method
-        self._counts = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+        self._counts = np.array(list(map(len, parts)), dtype=np.int64).reshape(len(parts))
 
     @property
     def max_load(self) -> float:
@@ -142,7 +148,7 @@ def partition(
     [16.0, 17.0]
     """
     w = as_weights(weights)
-    k = check_positive_int(k, "k")
+    k = check_size_limit(check_positive_int(k, "k"), "k", w.shape[0])
     rule = check_choice(size, "size", SIZES)
     how = check_choice(method, "method", METHODS)
     labels_of_groups = None if groups is None else as_groups(groups, w.shape[0])
@@ -163,13 +169,25 @@ def partition_arrays(
     rule = check_size(rule, units.shape[0], k, grouped=labels_of_groups is not None)
 
     bound = bound_of_units(units, k, rule)
-    unit_labels, used = _solve(units, k, rule, how, bound)
+    if units.shape[0] <= k:
+        # One unit per part, heaviest first, is optimal (the heaviest part is the largest
+        # unit, which the bound includes) and is what KK and LPT give; O(m log m) however
+        # large k is, where the general methods cost O(k) per step.
+        unit_labels = np.empty(units.shape[0], dtype=np.int64)
+        unit_labels[np.argsort(-units, kind="stable")] = np.arange(units.shape[0])
+        used = {"auto": "kk+refine"}.get(how, how)
+    else:
+        unit_labels, used = _solve(units, k, rule, how, bound)
     item_labels = unit_labels if labels_of_groups is None else unit_labels[labels_of_groups]
     loads = np.bincount(item_labels, weights=w, minlength=k).astype(np.float64)
     counts = np.bincount(item_labels, minlength=k)
     order = np.argsort(item_labels, kind="stable").tolist()  # ascending within each part
-    ends = np.cumsum(counts).tolist()
-    parts = [order[e - c : e] for e, c in zip(ends, counts.tolist())]
+    ends = np.cumsum(counts)
+    parts: list[list[int]] = [[] for _ in range(k)]  # cheap even when most parts stay empty
+    for p in np.flatnonzero(counts).tolist():
+        parts[p] = order[int(ends[p] - counts[p]) : int(ends[p])]
+    if k == 1:
+        bound = max(bound, float(loads[0]))  # the only partition: optimal, so the gap is 0
     return Partition(parts, loads, bound, used)
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_weights
+from .._validate import as_weights, is_array_like
 
 __all__ = ["sequence_costs"]
 
@@ -21,7 +21,7 @@ def sequence_costs(lengths: np.ndarray, cost: Any) -> tuple[np.ndarray, float]:
     """
     if cost is None:
         return lengths.astype(np.float64), 0.0
-    if isinstance(cost, (np.ndarray, list, tuple)):
+    if is_array_like(cost):  # lists, arrays, tensors, pandas Series
         costs = as_weights(cost, "cost")
         if costs.shape[0] != lengths.shape[0]:
             raise ValueError(

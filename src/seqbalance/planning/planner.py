@@ -39,8 +39,10 @@ from .._validate import (
     as_lengths,
     check_bool,
     check_choice,
+    check_max_tokens,
     check_nonnegative_int,
     check_positive_int,
+    check_size_limit,
 )
 from ..partitioning._rules import SIZES
 from ..partitioning.kway import partition_arrays
@@ -189,13 +191,18 @@ def _validate_request(
 ) -> _Request:
     """Step 0: check every argument of :func:`plan` and resolve the costs."""
     lens = as_lengths(lengths)
-    dp = check_positive_int(dp_size, "dp_size")
-    cap = check_positive_int(max_tokens, "max_tokens")
+    n = lens.shape[0]
+    # Sizes are bounded relative to n before anything is allocated (see check_size_limit).
+    dp = check_size_limit(check_positive_int(dp_size, "dp_size"), "dp_size", n, "ranks")
+    cap = check_max_tokens(max_tokens, "max_tokens")
     check_choice(sync, "sync", SYNC_MODELS)
     check_choice(size, "size", SIZE_RULES)
     m_min = check_positive_int(min_micro_batches, "min_micro_batches")
+    check_size_limit(m_min, "min_micro_batches", n, "micro-batches per rank")
     mult = check_positive_int(micro_batch_multiple, "micro_batch_multiple")
+    check_size_limit(mult, "micro_batch_multiple", n, "micro-batches per rank")
     extra = check_nonnegative_int(extra_micro_batches, "extra_micro_batches")
+    check_size_limit(extra, "extra_micro_batches", n, "extra micro-batch counts")
     padded = check_bool(padded, "padded")
     allow_empty = check_bool(allow_empty, "allow_empty")
     group_ids = None if groups is None else as_groups(groups, lens.shape[0])
@@ -210,6 +217,10 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     """Step 1: the capacity minimum, raised to ``min_micro_batches`` and the multiple."""
     m_cap = capacity_min_micro_batches(req.lens, req.dp, req.cap)
     m = _round_up(max(m_cap, req.m_min), req.mult)
+    if req.allow_empty:  # without it, too few sequences is refused before packing
+        check_size_limit(
+            req.dp * m, f"dp_size x micro-batches ({req.dp} x {m})", req.n, "micro-batches"
+        )
     notes = []
     if m > m_cap:
         why = []
@@ -287,7 +298,9 @@ def _search(
     while m <= m_limit:
         problem = _too_few(req, rank_items, m)
         if problem and not req.allow_empty:
-            return problem
+            # Extra counts (extra_micro_batches) that cannot be filled end the search; the
+            # plans already found stand.
+            return found if found else problem
         if rank_items is None:
             mbs = _plan_global(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0
