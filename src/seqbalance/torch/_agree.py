@@ -89,7 +89,10 @@ def _plain(value: Any) -> Any:
     to_dict = getattr(value, "to_dict", None)
     if callable(to_dict):
         return {"type": type(value).__name__, "dict": _plain(to_dict())}
-    return {"type": type(value).__name__, "repr": repr(value)}
+    text = repr(value)
+    if " at 0x" in text:  # an address differs between processes: say only the type
+        text = f"<{type(value).__module__}.{type(value).__qualname__}>"
+    return {"type": type(value).__name__, "repr": text}
 
 
 def _array(arr: np.ndarray, dtype: str) -> dict[str, Any]:
@@ -106,15 +109,13 @@ def describe_cost(cost: Any) -> Any:
     path on another agree). Raises whatever ``load_cost`` raises (call it inside the local
     try block).
     """
-    if cost is None:
-        return None
-    if isinstance(cost, (str, bytes)) or callable(getattr(cost, "to_dict", None)) or isinstance(
-        cost, Mapping
-    ) or hasattr(cost, "__fspath__"):
-        from seqbalance.costs import load_cost
+    from seqbalance._validate import is_array_like
 
-        return {"model": load_cost(cost).to_dict()}
-    return "per-sequence array"
+    if is_array_like(cost):
+        return "per-sequence array"
+    from seqbalance.costs import load_cost
+
+    return {"model": load_cost(cost).to_dict()}
 
 
 def describe_error(exc: BaseException) -> str:
