@@ -7,7 +7,9 @@ bound, the gap to it). :func:`lower_bound` and :func:`balance_stats` are re-expo
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import gc
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -183,12 +185,31 @@ def partition_arrays(
     counts = np.bincount(item_labels, minlength=k)
     order = np.argsort(item_labels, kind="stable").tolist()  # ascending within each part
     ends = np.cumsum(counts)
-    parts: list[list[int]] = [[] for _ in range(k)]  # cheap even when most parts stay empty
-    for p in np.flatnonzero(counts).tolist():
-        parts[p] = order[int(ends[p] - counts[p]) : int(ends[p])]
-    if k == 1:
-        bound = max(bound, float(loads[0]))  # the only partition: optimal, so the gap is 0
-    return Partition(parts, loads, bound, used)
+    with _gc_paused(k):
+        parts: list[list[int]] = [[] for _ in range(k)]  # cheap even if most stay empty
+        for p in np.flatnonzero(counts).tolist():
+            parts[p] = order[int(ends[p] - counts[p]) : int(ends[p])]
+        result = Partition(parts, loads, bound, used)
+    if k == 1:  # the only partition is optimal: no rounding allowance, the gap is 0
+        result.lower_bound = max(bound, float(loads[0]))
+    return result
+
+
+@contextlib.contextmanager
+def _gc_paused(k: int) -> Iterator[None]:
+    """Pause the cyclic garbage collector while ``k`` part lists are built.
+
+    A million fresh lists trigger many collections, each of which walks every object of
+    the process (seconds when torch is loaded); the lists cannot form cycles.
+    """
+    pause = k > 10_000 and gc.isenabled()
+    if pause:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if pause:
+            gc.enable()
 
 
 def _solve(
