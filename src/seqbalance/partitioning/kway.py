@@ -46,7 +46,8 @@ class Partition(list):  # type: ignore[type-arg]
     loads : numpy.ndarray
         Total weight of each part (float64, shape ``(k,)``).
     lower_bound : float
-        Proven lower bound on the heaviest part for this size rule and grouping.
+        Proven lower bound on the heaviest part for this size rule and grouping (for
+        ``k = 1``, the load of the only possible partition, so the gap is exactly 0).
     max_load : float
         Weight of the heaviest part.
     gap : float
