@@ -11,6 +11,13 @@ Importing this module imports torch (``import seqbalance`` alone never does).
 - :func:`global_token_count`, :func:`token_mean_loss`: a token-mean loss over balanced
   micro-batches that equals the single-process value.
 - :func:`seqbalance.torch.testing.run_distributed`: run a function on local gloo processes.
+
+No hang from bad input: every function here that communicates starts with one all-gather
+that carries each rank's local validation result and a fingerprint of the arguments that
+must agree (:func:`seqbalance.torch._agree.agree`). A bad input on one rank, or ranks passing
+different options, raises the same :class:`RankAgreementError` (a ``ValueError``) on every
+rank, naming the ranks and the argument, instead of leaving the others waiting in a
+collective or silently computing different plans.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "seqbalance.torch needs PyTorch; install it with `pip install seqbalance[torch]`"
     ) from exc
 
+from ._agree import RankAgreementError
 from .collate import pack_collate
 from .exchange import RebalanceHandle, rebalance
 from .loss import global_token_count, token_mean_loss
@@ -29,6 +37,7 @@ from .sampler import BalancedDistributedSampler
 
 __all__ = [
     "BalancedDistributedSampler",
+    "RankAgreementError",
     "RebalanceHandle",
     "global_token_count",
     "pack_collate",

@@ -1,4 +1,11 @@
-"""A batch sampler that gives every rank balanced micro-batches of a map-style dataset."""
+"""A batch sampler that gives every rank balanced micro-batches of a map-style dataset.
+
+Planning needs no communication (every rank computes the same plans), but ranks built with
+different arguments would silently yield plans that do not fit together. So when
+torch.distributed is initialised, the constructor makes one all-gather of each rank's
+validation result and argument fingerprint (:func:`seqbalance.torch._agree.agree`): a
+mistake on any rank raises the same ValueError on every rank ("no hang from bad input").
+"""
 
 from __future__ import annotations
 
