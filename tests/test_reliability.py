@@ -42,6 +42,12 @@ from seqbalance._validate import as_groups, as_lengths, as_weights, is_array_lik
         (lambda: sb.partition([1e308, 1e308], 2), "weights sum"),
         (lambda: sb.lower_bound([1e308, 1e308], 2), "weights sum"),
         (lambda: sb.plan([1, 1], 1, 10, cost=[1e308, 1e308]), "cost sum"),
+        (
+            lambda: sb.plan(
+                [1, 2], 1, 10, cost=sb.QuadraticCost(1.0, 0.0, per_microbatch=1e308)
+            ),
+            "per_microbatch",
+        ),
         (lambda: sb.plan([1, 1], 1, 10, cost=""), "cost is an empty string"),
         (lambda: sb.plan([1, 1], 1, 10, cost="  "), "cost is an empty string"),
         (lambda: sb.plan([2**63, 1], 1, 10), "lengths[0]"),
