@@ -78,6 +78,16 @@ class Simulation:
     gap: float
     idle_fraction: float
 
+    def __repr__(self) -> str:
+        # The arrays hold dp x m entries (thousands for a real job): show their shape only.
+        shape = np.shape(self.mb_costs)
+        dp, m = shape if len(shape) == 2 else ("?", "?")
+        return (
+            f"Simulation(sync={self.sync!r}, step_time={self.step_time:.6g}, "
+            f"lower_bound={self.lower_bound:.6g}, gap={self.gap:+.2%}, "
+            f"idle_fraction={self.idle_fraction:.2%}, dp={dp}, micro_batches={m})"
+        )
+
 
 def microbatch_costs(
     micro_batches: Sequence[Sequence[Sequence[int]]],

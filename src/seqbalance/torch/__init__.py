@@ -26,7 +26,9 @@ try:
     import torch as _torch  # noqa: F401  (the real torch: imports are absolute)
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "seqbalance.torch needs PyTorch; install it with `pip install seqbalance[torch]`"
+        'seqbalance.torch needs PyTorch; install it with: pip install ".[torch]" (in a '
+        "seqbalance checkout) or pip install torch; a CPU-only build: "
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu"
     ) from exc
 
 from ._agree import RankAgreementError
