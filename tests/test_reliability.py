@@ -150,7 +150,7 @@ def test_duck_typed_series_and_tensors():
 
 
 def test_torch_tensors_are_converted_once():
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason="needs torch (not in the test extra)")
     cost = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
     p = sb.plan(torch.tensor([3, 4, 5], dtype=torch.bfloat16), 2, 10, cost=cost)
     assert p.lengths.dtype == np.int64 and p.costs.dtype == np.float64
