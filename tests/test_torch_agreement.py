@@ -180,6 +180,14 @@ def s_restore_different_token_keys(rank, world):
     handle.restore([mb["tok"] for mb in mbs], token_keys={"x"} if rank == 0 else None)
 
 
+def s_restore_with_handles_of_different_calls(rank, world):
+    batch, lens = _batch(rank)
+    first = rebalance(batch, lens, max_tokens=8)
+    second = rebalance(batch, lens, max_tokens=8, min_micro_batches=2)
+    mbs, handle = first if rank == 0 else second  # rank 0 restores the wrong step
+    handle.restore([mb["id"] for mb in mbs])
+
+
 def _sampler(rank, world, **kw):
     args = {"lengths": [5, 1, 4, 4, 3, 2, 6, 1], "global_batch_size": 8, "max_tokens": 8}
     args.update(kw)
@@ -270,6 +278,10 @@ SCENARIOS = {
         ["rank 0"],
     ),
     "restore: different token_keys": (s_restore_different_token_keys, ["token_keys"]),
+    "restore: handles of two different rebalance calls": (
+        s_restore_with_handles_of_different_calls,
+        ["handle", "rank 0"],
+    ),
     "sampler: different seed": (s_sampler_different_seed, ["seed", "rank 1"]),
     "sampler: different max_tokens": (s_sampler_different_max_tokens, ["max_tokens"]),
     "sampler: different lengths": (s_sampler_different_lengths, ["lengths", "rank 0"]),

@@ -62,7 +62,7 @@ from .._validate import (
     group_ids,
     is_array_like,
 )
-from ._agree import agree, describe_cost
+from ._agree import agree, canonical, describe_cost
 from ._transport import METHODS, Spec, from_rows, group_info, move, to_rows
 
 __all__ = ["RebalanceHandle", "rebalance"]
@@ -253,6 +253,7 @@ class RebalanceHandle:
         self.method = method
         self.device = device
         self._counts = counts
+        self._id: str | None = None
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._src = [
             np.arange(offsets[r], offsets[r + 1], dtype=np.int64) for r in range(world_size)
@@ -274,6 +275,13 @@ class RebalanceHandle:
     @property
     def num_micro_batches(self) -> int:
         return len(self._mine)
+
+    def _identity(self) -> str:
+        """A digest of the global layout, the same on every rank of one rebalance call."""
+        if self._id is None:
+            layout = np.concatenate([self._counts, self.global_lengths, *self._dst])
+            self._id = canonical(layout.astype(np.int64))
+        return self._id
 
     @property
     def num_sequences(self) -> int:
@@ -349,7 +357,12 @@ class RebalanceHandle:
         except Exception as exc:
             tensors, single, keys, error = {}, False, {}, exc
             device = self.device
-        fingerprint = {"token_keys": None if token_keys is None else sorted(token_keys)}
+        fingerprint = {
+            "token_keys": None if token_keys is None else sorted(token_keys),
+            # Every rank holds the same global view of one rebalance call, so a handle from
+            # another call (another step) on some rank shows up here, not as a gloo abort.
+            "handle (the rebalance call it comes from)": self._identity(),
+        }
         metas = agree(error, fingerprint, {"keys": keys}, self.group, "restore")
         specs = _resolve(metas, None, what)
         rows = {
