@@ -7,8 +7,13 @@ is told from paths.
 
 from __future__ import annotations
 
+import itertools
+from fractions import Fraction
+
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import seqbalance as sb
 from seqbalance._validate import as_groups, as_lengths, as_weights, is_array_like, to_numpy
@@ -183,3 +188,28 @@ def test_from_json_reads_text_and_paths(tmp_path):
     path.write_text(text)
     assert sb.Plan.from_json(str(path)).micro_batches == p.micro_batches
     assert sb.Plan.from_json(path).micro_batches == p.micro_batches
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 64), min_size=1, max_size=7), st.integers(1, 3),
+       st.sampled_from([1, 2, 8, 1024]))
+def test_dyadic_weights_get_exact_bounds_and_gaps(numerators, k, denominator):
+    # Multiples of 1/denominator (a power of two) sum exactly in float64, so the bound needs
+    # no rounding allowance: it stays valid (checked against exhaustive search in exact
+    # rationals), and an optimal partition reports a gap of exactly 0.
+    weights = [x / denominator for x in numerators]
+    exact = [Fraction(x, denominator) for x in numerators]
+    best = min(
+        max(sum((exact[i] for i in range(len(exact)) if labels[i] == j), Fraction(0))
+            for j in range(k))
+        for labels in itertools.product(range(k), repeat=len(exact))
+    )
+    bound = sb.lower_bound(weights, k)
+    assert Fraction(bound) <= best
+    # No rounding allowance (it would be ~2 (n+1) eps relative): at most the rounding of
+    # one division below the classic bound max(largest, total / k).
+    classic = max(max(exact), sum(exact) / k)
+    assert Fraction(bound) >= classic * (1 - Fraction(1, 2**52))
+    p = sb.partition(weights, k)
+    if Fraction(p.max_load) == best == classic:
+        assert p.gap == 0.0  # provably optimal, and reported so

@@ -50,7 +50,8 @@ def lower_bound(weights: Any, k: int, *, size: str = "free", groups: Any = None)
     3. "balanced" with ``r = m % k > 0``: ``r`` parts hold ``c + 1`` units, together at
        least the ``r*(c+1)`` lightest units, so one of them weighs at least that sum / ``r``.
 
-    Sums are exact when the weights are integers with a total below 2**53; otherwise the
+    Sums are exact when the weights are integer multiples of one power of two ``2**p``
+    (integers: ``p = 0``; also 0.5, 0.25...) with a total below ``2**53 * 2**p``; otherwise the
     sums in 1-3 are lowered by a rounding allowance of ``2 (m+1) eps * total``, so the bound
     stays valid in floating point (term 2 with ``j = c = 0``, the largest unit, is exact).
 
@@ -78,7 +79,7 @@ def bound_of_units(w: np.ndarray, k: int, size: str) -> float:
     s = np.sort(w)[::-1]  # descending
     c = min_count(m, k, size)
     total = float(s.sum())
-    exact = total < 2.0**53 and bool(np.all(s == np.floor(s)))
+    exact = _sums_exact(s, total)
     slack = 0.0 if exact else 2.0 * (m + 1) * _EPS * total
     # desc[i] = s[0] + ... + s[i-1]; asc[i] = the i lightest units.
     desc = np.concatenate(([0.0], np.cumsum(s)))
@@ -92,3 +93,23 @@ def bound_of_units(w: np.ndarray, k: int, size: str) -> float:
         terms.append(float(asc[r * (c + 1)]) / r)
     best = max(terms) - slack
     return float(max(best, s[0]))
+
+
+def _sums_exact(w: np.ndarray, total: float) -> bool:
+    """True if every partial sum of ``w`` is exact in float64.
+
+    Every weight is ``M * 2**e`` with an integer ``M``; if all are multiples of the
+    smallest such unit ``2**p`` and the total is below ``2**53`` units, every sum is an
+    integer number of units below ``2**53``, hence exact. (A rounded quotient such as
+    ``total / k`` then never exceeds the smallest multiple of the unit above the true
+    quotient, which no part can undercut, so the bound needs no allowance.)
+    """
+    nz = w[w > 0]
+    if nz.size == 0:
+        return True
+    frac, exp = np.frexp(nz)  # nz = frac * 2**exp, 0.5 <= frac < 1
+    mant = (frac * 2.0**53).astype(np.int64)  # exact: 53-bit integer mantissas
+    low_bit = mant & -mant  # value of the lowest set bit
+    unit_exp = int(np.min(exp - 53 + np.log2(low_bit.astype(np.float64)).astype(np.int64)))
+    with np.errstate(over="ignore"):  # inf units: not exact
+        return bool(np.ldexp(total, -unit_exp) < 2.0**53)
