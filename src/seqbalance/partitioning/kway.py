@@ -131,8 +131,9 @@ def partition(
     ------
     ValueError
         For ``k < 1`` or not an integer; weights that are not 1-D, negative, NaN or infinite;
-        ``groups`` of the wrong length; an unknown ``size`` or ``method``; or a size rule
-        the items (groups) cannot meet.
+        ``groups`` of the wrong length; an unknown ``size`` or ``method``; a size rule
+        the items (groups) cannot meet; ``k`` above ``n + 2**20`` (refused before
+        anything is allocated); or weights whose sum overflows float64.
 
     Notes
     -----

@@ -427,7 +427,10 @@ def plan(
     ------
     ValueError
         On bad arguments, a sequence longer than ``max_tokens``, too few sequences for
-        non-empty micro-batches, or a size rule that cannot be met.
+        non-empty micro-batches, or a size rule that cannot be met. Absurd sizes are
+        refused before anything is allocated: ``max_tokens >= 2**62``; ``dp_size``,
+        ``min_micro_batches``, ``micro_batch_multiple``, ``extra_micro_batches`` or (with
+        ``allow_empty``) ``dp_size x m`` above ``n + 2**20``; costs whose sum overflows.
 
     Examples
     --------
