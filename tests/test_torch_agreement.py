@@ -188,6 +188,12 @@ def s_restore_with_handles_of_different_calls(rank, world):
     handle.restore([mb["id"] for mb in mbs])
 
 
+def s_agree_unpicklable_payload_on_rank_0(rank, world):
+    from seqbalance.torch._agree import agree
+
+    agree(None, {"option": 1}, (lambda: 0) if rank == 0 else 1, None, "custom")
+
+
 def _sampler(rank, world, **kw):
     args = {"lengths": [5, 1, 4, 4, 3, 2, 6, 1], "global_batch_size": 8, "max_tokens": 8}
     args.update(kw)
@@ -281,6 +287,10 @@ SCENARIOS = {
     "restore: handles of two different rebalance calls": (
         s_restore_with_handles_of_different_calls,
         ["handle", "rank 0"],
+    ),
+    "agree: a payload that does not pickle on rank 0": (
+        s_agree_unpicklable_payload_on_rank_0,
+        ["custom failed on rank 0"],
     ),
     "sampler: different seed": (s_sampler_different_seed, ["seed", "rank 1"]),
     "sampler: different max_tokens": (s_sampler_different_max_tokens, ["max_tokens"]),

@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import pickle
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -168,12 +169,22 @@ def agree(
     """
     import torch.distributed as dist
 
+    # Nothing between here and the all-gather may raise on one rank only.
+    try:
+        prints = {str(k): canonical(v) for k, v in fingerprint.items()}
+    except Exception as exc:  # an argument that cannot even be described
+        prints, local_error = {}, local_error or exc
     if isinstance(local_error, BaseException):
         local_error = describe_error(local_error)
-    prints = {str(k): canonical(v) for k, v in fingerprint.items()}
+    if local_error:
+        payload = None
     world = dist.get_world_size(group)
     out: list[Any] = [None] * world
-    dist.all_gather_object(out, (local_error, prints, payload), group=group)
+    try:
+        dist.all_gather_object(out, (local_error, prints, payload), group=group)
+    except (TypeError, AttributeError, pickle.PicklingError) as exc:
+        # This rank's payload does not pickle; nothing was sent yet, so send the error.
+        dist.all_gather_object(out, (describe_error(exc), {}, None), group=group)
 
     errors = [(r, e) for r, (e, _, _) in enumerate(out) if e]
     if errors:

@@ -594,7 +594,7 @@ def _rebalance(
             pad_values=None if pad_values is None else dict(pad_values),
             cu_seqlens_key=cu_seqlens_key,
             groups="given" if groups is not None else None,
-            layout="packed" if packed else "padded rows",
+            **{"batch layout": "packed (cu_seqlens)" if packed else "padded rows"},
         )
         check_choice(method, "method", METHODS)
         agreed["cost"] = describe_cost(cost)
