@@ -61,6 +61,11 @@ from seqbalance._validate import as_groups, as_lengths, as_weights, is_array_lik
         (lambda: sb.Plan.from_json('"plan"'), "plan JSON must be an object"),
         (lambda: sb.Plan.from_json("[1,"), "plan JSON does not parse"),
         (lambda: sb.partition([1, 2], 2, groups=[1, None]), "groups[1] is missing"),
+        (lambda: sb.partition([2**1100, 1], 2), "weights[0] is an integer of 1101 bits"),
+        (lambda: sb.plan([1, -(2**64)], 1, 10), "lengths[1] = -18446744073709551616 is neg"),
+        (lambda: sb.plan([1, 2], 1, 2**62), "must be below 2**62"),
+        (lambda: sb.Plan.from_json(""), "text_or_path is empty"),
+        (lambda: sb.Plan.from_json(b"[1, 2]"), "plan JSON must be an object"),
     ],
 )
 def test_bad_inputs_get_a_value_error_naming_the_argument(call, arg):
@@ -180,6 +185,34 @@ def test_pandas_series_and_categoricals():
         sb.partition(w, 2, groups=pd.Series(["a", None, "a", "c"], dtype="category"))
 
 
+def test_from_json_names_a_missing_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither JSON text"):
+        sb.Plan.from_json(str(tmp_path / "missing.json"))
+
+
+def test_grouped_gaps_never_go_negative():
+    # Group sums of decimals are rounded floats, which look exactly summable; the bound's
+    # exactness must be judged on the items. Brute force over every assignment of the
+    # groups (in exact rationals) gives the true optimum.
+    rng = np.random.default_rng(7)
+    for _ in range(300):
+        n, k = int(rng.integers(2, 7)), int(rng.integers(1, 4))
+        w = np.round(rng.random(n), 1).tolist()
+        g = rng.integers(0, n - 1, n).tolist()
+        p = sb.partition(w, k, groups=g)
+        assert p.gap >= 0.0 and p.lower_bound <= p.max_load
+        ids = sorted(set(g))
+        best = min(
+            max(sum((Fraction(w[i]) for i in range(n) if lab[ids.index(g[i])] == j),
+                    Fraction(0)) for j in range(k))
+            for lab in itertools.product(range(k), repeat=len(ids))
+        )
+        assert Fraction(sb.lower_bound(w, k, groups=g)) <= best
+    # The example that used to report a negative gap.
+    p = sb.partition([0.82, 0.25, 0.86], 1, groups=[1, 0, 1])
+    assert p.gap == 0.0 and p.lower_bound == p.max_load
+
+
 def test_from_json_reads_text_and_paths(tmp_path):
     p = sb.plan([3, 4, 5], 2, 10)
     text = p.to_json()
@@ -188,6 +221,7 @@ def test_from_json_reads_text_and_paths(tmp_path):
     path.write_text(text)
     assert sb.Plan.from_json(str(path)).micro_batches == p.micro_batches
     assert sb.Plan.from_json(path).micro_batches == p.micro_batches
+    assert sb.Plan.from_json(text.encode()).micro_batches == p.micro_batches
 
 
 @settings(max_examples=150, deadline=None)

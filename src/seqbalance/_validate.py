@@ -97,13 +97,27 @@ def _narrow_objects(arr: np.ndarray, name: str) -> np.ndarray:
             return np.array(items, dtype=np.int64)
         # Beyond int64: float64 keeps the magnitude (weights accept it, lengths refuse it
         # as too large, naming the index).
-        return np.array([float(v) for v in items], dtype=np.float64)
+        return _floats(items, name)
     if all(
         isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
         for v in items
     ):
-        return np.array([float(v) for v in items], dtype=np.float64)
+        return _floats(items, name)
     return arr
+
+
+def _floats(items: list[Any], name: str) -> np.ndarray:
+    """Numbers as float64; an int beyond float64's range is refused, naming its index."""
+    out = np.empty(len(items), dtype=np.float64)
+    for i, v in enumerate(items):
+        try:
+            out[i] = float(v)
+        except OverflowError:
+            raise ValueError(
+                f"{name}[{i}] is an integer of {int(v).bit_length()} bits, beyond the float64 "
+                "range (~1.8e308); rescale the values"
+            ) from None
+    return out
 
 
 def _as_1d(values: Any, name: str) -> np.ndarray:
@@ -191,12 +205,11 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
                 f"{name}[{i}] = {arr[i].item()!r} is too large for a token count "
                 f"(limit 2**40); check the units"
             )
-    out = arr.astype(np.int64)
-    neg = out < 0
+    neg = arr < 0  # before the cast, which would wrap values below -2**63
     if neg.any():
         i = int(np.flatnonzero(neg)[0])
-        raise ValueError(f"{name}[{i}] = {int(out[i])} is negative; lengths must be >= 0")
-    return out
+        raise ValueError(f"{name}[{i}] = {int(arr[i].item())} is negative; lengths must be >= 0")
+    return arr.astype(np.int64)
 
 
 def _as_int(value: Any, name: str, minimum: int) -> int:
@@ -312,8 +325,8 @@ def check_max_tokens(value: Any, name: str = "max_tokens") -> int:
     out = _as_int(value, name, 1)
     if out >= MAX_TOKENS:
         raise ValueError(
-            f"{name}={out} is beyond any real token capacity (limit 2**62); pass the "
-            "capacity of one micro-batch in tokens"
+            f"{name}={out} is beyond any real token capacity (it must be below 2**62); "
+            "pass the capacity of one micro-batch in tokens"
         )
     return out
 

@@ -52,8 +52,9 @@ def lower_bound(weights: Any, k: int, *, size: str = "free", groups: Any = None)
 
     Sums are exact when the weights are integer multiples of one power of two ``2**p``
     (integers: ``p = 0``; also 0.5, 0.25...) with a total below ``2**53 * 2**p``; otherwise the
-    sums in 1-3 are lowered by a rounding allowance of ``2 (m+1) eps * total``, so the bound
-    stays valid in floating point (term 2 with ``j = c = 0``, the largest unit, is exact).
+    sums in 1-3 are lowered by a rounding allowance of ``2 (m+1) eps * total`` (``n`` items
+    in place of ``m`` units with groups), so the bound stays valid in floating point (term 2
+    with ``j = c = 0``, the largest unit, is exact without groups).
 
     Examples
     --------
@@ -64,23 +65,34 @@ def lower_bound(weights: Any, k: int, *, size: str = "free", groups: Any = None)
     """
     w = as_weights(weights)
     k = check_size_limit(check_positive_int(k, "k"), "k", w.shape[0])
+    items = w
     if groups is not None:
         labels = as_groups(groups, w.shape[0])
         w = np.bincount(labels, weights=w, minlength=0) if w.size else w
     rule = check_size(size, w.shape[0], k, grouped=groups is not None)
-    return bound_of_units(w, k, rule)
+    return bound_of_units(w, k, rule, items=items)
 
 
-def bound_of_units(w: np.ndarray, k: int, size: str) -> float:
-    """The bound of :func:`lower_bound` for validated unit weights ``w`` (no checks)."""
+def bound_of_units(
+    w: np.ndarray, k: int, size: str, items: np.ndarray | None = None
+) -> float:
+    """The bound of :func:`lower_bound` for validated unit weights ``w`` (no checks).
+
+    ``items``: the item weights the units were summed from (groups), if any. Exactness is
+    decided on them: a group's float sum may already be rounded, and a rounded unit looks
+    as exact as any other float, while the parts' loads are summed item by item.
+    """
     m = int(w.shape[0])
     if m == 0:
         return 0.0
     s = np.sort(w)[::-1]  # descending
     c = min_count(m, k, size)
     total = float(s.sum())
-    exact = _sums_exact(s, total)
-    slack = 0.0 if exact else 2.0 * (m + 1) * _EPS * total
+    exact = _sums_exact(s, total) if items is None else _sums_exact(items, float(items.sum()))
+    # Rounding: each unit sum (groups: each group's sum of items too) loses at most one
+    # eps * total per addition, so the allowance counts items, not only units.
+    adds = m if items is None else max(m, int(items.shape[0]))
+    slack = 0.0 if exact else 2.0 * (adds + 1) * _EPS * total
     # desc[i] = s[0] + ... + s[i-1]; asc[i] = the i lightest units.
     desc = np.concatenate(([0.0], np.cumsum(s)))
     asc = np.concatenate(([0.0], np.cumsum(s[::-1])))
@@ -92,7 +104,9 @@ def bound_of_units(w: np.ndarray, k: int, size: str) -> float:
     if size == "balanced" and r:
         terms.append(float(asc[r * (c + 1)]) / r)
     best = max(terms) - slack
-    return float(max(best, s[0]))
+    # The largest unit is a bound as is, unless it is a rounded group sum.
+    largest = float(s[0]) if items is None or exact else float(s[0]) - slack
+    return float(max(best, largest, 0.0))
 
 
 def _sums_exact(w: np.ndarray, total: float) -> bool:

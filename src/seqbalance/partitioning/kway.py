@@ -172,7 +172,7 @@ def partition_arrays(
         units = np.bincount(labels_of_groups, weights=w, minlength=0).astype(np.float64)
     rule = check_size(rule, units.shape[0], k, grouped=labels_of_groups is not None)
 
-    bound = bound_of_units(units, k, rule)
+    bound = bound_of_units(units, k, rule, items=None if labels_of_groups is None else w)
     if units.shape[0] <= k:
         # One unit per part, heaviest first, is optimal (the heaviest part is the largest
         # unit, which the bound includes) and is what KK and LPT give; O(m log m) however
@@ -192,8 +192,8 @@ def partition_arrays(
         for p in np.flatnonzero(counts).tolist():
             parts[p] = order[int(ends[p] - counts[p]) : int(ends[p])]
         result = Partition(parts, loads, bound, used)
-    if k == 1:  # the only partition is optimal: no rounding allowance, the gap is 0
-        result.lower_bound = max(bound, float(loads[0]))
+    if k == 1:  # the only partition is optimal: its load is the bound, the gap is 0
+        result.lower_bound = float(loads[0])
     return result
 
 

@@ -128,8 +128,8 @@ def balance_stats(
     counts = np.bincount(label, minlength=k)
     if bound is None:
         bound = bound_of_units(w, k, "free")
-        if k == 1:  # the only partition is optimal: no rounding allowance, gap 0
-            bound = max(bound, float(loads[0]))
+        if k == 1:  # the only partition is optimal: its load is the bound, gap 0
+            bound = float(loads[0])
     elif not (np.isfinite(bound) and bound >= 0):
         raise ValueError(f"bound must be a finite number >= 0, got {bound!r}")
     return stats_from_loads(loads, counts, float(bound))
