@@ -8,8 +8,10 @@ examples and a pytest timeout, so the suite runs in CI in well under a minute.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -20,7 +22,7 @@ import seqbalance as sb
 from seqbalance.planning.plans import Plan
 
 # SEQBALANCE_FUZZ_EXAMPLES=5000 runs a longer campaign (with a larger pytest timeout).
-EXAMPLES = int(os.environ.get("SEQBALANCE_FUZZ_EXAMPLES", "120"))
+EXAMPLES = int(os.environ.get("SEQBALANCE_FUZZ_EXAMPLES", "250"))
 FAST = settings(
     max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -37,6 +39,8 @@ weights_st = st.one_of(
     st.lists(st.integers(0, 10**6), max_size=40),
     st.lists(st.floats(0, 1e9, allow_nan=False, allow_infinity=False), max_size=40),
     st.lists(st.sampled_from([0, 1, 1, 2, 1000, 10**12]), max_size=40),  # ties and spikes
+    # Decimals: their float sums round, which is where bounds and gaps go wrong by an ulp.
+    st.lists(st.integers(0, 100).map(lambda x: x / 10), max_size=40),
 )
 
 
@@ -81,6 +85,39 @@ def test_one_part_gap_is_exact(weights):
     p = sb.partition(weights, 1)
     assert p.gap == 0.0
     assert sb.balance_stats(weights, [list(range(len(weights)))])["gap"] == 0.0
+
+
+@FAST
+@given(
+    st.lists(
+        st.one_of(st.integers(0, 20), st.integers(0, 20).map(lambda x: x / 10)),
+        min_size=1, max_size=7,
+    ),
+    st.integers(1, 3),
+    st.booleans(),
+    st.data(),
+)
+@pytest.mark.timeout(120)
+def test_bound_and_zero_gap_against_brute_force(weights, k, grouped, data):
+    # The true optimum, by trying every assignment of the units in exact rationals.
+    n = len(weights)
+    groups = data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)) if grouped else None
+    ids = sorted(set(groups)) if grouped else list(range(n))
+    unit_of = [ids.index(groups[i]) for i in range(n)] if grouped else list(range(n))
+    exact = [Fraction(x) for x in weights]
+    best = min(
+        max(sum((exact[i] for i in range(n) if lab[unit_of[i]] == j), Fraction(0))
+            for j in range(k))
+        for lab in itertools.product(range(k), repeat=len(ids))
+    )
+    assert Fraction(sb.lower_bound(weights, k, groups=groups)) <= best
+    p = sb.partition(weights, k, groups=groups)
+    if k > 1:  # (k = 1 reports the computed load of the only partition as its bound)
+        assert Fraction(p.lower_bound) <= best
+    real = max(sum((exact[i] for i in part), Fraction(0)) for part in p)
+    assert real >= best
+    if p.gap == 0.0:  # a reported gap of 0 claims optimality: it must be true
+        assert real == best
 
 
 # ---- plan ----------------------------------------------------------------------------
@@ -139,6 +176,34 @@ def test_plan_invariants(
     # Determinism, byte for byte.
     assert sb.plan(lengths, dp, cap, **kwargs).to_json() == p.to_json()
     assert Plan.from_json(p.to_json()).micro_batches == mbs
+
+
+@FAST
+@given(st.lists(st.integers(0, 64), min_size=1, max_size=30), st.integers(1, 3), st.data())
+@pytest.mark.timeout(120)
+def test_plan_is_the_same_for_every_container(lengths, dp, data):
+    # A list, a numpy array of another integer width, floats holding whole numbers and a
+    # tensor (when torch is installed) are the same lengths, so they give the same plan.
+    cost = data.draw(st.lists(st.floats(0.5, 100.0), min_size=len(lengths),
+                              max_size=len(lengths)))
+    try:
+        ref = sb.plan(lengths, dp, 64, cost=cost, allow_empty=True).to_json()
+    except ValueError:
+        return
+    variants = [
+        (np.asarray(lengths, dtype=np.int32), np.asarray(cost)),
+        (np.asarray(lengths, dtype=np.float64), tuple(cost)),
+        (np.asarray(lengths, dtype=object), np.asarray(cost, dtype=object)),
+    ]
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        variants.append((torch.tensor(lengths), torch.tensor(cost, dtype=torch.float64,
+                                                               requires_grad=True)))
+    for lens, c in variants:
+        assert sb.plan(lens, dp, 64, cost=c, allow_empty=True).to_json() == ref
 
 
 def test_extra_micro_batches_keeps_what_was_found():

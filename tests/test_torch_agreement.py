@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 pytest.importorskip("torch.distributed")
 
 from seqbalance.torch import BalancedDistributedSampler, rebalance  # noqa: E402
-from seqbalance.torch._agree import RankAgreementError, canonical  # noqa: E402
+from seqbalance.torch.agreement import RankAgreementError, canonical  # noqa: E402
 from seqbalance.torch.testing import run_distributed  # noqa: E402
 
 COLLECTIVE_TIMEOUT = 20  # seconds a rank may wait in one collective before gloo gives up
@@ -189,9 +189,26 @@ def s_restore_with_handles_of_different_calls(rank, world):
 
 
 def s_agree_unpicklable_payload_on_rank_0(rank, world):
-    from seqbalance.torch._agree import agree
+    from seqbalance.torch.agreement import agree
 
     agree(None, {"option": 1}, (lambda: 0) if rank == 0 else 1, None, "custom")
+
+
+def s_agree_on_check_raises_on_rank_1(rank, world):
+    from seqbalance.torch.agreement import agree_on
+
+    def check():
+        if rank == 1:
+            raise KeyError("attention_mask")  # e.g. a batch without the expected key
+        return {"max_token_len": 8}, rank
+
+    agree_on(check, None, "compat_call")
+
+
+def s_agree_on_different_fingerprint(rank, world):
+    from seqbalance.torch.agreement import agree_on
+
+    agree_on(lambda: ({"max_token_len": 8 + (rank == 0)}, rank), None, "compat_call")
 
 
 def _sampler(rank, world, **kw):
@@ -240,6 +257,12 @@ def ok_groups_gathered_across_ranks(rank, world):
 def ok_sampler_agrees(rank, world):
     s = _sampler(rank, world, seed=3)
     return [mb for step in s.steps() for mb in step]
+
+
+def ok_agree_on_gathers_payloads(rank, world):
+    from seqbalance.torch.agreement import agree_on
+
+    return agree_on(lambda: ({"max_token_len": 8}, 10 * rank), None, "compat_call")
 
 
 SCENARIOS = {
@@ -292,6 +315,14 @@ SCENARIOS = {
         s_agree_unpicklable_payload_on_rank_0,
         ["custom failed on rank 0"],
     ),
+    "agree_on: the local check raises KeyError on rank 1": (
+        s_agree_on_check_raises_on_rank_1,
+        ["compat_call failed on rank 1", "KeyError", "attention_mask"],
+    ),
+    "agree_on: different fingerprints": (
+        s_agree_on_different_fingerprint,
+        ["max_token_len", "rank 0: 9"],
+    ),
     "sampler: different seed": (s_sampler_different_seed, ["seed", "rank 1"]),
     "sampler: different max_tokens": (s_sampler_different_max_tokens, ["max_tokens"]),
     "sampler: different lengths": (s_sampler_different_lengths, ["lengths", "rank 0"]),
@@ -305,6 +336,7 @@ SUCCESSES = {
     "rebalance + restore after all the errors": ok_round_trip_after_errors,
     "rebalance: groups gathered across ranks": ok_groups_gathered_across_ranks,
     "sampler: same arguments everywhere": ok_sampler_agrees,
+    "agree_on: payloads gathered": ok_agree_on_gathers_payloads,
 }
 
 
@@ -369,6 +401,9 @@ def test_successes_after_errors(outcomes):
     # Sampler: the ranks' micro-batches partition the batch.
     mbs = [eval(per_rank[r][2][2]) for r in range(world)]
     assert sorted(i for m in mbs for mb in m for i in mb) == list(range(8))
+    # agree_on: every rank holds every rank's payload, in rank order.
+    for r in range(world):
+        assert eval(per_rank[r][3][2]) == [10 * q for q in range(world)]
 
 
 def test_canonical_is_deterministic_and_discriminating():

@@ -14,7 +14,7 @@ Importing this module imports torch (``import seqbalance`` alone never does).
 
 No hang from bad input: every function here that communicates starts with one all-gather
 that carries each rank's local validation result and a fingerprint of the arguments that
-must agree (:func:`seqbalance.torch._agree.agree`). A bad input on one rank, or ranks passing
+must agree (:func:`seqbalance.torch.agreement.agree`). A bad input on one rank, or ranks passing
 different options, raises the same :class:`RankAgreementError` (a ``ValueError``) on every
 rank, naming the ranks and the argument, instead of leaving the others waiting in a
 collective or silently computing different plans.
@@ -31,7 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "pip install torch --index-url https://download.pytorch.org/whl/cpu"
     ) from exc
 
-from ._agree import RankAgreementError
+from .agreement import RankAgreementError
 from .collate import pack_collate
 from .exchange import RebalanceHandle, rebalance
 from .loss import global_token_count, token_mean_loss

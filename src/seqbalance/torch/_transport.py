@@ -50,10 +50,10 @@ def group_info(group: Any) -> tuple[int, int]:
 def all_gather_checked(obj: dict[str, Any], group: Any, what: str) -> list[dict[str, Any]]:
     """All-gather one small dict per rank; if any rank reported an ``"error"``, raise on all.
 
-    Kept for callers written against 0.1.0; new code uses :func:`._agree.agree`, which also
+    Kept for callers written against 0.1.0; new code uses :func:`.agreement.agree`, which also
     compares the arguments that must agree across ranks.
     """
-    from ._agree import agree
+    from .agreement import agree
 
     return agree(obj.get("error"), {}, obj, group, what)
 

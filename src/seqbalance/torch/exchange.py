@@ -29,7 +29,7 @@ No hang from bad input
 rank's error status and a fingerprint of the arguments that must agree (``max_tokens``,
 ``cost``, ``sync``, ``method``, every planner option, ``token_keys``, ``pad_values``...).
 If any rank failed or the ranks differ, every rank raises the same
-:class:`~seqbalance.torch._agree.RankAgreementError` (a ``ValueError``) naming the ranks and
+:class:`~seqbalance.torch.agreement.RankAgreementError` (a ``ValueError``) naming the ranks and
 the argument, and no rank enters another collective. Ranks never compute different plans,
 and a bad input on one rank never leaves the others waiting for the process-group timeout.
 (Not covered: a rank that does not call at all, or ranks that pass different groups.)
@@ -62,8 +62,8 @@ from .._validate import (
     group_ids,
     is_array_like,
 )
-from ._agree import agree, canonical, describe_cost
 from ._transport import METHODS, Spec, from_rows, group_info, move, to_rows
+from .agreement import agree, canonical, describe_cost
 
 __all__ = ["RebalanceHandle", "rebalance"]
 

@@ -3,7 +3,7 @@
 Planning needs no communication (every rank computes the same plans), but ranks built with
 different arguments would silently yield plans that do not fit together. So when
 torch.distributed is initialised, the constructor makes one all-gather of each rank's
-validation result and argument fingerprint (:func:`seqbalance.torch._agree.agree`): a
+validation result and argument fingerprint (:func:`seqbalance.torch.agreement.agree`): a
 mistake on any rank raises the same ValueError on every rank ("no hang from bad input").
 """
 
@@ -132,7 +132,7 @@ class BalancedDistributedSampler:
         if check_ranks is True and _distributed_ready():
             # One all-gather: every rank learns whether any rank failed or was built with
             # different arguments, and all raise the same error (no silent misrouting).
-            from ._agree import agree
+            from .agreement import agree
 
             agree(error, self._fingerprint() if error is None else {}, None, group,
                   "BalancedDistributedSampler")
@@ -143,7 +143,7 @@ class BalancedDistributedSampler:
 
     def _fingerprint(self) -> dict[str, Any]:
         """Everything that changes the plans (not ``rank``, which differs by design)."""
-        from ._agree import describe_cost
+        from .agreement import describe_cost
 
         cost = self._cost_array if self._cost_array is not None else describe_cost(self.cost)
         return {

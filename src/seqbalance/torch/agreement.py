@@ -18,15 +18,29 @@ So a failure never leaves a rank waiting in a second collective: "no hang from b
 What :func:`agree` cannot catch is a rank that never calls it at all, or ranks that pass
 different process groups.
 
-Use it as::
+Integrations (the compat adapters, user code) use it as the first collective of any function
+that communicates, in place of an all-reduce of counts: put the counts in the payload and
+take the max from the gathered list. The short form::
+
+    from seqbalance.torch.agreement import agree_on
+
+    def check():                    # local only; may raise anything
+        lens = validate(batch)
+        return {"max_tokens": max_tokens, "cost": describe_cost(cost)}, len(lens)
+
+    counts = agree_on(check, group, "my_function")   # same list on every rank, or raises
+    m = max(counts)
+
+or the long form, when the local error and the payload come from separate places::
 
     try:
-        payload = check_my_inputs(...)          # local only; may raise anything
-        error = None
+        payload, error = check_my_inputs(...), None
     except Exception as exc:
         payload, error = None, exc
-    payloads = agree(error, {"max_tokens": max_tokens, "cost": describe(cost)}, payload,
-                     group, "my_function")
+    payloads = agree(error, {"max_tokens": max_tokens}, payload, group, "my_function")
+
+After it, every rank holds the same inputs, so any later error raised from them (a plan
+that does not fit, say) is raised alike on every rank, before the next collective.
 """
 
 from __future__ import annotations
@@ -35,11 +49,18 @@ import hashlib
 import json
 import math
 import pickle
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["RankAgreementError", "agree", "canonical", "describe_cost", "describe_error"]
+__all__ = [
+    "RankAgreementError",
+    "agree",
+    "agree_on",
+    "canonical",
+    "describe_cost",
+    "describe_error",
+]
 
 #: A fingerprint value longer than this (as canonical JSON) travels as a SHA-256 digest.
 _INLINE_LIMIT = 200
@@ -206,3 +227,36 @@ def agree(
                 "on every rank of the group, or ranks would compute different plans"
             )
     return [p for _, _, p in out]
+
+
+def agree_on(
+    check: Callable[[], tuple[Mapping[str, Any], Any]], group: Any, what: str
+) -> list[Any]:
+    """Run this rank's local ``check`` and :func:`agree` on its outcome, in one call.
+
+    Parameters
+    ----------
+    check : callable
+        Validates this rank's inputs *without communicating* and returns
+        ``(fingerprint, payload)`` as :func:`agree` takes them. Any exception it raises
+        becomes the error raised on every rank.
+    group : ProcessGroup or None
+        The process group (None: the world).
+    what : str
+        The calling function's name, for the messages.
+
+    Returns
+    -------
+    list
+        Every rank's payload, indexed by rank (the same list on every rank).
+
+    Raises
+    ------
+    RankAgreementError
+        On every rank, if ``check`` raised on any rank or the fingerprints differ.
+    """
+    try:
+        fingerprint, payload = check()
+    except Exception as exc:  # reported to every rank by the all-gather
+        return agree(exc, {}, None, group, what)
+    return agree(None, fingerprint, payload, group, what)
