@@ -122,11 +122,14 @@ class BalancedDistributedSampler:
         **plan_options: Any,
     ) -> None:
         error: Exception | None = None
+        fingerprint: dict[str, Any] = {}
         try:
             self._setup(
                 lengths, global_batch_size, max_tokens, dataset, num_replicas, rank, cost,
                 sync, shuffle, seed, drop_last, plan_options,
             )
+            if check_ranks is True and _distributed_ready():
+                fingerprint = self._fingerprint()
         except Exception as exc:
             error = exc
         if check_ranks is True and _distributed_ready():
@@ -134,8 +137,7 @@ class BalancedDistributedSampler:
             # different arguments, and all raise the same error (no silent misrouting).
             from .agreement import agree
 
-            agree(error, self._fingerprint() if error is None else {}, None, group,
-                  "BalancedDistributedSampler")
+            agree(error, fingerprint, None, group, "BalancedDistributedSampler")
         elif error is not None:
             raise error
         elif check_ranks is not False and check_ranks is not True:
