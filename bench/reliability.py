@@ -132,6 +132,28 @@ def bad_inputs() -> list[tuple[str, Callable[[], Any], str | None]]:
     return cases
 
 
+def at_the_limits() -> list[tuple[str, Callable[[], Any]]]:
+    """The largest sizes still accepted (n + 2**20 parts, n + 2**16 micro-batch slots)."""
+    return [
+        ("partition k = n + 2**20, n=2", lambda: sb.partition([1, 2], 2 + 2**20)),
+        ("plan dp_size = n + 2**16, allow_empty", lambda: sb.plan([1, 2], 2 + 2**16, 10,
+                                                                   allow_empty=True)),
+        (
+            "plan min_micro_batches = n + 2**16, allow_empty",
+            lambda: sb.plan([1, 2], 1, 10, min_micro_batches=2 + 2**16, allow_empty=True),
+        ),
+    ]
+
+
+def run_limits() -> list[dict[str, Any]]:
+    rows = []
+    for name, fn in at_the_limits():
+        t = time.perf_counter()
+        fn()
+        rows.append({"input": name, "seconds": time.perf_counter() - t})
+    return rows
+
+
 def _exact_gap() -> float:
     gap = sb.partition([0.1, 0.2, 0.3], 1).gap
     if gap != 0.0:
@@ -197,6 +219,9 @@ def main() -> None:
 
     bad = run_bad_inputs()
     print_table(bad, ["input", "seconds", "ok", "outcome"])
+    limits = run_limits()
+    print("largest accepted sizes (results, not refusals):")
+    print_table(limits, ["input", "seconds"])
     dist_rows: list[dict[str, Any]] = []
     if not args.no_distributed:
         dist_rows = run_distributed_scenarios([2] if args.quick else [2, 3, 4])
@@ -213,6 +238,7 @@ def main() -> None:
             "machine": machine_info(),
             "git": git_rev(),
             "bad_inputs": bad,
+            "at_the_limits": limits,
             "distributed": dist_rows,
             "all_ok": bool(ok),
             "max_bad_input_seconds": float(np.max([r["seconds"] for r in bad])),

@@ -40,10 +40,11 @@ from seqbalance._validate import as_groups, as_lengths, as_weights, is_array_lik
             "min_micro_batches=",
         ),
         (
-            lambda: sb.plan([1, 2], 2**20, 10, min_micro_batches=2**20, allow_empty=True),
+            lambda: sb.plan([1, 2], 2**8, 10, min_micro_batches=2**9, allow_empty=True),
             "dp_size x micro-batches",
         ),
         (lambda: sb.plan([1, 2], 1, 10, extra_micro_batches=10**9), "extra_micro_batches="),
+        (lambda: sb.plan([1, 2], 2**16 + 3, 10, allow_empty=True), "limit: n + 2**16"),
         (lambda: sb.partition([1e308, 1e308], 2), "weights sum"),
         (lambda: sb.lower_bound([1e308, 1e308], 2), "weights sum"),
         (lambda: sb.plan([1, 1], 1, 10, cost=[1e308, 1e308]), "cost sum"),

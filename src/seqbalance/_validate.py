@@ -15,6 +15,7 @@ import numpy as np
 
 __all__ = [
     "MAX_EMPTY",
+    "MAX_EMPTY_SLOTS",
     "MAX_LENGTH",
     "MAX_TOKENS",
     "as_groups",
@@ -319,6 +320,10 @@ MAX_TOKENS = 2**62
 #: a request is a typo (dp_size=10**9) and would otherwise exhaust memory or run for minutes.
 MAX_EMPTY = 2**20
 
+#: The same for :func:`seqbalance.plan`'s micro-batch slots (ranks x micro-batches), which
+#: cost more each (packing, step times): 2**16 empty slots plan in about a second.
+MAX_EMPTY_SLOTS = 2**16
+
 
 def check_max_tokens(value: Any, name: str = "max_tokens") -> int:
     """Return ``value`` as a positive ``int`` below ``2**62``, or raise a ValueError."""
@@ -331,15 +336,19 @@ def check_max_tokens(value: Any, name: str = "max_tokens") -> int:
     return out
 
 
-def check_size_limit(value: int, name: str, n: int, unit: str = "parts") -> int:
-    """Refuse ``value`` (already an int) above ``n + 2**20``: absurd for ``n`` items.
+def check_size_limit(
+    value: int, name: str, n: int, unit: str = "parts", limit: int = MAX_EMPTY
+) -> int:
+    """Refuse ``value`` (already an int) above ``n + limit``: absurd for ``n`` items.
 
-    ``unit`` names what ``value`` counts, for the message.
+    ``unit`` names what ``value`` counts, for the message; ``limit`` is ``MAX_EMPTY``
+    (2**20) or ``MAX_EMPTY_SLOTS`` (2**16).
     """
-    if value > n + MAX_EMPTY:
+    if value > n + limit:
+        power = f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
         raise ValueError(
             f"{name}={value} asks for {value} {unit} for {n} items, so at least "
-            f"{value - n} would stay empty (limit: n + 2**20); pass a {name} near the "
+            f"{value - n} would stay empty (limit: n + {power}); pass a {name} near the "
             "real number"
         )
     return value

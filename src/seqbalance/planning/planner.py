@@ -34,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import MAX_EMPTY_SLOTS as _SLOTS
 from .._validate import (
     as_groups,
     as_lengths,
@@ -193,16 +194,16 @@ def _validate_request(
     lens = as_lengths(lengths)
     n = lens.shape[0]
     # Sizes are bounded relative to n before anything is allocated (see check_size_limit).
-    dp = check_size_limit(check_positive_int(dp_size, "dp_size"), "dp_size", n, "ranks")
+    dp = check_size_limit(check_positive_int(dp_size, "dp_size"), "dp_size", n, "ranks", _SLOTS)
     cap = check_max_tokens(max_tokens, "max_tokens")
     check_choice(sync, "sync", SYNC_MODELS)
     check_choice(size, "size", SIZE_RULES)
     m_min = check_positive_int(min_micro_batches, "min_micro_batches")
-    check_size_limit(m_min, "min_micro_batches", n, "micro-batches per rank")
+    check_size_limit(m_min, "min_micro_batches", n, "micro-batches per rank", _SLOTS)
     mult = check_positive_int(micro_batch_multiple, "micro_batch_multiple")
-    check_size_limit(mult, "micro_batch_multiple", n, "micro-batches per rank")
+    check_size_limit(mult, "micro_batch_multiple", n, "micro-batches per rank", _SLOTS)
     extra = check_nonnegative_int(extra_micro_batches, "extra_micro_batches")
-    check_size_limit(extra, "extra_micro_batches", n, "extra micro-batch counts")
+    check_size_limit(extra, "extra_micro_batches", n, "extra micro-batch counts", _SLOTS)
     padded = check_bool(padded, "padded")
     allow_empty = check_bool(allow_empty, "allow_empty")
     group_ids = None if groups is None else as_groups(groups, lens.shape[0])
@@ -219,7 +220,8 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     m = _round_up(max(m_cap, req.m_min), req.mult)
     if req.allow_empty:  # without it, too few sequences is refused before packing
         check_size_limit(
-            req.dp * m, f"dp_size x micro-batches ({req.dp} x {m})", req.n, "micro-batches"
+            req.dp * m, f"dp_size x micro-batches ({req.dp} x {m})", req.n, "micro-batches",
+            _SLOTS,
         )
     notes = []
     if m > m_cap:
@@ -430,7 +432,7 @@ def plan(
         non-empty micro-batches, or a size rule that cannot be met. Absurd sizes are
         refused before anything is allocated: ``max_tokens >= 2**62``; ``dp_size``,
         ``min_micro_batches``, ``micro_batch_multiple``, ``extra_micro_batches`` or (with
-        ``allow_empty``) ``dp_size x m`` above ``n + 2**20``; costs whose sum overflows.
+        ``allow_empty``) ``dp_size x m`` above ``n + 2**16``; costs whose sum overflows.
 
     Examples
     --------
