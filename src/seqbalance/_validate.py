@@ -8,6 +8,7 @@ argument, the first offending value and how to fix it.
 from __future__ import annotations
 
 import operator
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +31,7 @@ __all__ = [
     "group_ids",
     "is_array_like",
     "to_numpy",
+    "unwritable",
 ]
 
 
@@ -352,3 +354,18 @@ def check_size_limit(
             "real number"
         )
     return value
+
+
+def unwritable(path: str) -> str | None:
+    """Why ``path`` cannot be written, or None when it can (checked without writing).
+
+    Commands check their output paths before minutes of work, not after.
+    """
+    if os.path.isdir(path):
+        return "is a directory"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return "permission denied"
+    return None

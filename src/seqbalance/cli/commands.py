@@ -64,11 +64,12 @@ _FLAGS = {
     "allow_empty=True": "--allow-empty",
     "padded=True": "--padded",
     "and groups": "and --groups-column",
+    "cp_size": "--cp-size",
 }
 _FLAG_RE = re.compile(r"\b(" + "|".join(re.escape(k) for k in _FLAGS) + r")\b")
 # size="equal" -> --size equal; partition's k is the number of ranks here.
 _VALUE_RES = (
-    (re.compile(r"\bsize=[\"']?(\w+)[\"']?"), r"--size \1"),
+    (re.compile(r"(?<![\w-])size=[\"']?(\w+)[\"']?"), r"--size \1"),
     (re.compile(r"\bk=(\d+)"), r"--dp=\1"),
     (re.compile(r"\bmultiple of k\b"), "multiple of --dp"),
 )
@@ -423,6 +424,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             raise UserError(f"compare LENGTHS needs {' and '.join(missing)}")
     check_numbers(args)
     check_outputs(args)
+    if args.cp_size != 1:  # context parallelism: its own strategies and table
+        from . import cp_compare
+
+        return cp_compare.run(args, sys.stdout)
     out = sys.stdout
     setups: list[dict[str, Any]] = []
     first_plans: dict[str, Plan] | None = None
@@ -647,6 +652,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw a ranks x time timeline (with --demo: of the first workload); needs matplotlib",
     )
     c.add_argument("--max-ranks", type=int, default=16, metavar="R", help="ranks drawn per panel")
+    from .cp_compare import add_arguments as add_cp_arguments
+
+    add_cp_arguments(c)
     c.set_defaults(func=_cmd_compare)
 
     try:

@@ -20,9 +20,10 @@ from .._validate import (
     check_positive_int,
     check_size_limit,
 )
+from ._exact import EXACT_MAX_UNITS, exact_labels
 from ._greedy import lpt_labels
-from ._kk import kk_labels
-from ._refine import STEEPEST_MAX_UNITS, refine_labels, steepest_swaps
+from ._kk import kk_free_labels, kk_labels
+from ._refine import PAIR_MAX_COUNT, STEEPEST_MAX_UNITS, pair_rounds, refine_labels, steepest_swaps
 from ._rules import SIZES, check_size
 from .bounds import bound_of_units, lower_bound
 from .stats import balance_stats, relative_gap, stats_from_loads
@@ -35,6 +36,14 @@ METHODS: tuple[str, ...] = ("auto", "kk", "greedy")
 #: provably within this relative gap of optimal (``max_load <= (1 + AUTO_RTOL) * bound``).
 AUTO_RTOL = 1e-5
 
+#: In "free" mode, ``method="auto"`` also tries classic Karmarkar–Karp (no count limits)
+#: on problems with at most this many units; its O(m k) merges cost too much beyond.
+KK_FREE_MAX_UNITS = 4096
+
+#: Under a size rule with more parts than this (and at most ``PAIR_MAX_COUNT`` units a
+#: part), "auto" evens out all parts in vectorised pair rounds before the refinement.
+PAIR_MIN_PARTS = 256
+
 
 class Partition(list):  # type: ignore[type-arg]
     """The result of :func:`partition`: a ``list`` of ``k`` ascending index lists, plus evidence.
@@ -46,28 +55,45 @@ class Partition(list):  # type: ignore[type-arg]
     loads : numpy.ndarray
         Total weight of each part (float64, shape ``(k,)``).
     lower_bound : float
-        Proven lower bound on the heaviest part for this size rule and grouping (for
-        ``k = 1``, the load of the only possible partition, so the gap is exactly 0).
+        Proven lower bound on the heaviest part for this size rule and grouping; when
+        ``optimal`` is True, the optimum itself (so ``gap`` is 0). With ``k = 1`` the only
+        possible partition is optimal, so its gap is exactly 0.
+    optimal : bool
+        Whether the heaviest part is proven as light as possible: it meets the lower bound,
+        or the exact search of ``method="auto"`` ran to its end (up to ``1e-12`` relative
+        for non-integer weights; exact for integers), or there is one part, or one unit
+        per part.
     max_load : float
         Weight of the heaviest part.
     gap : float
         ``max_load / lower_bound - 1`` (0.0 when both are 0): how far from optimal at most.
     method : str
         The algorithm that produced it: ``"kk"``, ``"greedy"``, or for ``method="auto"``
-        the winning candidate, ``"kk+refine"`` or ``"greedy+refine"``.
+        the winning candidate, ``"kk+refine"``, ``"greedy+refine"``, ``"kkfree+refine"``
+        (free mode, classic Karmarkar–Karp) or ``"exact"`` (the exact search improved on
+        the heuristics).
     """
 
     loads: np.ndarray
     lower_bound: float
     method: str
+    optimal: bool
 
     def __init__(
-        self, parts: list[list[int]], loads: np.ndarray, bound: float, method: str
+        self,
+        parts: list[list[int]],
+        loads: np.ndarray,
+        bound: float,
+        method: str,
+        optimal: bool = False,
     ) -> None:
         super().__init__(parts)
         self.loads = loads
-        self.lower_bound = float(bound)
         self.method = method
+        mx = float(loads.max()) if loads.size else 0.0
+        self.optimal = bool(optimal) or mx <= bound
+        # Proven optimal: the optimum is the best bound there is.
+        self.lower_bound = max(float(bound), mx) if self.optimal else float(bound)
         self._counts = np.array(list(map(len, parts)), dtype=np.int64).reshape(len(parts))
 
     @property
@@ -118,7 +144,12 @@ def partition(
         the heaviest part within the size rule (for small problems under a size rule,
         first steepest-descent swaps); the lighter result wins (ties: kk). The lighter
         start is refined first, and the other is skipped when the first reaches the lower
-        bound, or in "free" mode comes within :data:`AUTO_RTOL` (1e-5) of it.
+        bound, or in "free" mode comes within :data:`AUTO_RTOL` (1e-5) of it. In "free"
+        mode with at most :data:`KK_FREE_MAX_UNITS` units, classic Karmarkar–Karp (no
+        count limits) plus refinement is a further candidate, taken only when strictly
+        lighter. With at most ``EXACT_MAX_UNITS`` (64) units, an exact branch-and-bound
+        search then starts from the winner within a fixed node budget, and the result
+        says whether it is ``optimal``.
 
     Returns
     -------
@@ -137,9 +168,16 @@ def partition(
 
     Notes
     -----
-    Deterministic: ties are broken by index with stable sorts, so the same input gives the
-    same output in every process. Time is O(n log n) plus O(k) refinement steps; memory is
-    O(n + k).
+    Deterministic: ties are broken by index with stable sorts and every budget counts
+    work, never time, so the same input gives the same output in every process.
+
+    Complexity (n items, m units, k parts): ``"kk"`` O(m log m + (m/k) k log k);
+    ``"greedy"`` O(m log m + m log k); ``"auto"`` adds the refinement, at most
+    ``min(3k + 256, 1,024, 2**26 / (m + k))`` steps of O(k + m/k log m) each plus an O(m)
+    scan when the lightest parts do not help, and for k > 256 under a size rule first at most 32
+    vectorised rounds of O(m c) (c = m/k, up to 64), the free-mode Karmarkar–Karp
+    candidate O(m k) for m <= 4,096, and the exact search at most 60,000 nodes of O(k)
+    for m <= 64. Memory is O(n + k).
 
     Examples
     --------
@@ -175,13 +213,13 @@ def partition_arrays(
     bound = bound_of_units(units, k, rule, items=None if labels_of_groups is None else w)
     if units.shape[0] <= k:
         # One unit per part, heaviest first, is optimal (the heaviest part is the largest
-        # unit, which the bound includes) and is what KK and LPT give; O(m log m) however
-        # large k is, where the general methods cost O(k) per step.
+        # unit, which every partition holds somewhere) and is what KK and LPT give;
+        # O(m log m) however large k is, where the general methods cost O(k) per step.
         unit_labels = np.empty(units.shape[0], dtype=np.int64)
         unit_labels[np.argsort(-units, kind="stable")] = np.arange(units.shape[0])
-        used = {"auto": "kk+refine"}.get(how, how)
+        used, proven = {"auto": "kk+refine"}.get(how, how), True
     else:
-        unit_labels, used = _solve(units, k, rule, how, bound)
+        unit_labels, used, proven = _solve(units, k, rule, how, bound)
     item_labels = unit_labels if labels_of_groups is None else unit_labels[labels_of_groups]
     loads = np.bincount(item_labels, weights=w, minlength=k).astype(np.float64)
     counts = np.bincount(item_labels, minlength=k)
@@ -191,10 +229,8 @@ def partition_arrays(
         parts: list[list[int]] = [[] for _ in range(k)]  # cheap even if most stay empty
         for p in np.flatnonzero(counts).tolist():
             parts[p] = order[int(ends[p] - counts[p]) : int(ends[p])]
-        result = Partition(parts, loads, bound, used)
-    if k == 1:  # the only partition is optimal: its load is the bound, the gap is 0
-        result.lower_bound = float(loads[0])
-    return result
+        # k = 1: the only partition is optimal, so its load is the bound and the gap is 0.
+        return Partition(parts, loads, bound, used, optimal=proven or k == 1)
 
 
 @contextlib.contextmanager
@@ -216,12 +252,12 @@ def _gc_paused(k: int) -> Iterator[None]:
 
 def _solve(
     units: np.ndarray, k: int, size: str, method: str, bound: float
-) -> tuple[np.ndarray, str]:
-    """Labels per unit and the name of the algorithm that produced them."""
+) -> tuple[np.ndarray, str, bool]:
+    """Labels per unit, the name of the algorithm that produced them, and proven optimality."""
     if method == "kk":
-        return kk_labels(units, k), "kk"
+        return kk_labels(units, k), "kk", False
     if method == "greedy":
-        return lpt_labels(units, k, size), "greedy"
+        return lpt_labels(units, k, size), "greedy", False
     m = units.shape[0]
     # Under a size rule, small problems first get steepest-descent swaps, so there "auto"
     # is never worse than greedy-with-counts followed by best-improvement swaps.
@@ -235,6 +271,8 @@ def _solve(
     for name, labels in starts:
         if steepest:
             labels = steepest_swaps(units, labels, k)
+        if size != "free" and k > PAIR_MIN_PARTS and -(-m // k) <= PAIR_MAX_COUNT:
+            labels = pair_rounds(units, labels, k)
         labels = refine_labels(units, labels, k, size, target=bound)
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if best is None or top < best[0] or (top == best[0] and name == "kk"):
@@ -242,4 +280,15 @@ def _solve(
         if best[0] <= bound * (1.0 + (AUTO_RTOL if size == "free" else 0.0)):
             break  # optimal (or, in free mode, within AUTO_RTOL of it)
     assert best is not None
-    return best[1], best[2]
+    if size == "free" and k > 1 and m <= KK_FREE_MAX_UNITS and best[0] > bound:
+        labels = refine_labels(units, kk_free_labels(units, k), k, size, target=bound)
+        top = float(np.bincount(labels, weights=units, minlength=k).max())
+        if top < best[0]:
+            best = (top, labels, "kkfree+refine")
+    if m <= EXACT_MAX_UNITS and best[0] > bound:
+        labels, proven = exact_labels(units, k, size, best[1], bound)
+        top = float(np.bincount(labels, weights=units, minlength=k).max())
+        if top < best[0]:
+            best = (top, labels, "exact")
+        return best[1], best[2], proven
+    return best[1], best[2], best[0] <= bound

@@ -10,6 +10,8 @@ Importing this module imports torch (``import seqbalance`` alone never does).
 - :func:`pack_collate`: a DataLoader collate function for packed (varlen) micro-batches.
 - :func:`global_token_count`, :func:`token_mean_loss`: a token-mean loss over balanced
   micro-batches that equals the single-process value.
+- :func:`cp_shard` / :class:`CPShardHandle`: one GPU's context-parallel pieces of a packed
+  batch, and per-token outputs gathered back (:mod:`seqbalance.torch.context_parallel`).
 - :func:`seqbalance.torch.testing.run_distributed`: run a function on local gloo processes.
 
 No hang from bad input: every function here that communicates starts with one all-gather
@@ -33,14 +35,17 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 
 from .agreement import RankAgreementError
 from .collate import pack_collate
+from .context_parallel import CPShardHandle, cp_shard
 from .exchange import RebalanceHandle, rebalance
 from .loss import global_token_count, token_mean_loss
 from .sampler import BalancedDistributedSampler
 
 __all__ = [
     "BalancedDistributedSampler",
+    "CPShardHandle",
     "RankAgreementError",
     "RebalanceHandle",
+    "cp_shard",
     "global_token_count",
     "pack_collate",
     "rebalance",
