@@ -562,6 +562,8 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
     """
     if req.padded or req.n > _PIPELINE_MAX_ITEMS or req.n == 0:
         return []
+    if req.dp * (m_best or 1) > _PIPELINE_MAX_ITEMS:
+        return []  # mostly empty slots (allow_empty): the pipelines' cost is per slot
     k = -(-int(req.lens.sum()) // req.cap)
     grids = {}
     for name, fn in BASELINES.items():
