@@ -9,21 +9,118 @@ from __future__ import annotations
 
 import operator
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "MAX_EMPTY",
+    "MAX_EMPTY_SLOTS",
     "MAX_LENGTH",
+    "MAX_TOKENS",
     "as_groups",
     "as_lengths",
     "as_weights",
     "check_bool",
     "check_choice",
+    "check_max_tokens",
     "check_nonnegative_int",
     "check_positive_int",
+    "check_size_limit",
+    "group_ids",
+    "is_array_like",
+    "to_numpy",
     "unwritable",
 ]
+
+
+def is_array_like(value: Any) -> bool:
+    """True for what :func:`to_numpy` turns into an array: lists, tuples, numpy arrays,
+    tensors (anything with ``detach``/``cpu``), pandas Series/Index/Categorical
+    (``to_numpy``) and other objects with ``__array__``. Strings and mappings are not."""
+    if isinstance(value, (str, bytes, Mapping)):
+        return False
+    return (
+        isinstance(value, (list, tuple, np.ndarray))
+        or _is_tensor(value)
+        or callable(getattr(value, "to_numpy", None))
+        or hasattr(value, "__array__")
+    )
+
+
+def _is_tensor(value: Any) -> bool:
+    return callable(getattr(value, "detach", None)) and callable(getattr(value, "cpu", None))
+
+
+def to_numpy(values: Any, name: str) -> Any:
+    """Bring framework containers to numpy without importing the framework.
+
+    - tensors (torch, duck-typed by ``detach``/``cpu``): detached, moved to the CPU once, and
+      widened (floating types, bf16 and fp16 included, to float64; integers to int64;
+      bools stay bool), so ``requires_grad`` and CUDA tensors are fine;
+    - pandas Series, Index, Categorical (``to_numpy``): their values; categoricals give
+      their category values, not the codes, so ids mean the same on every process;
+    - object arrays (Python ints of any size, strings from pandas) are narrowed to int64,
+      float64 or unicode where every element allows it.
+
+    Anything else is returned as given (lists stay lists for ``np.asarray``).
+    """
+    if _is_tensor(values):
+        t = values.detach().cpu()
+        if getattr(t, "is_complex", lambda: False)():
+            raise ValueError(f"{name} must hold real numbers, got a complex tensor")
+        if str(getattr(t, "dtype", "")) == "torch.bool":
+            values = t.numpy()
+        elif t.is_floating_point():
+            values = t.double().numpy()
+        else:
+            values = t.long().numpy()
+    elif not isinstance(values, (np.ndarray, list, tuple)) and callable(
+        getattr(values, "to_numpy", None)
+    ):
+        values = values.to_numpy()
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        values = _narrow_objects(values, name)
+    return values
+
+
+def _narrow_objects(arr: np.ndarray, name: str) -> np.ndarray:
+    """An object array of plain ints, floats or strings as int64 / float64 / unicode."""
+    if arr.ndim != 1:
+        return arr
+    items = arr.tolist()
+    for i, v in enumerate(items):
+        if v is None or (isinstance(v, float) and v != v):
+            raise ValueError(f"{name}[{i}] is missing ({v!r}); give every item a value")
+    if all(isinstance(v, str) for v in items):
+        return np.array(items, dtype=str) if items else np.zeros(0, dtype=np.int64)
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in items):
+        if all(-(2**63) <= int(v) < 2**63 for v in items):
+            return np.array(items, dtype=np.int64)
+        # Beyond int64: float64 keeps the magnitude (weights accept it, lengths refuse it
+        # as too large, naming the index).
+        return _floats(items, name)
+    if all(
+        isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+        for v in items
+    ):
+        return _floats(items, name)
+    return arr
+
+
+def _floats(items: list[Any], name: str) -> np.ndarray:
+    """Numbers as float64; an int beyond float64's range is refused, naming its index."""
+    out = np.empty(len(items), dtype=np.float64)
+    for i, v in enumerate(items):
+        try:
+            out[i] = float(v)
+        except OverflowError:
+            raise ValueError(
+                f"{name}[{i}] is an integer of {int(v).bit_length()} bits, beyond the float64 "
+                "range (~1.8e308); rescale the values"
+            ) from None
+    return out
 
 
 def _as_1d(values: Any, name: str) -> np.ndarray:
@@ -34,10 +131,13 @@ def _as_1d(values: Any, name: str) -> np.ndarray:
             f"{name} must be an array or a list of numbers, got {type(values).__name__}; "
             "wrap iterators and generators in list(...)"
         )
+    values = to_numpy(values, name)
     try:
         arr = np.asarray(values)
     except Exception as exc:  # ragged lists and the like
         raise ValueError(f"{name} must be a 1-D sequence of numbers ({exc})") from exc
+    if arr.dtype == object:
+        arr = _narrow_objects(arr, name)
     if arr.ndim != 1:
         raise ValueError(
             f"{name} must be 1-D (one value per sequence), got shape {arr.shape}; "
@@ -68,6 +168,14 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
     if neg.any():
         i = int(np.flatnonzero(neg)[0])
         raise ValueError(f"{name}[{i}] = {float(arr[i])!r} is negative; {name} must be >= 0")
+    with np.errstate(over="ignore"):
+        total = float(arr.sum())
+    if not np.isfinite(total):
+        # Loads, bounds and step times are sums: they would be inf/nan, so refuse early.
+        raise ValueError(
+            f"{name} sum to more than the largest float64 (~1.8e308); rescale them "
+            "(only ratios matter for balancing), e.g. divide by their maximum"
+        )
     return arr
 
 
@@ -100,12 +208,11 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
                 f"{name}[{i}] = {arr[i].item()!r} is too large for a token count "
                 f"(limit 2**40); check the units"
             )
-    out = arr.astype(np.int64)
-    neg = out < 0
+    neg = arr < 0  # before the cast, which would wrap values below -2**63
     if neg.any():
         i = int(np.flatnonzero(neg)[0])
-        raise ValueError(f"{name}[{i}] = {int(out[i])} is negative; lengths must be >= 0")
-    return out
+        raise ValueError(f"{name}[{i}] = {int(arr[i].item())} is negative; lengths must be >= 0")
+    return arr.astype(np.int64)
 
 
 def _as_int(value: Any, name: str, minimum: int) -> int:
@@ -145,6 +252,38 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     return str(value)
 
 
+def group_ids(groups: Any, name: str = "groups") -> np.ndarray:
+    """``groups`` as a 1-D numpy array of ids (numbers or strings), not yet renumbered.
+
+    Accepts lists, numpy arrays, tensors and pandas Series / Categorical (see
+    :func:`to_numpy`).
+
+    Raises
+    ------
+    ValueError
+        If the ids are not 1-D, mix strings and numbers, or are of another type.
+    """
+    if isinstance(groups, (str, bytes)):
+        raise ValueError(f"{name} must be one id per item, got a string {groups!r}")
+    if isinstance(groups, (list, tuple)) and groups:
+        kinds = {isinstance(g, str) for g in groups}
+        if len(kinds) > 1:
+            raise ValueError(
+                f"{name} mixes strings and numbers; use one kind of id so that 1 and '1' "
+                "cannot be confused"
+            )
+    arr = np.asarray(to_numpy(groups, name))
+    if arr.dtype == object:
+        arr = _narrow_objects(arr, name)
+    if arr.dtype == object or arr.dtype.kind not in "biufUS":
+        raise ValueError(
+            f"{name} must hold numbers or strings (one kind), got dtype {arr.dtype}"
+        )
+    if arr.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (one group id per item), got shape {arr.shape}")
+    return arr
+
+
 def as_groups(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     """Map group ids (any hashable numbers or strings, one per item) to dense int64 labels.
 
@@ -156,18 +295,7 @@ def as_groups(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     ValueError
         If ``groups`` is not 1-D or its length differs from the number of items ``n``.
     """
-    if isinstance(groups, (list, tuple)) and groups:
-        kinds = {isinstance(g, str) for g in groups}
-        if len(kinds) > 1:
-            raise ValueError(
-                f"{name} mixes strings and numbers; use one kind of id so that 1 and '1' "
-                "cannot be confused"
-            )
-    arr = np.asarray(groups)
-    if arr.dtype == object or arr.dtype.kind not in "biufUS":
-        raise ValueError(f"{name} must hold numbers or strings, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one group id per item), got shape {arr.shape}")
+    arr = group_ids(groups, name)
     if arr.shape[0] != n:
         raise ValueError(
             f"{name} has {arr.shape[0]} entries but there are {n} items; "
@@ -183,6 +311,49 @@ def as_groups(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     rank = np.empty(first.shape[0], dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0], dtype=np.int64)
     return rank[inverse.reshape(-1)]
+
+
+#: Token capacities at or above this are refused (sums of lengths and capacities stay
+#: far inside int64).
+MAX_TOKENS = 2**62
+
+#: How many empty parts (partition) or empty micro-batch slots (plan) beyond one per item a
+#: request may ask for. Above it the request is refused before anything is allocated: such
+#: a request is a typo (dp_size=10**9) and would otherwise exhaust memory or run for minutes.
+MAX_EMPTY = 2**20
+
+#: The same for :func:`seqbalance.plan`'s micro-batch slots (ranks x micro-batches), which
+#: cost more each (packing, step times): 2**16 empty slots plan in about a second.
+MAX_EMPTY_SLOTS = 2**16
+
+
+def check_max_tokens(value: Any, name: str = "max_tokens") -> int:
+    """Return ``value`` as a positive ``int`` below ``2**62``, or raise a ValueError."""
+    out = _as_int(value, name, 1)
+    if out >= MAX_TOKENS:
+        raise ValueError(
+            f"{name}={out} is beyond any real token capacity (it must be below 2**62); "
+            "pass the capacity of one micro-batch in tokens"
+        )
+    return out
+
+
+def check_size_limit(
+    value: int, name: str, n: int, unit: str = "parts", limit: int = MAX_EMPTY
+) -> int:
+    """Refuse ``value`` (already an int) above ``n + limit``: absurd for ``n`` items.
+
+    ``unit`` names what ``value`` counts, for the message; ``limit`` is ``MAX_EMPTY``
+    (2**20) or ``MAX_EMPTY_SLOTS`` (2**16).
+    """
+    if value > n + limit:
+        power = f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
+        raise ValueError(
+            f"{name}={value} asks for {value} {unit} for {n} items, so at least "
+            f"{value - n} would stay empty (limit: n + {power}); pass a {name} near the "
+            "real number"
+        )
+    return value
 
 
 def unwritable(path: str) -> str | None:

@@ -74,6 +74,11 @@ def load_cost(spec: Any = None) -> CostModel:
         return TokenCost()
     if isinstance(spec, Mapping):
         return _from_mapping(spec)
+    if isinstance(spec, str) and not spec.strip():
+        raise ValueError(
+            "cost is an empty string; pass None or 'tokens' to balance tokens, a shipped "
+            f"model name ({', '.join(SHIPPED)}), or a path to a config/cost JSON"
+        )
     if isinstance(spec, str) and spec.lower() in SHIPPED:
         return FlopsCost.from_name(spec)
     if isinstance(spec, (str, os.PathLike)):

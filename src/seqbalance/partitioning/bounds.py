@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_groups, as_weights, check_positive_int
+from .._validate import as_groups, as_weights, check_positive_int, check_size_limit
 from ._rules import check_size, min_count
 
 __all__ = ["lower_bound"]
@@ -50,10 +50,13 @@ def lower_bound(weights: Any, k: int, *, size: str = "free", groups: Any = None)
     3. "balanced" with ``r = m % k > 0``: ``r`` parts hold ``c + 1`` units, together at
        least the ``r*(c+1)`` lightest units, so one of them weighs at least that sum / ``r``.
 
-    Sums are exact when the weights are integers with a total below 2**53, and then the
-    bound is rounded up to an integer (every part's load is one); otherwise the
-    sums in 1-3 are lowered by a rounding allowance of ``2 (m+1) eps * total``, so the bound
-    stays valid in floating point (term 2 with ``j = c = 0``, the largest unit, is exact).
+    Sums are exact when the weights are integer multiples of one power of two ``2**p``
+    (integers: ``p = 0``; also 0.5, 0.25...) with a total below ``2**53 * 2**p``, and then
+    the bound is rounded up to such a multiple (to an integer for integer weights), as
+    every part's load is one; otherwise the sums in 1-3 are lowered by a rounding allowance
+    of ``2 (m+1) eps * total`` (``n`` items in place of ``m`` units with groups), so the
+    bound stays valid in floating point (term 2 with ``j = c = 0``, the largest unit, is
+    exact without groups).
 
     Examples
     --------
@@ -63,24 +66,35 @@ def lower_bound(weights: Any, k: int, *, size: str = "free", groups: Any = None)
     11.0
     """
     w = as_weights(weights)
-    k = check_positive_int(k, "k")
+    k = check_size_limit(check_positive_int(k, "k"), "k", w.shape[0])
+    items = w
     if groups is not None:
         labels = as_groups(groups, w.shape[0])
         w = np.bincount(labels, weights=w, minlength=0) if w.size else w
     rule = check_size(size, w.shape[0], k, grouped=groups is not None)
-    return bound_of_units(w, k, rule)
+    return bound_of_units(w, k, rule, items=items)
 
 
-def bound_of_units(w: np.ndarray, k: int, size: str) -> float:
-    """The bound of :func:`lower_bound` for validated unit weights ``w`` (no checks)."""
+def bound_of_units(
+    w: np.ndarray, k: int, size: str, items: np.ndarray | None = None
+) -> float:
+    """The bound of :func:`lower_bound` for validated unit weights ``w`` (no checks).
+
+    ``items``: the item weights the units were summed from (groups), if any. Exactness is
+    decided on them: a group's float sum may already be rounded, and a rounded unit looks
+    as exact as any other float, while the parts' loads are summed item by item.
+    """
     m = int(w.shape[0])
     if m == 0:
         return 0.0
     s = np.sort(w)[::-1]  # descending
     c = min_count(m, k, size)
     total = float(s.sum())
-    exact = total < 2.0**53 and bool(np.all(s == np.floor(s)))
-    slack = 0.0 if exact else 2.0 * (m + 1) * _EPS * total
+    unit = _exact_unit(s, total) if items is None else _exact_unit(items, float(items.sum()))
+    # Rounding: each unit sum (groups: each group's sum of items too) loses at most one
+    # eps * total per addition, so the allowance counts items, not only units.
+    adds = m if items is None else max(m, int(items.shape[0]))
+    slack = 0.0 if unit is not None else 2.0 * (adds + 1) * _EPS * total
     # desc[i] = s[0] + ... + s[i-1]; asc[i] = the i lightest units.
     desc = np.concatenate(([0.0], np.cumsum(s)))
     asc = np.concatenate(([0.0], np.cumsum(s[::-1])))
@@ -92,7 +106,33 @@ def bound_of_units(w: np.ndarray, k: int, size: str) -> float:
     if size == "balanced" and r:
         terms.append(float(asc[r * (c + 1)]) / r)
     best = max(terms) - slack
-    if exact:
-        # Integer weights make every part's load an integer, so the bound rounds up.
-        best = float(np.ceil(best))
-    return float(max(best, s[0]))
+    if unit is not None:
+        # Every part's load is a multiple of the unit, so the bound rounds up to one.
+        best = float(np.ceil(best / unit) * unit)
+    # The largest unit is a bound as is, unless it is a rounded group sum.
+    largest = float(s[0]) if items is None or unit is not None else float(s[0]) - slack
+    return float(max(best, largest, 0.0))
+
+
+def _exact_unit(w: np.ndarray, total: float) -> float | None:
+    """A power of two ``u <= 1`` such that every weight, and so every sum of weights, is
+    an exact multiple of ``u`` in float64; None where sums may round.
+
+    Every weight is ``M * 2**e`` with an integer ``M``; if all are multiples of the
+    smallest such unit ``2**p`` and the total is below ``2**53`` units, every sum is an
+    integer number of units below ``2**53``, hence exact. (A rounded quotient such as
+    ``total / k`` then never exceeds the smallest multiple of the unit above the true
+    quotient, which no part can undercut, so the bound needs no allowance.) The unit is
+    capped at 1, so integer weights round bounds to integers, no coarser.
+    """
+    nz = w[w > 0]
+    if nz.size == 0:
+        return 1.0
+    frac, exp = np.frexp(nz)  # nz = frac * 2**exp, 0.5 <= frac < 1
+    mant = (frac * 2.0**53).astype(np.int64)  # exact: 53-bit integer mantissas
+    low_bit = mant & -mant  # value of the lowest set bit
+    unit_exp = int(np.min(exp - 53 + np.log2(low_bit.astype(np.float64)).astype(np.int64)))
+    with np.errstate(over="ignore"):  # inf units: not exact
+        if not np.ldexp(total, -unit_exp) < 2.0**53:
+            return None
+    return float(np.ldexp(1.0, min(unit_exp, 0)))

@@ -7,11 +7,19 @@ bound, the gap to it). :func:`lower_bound` and :func:`balance_stats` are re-expo
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import gc
+from typing import Any, Iterator
 
 import numpy as np
 
-from .._validate import as_groups, as_weights, check_choice, check_positive_int
+from .._validate import (
+    as_groups,
+    as_weights,
+    check_choice,
+    check_positive_int,
+    check_size_limit,
+)
 from ._exact import EXACT_MAX_UNITS, exact_labels
 from ._greedy import lpt_labels
 from ._kk import kk_free_labels, kk_labels
@@ -48,11 +56,13 @@ class Partition(list):  # type: ignore[type-arg]
         Total weight of each part (float64, shape ``(k,)``).
     lower_bound : float
         Proven lower bound on the heaviest part for this size rule and grouping; when
-        ``optimal`` is True, the optimum itself (so ``gap`` is 0).
+        ``optimal`` is True, the optimum itself (so ``gap`` is 0). With ``k = 1`` the only
+        possible partition is optimal, so its gap is exactly 0.
     optimal : bool
         Whether the heaviest part is proven as light as possible: it meets the lower bound,
         or the exact search of ``method="auto"`` ran to its end (up to ``1e-12`` relative
-        for non-integer weights; exact for integers).
+        for non-integer weights; exact for integers), or there is one part, or one unit
+        per part.
     max_load : float
         Weight of the heaviest part.
     gap : float
@@ -84,7 +94,7 @@ class Partition(list):  # type: ignore[type-arg]
         self.optimal = bool(optimal) or mx <= bound
         # Proven optimal: the optimum is the best bound there is.
         self.lower_bound = max(float(bound), mx) if self.optimal else float(bound)
-        self._counts = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+        self._counts = np.array(list(map(len, parts)), dtype=np.int64).reshape(len(parts))
 
     @property
     def max_load(self) -> float:
@@ -152,8 +162,9 @@ def partition(
     ------
     ValueError
         For ``k < 1`` or not an integer; weights that are not 1-D, negative, NaN or infinite;
-        ``groups`` of the wrong length; an unknown ``size`` or ``method``; or a size rule
-        the items (groups) cannot meet.
+        ``groups`` of the wrong length; an unknown ``size`` or ``method``; a size rule
+        the items (groups) cannot meet; ``k`` above ``n + 2**20`` (refused before
+        anything is allocated); or weights whose sum overflows float64.
 
     Notes
     -----
@@ -179,7 +190,7 @@ def partition(
     [16.0, 17.0]
     """
     w = as_weights(weights)
-    k = check_positive_int(k, "k")
+    k = check_size_limit(check_positive_int(k, "k"), "k", w.shape[0])
     rule = check_choice(size, "size", SIZES)
     how = check_choice(method, "method", METHODS)
     labels_of_groups = None if groups is None else as_groups(groups, w.shape[0])
@@ -199,15 +210,44 @@ def partition_arrays(
         units = np.bincount(labels_of_groups, weights=w, minlength=0).astype(np.float64)
     rule = check_size(rule, units.shape[0], k, grouped=labels_of_groups is not None)
 
-    bound = bound_of_units(units, k, rule)
-    unit_labels, used, proven = _solve(units, k, rule, how, bound)
+    bound = bound_of_units(units, k, rule, items=None if labels_of_groups is None else w)
+    if units.shape[0] <= k:
+        # One unit per part, heaviest first, is optimal (the heaviest part is the largest
+        # unit, which every partition holds somewhere) and is what KK and LPT give;
+        # O(m log m) however large k is, where the general methods cost O(k) per step.
+        unit_labels = np.empty(units.shape[0], dtype=np.int64)
+        unit_labels[np.argsort(-units, kind="stable")] = np.arange(units.shape[0])
+        used, proven = {"auto": "kk+refine"}.get(how, how), True
+    else:
+        unit_labels, used, proven = _solve(units, k, rule, how, bound)
     item_labels = unit_labels if labels_of_groups is None else unit_labels[labels_of_groups]
     loads = np.bincount(item_labels, weights=w, minlength=k).astype(np.float64)
     counts = np.bincount(item_labels, minlength=k)
     order = np.argsort(item_labels, kind="stable").tolist()  # ascending within each part
-    ends = np.cumsum(counts).tolist()
-    parts = [order[e - c : e] for e, c in zip(ends, counts.tolist())]
-    return Partition(parts, loads, bound, used, optimal=proven)
+    ends = np.cumsum(counts)
+    with _gc_paused(k):
+        parts: list[list[int]] = [[] for _ in range(k)]  # cheap even if most stay empty
+        for p in np.flatnonzero(counts).tolist():
+            parts[p] = order[int(ends[p] - counts[p]) : int(ends[p])]
+        # k = 1: the only partition is optimal, so its load is the bound and the gap is 0.
+        return Partition(parts, loads, bound, used, optimal=proven or k == 1)
+
+
+@contextlib.contextmanager
+def _gc_paused(k: int) -> Iterator[None]:
+    """Pause the cyclic garbage collector while ``k`` part lists are built.
+
+    A million fresh lists trigger many collections, each of which walks every object of
+    the process (seconds when torch is loaded); the lists cannot form cycles.
+    """
+    pause = k > 10_000 and gc.isenabled()
+    if pause:
+        gc.disable()
+    try:
+        yield
+    finally:
+        if pause:
+            gc.enable()
 
 
 def _solve(

@@ -145,7 +145,9 @@ def balance_stats(
             labels = as_groups(groups, w.shape[0])
             units = np.bincount(labels, weights=w, minlength=0) if w.size else w
         rule = check_size(size, units.shape[0], k, grouped=groups is not None)
-        bound = bound_of_units(units, k, rule)
+        bound = bound_of_units(units, k, rule, items=None if groups is None else w)
+        if k == 1:  # the only partition is optimal: its load is the bound, gap 0
+            bound = float(loads[0])
     elif not (np.isfinite(bound) and bound >= 0):
         raise ValueError(f"bound must be a finite number >= 0, got {bound!r}")
     return stats_from_loads(loads, counts, float(bound))

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_weights
+from .._validate import MAX_EMPTY, as_weights, is_array_like
 
 __all__ = ["sequence_costs"]
 
@@ -21,7 +21,7 @@ def sequence_costs(lengths: np.ndarray, cost: Any) -> tuple[np.ndarray, float]:
     """
     if cost is None:
         return lengths.astype(np.float64), 0.0
-    if isinstance(cost, (np.ndarray, list, tuple)):
+    if is_array_like(cost):  # lists, arrays, tensors, pandas Series
         costs = as_weights(cost, "cost")
         if costs.shape[0] != lengths.shape[0]:
             raise ValueError(
@@ -33,4 +33,13 @@ def sequence_costs(lengths: np.ndarray, cost: Any) -> tuple[np.ndarray, float]:
 
     model = load_cost(cost)
     costs = as_weights(model(lengths), "cost")
-    return costs, float(model.per_microbatch)
+    c0 = float(model.per_microbatch)
+    # Step times add one c0 per micro-batch; plans hold at most n + MAX_EMPTY of them.
+    with np.errstate(over="ignore"):
+        worst = float(costs.sum()) + c0 * (lengths.shape[0] + MAX_EMPTY)
+    if not np.isfinite(worst):
+        raise ValueError(
+            f"cost: per_microbatch={c0!r} is so large that step times overflow float64; "
+            "rescale the cost model (only ratios matter for balancing)"
+        )
+    return costs, c0

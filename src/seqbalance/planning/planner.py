@@ -35,13 +35,16 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import MAX_EMPTY_SLOTS as _SLOTS
 from .._validate import (
     as_groups,
     as_lengths,
     check_bool,
     check_choice,
+    check_max_tokens,
     check_nonnegative_int,
     check_positive_int,
+    check_size_limit,
 )
 from ..partitioning._rules import SIZES
 from ..partitioning.bounds import lower_bound
@@ -233,13 +236,18 @@ def _validate_request(
 ) -> _Request:
     """Step 0: check every argument of :func:`plan` and resolve the costs."""
     lens = as_lengths(lengths)
-    dp = check_positive_int(dp_size, "dp_size")
-    cap = check_positive_int(max_tokens, "max_tokens")
+    n = lens.shape[0]
+    # Sizes are bounded relative to n before anything is allocated (see check_size_limit).
+    dp = check_size_limit(check_positive_int(dp_size, "dp_size"), "dp_size", n, "ranks", _SLOTS)
+    cap = check_max_tokens(max_tokens, "max_tokens")
     check_choice(sync, "sync", SYNC_MODELS)
     check_choice(size, "size", SIZE_RULES)
     m_min = check_positive_int(min_micro_batches, "min_micro_batches")
+    check_size_limit(m_min, "min_micro_batches", n, "micro-batches per rank", _SLOTS)
     mult = check_positive_int(micro_batch_multiple, "micro_batch_multiple")
+    check_size_limit(mult, "micro_batch_multiple", n, "micro-batches per rank", _SLOTS)
     extra = check_nonnegative_int(extra_micro_batches, "extra_micro_batches")
+    check_size_limit(extra, "extra_micro_batches", n, "extra micro-batch counts", _SLOTS)
     padded = check_bool(padded, "padded")
     allow_empty = check_bool(allow_empty, "allow_empty")
     group_ids = None if groups is None else as_groups(groups, lens.shape[0])
@@ -277,6 +285,11 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
         )
     m_low = max(m_cap, m_bins, m_rule)
     m = max(m, _round_up(m_low, req.mult))
+    if req.allow_empty:  # without it, too few sequences is refused before packing
+        check_size_limit(
+            req.dp * m, f"dp_size x micro-batches ({req.dp} x {m})", req.n, "micro-batches",
+            _SLOTS,
+        )
     if m > m_low:
         why = []
         if req.m_min > m_low:
@@ -479,7 +492,9 @@ def _search(
         mbs, st = None, "infeasible"
         if rank_items is None:
             if blocked:
-                return str(problem)
+                # Extra counts (extra_micro_batches) that cannot be filled end the search;
+                # the plans already found stand.
+                return found if found else str(problem)
             mbs, st = _plan_global(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0
             )
@@ -492,7 +507,7 @@ def _search(
                     mbs = _plan_by_rank(req.lens, req.costs, joint, m, req.cap, req.padded)
                     st = "found" if mbs is not None else "limit"
             if mbs is None and blocked:
-                return str(problem)
+                return found if found else str(problem)
             if mbs is not None:
                 mbs = _fill_rank_slack(req, mbs)
         if mbs is None:
@@ -547,6 +562,8 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
     """
     if req.padded or req.n > _PIPELINE_MAX_ITEMS or req.n == 0:
         return []
+    if req.dp * (m_best or 1) > _PIPELINE_MAX_ITEMS:
+        return []  # mostly empty slots (allow_empty): the pipelines' cost is per slot
     k = -(-int(req.lens.sum()) // req.cap)
     grids = {}
     for name, fn in BASELINES.items():
@@ -710,7 +727,10 @@ def plan(
     ------
     ValueError
         On bad arguments, a sequence longer than ``max_tokens``, too few sequences for
-        non-empty micro-batches, or a size rule that cannot be met.
+        non-empty micro-batches, or a size rule that cannot be met. Absurd sizes are
+        refused before anything is allocated: ``max_tokens >= 2**62``; ``dp_size``,
+        ``min_micro_batches``, ``micro_batch_multiple``, ``extra_micro_batches`` or (with
+        ``allow_empty``) ``dp_size x m`` above ``n + 2**16``; costs whose sum overflows.
 
     Examples
     --------

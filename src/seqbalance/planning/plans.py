@@ -432,9 +432,23 @@ class Plan:
         )
 
     @classmethod
-    def from_json(cls, text_or_path: str | os.PathLike[str]) -> Plan:
-        """Rebuild a plan from a JSON string, or from a path to a JSON file."""
-        if isinstance(text_or_path, os.PathLike) or not str(text_or_path).lstrip().startswith("{"):
+    def from_json(cls, text_or_path: str | bytes | os.PathLike[str]) -> Plan:
+        """Rebuild a plan from a JSON string, or from a path to a JSON file.
+
+        A string (or bytes) whose first non-blank character is ``{``, ``[`` or ``"`` is
+        JSON text; anything else is a path.
+        """
+        if isinstance(text_or_path, (bytes, bytearray)):
+            text_or_path = bytes(text_or_path).decode("utf-8")
+        if isinstance(text_or_path, str) and not text_or_path.strip():
+            raise ValueError("text_or_path is empty; pass the plan's JSON text or a path")
+        looks_json = isinstance(text_or_path, str) and text_or_path.lstrip()[:1] in ('{', '[', '"')
+        if not looks_json:
+            if not os.path.isfile(text_or_path):
+                raise FileNotFoundError(
+                    f"text_or_path={str(text_or_path)[:80]!r} is neither JSON text (which "
+                    "starts with '{') nor an existing file"
+                )
             with open(text_or_path, encoding="utf-8") as fh:
                 text = fh.read()
         else:
@@ -443,4 +457,9 @@ class Plan:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ValueError(f"plan JSON does not parse: {exc}") from exc
+        if not isinstance(data, dict):
+            raise ValueError(
+                f"plan JSON must be an object (as written by Plan.to_json), got a "
+                f"{type(data).__name__}"
+            )
         return cls.from_dict(data)

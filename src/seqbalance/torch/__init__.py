@@ -17,6 +17,13 @@ Importing this module imports torch (``import seqbalance`` alone never does).
   :class:`seqbalance.costs.TimingRecorder`; :class:`Rebalancer`: ``rebalance`` with a cost
   that can be swapped between steps (``set_cost``), as the sampler's ``set_cost``.
 - :func:`seqbalance.torch.testing.run_distributed`: run a function on local gloo processes.
+
+No hang from bad input: every function here that communicates starts with one all-gather
+that carries each rank's local validation result and a fingerprint of the arguments that
+must agree (:func:`seqbalance.torch.agreement.agree`). A bad input on one rank, or ranks passing
+different options, raises the same :class:`RankAgreementError` (a ``ValueError``) on every
+rank, naming the ranks and the argument, instead of leaving the others waiting in a
+collective or silently computing different plans.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "pip install torch --index-url https://download.pytorch.org/whl/cpu"
     ) from exc
 
+from .agreement import RankAgreementError
 from .balancer import Rebalancer
 from .collate import pack_collate
 from .context_parallel import CPShardHandle, cp_shard
@@ -42,6 +50,7 @@ __all__ = [
     "BalancedDistributedSampler",
     "CPShardHandle",
     "MicroBatchTimer",
+    "RankAgreementError",
     "RebalanceHandle",
     "Rebalancer",
     "cp_shard",

@@ -48,18 +48,14 @@ def group_info(group: Any) -> tuple[int, int]:
 
 
 def all_gather_checked(obj: dict[str, Any], group: Any, what: str) -> list[dict[str, Any]]:
-    """All-gather one small dict per rank; if any rank reported an error, raise on all ranks.
+    """All-gather one small dict per rank; if any rank reported an ``"error"``, raise on all.
 
-    Raising everywhere (instead of on the rank that saw the bad input) keeps the other
-    ranks from waiting forever in the next collective.
+    Kept for callers written against 0.1.0; new code uses :func:`.agreement.agree`, which also
+    compares the arguments that must agree across ranks.
     """
-    world = dist.get_world_size(group)
-    out: list[Any] = [None] * world
-    dist.all_gather_object(out, obj, group=group)
-    errors = [f"rank {r}: {m['error']}" for r, m in enumerate(out) if m.get("error")]
-    if errors:
-        raise ValueError(f"{what}: " + "; ".join(errors))
-    return out
+    from .agreement import agree
+
+    return agree(obj.get("error"), {}, obj, group, what)
 
 
 def to_rows(t: torch.Tensor, rows: int) -> torch.Tensor:

@@ -22,6 +22,18 @@ packed tokens
     (on all ranks together) or given as ``token_keys``. ``lengths`` defaults to
     ``diff(cu_seqlens)``. Every micro-batch comes back packed with its own ``cu_seqlens``.
 
+No hang from bad input
+----------------------
+:func:`rebalance` and :meth:`RebalanceHandle.restore` validate each rank's inputs locally
+(catching any exception) and then make one all-gather that carries, with the lengths, each
+rank's error status and a fingerprint of the arguments that must agree (``max_tokens``,
+``cost``, ``sync``, ``method``, every planner option, ``token_keys``, ``pad_values``...).
+If any rank failed or the ranks differ, every rank raises the same
+:class:`~seqbalance.torch.agreement.RankAgreementError` (a ``ValueError``) naming the ranks and
+the argument, and no rank enters another collective. Ranks never compute different plans,
+and a bad input on one rank never leaves the others waiting for the process-group timeout.
+(Not covered: a rank that does not call at all, or ranks that pass different groups.)
+
 Any rank may hold zero sequences, and totals need not divide evenly. The exchange copies
 bytes: rows arrive bit-exact, in any dtype, and it is not differentiable (tensors are
 detached).
@@ -35,22 +47,23 @@ Example (every rank runs this)::
 
 from __future__ import annotations
 
-from typing import Any, Collection, Mapping, Sequence, Union
+import inspect
+from typing import Any, Callable, Collection, Mapping, Sequence, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._validate import as_lengths, as_weights, check_choice, check_positive_int
-from ._transport import (
-    METHODS,
-    Spec,
-    all_gather_checked,
-    from_rows,
-    group_info,
-    move,
-    to_rows,
+from .._validate import (
+    as_lengths,
+    as_weights,
+    check_choice,
+    check_max_tokens,
+    group_ids,
+    is_array_like,
 )
+from ._transport import METHODS, Spec, from_rows, group_info, move, to_rows
+from .agreement import agree, canonical, describe_cost
 
 __all__ = ["RebalanceHandle", "rebalance"]
 
@@ -240,6 +253,7 @@ class RebalanceHandle:
         self.method = method
         self.device = device
         self._counts = counts
+        self._id: str | None = None
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._src = [
             np.arange(offsets[r], offsets[r + 1], dtype=np.int64) for r in range(world_size)
@@ -261,6 +275,13 @@ class RebalanceHandle:
     @property
     def num_micro_batches(self) -> int:
         return len(self._mine)
+
+    def _identity(self) -> str:
+        """A digest of the global layout, the same on every rank of one rebalance call."""
+        if self._id is None:
+            layout = np.concatenate([self._counts, self.global_lengths, *self._dst])
+            self._id = canonical(layout.astype(np.int64))
+        return self._id
 
     @property
     def num_sequences(self) -> int:
@@ -291,7 +312,9 @@ class RebalanceHandle:
     ) -> Any:
         """Send per-sequence results back to the rank and position each sequence came from.
 
-        Collective: every rank of the group must call it, with the same keys.
+        Collective: every rank of the group must call it, with the same keys. A local
+        problem of any type on one rank (wrong row counts, tensors ``torch.cat`` rejects...)
+        raises the same ValueError on every rank, before any data moves.
 
         Parameters
         ----------
@@ -314,7 +337,8 @@ class RebalanceHandle:
         what = "outputs"
         held = self._dst[self.rank]
         lens = self.global_lengths[held]
-        # Local problems are reported through the all-gather, so every rank raises.
+        # Local problems of any type are reported through the all-gather (agree), so every
+        # rank raises the same error and none waits in the exchange.
         try:
             if isinstance(outputs, (list, tuple)):
                 if len(outputs) != self.num_micro_batches:
@@ -329,11 +353,17 @@ class RebalanceHandle:
                 token_keys = {_SINGLE}
             keys = _describe(tensors, len(held), int(lens.sum()), lens, token_keys, what)
             device = _device_of(tensors)
-            error = None
-        except ValueError as exc:
-            tensors, single, keys, error = {}, False, {}, str(exc)
+            error: Exception | None = None
+        except Exception as exc:
+            tensors, single, keys, error = {}, False, {}, exc
             device = self.device
-        metas = all_gather_checked({"keys": keys, "error": error}, self.group, "restore")
+        fingerprint = {
+            "token_keys": None if token_keys is None else sorted(token_keys),
+            # Every rank holds the same global view of one rebalance call, so a handle from
+            # another call (another step) on some rank shows up here, not as a gloo abort.
+            "handle (the rebalance call it comes from)": self._identity(),
+        }
+        metas = agree(error, fingerprint, {"keys": keys}, self.group, "restore")
         specs = _resolve(metas, None, what)
         rows = {
             k: to_rows(tensors[k], int(tensors[k].shape[0])) for k in specs
@@ -375,6 +405,7 @@ def rebalance(
     pad_values: Mapping[str, float] | None = None,
     cu_seqlens_key: str = "cu_seqlens",
     method: str = "auto",
+    groups: Any = None,
     **plan_options: Any,
 ) -> tuple[list[dict[str, torch.Tensor]], RebalanceHandle]:
     """Balance the sequences held by the ranks of ``group`` and move them into place.
@@ -412,11 +443,15 @@ def rebalance(
     method : {"auto", "all_to_all", "p2p"}, optional
         Exchange path. ``auto`` tries ``all_to_all_single`` and falls back to point-to-point
         where the backend does not support it.
+    groups : array-like, optional
+        Group id per sequence of this rank (numbers or strings; a list, array, tensor or
+        pandas Series). Ids are global: equal ids on two ranks are one group. The ids are
+        gathered with the lengths, and the planner keeps every group on one rank.
     **plan_options
         Forwarded to the planner (``min_micro_batches``, ``micro_batch_multiple``,
-        ``padded``, ``allow_empty``...). Like ``max_tokens``, ``cost`` (unless an array),
-        ``sync`` and ``method``, they must be the same on every rank and are not gathered
-        (so per-sequence ``groups`` are not supported here).
+        ``padded``, ``allow_empty``, ``size``...). Like ``max_tokens``, ``cost`` (unless an
+        array), ``sync`` and ``method``, they must be the same on every rank; the first
+        all-gather checks that they are.
 
     Returns
     -------
@@ -429,48 +464,94 @@ def rebalance(
     Raises
     ------
     ValueError
-        On every rank, if any rank's input is malformed or the ranks disagree on keys,
-        dtypes or shapes, or if the planner rejects the lengths (e.g. a sequence longer
-        than ``max_tokens``).
+        On every rank, with the same message: if any rank's input is malformed (any
+        exception raised while checking it locally, reported with its type), the ranks
+        pass different planner or exchange arguments, disagree on keys, dtypes or shapes,
+        or the planner rejects the lengths (e.g. a sequence longer than ``max_tokens``).
     """
-    max_tokens = check_positive_int(max_tokens, "max_tokens")
     from seqbalance.planning.planner import plan as make_plan
 
-    def layout(global_lengths: np.ndarray, global_costs: np.ndarray | None) -> Any:
+    _, world = group_info(group)
+    options = dict(plan_options, sync=sync)
+
+    def check() -> dict[str, Any]:
+        """Local checks of the planner arguments; returns what must agree across ranks."""
+        check_max_tokens(max_tokens, "max_tokens")
+        if "groups" in plan_options or "cost" in plan_options:
+            raise TypeError("pass groups= and cost= as rebalance's own arguments")
+        # An unknown keyword fails here, on its rank, instead of after the exchange.
+        bound = inspect.signature(make_plan).bind(
+            np.zeros(0, np.int64), world, max_tokens, **options
+        )
+        bound.apply_defaults()
+        agreed = {
+            k: v for k, v in bound.arguments.items() if k not in ("lengths", "cost", "groups")
+        }
+        return agreed
+
+    def layout(
+        global_lengths: np.ndarray, global_costs: np.ndarray | None, groups: Any = None
+    ) -> Any:
         p = make_plan(
             global_lengths,
             world,
             max_tokens,
             cost=global_costs if global_costs is not None else cost,
-            sync=sync,
-            **plan_options,
+            groups=groups,
+            **options,
         )
         return p, [[np.asarray(mb, dtype=np.int64) for mb in mbs] for mbs in p.micro_batches]
 
-    _, world = group_info(group)
     return _rebalance(
         batch,
         lengths,
         layout,
         cost=cost,
+        groups=groups,
         group=group,
         token_keys=token_keys,
         pad_values=pad_values,
         cu_seqlens_key=cu_seqlens_key,
         method=method,
+        check=check,
     )
 
 
 def _local_costs(cost: Any, n: int) -> np.ndarray | None:
     """Per-sequence costs given as an array travel with the lengths; other forms do not."""
-    if cost is None or isinstance(cost, str) or callable(cost):
+    if not is_array_like(cost):
         return None
-    if isinstance(cost, torch.Tensor):
-        cost = cost.detach().cpu().numpy()
     arr = as_weights(cost, "cost")
     if arr.shape[0] != n:
         raise ValueError(f"cost has {arr.shape[0]} entries but this rank holds {n} sequences")
     return arr
+
+
+def _local_groups(groups: Any, n: int) -> np.ndarray | None:
+    """This rank's group ids (numbers or strings), checked for length; gathered as given."""
+    if groups is None:
+        return None
+    ids = group_ids(groups, "groups")
+    if ids.shape[0] != n:
+        raise ValueError(
+            f"groups has {ids.shape[0]} entries but this rank holds {n} sequences; pass one "
+            "group id per sequence"
+        )
+    return ids
+
+
+def _global_groups(parts: list[np.ndarray]) -> np.ndarray:
+    """Concatenate every rank's group ids, refusing strings on some ranks, numbers on others."""
+    kinds = {"strings" if p.dtype.kind in "US" else "numbers" for p in parts if p.size}
+    if len(kinds) > 1:
+        raise ValueError(
+            "rebalance: groups are strings on some ranks and numbers on others; use one kind "
+            "of id everywhere (ids are global: equal ids on two ranks are one group)"
+        )
+    full = [p for p in parts if p.size]
+    if not full:
+        return np.zeros(0, dtype=np.int64)
+    return np.concatenate(full)
 
 
 def _rebalance(
@@ -484,16 +565,41 @@ def _rebalance(
     pad_values: Mapping[str, float] | None = None,
     cu_seqlens_key: str = "cu_seqlens",
     method: str = "auto",
+    groups: Any = None,
+    check: Callable[[], Mapping[str, Any]] | None = None,
+    fingerprint: Mapping[str, Any] | None = None,
+    what: str = "rebalance",
 ) -> tuple[list[dict[str, torch.Tensor]], RebalanceHandle]:
-    """:func:`rebalance` with the plan replaced by ``layout(global_lengths, global_costs)``,
-    which returns ``(plan_or_None, micro_batches[rank][j] -> global ids)``."""
+    """:func:`rebalance` with the plan replaced by ``layout(global_lengths, global_costs)``
+    (and ``groups=global_group_ids`` when ``groups`` is given), which returns
+    ``(plan_or_None, micro_batches[rank][j] -> global ids)``.
+
+    ``check()`` runs locally before the first collective and returns the arguments that
+    must agree across ranks (any exception it raises is reported on every rank);
+    ``fingerprint`` adds more. The exchange's own options (method, token_keys, pad_values,
+    cu_seqlens_key, the cost's identity, whether groups are given) always take part.
+    """
     rank, world = group_info(group)
-    check_choice(method, "method", METHODS)
     packed = isinstance(batch, Mapping) and cu_seqlens_key in batch
-    meta: dict[str, Any] = {"error": None, "keys": {}, "lengths": None, "costs": None}
+    meta: dict[str, Any] = {"keys": {}, "lengths": None, "costs": None, "groups": None}
+    agreed: dict[str, Any] = dict(fingerprint or {})
+    error: Exception | None = None
     cu_dtype = torch.int32
-    # Local problems are reported through the all-gather, so every rank raises.
+    # Local problems of any type are reported through the first all-gather (agree), so
+    # every rank raises the same error and none is left waiting in a collective.
     try:
+        agreed.update(
+            method=method,
+            token_keys=None if token_keys is None else sorted(token_keys),
+            pad_values=None if pad_values is None else dict(pad_values),
+            cu_seqlens_key=cu_seqlens_key,
+            groups="given" if groups is not None else None,
+            **{"batch layout": "packed (cu_seqlens)" if packed else "padded rows"},
+        )
+        check_choice(method, "method", METHODS)
+        agreed["cost"] = describe_cost(cost)
+        if check is not None:
+            agreed.update(check())
         if not isinstance(batch, Mapping):
             raise ValueError(f"batch must be a dict of tensors, got {type(batch).__name__}")
         tensors = {k: v for k, v in batch.items() if k != cu_seqlens_key}
@@ -514,7 +620,7 @@ def _rebalance(
             if lengths is None:
                 lens = derived
             else:
-                lens = as_lengths(_np(lengths), "lengths")
+                lens = as_lengths(lengths, "lengths")
                 if lens.shape != derived.shape or (lens != derived).any():
                     raise ValueError(
                         "lengths must equal diff(cu_seqlens) for a packed batch (or be "
@@ -527,24 +633,21 @@ def _rebalance(
                     "lengths is required for a padded batch (one token count per row); "
                     f"or pack the batch and pass {cu_seqlens_key!r}"
                 )
-            lens = as_lengths(_np(lengths), "lengths")
+            lens = as_lengths(lengths, "lengths")
             tokens = None
             if token_keys:
                 raise ValueError("token_keys applies to packed batches (with cu_seqlens) only")
         meta["keys"] = _describe(tensors, len(lens), tokens, lens, token_keys, "batch")
         meta["lengths"] = lens
         meta["costs"] = _local_costs(cost, len(lens))
+        meta["groups"] = _local_groups(groups, len(lens))
         device = _device_of(tensors)
-    except ValueError as exc:
-        meta["error"] = str(exc)
+    except Exception as exc:
+        error = exc
         tensors, device, lens = {}, torch.device("cpu"), np.zeros(0, dtype=np.int64)
-    meta["packed"] = packed
-    metas = all_gather_checked(meta, group, "rebalance")
-    if len({m["packed"] for m in metas}) > 1:
-        raise ValueError(
-            f"rebalance: some ranks passed a packed batch (with {cu_seqlens_key!r}) and "
-            "others padded rows; use one layout on every rank"
-        )
+    metas = agree(error, agreed, meta, group, what)
+    # From here on every decision depends only on what every rank received, so an error
+    # raised below is raised on every rank alike.
     has_costs = [m["costs"] is not None for m in metas]
     if any(has_costs) and not all(has_costs):
         raise ValueError("rebalance: cost is an array on some ranks but not on others")
@@ -555,7 +658,11 @@ def _rebalance(
         np.concatenate([m["costs"] for m in metas]) if all(has_costs) else None
     )
 
-    plan, micro = layout(global_lengths, global_costs)
+    if groups is None:
+        plan, micro = layout(global_lengths, global_costs)
+    else:
+        ids = _global_groups([m["groups"] for m in metas])
+        plan, micro = layout(global_lengths, global_costs, groups=ids)
     handle = RebalanceHandle(
         plan=plan,
         group=group,
@@ -601,8 +708,3 @@ def _rebalance(
         out.append(mb)
     return out, handle
 
-
-def _np(values: Any) -> Any:
-    if isinstance(values, torch.Tensor):
-        return values.detach().cpu().numpy()
-    return values

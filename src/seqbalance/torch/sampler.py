@@ -1,4 +1,11 @@
-"""A batch sampler that gives every rank balanced micro-batches of a map-style dataset."""
+"""A batch sampler that gives every rank balanced micro-batches of a map-style dataset.
+
+Planning needs no communication (every rank computes the same plans), but ranks built with
+different arguments would silently yield plans that do not fit together. So when
+torch.distributed is initialised, the constructor makes one all-gather of each rank's
+validation result and argument fingerprint (:func:`seqbalance.torch.agreement.agree`): a
+mistake on any rank raises the same ValueError on every rank ("no hang from bad input").
+"""
 
 from __future__ import annotations
 
@@ -6,9 +13,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .._validate import as_lengths, as_weights, check_positive_int
+from .._validate import as_lengths, as_weights, check_max_tokens, check_positive_int, is_array_like
 
 __all__ = ["BalancedDistributedSampler"]
+
+
+def _distributed_ready() -> bool:
+    import torch.distributed as dist
+
+    return bool(dist.is_available() and dist.is_initialized())
 
 
 def _default_world() -> tuple[int, int]:
@@ -67,6 +80,17 @@ class BalancedDistributedSampler:
         tensors, and the rank must still run forward/backward for the collectives).
         ``True``: they are skipped this epoch (with shuffling, different ones each epoch),
         and every step has exactly ``global_batch_size`` samples.
+    check_ranks : bool, optional
+        When torch.distributed is initialised (default True): the constructor makes one
+        all-gather over ``group`` so that every rank checks that all ranks were built with
+        the same arguments (lengths, batch size, capacity, cost, seed, options: everything
+        but ``rank``) and that none failed; otherwise every rank raises the same
+        ValueError naming the ranks and the argument, instead of yielding plans that do not
+        match. Every process of ``group`` must then construct the sampler; pass False to
+        build one without communicating. ``set_epoch`` must still be called alike on every
+        rank.
+    group : ProcessGroup, optional
+        The group for that check (default: the world).
     **plan_options
         Forwarded to the planner (``min_micro_batches``, ``micro_batch_multiple``,
         ``padded``, ``allow_empty``...).
@@ -93,7 +117,64 @@ class BalancedDistributedSampler:
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        check_ranks: bool = True,
+        group: Any = None,
         **plan_options: Any,
+    ) -> None:
+        error: Exception | None = None
+        fingerprint: dict[str, Any] = {}
+        try:
+            self._setup(
+                lengths, global_batch_size, max_tokens, dataset, num_replicas, rank, cost,
+                sync, shuffle, seed, drop_last, plan_options,
+            )
+            if check_ranks is True and _distributed_ready():
+                fingerprint = self._fingerprint()
+        except Exception as exc:
+            error = exc
+        if check_ranks is True and _distributed_ready():
+            # One all-gather: every rank learns whether any rank failed or was built with
+            # different arguments, and all raise the same error (no silent misrouting).
+            from .agreement import agree
+
+            agree(error, fingerprint, None, group, "BalancedDistributedSampler")
+        elif error is not None:
+            raise error
+        elif check_ranks is not False and check_ranks is not True:
+            raise ValueError(f"check_ranks must be True or False, got {check_ranks!r}")
+
+    def _fingerprint(self) -> dict[str, Any]:
+        """Everything that changes the plans (not ``rank``, which differs by design)."""
+        from .agreement import describe_cost
+
+        cost = self._cost_array if self._cost_array is not None else describe_cost(self.cost)
+        return {
+            "lengths": self.lengths,
+            "global_batch_size": self.global_batch_size,
+            "max_tokens": self.max_tokens,
+            "num_replicas": self.num_replicas,
+            "cost": cost,
+            "sync": self.sync,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "drop_last": self.drop_last,
+            **{f"plan option {k}": v for k, v in self.plan_options.items()},
+        }
+
+    def _setup(
+        self,
+        lengths: Any,
+        global_batch_size: int,
+        max_tokens: int,
+        dataset: Any,
+        num_replicas: int | None,
+        rank: int | None,
+        cost: Any,
+        sync: str,
+        shuffle: bool,
+        seed: int,
+        drop_last: bool,
+        plan_options: dict[str, Any],
     ) -> None:
         if callable(lengths):
             if dataset is None:
@@ -107,7 +188,7 @@ class BalancedDistributedSampler:
                 "items; give one length per item"
             )
         self.global_batch_size = check_positive_int(global_batch_size, "global_batch_size")
-        self.max_tokens = check_positive_int(max_tokens, "max_tokens")
+        self.max_tokens = check_max_tokens(max_tokens, "max_tokens")
         if num_replicas is None or rank is None:
             world, me = _default_world()
             num_replicas = world if num_replicas is None else num_replicas
@@ -132,7 +213,7 @@ class BalancedDistributedSampler:
         self._check_options()
 
     def _store_cost(self, cost: Any) -> None:
-        if cost is None or isinstance(cost, str) or callable(cost):
+        if not is_array_like(cost):  # None, a name, a path, a config, a cost model
             self.cost, self._cost_array = cost, None
         else:
             arr = as_weights(cost, "cost")

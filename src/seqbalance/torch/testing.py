@@ -57,6 +57,7 @@ def run_distributed(
     world_size: int,
     *args: Any,
     timeout: float = 60.0,
+    collective_timeout: float | None = None,
 ) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes.
 
@@ -71,7 +72,12 @@ def run_distributed(
     *args
         Extra picklable arguments passed to ``fn``.
     timeout : float, optional
-        Seconds allowed for the whole run and for every collective inside it.
+        Seconds allowed for the whole run (and for every collective inside it, unless
+        ``collective_timeout`` is given).
+    collective_timeout : float, optional
+        The process group's timeout: a collective that waits longer fails with a gloo
+        error. Tests of "no hang" set it well below ``timeout``, so that a hang shows up as
+        that error instead of as a slow run.
 
     Returns
     -------
@@ -91,7 +97,7 @@ def run_distributed(
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(r, world_size, init_file, timeout, fn, args, results),
+                args=(r, world_size, init_file, collective_timeout or timeout, fn, args, results),
                 daemon=True,
             )
             for r in range(world_size)
