@@ -56,6 +56,13 @@ def worker_timer(rank: int, world: int) -> dict:
         timer.end_step(p)
     except ValueError as exc:
         out["mismatch"] = str(exc)
+    # Rank 1 times without lengths and without a plan: every rank raises, nobody hangs.
+    with timer.time(None if rank == 1 else [4]):
+        pass
+    try:
+        timer.end_step()
+    except ValueError as exc:
+        out["no_lengths"] = str(exc)
     out["overhead"] = timer.overhead
     # Rebalancer: switch the cost between two calls; every rank plans alike.
     bal = Rebalancer(max_tokens=16, cost=TokenCost(), sync="ddp")
@@ -91,6 +98,7 @@ def test_timer_gathers_identical_records_on_every_rank():
         ]
         assert all(s >= 0.001 for s in out["free_seconds"])
         assert "ranks [1] timed a different number" in out["mismatch"]
+        assert "ranks [1] timed a micro-batch without lengths" in out["no_lengths"]
         assert out["overhead"] > 0
     # Rebalancer: the same plans everywhere, and they follow the cost that was set.
     gathered = np.concatenate([LENGTHS[: len(LENGTHS) // 2], LENGTHS[len(LENGTHS) // 2:]])

@@ -236,19 +236,27 @@ class MicroBatchTimer:
                 for j, mb in enumerate(plan.micro_batches[r])
             ]
         else:
-            if any(lens is None for lens, _, _ in self._pending):
-                self._pending.clear()
-                raise ValueError(
-                    "a micro-batch was timed without lengths; pass timer.time(lengths) or "
-                    "give end_step the plan"
-                )
-            mine_obj = [(lens.tolist(), s) for (lens, _, _), s in zip(self._pending, secs)]
+            # A local problem travels in the gather instead of raising before it, so every
+            # rank raises the same error and none waits in the collective.
+            missing = any(lens is None for lens, _, _ in self._pending)
+            mine_obj = (
+                None
+                if missing
+                else [(lens.tolist(), s) for (lens, _, _), s in zip(self._pending, secs)]
+            )
             gathered: list[Any] = [mine_obj]
             g0 = self._now()
             if world > 1:
                 gathered = [None] * world
                 dist.all_gather_object(gathered, mine_obj, group=self.group)
             self.gather_overhead += self._now() - g0
+            bad = [r for r, items in enumerate(gathered) if items is None]
+            if bad:
+                self._pending.clear()
+                raise ValueError(
+                    f"ranks {bad} timed a micro-batch without lengths; pass "
+                    "timer.time(lengths) or give end_step the plan"
+                )
             records = [
                 Timing(r, step, j, np.asarray(lens, dtype=np.int64), float(s))
                 for r, items in enumerate(gathered)
