@@ -21,6 +21,10 @@ How a plan is built (every step deterministic):
 4. Among the candidates, the plan with the fewest micro-batches wins, then the lowest
    simulated step time (``extra_micro_batches`` > 0: the lowest step time).
 
+With ``pp_size > 1`` every candidate's micro-batches are also put in the run order that
+minimises the simulated pipeline step (:mod:`seqbalance.planning.pipeline_plans`), and that
+step decides between packings in steps 2 and 4.
+
 :func:`plan` reads as these steps: ``_validate_request`` checks every argument once (the
 functions below it take validated arrays), ``_starting_micro_batches`` is step 1,
 ``_rank_splits`` chooses between steps 2 and 3 (``None`` for global packing, else fixed rank
@@ -29,7 +33,8 @@ contents), ``_search`` packs for the smallest feasible ``m``, and ``_pick`` is s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -48,6 +53,7 @@ from ._costing import sequence_costs
 from ._grouping import bin_totals
 from ._packing import pack
 from ._slots import fill_slack
+from .pipeline_plans import PipelineSetup, order_grid, pipeline_setup, pipeline_step_time
 from .plans import Plan, capacity_min_micro_batches
 from .simulation import SYNC_MODELS, microbatch_costs, step_time_of
 
@@ -106,6 +112,7 @@ def _plan_global(
     padded: bool,
     sync: str,
     c0: float,
+    pp: PipelineSetup | None = None,
 ) -> list[list[list[int]]] | None:
     starts = ["lpt"]
     if lengths.size * dp * m <= _FFD_START_WORK:
@@ -120,7 +127,11 @@ def _plan_global(
             grid = fill_slack(grid, costs, lengths, cap, max_steps=2 * dp * m + 100)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
-        t = _step_time(grid, costs, c0, padded, sync)
+        if pp is None:
+            t = _step_time(grid, costs, c0, padded, sync)
+        else:
+            grid = order_grid(grid, costs, c0, lengths, padded, sync, pp)
+            t = pipeline_step_time(grid, costs, c0, lengths, padded, sync, pp)
         if t < best_time:
             best, best_time = grid, t
     return best
@@ -163,6 +174,7 @@ class _Request:
     padded: bool
     allow_empty: bool
     extra: int
+    pp: PipelineSetup | None = None  # set when pp_size > 1
 
     @property
     def n(self) -> int:
@@ -290,10 +302,12 @@ def _search(
             return problem
         if rank_items is None:
             mbs = _plan_global(
-                req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0
+                req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp
             )
         else:
             mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded)
+            if mbs is not None and req.pp is not None:
+                mbs = order_grid(mbs, req.costs, req.c0, req.lens, req.padded, req.sync, req.pp)
         if mbs is not None:
             if found:
                 extra = [
@@ -320,6 +334,7 @@ def _search(
                     notes=notes + extra,
                     size=req.size,
                     groups=req.groups,
+                    pipeline=req.pp,
                 )
             )
             if len(found) > req.extra:
@@ -344,7 +359,12 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
         )
 
     def key(p: Plan) -> tuple[float, ...]:
-        t = _step_time(p.micro_batches, req.costs, req.c0, req.padded, req.sync)
+        if req.pp is None:
+            t = _step_time(p.micro_batches, req.costs, req.c0, req.padded, req.sync)
+        else:
+            t = pipeline_step_time(
+                p.micro_batches, req.costs, req.c0, req.lens, req.padded, req.sync, req.pp
+            )
         # Fewest micro-batches first, unless the caller asked to trade them for time.
         return (t,) if req.extra else (p.num_micro_batches, t)
 
@@ -365,6 +385,10 @@ def plan(
     padded: bool = False,
     allow_empty: bool = False,
     extra_micro_batches: int = 0,
+    pp_size: int = 1,
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
+    pp_comm: float = 0.0,
 ) -> Plan:
     """Plan which sequences every data-parallel rank runs, micro-batch by micro-batch.
 
@@ -403,6 +427,19 @@ def plan(
         ``micro_batch_multiple``) and keep the plan with the lowest simulated step time.
         Useful when the cost model has a per-micro-batch term, which makes extra
         micro-batches cost something.
+    pp_size : int
+        Pipeline stages per data-parallel replica (``dp_size`` counts replicas). Above 1,
+        the plan orders each replica's micro-batches (``fsdp``: the slots) for the pipeline
+        schedule and records the layout in ``plan.pipeline``; see
+        :meth:`Plan.simulate_pipeline`. 1 (default) plans exactly as without pipelines.
+    schedule : {"1f1b", "interleaved", "gpipe"}
+        Pipeline schedule (:mod:`seqbalance.planning.pipeline`). ``"interleaved"`` needs
+        ``virtual_stages >= 2`` and a micro-batch count that is a multiple of ``pp_size``
+        (``micro_batch_multiple`` is raised to a multiple of it).
+    virtual_stages : int
+        Model chunks per stage for ``"interleaved"``.
+    pp_comm : float
+        Time (in cost units) to send one token's activations between two stages; default 0.
 
     Returns
     -------
@@ -438,6 +475,9 @@ def plan(
         allow_empty,
         extra_micro_batches,
     )
+    pp = pipeline_setup(req.lens, cost, pp_size, schedule, virtual_stages, pp_comm)
+    if pp is not None:
+        req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
     first_m, notes = _starting_micro_batches(req)
     splits = _rank_splits(req)
     candidates: list[Plan] = []
