@@ -226,6 +226,7 @@ class PipelineGraph:
                 k += 1
         self.prev, self.dep, self.cross = prev, dep, cross
         self.levels = self._levels()
+        self._compile()
 
     def _levels(self) -> list[np.ndarray]:
         """Nodes grouped by longest-path depth (Kahn's algorithm; a cycle is a schedule bug)."""
@@ -255,31 +256,50 @@ class PipelineGraph:
         bounds = np.searchsorted(level[order], np.arange(depth + 1))
         return [order[bounds[d] : bounds[d + 1]] for d in range(depth)]
 
-    def _durations(self, fwd: np.ndarray, bwd: np.ndarray) -> np.ndarray:
+    def _compile(self) -> None:
+        """Renumber the nodes level by level, so a level is a contiguous block of rows."""
+        n = self.n_nodes
+        topo = np.concatenate(self.levels) if self.levels else np.zeros(0, dtype=np.int64)
+        inv = np.empty(n + 1, dtype=np.int64)
+        inv[topo] = np.arange(n)
+        inv[n] = n  # the virtual node that ends at time 0
+        self._topo, self._inv = topo, inv[:n]
+        self._prev = inv[self.prev[topo]]
+        self._dep = inv[self.dep[topo]]
+        self._cross = self.cross[topo]
+        self._row = self.phase[topo] * self.m + self.position[topo]  # row of (fwd; bwd)
+        self._cuts = np.cumsum([0] + [len(lv) for lv in self.levels]).tolist()
+
+    def _run(
+        self, fwd: np.ndarray, bwd: np.ndarray, comm: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Durations and end times, node-major ``(nodes, K)`` in level order."""
         scale = 1.0 / (self.spec.pp_size * self.spec.virtual_stages)
-        per_pos = np.where(self.phase == FORWARD, 0, 1)
-        both = np.stack([fwd, bwd], axis=1) * scale  # (K, 2, m)
-        return both[:, per_pos, self.position]
+        dur = (np.concatenate([fwd.T, bwd.T]) * scale)[self._row]
+        end = np.zeros((self.n_nodes + 1, fwd.shape[0]))
+        lag = None
+        if comm is not None and self._cross.any():
+            lag = comm.T[self._row % self.m] * self._cross[:, None]
+        cuts = self._cuts
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            ready = end[self._dep[lo:hi]]
+            if lag is not None:
+                ready += lag[lo:hi]
+            np.maximum(ready, end[self._prev[lo:hi]], out=ready)
+            ready += dur[lo:hi]
+            end[lo:hi] = ready
+        return dur, end[:-1]
 
     def run(
         self, fwd: np.ndarray, bwd: np.ndarray, comm: np.ndarray | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Start and end of every node for ``K`` orders: inputs ``(K, m)`` in run order."""
-        k = fwd.shape[0]
-        dur = self._durations(fwd, bwd)
-        end = np.zeros((k, self.n_nodes + 1))
-        start = np.zeros((k, self.n_nodes))
-        lag = None
-        if comm is not None and self.cross.any():
-            lag = np.where(self.cross, 1.0, 0.0) * comm[:, self.position]
-        for nodes in self.levels:
-            ready = end[:, self.dep[nodes]]
-            if lag is not None:
-                ready = ready + lag[:, nodes]
-            s = np.maximum(end[:, self.prev[nodes]], ready)
-            start[:, nodes] = s
-            end[:, nodes] = s + dur[:, nodes]
-        return start, end[:, :-1]
+        """Start and end of every node for ``K`` orders: inputs ``(K, m)`` in run order.
+
+        Returns two ``(K, nodes)`` arrays, nodes in stage order (as :attr:`stage` etc.).
+        """
+        dur, end = self._run(fwd, bwd, comm)
+        start = end - dur
+        return start[self._inv].T, end[self._inv].T
 
     def step_times(
         self,
@@ -296,8 +316,8 @@ class PipelineGraph:
         out = np.empty(fwd.shape[0])
         for a in range(0, fwd.shape[0], rows):
             b = a + rows
-            _, end = self.run(fwd[a:b], bwd[a:b], None if comm is None else comm[a:b])
-            out[a:b] = end.max(axis=1) if end.shape[1] else 0.0
+            _, end = self._run(fwd[a:b], bwd[a:b], None if comm is None else comm[a:b])
+            out[a:b] = end.max(axis=0) if end.shape[0] else 0.0
         return out
 
 

@@ -81,6 +81,7 @@ _STARTS = (*ORDERS.values(), _light_then_heavy)
 
 EXACT_LIMIT = 8
 BUDGET = 40_000_000  # simulated operations per search
+_BATCH = 8  # replicas searched side by side
 
 
 def _moves(m: int) -> np.ndarray:
@@ -200,9 +201,9 @@ def best_orders(
         rows = active()
         if rows.size == 0:
             break
-        # Slowest replicas first when the budget cannot cover all of them this pass.
+        # The slowest few first: once they settle, faster replicas often need no search.
         rows = rows[np.lexsort((rows, -times[rows]))]
-        rows = rows[: max(1, (budget - spent) // max(per, 1))]
+        rows = rows[: max(1, min(_BATCH, (budget - spent) // max(per, 1)))]
         cand = best[rows][:, moves]  # (rows, moves, m): each move applied to the current order
         owner = np.repeat(rows, moves.shape[0])
         t = evaluate(owner, cand.reshape(-1, m)).reshape(rows.size, moves.shape[0])
