@@ -296,3 +296,77 @@ def test_calibrate_is_wired():
     r = _run("-m", "seqbalance", "calibrate", "--help")
     assert r.returncode == 0, r.stderr
     assert "calibrate" in r.stdout
+
+
+def test_compare_pipeline_orders(rl, tmp_path, capsys):
+    from seqbalance.planning.pipeline_plans import reorder
+
+    w, txt, _ = rl
+    out = tmp_path / "pp.json"
+    argv = [
+        "compare",
+        str(txt),
+        "--dp",
+        "2",
+        "--max-tokens",
+        "32768",
+        "--pp-size",
+        "4",
+        "--min-micro-batches",
+        "6",
+        "--json",
+        str(out),
+    ]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "pipeline:" in text and "light-ends" in text
+    (setup,) = json.loads(out.read_text())["setups"]
+    rows = {r["order"]: r for r in setup["pipeline"]}
+    p = plan(w.lengths, 2, 32768, pp_size=4, min_micro_batches=6)
+    assert rows["seqbalance"]["step_time"] == pytest.approx(p.simulate_pipeline().step_time)
+    for name in ("input", "largest-first", "smallest-first", "light-ends"):
+        ref = reorder(p, name).simulate_pipeline().step_time
+        assert rows[name]["step_time"] == pytest.approx(ref)
+        assert rows[name]["step_time"] >= rows["seqbalance"]["step_time"] * (1 - 1e-12)
+
+
+def test_compare_pipeline_plot(rl, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    _, txt, _ = rl
+    png = tmp_path / "pp.png"
+    argv = [
+        "compare",
+        str(txt),
+        "--dp",
+        "2",
+        "--max-tokens",
+        "32768",
+        "--pp-size",
+        "2",
+        "--schedule",
+        "interleaved",
+        "--virtual-stages",
+        "2",
+        "--plot",
+        str(png),
+    ]
+    assert main(argv) == 0
+    assert png.stat().st_size > 10_000
+    assert (
+        main(
+            [
+                "compare",
+                str(txt),
+                "--dp",
+                "2",
+                "--max-tokens",
+                "32768",
+                "--pp-size",
+                "2",
+                "--schedule",
+                "interleaved",
+            ]
+        )
+        == 2
+    )
+    assert "--virtual-stages" in capsys.readouterr().err

@@ -58,6 +58,8 @@ _FLAGS = {
     "min_micro_batches": "--min-micro-batches",
     "micro_batch_multiple": "--micro-batch-multiple",
     "extra_micro_batches": "--extra-micro-batches",
+    "pp_size": "--pp-size",
+    "virtual_stages": "--virtual-stages",
     "allow_empty=True": "--allow-empty",
 }
 _FLAG_RE = re.compile(r"\b(" + "|".join(re.escape(k) for k in _FLAGS) + r")\b")
@@ -179,7 +181,15 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "padded": args.padded,
         "allow_empty": args.allow_empty,
         "extra_micro_batches": args.extra_micro_batches,
-    }
+    } | _pp_kwargs(args)
+
+
+def _pp_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Pipeline keywords, only when pipelining (so pp_size 1 plans as before)."""
+    if args.pp_size == 1 and args.schedule == "1f1b" and args.virtual_stages == 1:
+        return {}
+    keys = ("pp_size", "schedule", "virtual_stages")
+    return {k: getattr(args, k) for k in keys}
 
 
 # ---- plan ------------------------------------------------------------------------------
@@ -353,6 +363,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         print("", file=out)
         print(header, file=out)
         _print_results(results, cost.unit, out)
+        pp_rows = None
+        if args.pp_size > 1:
+            from .pipeline_view import order_plans, pipeline_results, print_pipeline
+
+            plans = order_plans(plans["seqbalance"])
+            pp_rows = pipeline_results(plans)
+            print(f"pipeline: seqbalance's micro-batches in each order, {args.sync}", file=out)
+            print_pipeline(pp_rows, _si, cost.unit, _table, out)
         setups.append(
             {
                 "input": label,
@@ -363,6 +381,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 "cost": cost.label,
                 "results": results,
             }
+            | ({} if pp_rows is None else {"pipeline": pp_rows})
         )
         if first_plans is None:
             first_plans = plans
@@ -375,13 +394,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             json.dump({"format": "seqbalance.compare/1", "setups": setups}, fh, indent=1)
         print(f"\nwrote {args.json}", file=sys.stderr)
     if args.plot is not None and first_plans is not None:
+        from .pipeline_view import plot_pipeline
         from .plotting import plot_timeline
 
-        plot_timeline(
+        (plot_pipeline if args.pp_size > 1 else plot_timeline)(  # type: ignore[operator]
             first_plans,
             args.plot,
-            sync=args.sync,
-            max_ranks=args.max_ranks,
+            **({} if args.pp_size > 1 else {"sync": args.sync, "max_ranks": args.max_ranks}),
             title=plot_title,
             unit={"tok": "tokens", "": "cost units"}.get(cost.unit, cost.unit),
         )
@@ -456,6 +475,17 @@ def _add_common(p: argparse.ArgumentParser, *, required: bool) -> None:
         default=0,
         metavar="E",
         help="also try E larger micro-batch counts and keep the fastest",
+    )
+    p.add_argument("--pp-size", type=int, default=1, metavar="P", help="pipeline stages")
+    p.add_argument(
+        "--schedule",
+        choices=("1f1b", "interleaved", "gpipe"),
+        default="1f1b",
+        help="pipeline schedule (with --pp-size > 1); default 1f1b",
+    )
+    p.add_argument(
+        "--virtual-stages", type=int, default=1, metavar="V", help="model chunks per stage "
+        "(--schedule interleaved)"
     )
 
 
