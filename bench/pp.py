@@ -30,14 +30,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import best_time, machine_info, print_table, write_json  # noqa: E402
+from _common import best_time, machine_info, print_table, write_json
 
-from seqbalance import workloads  # noqa: E402
-from seqbalance.costs import load_cost  # noqa: E402
-from seqbalance.planning.pipeline import check_pipeline, graph  # noqa: E402
-from seqbalance.planning.pipeline_orders import ORDERS, best_orders  # noqa: E402
-from seqbalance.planning.pipeline_plans import reorder  # noqa: E402
-from seqbalance.planning.planner import plan  # noqa: E402
+from seqbalance import workloads
+from seqbalance.costs import load_cost
+from seqbalance.planning.pipeline import check_pipeline, graph
+from seqbalance.planning.pipeline_orders import ORDERS, best_orders
+from seqbalance.planning.pipeline_plans import reorder
+from seqbalance.planning.planner import plan
 
 WORKLOADS = ("rl-math", "sft-chat", "bimodal", "long-mix")
 LAYOUTS = (("gpipe", 1), ("1f1b", 1), ("interleaved", 2))
@@ -56,16 +56,27 @@ def orders_part(quick: bool, sync: str, dp: int, cost) -> list[dict]:
                 for schedule, v in LAYOUTS:
                     t0 = time.perf_counter()
                     ours = plan(
-                        lens, dp, cap, cost=cost, sync=sync, min_micro_batches=m, pp_size=p,
-                        schedule=schedule, virtual_stages=v,
+                        lens,
+                        dp,
+                        cap,
+                        cost=cost,
+                        sync=sync,
+                        min_micro_batches=m,
+                        pp_size=p,
+                        schedule=schedule,
+                        virtual_stages=v,
                     )
                     dt = time.perf_counter() - t0
                     sim = ours.simulate_pipeline()
                     row = {
-                        "workload": name, "p": p, "m": ours.num_micro_batches,
+                        "workload": name,
+                        "p": p,
+                        "m": ours.num_micro_batches,
                         "schedule": schedule + (f"/v{v}" if v > 1 else ""),
-                        "planner": sim.step_time, "bound": sim.lower_bound,
-                        "gap": sim.gap, "plan_s": dt,
+                        "planner": sim.step_time,
+                        "bound": sim.lower_bound,
+                        "gap": sim.gap,
+                        "plan_s": dt,
                     }
                     worst = 0.0
                     for order in ORDERS:
@@ -117,8 +128,14 @@ def speed_part(cost) -> list[dict]:
             lambda s=sync: plan(lens, 64, 32768, cost=cost, sync=s, pp_size=8), repeat=3
         )
         out.append(
-            {"sync": sync, "m": p.num_micro_batches, "plan_s_pp1": base, "plan_s_pp8": pp,
-             "ratio": pp / base, "gap": p.simulate_pipeline().gap}
+            {
+                "sync": sync,
+                "m": p.num_micro_batches,
+                "plan_s_pp1": base,
+                "plan_s_pp8": pp,
+                "ratio": pp / base,
+                "gap": p.simulate_pipeline().gap,
+            }
         )
     return out
 
@@ -157,8 +174,16 @@ def main() -> None:
     print_table(speed, ["sync", "m", "plan_s_pp1", "plan_s_pp8", "ratio", "gap"])
     path = write_json(
         args.json,
-        {"machine": machine_info(), "sync": args.sync, "dp": args.dp, "model": args.model,
-         "orders": rows, "summary": summary, "brute_force": brute, "speed": speed},
+        {
+            "machine": machine_info(),
+            "sync": args.sync,
+            "dp": args.dp,
+            "model": args.model,
+            "orders": rows,
+            "summary": summary,
+            "brute_force": brute,
+            "speed": speed,
+        },
     )
     print(f"\nwrote {path}")
 
