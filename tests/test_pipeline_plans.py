@@ -33,6 +33,11 @@ def test_split_keeps_totals_and_ratios():
     np.testing.assert_allclose(f + b, cost(lens), rtol=1e-12)
     with pytest.raises(ValueError, match="r_mm"):
         split_costs([1.0], r_mm=0.0)
+    # A model may carry its own ratios (e.g. recompute makes the backward heavier).
+    own = QuadraticCost(per_token=1.0, per_token_sq=0.0)
+    own.backward_matmul = 3.0
+    f, b, _, _ = phase_costs([8], own)
+    np.testing.assert_allclose(b, 3.0 * f)
 
 
 def test_light_ends_matches_verl_rule():

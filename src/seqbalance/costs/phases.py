@@ -93,8 +93,8 @@ def phase_costs(
     lengths: Any,
     cost: Any = None,
     *,
-    r_mm: float = BACKWARD_MATMUL,
-    r_attn: float = BACKWARD_ATTENTION,
+    r_mm: float | None = None,
+    r_attn: float | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float, float]:
     """Forward and backward cost per sequence, and of the per-micro-batch term.
 
@@ -105,8 +105,11 @@ def phase_costs(
     cost : optional
         A cost model (anything :func:`seqbalance.costs.load_cost` accepts), None for tokens
         (all linear), or a 1-D array of per-sequence training costs (split with ``r_mm``).
-    r_mm, r_attn : float
+    r_mm, r_attn : float, optional
         Backward / forward ratios of the matmul (linear) and attention (quadratic) terms.
+        Default: the cost model's ``backward_matmul`` / ``backward_attention`` attributes
+        where it has them, else :data:`BACKWARD_MATMUL` (2) and :data:`BACKWARD_ATTENTION`
+        (2.5).
 
     Returns
     -------
@@ -116,6 +119,16 @@ def phase_costs(
         The per-micro-batch cost split with ``r_mm``.
     """
     lens = as_lengths(lengths)
+    if cost is None or isinstance(cost, (np.ndarray, list, tuple)):
+        model = None
+    else:
+        from .load import load_cost
+
+        model = load_cost(cost)
+    if r_mm is None:
+        r_mm = getattr(model, "backward_matmul", BACKWARD_MATMUL)
+    if r_attn is None:
+        r_attn = getattr(model, "backward_attention", BACKWARD_ATTENTION)
     if cost is None:
         f, b = split_costs(lens.astype(np.float64), r_mm=r_mm, r_attn=r_attn)
         return f, b, 0.0, 0.0
@@ -128,9 +141,7 @@ def phase_costs(
             )
         f, b = split_costs(totals, r_mm=r_mm, r_attn=r_attn)
         return f, b, 0.0, 0.0
-    from .load import load_cost
-
-    model = load_cost(cost)
+    assert model is not None
     totals = as_weights(model(lens), "cost")
     x = lens.astype(np.float64)
     quad = model.per_token_sq * x * x
