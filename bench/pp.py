@@ -34,7 +34,7 @@ from _common import best_time, machine_info, print_table, write_json
 
 from seqbalance import workloads
 from seqbalance.costs import load_cost
-from seqbalance.planning.pipeline import check_pipeline, graph
+from seqbalance.planning.pipeline import check_pipeline, graph, pipeline_lower_bound
 from seqbalance.planning.pipeline_orders import ORDERS, best_orders
 from seqbalance.planning.pipeline_plans import reorder
 from seqbalance.planning.planner import plan
@@ -107,7 +107,9 @@ def brute_part(quick: bool, seed: int = 0) -> dict:
         opt = float(graph(spec, m).step_times(f[perms], b[perms]).min())
         _, t_plan = best_orders(f[None], b[None], None, spec)
         _, t_heur = best_orders(f[None], b[None], None, spec, exact_limit=0)
-        rec.append((float(t_plan[0]) / opt - 1, float(t_heur[0]) / opt - 1))
+        o = ORDERS["light-ends"](f + b)
+        t_verl = float(graph(spec, m).step_times(f[o][None], b[o][None])[0])
+        rec.append((float(t_plan[0]) / opt - 1, float(t_heur[0]) / opt - 1, t_verl / opt - 1))
     arr = np.asarray(rec)
     return {
         "cases": cases,
@@ -116,7 +118,36 @@ def brute_part(quick: bool, seed: int = 0) -> dict:
         "heuristic_within_1pct": float(np.mean(arr[:, 1] <= 0.01)),
         "heuristic_optimal": float(np.mean(arr[:, 1] <= 1e-12)),
         "heuristic_worst": float(arr[:, 1].max()),
+        "verl_within_1pct": float(np.mean(arr[:, 2] <= 0.01)),
+        "verl_median_excess": float(np.median(arr[:, 2])),
     }
+
+
+def random_part(quick: bool, seed: int = 1) -> list[dict]:
+    """Unequal micro-batches (lognormal costs, sigma 0.8), larger m: where order matters."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in (4, 8):
+        for m in (2 * p, 4 * p, 8 * p):
+            for schedule, v in LAYOUTS[1:]:
+                spec = check_pipeline(p, schedule, v)
+                reps = 3 if quick else 10
+                f = rng.lognormal(0.0, 0.8, (reps, m))
+                b = f * rng.uniform(2.0, 2.5, (reps, m))
+                _, ours = best_orders(f, b, None, spec)
+                g = graph(spec, m)
+                row = {"p": p, "m": m, "schedule": schedule + (f"/v{v}" if v > 1 else "")}
+                for name, fn in ORDERS.items():
+                    o = np.stack([fn(f[r] + b[r]) for r in range(reps)])
+                    t = g.step_times(np.take_along_axis(f, o, 1), np.take_along_axis(b, o, 1))
+                    row[name] = float(np.median(t / ours - 1))
+                bounds = [
+                    pipeline_lower_bound(f[r], b[r], p, virtual_stages=v, schedule=schedule)
+                    for r in range(reps)
+                ]
+                row["gap"] = float(np.median(ours / np.asarray(bounds) - 1))
+                rows.append(row)
+    return rows
 
 
 def speed_part(cost) -> list[dict]:
@@ -169,6 +200,9 @@ def main() -> None:
 
     brute = brute_part(args.quick)
     print("\nbrute force (m <= 7):", brute)
+    rand = random_part(args.quick)
+    print("\nunequal micro-batches (lognormal, 1 replica; median over draws of order / ours - 1)")
+    print_table(rand, ["p", "m", "schedule", "gap", *ORDERS])
     speed = speed_part(cost)
     print("\nspeed: 8,192 rl-math sequences, dp 64 x pp 8 (best of 3; machine shared)")
     print_table(speed, ["sync", "m", "plan_s_pp1", "plan_s_pp8", "ratio", "gap"])
@@ -182,6 +216,7 @@ def main() -> None:
             "orders": rows,
             "summary": summary,
             "brute_force": brute,
+            "unequal": rand,
             "speed": speed,
         },
     )

@@ -125,7 +125,7 @@ def test_bound_below_every_order(layout, p, m, seed, with_comm):
     f = rng.lognormal(0.0, 1.0, m)
     b = f * rng.uniform(1.5, 3.0, m)
     c = rng.uniform(0.0, 0.5, m) if with_comm else None
-    bound = pipeline_lower_bound(f, b, p, virtual_stages=v, comm=c)
+    bound = pipeline_lower_bound(f, b, p, virtual_stages=v, comm=c, schedule=schedule)
     best = min(
         simulate_pipeline(
             f[list(o)],
@@ -200,3 +200,18 @@ def test_mismatched_inputs():
         simulate_pipeline([1.0], [1.0, 2.0], 2)
     with pytest.raises(ValueError, match="comm has 1 entries"):
         simulate_pipeline([1.0, 1.0], [1.0, 2.0], 2, comm=[0.1])
+
+
+@settings(max_examples=30, deadline=None)
+@given(p=st.integers(1, 6), m=st.integers(1, 9), seed=st.integers(0, 10**6))
+def test_gpipe_step_is_the_flow_shop_formula_for_every_order(p, m, seed):
+    # GPipe is two proportionate flow shops: W + (p - 1)(max f + max b), order-free.
+    rng = np.random.default_rng(seed)
+    f = rng.uniform(0.1, 3.0, m)
+    b = rng.uniform(0.1, 6.0, m)
+    expected = (f + b).sum() / p + (p - 1) * (f.max() + b.max()) / p
+    for _ in range(3):
+        o = rng.permutation(m)
+        sim = simulate_pipeline(f[o], b[o], p, schedule="gpipe")
+        assert sim.step_time == pytest.approx(expected, rel=1e-12)
+        assert sim.lower_bound == pytest.approx(expected, rel=1e-12)

@@ -428,7 +428,9 @@ def simulate_pipeline(
     spec = check_pipeline(pp_size, schedule, virtual_stages)
     f, b, c = _phase_arrays(forward, backward, comm)
     m = f.shape[0]
-    bound = pipeline_lower_bound(f, b, spec.pp_size, virtual_stages=spec.virtual_stages, comm=c)
+    bound = pipeline_lower_bound(
+        f, b, spec.pp_size, virtual_stages=spec.virtual_stages, comm=c, schedule=spec.schedule
+    )
     p = spec.pp_size
     if m == 0:
         z = np.zeros(0)
@@ -469,6 +471,7 @@ def pipeline_lower_bound(
     *,
     virtual_stages: int = 1,
     comm: Any = None,
+    schedule: str | None = None,
 ) -> float:
     """A pipeline step time that no order of these micro-batches can beat.
 
@@ -478,7 +481,11 @@ def pipeline_lower_bound(
         LB = max( W + (p - 1) * min_{a != z} (f_a / v + c_a + b_z / v + c_z),
                   max_i  p * (f_i + b_i) + 2 * (p*v - 1) * c_i )
 
-    (``a = z`` allowed when there is one micro-batch).
+    (``a = z`` allowed when there is one micro-batch). With ``schedule="gpipe"`` also
+
+        LB_gpipe = W + (p - 1) * (max_i (f_i + c_i) + max_i (b_i + c_i)),
+
+    which is GPipe's exact step time without transfers, for every order.
 
     Proof. Take the last stage ``s = p - 1``; it runs all of its work ``W``, one operation
     at a time. Its first operation is a forward of some micro-batch ``a`` on chunk 0 (every
@@ -493,7 +500,14 @@ def pipeline_lower_bound(
     of the first micro-batch in the order and the last backward of the last one: with two
     or more micro-batches, ``a != z``. Minimising over such pairs gives the first term.
     Second term: each micro-batch passes forward through all ``p·v`` virtual stages and
-    back, one after another, with ``p·v - 1`` transfers each way (none when ``p = 1``). ∎
+    back, one after another, with ``p·v - 1`` transfers each way (none when ``p = 1``).
+    GPipe term: let ``k`` maximise ``f_k + c_k`` and ``k'`` maximise ``b_k' + c_k'``. The
+    step contains this chain of operations, each waiting for the one before: stage 0's
+    forwards up to ``k``; ``k``'s forward on stages ``1..p-1`` (``(p - 1)(f_k + c_k)``);
+    stage ``p-1``'s remaining forwards and its backwards up to ``k'`` (GPipe runs every
+    forward before any backward); ``k'``'s backward on stages ``p-2..0``; stage 0's
+    remaining backwards. Its length is the bound, whatever the order (for ``c = 0`` this
+    is the proportionate flow shop's makespan, reached by every order). ∎
 
     For equal micro-batches and no transfers the first term is ``(m + p - 1)·(f + b)``
     (``v = 1``) or ``(m + (p - 1)/v)·(f + b)``: the closed forms of the module docstring, so
@@ -519,6 +533,8 @@ def pipeline_lower_bound(
         else:
             ends = float(min(head[ia[0]] + tail[iz[1]], head[ia[1]] + tail[iz[0]]))
     fill = work + (p - 1) * ends
+    if schedule == "gpipe" and v == 1:
+        fill = max(fill, work + (p - 1) * float(np.max(f + c) + np.max(b + c)))
     hops = p * v - 1 if p > 1 else 0  # with one stage nothing is sent
     chain = float(np.max(p * (f + b) + 2 * hops * c))
     return max(fill, chain)

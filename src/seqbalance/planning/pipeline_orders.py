@@ -167,6 +167,7 @@ def best_orders(
                 spec.pp_size,
                 virtual_stages=spec.virtual_stages,
                 comm=comm_arr[r],
+                schedule=spec.schedule,
             )
             for r in range(r_count)
         ]
