@@ -485,7 +485,15 @@ def pipeline_lower_bound(
 
         LB_gpipe = W + (p - 1) * (max_i (f_i + c_i) + max_i (b_i + c_i)),
 
-    which is GPipe's exact step time without transfers, for every order.
+    which is GPipe's exact step time without transfers, for every order, and with
+    ``schedule="1f1b"`` also, for every micro-batch ``k``, with ``S_k = W - f_k - b_k``,
+    ``F = min_i (f_i + c_i)``, ``B = min_i (b_i + c_i)``,
+    ``A_k = p f_k + (p - 1) c_k + b_k + (p - 1) B`` and
+    ``B_k = (p - 1) F + f_k + p b_k + (p - 1) c_k``::
+
+        LB_1f1b = max_k max(A_k, B_k, (A_k + B_k + S_k) / 2),
+
+    which is what one heavy micro-batch costs wherever it is placed.
 
     Proof. Take the last stage ``s = p - 1``; it runs all of its work ``W``, one operation
     at a time. Its first operation is a forward of some micro-batch ``a`` on chunk 0 (every
@@ -507,7 +515,16 @@ def pipeline_lower_bound(
     stage ``p-1``'s remaining forwards and its backwards up to ``k'`` (GPipe runs every
     forward before any backward); ``k'``'s backward on stages ``p-2..0``; stage 0's
     remaining backwards. Its length is the bound, whatever the order (for ``c = 0`` this
-    is the proportionate flow shop's makespan, reached by every order). ∎
+    is the proportionate flow shop's makespan, reached by every order).
+    1F1B term: the last stage runs ``F(i), B(i)`` for each micro-batch in turn, so the
+    other micro-batches split into those before ``k`` (work ``x`` there) and after it
+    (``S_k - x``). Chain A: ``k``'s forward reaches the last stage (``(p - 1)(f_k +
+    c_k)``), which then runs ``F(k), B(k)`` and everything after ``k``, and the last
+    micro-batch's backward returns (``>= (p - 1) B``): ``A_k + S_k - x``. Chain B: the
+    first micro-batch's forward reaches the last stage (``>= (p - 1) F``), which runs
+    everything before ``k`` and ``F(k), B(k)``, and ``k``'s backward returns:
+    ``B_k + x``. The step is at least the larger of the two, which for the best ``x`` in
+    ``[0, S_k]`` is ``max(A_k, B_k, (A_k + B_k + S_k) / 2)``. ∎
 
     For equal micro-batches and no transfers the first term is ``(m + p - 1)·(f + b)``
     (``v = 1``) or ``(m + (p - 1)/v)·(f + b)``: the closed forms of the module docstring, so
@@ -535,6 +552,14 @@ def pipeline_lower_bound(
     fill = work + (p - 1) * ends
     if schedule == "gpipe" and v == 1:
         fill = max(fill, work + (p - 1) * float(np.max(f + c) + np.max(b + c)))
+    if schedule == "1f1b" and v == 1 and p > 1:
+        cc = c if p > 1 else np.zeros_like(c)
+        lo_f, lo_b = float(np.min(f + cc)), float(np.min(b + cc))
+        a_k = p * f + (p - 1) * cc + b + (p - 1) * lo_b
+        b_k = (p - 1) * lo_f + f + p * b + (p - 1) * cc
+        s_k = work - f - b
+        heavy = np.maximum(np.maximum(a_k, b_k), (a_k + b_k + s_k) / 2)
+        fill = max(fill, float(heavy.max()))
     hops = p * v - 1 if p > 1 else 0  # with one stage nothing is sent
     chain = float(np.max(p * (f + b) + 2 * hops * c))
     return max(fill, chain)
