@@ -370,3 +370,16 @@ def test_compare_pipeline_plot(rl, tmp_path, capsys):
         == 2
     )
     assert "--virtual-stages" in capsys.readouterr().err
+
+
+def test_plan_with_pipeline_writes_its_layout(rl, tmp_path, capsys):
+    _, txt, _ = rl
+    out = tmp_path / "plan.json"
+    argv = ["plan", str(txt), "--dp", "2", "--max-tokens", "32768", "--pp-size", "2",
+            "--schedule", "interleaved", "--virtual-stages", "2", "--out", str(out)]
+    assert main(argv) == 0
+    assert "pipeline: 2 stages, interleaved" in capsys.readouterr().err
+    p = Plan.from_json(str(out))
+    assert p.pipeline.spec.to_dict() == {"pp_size": 2, "schedule": "interleaved",
+                                         "virtual_stages": 2}
+    assert p.num_micro_batches % 2 == 0

@@ -223,6 +223,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         f"fullest micro-batch {int(used.max()) if used.size else 0} tokens",
         file=err,
     )
+    if p.pipeline is not None:
+        pp = p.simulate_pipeline()
+        spec = p.pipeline.spec
+        print(
+            f"pipeline: {spec.pp_size} stages, {spec.schedule}, simulated step "
+            f"{_si(pp.step_time, cost.unit)}, {pp.gap:+.1%} vs pipeline bound, bubble "
+            f"{pp.bubble_fraction:.1%}",
+            file=err,
+        )
     if broken:
         print(f"violations: {broken}", file=err)
     for note in p.notes:
