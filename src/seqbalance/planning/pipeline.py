@@ -493,7 +493,10 @@ def pipeline_lower_bound(
 
         LB_1f1b = max_k max(A_k, B_k, (A_k + B_k + S_k) / 2),
 
-    which is what one heavy micro-batch costs wherever it is placed.
+    which is what one heavy micro-batch costs wherever it is placed, and, with round trips
+    ``R_i = p (f_i + b_i) + 2 (p - 1) c_i`` and ``q = floor(m / p)``::
+
+        LB_1f1b_memory = max_k R_k + (q - 1) * min_{i != k} R_i.
 
     Proof. Take the last stage ``s = p - 1``; it runs all of its work ``W``, one operation
     at a time. Its first operation is a forward of some micro-batch ``a`` on chunk 0 (every
@@ -524,7 +527,12 @@ def pipeline_lower_bound(
     first micro-batch's forward reaches the last stage (``>= (p - 1) F``), which runs
     everything before ``k`` and ``F(k), B(k)``, and ``k``'s backward returns:
     ``B_k + x``. The step is at least the larger of the two, which for the best ``x`` in
-    ``[0, S_k]`` is ``max(A_k, B_k, (A_k + B_k + S_k) / 2)``. ∎
+    ``[0, S_k]`` is ``max(A_k, B_k, (A_k + B_k + S_k) / 2)``.
+    1F1B memory term: stage 0 runs the forward of the micro-batch at position ``j + p``
+    only after the backward of the one at position ``j`` has come back to it (at most
+    ``p`` micro-batches in flight), so the round trips of positions ``j, j + p, j + 2p,
+    ...`` run one after another. The positions holding ``k`` form such a class with at
+    least ``q`` members. ∎
 
     For equal micro-batches and no transfers the first term is ``(m + p - 1)·(f + b)``
     (``v = 1``) or ``(m + (p - 1)/v)·(f + b)``: the closed forms of the module docstring, so
@@ -560,6 +568,13 @@ def pipeline_lower_bound(
         s_k = work - f - b
         heavy = np.maximum(np.maximum(a_k, b_k), (a_k + b_k + s_k) / 2)
         fill = max(fill, float(heavy.max()))
+        q = m // p
+        if q >= 2:
+            trip = p * (f + b) + 2 * (p - 1) * cc
+            order = np.argsort(trip, kind="stable")
+            # the lightest other micro-batch: the lightest, or the second for the lightest
+            other = np.where(np.arange(m) == order[0], trip[order[1]], trip[order[0]])
+            fill = max(fill, float(np.max(trip + (q - 1) * other)))
     hops = p * v - 1 if p > 1 else 0  # with one stage nothing is sent
     chain = float(np.max(p * (f + b) + 2 * hops * c))
     return max(fill, chain)
