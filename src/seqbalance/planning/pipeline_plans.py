@@ -173,16 +173,21 @@ def order_grid(
     padded: bool,
     sync: str,
     setup: PipelineSetup,
+    quick: bool = False,
 ) -> list[list[list[int]]]:
     """The planner's order: each replica's micro-batches (fsdp: the slots) in the run order
-    that minimises the simulated pipeline step (:func:`~.pipeline_orders.best_orders`)."""
+    that minimises the simulated pipeline step (:func:`~.pipeline_orders.best_orders`).
+
+    ``quick``: only the best starting order, no search (to compare packings cheaply).
+    """
     grid = _first_index_order(grid, sync)
     if not grid or not grid[0]:
         return grid
     f, b, c = micro_batch_phases(grid, costs, c0, lengths, padded, setup)
     if sync == "fsdp":
         f, b, c = _lockstep(f, b, c)
-    orders, _ = best_orders(f, b, c if setup.comm_per_token else None, setup.spec)
+    extra = {"exact_limit": 0, "budget": 0} if quick else {}
+    orders, _ = best_orders(f, b, c if setup.comm_per_token else None, setup.spec, **extra)
     return _apply(grid, orders, sync)
 
 

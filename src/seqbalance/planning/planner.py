@@ -21,9 +21,10 @@ How a plan is built (every step deterministic):
 4. Among the candidates, the plan with the fewest micro-batches wins, then the lowest
    simulated step time (``extra_micro_batches`` > 0: the lowest step time).
 
-With ``pp_size > 1`` every candidate's micro-batches are also put in the run order that
-minimises the simulated pipeline step (:mod:`seqbalance.planning.pipeline_plans`), and that
-step decides between packings in steps 2 and 4.
+With ``pp_size > 1`` every candidate's micro-batches are put in the best of the baseline
+run orders, that simulated pipeline step decides between packings in steps 2 and 4, and
+the chosen plan's order is then searched to minimise the step
+(:mod:`seqbalance.planning.pipeline_plans`).
 
 :func:`plan` reads as these steps: ``_validate_request`` checks every argument once (the
 functions below it take validated arrays), ``_starting_micro_batches`` is step 1,
@@ -130,7 +131,7 @@ def _plan_global(
         if pp is None:
             t = _step_time(grid, costs, c0, padded, sync)
         else:
-            grid = order_grid(grid, costs, c0, lengths, padded, sync, pp)
+            grid = order_grid(grid, costs, c0, lengths, padded, sync, pp, quick=True)
             t = pipeline_step_time(grid, costs, c0, lengths, padded, sync, pp)
         if t < best_time:
             best, best_time = grid, t
@@ -307,7 +308,9 @@ def _search(
         else:
             mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded)
             if mbs is not None and req.pp is not None:
-                mbs = order_grid(mbs, req.costs, req.c0, req.lens, req.padded, req.sync, req.pp)
+                mbs = order_grid(
+                    mbs, req.costs, req.c0, req.lens, req.padded, req.sync, req.pp, quick=True
+                )
         if mbs is not None:
             if found:
                 extra = [
@@ -368,7 +371,12 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
         # Fewest micro-batches first, unless the caller asked to trade them for time.
         return (t,) if req.extra else (p.num_micro_batches, t)
 
-    return min(candidates, key=key)
+    best = min(candidates, key=key)
+    if req.pp is not None:  # packings were compared in their best starting order; search now
+        best.micro_batches = order_grid(
+            best.micro_batches, req.costs, req.c0, req.lens, req.padded, req.sync, req.pp
+        )
+    return best
 
 
 def plan(
