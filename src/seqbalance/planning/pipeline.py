@@ -479,22 +479,24 @@ def pipeline_lower_bound(
     ``W = sum_i (f_i + b_i)`` (every stage's work) and ``v`` virtual stages::
 
         LB = max( W + (p - 1) * min_{a != z} (f_a / v + c_a + b_z / v + c_z),
-                  max_i  p * (f_i + b_i) + 2 * (p*v - 1) * c_i )
+                  max_i  p * (f_i + b_i) + 2 * (p*v - 1) * c_i,
+                  LB_heavy )
 
-    (``a = z`` allowed when there is one micro-batch). With ``schedule="gpipe"`` also
+    (``a = z`` allowed when there is one micro-batch). ``LB_heavy`` is what one heavy
+    micro-batch costs wherever it is placed: for every micro-batch ``k``, with
+    ``S_k = W - f_k - b_k``, ``F = min_i (f_i / v + c_i)``, ``B = min_i (b_i / v + c_i)``,
+    ``A_k = (p - 1)(f_k / v + c_k) + f_k + b_k + (p - 1) B`` and
+    ``B_k = (p - 1) F + f_k + b_k + (p - 1)(b_k / v + c_k)``::
+
+        LB_heavy = max_k max(A_k, B_k, (A_k + B_k + S_k) / 2).
+
+    With ``schedule="gpipe"`` also
 
         LB_gpipe = W + (p - 1) * (max_i (f_i + c_i) + max_i (b_i + c_i)),
 
     which is GPipe's exact step time without transfers, for every order, and with
-    ``schedule="1f1b"`` also, for every micro-batch ``k``, with ``S_k = W - f_k - b_k``,
-    ``F = min_i (f_i + c_i)``, ``B = min_i (b_i + c_i)``,
-    ``A_k = p f_k + (p - 1) c_k + b_k + (p - 1) B`` and
-    ``B_k = (p - 1) F + f_k + p b_k + (p - 1) c_k``::
-
-        LB_1f1b = max_k max(A_k, B_k, (A_k + B_k + S_k) / 2),
-
-    which is what one heavy micro-batch costs wherever it is placed, and, with round trips
-    ``R_i = p (f_i + b_i) + 2 (p - 1) c_i`` and ``q = floor(m / p)``::
+    ``schedule="1f1b"`` also, with round trips ``R_i = p (f_i + b_i) + 2 (p - 1) c_i`` and
+    ``q = floor(m / p)``::
 
         LB_1f1b_memory = max_k R_k + (q - 1) * min_{i != k} R_i.
 
@@ -512,6 +514,18 @@ def pipeline_lower_bound(
     or more micro-batches, ``a != z``. Minimising over such pairs gives the first term.
     Second term: each micro-batch passes forward through all ``p·v`` virtual stages and
     back, one after another, with ``p·v - 1`` transfers each way (none when ``p = 1``).
+    Heavy term (any schedule): on the last stage, micro-batch ``k``'s operations (work
+    ``f_k + b_k``) start with its chunk-0 forward and end with its chunk-0 backward (as
+    above); the other operations of that stage split into those that run before the first
+    (work ``x``), between the two (``y``) and after the last (``S_k - x - y``). Chain A:
+    ``k``'s chunk-0 forward reaches the last stage (``(p - 1)(f_k/v + c_k)``), which then
+    runs ``k``'s operations and everything after its first one, then the chunk-0 backward
+    of the stage's last operation returns to stage 0 (``>= (p - 1) B``):
+    ``A_k + S_k - x``. Chain B: the stage's first operation waits for its chunk-0 forward
+    (``>= (p - 1) F``), the stage runs everything up to ``k``'s last operation, then
+    ``k``'s chunk-0 backward returns: ``B_k + x + y``. The step is at least the larger of
+    the two, which for the best ``x`` in ``[0, S_k]`` (and ``y = 0``) is
+    ``max(A_k, B_k, (A_k + B_k + S_k) / 2)``.
     GPipe term: let ``k`` maximise ``f_k + c_k`` and ``k'`` maximise ``b_k' + c_k'``. The
     step contains this chain of operations, each waiting for the one before: stage 0's
     forwards up to ``k``; ``k``'s forward on stages ``1..p-1`` (``(p - 1)(f_k + c_k)``);
@@ -519,15 +533,6 @@ def pipeline_lower_bound(
     forward before any backward); ``k'``'s backward on stages ``p-2..0``; stage 0's
     remaining backwards. Its length is the bound, whatever the order (for ``c = 0`` this
     is the proportionate flow shop's makespan, reached by every order).
-    1F1B term: the last stage runs ``F(i), B(i)`` for each micro-batch in turn, so the
-    other micro-batches split into those before ``k`` (work ``x`` there) and after it
-    (``S_k - x``). Chain A: ``k``'s forward reaches the last stage (``(p - 1)(f_k +
-    c_k)``), which then runs ``F(k), B(k)`` and everything after ``k``, and the last
-    micro-batch's backward returns (``>= (p - 1) B``): ``A_k + S_k - x``. Chain B: the
-    first micro-batch's forward reaches the last stage (``>= (p - 1) F``), which runs
-    everything before ``k`` and ``F(k), B(k)``, and ``k``'s backward returns:
-    ``B_k + x``. The step is at least the larger of the two, which for the best ``x`` in
-    ``[0, S_k]`` is ``max(A_k, B_k, (A_k + B_k + S_k) / 2)``.
     1F1B memory term: stage 0 runs the forward of the micro-batch at position ``j + p``
     only after the backward of the one at position ``j`` has come back to it (at most
     ``p`` micro-batches in flight), so the round trips of positions ``j, j + p, j + 2p,
@@ -558,19 +563,19 @@ def pipeline_lower_bound(
         else:
             ends = float(min(head[ia[0]] + tail[iz[1]], head[ia[1]] + tail[iz[0]]))
     fill = work + (p - 1) * ends
-    if schedule == "gpipe" and v == 1:
-        fill = max(fill, work + (p - 1) * float(np.max(f + c) + np.max(b + c)))
-    if schedule == "1f1b" and v == 1 and p > 1:
-        cc = c if p > 1 else np.zeros_like(c)
-        lo_f, lo_b = float(np.min(f + cc)), float(np.min(b + cc))
-        a_k = p * f + (p - 1) * cc + b + (p - 1) * lo_b
-        b_k = (p - 1) * lo_f + f + p * b + (p - 1) * cc
+    if p > 1:  # the heavy-micro-batch term (any schedule)
+        lo_f, lo_b = float(np.min(head)), float(np.min(tail))
+        a_k = (p - 1) * head + f + b + (p - 1) * lo_b
+        b_k = (p - 1) * lo_f + f + b + (p - 1) * tail
         s_k = work - f - b
         heavy = np.maximum(np.maximum(a_k, b_k), (a_k + b_k + s_k) / 2)
         fill = max(fill, float(heavy.max()))
+    if schedule == "gpipe" and v == 1:
+        fill = max(fill, work + (p - 1) * float(np.max(f + c) + np.max(b + c)))
+    if schedule == "1f1b" and v == 1 and p > 1:
         q = m // p
         if q >= 2:
-            trip = p * (f + b) + 2 * (p - 1) * cc
+            trip = p * (f + b) + 2 * (p - 1) * c
             order = np.argsort(trip, kind="stable")
             # the lightest other micro-batch: the lightest, or the second for the lightest
             other = np.where(np.arange(m) == order[0], trip[order[1]], trip[order[0]])
