@@ -33,11 +33,41 @@ def test_split_keeps_totals_and_ratios():
     np.testing.assert_allclose(f + b, cost(lens), rtol=1e-12)
     with pytest.raises(ValueError, match="r_mm"):
         split_costs([1.0], r_mm=0.0)
-    # A model may carry its own ratios (e.g. recompute makes the backward heavier).
-    own = QuadraticCost(per_token=1.0, per_token_sq=0.0)
-    own.backward_matmul = 3.0
+    # A model carries its own ratios (e.g. recompute makes the backward heavier).
+    own = QuadraticCost(per_token=1.0, per_token_sq=0.0, backward_matmul=3.0)
     f, b, _, _ = phase_costs([8], own)
     np.testing.assert_allclose(b, 3.0 * f)
+    rec = FlopsCost.from_name("qwen2.5-7b", recompute=True)
+    assert (rec.backward_matmul, rec.backward_attention) == (3.0, 3.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.floats(0.0, 10.0),
+    c=st.floats(0.0, 1.0),
+    a=st.floats(0.0, 5.0),
+    r1=st.floats(0.5, 4.0),
+    r2=st.floats(0.5, 4.0),
+    lens=st.lists(st.integers(0, 5000), min_size=1, max_size=6),
+)
+def test_split_follows_the_model_ratios(b, c, a, r1, r2, lens):
+    cost = QuadraticCost(b, c, a, backward_matmul=r1, backward_attention=r2)
+    x = np.asarray(lens, dtype=float)
+    f, bw, _, _ = phase_costs(lens, cost)
+    # Independent: each term's forward share is 1 / (1 + its ratio).
+    np.testing.assert_allclose(f, (a + b * x) / (1 + r1) + c * x * x / (1 + r2), rtol=1e-9)
+    np.testing.assert_allclose(f + bw, cost(lens), rtol=1e-12, atol=1e-12)
+    back = sb.load_cost(cost.to_dict())
+    assert back == cost and back.backward_matmul == r1 and back.backward_attention == r2
+
+
+def test_bad_ratio_on_the_model():
+    with pytest.raises(ValueError, match="backward_attention"):
+        QuadraticCost(1.0, 0.0, backward_attention=0.0)
+    with pytest.raises(ValueError, match="backward_matmul"):
+        QuadraticCost(1.0, 0.0, backward_matmul=float("nan"))
+    # Default ratios keep the JSON of older releases.
+    assert "backward_matmul" not in QuadraticCost(1.0, 0.0).to_dict()
 
 
 def test_light_ends_matches_verl_rule():
