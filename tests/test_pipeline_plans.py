@@ -210,3 +210,29 @@ def test_comm_time_slows_the_step():
     slow = sb.plan(LENS, 2, 32768, pp_comm=1e9, **kw).simulate_pipeline()
     fast = sb.plan(LENS, 2, 32768, **kw).simulate_pipeline()
     assert slow.step_time > fast.step_time
+
+
+def test_notes_say_what_the_pipeline_order_did():
+    p = sb.plan(
+        LENS, 2, 32768, cost="qwen2.5-7b", pp_size=2, schedule="interleaved",
+        virtual_stages=2, min_micro_batches=3,
+    )
+    assert p.num_micro_batches % 2 == 0
+    assert any("micro_batch_multiple=1 raised to 2" in n for n in p.notes)
+    (note,) = [n for n in p.notes if n.startswith("pipeline (interleaved, pp_size=2")]
+    sim = p.simulate_pipeline()
+    assert f"{sim.gap:+.2%} vs the pipeline lower bound" in note
+    # A multiple that already suits the schedule is not mentioned.
+    q = sb.plan(
+        LENS, 2, 32768, pp_size=2, schedule="interleaved", virtual_stages=2,
+        micro_batch_multiple=4,
+    )
+    assert not any("raised" in n for n in q.notes)
+    assert q.num_micro_batches % 4 == 0
+
+
+def test_pipeline_plans_are_deterministic():
+    kw = {"cost": "qwen2.5-7b", "pp_size": 4, "min_micro_batches": 12, "sync": "ddp"}
+    a = sb.plan(LENS, 3, 32768, **kw)
+    b = sb.plan(LENS.copy(), 3, 32768, **kw)
+    assert a.to_json() == b.to_json()

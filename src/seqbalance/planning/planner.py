@@ -54,7 +54,13 @@ from ._costing import sequence_costs
 from ._grouping import bin_totals
 from ._packing import pack
 from ._slots import fill_slack
-from .pipeline_plans import PipelineSetup, order_grid, pipeline_setup, pipeline_step_time
+from .pipeline_plans import (
+    PipelineSetup,
+    finish_plan,
+    order_grid,
+    pipeline_setup,
+    pipeline_step_time,
+)
 from .plans import Plan, capacity_min_micro_batches
 from .simulation import SYNC_MODELS, microbatch_costs, step_time_of
 
@@ -371,12 +377,7 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
         # Fewest micro-batches first, unless the caller asked to trade them for time.
         return (t,) if req.extra else (p.num_micro_batches, t)
 
-    best = min(candidates, key=key)
-    if req.pp is not None:  # packings were compared in their best starting order; search now
-        best.micro_batches = order_grid(
-            best.micro_batches, req.costs, req.c0, req.lens, req.padded, req.sync, req.pp
-        )
-    return best
+    return min(candidates, key=key)
 
 
 def plan(
@@ -484,6 +485,7 @@ def plan(
         extra_micro_batches,
     )
     pp = pipeline_setup(req.lens, cost, pp_size, schedule, virtual_stages, pp_comm)
+    user_mult = req.mult
     if pp is not None:
         req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
     first_m, notes = _starting_micro_batches(req)
@@ -496,4 +498,6 @@ def plan(
             problems.append(found)
         else:
             candidates.extend(found)
-    return _pick(req, candidates, problems, len(splits))
+    best = _pick(req, candidates, problems, len(splits))
+    # Packings were compared in their best starting order; search the winner's order.
+    return best if pp is None else finish_plan(best, pp, user_mult)
