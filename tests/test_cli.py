@@ -383,3 +383,16 @@ def test_plan_with_pipeline_writes_its_layout(rl, tmp_path, capsys):
     assert p.pipeline.spec.to_dict() == {"pp_size": 2, "schedule": "interleaved",
                                          "virtual_stages": 2}
     assert p.num_micro_batches % 2 == 0
+
+
+def test_plan_pp_comm_reaches_the_plan(rl, tmp_path, capsys):
+    _, txt, _ = rl
+    out = tmp_path / "plan.json"
+    argv = ["plan", str(txt), "--dp", "2", "--max-tokens", "32768", "--pp-size", "2",
+            "--pp-comm", "0.25", "--out", str(out)]
+    assert main(argv) == 0
+    assert Plan.from_json(str(out)).pipeline.comm_per_token == 0.25
+    # Without stages there is nothing to send: the library's error names the flag.
+    argv = ["plan", str(txt), "--dp", "2", "--max-tokens", "32768", "--pp-comm", "0.25"]
+    assert main(argv) == 2
+    assert "--pp-comm" in capsys.readouterr().err

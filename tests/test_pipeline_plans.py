@@ -236,3 +236,18 @@ def test_pipeline_plans_are_deterministic():
     a = sb.plan(LENS, 3, 32768, **kw)
     b = sb.plan(LENS.copy(), 3, 32768, **kw)
     assert a.to_json() == b.to_json()
+
+
+@pytest.mark.parametrize("sync", ["ddp", "fsdp"])
+def test_pp_comm_is_a_per_token_transfer(sync):
+    c = 1e9  # cost units per token sent between stages
+    p = sb.plan(LENS, 3, 32768, cost="qwen2.5-7b", sync=sync, pp_size=3, min_micro_batches=4,
+                pp_comm=c)
+    fwd, tot, lens = p.pipeline.forward, p.costs, p.lengths
+    f = np.array([[fwd[mb].sum() for mb in rank] for rank in p.micro_batches])
+    b = np.array([[(tot[mb] - fwd[mb]).sum() for mb in rank] for rank in p.micro_batches])
+    t = np.array([[c * lens[mb].sum() for mb in rank] for rank in p.micro_batches])
+    if sync == "fsdp":
+        f, b, t = f.max(axis=0)[None], b.max(axis=0)[None], t.max(axis=0)[None]
+    ref = max(simulate_pipeline(f[r], b[r], 3, comm=t[r]).step_time for r in range(len(f)))
+    assert p.simulate_pipeline().step_time == pytest.approx(ref, rel=1e-12)

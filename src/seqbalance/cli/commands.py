@@ -60,6 +60,7 @@ _FLAGS = {
     "extra_micro_batches": "--extra-micro-batches",
     "pp_size": "--pp-size",
     "virtual_stages": "--virtual-stages",
+    "pp_comm": "--pp-comm",
     "allow_empty=True": "--allow-empty",
 }
 _FLAG_RE = re.compile(r"\b(" + "|".join(re.escape(k) for k in _FLAGS) + r")\b")
@@ -186,9 +187,9 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 def _pp_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Pipeline keywords, only when pipelining (so pp_size 1 plans as before)."""
-    if args.pp_size == 1 and args.schedule == "1f1b" and args.virtual_stages == 1:
+    if (args.pp_size, args.schedule, args.virtual_stages, args.pp_comm) == (1, "1f1b", 1, 0.0):
         return {}
-    keys = ("pp_size", "schedule", "virtual_stages")
+    keys = ("pp_size", "schedule", "virtual_stages", "pp_comm")
     return {k: getattr(args, k) for k in keys}
 
 
@@ -495,6 +496,13 @@ def _add_common(p: argparse.ArgumentParser, *, required: bool) -> None:
     p.add_argument(
         "--virtual-stages", type=int, default=1, metavar="V", help="model chunks per stage "
         "(--schedule interleaved)"
+    )
+    p.add_argument(
+        "--pp-comm",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="time (cost units) to send one token's activations between two stages",
     )
 
 
