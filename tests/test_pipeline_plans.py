@@ -251,3 +251,16 @@ def test_pp_comm_is_a_per_token_transfer(sync):
         f, b, t = f.max(axis=0)[None], b.max(axis=0)[None], t.max(axis=0)[None]
     ref = max(simulate_pipeline(f[r], b[r], 3, comm=t[r]).step_time for r in range(len(f)))
     assert p.simulate_pipeline().step_time == pytest.approx(ref, rel=1e-12)
+
+
+def test_order_baselines_reachable_from_baselines():
+    assert list(sb.baselines.PIPELINE_ORDERS) == [
+        "input",
+        "largest-first",
+        "smallest-first",
+        "light-ends",
+    ]
+    p = sb.plan(LENS, 2, 32768, pp_size=2, min_micro_batches=4)
+    verl = sb.baselines.reorder(p, "light-ends")
+    assert verl.strategy.endswith("+light-ends")
+    assert sorted(verl.order().tolist()) == list(range(LENS.size))

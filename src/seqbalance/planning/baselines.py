@@ -22,6 +22,10 @@ promise the planner's guarantees, and :meth:`Plan.violations` reports what they 
 Ranks that end with fewer micro-batches than the busiest rank split their fullest
 micro-batches until the counts match (what a trainer must do to avoid hung collectives);
 where nothing can be split, empty micro-batches are added and reported.
+
+With pipeline parallelism the baselines are run orders of a pipelined plan's micro-batches:
+:data:`PIPELINE_ORDERS` (``input``, ``largest-first``, ``smallest-first``, ``light-ends`` as
+in verl), applied with :func:`reorder` (:mod:`seqbalance.planning.pipeline_orders`).
 """
 
 from __future__ import annotations
@@ -34,10 +38,20 @@ import numpy as np
 from .._validate import as_lengths, check_choice, check_positive_int
 from ._costing import sequence_costs
 from ._packing import first_fit
+from .pipeline_orders import ORDERS as PIPELINE_ORDERS
+from .pipeline_plans import reorder
 from .plans import Plan
 from .simulation import SYNC_MODELS
 
-__all__ = ["BASELINES", "cost_kk_uncapped", "sequential", "token_ffd", "token_kk"]
+__all__ = [
+    "BASELINES",
+    "PIPELINE_ORDERS",
+    "cost_kk_uncapped",
+    "reorder",
+    "sequential",
+    "token_ffd",
+    "token_kk",
+]
 
 
 def _equalize(ranks: list[list[list[int]]]) -> list[list[list[int]]]:
