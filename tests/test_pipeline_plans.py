@@ -264,3 +264,11 @@ def test_order_baselines_reachable_from_baselines():
     verl = sb.baselines.reorder(p, "light-ends")
     assert verl.strategy.endswith("+light-ends")
     assert sorted(verl.order().tolist()) == list(range(LENS.size))
+
+
+def test_plan_json_with_a_count_the_schedule_cannot_run():
+    p = sb.plan(LENS, 2, 32768, pp_size=2, schedule="interleaved", virtual_stages=2)
+    data = p.to_dict()
+    data["micro_batches"] = [[*rank, []] for rank in data["micro_batches"]]  # one more: odd
+    with pytest.raises(ValueError, match="multiple of pp_size=2, got"):
+        sb.Plan.from_dict(data)

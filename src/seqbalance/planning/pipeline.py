@@ -89,6 +89,15 @@ class PipelineSpec:
         """Micro-batch counts must be a multiple of this (``pp_size`` when interleaved)."""
         return self.pp_size if self.schedule == "interleaved" else 1
 
+    def check_count(self, m: int) -> None:
+        """Raise ValueError unless ``m`` micro-batches suit the schedule."""
+        if m % self.count_multiple:
+            raise ValueError(
+                f"schedule='interleaved' needs a micro-batch count that is a multiple of "
+                f"pp_size={self.pp_size}, got {m}; add or merge micro-batches, or plan with "
+                f"seqbalance.plan(..., pp_size={self.pp_size}, schedule='interleaved')"
+            )
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "pp_size": self.pp_size,
@@ -116,11 +125,7 @@ def check_pipeline(pp_size: Any, schedule: Any = "1f1b", virtual_stages: Any = 1
 
 
 def _check_count(spec: PipelineSpec, m: int) -> None:
-    if m % spec.count_multiple:
-        raise ValueError(
-            f"schedule='interleaved' needs a micro-batch count that is a multiple of "
-            f"pp_size={spec.pp_size}, got {m}; add or merge micro-batches"
-        )
+    spec.check_count(m)
 
 
 def stage_orders(

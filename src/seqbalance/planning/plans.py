@@ -122,7 +122,7 @@ class Plan:
         self.notes = tuple(str(x) for x in notes)
         self.size = check_choice(size, "size", SIZES)
         self.groups = None if groups is None else as_groups(groups, n)
-        self.pipeline = _pipeline(pipeline, n)
+        self.pipeline = _pipeline(pipeline, n, self.num_micro_batches)
 
     @classmethod
     def _from_validated(
@@ -443,15 +443,17 @@ class Plan:
         return cls.from_dict(data)
 
 
-def _pipeline(value: Any, n: int) -> Any:
-    """None, a PipelineSetup, or its dict form -> None or a PipelineSetup."""
+def _pipeline(value: Any, n: int, m: int) -> Any:
+    """None, a PipelineSetup, or its dict form -> None or a PipelineSetup (for ``m``
+    micro-batches per rank: the schedule's divisibility rule is checked here)."""
     if value is None:
         return None
     from .pipeline_plans import PipelineSetup
 
-    if isinstance(value, PipelineSetup):
-        return value
     if isinstance(value, dict):
-        return PipelineSetup.from_dict(value, n)
-    kind = type(value).__name__
-    raise ValueError(f"pipeline must be None, a PipelineSetup or a dict, got {kind}")
+        value = PipelineSetup.from_dict(value, n)
+    if not isinstance(value, PipelineSetup):
+        kind = type(value).__name__
+        raise ValueError(f"pipeline must be None, a PipelineSetup or a dict, got {kind}")
+    value.spec.check_count(m)
+    return value
