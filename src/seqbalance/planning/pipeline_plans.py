@@ -286,6 +286,7 @@ def finish_plan(plan: Plan, setup: PipelineSetup, user_multiple: int) -> Plan:
     schedule raised it).
     """
     spec = setup.spec
+    plan.pipeline = setup
     args = (plan.costs, plan.per_microbatch, plan.lengths, plan.padded, plan.sync, setup)
     plan.micro_batches = order_grid([list(r) for r in plan.micro_batches], *args)
     m = plan.num_micro_batches
