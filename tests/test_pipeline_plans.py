@@ -272,3 +272,30 @@ def test_plan_json_with_a_count_the_schedule_cannot_run():
     data["micro_batches"] = [[*rank, []] for rank in data["micro_batches"]]  # one more: odd
     with pytest.raises(ValueError, match="multiple of pp_size=2, got"):
         sb.Plan.from_dict(data)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    n=st.integers(8, 80),
+    dp=st.integers(1, 3),
+    p=st.integers(2, 4),
+    layout=st.sampled_from([("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)]),
+    sync=st.sampled_from(["ddp", "fsdp"]),
+)
+def test_pipelined_plan_properties(seed, n, dp, p, layout, sync):
+    schedule, v = layout
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, 4000, n)
+    plan = sb.plan(
+        lens, dp, 4096, cost="qwen2.5-7b", sync=sync, pp_size=p, schedule=schedule,
+        virtual_stages=v, allow_empty=True,
+    )
+    assert sorted(plan.order().tolist()) == list(range(n))
+    assert plan.violations()["over_capacity"] == 0
+    if schedule == "interleaved":
+        assert plan.num_micro_batches % p == 0
+    sim = plan.simulate_pipeline()
+    assert sim.step_time >= sim.lower_bound * (1 - 1e-12)
+    for name in ORDERS:
+        assert sim.step_time <= reorder(plan, name).simulate_pipeline().step_time * (1 + 1e-12)
