@@ -75,6 +75,8 @@ class Plan:
         ``r``'s run order. A dict as :meth:`to_dict` writes it is accepted.
     """
 
+    pipeline: Any = None  # subclasses that build themselves (CPPlan) have no pipeline
+
     def __init__(
         self,
         micro_batches: Sequence[Sequence[Sequence[int]]],
