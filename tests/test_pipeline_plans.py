@@ -299,3 +299,27 @@ def test_pipelined_plan_properties(seed, n, dp, p, layout, sync):
     assert sim.step_time >= sim.lower_bound * (1 - 1e-12)
     for name in ORDERS:
         assert sim.step_time <= reorder(plan, name).simulate_pipeline().step_time * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("sync", ["ddp", "fsdp"])
+@pytest.mark.parametrize("layout", [("1f1b", 1), ("interleaved", 2)])
+def test_plan_order_is_the_brute_force_optimum_for_its_micro_batches(sync, layout):
+    schedule, v = layout
+    lens = sb.workloads.lengths("sft-chat", 120, seed=3)
+    p = sb.plan(lens, 2, 32768, cost="qwen2.5-7b", sync=sync, pp_size=3, schedule=schedule,
+                virtual_stages=v, min_micro_batches=6)
+    assert p.num_micro_batches == 6
+    fwd, tot = p.pipeline.forward, p.costs
+    f = np.array([[fwd[mb].sum() for mb in rank] for rank in p.micro_batches])
+    b = np.array([[(tot[mb] - fwd[mb]).sum() for mb in rank] for rank in p.micro_batches])
+    if sync == "fsdp":  # lockstep: one pipeline of slot maxima, orders permute slots
+        f, b = f.max(axis=0)[None], b.max(axis=0)[None]
+    best = max(
+        min(
+            simulate_pipeline(f[r][list(o)], b[r][list(o)], 3, schedule=schedule,
+                              virtual_stages=v).step_time
+            for o in itertools.permutations(range(6))
+        )
+        for r in range(len(f))
+    )
+    assert p.simulate_pipeline().step_time == pytest.approx(best, rel=1e-12)
