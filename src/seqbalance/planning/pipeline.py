@@ -505,6 +505,16 @@ def pipeline_lower_bound(
 
         LB_1f1b_memory = max_k R_k + (q - 1) * min_{i != k} R_i.
 
+    With any ``schedule`` also the window term: with ``R_i = p (f_i + b_i) + 2 (p v - 1)
+    c_i``, and for positions ``j != j'`` in the run order ``α[j, j']`` (``β[j, j']``) the
+    number of forward (backward) chunk operations of position ``j'`` that stage 0 runs
+    before the chunk-0 forward or after the chunk-0 backward of position ``j``::
+
+        LB_window = max_k min_j ( R_k + sum_t α↓[j]_t f↑_t / v + sum_t β↓[j]_t b↑_t / v ),
+
+    where ``α↓[j]`` is row ``j`` without ``j`` sorted descending and ``f↑`` the forward
+    costs of the micro-batches other than ``k`` sorted ascending (same for ``β``, ``b``).
+
     Proof. Take the last stage ``s = p - 1``; it runs all of its work ``W``, one operation
     at a time. Its first operation is a forward of some micro-batch ``a`` on chunk 0 (every
     other operation of ``a`` on this stage needs that one first), which cannot start before
@@ -542,7 +552,17 @@ def pipeline_lower_bound(
     only after the backward of the one at position ``j`` has come back to it (at most
     ``p`` micro-batches in flight), so the round trips of positions ``j, j + p, j + 2p,
     ...`` run one after another. The positions holding ``k`` form such a class with at
-    least ``q`` members. ∎
+    least ``q`` members.
+    Window term: put micro-batch ``k`` at position ``j``. Stage 0 runs its operations in
+    the schedule's fixed order; between the start of ``k``'s chunk-0 forward and the end
+    of its chunk-0 backward there, ``k`` makes its whole round trip (``R_k``, second term);
+    before it stage 0 runs the operations it lists earlier and after it those it lists
+    later, one at a time. Which operations those are depends only on ``j``: position
+    ``j'`` contributes ``α[j, j'] f/v + β[j, j'] b/v`` of whichever micro-batch runs there.
+    Over any assignment of the other micro-batches to the other positions, that sum is at
+    least the rearrangement-inequality pairing (largest count with the smallest cost),
+    taken for forwards and backwards separately. Minimising over ``j`` covers every place
+    ``k`` can take. ∎
 
     For equal micro-batches and no transfers the first term is ``(m + p - 1)·(f + b)``
     (``v = 1``) or ``(m + (p - 1)/v)·(f + b)``: the closed forms of the module docstring, so
@@ -586,5 +606,53 @@ def pipeline_lower_bound(
             other = np.where(np.arange(m) == order[0], trip[order[1]], trip[order[0]])
             fill = max(fill, float(np.max(trip + (q - 1) * other)))
     hops = p * v - 1 if p > 1 else 0  # with one stage nothing is sent
-    chain = float(np.max(p * (f + b) + 2 * hops * c))
+    trips = p * (f + b) + 2 * hops * c
+    chain = float(np.max(trips))
+    if schedule is not None and p > 1 and 2 <= m <= _WINDOW_MAX_M:
+        spec = check_pipeline(p, schedule, v)
+        spec.check_count(m)
+        chain = max(chain, _window_term(trips, f / v, b / v, _windows(spec, m)))
     return max(fill, chain)
+
+
+_WINDOW_MAX_M = 512  # the window term costs O(m^3): beyond this many micro-batches, skip it
+
+
+@lru_cache(maxsize=32)
+def _windows(spec: PipelineSpec, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per position ``j``: counts of other positions' forward / backward chunk operations
+    that stage 0 runs outside ``j``'s chunk-0 forward .. chunk-0 backward, each row sorted
+    descending without its own (zero) entry: two ``(m, m - 1)`` arrays (window term)."""
+    ops = _stage_orders(spec.pp_size, m, spec.schedule, spec.virtual_stages)[0]
+    phase = np.array([op[0] for op in ops])
+    pos = np.array([op[1] for op in ops])
+    chunk = np.array([op[2] for op in ops])
+    t = np.arange(len(ops))
+    first = np.empty(m, dtype=np.int64)
+    last = np.empty(m, dtype=np.int64)
+    zero = chunk == 0
+    first[pos[zero & (phase == FORWARD)]] = t[zero & (phase == FORWARD)]
+    last[pos[zero & (phase == BACKWARD)]] = t[zero & (phase == BACKWARD)]
+    outside = (t[None, :] < first[:, None]) | (t[None, :] > last[:, None])  # (j, op)
+    onehot = pos[:, None] == np.arange(m)[None, :]  # (op, position)
+    rows = []
+    for ph in (FORWARD, BACKWARD):
+        counts = (outside & (phase == ph)[None, :]).astype(np.int64) @ onehot.astype(np.int64)
+        np.fill_diagonal(counts, 0)  # k's own operations are inside its window
+        rows.append(-np.sort(-counts, axis=1)[:, : m - 1])  # drop one zero: its own entry
+    return rows[0].astype(np.float64), rows[1].astype(np.float64)
+
+
+def _window_term(
+    trips: np.ndarray, f_op: np.ndarray, b_op: np.ndarray, windows: tuple[np.ndarray, np.ndarray]
+) -> float:
+    """``max_k (trips_k + min_j outside work)`` (see :func:`pipeline_lower_bound`)."""
+    alpha, beta = windows
+    m = trips.shape[0]
+    keep = ~np.eye(m, dtype=bool)  # row k: every micro-batch but k
+
+    def others_sorted(x: np.ndarray) -> np.ndarray:
+        return np.sort(np.broadcast_to(x, (m, m))[keep].reshape(m, m - 1), axis=1)
+
+    outside = others_sorted(f_op) @ alpha.T + others_sorted(b_op) @ beta.T  # (k, j)
+    return float(np.max(trips + outside.min(axis=1)))
