@@ -164,7 +164,11 @@ def random_part(quick: bool, seed: int = 1) -> list[dict]:
                 reps = 3 if quick else 10
                 f = rng.lognormal(0.0, 0.8, (reps, m))
                 b = f * rng.uniform(2.0, 2.5, (reps, m))
-                _, ours = best_orders(f, b, None, spec)
+                # One draw at a time: passed together they would be replicas of one step, and
+                # replicas that cannot set the step are not searched.
+                ours = np.array(
+                    [best_orders(f[r : r + 1], b[r : r + 1], None, spec)[1][0] for r in range(reps)]
+                )
                 g = graph(spec, m)
                 row = {"p": p, "m": m, "schedule": schedule + (f"/v{v}" if v > 1 else "")}
                 for name, fn in ORDERS.items():
