@@ -15,6 +15,10 @@ Four parts, one JSON (``bench/results/pp.json``):
 2. Brute force. Random micro-batch costs (lognormal, backward 2-2.5x forward), m <= 7:
    the optimum over all m! orders against the planner's search (exhaustive up to m = 8)
    and against its heuristic alone (``exact_limit=0``).
+2b. End to end against verl. verl's own plan (its packing, and its light-ends order by
+   its workload proxy) run as a pipeline, against seqbalance planned for the same pipeline
+   with as many micro-batches as verl uses (the bubble depends on the count): dp 8,
+   max_tokens 32768, 1,024 sequences per workload, GPipe and 1F1B.
 3. Speed. 8,192 rl-math sequences for dp 64 x pp 8, best of 3, next to the same plan
    without pipelines.
 
@@ -184,6 +188,42 @@ def random_part(quick: bool, seed: int = 1) -> list[dict]:
     return rows
 
 
+def verl_part(quick: bool, sync: str, cost) -> list[dict]:
+    from seqbalance.planning.baselines import verl
+    from seqbalance.planning.pipeline_plans import pipeline_setup, simulate_plan_pipeline
+
+    rows = []
+    dp, cap = 8, 32768
+    for name in WORKLOADS[:2] if quick else WORKLOADS:
+        lens = workloads.lengths(name, 1024, seed=0)
+        theirs = verl(lens, dp, cap, cost=cost, sync=sync)
+        m = theirs.num_micro_batches
+        for p in (2, 4) if quick else (2, 4, 8):
+            for schedule in ("gpipe", "1f1b"):
+                setup = pipeline_setup(lens, cost, p, schedule, 1)
+                t_verl = simulate_plan_pipeline(
+                    theirs.micro_batches, theirs.costs, theirs.per_microbatch, theirs.lengths,
+                    False, sync, setup,
+                ).step_time
+                ours = plan(
+                    lens, dp, cap, cost=cost, sync=sync, pp_size=p, schedule=schedule,
+                    min_micro_batches=m,
+                )
+                t_ours = ours.simulate_pipeline().step_time
+                rows.append(
+                    {
+                        "workload": name,
+                        "p": p,
+                        "schedule": schedule,
+                        "m_verl": m,
+                        "m_ours": ours.num_micro_batches,
+                        "verl_over_cap": theirs.violations()["over_capacity"],
+                        "verl_vs_ours": t_verl / t_ours - 1,
+                    }
+                )
+    return rows
+
+
 def speed_part(cost) -> list[dict]:
     lens = workloads.lengths("rl-math", 8192, seed=0)
     out = []
@@ -248,6 +288,13 @@ def main() -> None:
 
     brute = brute_part(args.quick)
     print("\nbrute force (m <= 7):", brute)
+    e2e = verl_part(args.quick, args.sync, cost)
+    print("\nend to end vs verl (its packing and order; seqbalance at verl's count)")
+    print_table(e2e, ["workload", "p", "schedule", "m_verl", "m_ours", "verl_over_cap",
+                      "verl_vs_ours"])
+    v = np.array([r["verl_vs_ours"] for r in e2e])
+    print(f"verl's step / seqbalance's - 1: median {np.median(v):.4f}, min {v.min():.4f}, "
+          f"max {v.max():.4f}")
     rand = random_part(args.quick)
     print("\nunequal micro-batches (lognormal, 1 replica; median over draws of order / ours - 1)")
     print_table(rand, ["p", "m", "schedule", "gap", *ORDERS])
@@ -265,6 +312,7 @@ def main() -> None:
             "orders": rows,
             "summary": summary,
             "brute_force": brute,
+            "verl_end_to_end": e2e,
             "unequal": rand,
             "speed": speed,
         },

@@ -125,10 +125,6 @@ def test_too_long_sequence_names_it(tmp_path, capsys):
         (["compare", "{txt}"], "needs --dp and --max-tokens"),
         (["compare"], "either a LENGTHS file or --demo"),
         (["compare", "{txt}", "--demo"], "either a LENGTHS file or --demo"),
-        (
-            ["compare", "{txt}", "--dp", "2", "--max-tokens", "40000", "--padded"],
-            "compare does not take --padded",
-        ),
     ],
 )
 def test_user_errors_exit_2_with_one_line(rl, tmp_path, capsys, argv, needle):
@@ -396,3 +392,11 @@ def test_plan_pp_comm_reaches_the_plan(rl, tmp_path, capsys):
     argv = ["plan", str(txt), "--dp", "2", "--max-tokens", "32768", "--pp-comm", "0.25"]
     assert main(argv) == 2
     assert "--pp-comm" in capsys.readouterr().err
+
+
+def test_compare_refuses_pipelines_with_context_parallelism(rl, capsys):
+    _, txt, _ = rl
+    argv = ["compare", str(txt), "--dp", "2", "--max-tokens", "32768", "--cp-size", "2",
+            "--pp-size", "2"]
+    assert main(argv) == 2
+    assert "do not combine with --cp-size" in capsys.readouterr().err

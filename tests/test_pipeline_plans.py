@@ -323,3 +323,8 @@ def test_plan_order_is_the_brute_force_optimum_for_its_micro_batches(sync, layou
         for r in range(len(f))
     )
     assert p.simulate_pipeline().step_time == pytest.approx(best, rel=1e-12)
+
+
+def test_pipelines_do_not_combine_with_context_parallelism():
+    with pytest.raises(ValueError, match="pp_size=2 is not supported with cp_size > 1"):
+        sb.plan(LENS, 2, 32768, cp_size=2, pp_size=2)

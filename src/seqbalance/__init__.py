@@ -91,8 +91,9 @@ __all__ = [
     "simulate_pipeline",
     "step_time_lower_bound",
     "workloads",
-    *_TORCH_NAMES,
 ]
+# The torch names stay out of __all__: `from seqbalance import *` would otherwise import
+# torch, and fail without it. They resolve on attribute access (below).
 
 
 def __getattr__(name: str) -> Any:

@@ -11,6 +11,9 @@ counts on every rank, count multiples and the sync model.
 - :mod:`.pipeline`: pipeline-parallel schedules (GPipe, 1F1B, interleaved), their
   simulation and lower bound; :mod:`.pipeline_orders` micro-batch orders (baselines and the
   planner's search); :mod:`.pipeline_plans` plans of DP replicas x pipelines.
+- :mod:`.context_parallel`, :mod:`.cp_plans`, :mod:`.cp_baselines`: context parallelism
+  (``plan(..., cp_size=N)``), :class:`CPPlan` with its pieces, and the static / Megatron-style
+  CP baselines.
 - ``_packing``, ``_slots``, ``_grouping``, ``_costing``: bin packing under the capacity,
   FSDP slot filling, bin totals and cost resolution, on validated arrays.
 """
@@ -18,8 +21,9 @@ counts on every rank, count multiples and the sync model.
 from __future__ import annotations
 
 from .baselines import BASELINES
+from .cp_plans import CPPlan
 from .planner import plan
 from .plans import Plan
 from .simulation import Simulation, simulate, step_time_lower_bound
 
-__all__ = ["BASELINES", "Plan", "Simulation", "plan", "simulate", "step_time_lower_bound"]
+__all__ = ["BASELINES", "CPPlan", "Plan", "Simulation", "plan", "simulate", "step_time_lower_bound"]
