@@ -292,3 +292,111 @@ def test_calibrate_is_wired():
     r = _run("-m", "seqbalance", "calibrate", "--help")
     assert r.returncode == 0, r.stderr
     assert "calibrate" in r.stdout
+
+
+def test_compare_pipeline_orders(rl, tmp_path, capsys):
+    from seqbalance.planning.pipeline_plans import reorder
+
+    w, txt, _ = rl
+    out = tmp_path / "pp.json"
+    argv = [
+        "compare",
+        str(txt),
+        "--dp",
+        "2",
+        "--max-tokens",
+        "32768",
+        "--pp-size",
+        "4",
+        "--min-micro-batches",
+        "6",
+        "--json",
+        str(out),
+    ]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "pipeline:" in text and "light-ends" in text
+    (setup,) = json.loads(out.read_text())["setups"]
+    rows = {r["order"]: r for r in setup["pipeline"]}
+    p = plan(w.lengths, 2, 32768, pp_size=4, min_micro_batches=6)
+    assert rows["seqbalance"]["step_time"] == pytest.approx(p.simulate_pipeline().step_time)
+    for name in ("input", "largest-first", "smallest-first", "light-ends"):
+        ref = reorder(p, name).simulate_pipeline().step_time
+        assert rows[name]["step_time"] == pytest.approx(ref)
+        assert rows[name]["step_time"] >= rows["seqbalance"]["step_time"] * (1 - 1e-12)
+
+
+def test_compare_pipeline_plot(rl, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    _, txt, _ = rl
+    png = tmp_path / "pp.png"
+    argv = [
+        "compare",
+        str(txt),
+        "--dp",
+        "2",
+        "--max-tokens",
+        "32768",
+        "--pp-size",
+        "2",
+        "--schedule",
+        "interleaved",
+        "--virtual-stages",
+        "2",
+        "--plot",
+        str(png),
+    ]
+    assert main(argv) == 0
+    assert png.stat().st_size > 10_000
+    assert (
+        main(
+            [
+                "compare",
+                str(txt),
+                "--dp",
+                "2",
+                "--max-tokens",
+                "32768",
+                "--pp-size",
+                "2",
+                "--schedule",
+                "interleaved",
+            ]
+        )
+        == 2
+    )
+    assert "--virtual-stages" in capsys.readouterr().err
+
+
+def test_plan_with_pipeline_writes_its_layout(rl, tmp_path, capsys):
+    _, txt, _ = rl
+    out = tmp_path / "plan.json"
+    argv = ["plan", str(txt), "--dp", "2", "--max-tokens", "32768", "--pp-size", "2",
+            "--schedule", "interleaved", "--virtual-stages", "2", "--out", str(out)]
+    assert main(argv) == 0
+    assert "pipeline: 2 stages, interleaved" in capsys.readouterr().err
+    p = Plan.from_json(str(out))
+    assert p.pipeline.spec.to_dict() == {"pp_size": 2, "schedule": "interleaved",
+                                         "virtual_stages": 2}
+    assert p.num_micro_batches % 2 == 0
+
+
+def test_plan_pp_comm_reaches_the_plan(rl, tmp_path, capsys):
+    _, txt, _ = rl
+    out = tmp_path / "plan.json"
+    argv = ["plan", str(txt), "--dp", "2", "--max-tokens", "32768", "--pp-size", "2",
+            "--pp-comm", "0.25", "--out", str(out)]
+    assert main(argv) == 0
+    assert Plan.from_json(str(out)).pipeline.comm_per_token == 0.25
+    # Without stages there is nothing to send: the library's error names the flag.
+    argv = ["plan", str(txt), "--dp", "2", "--max-tokens", "32768", "--pp-comm", "0.25"]
+    assert main(argv) == 2
+    assert "--pp-comm" in capsys.readouterr().err
+
+
+def test_compare_refuses_pipelines_with_context_parallelism(rl, capsys):
+    _, txt, _ = rl
+    argv = ["compare", str(txt), "--dp", "2", "--max-tokens", "32768", "--cp-size", "2",
+            "--pp-size", "2"]
+    assert main(argv) == 2
+    assert "do not combine with --cp-size" in capsys.readouterr().err

@@ -51,6 +51,7 @@ from .planning import (
     simulation,
     step_time_lower_bound,
 )
+from .planning.pipeline import pipeline_lower_bound, simulate_pipeline
 
 __version__ = "0.1.0"
 
@@ -89,8 +90,10 @@ __all__ = [
     "load_cost",
     "lower_bound",
     "partition",
+    "pipeline_lower_bound",
     "plan",
     "simulate",
+    "simulate_pipeline",
     "step_time_lower_bound",
     "workloads",
 ]

@@ -52,6 +52,8 @@ INT_FLAGS = (
     ("--extra-micro-batches", "extra_micro_batches", 0),
     ("--max-ranks", "max_ranks", 1),
     ("--cp-size", "cp_size", 1),
+    ("--pp-size", "pp_size", 1),
+    ("--virtual-stages", "virtual_stages", 1),
 )
 
 

@@ -61,6 +61,9 @@ _FLAGS = {
     "min_micro_batches": "--min-micro-batches",
     "micro_batch_multiple": "--micro-batch-multiple",
     "extra_micro_batches": "--extra-micro-batches",
+    "pp_size": "--pp-size",
+    "virtual_stages": "--virtual-stages",
+    "pp_comm": "--pp-comm",
     "allow_empty=True": "--allow-empty",
     "padded=True": "--padded",
     "and groups": "and --groups-column",
@@ -259,7 +262,15 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         "padded": args.padded,
         "allow_empty": args.allow_empty,
         "extra_micro_batches": args.extra_micro_batches,
-    }
+    } | _pp_kwargs(args)
+
+
+def _pp_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """Pipeline keywords, only when pipelining (so pp_size 1 plans as before)."""
+    if (args.pp_size, args.schedule, args.virtual_stages, args.pp_comm) == (1, "1f1b", 1, 0.0):
+        return {}
+    keys = ("pp_size", "schedule", "virtual_stages", "pp_comm")
+    return {k: getattr(args, k) for k in keys}
 
 
 def _check_sizes(
@@ -313,6 +324,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         f"fullest micro-batch {int(used.max()) if used.size else 0} tokens",
         file=err,
     )
+    if p.pipeline is not None:
+        pp = p.simulate_pipeline()
+        spec = p.pipeline.spec
+        print(
+            f"pipeline: {spec.pp_size} stages, {spec.schedule}, simulated step "
+            f"{_si(pp.step_time, cost.unit)}, {pp.gap:+.1%} vs pipeline bound, bubble "
+            f"{pp.bubble_fraction:.1%}",
+            file=err,
+        )
     if broken:
         print(f"violations: {broken}", file=err)
     for note in p.notes:
@@ -425,6 +445,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     check_numbers(args)
     check_outputs(args)
     if args.cp_size != 1:  # context parallelism: its own strategies and table
+        if _pp_kwargs(args):
+            raise UserError(
+                "--pp-size/--schedule/--virtual-stages/--pp-comm do not combine with "
+                "--cp-size > 1 yet; compare one of the two at a time"
+            )
         from . import cp_compare
 
         return cp_compare.run(args, sys.stdout)
@@ -496,6 +521,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         for line in header.splitlines():
             _say(line, out)
         _print_results(results, cost.unit, out)
+        pp_rows = None
+        if args.pp_size > 1:
+            from .pipeline_view import order_plans, pipeline_results, print_pipeline
+
+            plans = order_plans(plans["seqbalance"])
+            pp_rows = pipeline_results(plans)
+            print(f"pipeline: seqbalance's micro-batches in each order, {args.sync}", file=out)
+            print_pipeline(pp_rows, _si, cost.unit, _table, out)
         setups.append(
             {
                 "input": label,
@@ -508,6 +541,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 "unit": cost.axis_unit,
                 "results": results,
             }
+            | ({} if pp_rows is None else {"pipeline": pp_rows})
         )
         if first_plans is None:
             first_plans = plans
@@ -520,13 +554,13 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             json.dump({"format": "seqbalance.compare/1", "setups": setups}, fh, indent=1)
         print(f"\nwrote {args.json}", file=sys.stderr)
     if args.plot is not None and first_plans is not None:
+        from .pipeline_view import plot_pipeline
         from .plotting import plot_timeline
 
-        plot_timeline(
+        (plot_pipeline if args.pp_size > 1 else plot_timeline)(  # type: ignore[operator]
             first_plans,
             args.plot,
-            sync=args.sync,
-            max_ranks=args.max_ranks,
+            **({} if args.pp_size > 1 else {"sync": args.sync, "max_ranks": args.max_ranks}),
             title=plot_title,
             unit=cost.axis_unit,
         )
@@ -601,6 +635,24 @@ def _add_common(p: argparse.ArgumentParser, *, required: bool) -> None:
         default=0,
         metavar="E",
         help="also try E larger micro-batch counts and keep the fastest",
+    )
+    p.add_argument("--pp-size", type=int, default=1, metavar="P", help="pipeline stages")
+    p.add_argument(
+        "--schedule",
+        choices=("1f1b", "interleaved", "gpipe"),
+        default="1f1b",
+        help="pipeline schedule (with --pp-size > 1); default 1f1b",
+    )
+    p.add_argument(
+        "--virtual-stages", type=int, default=1, metavar="V", help="model chunks per stage "
+        "(--schedule interleaved)"
+    )
+    p.add_argument(
+        "--pp-comm",
+        type=float,
+        default=0.0,
+        metavar="T",
+        help="time (cost units) to send one token's activations between two stages",
     )
 
 

@@ -10,6 +10,11 @@ with ``c0 = per_microbatch``, ``a = per_sequence``, ``b = per_token`` and
 :meth:`CostModel.microbatch_cost` adds ``c0`` once, also to an empty micro-batch: a rank
 with an empty slot still runs a dummy step to take part in the collectives (the same rule
 as :mod:`seqbalance.planning.simulation`).
+
+Pipeline schedules run a micro-batch's forward and backward apart, so every model also
+carries two backward / forward ratios, ``backward_matmul`` (linear terms, default 2) and
+``backward_attention`` (the ``c·L²`` term, default 2.5), which
+:mod:`seqbalance.costs.phases` uses to split the training cost.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from .._validate import as_lengths
+from .phases import BACKWARD_ATTENTION, BACKWARD_MATMUL, check_ratio
 from .report import COEFFICIENTS, FitReport
 
 __all__ = ["CostModel", "QuadraticCost", "TokenCost"]
@@ -36,6 +42,10 @@ class CostModel(abc.ABC):
     per_sequence: float
     per_token: float
     per_token_sq: float
+    backward_matmul: float = BACKWARD_MATMUL
+    """Backward / forward cost of the linear terms (matmuls: input and weight gradients)."""
+    backward_attention: float = BACKWARD_ATTENTION
+    """Backward / forward cost of the quadratic (attention) term."""
 
     @abc.abstractmethod
     def __call__(self, lengths: Any) -> np.ndarray:
@@ -108,6 +118,9 @@ class TokenCost(CostModel):
         return hash("TokenCost")
 
 
+_RATIOS = ("backward_matmul", "backward_attention")
+
+
 def _coefficient(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name} must be a real number >= 0, got {value!r}")
@@ -128,6 +141,10 @@ class QuadraticCost(CostModel):
     per_token, per_token_sq, per_sequence, per_microbatch
         ``b``, ``c``, ``a`` and ``c0``; finite and >= 0. Units are the caller's (seconds
         for a cost from ``seqbalance calibrate``).
+    backward_matmul, backward_attention
+        Backward / forward cost ratios of the linear and the quadratic terms, used only to
+        split the cost for pipeline schedules (default 2 and 2.5; e.g. 3 and 3.5 with
+        full activation recompute).
     meta
         Free-form JSON-ready facts kept with the model (units, source, device...).
     report
@@ -147,9 +164,13 @@ class QuadraticCost(CostModel):
         per_sequence: float = 0.0,
         per_microbatch: float = 0.0,
         *,
+        backward_matmul: float = BACKWARD_MATMUL,
+        backward_attention: float = BACKWARD_ATTENTION,
         meta: Mapping[str, Any] | None = None,
         report: FitReport | None = None,
     ) -> None:
+        self.backward_matmul = check_ratio(backward_matmul, "backward_matmul")
+        self.backward_attention = check_ratio(backward_attention, "backward_attention")
         self.per_token = _coefficient(per_token, "per_token")
         self.per_token_sq = _coefficient(per_token_sq, "per_token_sq")
         self.per_sequence = _coefficient(per_sequence, "per_sequence")
@@ -168,6 +189,9 @@ class QuadraticCost(CostModel):
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": "quadratic"}
         out.update({k: getattr(self, k) for k in COEFFICIENTS})
+        for k in _RATIOS:  # written only when set, so older JSON stays byte-identical
+            if getattr(self, k) != getattr(CostModel, k):
+                out[k] = getattr(self, k)
         if self.meta:
             out["meta"] = self.meta
         if self.report is not None:
@@ -189,6 +213,7 @@ class QuadraticCost(CostModel):
             data["per_token_sq"],
             data.get("per_sequence", 0.0),
             data.get("per_microbatch", 0.0),
+            **{k: data[k] for k in _RATIOS if k in data},
             meta=data.get("meta"),
             report=FitReport.from_dict(fit) if fit else None,
         )
@@ -196,6 +221,10 @@ class QuadraticCost(CostModel):
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, QuadraticCost):
             return NotImplemented
-        return self.polynomial == other.polynomial and self.meta == other.meta
+        return (
+            self.polynomial == other.polynomial
+            and self.meta == other.meta
+            and all(getattr(self, k) == getattr(other, k) for k in _RATIOS)
+        )
 
     __hash__ = None  # type: ignore[assignment]  # mutable meta: not hashable

@@ -97,7 +97,9 @@ class FlopsCost(CostModel):
     """Training FLOPs per sequence from a model architecture (see the module docstring).
 
     Build one with :meth:`from_hf_config` or :meth:`from_name`. Calling it gives exact
-    training FLOPs per sequence (3× forward; 4× when ``recompute``).
+    training FLOPs per sequence (3× forward; 4× when ``recompute``). For pipeline schedules
+    the backward counts 2× the forward for matmuls and 2.5× for attention (3× and 3.5×
+    with ``recompute``): :attr:`backward_matmul`, :attr:`backward_attention`.
 
     Examples
     --------
@@ -131,6 +133,9 @@ class FlopsCost(CostModel):
         self.name = name
         self.config = config
         mult = 4.0 if recompute else 3.0
+        # Recompute runs the forward again inside the backward: one more forward's worth.
+        self.backward_matmul = 3.0 if recompute else 2.0
+        self.backward_attention = 3.5 if recompute else 2.5
         self.per_token = mult * 2.0 * float(architecture.matmul_params)
         self.per_token_sq = mult * float(
             sum(layer.attention.core_width for layer in architecture.layers)

@@ -8,6 +8,9 @@ counts on every rank, count multiples and the sync model.
 - :mod:`.plans`: :class:`Plan` (reorder and restore data, JSON, stats, violations).
 - :mod:`.simulation`: :func:`simulate` and the one step-time lower bound.
 - :mod:`.baselines`: the strategies other frameworks use, for comparison.
+- :mod:`.pipeline`: pipeline-parallel schedules (GPipe, 1F1B, interleaved), their
+  simulation and lower bound; :mod:`.pipeline_orders` micro-batch orders (baselines and the
+  planner's search); :mod:`.pipeline_plans` plans of DP replicas x pipelines.
 - :mod:`.context_parallel`, :mod:`.cp_plans`, :mod:`.cp_baselines`: context parallelism
   (``plan(..., cp_size=N)``), :class:`CPPlan` with its pieces, and the static / Megatron-style
   CP baselines.

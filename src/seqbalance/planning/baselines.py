@@ -43,6 +43,10 @@ in :mod:`seqbalance.planning.cp_baselines` and are re-exported here.
 Ranks that end with fewer micro-batches than the busiest rank split their fullest
 micro-batches until the counts match (what a trainer must do to avoid hung collectives);
 where nothing can be split, empty micro-batches are added and reported.
+
+With pipeline parallelism the baselines are run orders of a pipelined plan's micro-batches:
+:data:`PIPELINE_ORDERS` (``input``, ``largest-first``, ``smallest-first``, ``light-ends`` as
+in verl), applied with :func:`reorder` (:mod:`seqbalance.planning.pipeline_orders`).
 """
 
 from __future__ import annotations
@@ -57,15 +61,19 @@ from ._costing import sequence_costs
 from ._packing import first_fit
 from ._pipelines import areal_pipeline, slime_flops_pipeline, verl_pipeline
 from .cp_baselines import CP_BASELINES, megatron_cp, static_cp
+from .pipeline_orders import ORDERS as PIPELINE_ORDERS
+from .pipeline_plans import reorder
 from .plans import Plan
 from .simulation import SYNC_MODELS
 
 __all__ = [
     "BASELINES",
     "CP_BASELINES",
+    "PIPELINE_ORDERS",
     "areal",
     "cost_kk_uncapped",
     "megatron_cp",
+    "reorder",
     "sequential",
     "slime_flops",
     "static_cp",

@@ -21,6 +21,10 @@ How a plan is built (every step deterministic):
 4. Among the candidates, the plan with the fewest micro-batches wins, then the lowest
    simulated step time (``extra_micro_batches`` > 0: the lowest step time).
 
+With ``pp_size > 1`` the simulated pipeline step decides instead, every packing compared in
+the best of the baseline run orders; the chosen plan's order is then searched to minimise
+that step (:func:`seqbalance.planning.pipeline_plans.finish_plan`).
+
 :func:`plan` reads as these steps: ``_validate_request`` checks every argument once (the
 functions below it take validated arrays), ``_starting_micro_batches`` is step 1,
 ``_rank_splits`` chooses between steps 2 and 3 (``None`` for global packing, else fixed rank
@@ -30,7 +34,7 @@ contents), ``_search`` packs for the smallest feasible ``m``, and ``_pick`` is s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -58,6 +62,13 @@ from ._ranks import repartition_pairs
 from ._slots import fill_slack
 from .baselines import BASELINES
 from .bounds import min_bins, min_micro_batches
+from .pipeline_plans import (
+    PipelineSetup,
+    finish_plan,
+    order_grid,
+    pipeline_setup,
+    pipeline_step_time,
+)
 from .plans import Plan, capacity_min_micro_batches
 from .simulation import SYNC_MODELS, microbatch_costs, step_time_of
 
@@ -143,6 +154,7 @@ def _plan_global(
     padded: bool,
     sync: str,
     c0: float,
+    pp: PipelineSetup | None = None,
 ) -> tuple[list[list[list[int]]] | None, str]:
     best, best_time = None, np.inf
     packings, status = _global_bins(lengths, costs, dp * m, cap, padded)
@@ -152,7 +164,11 @@ def _plan_global(
             grid = fill_slack(grid, costs, lengths, cap, max_steps=2 * dp * m + 100)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
-        t = _step_time(grid, costs, c0, padded, sync)
+        if pp is None:
+            t = _step_time(grid, costs, c0, padded, sync)
+        else:  # the pipeline step, in the best starting order
+            grid = order_grid(grid, costs, c0, lengths, padded, sync, pp, quick=True)
+            t = pipeline_step_time(grid, costs, c0, lengths, padded, sync, pp)
         if t < best_time:
             best, best_time = grid, t
     return best, status
@@ -210,6 +226,7 @@ class _Request:
     padded: bool
     allow_empty: bool
     extra: int
+    pp: PipelineSetup | None = None  # set when pp_size > 1
 
     @property
     def n(self) -> int:
@@ -496,7 +513,7 @@ def _search(
                 # the plans already found stand.
                 return found if found else str(problem)
             mbs, st = _plan_global(
-                req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0
+                req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp
             )
         else:
             if not blocked:
@@ -617,7 +634,11 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
         )
 
     def key(p: Plan) -> tuple[float, ...]:
-        t = _step_time(p.micro_batches, req.costs, req.c0, req.padded, req.sync)
+        if req.pp is None:
+            t = _step_time(p.micro_batches, req.costs, req.c0, req.padded, req.sync)
+        else:  # the pipeline step, in the best starting order (finish_plan searches more)
+            args = (req.costs, req.c0, req.lens, req.padded, req.sync, req.pp)
+            t = pipeline_step_time(order_grid(p.micro_batches, *args, quick=True), *args)
         # Fewest micro-batches first, unless the caller asked to trade them for time.
         return (t,) if req.extra else (p.num_micro_batches, t)
 
@@ -633,6 +654,7 @@ def _plan_cp_hook(**kw: Any) -> Plan:
         ("groups", None),
         ("padded", False),
         ("extra_micro_batches", 0),
+        ("pp_size", 1),
     ):
         value = kw[name]
         if (value is not None) if default is None else (value != default):
@@ -671,6 +693,10 @@ def plan(
     cp_size: int = 1,
     cp: str = "static",
     cp_cost: Any = None,
+    pp_size: int = 1,
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
+    pp_comm: float = 0.0,
 ) -> Plan:
     """Plan which sequences every data-parallel rank runs, micro-batch by micro-batch.
 
@@ -716,6 +742,19 @@ def plan(
         communication. ``cp_size > 1`` returns a
         :class:`~seqbalance.planning.cp_plans.CPPlan`; see
         :func:`seqbalance.planning.context_parallel.plan_cp`.
+    pp_size : int
+        Pipeline stages per data-parallel replica (``dp_size`` counts replicas). Above 1,
+        the plan orders each replica's micro-batches (``fsdp``: the slots) for the pipeline
+        schedule and records the layout in ``plan.pipeline``; see
+        :meth:`Plan.simulate_pipeline`. 1 (default) plans exactly as without pipelines.
+    schedule : {"1f1b", "interleaved", "gpipe"}
+        Pipeline schedule (:mod:`seqbalance.planning.pipeline`). ``"interleaved"`` needs
+        ``virtual_stages >= 2`` and a micro-batch count that is a multiple of ``pp_size``
+        (``micro_batch_multiple`` is raised to a multiple of it).
+    virtual_stages : int
+        Model chunks per stage for ``"interleaved"``.
+    pp_comm : float
+        Time (in cost units) to send one token's activations between two stages; default 0.
 
     Returns
     -------
@@ -756,6 +795,10 @@ def plan(
         allow_empty,
         extra_micro_batches,
     )
+    pp = pipeline_setup(req.lens, cost, pp_size, schedule, virtual_stages, pp_comm)
+    user_mult = req.mult
+    if pp is not None:
+        req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
     first_m, notes = _starting_micro_batches(req)
     splits = _rank_splits(req)
     candidates: list[Plan] = []
@@ -770,4 +813,6 @@ def plan(
     if not req.extra:
         m_best = min((p.num_micro_batches for p in candidates), default=None)
         candidates.extend(_pipeline_candidates(req, m_best))
-    return _pick(req, candidates, problems, len(splits))
+    best = _pick(req, candidates, problems, len(splits))
+    # Packings were compared in their best starting order; search the winner's order.
+    return best if pp is None else finish_plan(best, pp, user_mult)

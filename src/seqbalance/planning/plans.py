@@ -70,7 +70,13 @@ class Plan:
         The rule on sequences (or groups) per rank the plan was made under.
     groups : np.ndarray or None
         Group id per sequence (int64) where groups had to stay on one rank.
+    pipeline : PipelineSetup or None
+        Pipeline layout and forward costs when planned with ``pp_size > 1``
+        (:mod:`seqbalance.planning.pipeline_plans`); ``micro_batches[r]`` is then replica
+        ``r``'s run order. A dict as :meth:`to_dict` writes it is accepted.
     """
+
+    pipeline: Any = None  # subclasses that build themselves (CPPlan) have no pipeline
 
     def __init__(
         self,
@@ -86,6 +92,7 @@ class Plan:
         notes: Sequence[str] = (),
         size: str = "free",
         groups: Any = None,
+        pipeline: Any = None,
     ) -> None:
         self.lengths = as_lengths(lengths)
         n = self.num_sequences
@@ -118,6 +125,7 @@ class Plan:
         self.notes = tuple(str(x) for x in notes)
         self.size = check_choice(size, "size", SIZES)
         self.groups = None if groups is None else as_groups(groups, n)
+        self.pipeline = _pipeline(pipeline, n, self.num_micro_batches)
 
     @classmethod
     def _from_validated(
@@ -134,6 +142,7 @@ class Plan:
         notes: Sequence[str],
         size: str,
         groups: np.ndarray | None,
+        pipeline: Any = None,
     ) -> Plan:
         """A plan from arguments :func:`seqbalance.plan` has already validated.
 
@@ -152,6 +161,7 @@ class Plan:
         self.notes = tuple(notes)
         self.size = size
         self.groups = groups
+        self.pipeline = pipeline
         return self
 
     # ---- shape -------------------------------------------------------------------------
@@ -321,6 +331,23 @@ class Plan:
             lower_bound=bound,
         )
 
+    def simulate_pipeline(self, sync: str | None = None) -> Any:
+        """Simulate the pipeline step of a plan made with ``pp_size > 1``.
+
+        Returns a :class:`~seqbalance.planning.pipeline_plans.PlanPipelineSimulation`
+        (step time, per-replica times, the slowest pipeline's per-stage timeline, bubble
+        fraction, lower bound and gap).
+        """
+        from .pipeline_plans import simulate_plan_pipeline
+
+        if self.pipeline is None:
+            raise ValueError("this plan has no pipeline; plan with pp_size > 1")
+        sync = self.sync if sync is None else check_choice(sync, "sync", SYNC_MODELS)
+        return simulate_plan_pipeline(
+            self.micro_batches, self.costs, self.per_microbatch, self.lengths, self.padded,
+            sync, self.pipeline,
+        )
+
     def stats(self, cost: Any = None) -> dict[str, Any]:
         """Balance and capacity statistics of the plan.
 
@@ -394,7 +421,7 @@ class Plan:
             "lengths": self.lengths.tolist(),
             "costs": self.costs.tolist(),
             "micro_batches": self.micro_batches,
-        }
+        } | ({} if self.pipeline is None else {"pipeline": self.pipeline.to_dict()})
 
     def to_json(self, path: Any = None) -> str:
         """Serialise to JSON (floats round-trip exactly); also write it to ``path`` if given."""
@@ -429,6 +456,7 @@ class Plan:
             notes=data.get("notes", ()),
             size=data.get("size", "free"),
             groups=data.get("groups"),
+            pipeline=data.get("pipeline"),
         )
 
     @classmethod
@@ -463,3 +491,19 @@ class Plan:
                 f"{type(data).__name__}"
             )
         return cls.from_dict(data)
+
+
+def _pipeline(value: Any, n: int, m: int) -> Any:
+    """None, a PipelineSetup, or its dict form -> None or a PipelineSetup (for ``m``
+    micro-batches per rank: the schedule's divisibility rule is checked here)."""
+    if value is None:
+        return None
+    from .pipeline_plans import PipelineSetup
+
+    if isinstance(value, dict):
+        value = PipelineSetup.from_dict(value, n)
+    if not isinstance(value, PipelineSetup):
+        kind = type(value).__name__
+        raise ValueError(f"pipeline must be None, a PipelineSetup or a dict, got {kind}")
+    value.spec.check_count(m)
+    return value

@@ -1,0 +1,658 @@
+"""Pipeline-parallel step simulation: GPipe, 1F1B and interleaved 1F1B with unequal micro-batches.
+
+The model
+---------
+A data-parallel replica splits the model's layers evenly over ``p`` pipeline stages; with
+the interleaved schedule every stage holds ``v`` model chunks ("virtual stages"), and chunk
+``c`` of stage ``s`` is virtual stage ``c·p + s``. Micro-batch ``i`` costs ``F_i`` forward
+and ``B_i`` backward for the whole model (see :mod:`seqbalance.costs.phases`), so one
+operation (forward or backward of one micro-batch on one virtual stage) lasts
+``F_i / (p·v)`` or ``B_i / (p·v)``.
+
+A schedule fixes the order of the operations on every stage (:func:`stage_orders`):
+
+``gpipe``
+    every forward in micro-batch order, then every backward in the same order.
+``1f1b``
+    stage ``s`` runs ``min(p - s - 1, m)`` warm-up forwards, then alternates one forward
+    and one backward, then drains the remaining backwards (PipeDream-flush / Megatron).
+``interleaved``
+    Megatron's interleaved 1F1B: forwards visit chunk 0 for micro-batches ``0..p-1``, then
+    chunk 1 for the same ``p`` micro-batches, ..., then the next ``p`` micro-batches;
+    backwards the same with chunks reversed; ``2·(p - s - 1) + (v - 1)·p`` warm-up
+    forwards (all of them when ``m == p``). ``m`` must be a multiple of ``p``.
+
+An operation starts when (a) the previous operation of its stage in the schedule's order
+has ended and (b) the operation it depends on has ended and its activations (forward) or
+gradients (backward) have arrived: a forward needs the same micro-batch's forward on the
+previous virtual stage, a backward the backward on the next virtual stage (the last
+virtual stage's backward needs its own forward). A transfer between two stages takes
+``comm_i`` (e.g. a per-token time x the micro-batch's tokens) and does not occupy either
+stage (asynchronous send/receive). This event-driven rule is the longest path through a
+fixed graph, which :class:`PipelineGraph` evaluates for many micro-batch orders at once.
+
+Closed forms (equal micro-batches, per-stage forward ``f = F/p``, backward ``b = B/p``,
+no transfer time; checked exactly by the tests)
+-----------------------------------------------------------------------------------------
+- GPipe and 1F1B: ``(m + p - 1)·(f + b)``. The last stage cannot start before the first
+  forward has crossed the ``p - 1`` stages before it (``(p - 1)·f``), then has ``m·(f + b)``
+  of work, and the first stage ends ``(p - 1)·b`` after the last stage's last backward;
+  both schedules keep the last stage busy in between.
+- Interleaved with ``v`` chunks and ``m`` a multiple of ``p``: ``(m + (p - 1)/v)·(f + b)``.
+  Every operation lasts ``f/v`` or ``b/v``; stage ``p - 1`` waits ``(p - 1)·f/v`` for the
+  first chunk-0 forward and the first stage ends ``(p - 1)·b/v`` after stage ``p - 1``'s
+  last backward; Megatron's warm-up depth ``2(p - s - 1) + (v - 1)p`` keeps stage
+  ``p - 1`` busy in between (the tests check it for p up to 8, v up to 4), so the bubble
+  is ``(p - 1)(f + b)/v``, the Megatron-LM paper's interleaved bubble.
+
+These are the lower bound of :func:`pipeline_lower_bound` for equal micro-batches, so the
+schedules are optimal there; with unequal micro-batches the order decides the stalls.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from .._validate import as_weights, check_choice, check_positive_int
+from ..partitioning.stats import relative_gap
+
+__all__ = [
+    "SCHEDULES",
+    "PipelineGraph",
+    "PipelineSimulation",
+    "PipelineSpec",
+    "check_pipeline",
+    "pipeline_lower_bound",
+    "simulate_pipeline",
+    "stage_orders",
+]
+
+SCHEDULES = ("1f1b", "interleaved", "gpipe")
+
+FORWARD, BACKWARD = 0, 1
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    """A validated pipeline layout: ``pp_size`` stages, schedule, virtual stages per stage."""
+
+    pp_size: int
+    schedule: str = "1f1b"
+    virtual_stages: int = 1
+
+    @property
+    def count_multiple(self) -> int:
+        """Micro-batch counts must be a multiple of this (``pp_size`` when interleaved)."""
+        return self.pp_size if self.schedule == "interleaved" else 1
+
+    def check_count(self, m: int) -> None:
+        """Raise ValueError unless ``m`` micro-batches suit the schedule."""
+        if m % self.count_multiple:
+            raise ValueError(
+                f"schedule='interleaved' needs a micro-batch count that is a multiple of "
+                f"pp_size={self.pp_size}, got {m}; add or merge micro-batches, or plan with "
+                f"seqbalance.plan(..., pp_size={self.pp_size}, schedule='interleaved')"
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "pp_size": self.pp_size,
+            "schedule": self.schedule,
+            "virtual_stages": self.virtual_stages,
+        }
+
+
+def check_pipeline(pp_size: Any, schedule: Any = "1f1b", virtual_stages: Any = 1) -> PipelineSpec:
+    """Validate a pipeline layout; raises ValueError naming the bad argument and the fix."""
+    p = check_positive_int(pp_size, "pp_size")
+    check_choice(schedule, "schedule", SCHEDULES)
+    v = check_positive_int(virtual_stages, "virtual_stages")
+    if schedule == "interleaved" and v < 2:
+        raise ValueError(
+            f"schedule='interleaved' needs virtual_stages >= 2, got {v}; pass the number of "
+            "model chunks per stage, or use schedule='1f1b'"
+        )
+    if schedule != "interleaved" and v != 1:
+        raise ValueError(
+            f"virtual_stages={v} applies to schedule='interleaved' only; got schedule="
+            f"{schedule!r}. Pass virtual_stages=1, or schedule='interleaved'"
+        )
+    return PipelineSpec(p, str(schedule), v)
+
+
+def _check_count(spec: PipelineSpec, m: int) -> None:
+    spec.check_count(m)
+
+
+def stage_orders(
+    pp_size: int, m: int, schedule: str = "1f1b", virtual_stages: int = 1
+) -> list[list[tuple[int, int, int]]]:
+    """The operations of every stage in the schedule's order.
+
+    Returns ``orders[s]``: a list of ``(phase, position, chunk)`` with phase 0 forward,
+    1 backward, ``position`` the micro-batch's place in the run order (0..m-1) and
+    ``chunk`` the model chunk (0 unless interleaved).
+
+    Examples
+    --------
+    >>> [(("F", "B")[ph], i) for ph, i, _ in stage_orders(2, 3, "1f1b")[0]]
+    [('F', 0), ('F', 1), ('B', 0), ('F', 2), ('B', 1), ('B', 2)]
+    """
+    spec = check_pipeline(pp_size, schedule, virtual_stages)
+    m = check_positive_int(m, "m")
+    _check_count(spec, m)
+    return [list(ops) for ops in _stage_orders(spec.pp_size, m, spec.schedule, spec.virtual_stages)]
+
+
+@lru_cache(maxsize=64)
+def _stage_orders(
+    p: int, m: int, schedule: str, v: int
+) -> tuple[tuple[tuple[int, int, int], ...], ...]:
+    out = []
+    for s in range(p):
+        if schedule == "gpipe":
+            ops = [(FORWARD, i, 0) for i in range(m)] + [(BACKWARD, i, 0) for i in range(m)]
+        elif schedule == "1f1b":
+            w = min(p - s - 1, m)
+            ops = [(FORWARD, i, 0) for i in range(w)]
+            for k in range(m - w):
+                ops += [(FORWARD, w + k, 0), (BACKWARD, k, 0)]
+            ops += [(BACKWARD, i, 0) for i in range(m - w, m)]
+        else:
+            total = m * v
+
+            def fwd(k: int) -> tuple[int, int, int]:
+                return (FORWARD, (k // (p * v)) * p + k % p, (k // p) % v)
+
+            def bwd(k: int) -> tuple[int, int, int]:
+                return (BACKWARD, (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
+
+            w = total if m == p else min(2 * (p - s - 1) + (v - 1) * p, total)
+            ops = [fwd(k) for k in range(w)]
+            for k in range(total - w):
+                ops += [fwd(w + k), bwd(k)]
+            ops += [bwd(k) for k in range(total - w, total)]
+        out.append(tuple(ops))
+    return tuple(out)
+
+
+class PipelineGraph:
+    """The dependency graph of one schedule for ``m`` micro-batches, compiled once.
+
+    Nodes are the operations of every stage; each has at most two predecessors: the
+    previous operation of its stage, and the operation it needs data from (with a
+    transfer when that one ran on another stage). :meth:`step_times` evaluates the longest
+    path for many micro-batch orders in one vectorised pass, level by level.
+    """
+
+    def __init__(self, spec: PipelineSpec, m: int) -> None:
+        _check_count(spec, m)
+        self.spec, self.m = spec, m
+        p, v = spec.pp_size, spec.virtual_stages
+        orders = _stage_orders(p, m, spec.schedule, v)
+        stage, phase, pos, chunk = [], [], [], []
+        node = {}
+        for s, ops in enumerate(orders):
+            for ph, i, c in ops:
+                node[(ph, i, c, s)] = len(stage)
+                stage.append(s)
+                phase.append(ph)
+                pos.append(i)
+                chunk.append(c)
+        n = len(stage)
+        self.n_nodes = n
+        self.stage = np.asarray(stage, dtype=np.int64)
+        self.phase = np.asarray(phase, dtype=np.int64)
+        self.position = np.asarray(pos, dtype=np.int64)
+        self.chunk = np.asarray(chunk, dtype=np.int64)
+        prev = np.full(n, n, dtype=np.int64)  # n: a virtual node that ends at time 0
+        dep = np.full(n, n, dtype=np.int64)
+        cross = np.zeros(n, dtype=bool)  # does the data dependency cross stages?
+        k = 0
+        for s, ops in enumerate(orders):
+            for j, (ph, i, c) in enumerate(ops):
+                if j:
+                    prev[k] = k - 1
+                if ph == FORWARD:
+                    src = (
+                        (FORWARD, i, c, s - 1) if s else ((FORWARD, i, c - 1, p - 1) if c else None)
+                    )
+                elif s == p - 1 and c == v - 1:
+                    src = (FORWARD, i, c, s)
+                else:
+                    src = (BACKWARD, i, c, s + 1) if s < p - 1 else (BACKWARD, i, c + 1, 0)
+                if src is not None:
+                    dep[k] = node[src]
+                    cross[k] = src[3] != s
+                k += 1
+        self.prev, self.dep, self.cross = prev, dep, cross
+        self.levels = self._levels()
+        self._compile()
+
+    def _levels(self) -> list[np.ndarray]:
+        """Nodes grouped by longest-path depth (Kahn's algorithm; a cycle is a schedule bug)."""
+        n = self.n_nodes
+        level = np.full(n, -1, dtype=np.int64)
+        succ: list[list[int]] = [[] for _ in range(n)]
+        indeg = np.zeros(n, dtype=np.int64)
+        for k in range(n):
+            for q in (int(self.prev[k]), int(self.dep[k])):
+                if q < n:
+                    succ[q].append(k)
+                    indeg[k] += 1
+        frontier = [k for k in range(n) if indeg[k] == 0]
+        depth = 0
+        while frontier:
+            nxt = []
+            for k in frontier:
+                level[k] = depth
+                for t in succ[k]:
+                    indeg[t] -= 1
+                    if indeg[t] == 0:
+                        nxt.append(t)
+            frontier, depth = nxt, depth + 1
+        if (level < 0).any():  # pragma: no cover - would be a bug in _stage_orders
+            raise RuntimeError(f"schedule {self.spec.schedule!r} deadlocks for m={self.m}")
+        order = np.argsort(level, kind="stable")
+        bounds = np.searchsorted(level[order], np.arange(depth + 1))
+        return [order[bounds[d] : bounds[d + 1]] for d in range(depth)]
+
+    def _compile(self) -> None:
+        """Renumber the nodes level by level, so a level is a contiguous block of rows."""
+        n = self.n_nodes
+        topo = np.concatenate(self.levels) if self.levels else np.zeros(0, dtype=np.int64)
+        inv = np.empty(n + 1, dtype=np.int64)
+        inv[topo] = np.arange(n)
+        inv[n] = n  # the virtual node that ends at time 0
+        self._topo, self._inv = topo, inv[:n]
+        self._prev = inv[self.prev[topo]]
+        self._dep = inv[self.dep[topo]]
+        self._cross = self.cross[topo]
+        self._row = self.phase[topo] * self.m + self.position[topo]  # row of (fwd; bwd)
+        self._cuts = np.cumsum([0] + [len(lv) for lv in self.levels]).tolist()
+
+    def _run(
+        self, fwd: np.ndarray, bwd: np.ndarray, comm: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Durations and end times, node-major ``(nodes, K)`` in level order."""
+        scale = 1.0 / (self.spec.pp_size * self.spec.virtual_stages)
+        dur = (np.concatenate([fwd.T, bwd.T]) * scale)[self._row]
+        end = np.zeros((self.n_nodes + 1, fwd.shape[0]))
+        lag = None
+        if comm is not None and self._cross.any():
+            lag = comm.T[self._row % self.m] * self._cross[:, None]
+        cuts = self._cuts
+        for lo, hi in zip(cuts[:-1], cuts[1:]):
+            ready = end[self._dep[lo:hi]]
+            if lag is not None:
+                ready += lag[lo:hi]
+            np.maximum(ready, end[self._prev[lo:hi]], out=ready)
+            ready += dur[lo:hi]
+            end[lo:hi] = ready
+        return dur, end[:-1]
+
+    def run(
+        self, fwd: np.ndarray, bwd: np.ndarray, comm: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Start and end of every node for ``K`` orders: inputs ``(K, m)`` in run order.
+
+        Returns two ``(K, nodes)`` arrays, nodes in stage order (as :attr:`stage` etc.).
+        """
+        dur, end = self._run(fwd, bwd, comm)
+        start = end - dur
+        return start[self._inv].T, end[self._inv].T
+
+    def step_times(
+        self,
+        fwd: np.ndarray,
+        bwd: np.ndarray,
+        comm: np.ndarray | None = None,
+        chunk: int = 1 << 21,
+    ) -> np.ndarray:
+        """Step time of each of ``K`` orders (rows of ``(K, m)`` forward/backward costs)."""
+        fwd = np.atleast_2d(fwd)
+        bwd = np.atleast_2d(bwd)
+        comm = None if comm is None else np.atleast_2d(comm)
+        rows = max(1, chunk // max(self.n_nodes, 1))
+        out = np.empty(fwd.shape[0])
+        for a in range(0, fwd.shape[0], rows):
+            b = a + rows
+            _, end = self._run(fwd[a:b], bwd[a:b], None if comm is None else comm[a:b])
+            out[a:b] = end.max(axis=0) if end.shape[0] else 0.0
+        return out
+
+
+@lru_cache(maxsize=32)
+def graph(spec: PipelineSpec, m: int) -> PipelineGraph:
+    """The compiled graph for ``spec`` and ``m`` micro-batches (cached)."""
+    return PipelineGraph(spec, m)
+
+
+@dataclass(frozen=True)
+class PipelineSimulation:
+    """One simulated pipeline step of one replica (or of all replicas in lockstep).
+
+    Attributes
+    ----------
+    spec : PipelineSpec
+        Stages, schedule, virtual stages.
+    step_time : float
+        When the last operation ends.
+    forward, backward, comm : np.ndarray
+        Per-micro-batch whole-model forward and backward costs and transfer times, in run order.
+    stage, phase, position, chunk, start, end : np.ndarray
+        One entry per operation: its stage, phase (0 forward, 1 backward), the micro-batch's
+        position in the run order, its model chunk, and when it starts and ends.
+    stage_busy, stage_idle : np.ndarray
+        Per-stage compute and idle time (``busy + idle == step_time``).
+    bubble_fraction : float
+        ``sum(stage_idle) / (p * step_time)``.
+    lower_bound : float
+        :func:`pipeline_lower_bound` of these micro-batches (any order).
+    gap : float
+        ``step_time / lower_bound - 1``.
+    """
+
+    spec: PipelineSpec
+    step_time: float
+    forward: np.ndarray
+    backward: np.ndarray
+    comm: np.ndarray
+    stage: np.ndarray
+    phase: np.ndarray
+    position: np.ndarray
+    chunk: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    stage_busy: np.ndarray
+    stage_idle: np.ndarray
+    bubble_fraction: float
+    lower_bound: float
+    gap: float
+
+
+def _phase_arrays(
+    forward: Any, backward: Any, comm: Any
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    f = as_weights(forward, "forward")
+    b = as_weights(backward, "backward")
+    if b.shape != f.shape:
+        raise ValueError(
+            f"backward has {b.shape[0]} entries but forward has {f.shape[0]}; pass one forward "
+            "and one backward cost per micro-batch"
+        )
+    c = np.zeros_like(f) if comm is None else as_weights(comm, "comm")
+    if c.shape != f.shape:
+        raise ValueError(
+            f"comm has {c.shape[0]} entries but there are {f.shape[0]} micro-batches; pass one "
+            "transfer time per micro-batch, or None"
+        )
+    return f, b, c
+
+
+def simulate_pipeline(
+    forward: Any,
+    backward: Any,
+    pp_size: int,
+    *,
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
+    comm: Any = None,
+) -> PipelineSimulation:
+    """Simulate one pipeline step of micro-batches run in the given order.
+
+    Parameters
+    ----------
+    forward, backward : array-like of float
+        Whole-model forward and backward cost of each micro-batch, in run order; each stage
+        (chunk) runs ``1 / (pp_size * virtual_stages)`` of it.
+    pp_size : int
+        Pipeline stages ``p``.
+    schedule : {"1f1b", "interleaved", "gpipe"}
+        The schedule (module docstring).
+    virtual_stages : int
+        Model chunks per stage (``interleaved`` only, >= 2).
+    comm : array-like of float, optional
+        Time to send one micro-batch's activations (or gradients) from one stage to the
+        next, e.g. a per-token time times its tokens; default 0.
+
+    Returns
+    -------
+    PipelineSimulation
+
+    Examples
+    --------
+    >>> sim = simulate_pipeline([1.0] * 8, [2.0] * 8, 4)   # f = 1/4, b = 2/4 per stage
+    >>> sim.step_time == (8 + 4 - 1) * (0.25 + 0.5)
+    True
+    """
+    spec = check_pipeline(pp_size, schedule, virtual_stages)
+    f, b, c = _phase_arrays(forward, backward, comm)
+    m = f.shape[0]
+    bound = pipeline_lower_bound(
+        f, b, spec.pp_size, virtual_stages=spec.virtual_stages, comm=c, schedule=spec.schedule
+    )
+    p = spec.pp_size
+    if m == 0:
+        z = np.zeros(0)
+        zi = np.zeros(0, dtype=np.int64)
+        return PipelineSimulation(
+            spec, 0.0, f, b, c, zi, zi, zi, zi, z, z, np.zeros(p), np.zeros(p), 0.0, bound, 0.0
+        )
+    g = graph(spec, m)
+    start, end = g.run(f[None], b[None], c[None])
+    start, end = start[0], end[0]
+    step = float(end.max())
+    busy = np.bincount(g.stage, weights=end - start, minlength=p)
+    idle = step - busy
+    return PipelineSimulation(
+        spec=spec,
+        step_time=step,
+        forward=f,
+        backward=b,
+        comm=c,
+        stage=g.stage,
+        phase=g.phase,
+        position=g.position,
+        chunk=g.chunk,
+        start=start,
+        end=end,
+        stage_busy=busy,
+        stage_idle=idle,
+        bubble_fraction=float(idle.sum() / (p * step)) if step > 0 else 0.0,
+        lower_bound=bound,
+        gap=float(relative_gap(step, bound)),
+    )
+
+
+def pipeline_lower_bound(
+    forward: Any,
+    backward: Any,
+    pp_size: int,
+    *,
+    virtual_stages: int = 1,
+    comm: Any = None,
+    schedule: str | None = None,
+) -> float:
+    """A pipeline step time that no order of these micro-batches can beat.
+
+    With per-stage costs ``f_i = F_i / p`` and ``b_i = B_i / p``, transfer times ``c_i``,
+    ``W = sum_i (f_i + b_i)`` (every stage's work) and ``v`` virtual stages::
+
+        LB = max( W + (p - 1) * min_{a != z} (f_a / v + c_a + b_z / v + c_z),
+                  max_i  p * (f_i + b_i) + 2 * (p*v - 1) * c_i,
+                  LB_heavy )
+
+    (``a = z`` allowed when there is one micro-batch). ``LB_heavy`` is what one heavy
+    micro-batch costs wherever it is placed: for every micro-batch ``k``, with
+    ``S_k = W - f_k - b_k``, ``F = min_i (f_i / v + c_i)``, ``B = min_i (b_i / v + c_i)``,
+    ``A_k = (p - 1)(f_k / v + c_k) + f_k + b_k + (p - 1) B`` and
+    ``B_k = (p - 1) F + f_k + b_k + (p - 1)(b_k / v + c_k)``::
+
+        LB_heavy = max_k max(A_k, B_k, (A_k + B_k + S_k) / 2).
+
+    With ``schedule="gpipe"`` also
+
+        LB_gpipe = W + (p - 1) * (max_i (f_i + c_i) + max_i (b_i + c_i)),
+
+    which is GPipe's exact step time without transfers, for every order, and with
+    ``schedule="1f1b"`` also, with round trips ``R_i = p (f_i + b_i) + 2 (p - 1) c_i`` and
+    ``q = floor(m / p)``::
+
+        LB_1f1b_memory = max_k R_k + (q - 1) * min_{i != k} R_i.
+
+    With any ``schedule`` also the window term: with ``R_i = p (f_i + b_i) + 2 (p v - 1)
+    c_i``, and for positions ``j != j'`` in the run order ``α[j, j']`` (``β[j, j']``) the
+    number of forward (backward) chunk operations of position ``j'`` that stage 0 runs
+    before the chunk-0 forward or after the chunk-0 backward of position ``j``::
+
+        LB_window = max_k min_j ( R_k + sum_t α↓[j]_t f↑_t / v + sum_t β↓[j]_t b↑_t / v ),
+
+    where ``α↓[j]`` is row ``j`` without ``j`` sorted descending and ``f↑`` the forward
+    costs of the micro-batches other than ``k`` sorted ascending (same for ``β``, ``b``).
+
+    Proof. Take the last stage ``s = p - 1``; it runs all of its work ``W``, one operation
+    at a time. Its first operation is a forward of some micro-batch ``a`` on chunk 0 (every
+    other operation of ``a`` on this stage needs that one first), which cannot start before
+    ``a``'s chunk-0 forward has run on stages ``0..s-1`` and been sent ``s`` times:
+    ``s·(f_a/v + c_a)``. Its last operation is a backward of some micro-batch ``z`` on
+    chunk 0 (a backward on chunk ``k > 0`` is followed by the same micro-batch's chunk-0
+    backward on this stage), after which ``z``'s chunk-0 backward still runs on stages
+    ``s-1..0``, each after a transfer: ``s·(b_z/v + c_z)``. So the step lasts at least
+    ``s·(f_a/v + c_a) + W + s·(b_z/v + c_z)``. GPipe, 1F1B and interleaved 1F1B run every
+    stage's forwards and backwards in the same micro-batch order, so the first forward is
+    of the first micro-batch in the order and the last backward of the last one: with two
+    or more micro-batches, ``a != z``. Minimising over such pairs gives the first term.
+    Second term: each micro-batch passes forward through all ``p·v`` virtual stages and
+    back, one after another, with ``p·v - 1`` transfers each way (none when ``p = 1``).
+    Heavy term (any schedule): on the last stage, micro-batch ``k``'s operations (work
+    ``f_k + b_k``) start with its chunk-0 forward and end with its chunk-0 backward (as
+    above); the other operations of that stage split into those that run before the first
+    (work ``x``), between the two (``y``) and after the last (``S_k - x - y``). Chain A:
+    ``k``'s chunk-0 forward reaches the last stage (``(p - 1)(f_k/v + c_k)``), which then
+    runs ``k``'s operations and everything after its first one, then the chunk-0 backward
+    of the stage's last operation returns to stage 0 (``>= (p - 1) B``):
+    ``A_k + S_k - x``. Chain B: the stage's first operation waits for its chunk-0 forward
+    (``>= (p - 1) F``), the stage runs everything up to ``k``'s last operation, then
+    ``k``'s chunk-0 backward returns: ``B_k + x + y``. The step is at least the larger of
+    the two, which for the best ``x`` in ``[0, S_k]`` (and ``y = 0``) is
+    ``max(A_k, B_k, (A_k + B_k + S_k) / 2)``.
+    GPipe term: let ``k`` maximise ``f_k + c_k`` and ``k'`` maximise ``b_k' + c_k'``. The
+    step contains this chain of operations, each waiting for the one before: stage 0's
+    forwards up to ``k``; ``k``'s forward on stages ``1..p-1`` (``(p - 1)(f_k + c_k)``);
+    stage ``p-1``'s remaining forwards and its backwards up to ``k'`` (GPipe runs every
+    forward before any backward); ``k'``'s backward on stages ``p-2..0``; stage 0's
+    remaining backwards. Its length is the bound, whatever the order (for ``c = 0`` this
+    is the proportionate flow shop's makespan, reached by every order).
+    1F1B memory term: stage 0 runs the forward of the micro-batch at position ``j + p``
+    only after the backward of the one at position ``j`` has come back to it (at most
+    ``p`` micro-batches in flight), so the round trips of positions ``j, j + p, j + 2p,
+    ...`` run one after another. The positions holding ``k`` form such a class with at
+    least ``q`` members.
+    Window term: put micro-batch ``k`` at position ``j``. Stage 0 runs its operations in
+    the schedule's fixed order; between the start of ``k``'s chunk-0 forward and the end
+    of its chunk-0 backward there, ``k`` makes its whole round trip (``R_k``, second term);
+    before it stage 0 runs the operations it lists earlier and after it those it lists
+    later, one at a time. Which operations those are depends only on ``j``: position
+    ``j'`` contributes ``α[j, j'] f/v + β[j, j'] b/v`` of whichever micro-batch runs there.
+    Over any assignment of the other micro-batches to the other positions, that sum is at
+    least the rearrangement-inequality pairing (largest count with the smallest cost),
+    taken for forwards and backwards separately. Minimising over ``j`` covers every place
+    ``k`` can take. ∎
+
+    For equal micro-batches and no transfers the first term is ``(m + p - 1)·(f + b)``
+    (``v = 1``) or ``(m + (p - 1)/v)·(f + b)``: the closed forms of the module docstring, so
+    the bound is tight there.
+    """
+    p = check_positive_int(pp_size, "pp_size")
+    v = check_positive_int(virtual_stages, "virtual_stages")
+    f, b, c = _phase_arrays(forward, backward, comm)
+    m = f.shape[0]
+    if m == 0:
+        return 0.0
+    f, b = f / p, b / p
+    work = float(np.sum(f + b))
+    head = f / v + c
+    tail = b / v + c
+    if m == 1:
+        ends = float(head[0] + tail[0])
+    else:
+        ia = np.argsort(head, kind="stable")[:2]
+        iz = np.argsort(tail, kind="stable")[:2]
+        if ia[0] != iz[0]:
+            ends = float(head[ia[0]] + tail[iz[0]])
+        else:
+            ends = float(min(head[ia[0]] + tail[iz[1]], head[ia[1]] + tail[iz[0]]))
+    fill = work + (p - 1) * ends
+    if p > 1:  # the heavy-micro-batch term (any schedule)
+        lo_f, lo_b = float(np.min(head)), float(np.min(tail))
+        a_k = (p - 1) * head + f + b + (p - 1) * lo_b
+        b_k = (p - 1) * lo_f + f + b + (p - 1) * tail
+        s_k = work - f - b
+        heavy = np.maximum(np.maximum(a_k, b_k), (a_k + b_k + s_k) / 2)
+        fill = max(fill, float(heavy.max()))
+    if schedule == "gpipe" and v == 1:
+        fill = max(fill, work + (p - 1) * float(np.max(f + c) + np.max(b + c)))
+    if schedule == "1f1b" and v == 1 and p > 1:
+        q = m // p
+        if q >= 2:
+            trip = p * (f + b) + 2 * (p - 1) * c
+            order = np.argsort(trip, kind="stable")
+            # the lightest other micro-batch: the lightest, or the second for the lightest
+            other = np.where(np.arange(m) == order[0], trip[order[1]], trip[order[0]])
+            fill = max(fill, float(np.max(trip + (q - 1) * other)))
+    hops = p * v - 1 if p > 1 else 0  # with one stage nothing is sent
+    trips = p * (f + b) + 2 * hops * c
+    chain = float(np.max(trips))
+    if schedule is not None and p > 1 and 2 <= m <= _WINDOW_MAX_M:
+        spec = check_pipeline(p, schedule, v)
+        spec.check_count(m)
+        chain = max(chain, _window_term(trips, f / v, b / v, _windows(spec, m)))
+    return max(fill, chain)
+
+
+_WINDOW_MAX_M = 512  # the window term costs O(m^3): beyond this many micro-batches, skip it
+
+
+@lru_cache(maxsize=32)
+def _windows(spec: PipelineSpec, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per position ``j``: counts of other positions' forward / backward chunk operations
+    that stage 0 runs outside ``j``'s chunk-0 forward .. chunk-0 backward, each row sorted
+    descending without its own (zero) entry: two ``(m, m - 1)`` arrays (window term)."""
+    ops = _stage_orders(spec.pp_size, m, spec.schedule, spec.virtual_stages)[0]
+    phase = np.array([op[0] for op in ops])
+    pos = np.array([op[1] for op in ops])
+    chunk = np.array([op[2] for op in ops])
+    t = np.arange(len(ops))
+    first = np.empty(m, dtype=np.int64)
+    last = np.empty(m, dtype=np.int64)
+    zero = chunk == 0
+    first[pos[zero & (phase == FORWARD)]] = t[zero & (phase == FORWARD)]
+    last[pos[zero & (phase == BACKWARD)]] = t[zero & (phase == BACKWARD)]
+    outside = (t[None, :] < first[:, None]) | (t[None, :] > last[:, None])  # (j, op)
+    onehot = pos[:, None] == np.arange(m)[None, :]  # (op, position)
+    rows = []
+    for ph in (FORWARD, BACKWARD):
+        counts = (outside & (phase == ph)[None, :]).astype(np.int64) @ onehot.astype(np.int64)
+        np.fill_diagonal(counts, 0)  # k's own operations are inside its window
+        rows.append(-np.sort(-counts, axis=1)[:, : m - 1])  # drop one zero: its own entry
+    return rows[0].astype(np.float64), rows[1].astype(np.float64)
+
+
+def _window_term(
+    trips: np.ndarray, f_op: np.ndarray, b_op: np.ndarray, windows: tuple[np.ndarray, np.ndarray]
+) -> float:
+    """``max_k (trips_k + min_j outside work)`` (see :func:`pipeline_lower_bound`)."""
+    alpha, beta = windows
+    m = trips.shape[0]
+    keep = ~np.eye(m, dtype=bool)  # row k: every micro-batch but k
+
+    def others_sorted(x: np.ndarray) -> np.ndarray:
+        return np.sort(np.broadcast_to(x, (m, m))[keep].reshape(m, m - 1), axis=1)
+
+    outside = others_sorted(f_op) @ alpha.T + others_sorted(b_op) @ beta.T  # (k, j)
+    return float(np.max(trips + outside.min(axis=1)))

@@ -1,0 +1,330 @@
+"""Pipeline plans: cost split, order search against brute force, plan(pp_size=...) guarantees."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import seqbalance as sb
+from seqbalance.costs import FlopsCost, QuadraticCost
+from seqbalance.costs.phases import phase_costs, split_costs
+from seqbalance.planning.pipeline import check_pipeline, simulate_pipeline
+from seqbalance.planning.pipeline_orders import ORDERS, best_orders, light_ends
+from seqbalance.planning.pipeline_plans import reorder
+
+
+def test_split_keeps_totals_and_ratios():
+    lin = QuadraticCost(per_token=3.0, per_token_sq=0.0)
+    f, b, _, _ = phase_costs([5, 7], lin)
+    np.testing.assert_allclose(b, 2.0 * f)  # matmuls: backward = 2 x forward
+    quad = QuadraticCost(per_token=0.0, per_token_sq=1.0)
+    f, b, _, _ = phase_costs([4], quad)
+    np.testing.assert_allclose(b, 2.5 * f)  # attention: 2.5 x
+    f, b, f0, b0 = phase_costs([4], QuadraticCost(1.0, 1.0, per_microbatch=3.0))
+    assert (f0, b0) == (1.0, 2.0)
+    np.testing.assert_allclose(f, 4 / 3 + 16 / 3.5)
+    cost = FlopsCost.from_name("gemma-2-9b")  # sliding windows: exact != polynomial
+    lens = np.array([100, 5000, 20000])
+    f, b, _, _ = phase_costs(lens, cost)
+    np.testing.assert_allclose(f + b, cost(lens), rtol=1e-12)
+    with pytest.raises(ValueError, match="r_mm"):
+        split_costs([1.0], r_mm=0.0)
+    # A model carries its own ratios (e.g. recompute makes the backward heavier).
+    own = QuadraticCost(per_token=1.0, per_token_sq=0.0, backward_matmul=3.0)
+    f, b, _, _ = phase_costs([8], own)
+    np.testing.assert_allclose(b, 3.0 * f)
+    rec = FlopsCost.from_name("qwen2.5-7b", recompute=True)
+    assert (rec.backward_matmul, rec.backward_attention) == (3.0, 3.5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    b=st.floats(0.0, 10.0),
+    c=st.floats(0.0, 1.0),
+    a=st.floats(0.0, 5.0),
+    r1=st.floats(0.5, 4.0),
+    r2=st.floats(0.5, 4.0),
+    lens=st.lists(st.integers(0, 5000), min_size=1, max_size=6),
+)
+def test_split_follows_the_model_ratios(b, c, a, r1, r2, lens):
+    cost = QuadraticCost(b, c, a, backward_matmul=r1, backward_attention=r2)
+    x = np.asarray(lens, dtype=float)
+    f, bw, _, _ = phase_costs(lens, cost)
+    # Independent: each term's forward share is 1 / (1 + its ratio).
+    np.testing.assert_allclose(f, (a + b * x) / (1 + r1) + c * x * x / (1 + r2), rtol=1e-9)
+    np.testing.assert_allclose(f + bw, cost(lens), rtol=1e-12, atol=1e-12)
+    back = sb.load_cost(cost.to_dict())
+    assert back == cost and back.backward_matmul == r1 and back.backward_attention == r2
+
+
+def test_bad_ratio_on_the_model():
+    with pytest.raises(ValueError, match="backward_attention"):
+        QuadraticCost(1.0, 0.0, backward_attention=0.0)
+    with pytest.raises(ValueError, match="backward_matmul"):
+        QuadraticCost(1.0, 0.0, backward_matmul=float("nan"))
+    # Default ratios keep the JSON of older releases.
+    assert "backward_matmul" not in QuadraticCost(1.0, 0.0).to_dict()
+
+
+def test_light_ends_matches_verl_rule():
+    # verl: sort heaviest first, then d[::2][::-1] + d[1::2]
+    w = np.array([10.0, 60.0, 30.0, 50.0, 20.0, 40.0])
+    d = sorted(range(6), key=lambda i: -w[i])
+    assert light_ends(w).tolist() == d[::2][::-1] + d[1::2]
+    assert w[light_ends(w)].tolist() == [20.0, 40.0, 60.0, 50.0, 30.0, 10.0]
+
+
+def _brute(f, b, spec):
+    return min(
+        simulate_pipeline(
+            f[list(o)],
+            b[list(o)],
+            spec.pp_size,
+            schedule=spec.schedule,
+            virtual_stages=spec.virtual_stages,
+        ).step_time
+        for o in itertools.permutations(range(len(f)))
+    )
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    layout=st.sampled_from([("gpipe", 1), ("1f1b", 1), ("interleaved", 2)]),
+    p=st.integers(2, 4),
+    m=st.integers(2, 6),
+    seed=st.integers(0, 10**6),
+)
+def test_search_finds_the_brute_force_optimum(layout, p, m, seed):
+    schedule, v = layout
+    if schedule == "interleaved":
+        m = p
+    rng = np.random.default_rng(seed)
+    f = rng.lognormal(0.0, 0.8, m)
+    b = f * rng.uniform(2.0, 2.5, m)
+    spec = check_pipeline(p, schedule, v)
+    orders, times = best_orders(f[None], b[None], None, spec)
+    assert sorted(orders[0].tolist()) == list(range(m))
+    assert times[0] == pytest.approx(_brute(f, b, spec), rel=1e-12)
+
+
+@settings(max_examples=20, deadline=None)
+@given(p=st.integers(2, 8), m=st.integers(9, 30), seed=st.integers(0, 10**6))
+def test_heuristic_never_worse_than_a_baseline_order(p, m, seed):
+    rng = np.random.default_rng(seed)
+    f = rng.lognormal(0.0, 0.7, (2, m))
+    b = 2.2 * f
+    spec = check_pipeline(p)
+    orders, times = best_orders(f, b, None, spec)
+    for r in range(2):
+        for fn in ORDERS.values():
+            o = fn(f[r] + b[r])
+            t = simulate_pipeline(f[r][o], b[r][o], p).step_time
+            assert times[r] <= t * (1 + 1e-12)
+        got = simulate_pipeline(f[r][orders[r]], b[r][orders[r]], p).step_time
+        assert got == pytest.approx(times[r], rel=1e-12)
+
+
+LENS = sb.workloads.lengths("rl-math", 400, seed=1)
+
+
+@pytest.mark.parametrize("sync", ["fsdp", "ddp"])
+@pytest.mark.parametrize("layout", [("1f1b", 1), ("interleaved", 2), ("gpipe", 1)])
+def test_plan_with_pipeline(sync, layout):
+    schedule, v = layout
+    p = sb.plan(
+        LENS,
+        4,
+        32768,
+        cost="qwen2.5-7b",
+        sync=sync,
+        pp_size=4,
+        schedule=schedule,
+        virtual_stages=v,
+        min_micro_batches=6,
+    )
+    assert p.violations() == {k: 0 for k in p.violations()}
+    assert sorted(p.order().tolist()) == list(range(LENS.size))
+    if schedule == "interleaved":
+        assert p.num_micro_batches % 4 == 0
+    sim = p.simulate_pipeline()
+    assert sim.step_time >= sim.lower_bound * (1 - 1e-12)
+    for name in ORDERS:
+        other = reorder(p, name)
+        assert sorted(other.order().tolist()) == list(range(LENS.size))
+        assert sim.step_time <= other.simulate_pipeline().step_time * (1 + 1e-12)
+    assert sb.Plan.from_json(p.to_json()) == p
+    assert sb.Plan.from_json(p.to_json()).simulate_pipeline().step_time == sim.step_time
+
+
+def test_fsdp_pipeline_is_lockstep_of_slot_maxima():
+    p = sb.plan(LENS, 3, 32768, cost="qwen2.5-7b", sync="fsdp", pp_size=2, min_micro_batches=4)
+    setup = p.pipeline
+    fwd, tot = setup.forward, p.costs
+    f = np.array([[fwd[mb].sum() for mb in rank] for rank in p.micro_batches]).max(axis=0)
+    b = np.array([[(tot[mb] - fwd[mb]).sum() for mb in rank] for rank in p.micro_batches])
+    ref = simulate_pipeline(f, b.max(axis=0), 2).step_time
+    assert p.simulate_pipeline().step_time == pytest.approx(ref, rel=1e-12)
+
+
+def test_ddp_pipeline_is_slowest_replica():
+    p = sb.plan(LENS, 3, 32768, cost="qwen2.5-7b", sync="ddp", pp_size=2, min_micro_batches=4)
+    fwd, tot = p.pipeline.forward, p.costs
+    times = []
+    for rank in p.micro_batches:
+        f = np.array([fwd[mb].sum() for mb in rank])
+        b = np.array([(tot[mb] - fwd[mb]).sum() for mb in rank])
+        times.append(simulate_pipeline(f, b, 2).step_time)
+    sim = p.simulate_pipeline()
+    assert sim.step_time == pytest.approx(max(times), rel=1e-12)
+    np.testing.assert_allclose(sim.replica_times, times, rtol=1e-12)
+
+
+def test_pp_size_one_is_todays_plan():
+    for sync in ("fsdp", "ddp"):
+        a = sb.plan(LENS, 4, 32768, cost="qwen2.5-7b", sync=sync)
+        b = sb.plan(LENS, 4, 32768, cost="qwen2.5-7b", sync=sync, pp_size=1)
+        assert a.to_json() == b.to_json()
+        assert a.pipeline is None
+
+
+def test_pipeline_argument_errors():
+    with pytest.raises(ValueError, match="virtual_stages >= 2"):
+        sb.plan(LENS, 2, 32768, pp_size=2, schedule="interleaved")
+    with pytest.raises(ValueError, match="pp_comm"):
+        sb.plan(LENS, 2, 32768, pp_comm=0.5)
+    with pytest.raises(ValueError, match="schedule"):
+        sb.plan(LENS, 2, 32768, pp_size=2, schedule="zero-bubble")
+    p = sb.plan(LENS, 2, 32768)
+    with pytest.raises(ValueError, match="pp_size > 1"):
+        p.simulate_pipeline()
+    with pytest.raises(ValueError, match="pp_size > 1"):
+        reorder(p, "input")
+
+
+def test_comm_time_slows_the_step():
+    kw = {"cost": "qwen2.5-7b", "sync": "ddp", "pp_size": 4, "min_micro_batches": 4}
+    slow = sb.plan(LENS, 2, 32768, pp_comm=1e9, **kw).simulate_pipeline()
+    fast = sb.plan(LENS, 2, 32768, **kw).simulate_pipeline()
+    assert slow.step_time > fast.step_time
+
+
+def test_notes_say_what_the_pipeline_order_did():
+    p = sb.plan(
+        LENS, 2, 32768, cost="qwen2.5-7b", pp_size=2, schedule="interleaved",
+        virtual_stages=2, min_micro_batches=3,
+    )
+    assert p.num_micro_batches % 2 == 0
+    assert any("micro_batch_multiple=1 raised to 2" in n for n in p.notes)
+    (note,) = [n for n in p.notes if n.startswith("pipeline (interleaved, pp_size=2")]
+    sim = p.simulate_pipeline()
+    assert f"{sim.gap:+.2%} vs the pipeline lower bound" in note
+    # A multiple that already suits the schedule is not mentioned.
+    q = sb.plan(
+        LENS, 2, 32768, pp_size=2, schedule="interleaved", virtual_stages=2,
+        micro_batch_multiple=4,
+    )
+    assert not any("raised" in n for n in q.notes)
+    assert q.num_micro_batches % 4 == 0
+
+
+def test_pipeline_plans_are_deterministic():
+    kw = {"cost": "qwen2.5-7b", "pp_size": 4, "min_micro_batches": 12, "sync": "ddp"}
+    a = sb.plan(LENS, 3, 32768, **kw)
+    b = sb.plan(LENS.copy(), 3, 32768, **kw)
+    assert a.to_json() == b.to_json()
+
+
+@pytest.mark.parametrize("sync", ["ddp", "fsdp"])
+def test_pp_comm_is_a_per_token_transfer(sync):
+    c = 1e9  # cost units per token sent between stages
+    p = sb.plan(LENS, 3, 32768, cost="qwen2.5-7b", sync=sync, pp_size=3, min_micro_batches=4,
+                pp_comm=c)
+    fwd, tot, lens = p.pipeline.forward, p.costs, p.lengths
+    f = np.array([[fwd[mb].sum() for mb in rank] for rank in p.micro_batches])
+    b = np.array([[(tot[mb] - fwd[mb]).sum() for mb in rank] for rank in p.micro_batches])
+    t = np.array([[c * lens[mb].sum() for mb in rank] for rank in p.micro_batches])
+    if sync == "fsdp":
+        f, b, t = f.max(axis=0)[None], b.max(axis=0)[None], t.max(axis=0)[None]
+    ref = max(simulate_pipeline(f[r], b[r], 3, comm=t[r]).step_time for r in range(len(f)))
+    assert p.simulate_pipeline().step_time == pytest.approx(ref, rel=1e-12)
+
+
+def test_order_baselines_reachable_from_baselines():
+    assert list(sb.baselines.PIPELINE_ORDERS) == [
+        "input",
+        "largest-first",
+        "smallest-first",
+        "light-ends",
+    ]
+    p = sb.plan(LENS, 2, 32768, pp_size=2, min_micro_batches=4)
+    verl = sb.baselines.reorder(p, "light-ends")
+    assert verl.strategy.endswith("+light-ends")
+    assert sorted(verl.order().tolist()) == list(range(LENS.size))
+
+
+def test_plan_json_with_a_count_the_schedule_cannot_run():
+    p = sb.plan(LENS, 2, 32768, pp_size=2, schedule="interleaved", virtual_stages=2)
+    data = p.to_dict()
+    data["micro_batches"] = [[*rank, []] for rank in data["micro_batches"]]  # one more: odd
+    with pytest.raises(ValueError, match="multiple of pp_size=2, got"):
+        sb.Plan.from_dict(data)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 10**6),
+    n=st.integers(8, 80),
+    dp=st.integers(1, 3),
+    p=st.integers(2, 4),
+    layout=st.sampled_from([("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("interleaved", 3)]),
+    sync=st.sampled_from(["ddp", "fsdp"]),
+)
+def test_pipelined_plan_properties(seed, n, dp, p, layout, sync):
+    schedule, v = layout
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(1, 4000, n)
+    plan = sb.plan(
+        lens, dp, 4096, cost="qwen2.5-7b", sync=sync, pp_size=p, schedule=schedule,
+        virtual_stages=v, allow_empty=True,
+    )
+    assert sorted(plan.order().tolist()) == list(range(n))
+    assert plan.violations()["over_capacity"] == 0
+    if schedule == "interleaved":
+        assert plan.num_micro_batches % p == 0
+    sim = plan.simulate_pipeline()
+    assert sim.step_time >= sim.lower_bound * (1 - 1e-12)
+    for name in ORDERS:
+        assert sim.step_time <= reorder(plan, name).simulate_pipeline().step_time * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("sync", ["ddp", "fsdp"])
+@pytest.mark.parametrize("layout", [("1f1b", 1), ("interleaved", 2)])
+def test_plan_order_is_the_brute_force_optimum_for_its_micro_batches(sync, layout):
+    schedule, v = layout
+    lens = sb.workloads.lengths("sft-chat", 120, seed=3)
+    p = sb.plan(lens, 2, 32768, cost="qwen2.5-7b", sync=sync, pp_size=3, schedule=schedule,
+                virtual_stages=v, min_micro_batches=6)
+    assert p.num_micro_batches == 6
+    fwd, tot = p.pipeline.forward, p.costs
+    f = np.array([[fwd[mb].sum() for mb in rank] for rank in p.micro_batches])
+    b = np.array([[(tot[mb] - fwd[mb]).sum() for mb in rank] for rank in p.micro_batches])
+    if sync == "fsdp":  # lockstep: one pipeline of slot maxima, orders permute slots
+        f, b = f.max(axis=0)[None], b.max(axis=0)[None]
+    best = max(
+        min(
+            simulate_pipeline(f[r][list(o)], b[r][list(o)], 3, schedule=schedule,
+                              virtual_stages=v).step_time
+            for o in itertools.permutations(range(6))
+        )
+        for r in range(len(f))
+    )
+    assert p.simulate_pipeline().step_time == pytest.approx(best, rel=1e-12)
+
+
+def test_pipelines_do_not_combine_with_context_parallelism():
+    with pytest.raises(ValueError, match="pp_size=2 is not supported with cp_size > 1"):
+        sb.plan(LENS, 2, 32768, cp_size=2, pp_size=2)
