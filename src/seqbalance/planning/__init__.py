@@ -14,9 +14,18 @@ counts on every rank, count multiples and the sync model.
 
 from __future__ import annotations
 
+from ._ordering import inverse_permutation
 from .baselines import BASELINES
 from .planner import plan
 from .plans import Plan
 from .simulation import Simulation, simulate, step_time_lower_bound
 
-__all__ = ["BASELINES", "Plan", "Simulation", "plan", "simulate", "step_time_lower_bound"]
+__all__ = [
+    "BASELINES",
+    "Plan",
+    "Simulation",
+    "inverse_permutation",
+    "plan",
+    "simulate",
+    "step_time_lower_bound",
+]

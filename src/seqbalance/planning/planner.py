@@ -29,6 +29,7 @@ contents), ``_search`` packs for the smallest feasible ``m``, and ``_pick`` is s
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ from ..partitioning._rules import SIZES
 from ..partitioning.kway import partition_arrays
 from ._costing import sequence_costs
 from ._grouping import bin_totals
+from ._ordering import ORDERS, OVERSIZED, fixed_count_bins, order_grid
 from ._packing import pack
 from ._slots import fill_slack
 from .plans import Plan, capacity_min_micro_batches
@@ -163,6 +165,15 @@ class _Request:
     padded: bool
     allow_empty: bool
     extra: int
+    # plan(order=, oversized=, sequences_per_micro_batch=): see _ordering.py. With
+    # oversized="alone", ``lens`` is clipped to the capacity for packing and ``true_lens``
+    # keeps the real lengths for the Plan.
+    order: str | None = None
+    true_lens: np.ndarray | None = None
+    per_mb: int | None = None
+
+    def _with_options(self, order: Any, true_lens: Any, per_mb: Any) -> _Request:
+        return dataclasses.replace(self, order=order, true_lens=true_lens, per_mb=per_mb)
 
     @property
     def n(self) -> int:
@@ -186,6 +197,9 @@ def _validate_request(
     padded: bool,
     allow_empty: bool,
     extra_micro_batches: int,
+    order: str | None = None,
+    oversized: str = "error",
+    sequences_per_micro_batch: int | None = None,
 ) -> _Request:
     """Step 0: check every argument of :func:`plan` and resolve the costs."""
     lens = as_lengths(lengths)
@@ -200,10 +214,25 @@ def _validate_request(
     allow_empty = check_bool(allow_empty, "allow_empty")
     group_ids = None if groups is None else as_groups(groups, lens.shape[0])
     costs, c0 = sequence_costs(lens, cost)
+    if order is not None:
+        check_choice(order, "order", ORDERS)
+    per_mb = None
+    if sequences_per_micro_batch is not None:
+        per_mb = check_positive_int(sequences_per_micro_batch, "sequences_per_micro_batch")
+        if size != "free" or group_ids is not None:
+            raise ValueError(
+                "sequences_per_micro_batch cannot be combined with a size rule or groups; "
+                "drop one of them"
+            )
+    true_lens = None
+    if check_choice(oversized, "oversized", OVERSIZED) == "alone":
+        # A sequence above the capacity fills a micro-batch on its own: pack it as if it
+        # held exactly max_tokens, and keep its real length (and cost) for the Plan.
+        true_lens, lens = lens, np.minimum(lens, cap)
     _check_fits(lens, cap)
     return _Request(
         lens, costs, c0, dp, cap, sync, size, group_ids, m_min, mult, padded, allow_empty, extra
-    )
+    )._with_options(order, true_lens, per_mb)
 
 
 def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
@@ -310,7 +339,7 @@ def _search(
             found.append(
                 Plan._from_validated(
                     mbs,
-                    req.lens,
+                    req.lens if req.true_lens is None else req.true_lens,
                     max_tokens=req.cap,
                     costs=req.costs,
                     per_microbatch=req.c0,
@@ -351,6 +380,52 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
     return min(candidates, key=key)
 
 
+def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
+    """``sequences_per_micro_batch``: the fewest micro-batches of at most that many
+    sequences (counts within one) that fit the capacity; bins balanced by cost."""
+    per_mb = int(req.per_mb)  # type: ignore[arg-type]
+    m = _round_up(max(first_m, -(-req.n // (req.dp * per_mb))), req.mult)
+    start = m
+    while True:
+        if req.n < req.dp * m and not req.allow_empty:
+            raise ValueError(
+                f"{req.n} sequences cannot fill {req.dp} ranks x {m} micro-batches; lower "
+                "dp_size, min_micro_batches or micro_batch_multiple, or pass allow_empty=True"
+            )
+        bins = fixed_count_bins(req.lens, req.costs, req.dp * m, per_mb, req.cap, req.padded)
+        if not isinstance(bins, str):
+            break
+        m += req.mult
+    if m > first_m:
+        why = "to fit max_tokens" if m > start else "to hold them"
+        notes = [
+            *notes,
+            f"{m} micro-batches per rank: {req.n} sequences at most "
+            f"sequences_per_micro_batch={per_mb} per micro-batch, {why}",
+        ]
+    grid = _deal_slots(bins, bin_totals(bins, req.costs, padded=req.padded), req.dp, m)
+    return _with_grid(req, grid, notes)
+
+
+def _with_grid(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
+    """A Plan of ``grid`` for this request, in the requested micro-batch order."""
+    if req.order is not None:
+        grid = order_grid(grid, req.costs, req.c0, req.padded, req.order)
+    return Plan._from_validated(
+        grid,
+        req.lens if req.true_lens is None else req.true_lens,
+        max_tokens=req.cap,
+        costs=req.costs,
+        per_microbatch=req.c0,
+        padded=req.padded,
+        sync=req.sync,
+        strategy="seqbalance",
+        notes=list(notes),
+        size=req.size,
+        groups=req.groups,
+    )
+
+
 def plan(
     lengths: Any,
     dp_size: int,
@@ -365,6 +440,9 @@ def plan(
     padded: bool = False,
     allow_empty: bool = False,
     extra_micro_batches: int = 0,
+    order: str | None = None,
+    oversized: str = "error",
+    sequences_per_micro_batch: int | None = None,
 ) -> Plan:
     """Plan which sequences every data-parallel rank runs, micro-batch by micro-batch.
 
@@ -403,6 +481,20 @@ def plan(
         ``micro_batch_multiple``) and keep the plan with the lowest simulated step time.
         Useful when the cost model has a per-micro-batch term, which makes extra
         micro-batches cost something.
+    order : {None, "heaviest_first", "light_ends", "index"}
+        The order each rank runs its micro-batches in; None keeps the planner's own.
+        ``"heaviest_first"`` and ``"light_ends"`` (lightest slots at both ends, the heaviest
+        in the middle: short pipeline warm-up and cool-down) permute slots the same way on
+        every rank, so the step time is unchanged; ``"index"`` sorts each rank's
+        micro-batches by their first sequence index.
+    oversized : {"error", "alone"}
+        What a sequence longer than ``max_tokens`` does: raise ValueError (default), or run
+        alone in its own micro-batch (it then breaks the capacity, and ``plan.notes`` and
+        ``plan.violations()["over_capacity"]`` count it).
+    sequences_per_micro_batch : int, optional
+        Every micro-batch holds at most this many sequences and the counts differ by at
+        most one; ``m`` is the smallest count that holds all sequences (and meets the
+        capacity, ``min_micro_batches`` and the multiple). Not with ``size`` or ``groups``.
 
     Returns
     -------
@@ -437,8 +529,19 @@ def plan(
         padded,
         allow_empty,
         extra_micro_batches,
+        order,
+        oversized,
+        sequences_per_micro_batch,
     )
     first_m, notes = _starting_micro_batches(req)
+    if req.true_lens is not None and (req.true_lens > req.cap).any():
+        over = np.flatnonzero(req.true_lens > req.cap)
+        notes.append(
+            f"{over.size} sequences longer than max_tokens={req.cap} run alone in their own "
+            f"micro-batches (oversized='alone'), first at index {int(over[0])}"
+        )
+    if req.per_mb is not None:
+        return _fixed_count(req, first_m, notes)
     splits = _rank_splits(req)
     candidates: list[Plan] = []
     problems: list[str] = []
@@ -448,4 +551,5 @@ def plan(
             problems.append(found)
         else:
             candidates.extend(found)
-    return _pick(req, candidates, problems, len(splits))
+    best = _pick(req, candidates, problems, len(splits))
+    return best if req.order is None else _with_grid(req, best.micro_batches, best.notes)
