@@ -33,6 +33,7 @@ __all__ = [
     "greedy_partition",
     "karmarkar_karp",
     "log_seqlen_unbalance",
+    "micro_batches_of_lengths",
     "patch",
     "prepare_dynamic_batch",
     "rearrange_micro_batches",
@@ -288,10 +289,7 @@ def rearrange_micro_batches(
     order = "light_ends" if use_dynamic_bsz_balance else "heaviest_first"
 
     def local(m: int) -> Any:
-        return plan(
-            group_lens, 1, max_token_len, cost=group_work, min_micro_batches=max(m, 1),
-            micro_batch_multiple=step, order=order,
-        )
+        return _local_plan(group_lens, group_work, max_token_len, m, step, order)
 
     result, error = None, None
     try:
@@ -317,6 +315,26 @@ def rearrange_micro_batches(
     groups_per_mb = result.micro_batches[0]
     idx = [[i * g + r for i in mb for r in range(g)] for mb in groups_per_mb]
     return [_select(batch, p) for p in idx], idx
+
+
+def _local_plan(lens: Any, work: Any, cap: int, m: int, step: int, order: str) -> Any:
+    return plan(
+        lens, 1, cap, cost=work, min_micro_batches=max(m, 1), micro_batch_multiple=step,
+        order=order,
+    )  # fmt: skip
+
+
+def micro_batches_of_lengths(
+    seqlens: Any, max_token_len: int, min_num_micro_batch: int | None = None
+) -> list[list[int]]:
+    """The index lists :func:`rearrange_micro_batches` makes on one rank, from lengths alone
+    (no tensors, no DP group): for benchmarks and for callers without a TensorDict."""
+    lens = to_numpy(seqlens).astype(np.int64)
+    count = min(lens.shape[0], ceildiv(int(lens.sum()), max_token_len))
+    if min_num_micro_batch is not None:
+        count = max(count, int(min_num_micro_batch))
+    work = calculate_workload(lens).astype(np.float64)
+    return _local_plan(lens, work, max_token_len, count, 1, "light_ends").micro_batches[0]
 
 
 def _dist_ready() -> bool:
@@ -394,7 +412,11 @@ def get_group_balanced_partitions(
 
 _patcher = Patcher(
     "verl.utils.seqlen_balancing",
-    lambda: {name: globals()[name] for name in __all__ if name not in ("patch", "unpatch")},
+    lambda: {
+        name: globals()[name]
+        for name in __all__
+        if name not in ("patch", "unpatch", "micro_batches_of_lengths")
+    },
 )
 
 
