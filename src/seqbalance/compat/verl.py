@@ -312,9 +312,25 @@ def rearrange_micro_batches(
             result = local(m)
     if error is not None:
         raise error
-    groups_per_mb = result.micro_batches[0]
+    groups_per_mb = _rebalance_work(result, group_lens, group_work, max_token_len, order)
     idx = [[i * g + r for i in mb for r in range(g)] for mb in groups_per_mb]
     return [_select(batch, p) for p in idx], idx
+
+
+def _rebalance_work(
+    p: Any, lens: np.ndarray, work: np.ndarray, cap: int, order: str
+) -> list[list[int]]:
+    """The plan's micro-batches, or a workload partition into as many if it fits the cap
+    with a lighter heaviest micro-batch (with one rank the planner balances count first)."""
+    mbs = [list(mb) for mb in p.micro_batches[0]]
+    m = len(mbs)
+    alt = [list(q) for q in partition(work, m)]
+    heavy = max(float(work[mb].sum()) for mb in mbs)
+    if all(alt) and all(int(lens[q].sum()) <= cap for q in alt):
+        if max(float(work[q].sum()) for q in alt) < heavy:
+            mbs = alt
+    desc = sorted(mbs, key=lambda mb: (-float(work[mb].sum()), mb[:1]))
+    return desc[::2][::-1] + desc[1::2] if order == "light_ends" else desc
 
 
 def _local_plan(lens: Any, work: Any, cap: int, m: int, step: int, order: str) -> Any:
@@ -334,7 +350,8 @@ def micro_batches_of_lengths(
     if min_num_micro_batch is not None:
         count = max(count, int(min_num_micro_batch))
     work = calculate_workload(lens).astype(np.float64)
-    return _local_plan(lens, work, max_token_len, count, 1, "light_ends").micro_batches[0]
+    p = _local_plan(lens, work, max_token_len, count, 1, "light_ends")
+    return _rebalance_work(p, lens, work, max_token_len, "light_ends")
 
 
 def _dist_ready() -> bool:
