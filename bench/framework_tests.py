@@ -23,8 +23,8 @@ printed variants:
   kept. ``TestKKSet`` / ``TestKKState`` (private KK data structures) are deselected.
 
 verl's heavy imports that these tests never call (transformers, ray, omegaconf, ...) are
-stubbed by ``--work``/stubs (a ``sitecustomize`` so that spawned ranks get them too). Prints pytest's summary per framework and writes
-bench/results/framework_tests.json.
+stubbed by ``--work``/stubs (a ``sitecustomize``, so that spawned ranks get them too).
+Prints pytest's summary per framework and writes bench/results/framework_tests.json.
 """
 
 from __future__ import annotations
