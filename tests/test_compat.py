@@ -265,3 +265,61 @@ def test_count_agreement_gloo(world):
     for rank, o in enumerate(out):
         assert o[3] <= 250
         assert o[4] == list(range(len(_rank_lengths(rank))))
+
+
+def _outcome(fn):
+    """'ok:<value>' or the exception's type and message, for comparing ranks."""
+    try:
+        return f"ok:{fn()}"
+    except (ValueError, RuntimeError) as exc:  # AssertionError subclasses are ValueErrors
+        return f"{type(exc).__name__}:{exc}"
+
+
+def worker_agreement_paths(rank, world):
+    """Every count-agreement path that can raise, plus the count multiple, on each rank."""
+    import torch
+    import torch.distributed as dist
+
+    from seqbalance.compat import areal as a
+    from seqbalance.compat import verl as v
+
+    g = dist.group.WORLD
+    out = {}
+    batch = _batch(torch, _rank_lengths(rank), 100)
+    out["divided"] = _outcome(lambda: len(v.rearrange_micro_batches(
+        batch, 250, dp_group=g, num_batches_divided_by=2, min_num_micro_batch=3)[1]))  # fmt: skip
+    # Rank 1's forced pair (100 + 100 tokens) is above the cap: its local plan fails, and
+    # every rank must raise (not wait in the next collective).
+    pairs = [100, 100, 60, 60] if rank == 1 else [60, 60, 60, 60]
+    out["verl_fail"] = _outcome(lambda: len(v.rearrange_micro_batches(
+        _batch(torch, pairs, 100), 150, dp_group=g, force_group_size=2)[0]))  # fmt: skip
+    # Rank 0 holds one sequence, the others need six micro-batches.
+    few = [90] if rank == 0 else [90] * 6
+    out["verl_fewest"] = _outcome(lambda: len(v.rearrange_micro_batches(
+        _batch(torch, few, 100), 100, dp_group=g)[0]))  # fmt: skip
+    spec = types.SimpleNamespace(max_tokens_per_mb=100, n_mbs=1, n_mbs_divisor=1,
+                                 packing_algorithm="ffd")  # fmt: skip
+    out["areal_fewest"] = _outcome(lambda: len(a.allocate_balanced_mbs_synced(spec, few, g)))
+    over = [50, 150] if rank == world - 1 else [50, 50]  # last rank: one above capacity
+    out["areal_fail"] = _outcome(lambda: len(a.allocate_balanced_mbs_synced(spec, over, g)))
+    last = [90] * 3 if rank == 0 else [30] * 6  # rank 0 needs 3 micro-batches, others 2
+    out["after"] = _outcome(lambda: len(a.allocate_balanced_mbs_synced(spec, last, g)))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_count_agreement_error_paths_gloo(world):
+    pytest.importorskip("torch.distributed")
+    from seqbalance.torch.testing import run_distributed
+
+    out = run_distributed(worker_agreement_paths, world, timeout=150)
+    counts = {o["divided"] for o in out}
+    assert len(counts) == 1  # one count on every rank ...
+    (c,) = counts
+    assert c.startswith("ok:") and int(c[3:]) % 2 == 0 and int(c[3:]) >= 3  # ... a multiple
+    for key in ("verl_fail", "verl_fewest", "areal_fewest", "areal_fail"):
+        assert not any(o[key].startswith("ok:") for o in out), (key, out)  # all raised
+    assert "another rank" in out[0]["verl_fail"]
+    assert "another rank" in out[0]["areal_fail"]
+    # The ranks stayed in step: a normal synced call afterwards agrees on one count.
+    assert len({o["after"] for o in out}) == 1 and out[0]["after"] == "ok:3"

@@ -233,25 +233,40 @@ def _with_n_mbs(mb_spec: Any, n_mbs: int) -> Any:
     return out
 
 
+_FAILED = 2**62  # count sent by a rank whose local allocation failed
+
+
 def allocate_balanced_mbs_synced(mb_spec: Any, lens: Any, group: Any = None) -> list[list[int]]:
     """:func:`allocate_balanced_mbs` with the same number of micro-batches on every rank
     of ``group``: one all-reduce (MAX) of the local count, then ranks below it allocate
-    again with that count as the minimum (AReaL gathers counts and may recurse)."""
-    local = allocate_balanced_mbs(mb_spec, lens)
+    again with that count as the minimum (AReaL gathers counts and may recurse). A rank
+    whose own allocation fails still joins the all-reduce (with a sentinel count), so every
+    rank raises together instead of waiting on the others."""
     try:
         import torch.distributed as dist
     except ImportError:
-        return local
+        return allocate_balanced_mbs(mb_spec, lens)
     if not (dist.is_available() and dist.is_initialized()):
-        return local
+        return allocate_balanced_mbs(mb_spec, lens)
     import torch
 
+    local, error = None, None
+    try:
+        local = allocate_balanced_mbs(mb_spec, lens)
+    except (ValueError, RuntimeError) as exc:
+        error = exc  # raised after the all-reduce, so the other ranks are not left waiting
     device = "cpu"
     if dist.get_backend(group) == "nccl":
         device = f"cuda:{torch.cuda.current_device()}"
-    t = torch.tensor([len(local), -len(lens)], dtype=torch.int64, device=device)
+    m_local = _FAILED if local is None else len(local)
+    t = torch.tensor([m_local, -len(lens)], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     m, fewest = int(t[0].item()), -int(t[1].item())
+    if error is not None:
+        raise error
+    assert local is not None
+    if m >= _FAILED:
+        raise CompatRuntimeError("another rank of the group could not allocate its micro-batches")
     if m > fewest:
         raise CompatRuntimeError(
             f"the group needs {m} micro-batches but a rank holds only {fewest} sequences"
