@@ -293,6 +293,9 @@ def worker_agreement_paths(rank, world):
     pairs = [100, 100, 60, 60] if rank == 1 else [60, 60, 60, 60]
     out["verl_fail"] = _outcome(lambda: len(v.rearrange_micro_batches(
         _batch(torch, pairs, 100), 150, dp_group=g, force_group_size=2)[0]))  # fmt: skip
+    # Rank 1's padded width is above the cap (bad input on one rank only).
+    out["verl_width"] = _outcome(lambda: len(v.rearrange_micro_batches(
+        _batch(torch, [60] * 4, 200 if rank == 1 else 100), 150, dp_group=g)[0]))  # fmt: skip
     # Rank 0 holds one sequence, the others need six micro-batches.
     few = [90] if rank == 0 else [90] * 6
     out["verl_fewest"] = _outcome(lambda: len(v.rearrange_micro_batches(
@@ -317,9 +320,11 @@ def test_count_agreement_error_paths_gloo(world):
     assert len(counts) == 1  # one count on every rank ...
     (c,) = counts
     assert c.startswith("ok:") and int(c[3:]) % 2 == 0 and int(c[3:]) >= 3  # ... a multiple
-    for key in ("verl_fail", "verl_fewest", "areal_fewest", "areal_fail"):
+    for key in ("verl_fail", "verl_width", "verl_fewest", "areal_fewest", "areal_fail"):
         assert not any(o[key].startswith("ok:") for o in out), (key, out)  # all raised
     assert "another rank" in out[0]["verl_fail"]
+    assert "max_token_len must be greater" in out[1]["verl_width"]
+    assert "another rank" in out[0]["verl_width"]
     assert "another rank" in out[0]["areal_fail"]
     # The ranks stayed in step: a normal synced call afterwards agrees on one count.
     assert len({o["after"] for o in out}) == 1 and out[0]["after"] == "ok:3"

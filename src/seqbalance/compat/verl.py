@@ -268,31 +268,34 @@ def rearrange_micro_batches(
         The micro-batches and, for each, the row indices it holds (ascending).
     """
     lens, width = _effective_lengths(batch)
-    if max_token_len < width:
-        raise CompatAssertionError(
-            "max_token_len must be greater than the sequence length. "
-            f"Got max_token_len={max_token_len} and max_seq_len={width}"
-        )
-    g = int(force_group_size)
-    if g < 1 or lens.shape[0] % g:
-        raise CompatAssertionError(
-            f"Batch size {lens.shape[0]} must be divisible by force_group_size {g}"
-        )
-    n_groups = lens.shape[0] // g
-    group_lens = lens.reshape(n_groups, g).sum(axis=1)
-    group_work = calculate_workload(lens).reshape(n_groups, g).sum(axis=1).astype(np.float64)
-
-    count = min(n_groups, ceildiv(int(lens.sum()), max_token_len))
-    if min_num_micro_batch is not None:
-        count = max(int(min_num_micro_batch), count)
     step = int(num_batches_divided_by or 1)
     order = "light_ends" if use_dynamic_bsz_balance else "heaviest_first"
+    g, n_groups = int(force_group_size), 0
+    group_lens = group_work = np.zeros(0)
 
     def local(m: int) -> Any:
         return _local_plan(group_lens, group_work, max_token_len, m, step, order)
 
+    # Bad input or a failed local plan is raised only after the count agreement below, so
+    # that one rank's error does not leave the others waiting in the all-reduce.
     result, error = None, None
     try:
+        if max_token_len < width:
+            raise CompatAssertionError(
+                "max_token_len must be greater than the sequence length. "
+                f"Got max_token_len={max_token_len} and max_seq_len={width}"
+            )
+        if g < 1 or lens.shape[0] % g:
+            raise CompatAssertionError(
+                f"Batch size {lens.shape[0]} must be divisible by force_group_size {g}"
+            )
+        n_groups = lens.shape[0] // g
+        group_lens = lens.reshape(n_groups, g).sum(axis=1)
+        group_work = calculate_workload(lens).reshape(n_groups, g).sum(axis=1)
+        group_work = group_work.astype(np.float64)
+        count = min(n_groups, ceildiv(int(lens.sum()), max_token_len))
+        if min_num_micro_batch is not None:
+            count = max(int(min_num_micro_batch), count)
         result = local(count)
     except ValueError as exc:
         error = exc
