@@ -128,3 +128,24 @@ def test_sequences_per_micro_batch_errors():
         sb.plan([1, 2], 1, 100, order="random")
     with pytest.raises(ValueError, match="oversized must be one of"):
         sb.plan([1, 2], 1, 100, oversized="drop")
+
+
+def test_tensor_and_object_array_inputs():
+    # partition/plan take torch tensors (requiring grad, any int width) and object arrays,
+    # converted once on CPU; the result equals the one for the plain numpy input.
+    torch = pytest.importorskip("torch")
+    w = [3.0, 1.0, 2.0, 5.0, 4.0, 4.0]
+    plain = sb.partition(np.asarray(w), 3)
+    assert sb.partition(torch.tensor(w, requires_grad=True), 3) == plain
+    assert sb.partition(np.asarray(w, dtype=object), 3) == plain
+    lens = [30, 10, 20, 50, 40, 40]
+    ref = sb.plan(np.asarray(lens), 2, 100).micro_batches
+    assert sb.plan(torch.tensor(lens, dtype=torch.int32), 2, 100).micro_batches == ref
+    uids = ["a", "a", "b", "b", "c", "c"]
+    ref_g = sb.partition(lens, 3, size="equal", groups=uids)
+    obj = np.asarray(uids, dtype=object)
+    assert sb.partition(lens, 3, size="equal", groups=obj) == ref_g
+    ids = torch.tensor([0, 0, 1, 1, 2, 2])
+    assert sb.partition(lens, 3, size="equal", groups=ids) == ref_g
+    with pytest.raises(ValueError, match="mixes strings and numbers"):
+        sb.partition(lens, 3, groups=np.asarray(["a", 1, "b", 2, "c", 3], dtype=object))

@@ -24,7 +24,23 @@ __all__ = [
 ]
 
 
+def _plain(values: Any) -> Any:
+    """Torch tensors (any device, with or without grad) as numpy, detached and on CPU, and
+    object arrays of numbers as numeric arrays; converted once here. torch is not imported:
+    a tensor is recognised by its type's module."""
+    if type(values).__module__.startswith("torch") and hasattr(values, "detach"):
+        return values.detach().cpu().numpy()
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        try:
+            numeric = np.asarray(values.tolist())
+        except (TypeError, ValueError):
+            return values
+        return numeric if numeric.dtype.kind in "iuf" else values
+    return values
+
+
 def _as_1d(values: Any, name: str) -> np.ndarray:
+    values = _plain(values)
     if isinstance(values, (str, bytes)):
         raise ValueError(f"{name} must be a 1-D sequence of numbers, got a string {values!r}")
     if not hasattr(values, "__len__") and not hasattr(values, "__array__"):
@@ -154,6 +170,9 @@ def as_groups(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     ValueError
         If ``groups`` is not 1-D or its length differs from the number of items ``n``.
     """
+    groups = _plain(groups)
+    if isinstance(groups, np.ndarray) and groups.dtype == object:
+        groups = groups.tolist()  # e.g. string uids in an object array (checked below)
     if isinstance(groups, (list, tuple)) and groups:
         kinds = {isinstance(g, str) for g in groups}
         if len(kinds) > 1:
