@@ -215,24 +215,30 @@ def first_fit_pack(total_lengths: Any, max_tokens_per_bin: int) -> list[list[int
 
 
 def expand_bins_by_splitting(bins: list[list[int]], target_count: int, lengths: Any) -> None:
-    """Grow ``bins`` in place to ``target_count`` bins, no bin heavier than the heaviest
-    given one (so a bin that held the cap still holds it).
+    """Grow ``bins`` in place to ``target_count`` bins, none heavier than the heaviest
+    multi-sample bin given (so bins that held the cap still do, and a sample above it stays
+    alone), bins in index order.
 
-    The items are re-planned into ``target_count`` token-balanced bins under that bound
-    (slime splits the largest bin in halves). With fewer items than ``target_count``
-    every item ends alone in its own bin, as in slime.
+    The items are re-planned into token-balanced bins under that bound (slime halves the
+    heaviest bin again and again). With too few items every item ends alone in its own
+    bin, as in slime; with no multi-sample bin there is nothing to split.
     """
     if len(bins) >= target_count:
         return
     lens = _lengths(lengths, "lengths")
-    items = sorted(i for b in bins for i in b)
-    if len(items) <= target_count:
-        bins[:] = [[i] for i in items]
+    multi = [b for b in bins if len(b) > 1]
+    if not multi:
         return
-    sub = lens[items]
-    bound = max(int(lens[b].sum()) for b in bins if b)
-    p = plan(sub, 1, max(bound, 1), min_micro_batches=int(target_count), order="index")
-    bins[:] = [[items[j] for j in mb] for mb in p.micro_batches[0]]
+    bound = max(int(lens[b].sum()) for b in multi)
+    alone = [list(b) for b in bins if len(b) == 1 and lens[b[0]] > bound]
+    rest = sorted(i for b in bins if not (len(b) == 1 and lens[b[0]] > bound) for i in b)
+    k = int(target_count) - len(alone)
+    if len(rest) <= k:
+        new = [[i] for i in rest]
+    else:
+        p = plan(lens[rest], 1, max(bound, 1), min_micro_batches=k, order="index")
+        new = [[rest[j] for j in mb] for mb in p.micro_batches[0]]
+    bins[:] = sorted(alone + new, key=lambda b: b[0])
 
 
 # ---- DP schedule (slime.utils.dp_schedule) --------------------------------------------
