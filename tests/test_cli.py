@@ -125,10 +125,6 @@ def test_too_long_sequence_names_it(tmp_path, capsys):
         (["compare", "{txt}"], "needs --dp and --max-tokens"),
         (["compare"], "either a LENGTHS file or --demo"),
         (["compare", "{txt}", "--demo"], "either a LENGTHS file or --demo"),
-        (
-            ["compare", "{txt}", "--dp", "2", "--max-tokens", "40000", "--padded"],
-            "compare does not take --padded",
-        ),
     ],
 )
 def test_user_errors_exit_2_with_one_line(rl, tmp_path, capsys, argv, needle):

@@ -117,7 +117,7 @@ def test_sequences_per_micro_batch(lens, per_mb):
 def test_sequences_per_micro_batch_errors():
     # Three micro-batches would hold four sequences two at a time, but not under 100 tokens.
     p = sb.plan([60, 60, 60, 60], 1, 100, sequences_per_micro_batch=2)
-    assert p.num_micro_batches == 4 and "to fit max_tokens" in p.notes[0]
+    assert p.num_micro_batches == 4 and "4 micro-batches per rank" in p.notes[0]
     with pytest.raises(ValueError, match="cannot fill"):
         sb.plan([60, 60, 60, 60], 3, 100, sequences_per_micro_batch=2)
     with pytest.raises(ValueError, match="size rule or groups"):
@@ -149,3 +149,21 @@ def test_tensor_and_object_array_inputs():
     assert sb.partition(lens, 3, size="equal", groups=ids) == ref_g
     with pytest.raises(ValueError, match="mixes strings and numbers"):
         sb.partition(lens, 3, groups=np.asarray(["a", 1, "b", 2, "c", 3], dtype=object))
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths_st, st.integers(1, 3))
+def test_baselines_off_is_valid_and_never_better(lens, dp):
+    # baselines=False only drops candidates: a valid plan that is never better (fewer
+    # micro-batches, then lower simulated step time) than the default one.
+    if len(lens) < dp:
+        return
+    fast = sb.plan(lens, dp, 1000, baselines=False, allow_empty=True)
+    full = sb.plan(lens, dp, 1000, allow_empty=True)
+    v = fast.violations()
+    assert v["missing"] == v["duplicated"] == v["over_capacity"] == v["unequal_counts"] == 0
+    key_fast = (fast.num_micro_batches, fast.simulate().step_time)
+    key_full = (full.num_micro_batches, full.simulate().step_time)
+    assert key_full <= key_fast
+    with pytest.raises(ValueError, match="baselines"):
+        sb.plan(lens, dp, 1000, baselines="no")

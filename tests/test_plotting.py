@@ -110,7 +110,7 @@ def test_bad_arguments(plans, tmp_path, kwargs, match):
 
 def test_without_matplotlib_says_how_to_install(plans, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    with pytest.raises(ValueError, match=r'pip install "seqbalance\[cli\]"'):
+    with pytest.raises(ValueError, match=r'pip install "\.\[cli\]"'):
         plot_timeline(plans, tmp_path / "t.png")
 
 

@@ -40,7 +40,7 @@ def test_core_works_without_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "pip install seqbalance[torch]" in out.stdout
+    assert 'pip install ".[torch]"' in out.stdout
 
 
 def test_unknown_attribute():

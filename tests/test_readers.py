@@ -91,7 +91,7 @@ def test_parquet(tmp_path):
 def test_parquet_without_pyarrow_says_how_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "pyarrow", None)
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    with pytest.raises(ValueError, match=r'pip install "seqbalance\[parquet\]"'):
+    with pytest.raises(ValueError, match=r'pip install "\.\[parquet\]"'):
         read_lengths(tmp_path / "d.parquet", "len")
 
 

@@ -43,9 +43,9 @@ def test_empty_microbatch_pays_fixed_cost():
 
 def test_gap_against_default_bound():
     sim = simulate(MBS, COSTS, sync="fsdp")
-    # bound = max(15 / 2, 5) = 7.5
-    assert sim.lower_bound == 7.5
-    assert sim.gap == pytest.approx(9.0 / 7.5 - 1.0)
+    # bound = max(15 / 2, 5) = 7.5, rounded up to 8: integer costs give integer rank totals
+    assert sim.lower_bound == 8.0
+    assert sim.gap == pytest.approx(9.0 / 8.0 - 1.0)
 
 
 def test_unequal_counts_rejected():
@@ -59,9 +59,9 @@ def test_bad_sync_rejected():
 
 
 def test_bound_formula():
-    assert step_time_lower_bound(COSTS, 2) == 7.5
+    assert step_time_lower_bound(COSTS, 2) == 8.0  # ceil(15 / 2): integer costs
     assert step_time_lower_bound(COSTS, 5) == 5.0  # the largest item dominates
-    assert step_time_lower_bound(COSTS, 2, min_micro_batches=3, per_microbatch=1.0) == 10.5
+    assert step_time_lower_bound(COSTS, 2, min_micro_batches=3, per_microbatch=1.0) == 11.0
     assert step_time_lower_bound(np.zeros(0), 4, per_microbatch=2.0) == 2.0
 
 

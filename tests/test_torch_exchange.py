@@ -12,7 +12,13 @@ import functools
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+# torch is not in the test extra (it would pull a multi-GB CUDA build); skip, saying why.
+TORCH_MISSING = (
+    "needs torch (not in the test extra); a CPU build: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+)
+
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 pytest.importorskip("torch.distributed")
 
 from seqbalance.torch import rebalance  # noqa: E402

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+# torch is not in the test extra (it would pull a multi-GB CUDA build); skip, saying why.
+TORCH_MISSING = (
+    "needs torch (not in the test extra); a CPU build: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+)
+
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 
 from seqbalance.torch import global_token_count, rebalance, token_mean_loss  # noqa: E402
 from seqbalance.torch.testing import run_distributed  # noqa: E402

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-torch = pytest.importorskip("torch")
+# torch is not in the test extra (it would pull a multi-GB CUDA build); skip, saying why.
+TORCH_MISSING = (
+    "needs torch (not in the test extra); a CPU build: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+)
+
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402

@@ -25,6 +25,9 @@ def test_shapes_match_the_documentation():
     # the truncation spike: a few percent of responses hit the generation limit
     spike = np.mean(rl.lengths >= response_cap)
     assert 0.01 < spike < 0.08
+    hard = workloads.load("rl-math-truncated", 20_000, seed=0)
+    assert 0.07 < np.mean(hard.lengths >= response_cap) < 0.11  # ~9% truncated
+    np.testing.assert_array_equal(hard.groups, rl.groups)
     chat = workloads.lengths("sft-chat", 20_000, seed=0)
     assert 600 < np.median(chat) < 1000 and chat.max() <= 32768
     mix = workloads.lengths("long-mix", 20_000, seed=0)
@@ -50,3 +53,11 @@ def test_shapes_match_the_documentation():
 def test_bad_arguments(args, match):
     with pytest.raises(ValueError, match=match):
         workloads.load(*args)
+
+
+def test_long_context_shape():
+    w = workloads.lengths("long-context", 20_000, seed=0)
+    long = w >= 32768
+    assert 0.005 < long.mean() < 0.02 and w.max() <= 262144
+    assert w[~long].max() <= 16384 and 600 < np.median(w[~long]) < 1500
+    assert all((workloads.lengths("long-context", 200, seed=s) >= 32768).any() for s in range(5))

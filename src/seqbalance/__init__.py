@@ -90,8 +90,9 @@ __all__ = [
     "simulate",
     "step_time_lower_bound",
     "workloads",
-    *_TORCH_NAMES,
 ]
+# The torch names stay out of __all__: `from seqbalance import *` would otherwise import
+# torch, and fail without it. They resolve on attribute access (below).
 
 
 def __getattr__(name: str) -> Any:

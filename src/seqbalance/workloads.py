@@ -14,6 +14,10 @@ Workloads
     ``max_response=20480``, which gives the spike of truncated responses seen in
     DAPO/Qwen2.5-Math runs (about 3% here). Lengths are prompt + response. Items of one
     prompt are contiguous and share a group id (``Workload.groups``).
+``rl-math-truncated``
+    As ``rl-math`` with harder prompts (median response 4,600 tokens): about 9% of the
+    responses run into ``max_response=20480`` and are cut there, a spike of identical
+    lengths that makes tight packing hard (seen in long-CoT RL runs with a low limit).
 ``sft-chat``
     Chat SFT samples: lognormal with median 800 and sigma 1.0, clipped to [16, 32,768],
     which matches the published length histograms of ShareGPT/UltraChat-style mixes
@@ -22,6 +26,11 @@ Workloads
     Mostly short samples (99.9%: lognormal, median 512, sigma 0.6, clipped to [16, 8,192])
     with 0.1% long documents, log-uniform on [16,384, 131,072], as in long-context SFT mixes.
     At least one long document is placed in every batch of 1,000 or more.
+``long-context``
+    Long-context SFT or agentic RL: 1% of sequences (at least one in every batch of 200 or
+    more) are long, log-uniform on [32,768, 262,144]; the rest are chat-like (lognormal,
+    median 1,000, sigma 0.8, clipped to [16, 16,384]). Sequences longer than a GPU's token
+    budget need context parallelism (``plan(..., cp_size=...)``).
 ``uniform``
     Uniform integers on [64, 8,192]: a control with no tail.
 ``bimodal``
@@ -65,11 +74,15 @@ def _lognormal(rng: np.random.Generator, median: float, sigma: float, size: int)
 
 
 def _rl_math(
-    n: int, rng: np.random.Generator, group_size: int = 16, max_response: int = 20480
+    n: int,
+    rng: np.random.Generator,
+    group_size: int = 16,
+    max_response: int = 20480,
+    median_response: float = 2600.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     n_prompts = -(-n // group_size)
     prompt = np.clip(_lognormal(rng, 180.0, 0.5, n_prompts), 32, 2048)
-    difficulty = _lognormal(rng, 2600.0, 1.0, n_prompts)
+    difficulty = _lognormal(rng, median_response, 1.0, n_prompts)
     groups = np.arange(n, dtype=np.int64) // group_size
     response = difficulty[groups] * np.exp(0.5 * rng.standard_normal(n))
     response = np.clip(response, 8, max_response)
@@ -91,6 +104,16 @@ def _long_mix(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.round(out).astype(np.int64)
 
 
+def _long_context(n: int, rng: np.random.Generator) -> np.ndarray:
+    out = np.clip(_lognormal(rng, 1000.0, 0.8, n), 16, 16384)
+    is_long = rng.random(n) < 0.01
+    if n >= 200 and not is_long.any():
+        is_long[rng.integers(n)] = True
+    long_len = np.exp(rng.uniform(np.log(32768), np.log(262144), n))
+    out = np.where(is_long, long_len, out)
+    return np.round(out).astype(np.int64)
+
+
 def _uniform(n: int, rng: np.random.Generator) -> np.ndarray:
     return rng.integers(64, 8192, size=n, endpoint=True).astype(np.int64)
 
@@ -105,18 +128,29 @@ def _bimodal(n: int, rng: np.random.Generator) -> np.ndarray:
 _PLAIN: dict[str, Callable[[int, np.random.Generator], np.ndarray]] = {
     "sft-chat": _sft_chat,
     "long-mix": _long_mix,
+    "long-context": _long_context,
     "uniform": _uniform,
     "bimodal": _bimodal,
 }
 
-NAMES: tuple[str, ...] = ("rl-math", "sft-chat", "long-mix", "uniform", "bimodal")
+NAMES: tuple[str, ...] = (
+    "rl-math",
+    "sft-chat",
+    "long-mix",
+    "long-context",
+    "uniform",
+    "bimodal",
+    "rl-math-truncated",
+)
 
 _DESCRIPTIONS = {
     "rl-math": "GRPO math rollouts, 16 responses/prompt, truncation spike at 20,480",
     "sft-chat": "chat SFT, lognormal median 800, tail to 32k",
     "long-mix": "99.9% short + 0.1% long documents of 16k-128k",
+    "long-context": "99% chat-like + 1% long sequences of 32k-256k (needs CP)",
     "uniform": "uniform on [64, 8192]",
     "bimodal": "70% short answers + 30% long reasoning traces",
+    "rl-math-truncated": "GRPO rollouts, 16 responses/prompt, ~9% truncated at 20,480",
 }
 
 
@@ -148,7 +182,7 @@ def load(name: str, n: int, seed: int = 0) -> Workload:
     -------
     Workload
         ``lengths`` (int64, shape ``(n,)``, all >= 1) and ``groups`` (int64 group ids for
-        ``rl-math``, else None).
+        ``rl-math`` and ``rl-math-truncated``, else None).
     """
     _check_name(name)
     n = check_nonnegative_int(n, "n")
@@ -157,6 +191,9 @@ def load(name: str, n: int, seed: int = 0) -> Workload:
     rng = np.random.default_rng(seed)
     if name == "rl-math":
         out, groups = _rl_math(n, rng)
+        return Workload(name, out, groups, seed)
+    if name == "rl-math-truncated":
+        out, groups = _rl_math(n, rng, median_response=4600.0)
         return Workload(name, out, groups, seed)
     return Workload(name, _PLAIN[name](n, rng), None, seed)
 

@@ -1,7 +1,7 @@
 """The ``seqbalance`` command line: ``plan``, ``compare`` and ``calibrate``.
 
 Only the standard library and numpy are needed; ``rich`` (tables) and ``matplotlib``
-(``compare --plot``) are used when installed (``pip install "seqbalance[cli]"``).
+(``compare --plot``) are used when installed (``pip install ".[cli]"`` in a checkout).
 User errors (bad arguments, unreadable files, infeasible plans) print one ``error:`` line
 to stderr and exit with status 2.
 """
@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence, TextIO
 
@@ -24,6 +26,7 @@ from ..planning.baselines import BASELINES
 from ..planning.planner import SIZE_RULES, plan
 from ..planning.plans import Plan
 from ..planning.simulation import SYNC_MODELS
+from .checks import UserError, check_numbers, check_outputs, check_sizes
 
 __all__ = ["DEMO_SETUPS", "main"]
 
@@ -59,17 +62,25 @@ _FLAGS = {
     "micro_batch_multiple": "--micro-batch-multiple",
     "extra_micro_batches": "--extra-micro-batches",
     "allow_empty=True": "--allow-empty",
+    "padded=True": "--padded",
+    "and groups": "and --groups-column",
+    "cp_size": "--cp-size",
 }
 _FLAG_RE = re.compile(r"\b(" + "|".join(re.escape(k) for k in _FLAGS) + r")\b")
+# size="equal" -> --size equal; partition's k is the number of ranks here.
+_VALUE_RES = (
+    (re.compile(r"(?<![\w-])size=[\"']?(\w+)[\"']?"), r"--size \1"),
+    (re.compile(r"\bk=(\d+)"), r"--dp=\1"),
+    (re.compile(r"\bmultiple of k\b"), "multiple of --dp"),
+)
 
 
 def _as_flags(message: str) -> str:
-    """``"dp_size must be >= 1"`` -> ``"--dp must be >= 1"``."""
-    return _FLAG_RE.sub(lambda m: _FLAGS[m.group(1)], message)
-
-
-class UserError(Exception):
-    """A problem with the user's input, reported as one line without a traceback."""
+    """``dp_size must be >= 1`` -> ``--dp must be >= 1``; ``size="equal"`` -> ``--size equal``."""
+    message = _FLAG_RE.sub(lambda m: _FLAGS[m.group(1)], message)
+    for pattern, repl in _VALUE_RES:
+        message = pattern.sub(repl, message)
+    return message
 
 
 # ---- cost ------------------------------------------------------------------------------
@@ -81,8 +92,13 @@ class CostChoice:
 
     model: Any = None  # a cost model, or None for tokens
     label: str = "tokens"
-    unit: str = "tok"
+    unit: str = "tok"  # in the table: "tok", "FLOP", "s", or "" (unknown)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def axis_unit(self) -> str:
+        """The unit spelled out, for the plot's time axis."""
+        return {"tok": "tokens", "s": "seconds", "": "cost units"}.get(self.unit, self.unit)
 
 
 def _load_cost(spec: str | None) -> CostChoice:
@@ -99,7 +115,13 @@ def _load_cost(spec: str | None) -> CostChoice:
     if kind == "FlopsCost":
         name = getattr(model, "name", None) or spec
         return CostChoice(model, f"training FLOPs of {name}", "FLOP")
-    return CostChoice(model, f"{kind} from {spec}", "")
+    meta = getattr(model, "meta", None) or {}
+    notes = [f"note: {spec}: {w}" for w in meta.get("warnings", [])]
+    if meta.get("unit") == "seconds":  # written by `seqbalance calibrate`
+        where = " on ".join(str(meta[k]) for k in ("model", "device") if meta.get(k))
+        label = f"calibrated seconds of {where}" if where else f"seconds from {spec}"
+        return CostChoice(model, label, "s", notes)
+    return CostChoice(model, f"{kind} from {spec}", str(meta.get("unit", "")), notes)
 
 
 def _demo_cost() -> CostChoice:
@@ -117,7 +139,10 @@ _PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3
 
 
 def _si(x: float, unit: str = "") -> str:
-    """``4.2e16, "FLOP"`` -> ``"42.0 PFLOP"``; ``609075, "tok"`` -> ``"609.1k tok"``."""
+    """``4.2e16, "FLOP"`` -> ``"42.0 PFLOP"``; ``609075, "tok"`` -> ``"609.1k tok"``;
+    seconds as ``"12.3 ms"``, ``"4.56 s"``."""
+    if unit == "s":
+        return _seconds(x)
     for scale, prefix in _PREFIXES:
         if abs(x) >= scale:
             text = f"{x / scale:.1f}{prefix}"
@@ -129,22 +154,77 @@ def _si(x: float, unit: str = "") -> str:
     return f"{text} {unit}" if text[-1].isdigit() else f"{text[:-1]} {text[-1]}{unit}"
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
-    """Print a table: with rich when installed, else as plain aligned text."""
+def _seconds(x: float) -> str:
+    """``0.0123`` -> ``"12.3 ms"``; ``4.5678`` -> ``"4.57 s"``; ``4567.8`` -> ``"4,568 s"``."""
+    ax = abs(x)
+    if ax == 0 or not math.isfinite(x):
+        return f"{x:g} s"
+    if ax < 1e-3:
+        return f"{x * 1e6:.3g} \u00b5s"
+    if ax < 1:
+        return f"{x * 1e3:.3g} ms"
+    return f"{x:.3g} s" if ax < 1000 else f"{x:,.0f} s"
+
+
+def _terminal_width(out: TextIO) -> int | None:
+    """Columns of the terminal ``out`` writes to, or None when it is not a terminal."""
     try:
+        if out.isatty():
+            return os.get_terminal_size(out.fileno()).columns
+    except (AttributeError, OSError, ValueError):  # a StringIO, a closed or odd stream
+        pass
+    return None
+
+
+def _say(text: str, out: TextIO) -> None:
+    """Print a line of prose, wrapped at word boundaries to the terminal's width (a file or
+    pipe gets it unwrapped)."""
+    width = _terminal_width(out)
+    if width is None or len(text) <= width:
+        print(text, file=out)
+        return
+    print(textwrap.fill(text, width=max(width, 20), subsequent_indent="  "), file=out)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -> None:
+    """Print a table: with rich when installed, else as plain aligned text.
+
+    Columns are two spaces apart, so the usual table is under 80 columns wide. On a
+    narrower terminal the strategy names fold onto a second line (down to 8 characters);
+    the numbers are never cut. A file or pipe gets the full width.
+    """
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    try:
+        from rich import box
         from rich.console import Console
         from rich.table import Table
     except ImportError:
         Console = None
     if Console is not None:
-        table = Table(show_edge=False, pad_edge=False, header_style="bold")
+        first = widths[0]
+        natural = sum(widths) + 2 * (len(widths) - 1)
+        term = _terminal_width(out)
+        if term is not None and natural > term:
+            first = max(8, first - (natural - term))
+        # A rule under the header, one space of padding either side of a blank separator.
+        table = Table(
+            box=box.SIMPLE_HEAD,
+            padding=(0, 1),
+            collapse_padding=True,
+            show_edge=False,
+            pad_edge=False,
+            header_style="bold",
+        )
         for i, h in enumerate(headers):
-            table.add_column(h, justify="left" if i == 0 else "right", no_wrap=True)
+            if i == 0:
+                table.add_column(h, justify="left", width=first, overflow="fold")
+            else:
+                table.add_column(h, justify="right", width=widths[i], no_wrap=True)
         for row in rows:
             table.add_row(*row)
-        Console(file=out, width=max(100, sum(len(h) + 3 for h in headers))).print(table)
+        # Exactly the table's width: rich then neither shrinks columns nor pads lines.
+        Console(file=out, width=natural - widths[0] + first).print(table)
         return
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
         first = cells[0].ljust(widths[0])
@@ -182,12 +262,32 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _check_sizes(
+    lengths: np.ndarray, groups: np.ndarray | None, dp: int, cap: int, args: argparse.Namespace
+) -> None:
+    check_sizes(
+        lengths,
+        groups,
+        dp,
+        cap,
+        min_micro_batches=args.min_micro_batches,
+        micro_batch_multiple=args.micro_batch_multiple,
+        size=args.size,
+        allow_empty=args.allow_empty,
+    )
+
+
 # ---- plan ------------------------------------------------------------------------------
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
-    lengths, groups = _read_inputs(args)
+    check_numbers(args)
+    check_outputs(args)
     cost = _load_cost(args.model or args.cost)
+    lengths, groups = _read_inputs(args)
+    _check_sizes(lengths, groups, args.dp, args.max_tokens, args)
+    for note in cost.notes:
+        _say(note, sys.stderr)
     p = plan(
         lengths, args.dp, args.max_tokens, cost=cost.model, groups=groups, **_plan_kwargs(args)
     )
@@ -216,13 +316,36 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if broken:
         print(f"violations: {broken}", file=err)
     for note in p.notes:
-        print(f"note: {note}", file=err)
+        print(f"note: {_as_flags(note)}", file=err)
     if args.out not in (None, "-"):
         print(f"wrote {args.out}", file=err)
     return 0
 
 
 # ---- compare ---------------------------------------------------------------------------
+
+PADDED_NOTE = "planned by summed tokens, as its framework does, then padded to its longest"
+
+
+def _as_padded(p: Plan) -> Plan:
+    """The same micro-batches run padded: each costs and holds ``count x longest``.
+
+    This is what a trainer that pads does with a baseline's token-budget plan (verl's
+    dynamic batch size, for one, packs by real token counts and pads afterwards).
+    """
+    return Plan(
+        p.micro_batches,
+        p.lengths,
+        max_tokens=p.max_tokens,
+        costs=p.costs,
+        per_microbatch=p.per_microbatch,
+        padded=True,
+        sync=p.sync,
+        strategy=p.strategy,
+        notes=(*p.notes, PADDED_NOTE),
+        size=p.size,
+        groups=p.groups,
+    )
 
 
 def _strategies(
@@ -236,7 +359,8 @@ def _strategies(
 ) -> dict[str, Plan]:
     plans = {"seqbalance": plan(lengths, dp, max_tokens, cost=cost, groups=groups, **plan_kwargs)}
     for name, fn in BASELINES.items():
-        plans[name] = fn(lengths, dp, max_tokens, cost=cost, sync=sync)
+        p = fn(lengths, dp, max_tokens, cost=cost, sync=sync)
+        plans[name] = _as_padded(p) if plan_kwargs.get("padded") else p
     return plans
 
 
@@ -292,25 +416,41 @@ def _print_results(results: list[dict[str, Any]], unit: str, out: TextIO) -> Non
 def _cmd_compare(args: argparse.Namespace) -> int:
     if args.demo == (args.lengths is not None):
         raise UserError("give either a LENGTHS file or --demo (one of the two)")
-    if args.padded:
-        raise UserError(
-            "compare does not take --padded: the baselines pack micro-batches, so the table "
-            "would compare padded with packed plans; use `seqbalance plan --padded`"
-        )
+    if not args.demo:
+        missing = [
+            f for f, v in (("--dp", args.dp), ("--max-tokens", args.max_tokens)) if v is None
+        ]
+        if missing:
+            raise UserError(f"compare LENGTHS needs {' and '.join(missing)}")
+    check_numbers(args)
+    check_outputs(args)
+    if args.cp_size != 1:  # context parallelism: its own strategies and table
+        from . import cp_compare
+
+        return cp_compare.run(args, sys.stdout)
     out = sys.stdout
     setups: list[dict[str, Any]] = []
     first_plans: dict[str, Plan] | None = None
     plot_title = ""
+    padded = (
+        "--padded: every micro-batch holds and costs count x longest; the baselines plan by "
+        "summed tokens, as their frameworks do, and are then padded ('over cap' counts the "
+        "padded micro-batches above max_tokens)"
+        if args.padded
+        else ""
+    )
     if args.demo:
         spec = args.model or args.cost
         cost = _demo_cost() if spec is None else _load_cost(spec)
         for note in cost.notes:
-            print(note, file=out)
-        print(
+            _say(note, out)
+        _say(
             f"seqbalance compare --demo: simulated {args.sync} step per strategy; cost = "
             f"{cost.label}; speedup over 'sequential'; gap = step / lower bound - 1",
-            file=out,
+            out,
         )
+        if padded:
+            _say(padded, out)
         runs = []
         for s in DEMO_SETUPS:
             w = workloads.load(s.workload, s.n, s.seed)
@@ -320,13 +460,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             )
             runs.append((header, w.lengths, None, s.dp, s.max_tokens, s.workload))
     else:
-        missing = [
-            f for f, v in (("--dp", args.dp), ("--max-tokens", args.max_tokens)) if v is None
-        ]
-        if missing:
-            raise UserError(f"compare LENGTHS needs {' and '.join(missing)}")
         cost = _load_cost(args.model or args.cost)
         lengths, groups = _read_inputs(args)
+        for note in cost.notes:
+            _say(note, sys.stderr)
         header = (
             f"{args.lengths}: n={lengths.shape[0]}, dp={args.dp}, max_tokens={args.max_tokens}, "
             f"sync={args.sync}, cost={cost.label}"
@@ -345,13 +482,19 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         ]
         if own:
             header += f" ({', '.join(own)} apply to seqbalance only; the baselines ignore them)"
+        if padded:
+            header += "\n" + padded
         runs = [(header, lengths, groups, args.dp, args.max_tokens, str(args.lengths))]
+    # Every run's sizes before the first is planned: a bad one should not wait for the rest.
+    for _, lengths, groups, dp, cap, _ in runs:
+        _check_sizes(lengths, groups, dp, cap, args)
 
     for header, lengths, groups, dp, cap, label in runs:
         plans = _strategies(lengths, dp, cap, cost.model, args.sync, groups, _plan_kwargs(args))
         results = _results(plans, args.sync)
         print("", file=out)
-        print(header, file=out)
+        for line in header.splitlines():
+            _say(line, out)
         _print_results(results, cost.unit, out)
         setups.append(
             {
@@ -360,14 +503,16 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 "dp": dp,
                 "max_tokens": cap,
                 "sync": args.sync,
+                "padded": bool(args.padded),
                 "cost": cost.label,
+                "unit": cost.axis_unit,
                 "results": results,
             }
         )
         if first_plans is None:
             first_plans = plans
             plot_title = f"{label}: n={lengths.shape[0]}, dp={dp}, max_tokens={cap}, " + (
-                f"cost = {cost.label}"
+                f"cost = {cost.label}" + (", padded" if args.padded else "")
             )
 
     if args.json is not None:
@@ -383,7 +528,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             sync=args.sync,
             max_ranks=args.max_ranks,
             title=plot_title,
-            unit={"tok": "tokens", "": "cost units"}.get(cost.unit, cost.unit),
+            unit=cost.axis_unit,
         )
         which = " (first workload)" if args.demo else ""
         print(f"wrote {args.plot}{which}", file=sys.stderr)
@@ -507,6 +652,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw a ranks x time timeline (with --demo: of the first workload); needs matplotlib",
     )
     c.add_argument("--max-ranks", type=int, default=16, metavar="R", help="ranks drawn per panel")
+    from .cp_compare import add_arguments as add_cp_arguments
+
+    add_cp_arguments(c)
     c.set_defaults(func=_cmd_compare)
 
     try:
@@ -544,7 +692,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 1
-    except (UserError, ValueError, OSError) as exc:
+    except (UserError, ValueError, OSError, OverflowError) as exc:
+        # OverflowError: a number too large for int64 that no check above caught.
         message = str(exc) or type(exc).__name__
         if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
             message = f"{exc.filename}: {exc.strerror}"

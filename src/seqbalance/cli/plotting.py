@@ -1,6 +1,6 @@
 """Timeline plot of simulated training steps: ranks x time, one panel per strategy.
 
-matplotlib is an optional extra (``pip install "seqbalance[cli]"``); it is imported only
+matplotlib is an optional extra (``pip install ".[cli]"`` in a checkout); it is imported only
 when :func:`plot_timeline` runs, with the non-interactive Agg backend.
 """
 
@@ -15,7 +15,7 @@ from .._validate import check_choice, check_positive_int
 from ..planning.plans import Plan
 from ..planning.simulation import SYNC_MODELS
 
-__all__ = ["plot_timeline"]
+__all__ = ["check_plot_path", "plot_timeline"]
 
 PlanSet = Union[Mapping[str, Plan], Sequence[Plan]]
 
@@ -42,12 +42,30 @@ def _import_pyplot() -> Any:
         import matplotlib
     except ImportError:
         raise ValueError(
-            'plotting needs matplotlib; install it with: pip install "seqbalance[cli]"'
+            'plotting needs matplotlib; install it with: pip install ".[cli]" (in a '
+            "seqbalance checkout) or pip install matplotlib"
         ) from None
     matplotlib.use("Agg", force=True)  # files only; never open a window
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def check_plot_path(path: str | os.PathLike[str]) -> None:
+    """Raise ValueError unless matplotlib is installed and can write ``path``'s format.
+
+    Cheap (no figure is drawn), so the command line calls it before planning.
+    """
+    _import_pyplot()
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    suffix = os.path.splitext(os.fspath(path))[1].lower().lstrip(".")
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if suffix and suffix not in formats:
+        raise ValueError(
+            f"cannot draw a plot as .{suffix} ({os.fspath(path)}); use one of: "
+            + ", ".join(f".{k}" for k in sorted(formats))
+        )
 
 
 def _ranks_shown(busy: np.ndarray, max_ranks: int) -> np.ndarray:

@@ -13,7 +13,7 @@ Supported formats, chosen by the file extension:
 ``.jsonl``, ``.ndjson``
     One JSON object per line (``column`` names the field), or one number per line.
 ``.parquet``, ``.pq``
-    A Parquet table (needs pyarrow: ``pip install "seqbalance[parquet]"``).
+    A Parquet table (needs pyarrow: ``pip install ".[parquet]"`` in a checkout).
 
 For tables, ``column`` may be omitted when the table has exactly one column.
 """
@@ -181,7 +181,8 @@ def _read_parquet(path: Path, column: str | None, what: str) -> list[Any]:
         import pyarrow.parquet as pq
     except ImportError:
         raise ValueError(
-            f'reading {path} needs pyarrow; install it with: pip install "seqbalance[parquet]"'
+            f'reading {path} needs pyarrow; install it with: pip install ".[parquet]" (in a '
+            "seqbalance checkout) or pip install pyarrow"
         ) from None
     names = list(pq.read_schema(path).names)
     key = _pick(names, column, path, what)

@@ -66,9 +66,10 @@ def _allocate(v: np.ndarray, capacity: int, min_groups: int, divisor: int) -> li
     n = v.shape[0]
     count = min(max(min_groups, 1), n)
     try:
-        p = plan(v, 1, capacity, min_micro_batches=count, micro_batch_multiple=max(divisor, 1))
+        p = plan(v, 1, capacity, min_micro_batches=count, micro_batch_multiple=max(divisor, 1),
+                 baselines=False)
     except ValueError:  # no multiple of divisor keeps every group non-empty: clamp, as AReaL
-        p = plan(v, 1, capacity, min_micro_batches=count)
+        p = plan(v, 1, capacity, min_micro_batches=count, baselines=False)
     return [list(mb) for mb in p.micro_batches[0]]
 
 

@@ -210,7 +210,7 @@ def first_fit_pack(total_lengths: Any, max_tokens_per_bin: int) -> list[list[int
     lens = _lengths(total_lengths, "total_lengths")
     if lens.shape[0] == 0:
         return []
-    p = plan(lens, 1, int(max_tokens_per_bin), oversized="alone", order="index")
+    p = plan(lens, 1, int(max_tokens_per_bin), oversized="alone", order="index", baselines=False)
     return [list(mb) for mb in p.micro_batches[0]]
 
 
@@ -236,7 +236,8 @@ def expand_bins_by_splitting(bins: list[list[int]], target_count: int, lengths: 
     if len(rest) <= k:
         new = [[i] for i in rest]
     else:
-        p = plan(lens[rest], 1, max(bound, 1), min_micro_batches=k, order="index")
+        p = plan(lens[rest], 1, max(bound, 1), min_micro_batches=k, order="index",
+                 baselines=False)
         new = [[rest[j] for j in mb] for mb in p.micro_batches[0]]
     bins[:] = sorted(alone + new, key=lambda b: b[0])
 
@@ -281,7 +282,7 @@ def _step_plan(
             )
         try:
             return plan(lens, dp, cap, cost=cost, sync="ddp", micro_batch_multiple=group,
-                        oversized="alone", order="index")  # fmt: skip
+                        oversized="alone", order="index", baselines=False)  # fmt: skip
         except ValueError as exc:  # too few samples for a count that is a multiple of the group
             raise CompatAssertionError(
                 f"dynamic path: step {step} has {n} samples, too few for {dp} ranks x a "
@@ -298,7 +299,7 @@ def _step_plan(
         )
     return plan(lens, dp, max(int(lens.sum()), 1), cost=cost, sync="ddp",
                 min_micro_batches=k // dp, micro_batch_multiple=group,
-                sequences_per_micro_batch=per_mb, order="index")  # fmt: skip
+                sequences_per_micro_batch=per_mb, order="index", baselines=False)  # fmt: skip
 
 
 def _heaviest_rank_first(grid: Any, lens: np.ndarray, cost: Any) -> list[Any]:

@@ -339,7 +339,7 @@ def _rebalance_work(
 def _local_plan(lens: Any, work: Any, cap: int, m: int, step: int, order: str) -> Any:
     return plan(
         lens, 1, cap, cost=work, min_micro_batches=max(m, 1), micro_batch_multiple=step,
-        order=order,
+        order=order, baselines=False,
     )  # fmt: skip
 
 

@@ -5,6 +5,8 @@
   (hand-written, or fitted to timings by :func:`fit_cost` / ``seqbalance calibrate``).
 - :class:`FlopsCost`: exact training FLOPs from a Hugging Face ``config.json`` (dense,
   GQA, SwiGLU, MoE, MLA, sliding windows), or a shipped config by name (:data:`SHIPPED`).
+- :class:`ContextParallelCost`: one GPU's piece of a context-parallel sequence, with the
+  ring's communication (:mod:`seqbalance.costs.context_parallel`).
 - :func:`load_cost`: any of the above from what the user names (a model, a name, a path).
 
 Pure numpy; nothing here imports torch.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 from .architecture import Architecture, parse_config
 from .base import CostModel, QuadraticCost, TokenCost
+from .context_parallel import ContextParallelCost
 from .fit import evaluate_cost, fit_cost
 from .flops import SHIPPED, FlopsCost
 from .load import cost_from_dict, load_cost
@@ -29,6 +32,7 @@ from .report import FitReport
 __all__ = [
     "SHIPPED",
     "Architecture",
+    "ContextParallelCost",
     "CostModel",
     "FitReport",
     "FlopsCost",

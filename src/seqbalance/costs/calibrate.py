@@ -50,7 +50,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._validate import as_lengths, check_choice, check_positive_int
+from .._validate import as_lengths, check_choice, check_positive_int, unwritable
 from .architecture import (
     Architecture,
     Attention,
@@ -64,13 +64,28 @@ from .fit import evaluate_cost, fit_cost
 from .flops import SHIPPED, FlopsCost, shipped_config
 from .report import FitReport
 
-__all__ = ["INSTALL_HINT", "MissingTorchError", "calibrate", "calibration_grid", "register", "run"]
+__all__ = [
+    "INSTALL_HINT",
+    "MIN_R2",
+    "MissingTorchError",
+    "calibrate",
+    "calibration_grid",
+    "fit_warnings",
+    "register",
+    "run",
+]
 
 INSTALL_HINT = (
-    'seqbalance calibrate needs PyTorch; install it with: pip install "seqbalance[torch]"'
+    'seqbalance calibrate needs PyTorch; install it with: pip install ".[torch]" (in a '
+    "seqbalance checkout) or pip install torch; a CPU-only build: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu"
 )
 
 _MIN_LEN = 16  # shortest sequence the grid asks for
+
+# Below this R^2 (on the fit or on the held-out micro-batches) the timings are mostly noise
+# and the fitted cost may rank micro-batches wrongly; calibrate then warns.
+MIN_R2 = 0.9
 
 
 class MissingTorchError(ImportError):
@@ -503,6 +518,39 @@ def calibrate(
     return out, report
 
 
+def fit_warnings(report: FitReport | None) -> list[str]:
+    """Why a calibrated cost should not be trusted, if it should not (else ``[]``).
+
+    A fit whose R^2 is below :data:`MIN_R2`, on the timed micro-batches or on the held-out
+    ones, explains little of the measured times: typically a busy CPU, or micro-batches so
+    small that fixed overheads and noise dominate.
+
+    Examples
+    --------
+    >>> from seqbalance.costs import FitReport
+    >>> coefs = dict(per_microbatch=0.0, per_sequence=0.0, per_token=1.0, per_token_sq=0.0)
+    >>> fit_warnings(FitReport(0.99, 0.1, 0.01, 20, coefs))
+    []
+    >>> fit_warnings(FitReport(-0.09, 0.9, 0.3, 20, coefs))[0][:40]
+    'the fit explains the timings poorly (R^2'
+    """
+    if report is None:
+        return []
+    scores = [("fit", report.r2)]
+    if report.holdout is not None:
+        scores.append(("held out", report.holdout.r2))
+    bad = [(label, r2) for label, r2 in scores if not (math.isfinite(r2) and r2 >= MIN_R2)]
+    if not bad:
+        return []
+    where = ", ".join(f"{r2:.2f} {label}" for label, r2 in bad)
+    return [
+        f"the fit explains the timings poorly (R^2 {where}; below {MIN_R2}), so this cost "
+        "may rank micro-batches wrongly. The timings are mostly noise: time on a GPU "
+        "(--device cuda), or on an idle machine with --threads 1, more --repeats and a "
+        "larger --max-tokens"
+    ]
+
+
 def _device_name(torch: Any, device: str) -> str:
     if device == "cuda":
         return str(torch.cuda.get_device_name())
@@ -622,11 +670,16 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``seqbalance calibrate`` from parsed arguments; returns the exit code."""
+    # Errors as the other commands print them: one `error:` line, exit status 2.
     try:
         _import_torch()
     except MissingTorchError as exc:
-        print(f"seqbalance calibrate: {exc}", file=sys.stderr)
-        return 1
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    problem = unwritable(args.out) if args.out else None
+    if problem:  # before minutes of timing, not after
+        print(f"error: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
     try:
         cost, report = calibrate(
             args.model,
@@ -643,8 +696,11 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
     except ValueError as exc:
-        print(f"seqbalance calibrate: error: {exc}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return 2
+    warnings = fit_warnings(report)
+    if warnings:
+        cost.meta["warnings"] = warnings  # travels with the cost JSON; --cost repeats it
     meta = cost.meta
     print(
         f"model {meta['model']} on {meta['device']}, {meta['dtype']}, layers {meta['layers_timed']}"
@@ -658,4 +714,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}")
     else:
         print(cost.to_json())
+    for warning in warnings:  # last, so that it is not scrolled away by the JSON
+        print(f"warning: {warning}", file=sys.stderr)
     return 0

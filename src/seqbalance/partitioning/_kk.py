@@ -21,7 +21,7 @@ import heapq
 
 import numpy as np
 
-__all__ = ["kk_labels"]
+__all__ = ["kk_free_labels", "kk_labels"]
 
 
 def kk_labels(w: np.ndarray, k: int) -> np.ndarray:
@@ -60,3 +60,100 @@ def kk_labels(w: np.ndarray, k: int) -> np.ndarray:
     part_of_root = np.full(slots, -1, dtype=np.int64)
     part_of_root[final] = np.arange(k, dtype=np.int64)
     return part_of_root[root[:m]]
+
+
+def kk_free_labels(w: np.ndarray, k: int) -> np.ndarray:
+    """k-way largest differencing without count limits (the classic Karmarkar–Karp).
+
+    Every unit starts as its own k-tuple ``(w, 0, ..., 0)`` with spread ``w``; the two
+    tuples with the largest spreads are merged (heaviest subset of one with the lightest
+    of the other) until one is left. Parts may end with any number of units.
+
+    Singletons are not materialised: they wait in weight order and only become length-k
+    arrays when merged, so memory is O(m + k * live tuples). A merge with a singleton
+    costs O(k) (one insertion into a sorted array), a merge of two tuples O(k log k);
+    there are ``m - 1`` merges, so time is O(m k) in the worst case and O(m log m + m k)
+    with small constants in practice. Ties go to the older tuple, so the result is
+    deterministic.
+    """
+    m = int(w.shape[0])
+    labels = np.zeros(m, dtype=np.int64)
+    if m == 0 or k == 1:
+        return labels
+    order = np.argsort(-w, kind="stable")
+    s = w[order].tolist()
+    ids = order.tolist()
+    parent = np.arange(m, dtype=np.int64)
+    # Materialised tuples: values sorted heaviest first and one representative unit per
+    # subset (-1 for an empty subset).
+    vals: dict[int, np.ndarray] = {}
+    reps: dict[int, np.ndarray] = {}
+    heap: list[tuple[float, int]] = []  # (-spread, tuple number)
+    tick = 0
+    nxt = 0  # next singleton (position in weight order)
+
+    def pop() -> tuple[str, int]:
+        nonlocal nxt
+        # Largest spread first; a tuple beats a singleton of the same spread (older).
+        if heap and (nxt >= m or -heap[0][0] >= s[nxt]):
+            return "t", heapq.heappop(heap)[1]
+        nxt += 1
+        return "s", nxt - 1
+
+    def as_tuple(kind: str, x: int) -> tuple[np.ndarray, np.ndarray]:
+        if kind == "t":
+            return vals.pop(x), reps.pop(x)
+        v = np.zeros(k)
+        r = np.full(k, -1, dtype=np.int64)
+        v[0], r[0] = s[x], ids[x]
+        return v, r
+
+    while True:
+        remaining = len(heap) + (m - nxt)
+        if remaining <= 1:
+            break
+        ka, xa = pop()
+        kb, xb = pop()
+        if kb == "s" and ka == "t":
+            va, ra = vals.pop(xa), reps.pop(xa)
+            unit = ids[xb]
+            x = s[xb]
+            # The singleton's unit joins the lightest subset; its k-1 empty subsets pair
+            # with the others, which keep their values.
+            if ra[-1] >= 0:
+                parent[unit] = ra[-1]
+                rep = int(ra[-1])
+            else:
+                rep = unit
+            new = float(va[-1]) + x
+            pos = int(np.searchsorted(-va[:-1], -new, side="right"))
+            v = np.concatenate((va[:pos], [new], va[pos:-1]))
+            r = np.concatenate((ra[:pos], [rep], ra[pos:-1]))
+        else:
+            va, ra = as_tuple(ka, xa)
+            vb, rb = as_tuple(kb, xb)
+            merged = va + vb[::-1]
+            rb = rb[::-1]
+            both = (ra >= 0) & (rb >= 0)
+            parent[rb[both]] = ra[both]
+            r0 = np.where(ra >= 0, ra, rb)
+            o = np.argsort(-merged, kind="stable")
+            v, r = merged[o], r0[o]
+        vals[tick], reps[tick] = v, r
+        heapq.heappush(heap, (-(float(v[0]) - float(v[-1])), tick))
+        tick += 1
+    if heap:
+        final = reps[heap[0][1]]
+    else:  # a single unit
+        final = np.full(k, -1, dtype=np.int64)
+        final[0] = ids[0]
+    root = parent
+    while True:
+        up = root[root]
+        if np.array_equal(up, root):
+            break
+        root = up
+    part_of_root = np.full(m, -1, dtype=np.int64)
+    have = final >= 0
+    part_of_root[final[have]] = np.flatnonzero(have)
+    return part_of_root[root]

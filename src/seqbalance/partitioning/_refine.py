@@ -14,16 +14,34 @@ lighter ``b`` in part ``p`` helps iff ``w_b - L_p > w_a - L_h``, so a running ma
 then searched exactly. When nothing helps, the heaviest part is locally optimal and the
 pass stops. Moves run only where the rule allows them ("free"; "balanced" from a part with
 one more unit to one with one fewer; the lightest such part is the best target) and swaps
-keep every count. Steps are capped, so the worst case is O(k) steps of O(m + k log k).
+keep every count. Steps are capped (:func:`default_steps`), so the worst case is
+``min(3k + 256, 1024, 2**26 / (m + k))`` steps of O(m + k log k).
+
+With many parts one heaviest part at a time is too slow (thousands of parts sit near the
+maximum), so :func:`pair_rounds` first evens out all parts at once: it pairs the i-th
+heaviest part with the i-th lightest and applies the best swap of every pair in one
+vectorised round.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["refine_labels"]
+__all__ = ["pair_rounds", "refine_labels"]
 
 _TRY_LIGHTEST = 4
+
+#: Refinement steps are capped at ``min(3k + 256, MAX_STEPS, STEP_WORK // (m + k))``: a
+#: step costs O(k) plus up to an O(m) scan, so the cap keeps a pass near 2**26 element
+#: operations (well under a second of numpy calls) however large k gets. For k <= 256 and
+#: m <= 65,280 the first term is the smallest, as before these caps existed.
+MAX_STEPS = 1024
+STEP_WORK = 2**26
+
+
+def default_steps(m: int, k: int) -> int:
+    """The default step cap of :func:`refine_labels` for ``m`` units and ``k`` parts."""
+    return max(64, min(3 * k + 256, MAX_STEPS, STEP_WORK // (m + k)))
 
 
 def refine_labels(
@@ -44,7 +62,7 @@ def refine_labels(
     if m == 0 or k == 1:
         return lab
     if max_steps is None:
-        max_steps = 3 * k + 256
+        max_steps = default_steps(m, k)
     order = np.argsort(lab, kind="stable")
     counts = np.bincount(lab, minlength=k).astype(np.int64)
     members = np.split(order, np.cumsum(counts)[:-1])
@@ -187,4 +205,69 @@ def steepest_swaps(w: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
         loads[h] -= d[i, j]
         loads[p] += d[i, j]
         lab[a], lab[b] = p, h
+    return lab
+
+
+#: ``pair_rounds`` handles parts of at most this many units (its arrays hold k c**2 / 2
+#: numbers).
+PAIR_MAX_COUNT = 32
+
+
+def pair_rounds(
+    w: np.ndarray, labels: np.ndarray, k: int, *, max_rounds: int = 32
+) -> np.ndarray:
+    """Swap rounds over disjoint (heavy, light) pairs of parts; counts never change.
+
+    Each round sorts the parts by load, pairs the i-th heaviest with the i-th lightest and,
+    for every pair at once, applies the swap of one unit each way that leaves the pair's
+    heavier part lightest (``d = w_a - w_b`` nearest half the gap, ``0 < d < gap``). The
+    heaviest part never gets heavier. Stops when a round no longer lowers the heaviest
+    part, or after ``max_rounds``. A round costs O(k log k + k c**2) with ``c`` the largest
+    count (meant for ``c <= PAIR_MAX_COUNT``); returns new labels.
+    """
+    lab = labels.astype(np.int64, copy=True)
+    m = int(w.shape[0])
+    if m == 0 or k < 2:
+        return lab
+    counts = np.bincount(lab, minlength=k)
+    cmax = int(counts.max())
+    # members[p, j]: the j-th unit of part p, or m (a padding unit of weight NaN).
+    order = np.argsort(lab, kind="stable")
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    col = np.arange(m) - np.repeat(starts, counts)
+    members = np.full((k, cmax), m, dtype=np.int64)
+    members[lab[order], col] = order
+    wpad = np.append(w, np.nan)
+    loads = np.bincount(lab, weights=w, minlength=k).astype(np.float64)
+    half = k // 2
+    prev = float(loads.max())
+    for _ in range(max_rounds):
+        by_load = np.lexsort((np.arange(k), -loads))  # heaviest first, ties by part
+        hv, lt = by_load[:half], by_load[::-1][:half]
+        gap = loads[hv] - loads[lt]
+        wh = wpad[members[hv]]  # (P, c)
+        wl = wpad[members[lt]]
+        d = wh[:, :, None] - wl[:, None, :]  # (P, c, c); NaN where padding
+        with np.errstate(invalid="ignore"):
+            after = np.maximum(loads[hv][:, None, None] - d, loads[lt][:, None, None] + d)
+            ok = (d > 0) & (d < gap[:, None, None])
+        after = np.where(ok, after, np.inf).reshape(half, -1)
+        f = np.argmin(after, axis=1)
+        best = after[np.arange(half), f]
+        do = best < loads[hv] * (1.0 - 1e-12)
+        if not do.any():
+            break
+        pi = np.flatnonzero(do)
+        ia, ib = np.divmod(f[pi], cmax)
+        ph, pl = hv[pi], lt[pi]
+        ua, ub = members[ph, ia], members[pl, ib]
+        members[ph, ia], members[pl, ib] = ub, ua
+        lab[ua], lab[ub] = pl, ph
+        dd = w[ua] - w[ub]
+        loads[ph] -= dd
+        loads[pl] += dd
+        top = float(loads.max())
+        if not top < prev:
+            break
+        prev = top
     return lab

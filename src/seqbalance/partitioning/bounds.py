@@ -50,7 +50,8 @@ def lower_bound(weights: Any, k: int, *, size: str = "free", groups: Any = None)
     3. "balanced" with ``r = m % k > 0``: ``r`` parts hold ``c + 1`` units, together at
        least the ``r*(c+1)`` lightest units, so one of them weighs at least that sum / ``r``.
 
-    Sums are exact when the weights are integers with a total below 2**53; otherwise the
+    Sums are exact when the weights are integers with a total below 2**53, and then the
+    bound is rounded up to an integer (every part's load is one); otherwise the
     sums in 1-3 are lowered by a rounding allowance of ``2 (m+1) eps * total``, so the bound
     stays valid in floating point (term 2 with ``j = c = 0``, the largest unit, is exact).
 
@@ -91,4 +92,7 @@ def bound_of_units(w: np.ndarray, k: int, size: str) -> float:
     if size == "balanced" and r:
         terms.append(float(asc[r * (c + 1)]) / r)
     best = max(terms) - slack
+    if exact:
+        # Integer weights make every part's load an integer, so the bound rounds up.
+        best = float(np.ceil(best))
     return float(max(best, s[0]))

@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 
 from .._validate import as_groups, as_weights, check_choice, check_positive_int
+from ._exact import EXACT_MAX_UNITS, exact_labels
 from ._greedy import lpt_labels
-from ._kk import kk_labels
-from ._refine import STEEPEST_MAX_UNITS, refine_labels, steepest_swaps
+from ._kk import kk_free_labels, kk_labels
+from ._refine import PAIR_MAX_COUNT, STEEPEST_MAX_UNITS, pair_rounds, refine_labels, steepest_swaps
 from ._rules import SIZES, check_size
 from .bounds import bound_of_units, lower_bound
 from .stats import balance_stats, relative_gap, stats_from_loads
@@ -27,6 +28,14 @@ METHODS: tuple[str, ...] = ("auto", "kk", "greedy")
 #: provably within this relative gap of optimal (``max_load <= (1 + AUTO_RTOL) * bound``).
 AUTO_RTOL = 1e-5
 
+#: In "free" mode, ``method="auto"`` also tries classic Karmarkar–Karp (no count limits)
+#: on problems with at most this many units; its O(m k) merges cost too much beyond.
+KK_FREE_MAX_UNITS = 4096
+
+#: Under a size rule with more parts than this (and at most ``PAIR_MAX_COUNT`` units a
+#: part), "auto" evens out all parts in vectorised pair rounds before the refinement.
+PAIR_MIN_PARTS = 256
+
 
 class Partition(list):  # type: ignore[type-arg]
     """The result of :func:`partition`: a ``list`` of ``k`` ascending index lists, plus evidence.
@@ -38,27 +47,43 @@ class Partition(list):  # type: ignore[type-arg]
     loads : numpy.ndarray
         Total weight of each part (float64, shape ``(k,)``).
     lower_bound : float
-        Proven lower bound on the heaviest part for this size rule and grouping.
+        Proven lower bound on the heaviest part for this size rule and grouping; when
+        ``optimal`` is True, the optimum itself (so ``gap`` is 0).
+    optimal : bool
+        Whether the heaviest part is proven as light as possible: it meets the lower bound,
+        or the exact search of ``method="auto"`` ran to its end (up to ``1e-12`` relative
+        for non-integer weights; exact for integers).
     max_load : float
         Weight of the heaviest part.
     gap : float
         ``max_load / lower_bound - 1`` (0.0 when both are 0): how far from optimal at most.
     method : str
         The algorithm that produced it: ``"kk"``, ``"greedy"``, or for ``method="auto"``
-        the winning candidate, ``"kk+refine"`` or ``"greedy+refine"``.
+        the winning candidate, ``"kk+refine"``, ``"greedy+refine"``, ``"kkfree+refine"``
+        (free mode, classic Karmarkar–Karp) or ``"exact"`` (the exact search improved on
+        the heuristics).
     """
 
     loads: np.ndarray
     lower_bound: float
     method: str
+    optimal: bool
 
     def __init__(
-        self, parts: list[list[int]], loads: np.ndarray, bound: float, method: str
+        self,
+        parts: list[list[int]],
+        loads: np.ndarray,
+        bound: float,
+        method: str,
+        optimal: bool = False,
     ) -> None:
         super().__init__(parts)
         self.loads = loads
-        self.lower_bound = float(bound)
         self.method = method
+        mx = float(loads.max()) if loads.size else 0.0
+        self.optimal = bool(optimal) or mx <= bound
+        # Proven optimal: the optimum is the best bound there is.
+        self.lower_bound = max(float(bound), mx) if self.optimal else float(bound)
         self._counts = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
 
     @property
@@ -109,7 +134,12 @@ def partition(
         the heaviest part within the size rule (for small problems under a size rule,
         first steepest-descent swaps); the lighter result wins (ties: kk). The lighter
         start is refined first, and the other is skipped when the first reaches the lower
-        bound, or in "free" mode comes within :data:`AUTO_RTOL` (1e-5) of it.
+        bound, or in "free" mode comes within :data:`AUTO_RTOL` (1e-5) of it. In "free"
+        mode with at most :data:`KK_FREE_MAX_UNITS` units, classic Karmarkar–Karp (no
+        count limits) plus refinement is a further candidate, taken only when strictly
+        lighter. With at most ``EXACT_MAX_UNITS`` (64) units, an exact branch-and-bound
+        search then starts from the winner within a fixed node budget, and the result
+        says whether it is ``optimal``.
 
     Returns
     -------
@@ -127,9 +157,16 @@ def partition(
 
     Notes
     -----
-    Deterministic: ties are broken by index with stable sorts, so the same input gives the
-    same output in every process. Time is O(n log n) plus O(k) refinement steps; memory is
-    O(n + k).
+    Deterministic: ties are broken by index with stable sorts and every budget counts
+    work, never time, so the same input gives the same output in every process.
+
+    Complexity (n items, m units, k parts): ``"kk"`` O(m log m + (m/k) k log k);
+    ``"greedy"`` O(m log m + m log k); ``"auto"`` adds the refinement, at most
+    ``min(3k + 256, 1,024, 2**26 / (m + k))`` steps of O(k + m/k log m) each plus an O(m)
+    scan when the lightest parts do not help, and for k > 256 under a size rule first at most 32
+    vectorised rounds of O(m c) (c = m/k, up to 64), the free-mode Karmarkar–Karp
+    candidate O(m k) for m <= 4,096, and the exact search at most 60,000 nodes of O(k)
+    for m <= 64. Memory is O(n + k).
 
     Examples
     --------
@@ -163,24 +200,24 @@ def partition_arrays(
     rule = check_size(rule, units.shape[0], k, grouped=labels_of_groups is not None)
 
     bound = bound_of_units(units, k, rule)
-    unit_labels, used = _solve(units, k, rule, how, bound)
+    unit_labels, used, proven = _solve(units, k, rule, how, bound)
     item_labels = unit_labels if labels_of_groups is None else unit_labels[labels_of_groups]
     loads = np.bincount(item_labels, weights=w, minlength=k).astype(np.float64)
     counts = np.bincount(item_labels, minlength=k)
     order = np.argsort(item_labels, kind="stable").tolist()  # ascending within each part
     ends = np.cumsum(counts).tolist()
     parts = [order[e - c : e] for e, c in zip(ends, counts.tolist())]
-    return Partition(parts, loads, bound, used)
+    return Partition(parts, loads, bound, used, optimal=proven)
 
 
 def _solve(
     units: np.ndarray, k: int, size: str, method: str, bound: float
-) -> tuple[np.ndarray, str]:
-    """Labels per unit and the name of the algorithm that produced them."""
+) -> tuple[np.ndarray, str, bool]:
+    """Labels per unit, the name of the algorithm that produced them, and proven optimality."""
     if method == "kk":
-        return kk_labels(units, k), "kk"
+        return kk_labels(units, k), "kk", False
     if method == "greedy":
-        return lpt_labels(units, k, size), "greedy"
+        return lpt_labels(units, k, size), "greedy", False
     m = units.shape[0]
     # Under a size rule, small problems first get steepest-descent swaps, so there "auto"
     # is never worse than greedy-with-counts followed by best-improvement swaps.
@@ -194,6 +231,8 @@ def _solve(
     for name, labels in starts:
         if steepest:
             labels = steepest_swaps(units, labels, k)
+        if size != "free" and k > PAIR_MIN_PARTS and -(-m // k) <= PAIR_MAX_COUNT:
+            labels = pair_rounds(units, labels, k)
         labels = refine_labels(units, labels, k, size, target=bound)
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if best is None or top < best[0] or (top == best[0] and name == "kk"):
@@ -201,4 +240,15 @@ def _solve(
         if best[0] <= bound * (1.0 + (AUTO_RTOL if size == "free" else 0.0)):
             break  # optimal (or, in free mode, within AUTO_RTOL of it)
     assert best is not None
-    return best[1], best[2]
+    if size == "free" and k > 1 and m <= KK_FREE_MAX_UNITS and best[0] > bound:
+        labels = refine_labels(units, kk_free_labels(units, k), k, size, target=bound)
+        top = float(np.bincount(labels, weights=units, minlength=k).max())
+        if top < best[0]:
+            best = (top, labels, "kkfree+refine")
+    if m <= EXACT_MAX_UNITS and best[0] > bound:
+        labels, proven = exact_labels(units, k, size, best[1], bound)
+        top = float(np.bincount(labels, weights=units, minlength=k).max())
+        if top < best[0]:
+            best = (top, labels, "exact")
+        return best[1], best[2], proven
+    return best[1], best[2], best[0] <= bound

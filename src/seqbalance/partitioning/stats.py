@@ -7,7 +7,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._validate import as_weights
+from .._validate import as_groups, as_weights
+from ._rules import check_size
 from .bounds import bound_of_units
 
 __all__ = ["balance_stats"]
@@ -82,7 +83,12 @@ def relative_gap(mx: float, bound: float) -> float:
 
 
 def balance_stats(
-    weights: Any, parts: Sequence[Any], *, bound: float | None = None
+    weights: Any,
+    parts: Sequence[Any],
+    *,
+    bound: float | None = None,
+    groups: Any = None,
+    size: str = "free",
 ) -> dict[str, Any]:
     """Summarise how evenly ``parts`` split ``weights``.
 
@@ -94,9 +100,15 @@ def balance_stats(
         The parts (``k = len(parts)``); together they must hold every index of ``weights``
         exactly once.
     bound : float, optional
-        Lower bound to measure ``gap`` against; defaults to the free-rule
-        :func:`~seqbalance.partitioning.bounds.lower_bound` of ``weights`` on ``k``
-        parts. Pass the bound of your size rule / groups to measure against that instead.
+        Lower bound to measure ``gap`` against; defaults to
+        :func:`~seqbalance.partitioning.bounds.lower_bound` of ``weights`` on ``k`` parts
+        with this ``size`` rule and ``groups``: the bound ``partition`` measures its
+        ``gap`` against (unless it proved its result optimal).
+    groups : array_like, optional
+        One group id per item, as given to :func:`~seqbalance.partitioning.partition`:
+        the default bound then treats each group as one unit.
+    size : {"free", "equal", "balanced"}
+        Size rule of the default bound (counting groups when ``groups`` is given).
 
     Returns
     -------
@@ -109,7 +121,8 @@ def balance_stats(
     Raises
     ------
     ValueError
-        If ``parts`` is empty, or an index is out of range, repeated or missing.
+        If ``parts`` is empty, or an index is out of range, repeated or missing; for
+        ``groups`` of the wrong length or an unknown ``size``.
 
     Examples
     --------
@@ -127,7 +140,12 @@ def balance_stats(
     loads = np.bincount(label, weights=w, minlength=k).astype(np.float64, copy=False)
     counts = np.bincount(label, minlength=k)
     if bound is None:
-        bound = bound_of_units(w, k, "free")
+        units = w
+        if groups is not None:
+            labels = as_groups(groups, w.shape[0])
+            units = np.bincount(labels, weights=w, minlength=0) if w.size else w
+        rule = check_size(size, units.shape[0], k, grouped=groups is not None)
+        bound = bound_of_units(units, k, rule)
     elif not (np.isfinite(bound) and bound >= 0):
         raise ValueError(f"bound must be a finite number >= 0, got {bound!r}")
     return stats_from_loads(loads, counts, float(bound))

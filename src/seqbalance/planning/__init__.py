@@ -8,6 +8,9 @@ counts on every rank, count multiples and the sync model.
 - :mod:`.plans`: :class:`Plan` (reorder and restore data, JSON, stats, violations).
 - :mod:`.simulation`: :func:`simulate` and the one step-time lower bound.
 - :mod:`.baselines`: the strategies other frameworks use, for comparison.
+- :mod:`.context_parallel`, :mod:`.cp_plans`, :mod:`.cp_baselines`: context parallelism
+  (``plan(..., cp_size=N)``), :class:`CPPlan` with its pieces, and the static / Megatron-style
+  CP baselines.
 - ``_packing``, ``_slots``, ``_grouping``, ``_costing``: bin packing under the capacity,
   FSDP slot filling, bin totals and cost resolution, on validated arrays.
 """
@@ -16,12 +19,14 @@ from __future__ import annotations
 
 from ._ordering import inverse_permutation
 from .baselines import BASELINES
+from .cp_plans import CPPlan
 from .planner import plan
 from .plans import Plan
 from .simulation import Simulation, simulate, step_time_lower_bound
 
 __all__ = [
     "BASELINES",
+    "CPPlan",
     "Plan",
     "Simulation",
     "inverse_permutation",

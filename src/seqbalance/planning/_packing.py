@@ -11,11 +11,13 @@ The planner's workhorse. Three steps, all deterministic (ties broken by index):
    light bin whenever that makes the pair more equal without breaking the capacity; first
    the heaviest bin against the lightest ones, then the lightest against the heaviest.
 
-Padded bins (``count * longest <= capacity``) get steps 1 and 2 only.
+Padded bins (``count * longest <= capacity``) get steps 1 and 2 only; there step 2 is
+O(n) (bins fill in index order, see ``_ffd``).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 
 import numpy as np
@@ -23,7 +25,7 @@ import numpy as np
 from ..partitioning.kway import partition_arrays
 from ._grouping import bin_totals
 
-__all__ = ["first_fit", "pack"]
+__all__ = ["best_fit", "first_fit", "pack"]
 
 _PARTNERS = 12  # light (or heavy) bins tried per refinement step
 
@@ -93,15 +95,26 @@ def _lpt(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _B
 def _lpt_padded(
     w: np.ndarray, t: np.ndarray, nbins: int, cap: int, order: np.ndarray
 ) -> _Bins | None:
-    bins = _Bins(w, t, nbins, cap, True)
+    # Plain Python lists in the loop (it runs once per sequence): a padded bin's cost and
+    # tokens are its count times its largest cost and longest row.
+    wl, tl = w.tolist(), t.tolist()
+    cnt = [0] * nbins
+    mw = [0.0] * nbins
+    mt = [0] * nbins
+    items: list[list[int]] = [[] for _ in range(nbins)]
     heap = [(0.0, b) for b in range(nbins)]
     for i in order.tolist():
+        wi, ti = wl[i], tl[i]
         stash = []
         while heap:
             c, b = heapq.heappop(heap)
-            if bins.after_add(b, i)[1] <= cap:
-                bins.add(b, i)
-                heapq.heappush(heap, (float(bins.cost[b]), b))
+            n_b = cnt[b] + 1
+            if n_b * max(mt[b], ti) <= cap:
+                cnt[b] = n_b
+                mw[b] = max(mw[b], wi)
+                mt[b] = max(mt[b], ti)
+                items[b].append(i)
+                heapq.heappush(heap, (n_b * mw[b], b))
                 break
             stash.append((c, b))
             if len(stash) > 64:
@@ -110,6 +123,25 @@ def _lpt_padded(
             return None
         for entry in stash:
             heapq.heappush(heap, entry)
+    return _padded_bins(w, t, cap, items, cnt, mw, mt)
+
+
+def _padded_bins(
+    w: np.ndarray,
+    t: np.ndarray,
+    cap: int,
+    items: list[list[int]],
+    cnt: list[int],
+    mw: list[float],
+    mt: list[int],
+) -> _Bins:
+    bins = _Bins(w, t, len(items), cap, True)
+    bins.items = items
+    counts = np.asarray(cnt, dtype=np.int64)
+    bins.maxw = np.asarray(mw, dtype=np.float64)
+    bins.maxt = np.asarray(mt, dtype=np.int64)
+    bins.cost = counts * bins.maxw
+    bins.tok = counts * bins.maxt
     return bins
 
 
@@ -117,18 +149,62 @@ def first_fit(order: list[int], t: np.ndarray, cap: int, nbins: int) -> list[lis
     """Packed first fit: each item, in ``order``, into the first of ``nbins`` bins with room.
 
     Returns all ``nbins`` bins (trailing ones may be empty), or None if an item fits nowhere.
+    ``O(n log nbins)``: a max-tree over the bins' free room finds the leftmost bin with
+    room for an item by one walk from the root (go left whenever the left subtree has a
+    bin with room), and an update walks back up, stopping where a maximum is unchanged.
     """
+    if nbins < 1:
+        return None if len(order) else []
+    size = 1 << (nbins - 1).bit_length()
+    tree = [0] * (2 * size)  # tree[k] = most free room among the bins under node k
+    tree[size : size + nbins] = [int(cap)] * nbins
+    for k in range(size - 1, 0, -1):
+        tree[k] = max(tree[2 * k], tree[2 * k + 1])
     items: list[list[int]] = [[] for _ in range(nbins)]
-    room = np.full(nbins, cap, dtype=np.int64)
-    used = 0  # first fit fills a prefix of the bins: search only that and one fresh bin
+    tl = t.tolist()
     for i in order:
-        ok = room[: min(used + 1, nbins)] >= t[i]
-        b = int(np.argmax(ok))
-        if not ok[b]:
+        x = tl[i]
+        if tree[1] < x:
             return None
-        room[b] -= t[i]
+        k = 1
+        while k < size:
+            k <<= 1
+            if tree[k] < x:
+                k += 1
+        tree[k] -= x
+        items[k - size].append(i)
+        k >>= 1
+        while k:
+            left, right = tree[2 * k], tree[2 * k + 1]
+            v = left if left > right else right
+            if tree[k] == v:
+                break  # the ancestors' maxima are unchanged too
+            tree[k] = v
+            k >>= 1
+    return items
+
+
+def best_fit(order: list[int], t: np.ndarray, cap: int, nbins: int) -> list[list[int]] | None:
+    """Packed best fit: each item, in ``order``, into the bin with the least room that fits.
+
+    Ties go to the lowest bin index. Returns all ``nbins`` bins, or None if an item fits
+    nowhere. The bins are kept sorted by free room: a binary search finds the bin
+    (``O(log nbins)`` comparisons), and moving it to its new place shifts list entries
+    (a memory move, not a Python loop).
+    """
+    if nbins < 1:
+        return None if len(order) else []
+    by_room = [(int(cap), b) for b in range(nbins)]  # sorted by (room, bin)
+    items: list[list[int]] = [[] for _ in range(nbins)]
+    tl = t.tolist()
+    for i in order:
+        x = tl[i]
+        k = bisect.bisect_left(by_room, (x, -1))
+        if k == len(by_room):
+            return None
+        room, b = by_room.pop(k)
         items[b].append(i)
-        used = max(used, b + 1)
+        bisect.insort(by_room, (room - x, b))
     return items
 
 
@@ -143,12 +219,27 @@ def _ffd(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _B
         bins.cost = bin_totals(items, w)
         bins.tok = bin_totals(items, t)
         return bins
+    # Padded first fit in O(n): items come longest first, so a bin's longest row is its
+    # first item and adding item i to bin b costs (count_b + 1) * longest_b tokens whatever
+    # i is. A bin that cannot take the next item can never take a later one either, so
+    # first fit is "the lowest bin still open", and bins close for good in index order.
+    wl, tl = w.tolist(), t.tolist()
+    counts = [0] * nbins
+    longest = [0] * nbins
+    mw = [0.0] * nbins
+    items: list[list[int]] = [[] for _ in range(nbins)]
+    b = 0
     for i in order:
-        fits = [b for b in range(nbins) if bins.after_add(b, i)[1] <= cap]
-        if not fits:
+        while b < nbins and counts[b] and (counts[b] + 1) * longest[b] > cap:
+            b += 1
+        if b == nbins or tl[i] > cap:
             return None
-        bins.add(fits[0], i)
-    return bins
+        if not counts[b]:
+            longest[b] = tl[i]
+        counts[b] += 1
+        mw[b] = max(mw[b], wl[i])
+        items[b].append(i)
+    return _padded_bins(w, t, cap, items, counts, mw, longest)
 
 
 def _token_balanced(w: np.ndarray, t: np.ndarray, nbins: int, cap: int) -> _Bins | None:

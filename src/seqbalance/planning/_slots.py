@@ -24,10 +24,13 @@ def fill_slack(
     cap: int,
     *,
     max_steps: int,
+    same_rank: bool = False,
 ) -> list[list[list[int]]]:
     """Return ``grid`` (``[rank][slot] -> indices``) with a lower or equal ``sum_j max_r``.
 
     Packed micro-batches only. Never breaks the capacity, never empties a micro-batch.
+    ``same_rank=True`` moves and swaps sequences only between micro-batches of one rank, so
+    every rank keeps its sequences (a size rule and groups stay met).
     """
     dp = len(grid)
     m = len(grid[0]) if dp else 0
@@ -35,6 +38,8 @@ def fill_slack(
         return grid
     items = [list(grid[r][j]) for j in range(m) for r in range(dp)]  # bin b = j * dp + r
     slot = np.repeat(np.arange(m), dp)
+    # Bins a sequence of bin b may go to: another slot, and the same rank if asked.
+    rank = np.tile(np.arange(dp), m) if same_rank else np.zeros(dp * m, dtype=np.int64)
     cost = bin_totals(items, costs)
     tok = bin_totals(items, lengths)
     where = np.full(costs.shape[0], -1, dtype=np.int64)  # bin of each sequence
@@ -57,7 +62,7 @@ def fill_slack(
         step = None
         for j in np.lexsort((np.arange(m), -level)).tolist():
             step = _best_move(
-                items, int(top[j]), second[j], slot, cost, slack, room, costs, lengths, tiny
+                items, int(top[j]), second[j], slot, rank, cost, slack, room, costs, lengths, tiny
             )
             if step is None and swap_budget > 0:
                 swap_budget -= (len(items[int(top[j])]) + 8) * placed.size
@@ -66,6 +71,7 @@ def fill_slack(
                     int(top[j]),
                     second[j],
                     slot,
+                    rank,
                     cost,
                     slack,
                     room,
@@ -103,14 +109,14 @@ def _shift(items, cost, tok, where, costs, lengths, i: int, src: int, dst: int) 
     where[i] = dst
 
 
-def _best_move(items, b, second, slot, cost, slack, room, costs, lengths, tiny):
+def _best_move(items, b, second, slot, rank, cost, slack, room, costs, lengths, tiny):
     """Move one sequence off top bin ``b`` into a bin of another slot with slack and room."""
     if len(items[b]) < 2:  # a micro-batch must keep one sequence
         return None
     ib = np.asarray(items[b], dtype=np.int64)
     w, t = costs[ib], lengths[ib]
     ok = (slack[None, :] >= w[:, None]) & (room[None, :] >= t[:, None])
-    ok[:, slot == slot[b]] = False  # same-slot moves are the packer's job
+    ok[:, (slot == slot[b]) | (rank != rank[b])] = False  # same-slot moves: the packer's job
     gain = np.where(ok.any(axis=1), np.minimum(w, cost[b] - second), 0.0)
     x = int(np.argmax(gain))
     if gain[x] <= tiny:
@@ -120,13 +126,13 @@ def _best_move(items, b, second, slot, cost, slack, room, costs, lengths, tiny):
 
 
 def _best_swap(
-    items, b, second, slot, cost, slack, room, tok, cap, costs, lengths, placed, where, tiny
+    items, b, second, slot, rank, cost, slack, room, tok, cap, costs, lengths, placed, where, tiny
 ):
     """Swap a sequence of top bin ``b`` with a cheaper one of another slot's bin that has slack."""
     ib = np.asarray(items[b], dtype=np.int64)
     wx, tx = costs[ib][:, None], lengths[ib][:, None]
     d = where[placed]
-    other = slot[d] != slot[b]
+    other = (slot[d] != slot[b]) & (rank[d] == rank[b])
     y, d = placed[other], d[other]
     wy, ty = costs[y][None, :], lengths[y][None, :]
     ok = (

@@ -18,6 +18,27 @@ promise the planner's guarantees, and :meth:`Plan.violations` reports what they 
 ``cost-kk-uncapped``
     As ``token-kk`` but balancing the cost (slime's ``--balance-by-flops``); capacity
     violations are reported, not prevented.
+``areal``
+    AReaL's pipeline as its code runs it: ranks by tokens (heaviest first to the lightest
+    rank, equal counts), per rank first-fit decreasing into the fitting micro-batch with the
+    fewest sequences, the count agreed across ranks as the maximum (ranks repack with that
+    many). Respects the capacity.
+``verl``
+    verl's pipeline: ranks by equal-count Karmarkar-Karp on verl's workload
+    ``24576 L + L**2``, then per rank Karmarkar-Karp into ``m`` micro-batches, ``m`` raised
+    by one until every micro-batch of every rank fits the capacity.
+``slime-flops``
+    slime with ``--balance-by-flops --balance-data``: the whole batch into
+    ``ceil(tokens / cap)`` micro-batches by Karmarkar-Karp on the cost (no token cap),
+    split up to a multiple of ``dp``, dealt to ranks by equal-count Karmarkar-Karp.
+
+The last three are written from the frameworks' code (:mod:`._pipelines`, which lists the
+files), tie breaking included; ``bench/pipelines_check.py`` compares them with the real
+functions where those import.
+
+The context-parallel baselines ``static-cp`` and ``megatron-cp`` (:data:`CP_BASELINES`,
+:func:`static_cp`, :func:`megatron_cp`) take a ``cp_size`` and return CP plans; they live
+in :mod:`seqbalance.planning.cp_baselines` and are re-exported here.
 
 Ranks that end with fewer micro-batches than the busiest rank split their fullest
 micro-batches until the counts match (what a trainer must do to avoid hung collectives);
@@ -34,10 +55,24 @@ import numpy as np
 from .._validate import as_lengths, check_choice, check_positive_int
 from ._costing import sequence_costs
 from ._packing import first_fit
+from ._pipelines import areal_pipeline, slime_flops_pipeline, verl_pipeline
+from .cp_baselines import CP_BASELINES, megatron_cp, static_cp
 from .plans import Plan
 from .simulation import SYNC_MODELS
 
-__all__ = ["BASELINES", "cost_kk_uncapped", "sequential", "token_ffd", "token_kk"]
+__all__ = [
+    "BASELINES",
+    "CP_BASELINES",
+    "areal",
+    "cost_kk_uncapped",
+    "megatron_cp",
+    "sequential",
+    "slime_flops",
+    "static_cp",
+    "token_ffd",
+    "token_kk",
+    "verl",
+]
 
 
 def _equalize(ranks: list[list[list[int]]]) -> list[list[list[int]]]:
@@ -144,9 +179,37 @@ def cost_kk_uncapped(
     return _kk_two_level("cost-kk-uncapped", costs, lens, dp, cap, costs, c0, sync)
 
 
+def areal(
+    lengths: Any, dp_size: int, max_tokens: int, *, cost: Any = None, sync: str = "fsdp"
+) -> Plan:
+    """AReaL: token-balanced ranks, per-rank FFD, micro-batch count synced to the maximum."""
+    lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
+    return _plan("areal", areal_pipeline(lens, dp, cap), lens, cap, costs, c0, sync)
+
+
+def verl(
+    lengths: Any, dp_size: int, max_tokens: int, *, cost: Any = None, sync: str = "fsdp"
+) -> Plan:
+    """verl: equal-count KK ranks, per-rank KK micro-batches, one more until the cap holds."""
+    lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
+    return _plan("verl", verl_pipeline(lens, dp, cap), lens, cap, costs, c0, sync)
+
+
+def slime_flops(
+    lengths: Any, dp_size: int, max_tokens: int, *, cost: Any = None, sync: str = "fsdp"
+) -> Plan:
+    """slime's FLOPs schedule: KK on cost into micro-batches, then KK of those over ranks."""
+    lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
+    ranks = slime_flops_pipeline(lens, costs, dp, cap)
+    return _plan("slime-flops", ranks, lens, cap, costs, c0, sync)
+
+
 BASELINES: dict[str, Callable[..., Plan]] = {
     "sequential": sequential,
     "token-ffd": token_ffd,
     "token-kk": token_kk,
     "cost-kk-uncapped": cost_kk_uncapped,
+    "areal": areal,
+    "verl": verl,
+    "slime-flops": slime_flops,
 }

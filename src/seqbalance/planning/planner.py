@@ -30,6 +30,7 @@ contents), ``_search`` packs for the smallest feasible ``m``, and ``_pick`` is s
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +45,18 @@ from .._validate import (
     check_positive_int,
 )
 from ..partitioning._rules import SIZES
+from ..partitioning.bounds import lower_bound
 from ..partitioning.kway import partition_arrays
 from ._costing import sequence_costs
+from ._exact import pack_ranked_exact
+from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
 from ._grouping import bin_totals
 from ._ordering import ORDERS, OVERSIZED, fixed_count_bins, order_grid
 from ._packing import pack
+from ._ranks import repartition_pairs
 from ._slots import fill_slack
+from .baselines import BASELINES
+from .bounds import min_bins, min_micro_batches
 from .plans import Plan, capacity_min_micro_batches
 from .simulation import SYNC_MODELS, microbatch_costs, step_time_of
 
@@ -99,6 +106,33 @@ def _step_time(
     return step_time_of(microbatch_costs(grid, costs, per_microbatch=c0, padded=padded), sync)
 
 
+def _global_bins(
+    lengths: np.ndarray, costs: np.ndarray, nbins: int, cap: int, padded: bool
+) -> tuple[list[list[list[int]]], str]:
+    """Candidate packings of all sequences into ``nbins`` bins, and how the search ended.
+
+    The fast packers first; only when both fail, partition-based packing and then the
+    bounded exact search (:mod:`seqbalance.planning._fitting`). Status: ``"found"``,
+    ``"infeasible"`` (proven: no packing exists) or ``"limit"`` (not found within the
+    search limit).
+    """
+    starts = ["lpt"]
+    if lengths.size * nbins <= _FFD_START_WORK:
+        starts.append("ffd")  # tighter packing sometimes lines slots up better
+    found = [b for b in (pack(costs, lengths, nbins, cap, padded=padded, start=s) for s in starts)]
+    found = [b for b in found if b is not None]
+    if found:
+        return found, "found"
+    if not padded:
+        bins = fit_by_partition(costs, lengths, nbins, cap)
+        if bins is not None:
+            return [bins], "found"
+    if lengths.size > EXACT_MAX_ITEMS:
+        return [], "limit"
+    bins, status = fit_exact(costs, lengths, nbins, cap, padded=padded)
+    return ([bins] if bins is not None else []), status
+
+
 def _plan_global(
     lengths: np.ndarray,
     costs: np.ndarray,
@@ -108,15 +142,10 @@ def _plan_global(
     padded: bool,
     sync: str,
     c0: float,
-) -> list[list[list[int]]] | None:
-    starts = ["lpt"]
-    if lengths.size * dp * m <= _FFD_START_WORK:
-        starts.append("ffd")  # tighter packing sometimes lines slots up better
+) -> tuple[list[list[list[int]]] | None, str]:
     best, best_time = None, np.inf
-    for start in starts:
-        bins = pack(costs, lengths, dp * m, cap, padded=padded, start=start)
-        if bins is None:
-            continue
+    packings, status = _global_bins(lengths, costs, dp * m, cap, padded)
+    for bins in packings:
         grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if sync == "fsdp" and not padded:
             grid = fill_slack(grid, costs, lengths, cap, max_steps=2 * dp * m + 100)
@@ -125,7 +154,22 @@ def _plan_global(
         t = _step_time(grid, costs, c0, padded, sync)
         if t < best_time:
             best, best_time = grid, t
-    return best
+    return best, status
+
+
+def _rank_bins(
+    lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool
+) -> list[list[int]] | None:
+    """One rank's sequences into ``m`` bins: fast packer, partition-based, exact (small)."""
+    bins = pack(costs, lengths, m, cap, padded=padded)
+    if bins is None and not padded:
+        bins = fit_by_partition(costs, lengths, m, cap)
+    if bins is None and lengths.size <= EXACT_MAX_ITEMS:
+        bins = fit_exact(costs, lengths, m, cap, padded=padded, node_limit=_RANK_NODE_LIMIT)[0]
+    return bins
+
+
+_RANK_NODE_LIMIT = 20_000  # per rank and count: the joint search below is the thorough one
 
 
 def _plan_by_rank(
@@ -139,7 +183,7 @@ def _plan_by_rank(
     out = []
     for items in rank_items:
         idx = np.asarray(items, dtype=np.int64)
-        bins = pack(costs[idx], lengths[idx], m, cap, padded=padded)
+        bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded)
         if bins is None:
             return None
         mbs = [idx[np.asarray(b, dtype=np.int64)].tolist() for b in bins]
@@ -236,21 +280,73 @@ def _validate_request(
 
 
 def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
-    """Step 1: the capacity minimum, raised to ``min_micro_batches`` and the multiple."""
+    """Step 1: the proven minimum, raised to ``min_micro_batches`` and the multiple.
+
+    The proven minimum is the bin-packing bound of
+    :func:`seqbalance.planning.bounds.min_micro_batches`, at least the capacity minimum
+    ``ceil(total / (dp * max_tokens))``; no plan can use fewer micro-batches.
+    """
     m_cap = capacity_min_micro_batches(req.lens, req.dp, req.cap)
-    m = _round_up(max(m_cap, req.m_min), req.mult)
+    m_bins = min_micro_batches(req.lens, req.dp, req.cap) if req.n else 1
+    m = _round_up(max(m_cap, m_bins, req.m_min), req.mult)
     notes = []
-    if m > m_cap:
+    if m_bins > m_cap:
+        big = int((2 * req.lens > req.cap).sum())
+        notes.append(
+            f"{m_bins} micro-batches per rank where the token total alone needs {m_cap}: "
+            f"a bin-packing bound (Martello-Toth L2) proves the sequences need at least "
+            f"{min_bins(req.lens, req.cap)} micro-batches of {req.cap} tokens ({big} of them "
+            f"are longer than {req.cap}/2 and no two of those can share one)"
+        )
+    m_rule, why_rule = _rule_micro_batches(req)
+    if m_rule > max(m_cap, m_bins):
+        notes.append(
+            f"{m_rule} micro-batches per rank where the token total alone needs {m_cap}: "
+            + why_rule
+        )
+    m_low = max(m_cap, m_bins, m_rule)
+    m = max(m, _round_up(m_low, req.mult))
+    if m > m_low:
         why = []
-        if req.m_min > m_cap:
+        if req.m_min > m_low:
             why.append(f"min_micro_batches={req.m_min}")
-        if m > max(m_cap, req.m_min):
+        if m > max(m_low, req.m_min):
             why.append(f"rounded up to a multiple of micro_batch_multiple={req.mult}")
         notes.append(
-            f"{m} micro-batches per rank where the capacity alone needs {m_cap}: "
+            f"{m} micro-batches per rank where the capacity alone needs {m_low}: "
             + " and ".join(why)
         )
     return m, notes
+
+
+def _rule_micro_batches(req: _Request) -> tuple[int, str]:
+    """A proven floor on ``m`` under a size rule or groups, and the argument for it.
+
+    Every plan obeys the rule, so (1) some rank holds at least ``P`` tokens, ``P`` the
+    partition bound of the lengths under the rule
+    (:func:`seqbalance.partitioning.lower_bound`), and needs ``ceil(P / cap)``
+    micro-batches; (2) a group sits on one rank, so that rank needs at least as many
+    micro-batches as the group's sequences longer than ``cap / 2`` (no two share one) and
+    as ``ceil(group tokens / cap)``.
+    """
+    if (req.size == "free" and req.groups is None) or req.n == 0:
+        return 0, ""
+    p = lower_bound(req.lens.astype(np.float64), req.dp, size=req.size, groups=req.groups)
+    best, why = math.ceil(p / req.cap - 1e-9), (
+        f"under {req.rule} some rank holds at least {int(p)} tokens (partition bound)"
+    )
+    if req.groups is not None:
+        big = np.bincount(req.groups, weights=(2 * req.lens > req.cap).astype(np.float64))
+        tok = np.bincount(req.groups, weights=req.lens.astype(np.float64))
+        need = np.maximum(big, np.ceil(tok / req.cap - 1e-9)).astype(np.int64)
+        g = int(np.argmax(need))
+        if need[g] > best:
+            best = int(need[g])
+            why = (
+                f"group {g} (one rank) has {int(big[g])} sequences longer than "
+                f"{req.cap}/2, no two of which can share a micro-batch, and {int(tok[g])} tokens"
+            )
+    return best, why
 
 
 def _rank_splits(req: _Request) -> list[list[list[int]] | None]:
@@ -266,12 +362,33 @@ def _rank_splits(req: _Request) -> list[list[list[int]] | None]:
             parts = [list(p) for p in partition_arrays(w, req.dp, req.size, "auto", req.groups)]
             if parts not in splits:
                 splits.append(parts)
+        if req.groups is not None:
+            # Few, large units per rank: exact re-splits of rank pairs even out the cost.
+            even = _resplit_groups(req, splits[0])
+            if even not in splits:
+                splits.append(even)
         return splits
     if req.sync == "ddp":
         # DDP only sees rank totals: a direct partition of the costs may balance them more
         # finely than dealing out equal micro-batches does.
         return [None, [list(p) for p in partition_arrays(req.costs, req.dp, "free", "auto", None)]]
     return [None]
+
+
+def _resplit_groups(req: _Request, parts: list[list[int]]) -> list[list[int]]:
+    """``parts`` (sequence ids per rank) after :func:`repartition_pairs` on the groups' costs."""
+    assert req.groups is not None
+    unit_w = np.bincount(req.groups, weights=req.costs)
+    n_units = unit_w.size
+    lo = 0 if req.size == "free" else n_units // req.dp
+    odd = req.size == "balanced" and n_units % req.dp > 0
+    hi = n_units if req.size == "free" else lo + int(odd)
+    unit_parts = [sorted(set(req.groups[np.asarray(p, dtype=np.int64)].tolist())) for p in parts]
+    even = repartition_pairs(unit_w, unit_parts, lo, hi)
+    members = [[] for _ in range(n_units)]
+    for i, g in enumerate(req.groups.tolist()):
+        members[g].append(i)
+    return [sorted(i for g in units for i in members[g]) for units in even]
 
 
 def _too_few(req: _Request, rank_items: list[list[int]] | None, m: int) -> str | None:
@@ -290,47 +407,133 @@ def _too_few(req: _Request, rank_items: list[list[int]] | None, m: int) -> str |
     return None
 
 
-def _why_more(req: _Request, rank_items: list[list[int]] | None, m: int, first_m: int) -> str:
-    """The note for a plan that needed more micro-batches than the first count tried."""
-    if rank_items is None:
-        return (
-            f"{m} micro-batches per rank: the packing heuristics found no way to fit the "
-            f"sequences into {first_m} micro-batches of {req.cap} tokens per rank"
-        )
-    tokens = [int(req.lens[np.asarray(items, dtype=np.int64)].sum()) for items in rank_items]
-    r = int(np.argmax(tokens))
-    return (
-        f"{m} micro-batches per rank: under {req.rule} rank {r} holds {tokens[r]} tokens, "
-        f"which the packing heuristics did not fit into {first_m} micro-batches of {req.cap}"
+_WHY = {
+    "infeasible": "an exhaustive search proves that no packing into {k} exists",
+    "limit": (
+        "none found by the packers, partition-based packing or a bounded exhaustive search "
+        "(stopped at its limit), so a packing into {k} may still exist"
+    ),
+    "skipped": (
+        "none found by the packers or partition-based packing (the exhaustive search runs "
+        "on at most {n} sequences), so a packing into {k} may still exist"
+    ),
+}
+
+
+def _why_more(req: _Request, m: int, status: str) -> str:
+    """The note for a plan that needed ``m`` micro-batches, ``status`` saying why not fewer."""
+    k = m - req.mult
+    per = f"{k} micro-batches of {req.cap} tokens per rank"
+    ruled = req.size != "free" or req.groups is not None
+    under = f" under {req.rule}" if ruled else ""
+    limit = _JOINT_EXACT_MAX_ITEMS if ruled else EXACT_MAX_ITEMS
+    return f"{m} micro-batches per rank: {_WHY[status].format(k=per, n=limit)}{under}"
+
+
+def _joint_exact(req: _Request, m: int, memo: dict[int, Any]) -> tuple[Any, str]:
+    """Rank contents that fit ``m`` micro-batches per rank under the rule, by exact search.
+
+    Returns ``(rank_items, status)``; small inputs only (else status ``"skipped"``).
+    """
+    if m in memo:
+        return memo[m]
+    if req.n > _JOINT_EXACT_MAX_ITEMS:
+        memo[m] = (None, "skipped")
+        return memo[m]
+    if req.groups is None:
+        units = [[i] for i in range(req.n)]
+    else:
+        order = np.argsort(req.groups, kind="stable")
+        cuts = np.flatnonzero(np.diff(req.groups[order])) + 1
+        units = [u.tolist() for u in np.split(order, cuts)]
+    u = len(units)
+    lo = 0 if req.size == "free" else u // req.dp
+    hi = u if req.size == "free" else lo + (1 if req.size == "balanced" and u % req.dp else 0)
+    ranks, status = pack_ranked_exact(
+        req.lens.tolist(),
+        units,
+        req.dp,
+        m,
+        req.cap,
+        lo=lo,
+        hi=hi,
+        need=0 if req.allow_empty else m,
+        padded=req.padded,
+    )
+    items = None if ranks is None else [sorted(i for mb in r for i in mb) for r in ranks]
+    memo[m] = (items, status)
+    return memo[m]
+
+
+_JOINT_EXACT_MAX_ITEMS = 24  # the joint rank x micro-batch search runs on at most this many
+
+
+def _fill_rank_slack(req: _Request, mbs: list[list[list[int]]]) -> list[list[list[int]]]:
+    """FSDP slack filling that keeps every rank's contents (so the rule and groups hold)."""
+    if req.sync != "fsdp" or req.padded:
+        return mbs
+    dp, m = len(mbs), len(mbs[0]) if mbs else 0
+    filled = fill_slack(
+        mbs, req.costs, req.lens, req.cap, max_steps=2 * dp * m + 100, same_rank=True
+    )
+    return min(
+        (mbs, filled),
+        key=lambda g: _step_time(g, req.costs, req.c0, req.padded, req.sync),
     )
 
 
 def _search(
-    req: _Request, rank_items: list[list[int]] | None, first_m: int, notes: list[str]
+    req: _Request,
+    rank_items: list[list[int]] | None,
+    first_m: int,
+    notes: list[str],
+    memo: dict[int, Any],
 ) -> list[Plan] | str:
-    """Step 3: plans for the smallest feasible m (and the extra ones asked for), or why not."""
+    """Step 3: plans for the smallest feasible m (and the extra ones asked for), or why not.
+
+    ``m`` grows only after a count failed, and the note of the plan says why the count
+    below it failed: proven (exhaustive search) or not found within the search limit. On
+    the rank-first path, a count the fixed rank split cannot pack is also searched jointly
+    over ranks and micro-batches on small inputs (:func:`_joint_exact`, shared by all
+    splits through ``memo``).
+    """
     found: list[Plan] = []
     # One sequence per micro-batch always fits, so the search ends by this count.
     m_limit = max(first_m, _round_up(max(req.n, 1), req.mult)) + req.mult
     m = first_m
+    status = "found"  # how the search for the last failed count ended
     while m <= m_limit:
         problem = _too_few(req, rank_items, m)
-        if problem and not req.allow_empty:
-            return problem
+        blocked = problem is not None and not req.allow_empty
+        mbs, st = None, "infeasible"
         if rank_items is None:
-            mbs = _plan_global(
+            if blocked:
+                return str(problem)
+            mbs, st = _plan_global(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0
             )
         else:
-            mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded)
-        if mbs is not None:
+            if not blocked:
+                mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded)
+            if mbs is None:
+                joint, st = _joint_exact(req, m, memo)
+                if joint is not None:
+                    mbs = _plan_by_rank(req.lens, req.costs, joint, m, req.cap, req.padded)
+                    st = "found" if mbs is not None else "limit"
+            if mbs is None and blocked:
+                return str(problem)
+            if mbs is not None:
+                mbs = _fill_rank_slack(req, mbs)
+        if mbs is None:
+            status = st
+        else:
             if found:
                 extra = [
                     f"{m} micro-batches per rank, tried because extra_micro_batches="
                     f"{req.extra}; {found[0].num_micro_batches} would also fit"
                 ]
             else:
-                extra = [_why_more(req, rank_items, m, first_m)] if m > first_m else []
+                extra = [_why_more(req, m, status)] if m > first_m else []
             empty = [(r, j) for r, rank in enumerate(mbs) for j, mb in enumerate(rank) if not mb]
             if empty:
                 extra.append(
@@ -355,6 +558,59 @@ def _search(
                 break
         m += req.mult
     return found
+
+
+_PIPELINE_MAX_ITEMS = 20_000  # the framework pipelines run as candidates up to this size
+_SLIME_MAX_WORK = 2_000_000
+
+
+def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
+    """Step 3b: every baseline as a candidate, so plan is never worse than one that runs.
+
+    The plans of :data:`seqbalance.planning.baselines.BASELINES` (AReaL's, verl's and
+    slime's pipelines, first-fit decreasing, the KK splits, sequential) are kept when they
+    meet every constraint of this request: the capacity, equal counts, no empty
+    micro-batch (unless allowed), the count rules, the size rule and groups, and no more
+    micro-batches than the best plan found. Under FSDP their slots are then slack-filled
+    (inside ranks, so the rules hold). Packed mode, inputs up to ``_PIPELINE_MAX_ITEMS``.
+    """
+    if req.padded or req.n > _PIPELINE_MAX_ITEMS or req.n == 0:
+        return []
+    k = -(-int(req.lens.sum()) // req.cap)
+    grids = {}
+    for name, fn in BASELINES.items():
+        if name == "slime-flops" and req.n * k > _SLIME_MAX_WORK:
+            continue  # its KK keeps k parts per state: O(n k log k)
+        grids[name] = lambda fn=fn: fn(req.lens, req.dp, req.cap, cost=req.costs).micro_batches
+    out = []
+    for name, make in grids.items():
+        grid = make()
+        m = len(grid[0]) if grid else 0
+        if m == 0 or any(len(r) != m for r in grid):
+            continue
+        if m < req.m_min or m % req.mult or (m_best is not None and m > m_best):
+            continue
+        if not req.allow_empty and any(not mb for r in grid for mb in r):
+            continue
+        if int(microbatch_costs(grid, req.lens.astype(np.float64)).max()) > req.cap:
+            continue
+        cand = Plan._from_validated(
+            _fill_rank_slack(req, grid),
+            req.lens if req.true_lens is None else req.true_lens,
+            max_tokens=req.cap,
+            costs=req.costs,
+            per_microbatch=req.c0,
+            padded=False,
+            sync=req.sync,
+            strategy="seqbalance",
+            notes=[f"the {name} baseline's plan, slack-filled, was the fastest candidate"],
+            size=req.size,
+            groups=req.groups,
+        )
+        if any(cand._rule_violations().values()):
+            continue
+        out.append(cand)
+    return out
 
 
 def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: int) -> Plan:
@@ -426,6 +682,39 @@ def _with_grid(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
     )
 
 
+def _plan_cp_hook(**kw: Any) -> Plan:
+    """``cp_size > 1``: context-parallel planning; arguments it cannot honour are refused."""
+    from .context_parallel import plan_cp  # lazily: it builds on plan() for static CP
+
+    for name, default in (
+        ("size", "free"),
+        ("groups", None),
+        ("padded", False),
+        ("extra_micro_batches", 0),
+        ("order", None),
+        ("oversized", "error"),
+        ("sequences_per_micro_batch", None),
+    ):
+        value = kw[name]
+        if (value is not None) if default is None else (value != default):
+            raise ValueError(
+                f"{name}={value!r} is not supported with cp_size > 1; leave it at {default!r}"
+            )
+    return plan_cp(
+        kw["lengths"],
+        kw["dp_size"],
+        kw["max_tokens"],
+        cp_size=kw["cp_size"],
+        cp=kw["cp"],
+        cost=kw["cost"],
+        cp_cost=kw["cp_cost"],
+        sync=kw["sync"],
+        min_micro_batches=kw["min_micro_batches"],
+        micro_batch_multiple=kw["micro_batch_multiple"],
+        allow_empty=kw["allow_empty"],
+    )
+
+
 def plan(
     lengths: Any,
     dp_size: int,
@@ -443,6 +732,10 @@ def plan(
     order: str | None = None,
     oversized: str = "error",
     sequences_per_micro_batch: int | None = None,
+    baselines: bool = True,
+    cp_size: int = 1,
+    cp: str = "static",
+    cp_cost: Any = None,
 ) -> Plan:
     """Plan which sequences every data-parallel rank runs, micro-batch by micro-batch.
 
@@ -495,6 +788,18 @@ def plan(
         Every micro-batch holds at most this many sequences and the counts differ by at
         most one; ``m`` is the smallest count that holds all sequences (and meets the
         capacity, ``min_micro_batches`` and the multiple). Not with ``size`` or ``groups``.
+    baselines : bool
+        Also run the framework pipelines of :data:`BASELINES` as candidates, so that the
+        plan is never worse than any of them (default). False skips them: much faster on
+        large inputs, for callers that replace one of those pipelines
+        (:mod:`seqbalance.compat`) or call plan in a loop.
+    cp_size, cp, cp_cost : optional
+        Context parallelism over a ``dp_size x cp_size`` mesh (``max_tokens`` per GPU):
+        ``cp="static"`` splits every sequence over its replica's ``cp_size`` GPUs,
+        ``cp="dynamic"`` picks a power-of-two degree per sequence; ``cp_cost`` prices the
+        communication. ``cp_size > 1`` returns a
+        :class:`~seqbalance.planning.cp_plans.CPPlan`; see
+        :func:`seqbalance.planning.context_parallel.plan_cp`.
 
     Returns
     -------
@@ -516,6 +821,8 @@ def plan(
     >>> sorted(len(mb) for rank in p.micro_batches for mb in rank)
     [1, 1, 2, 2]
     """
+    if cp_size != 1:
+        return _plan_cp_hook(**locals())
     req = _validate_request(
         lengths,
         dp_size,
@@ -533,23 +840,33 @@ def plan(
         oversized,
         sequences_per_micro_batch,
     )
+    use_baselines = check_bool(baselines, "baselines")
     first_m, notes = _starting_micro_batches(req)
+    alone_note = []
     if req.true_lens is not None and (req.true_lens > req.cap).any():
         over = np.flatnonzero(req.true_lens > req.cap)
-        notes.append(
+        alone_note.append(
             f"{over.size} sequences longer than max_tokens={req.cap} run alone in their own "
             f"micro-batches (oversized='alone'), first at index {int(over[0])}"
         )
+        notes.extend(alone_note)
     if req.per_mb is not None:
         return _fixed_count(req, first_m, notes)
     splits = _rank_splits(req)
     candidates: list[Plan] = []
     problems: list[str] = []
+    memo: dict[int, Any] = {}
     for rank_items in splits:
-        found = _search(req, rank_items, first_m, notes)
+        found = _search(req, rank_items, first_m, notes, memo)
         if isinstance(found, str):
             problems.append(found)
         else:
             candidates.extend(found)
+    if not req.extra and use_baselines:
+        m_best = min((p.num_micro_batches for p in candidates), default=None)
+        candidates.extend(_pipeline_candidates(req, m_best))
     best = _pick(req, candidates, problems, len(splits))
-    return best if req.order is None else _with_grid(req, best.micro_batches, best.notes)
+    alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
+    if req.order is None and not alone_note:
+        return best
+    return _with_grid(req, best.micro_batches, [*alone_note, *best.notes])

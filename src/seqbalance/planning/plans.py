@@ -26,6 +26,7 @@ from .._validate import (
 from ..partitioning._rules import SIZES, min_count
 from ._costing import sequence_costs
 from ._grouping import bin_totals
+from .bounds import min_micro_batches
 from .simulation import SYNC_MODELS, Simulation, simulate, step_time_lower_bound
 
 __all__ = ["FORMAT", "Plan"]
@@ -260,14 +261,24 @@ class Plan:
 
     # ---- evidence ----------------------------------------------------------------------
     def min_micro_batches_bound(self) -> int:
-        """Fewest micro-batches per rank that the token capacity allows (a lower bound)."""
-        return capacity_min_micro_batches(self.lengths, self.dp_size, self.max_tokens)
+        """Fewest micro-batches per rank that the token capacity allows (a lower bound).
 
-    def lower_bound(self, cost: Any = None) -> float:
-        """Step-time lower bound for these sequences (see ``step_time_lower_bound``)."""
-        return self._bound(*self._costs(cost))
+        A bin-packing bound (:func:`seqbalance.planning.bounds.min_micro_batches`), at least
+        ``ceil(total tokens / (dp * max_tokens))``.
+        """
+        if self.dp_size < 1:
+            return 0
+        return min_micro_batches(self.lengths, self.dp_size, self.max_tokens)
 
-    def _bound(self, costs: np.ndarray, c0: float) -> float:
+    def lower_bound(self, cost: Any = None, sync: str | None = None) -> float:
+        """Step-time lower bound under the capacity (see ``step_time_lower_bound``).
+
+        ``sync`` defaults to the plan's own sync model.
+        """
+        check_choice(self.sync if sync is None else sync, "sync", SYNC_MODELS)
+        return self._bound(*self._costs(cost), self.sync if sync is None else sync)
+
+    def _bound(self, costs: np.ndarray, c0: float, sync: str) -> float:
         return step_time_lower_bound(
             costs,
             self.dp_size,
@@ -275,6 +286,9 @@ class Plan:
             per_microbatch=c0,
             size=self.size,
             groups=self.groups,
+            lengths=self.lengths,
+            max_tokens=self.max_tokens,
+            sync=sync,
         )
 
     def simulate(self, cost: Any = None, sync: str | None = None) -> Simulation:
@@ -297,7 +311,7 @@ class Plan:
 
     def _simulate(self, costs: np.ndarray, c0: float, sync: str, bound: float | None) -> Simulation:
         if bound is None:
-            bound = self._bound(costs, c0)
+            bound = self._bound(costs, c0, sync)
         return simulate(
             self.micro_batches,
             costs,
@@ -313,12 +327,14 @@ class Plan:
         Returns a dict with per-rank loads (``rank_loads``), per-micro-batch loads
         (``mb_loads``, ``(dp, m)`` nested list), their spread, cv and imbalance
         (max/mean - 1), capacity utilisation (tokens used / ``dp * m * max_tokens``),
-        unused tokens, the step-time lower bound, and the gap to it under both sync models.
+        unused tokens, the capacity-aware step-time lower bound of the plan's sync model
+        (``lower_bound``; per model ``lower_bound_ddp`` and ``lower_bound_fsdp``), and the gap
+        to it under both sync models.
         """
         costs, c0 = self._costs(cost)
-        bound = self._bound(costs, c0)
-        ddp = self._simulate(costs, c0, "ddp", bound)
-        fsdp = self._simulate(costs, c0, "fsdp", bound)
+        ddp = self._simulate(costs, c0, "ddp", None)
+        fsdp = self._simulate(costs, c0, "fsdp", None)
+        bound = fsdp.lower_bound if self.sync == "fsdp" else ddp.lower_bound
         mb = ddp.mb_costs
         ranks = mb.sum(axis=1)
         mean = float(ranks.mean()) if ranks.size else 0.0
@@ -341,6 +357,8 @@ class Plan:
             "capacity_utilisation": used / capacity if capacity else 0.0,
             "unused_tokens": capacity - used,
             "lower_bound": bound,
+            "lower_bound_ddp": ddp.lower_bound,
+            "lower_bound_fsdp": fsdp.lower_bound,
             "gap_ddp": ddp.gap,
             "gap_fsdp": fsdp.gap,
             "violations": self.violations(),
@@ -385,6 +403,10 @@ class Plan:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"not a seqbalance plan: format is {found!r}, want {FORMAT!r}")
+        if "pieces" in data:  # a context-parallel plan
+            from .cp_plans import CPPlan
+
+            return CPPlan.from_dict(data)
         missing = [k for k in ("micro_batches", "lengths", "max_tokens") if k not in data]
         if missing:
             raise ValueError(f"plan document lacks {', '.join(missing)}")

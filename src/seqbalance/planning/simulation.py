@@ -78,6 +78,16 @@ class Simulation:
     gap: float
     idle_fraction: float
 
+    def __repr__(self) -> str:
+        # The arrays hold dp x m entries (thousands for a real job): show their shape only.
+        shape = np.shape(self.mb_costs)
+        dp, m = shape if len(shape) == 2 else ("?", "?")
+        return (
+            f"Simulation(sync={self.sync!r}, step_time={self.step_time:.6g}, "
+            f"lower_bound={self.lower_bound:.6g}, gap={self.gap:+.2%}, "
+            f"idle_fraction={self.idle_fraction:.2%}, dp={dp}, micro_batches={m})"
+        )
+
 
 def microbatch_costs(
     micro_batches: Sequence[Sequence[Sequence[int]]],
@@ -125,8 +135,16 @@ def step_time_lower_bound(
     per_microbatch: float = 0.0,
     size: str = "free",
     groups: Any = None,
+    lengths: Any = None,
+    max_tokens: int | None = None,
+    sync: str | None = None,
 ) -> float:
     """A step time that no plan can beat, for either sync model.
+
+    Given ``lengths`` and ``max_tokens``, the bound also knows the capacity: see
+    :func:`seqbalance.planning.bounds.capacity_step_bound` (fewest micro-batches by a
+    bin-packing bound, and under ``sync="fsdp"`` the sequences longer than half the
+    capacity, which cannot share a micro-batch). This is the bound every reported gap uses.
 
     ``lower_bound(costs, dp_size, size=size, groups=groups) + min_micro_batches *
     per_microbatch``, where :func:`seqbalance.partitioning.lower_bound` bounds the busiest
@@ -142,10 +160,51 @@ def step_time_lower_bound(
     ``ceil(total_tokens / (dp * max_tokens))``).
     """
     costs = as_weights(costs, "costs")
+    if lengths is not None and max_tokens is not None:
+        from .bounds import capacity_step_bound  # imports only partitioning
+
+        lens = np.asarray(lengths, dtype=np.int64)
+        return capacity_step_bound(
+            costs,
+            lens,
+            dp_size,
+            int(max_tokens),
+            sync=sync,
+            per_microbatch=per_microbatch,
+            size=size,
+            groups=groups,
+            min_micro_batches_given=min_micro_batches,
+        )
     if costs.size == 0:
         return float(min_micro_batches * per_microbatch)
     bound = lower_bound(costs, dp_size, size=size, groups=groups)
     return bound + min_micro_batches * per_microbatch
+
+
+def check_equal_counts(mb: np.ndarray, holders: Sequence[Sequence[Any]], who: str) -> None:
+    """Refuse a cost matrix whose NaN padding shows unequal micro-batch counts.
+
+    ``who`` names the holders in the message ("ranks", "GPUs").
+    """
+    if np.isnan(mb).any():
+        counts = sorted({len(h) for h in holders})
+        raise ValueError(
+            f"{who} hold different numbers of micro-batches ({counts}); collectives would hang. "
+            f"Every one of the {who} needs the same count"
+        )
+
+
+def lockstep_timeline(mb: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Start and end of every micro-batch when slot ``j`` runs in lockstep on all rows.
+
+    Under FSDP/ZeRO-3 every row waits for the slowest row of slot ``j`` before slot
+    ``j + 1`` starts, so the step is the sum over slots of the slot's maximum.
+    """
+    rows, m = mb.shape
+    slot = mb.max(axis=0) if rows else np.zeros(m)
+    slot_start = np.concatenate([[0.0], np.cumsum(slot)[:-1]]) if m else np.zeros(0)
+    start = np.broadcast_to(slot_start, mb.shape).copy()
+    return start, start + mb, float(slot.sum())
 
 
 def simulate(
@@ -190,12 +249,7 @@ def simulate(
                     f"micro_batches[{r}][{j}] holds an index outside 0..{n - 1} ({n} costs)"
                 )
     mb = microbatch_costs(micro_batches, costs, per_microbatch=per_microbatch, padded=padded)
-    if np.isnan(mb).any():
-        counts = sorted({len(r) for r in micro_batches})
-        raise ValueError(
-            f"ranks hold different numbers of micro-batches ({counts}); collectives would hang. "
-            "Every rank needs the same count"
-        )
+    check_equal_counts(mb, micro_batches, "ranks")
     dp, m = mb.shape
     if sync == "ddp":
         end = np.cumsum(mb, axis=1)
@@ -203,12 +257,8 @@ def simulate(
         busy = end[:, -1] if m else np.zeros(dp)
         step = float(busy.max()) if dp else 0.0
     else:
-        slot = mb.max(axis=0) if dp else np.zeros(m)
-        slot_start = np.concatenate([[0.0], np.cumsum(slot)[:-1]]) if m else np.zeros(0)
-        start = np.broadcast_to(slot_start, mb.shape).copy()
-        end = start + mb
+        start, end, step = lockstep_timeline(mb)
         busy = mb.sum(axis=1)
-        step = float(slot.sum())
     idle = step - busy
     if lower_bound is None:
         lower_bound = step_time_lower_bound(costs, max(dp, 1), per_microbatch=per_microbatch)

@@ -10,6 +10,8 @@ Importing this module imports torch (``import seqbalance`` alone never does).
 - :func:`pack_collate`: a DataLoader collate function for packed (varlen) micro-batches.
 - :func:`global_token_count`, :func:`token_mean_loss`: a token-mean loss over balanced
   micro-batches that equals the single-process value.
+- :func:`cp_shard` / :class:`CPShardHandle`: one GPU's context-parallel pieces of a packed
+  batch, and per-token outputs gathered back (:mod:`seqbalance.torch.context_parallel`).
 - :func:`seqbalance.torch.testing.run_distributed`: run a function on local gloo processes.
 """
 
@@ -19,17 +21,22 @@ try:
     import torch as _torch  # noqa: F401  (the real torch: imports are absolute)
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "seqbalance.torch needs PyTorch; install it with `pip install seqbalance[torch]`"
+        'seqbalance.torch needs PyTorch; install it with: pip install ".[torch]" (in a '
+        "seqbalance checkout) or pip install torch; a CPU-only build: "
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu"
     ) from exc
 
 from .collate import pack_collate
+from .context_parallel import CPShardHandle, cp_shard
 from .exchange import RebalanceHandle, rebalance
 from .loss import global_token_count, token_mean_loss
 from .sampler import BalancedDistributedSampler
 
 __all__ = [
     "BalancedDistributedSampler",
+    "CPShardHandle",
     "RebalanceHandle",
+    "cp_shard",
     "global_token_count",
     "pack_collate",
     "rebalance",

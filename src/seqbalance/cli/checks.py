@@ -1,0 +1,165 @@
+"""Checks the command line makes before it plans anything.
+
+Planning a large batch and simulating every baseline takes seconds; a mistake in an output
+path, a missing plotting library or an impossible size should cost none of them. Every
+check here is either about the arguments alone or a necessary condition of any plan (so
+it never refuses an input the planner could serve), and says what to change, in flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Any
+
+import numpy as np
+
+from .._validate import unwritable
+
+__all__ = [
+    "INT_FLAGS",
+    "MAX_EMPTY_SLOTS",
+    "MAX_INT",
+    "UserError",
+    "check_numbers",
+    "check_outputs",
+    "check_sizes",
+    "unwritable",
+]
+
+# Integers above 2**53 are not exact in float64, in which costs and times are computed; no
+# token budget or rank count comes near it (and beyond int64, numpy raises OverflowError).
+MAX_INT = 2**53
+# With --allow-empty a plan stores every (rank, micro-batch) slot, empty or not: about 600
+# bytes each in the plan and its JSON. A million empty slots (~0.6 GB) is the most we build.
+MAX_EMPTY_SLOTS = 2**20
+
+
+class UserError(Exception):
+    """A problem with the user's input, reported as one line without a traceback."""
+
+
+def _get(args: argparse.Namespace, name: str) -> Any:
+    return getattr(args, name, None)
+
+
+# The integer flags of `plan` and `compare`: (flag, attribute, smallest allowed value).
+INT_FLAGS = (
+    ("--dp", "dp", 1),
+    ("--max-tokens", "max_tokens", 1),
+    ("--min-micro-batches", "min_micro_batches", 1),
+    ("--micro-batch-multiple", "micro_batch_multiple", 1),
+    ("--extra-micro-batches", "extra_micro_batches", 0),
+    ("--max-ranks", "max_ranks", 1),
+    ("--cp-size", "cp_size", 1),
+)
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Range of every integer flag the command has, before anything is read or computed."""
+    for flag, name, low in INT_FLAGS:
+        value = _get(args, name)
+        if value is None:
+            continue
+        if value < low:
+            raise UserError(f"{flag} must be >= {low}, got {value}")
+        if value > MAX_INT:
+            raise UserError(
+                f"{flag} {value} is too large: at most 2**53 = {MAX_INT} (larger integers are "
+                "not exact in the float64 arithmetic of costs and times)"
+            )
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Every output file can be written, and ``--plot`` can be drawn, before planning."""
+    for flag, name in (("--out", "out"), ("--json", "json"), ("--plot", "plot")):
+        path = _get(args, name)
+        if path is None or (name == "out" and path == "-"):
+            continue
+        problem = unwritable(path)
+        if problem:
+            raise UserError(f"{flag} {path}: {problem}")
+    if _get(args, "plot") is not None:
+        from .plotting import check_plot_path
+
+        check_plot_path(args.plot)
+
+
+def _ranks(k: int) -> str:
+    return "rank" if k == 1 else "ranks"
+
+
+def _round_up(x: int, k: int) -> int:
+    return -(-x // k) * k
+
+
+def check_sizes(
+    lengths: np.ndarray,
+    groups: np.ndarray | None,
+    dp: int,
+    max_tokens: int,
+    *,
+    min_micro_batches: int = 1,
+    micro_batch_multiple: int = 1,
+    size: str = "free",
+    allow_empty: bool = False,
+) -> None:
+    """Refuse sizes no plan can meet, or plans too large to build, with the flags to change.
+
+    Every plan needs at least ``m`` micro-batches per rank, ``m`` being the capacity
+    minimum ``ceil(total tokens / (dp * max_tokens))`` raised to ``min_micro_batches`` and
+    rounded up to ``micro_batch_multiple``. Without ``--allow-empty`` each of the ``dp * m``
+    micro-batches needs a sequence, and each rank at least one group; with it, the plan
+    holds all ``dp * m`` of them, empty or not.
+    """
+    n = int(lengths.shape[0])
+    total = int(lengths.sum()) if n else 0
+    m_cap = max(1, math.ceil(total / (dp * max_tokens)))
+    m = _round_up(max(m_cap, min_micro_batches), micro_batch_multiple)
+    if allow_empty:
+        limit = max(n, MAX_EMPTY_SLOTS)
+        if dp * m > limit:
+            raise UserError(
+                f"--dp {dp} x {m} micro-batches = {dp * m:,} micro-batches for {n:,} sequences: "
+                f"with --allow-empty the plan would hold {dp * m - n:,} empty ones (hundreds of "
+                f"bytes each). Use at most {max(1, limit // m):,} ranks"
+                + (", or lower --min-micro-batches / --micro-batch-multiple" if m > m_cap else "")
+            )
+        return
+    if n == 0:
+        raise UserError("there are no sequences to plan (the lengths file is empty)")
+    if groups is not None:
+        units = int(np.unique(groups).shape[0])
+        if units < dp:
+            raise UserError(
+                f"{units} groups for {dp} ranks: a group stays on one rank, so {dp - units} "
+                f"{_ranks(dp - units)} would get no sequence. Use --dp {units} or fewer, or "
+                "pass --allow-empty to let those ranks run empty (marked) micro-batches"
+            )
+    elif n < dp:
+        raise UserError(
+            f"{n} sequences for {dp} ranks: {dp - n} {_ranks(dp - n)} would get no sequence. Use "
+            f"--dp {n} or fewer, or pass --allow-empty to let those ranks run empty "
+            "(marked) micro-batches"
+        )
+    if size == "equal" and groups is None and n % dp:
+        raise UserError(
+            f"--size equal needs the number of sequences ({n}) to be a multiple of --dp ({dp}); "
+            "use --size balanced to allow counts that differ by one"
+        )
+    if n < dp * m:
+        why = [f"the capacity needs {m_cap}"]
+        fixes = []
+        if min_micro_batches > m_cap:
+            why.append(f"--min-micro-batches {min_micro_batches}")
+            fixes.append("lower --min-micro-batches")
+        if m > max(m_cap, min_micro_batches):
+            why.append(f"rounded up to a multiple of --micro-batch-multiple {micro_batch_multiple}")
+            fixes.append("lower --micro-batch-multiple")
+        if m == m_cap:
+            fixes.append("raise --max-tokens")
+        fixes += ["use fewer ranks (--dp)", "pass --allow-empty"]
+        raise UserError(
+            f"{n} sequences cannot fill {dp} ranks x {m} micro-batches ({'; '.join(why)}): "
+            f"every micro-batch needs at least one sequence. To fix: {', '.join(fixes)}"
+        )

@@ -1,0 +1,235 @@
+"""``seqbalance compare --cp-size N``: context-parallel plans side by side.
+
+With ``--cp-size`` above 1, ``compare`` plans a ``dp x cp`` mesh (``--max-tokens`` per GPU)
+with seqbalance (``--cp dynamic`` by default, or ``static``) and with the two CP baselines
+(``static-cp``, ``megatron-cp``), all priced by one
+:class:`~seqbalance.costs.context_parallel.ContextParallelCost`, and prints one table per
+input. ``--demo --cp-size N`` does this on built-in long-context workloads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+import numpy as np
+
+from .. import workloads
+from ..partitioning.stats import relative_gap
+from ..planning.context_parallel import plan_cp
+from ..planning.cp_baselines import CP_BASELINES
+from ..planning.cp_plans import CP_MODES, CPPlan
+
+__all__ = ["CP_DEMO_SETUPS", "add_arguments", "run"]
+
+
+@dataclass(frozen=True)
+class CPDemoSetup:
+    """One workload of ``compare --demo --cp-size N``: ``dp`` replicas of N GPUs."""
+
+    workload: str
+    n: int
+    dp: int
+    max_tokens: int
+    bandwidth: float
+    seed: int = 0
+
+
+# One fast-link and one slow-link case per workload; every sequence fits at cp_size >= 8.
+CP_DEMO_SETUPS: tuple[CPDemoSetup, ...] = (
+    CPDemoSetup("long-context", 2048, 4, 32768, 4e11),
+    CPDemoSetup("long-context", 2048, 4, 32768, 2.5e10),
+    CPDemoSetup("long-mix", 4096, 4, 16384, 4e11),
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``--cp-*`` options of ``compare``."""
+    g = p.add_argument_group("context parallelism (plans a dp x cp mesh; --max-tokens per GPU)")
+    g.add_argument(
+        "--cp-size",
+        type=int,
+        default=1,
+        metavar="C",
+        help="GPUs per data-parallel replica (a power of two); > 1 compares CP plans",
+    )
+    g.add_argument(
+        "--cp",
+        choices=CP_MODES,
+        default="dynamic",
+        help="seqbalance's CP mode: one degree for all (static) or per sequence (dynamic, default)",
+    )
+    g.add_argument(
+        "--cp-bandwidth",
+        type=float,
+        default=None,
+        metavar="B",
+        help="bytes/s per GPU on the CP ring (e.g. 4e11 NVLink, 2.5e10 inter-node); "
+        "default: communication is free (demo: per workload)",
+    )
+    g.add_argument(
+        "--cp-overlap",
+        type=float,
+        default=0.5,
+        metavar="F",
+        help="fraction of a ring step's attention that hides its transfer (default 0.5)",
+    )
+    g.add_argument(
+        "--cost-per-second",
+        type=float,
+        default=None,
+        metavar="X",
+        help="cost units per second: achieved FLOP/s for a FLOP cost (default "
+        "4e14), 1 for a cost in seconds",
+    )
+
+
+def _cp_cost(args: argparse.Namespace, unit: str, bandwidth: float | None) -> dict[str, Any]:
+    cps = args.cost_per_second
+    if cps is None:
+        cps = 4e14 if unit == "FLOP" else 1.0
+    out: dict[str, Any] = {"cost_per_second": cps, "overlap": args.cp_overlap}
+    if bandwidth is not None:
+        out["bandwidth"] = bandwidth
+        if unit == "tok":
+            out["kv_bytes_per_token"] = 0.0  # a token count knows no K/V size: comm is free
+    return out
+
+
+def _row(name: str, p: CPPlan, ref: dict[str, float]) -> dict[str, Any]:
+    sim = p.simulate()
+    v = p.violations()
+    deg = p.degrees()
+    return {
+        "strategy": name,
+        "step_time": sim.step_time,
+        "vs_static": sim.step_time / ref["static-cp"] if ref.get("static-cp") else None,
+        "vs_megatron": sim.step_time / ref["megatron-cp"] if ref.get("megatron-cp") else None,
+        "lower_bound": sim.lower_bound,
+        "gap": relative_gap(sim.step_time, sim.lower_bound),
+        "slots": p.num_micro_batches,
+        "over_capacity": v["over_capacity"],
+        "empty": v["empty"],
+        "degrees": {int(d): int((deg == d).sum()) for d in np.unique(deg).tolist()},
+        "notes": list(p.notes),
+    }
+
+
+def _compare_one(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str, Any]]:
+    kw = {
+        "cp_size": args.cp_size,
+        "cost": cost.model,
+        "cp_cost": _cp_cost(args, cost.unit, bandwidth),
+        "sync": args.sync,
+    }
+    plans = {"seqbalance": plan_cp(lengths, dp, cap, cp=args.cp, allow_empty=True, **kw)}
+    for name, fn in CP_BASELINES.items():
+        plans[name] = fn(lengths, dp, cap, **kw)
+    ref = {name: p.simulate().step_time for name, p in plans.items()}
+    return [_row(name, p, ref) for name, p in plans.items()]
+
+
+def _print(rows: list[dict[str, Any]], unit: str, out: TextIO) -> None:
+    from .commands import _si, _table
+
+    headers = [
+        "strategy",
+        "step time",
+        "vs static",
+        "vs megatron",
+        "gap",
+        "slots",
+        "over cap",
+        "empty",
+        "CP degrees",
+    ]
+    cells = []
+    for r in rows:
+        cells.append(
+            [
+                r["strategy"],
+                _si(r["step_time"], unit),
+                f"{r['vs_static']:.3f}" if r["vs_static"] else "-",
+                f"{r['vs_megatron']:.3f}" if r["vs_megatron"] else "-",
+                f"{r['gap']:+.1%}",
+                str(r["slots"]),
+                str(r["over_capacity"]),
+                str(r["empty"]),
+                " ".join(f"{d}:{c}" for d, c in r["degrees"].items()),
+            ]
+        )
+    _table(headers, cells, out)
+
+
+def run(args: argparse.Namespace, out: TextIO) -> int:
+    """``compare`` with ``--cp-size > 1`` (module docstring)."""
+    from .commands import UserError, _demo_cost, _load_cost, _read_inputs
+
+    if args.padded:
+        raise UserError("compare --cp-size does not take --padded")
+    runs = []
+    if args.demo:
+        spec = args.model or args.cost
+        cost = _demo_cost() if spec is None else _load_cost(spec)
+        for note in cost.notes:
+            print(note, file=out)
+        print(
+            f"seqbalance compare --demo --cp-size {args.cp_size}: simulated {args.sync} step "
+            f"per CP strategy; cost = {cost.label}; overlap {args.cp_overlap}; ratios are "
+            "step / the baseline's step; gap = step / CP lower bound - 1",
+            file=out,
+        )
+        for s in CP_DEMO_SETUPS:
+            lengths = workloads.lengths(s.workload, s.n, s.seed)
+            bw = s.bandwidth if args.cp_bandwidth is None else args.cp_bandwidth
+            header = (
+                f"{s.workload} ({workloads.describe(s.workload)}): n={s.n}, dp={s.dp} x "
+                f"cp={args.cp_size}, max_tokens={s.max_tokens}/GPU, bandwidth={bw:.3g} B/s"
+            )
+            runs.append((header, lengths, s.dp, s.max_tokens, bw, s.workload))
+    else:
+        missing = [
+            f for f, v in (("--dp", args.dp), ("--max-tokens", args.max_tokens)) if v is None
+        ]
+        if missing:
+            raise UserError(f"compare LENGTHS needs {' and '.join(missing)}")
+        cost = _load_cost(args.model or args.cost)
+        lengths, groups = _read_inputs(args)
+        if groups is not None:
+            raise UserError("--groups-column is not supported with --cp-size > 1")
+        header = (
+            f"{args.lengths}: n={lengths.shape[0]}, dp={args.dp} x cp={args.cp_size}, "
+            f"max_tokens={args.max_tokens}/GPU, sync={args.sync}, cost={cost.label}"
+        )
+        runs.append(
+            (header, lengths, args.dp, args.max_tokens, args.cp_bandwidth, str(args.lengths))
+        )
+    setups = []
+    for header, lengths, dp, cap, bw, label in runs:
+        rows = _compare_one(lengths, dp, cap, args, cost, bw)
+        print("", file=out)
+        print(header, file=out)
+        _print(rows, cost.unit, out)
+        setups.append(
+            {
+                "input": label,
+                "n": int(lengths.shape[0]),
+                "dp": dp,
+                "cp_size": args.cp_size,
+                "max_tokens": cap,
+                "bandwidth": bw,
+                "sync": args.sync,
+                "cost": cost.label,
+                "results": rows,
+            }
+        )
+    if args.json is not None:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"format": "seqbalance.compare-cp/1", "setups": setups}, fh, indent=1)
+        print(f"\nwrote {args.json}", file=sys.stderr)
+    if args.plot is not None:
+        print("note: --plot is not drawn for CP plans yet", file=sys.stderr)
+    return 0

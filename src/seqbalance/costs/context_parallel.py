@@ -1,0 +1,272 @@
+"""What one GPU's piece of a context-parallel (CP) sequence costs.
+
+Under context parallelism a sequence of ``L`` tokens is split over ``d`` GPUs that run
+attention together (ring attention: ``d`` steps, in each a GPU attends its queries to one
+block of keys and values while the next block travels around the ring).
+
+Layout
+------
+:func:`balanced_layout` is the standard load-balanced layout for causal attention: the
+sequence is cut into ``2d`` chunks (boundaries ``floor(k * L / (2d))``) and rank ``r`` holds
+chunks ``r`` and ``2d - 1 - r``. Causal work grows along the sequence, so pairing an early
+chunk with a late one gives every rank the same work (exactly, when ``2d`` divides ``L``).
+
+Cost of a piece
+---------------
+A GPU holding query ranges ``[s_k, e_k)`` of a sequence of length ``L`` split ``d`` ways
+costs
+
+    compute = a / d + b * sum_k (e_k - s_k) + c * sum_k (e_k**2 - s_k**2)
+    comm    = (d - 1) * max(0, step_bytes / bandwidth * cost_per_second
+                               - overlap * attention / d)
+    piece   = compute + comm
+
+with ``a, b, c`` the per-sequence, per-token and per-token-squared coefficients of the
+sequence cost model (``a + b*L + c*L**2`` for the whole sequence; :class:`FlopsCost` or
+:func:`fit_cost` give them). ``c * (e**2 - s**2)`` is the causal key-query work of the
+queries in ``[s, e)`` (query ``t`` sees ``t + 1`` keys), so over the ``d`` pieces the compute
+terms add up to exactly ``a + b*L + c*L**2``: CP moves work, it does not create it.
+
+``attention = c * sum_k (e_k**2 - s_k**2)`` is this GPU's attention work; ring attention
+spreads it over ``d`` steps and can hide each of the ``d - 1`` transfers behind up to
+``overlap`` (0..1) of one step's attention. Each transfer carries one rank's K and V:
+``step_bytes = comm_passes * (L / d) * kv_bytes_per_token``, where
+``kv_bytes_per_token = sum over layers of kv_heads * (qk_head_dim + v_head_dim) * dtype_bytes``
+(``2 * kv_heads * head_dim * bytes * layers`` for the usual config) and ``comm_passes = 3``
+for training (forward sends K/V once around the ring; backward sends K/V again and the
+gradients dK/dV). ``bandwidth`` is bytes per second per GPU on the ring's links and
+``cost_per_second`` converts seconds into the cost model's units (1 for a cost in seconds,
+the achieved FLOP/s for a FLOP cost). A piece with ``d = 1`` costs exactly the sequence
+cost: no communication, ``a + b*L + c*L**2``.
+
+Examples
+--------
+>>> from seqbalance.costs import QuadraticCost
+>>> cp = ContextParallelCost(QuadraticCost(per_token=1.0, per_token_sq=0.01, per_sequence=4.0))
+>>> balanced_layout(8, 2)
+[[(0, 2), (6, 8)], [(2, 4), (4, 6)]]
+>>> [cp.piece_cost(8, r, 2) for r in balanced_layout(8, 2)]   # 2 + 4 + 0.01 * 32
+[6.32, 6.32]
+>>> float(cp.piece_cost(8, [(0, 8)], 1)) == 4.0 + 8 + 0.01 * 64
+True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from .base import CostModel
+
+__all__ = ["ContextParallelCost", "balanced_layout", "kv_bytes_per_token"]
+
+
+def balanced_layout(length: int, d: int) -> list[list[tuple[int, int]]]:
+    """Token ranges of each of ``d`` CP ranks in the load-balanced causal layout.
+
+    ``d = 1``: one range ``[(0, L)]``. ``d >= 2``: the sequence is cut at
+    ``floor(k * L / (2d))``, ``k = 0..2d``, and rank ``r`` holds chunks ``r`` and
+    ``2d - 1 - r`` (two ranges, either may be empty when ``L < 2d``).
+
+    Examples
+    --------
+    >>> balanced_layout(10, 2)
+    [[(0, 2), (7, 10)], [(2, 5), (5, 7)]]
+    """
+    if d == 1:
+        return [[(0, int(length))]]
+    cuts = [(k * int(length)) // (2 * d) for k in range(2 * d + 1)]
+    return [[(cuts[r], cuts[r + 1]), (cuts[2 * d - 1 - r], cuts[2 * d - r])] for r in range(d)]
+
+
+def _layout_arrays(lengths: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-rank tokens and ``sum(e**2 - s**2)`` of the balanced layout, shape ``(n, d)``."""
+    x = lengths.astype(np.int64)[:, None]
+    if d == 1:
+        xf = x.astype(np.float64)
+        return x.copy(), xf * xf
+    k = np.arange(2 * d + 1, dtype=np.int64)[None, :]
+    cuts = (k * x) // (2 * d)  # int64: L * 2d stays far below 2**63
+    r = np.arange(d)
+    lo1, hi1 = cuts[:, r], cuts[:, r + 1]
+    lo2, hi2 = cuts[:, 2 * d - 1 - r], cuts[:, 2 * d - r]
+    tokens = (hi1 - lo1) + (hi2 - lo2)
+    f = [a.astype(np.float64) for a in (lo1, hi1, lo2, hi2)]
+    sq = (f[1] * f[1] - f[0] * f[0]) + (f[3] * f[3] - f[2] * f[2])
+    return tokens, sq
+
+
+def kv_bytes_per_token(cost: Any, dtype_bytes: int = 2) -> float:
+    """Bytes of K and V one token contributes over all layers, from a :class:`FlopsCost`.
+
+    ``sum over layers of kv_heads * (qk_head_dim + v_head_dim) * dtype_bytes``; for a config
+    with one ``head_dim`` that is ``2 * kv_heads * head_dim * dtype_bytes * layers``.
+    MLA layers count the K/V heads they materialise (the same formula).
+    """
+    arch = getattr(cost, "architecture", None)
+    if arch is None:
+        raise ValueError(
+            f"kv_bytes_per_token needs a FlopsCost (it reads the architecture), got "
+            f"{type(cost).__name__}; pass kv_bytes_per_token= explicitly instead"
+        )
+    per_layer = [
+        layer.attention.kv_heads * (layer.attention.qk_head_dim + layer.attention.v_head_dim)
+        for layer in arch.layers
+    ]
+    return float(sum(per_layer) * dtype_bytes)
+
+
+_kv_bytes_of = kv_bytes_per_token  # the constructor's argument shadows the function's name
+
+
+def _nonneg(value: Any, name: str, *, upper: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a real number, got {value!r}")
+    out = float(value)
+    if not math.isfinite(out) or out < 0 or (upper is not None and out > upper):
+        rng = f"in [0, {upper:g}]" if upper is not None else "finite and >= 0"
+        raise ValueError(f"{name} = {value!r} is invalid; it must be {rng}")
+    return out
+
+
+class ContextParallelCost:
+    """Cost of CP pieces: the sequence cost split over ``d`` GPUs plus exposed communication.
+
+    Parameters
+    ----------
+    cost : CostModel
+        The per-sequence cost; its polynomial ``(c0, a, b, c)`` is used (for a
+        :class:`FlopsCost` with sliding windows that polynomial is an upper bound).
+    bandwidth : float, optional
+        Bytes per second each GPU moves on the CP ring (e.g. ~4e11 NVLink, ~2.5e10 a
+        200 Gb/s inter-node link). None: communication is free.
+    cost_per_second : float
+        Cost units per second: 1 for a cost in seconds (``seqbalance calibrate``), the
+        achieved FLOP/s per GPU for a FLOP cost (e.g. 4e14).
+    overlap : float
+        Fraction (0..1) of one ring step's attention that can hide that step's transfer.
+    kv_bytes_per_token : float, optional
+        Bytes of K and V per token over all layers; default from the cost's architecture
+        (:func:`kv_bytes_per_token`, bf16) when ``cost`` is a :class:`FlopsCost`, and
+        required otherwise when ``bandwidth`` is given.
+    comm_passes : float
+        Times the K/V volume crosses the ring per training step (3: forward K/V, backward
+        K/V and dK/dV).
+
+    See the module docstring for the formula.
+    """
+
+    def __init__(
+        self,
+        cost: CostModel,
+        *,
+        bandwidth: float | None = None,
+        cost_per_second: float = 1.0,
+        overlap: float = 0.0,
+        kv_bytes_per_token: float | None = None,
+        comm_passes: float = 3.0,
+    ) -> None:
+        if not isinstance(cost, CostModel):
+            raise ValueError(
+                f"cost must be a CostModel (e.g. FlopsCost.from_name('qwen2.5-7b')), got "
+                f"{type(cost).__name__}"
+            )
+        self.cost = cost
+        c0, a, b, c = cost.polynomial
+        self.per_microbatch, self.per_sequence, self.per_token, self.per_token_sq = (
+            float(c0),
+            float(a),
+            float(b),
+            float(c),
+        )
+        self.bandwidth = None if bandwidth is None else _nonneg(bandwidth, "bandwidth")
+        if self.bandwidth == 0:
+            raise ValueError("bandwidth must be > 0 bytes/s (or None for free communication)")
+        self.cost_per_second = _nonneg(cost_per_second, "cost_per_second")
+        self.overlap = _nonneg(overlap, "overlap", upper=1.0)
+        self.comm_passes = _nonneg(comm_passes, "comm_passes")
+        if kv_bytes_per_token is None and self.bandwidth is not None:
+            if getattr(cost, "architecture", None) is None:
+                raise ValueError(
+                    "with bandwidth= and a cost that is not a FlopsCost, pass "
+                    "kv_bytes_per_token= (2 * kv_heads * head_dim * dtype bytes * layers)"
+                )
+            kv_bytes_per_token = _kv_bytes_of(cost)
+        self.kv_bytes_per_token = (
+            0.0 if kv_bytes_per_token is None else _nonneg(kv_bytes_per_token, "kv_bytes_per_token")
+        )
+
+    # ---- scalar form ----------------------------------------------------------------
+    def piece_cost(self, length: int, ranges: Sequence[tuple[int, int]], d: int) -> float:
+        """Cost of one GPU holding query ``ranges`` of a sequence of ``length`` split ``d`` ways."""
+        tok = sum(e - s for s, e in ranges)
+        sq = sum(float(e) * e - float(s) * s for s, e in ranges)
+        out = self._cost(np.float64(length), np.float64(tok), np.float64(sq), np.float64(d))
+        return float(np.asarray(out).reshape(()))
+
+    def _cost(self, length: Any, tok: Any, sq: Any, d: Any) -> Any:
+        """The formula on arrays (``d`` may be an array too); a whole sequence on one GPU
+        (``d == 1``) is priced by the sequence cost model itself, exactly as without CP."""
+        attention = self.per_token_sq * sq
+        compute = self.per_sequence / d + self.per_token * tok + attention
+        if self.bandwidth is not None:
+            step = (
+                self.comm_passes * (length / d) * self.kv_bytes_per_token / self.bandwidth
+            ) * self.cost_per_second
+            compute = compute + (d - 1) * np.maximum(0.0, step - self.overlap * attention / d)
+        whole = (np.asarray(d) == 1) & (np.asarray(tok) == np.asarray(length))
+        if np.any(whole):
+            exact = np.asarray(
+                self.cost(np.broadcast_to(length, whole.shape)[whole].astype(np.int64)),
+                dtype=np.float64,
+            )
+            compute = np.array(compute, dtype=np.float64, copy=True)
+            compute[whole] = exact
+        return compute
+
+    # ---- vectorised over sequences ----------------------------------------------------
+    def rank_costs(self, lengths: Any, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per-rank piece costs and tokens of the balanced layout, each of shape ``(n, d)``."""
+        lens = np.asarray(lengths, dtype=np.int64)
+        tokens, sq = _layout_arrays(lens, d)
+        costs = self._cost(lens.astype(np.float64)[:, None], tokens.astype(np.float64), sq, d)
+        return np.asarray(costs, dtype=np.float64), tokens
+
+    def piece_times(self, lengths: Any, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For each sequence split ``d`` ways: (slowest rank's cost, summed work, most tokens)."""
+        costs, tokens = self.rank_costs(lengths, d)
+        return costs.max(axis=1), costs.sum(axis=1), tokens.max(axis=1)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready parameters (the sequence cost as its own ``to_dict``)."""
+        return {
+            "cost": self.cost.to_dict(),
+            "bandwidth": self.bandwidth,
+            "cost_per_second": self.cost_per_second,
+            "overlap": self.overlap,
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "comm_passes": self.comm_passes,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ContextParallelCost:
+        """Inverse of :meth:`to_dict`."""
+        from .load import cost_from_dict
+
+        return cls(
+            cost_from_dict(data["cost"]),
+            bandwidth=data.get("bandwidth"),
+            cost_per_second=data.get("cost_per_second", 1.0),
+            overlap=data.get("overlap", 0.0),
+            kv_bytes_per_token=data.get("kv_bytes_per_token"),
+            comm_passes=data.get("comm_passes", 3.0),
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ContextParallelCost({self.cost!r}, bandwidth={self.bandwidth}, "
+            f"cost_per_second={self.cost_per_second:g}, overlap={self.overlap:g}, "
+            f"kv_bytes_per_token={self.kv_bytes_per_token:g})"
+        )

@@ -1,0 +1,285 @@
+"""Other frameworks' balancing pipelines, re-implemented from reading their code.
+
+Written in our own code from the behaviour of AReaL 1.0.4 (``areal/utils/seqpack.py``,
+``areal/utils/data.py``, ``areal/infra/controller/train_controller.py``), verl 0.9.1
+(``verl/utils/seqlen_balancing.py``, ``verl/trainer/ppo/ray_trainer.py``) and slime
+(``slime/utils/dp_schedule.py``, ``slime/utils/seqlen_balancing.py``), including their tie
+breaking, so ``bench/pipelines_check.py`` can compare the results with the frameworks' own
+functions. Each function returns ``ranks[r][j]``: sequence indices of rank ``r``'s
+micro-batch ``j`` in the order the framework runs them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+import math
+from typing import Sequence
+
+import numpy as np
+
+__all__ = [
+    "areal_ffd",
+    "areal_pipeline",
+    "kk_partition",
+    "slime_flops_pipeline",
+    "verl_pipeline",
+    "verl_workload",
+]
+
+
+# ---- Karmarkar-Karp as verl (and slime, which vendors it) run it -------------------------
+class _Part:
+    __slots__ = ("items", "total")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.items: list[tuple[int, float]] = []
+
+    def key(self) -> tuple:
+        # Parts order by total, then size, then their (index, value) lists.
+        return (self.total, len(self.items), self.items)
+
+
+class _State:
+    """k parts in decreasing order; states with the widest spread merge first.
+
+    Only the non-empty parts are stored: empty parts all compare equal and sort last, so
+    ``parts`` is the head of the full decreasing list and ``k - len(parts)`` empties follow.
+    """
+
+    __slots__ = ("k", "parts")
+
+    def __init__(self, entries: list[tuple[int, float]], k: int) -> None:
+        self.k = k
+        self.parts = []
+        for i, v in entries:
+            p = _Part()
+            p.items.append((i, v))
+            p.total += v
+            self.parts.append(p)
+        self.parts.sort(key=_Part.key, reverse=True)
+
+    def _last_total(self):
+        return self.parts[-1].total if len(self.parts) == self.k else 0
+
+    def spread(self):
+        return (self.parts[0].total if self.parts else 0) - self._last_total()
+
+    def _first_key(self) -> tuple:
+        return self.parts[0].key() if self.parts else (0, 0, [])
+
+    def __lt__(self, other: _State) -> bool:
+        a, b = self.spread(), other.spread()
+        if a != b:
+            return a > b
+        return self._first_key() > other._first_key()
+
+    def absorb(self, other: _State) -> None:
+        # Part i of the full list takes part k-1-i of the other's full list.
+        k, mine, theirs = self.k, self.parts, other.parts
+        merged = []
+        head = range(len(mine))
+        tail = range(max(len(mine), k - len(theirs)), k)  # where the other's parts land
+        for i in (*head, *tail):
+            j = k - 1 - i
+            a = mine[i] if i < len(mine) else None
+            b = theirs[j] if j < len(theirs) else None
+            if a is None and b is None:
+                continue
+            if a is None:
+                a = _Part()
+            if b is not None:
+                a.items.extend(b.items)
+                a.total += b.total
+            merged.append(a)
+        # Non-empty parts have distinct keys (distinct indices), so sorting them gives the
+        # same order as sorting the full list, empties last.
+        merged.sort(key=_Part.key, reverse=True)
+        self.parts = merged
+
+
+def kk_partition(values: Sequence[float], k: int, equal_size: bool) -> list[list[int]]:
+    """Largest differencing into ``k`` parts, each part's indices ascending.
+
+    ``equal_size``: ``len(values)`` must be a multiple of ``k``; the sorted values are cut
+    into runs of ``k`` that each seed one state, so every part gets one item per run.
+    """
+    ranked = sorted((v, i) for i, v in enumerate(values))
+    heap: list[_State] = []
+    if equal_size:
+        for s in range(0, len(ranked), k):
+            heapq.heappush(heap, _State([(i, v) for v, i in ranked[s : s + k]], k))
+    else:
+        for v, i in ranked:
+            heapq.heappush(heap, _State([(i, v)], k))
+    while len(heap) > 1:
+        a = heapq.heappop(heap)
+        b = heapq.heappop(heap)
+        a.absorb(b)
+        heapq.heappush(heap, a)
+    final = heap[0]
+    parts = [sorted(i for i, _ in p.items) for p in final.parts]
+    return parts + [[] for _ in range(k - len(parts))]
+
+
+def verl_workload(lengths: np.ndarray) -> list[int]:
+    """verl's attention-aware weight of a sequence: ``24576 L + L**2`` (a 7B-model rule)."""
+    lens = lengths.astype(np.int64)
+    return (24576 * lens + lens * lens).tolist()
+
+
+def _pad_to_multiple(values: list, k: int) -> list:
+    """Zero-weight dummies up to a multiple of ``k`` (dropped again after partitioning)."""
+    return values + [0] * ((-len(values)) % k)
+
+
+# ---- verl ---------------------------------------------------------------------------------
+def verl_pipeline(lengths: np.ndarray, dp: int, cap: int) -> list[list[list[int]]]:
+    """verl: ranks by equal-count KK on its workload, then per rank KK into ``m`` micro-batches.
+
+    Ranks: KK with equal counts on ``24576 L + L**2``; inside a rank the sequences are
+    ordered light to heavy and interleaved (``p[::2] + p[1::2][::-1]``). Micro-batches: ``m``
+    starts at ``min(count, ceil(tokens / cap))``, the maximum over ranks; KK (free counts)
+    on the workload into ``m`` parts on every rank, and ``m + 1`` while any part of any rank
+    is over ``cap`` (verl gives up when ``m`` passes the smallest rank's count; here the
+    last try is kept, over the capacity). Each rank runs its micro-batches heaviest in the
+    middle: sorted by workload, then ``mbs[::2][::-1] + mbs[1::2]``.
+    """
+    n = int(lengths.size)
+    work = verl_workload(lengths)
+    toks = lengths.astype(np.int64).tolist()
+    padded = _pad_to_multiple(work, dp)
+    parts = [[i for i in p if i < n] for p in kk_partition(padded, dp, equal_size=True)]
+    ranks = []
+    for p in parts:
+        p = sorted(p, key=lambda i: (work[i], i))
+        ranks.append(p[::2] + p[1::2][::-1])
+    m = max(min(len(r), max(1, math.ceil(sum(toks[i] for i in r) / cap))) for r in ranks)
+    limit = min(len(r) for r in ranks)
+    while True:
+        mbs = []
+        for r in ranks:
+            k = min(m, len(r))
+            local = kk_partition([work[i] for i in r], k, equal_size=False) if r else []
+            mbs.append([[r[j] for j in part] for part in local])
+        fits = all(sum(toks[i] for i in mb) <= cap for rank in mbs for mb in rank)
+        if fits or m >= limit:
+            break
+        m += 1
+    out = []
+    for rank_mbs, r in zip(mbs, ranks):
+        pos = {s: j for j, s in enumerate(r)}
+        rank_mbs.sort(
+            key=lambda mb: (sum(work[i] for i in mb), pos[mb[0]] if mb else 0), reverse=True
+        )
+        out.append(rank_mbs[::2][::-1] + rank_mbs[1::2])
+    return out
+
+
+# ---- AReaL --------------------------------------------------------------------------------
+def areal_ffd(values: Sequence[int], cap: int, min_groups: int) -> list[list[int]]:
+    """AReaL's first-fit decreasing: into the fitting group with the fewest items.
+
+    Values in decreasing order (numpy's default argsort of the negated values); a new group
+    opens while there are fewer than ``min_groups`` or the lightest group cannot take the
+    value; otherwise, among the groups with room, the one holding the fewest items (ties:
+    the lighter). Groups come back sorted by their smallest index, indices ascending.
+    """
+    vals = np.asarray(values, dtype=np.int64)
+    order = np.argsort(-vals).tolist()
+    groups: list[list[int]] = []
+    by_load: list[tuple[float, int]] = []  # (load, group) ascending
+    big = len(vals)
+    for i in order:
+        v = int(vals[i])
+        if len(by_load) < min_groups or by_load[0][0] + v > cap:
+            bisect.insort(by_load, (float(v), len(groups)))
+            groups.append([i])
+            continue
+        fit = bisect.bisect_right(by_load, (cap - v, big))
+        j = min(range(fit), key=lambda x: (len(groups[by_load[x][1]]), x))
+        load, g = by_load.pop(j)
+        bisect.insort(by_load, (float(load + v), g))
+        groups[g].append(i)
+    return sorted(sorted(g) for g in groups)
+
+
+def _areal_dp_split(tokens: list[int], dp: int) -> list[list[int]]:
+    """AReaL's dispatch: heaviest first to the lightest rank with room for ``ceil(n / dp)``."""
+    n = len(tokens)
+    limit = -(-n // dp)
+    parts: list[list[int]] = [[] for _ in range(dp)]
+    sums = [0] * dp
+    heap = [(0, r) for r in range(dp)]  # (load, rank) of ranks with room: the lightest first
+    for i in sorted(range(n), key=lambda x: -tokens[x]):
+        load, r = heapq.heappop(heap)
+        parts[r].append(i)
+        sums[r] = load + tokens[i]
+        if len(parts[r]) < limit:
+            heapq.heappush(heap, (sums[r], r))
+    return parts
+
+
+def areal_pipeline(lengths: np.ndarray, dp: int, cap: int) -> list[list[list[int]]]:
+    """AReaL: ranks by tokens (equal counts, greedy), per-rank FFD, counts agreed as the max.
+
+    After each rank packs with :func:`areal_ffd`, every rank repacks with ``min_groups`` set
+    to the largest count, until all counts agree (AReaL's synced allocation).
+    """
+    toks = lengths.astype(np.int64).tolist()
+    ranks = _areal_dp_split(toks, dp)
+    m = 1
+    while True:
+        mbs = [
+            areal_ffd([toks[i] for i in r], cap, min(m, max(len(r), 1))) if r else []
+            for r in ranks
+        ]
+        counts = [len(x) for x in mbs]
+        if len(set(counts)) <= 1 or max(counts) == m:
+            break
+        m = max(counts)
+    return [[[r[j] for j in g] for g in rank_mbs] for r, rank_mbs in zip(ranks, mbs)]
+
+
+# ---- slime --------------------------------------------------------------------------------
+def _split_halves(mb: list[int], toks: list[int]) -> list[list[int]]:
+    halves: list[list[int]] = [[], []]
+    sums = [0, 0]
+    for i in sorted(mb, key=lambda x: -toks[x]):
+        h = 0 if sums[0] <= sums[1] else 1
+        halves[h].append(i)
+        sums[h] += toks[i]
+    return halves
+
+
+def slime_flops_pipeline(
+    lengths: np.ndarray, costs: np.ndarray, dp: int, cap: int
+) -> list[list[list[int]]]:
+    """slime with ``--balance-by-flops --balance-data``: pack first, distribute second.
+
+    ``K = ceil(tokens / cap)`` micro-batches by KK on FLOPs (the cost), without the token
+    cap (singletons when ``K >= n``); ``K`` raised to a multiple of ``dp`` by splitting the
+    largest multi-sequence micro-batch in two by tokens; micro-batches to ranks by
+    equal-count KK on their FLOPs, each rank running them in index order.
+    """
+    n = int(lengths.size)
+    toks = lengths.astype(np.int64).tolist()
+    flops = costs.tolist()
+    k = max(1, -(-sum(toks) // cap))
+    if k >= n:
+        mbs = [[i] for i in range(n)]
+    else:
+        mbs = kk_partition(flops, k, equal_size=False)
+    target = max(-(-len(mbs) // dp) * dp, dp)
+    while len(mbs) < target:
+        multi = [(sum(toks[i] for i in mb), j) for j, mb in enumerate(mbs) if len(mb) > 1]
+        if not multi:
+            break
+        _, j = max(multi)
+        left, right = _split_halves(mbs[j], toks)
+        mbs[j] = left
+        mbs.append(right)
+    weights = _pad_to_multiple([sum(flops[i] for i in mb) for mb in mbs], dp)
+    parts = kk_partition(weights, dp, equal_size=True)
+    return [[mbs[j] for j in p if j < len(mbs)] for p in parts]

@@ -1,0 +1,641 @@
+"""Context-parallel planning: sequences -> CP groups of GPUs x micro-batch slots.
+
+:func:`plan` calls :func:`plan_cp` when ``cp_size > 1``. The mesh has ``world = dp_size *
+cp_size`` GPUs and ``max_tokens`` is per GPU. A sequence with CP degree ``d`` runs on ``d``
+GPUs of one slot in the load-balanced layout (see :mod:`seqbalance.costs.context_parallel`);
+CP groups are aligned blocks of ``d`` GPUs (GPUs ``k*d .. k*d + d - 1``), so a group never
+crosses a data-parallel replica's ``cp_size`` GPUs and the mesh's own process groups can
+serve it.
+
+``cp="static"``
+    Every sequence is split over its replica's ``cp_size`` GPUs (the usual setting). The
+    replicas are planned by :func:`seqbalance.plan` with each sequence's largest piece as
+    its tokens and its slowest piece as its cost, so the capacity holds on every GPU.
+``cp="dynamic"``
+    One pool of GPUs. Each sequence gets a power-of-two degree ``d <= cp_size``: the
+    smallest whose largest piece fits ``max_tokens`` (``d = 1`` for sequences that fit,
+    which are then planned exactly as without CP), raised only where that lowers the
+    simulated step. Steps:
+
+    1. For a threshold ``theta``, every sequence whose slowest piece costs more than
+       ``theta`` gets the smallest larger degree that brings it under ``theta`` (or the
+       fastest one). Thresholds tried: none, then the costliest piece halved repeatedly.
+    2. Sequences with ``d >= 2``, costliest first, join an existing CP group of their
+       degree or larger when that keeps the group within its slot's level and token room
+       (a group may hold several sequences, each split over all its GPUs), or open a group
+       of ``d`` GPUs in the first slot with room; so groups of similar cost share a slot.
+    3. The sequences with ``d = 1`` fill the rest: first the slack of slots whose level a CP
+       group sets (groups below the level, split at the group's degree, and the slot's
+       free GPUs), heaviest sequences first, never above the slot's level (that work is
+       free under FSDP); then the remaining slots, as capacitated LPT bins dealt out by
+       cost. Too little room: one more slot.
+    4. Each candidate is simulated; the best one is rebuilt with the slot refinement of
+       :mod:`seqbalance.planning._slots`. The static-CP plan and the Megatron-style plan
+       (:mod:`seqbalance.planning.cp_baselines`) are candidates too, unless a lower bound
+       for their fixed degrees shows they cannot win. The lowest simulated step wins
+       (ties: fewer slots, then the order above), and ``plan.notes`` says which.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+import numpy as np
+
+from .._validate import as_lengths, check_choice, check_positive_int
+from ..costs.context_parallel import ContextParallelCost, balanced_layout
+from ._slots import fill_slack
+from .cp_plans import CP_MODES, CPPlan, Pieces, _powers, degree_tables, simulate_pieces
+from .simulation import SYNC_MODELS
+
+__all__ = ["make_cp_cost", "plan_cp"]
+
+
+def make_cp_cost(cost: Any, cp_cost: Any) -> ContextParallelCost:
+    """The :class:`ContextParallelCost` for ``plan(cost=..., cp_cost=...)``.
+
+    ``cp_cost`` may be None (free communication), a :class:`ContextParallelCost` (then
+    ``cost`` must be None), or a dict of its keyword arguments (``bandwidth``, ``overlap``,
+    ``cost_per_second``, ``kv_bytes_per_token``, ``comm_passes``).
+    """
+    if isinstance(cp_cost, ContextParallelCost):
+        if cost is not None:
+            raise ValueError("pass the sequence cost either as cost= or inside cp_cost=, not both")
+        return cp_cost
+    from ..costs import TokenCost, load_cost
+
+    if isinstance(cost, (np.ndarray, list, tuple)):
+        raise ValueError(
+            "with cp_size > 1, cost must be a cost model (or a name, path or None), not "
+            "per-sequence numbers: pieces of a sequence are priced from its polynomial"
+        )
+    model = TokenCost() if cost is None else load_cost(cost)
+    if cp_cost is None:
+        return ContextParallelCost(model)
+    if not isinstance(cp_cost, dict):
+        raise ValueError(
+            f"cp_cost must be None, a ContextParallelCost or a dict of its arguments, got "
+            f"{type(cp_cost).__name__}"
+        )
+    try:
+        return ContextParallelCost(model, **cp_cost)
+    except TypeError as exc:
+        raise ValueError(f"cp_cost has an unknown key ({exc})") from None
+
+
+def _round_up(x: int, k: int) -> int:
+    return -(-x // k) * k
+
+
+class _Request:
+    """The validated arguments of :func:`plan_cp`."""
+
+    def __init__(self, lens, dp, cp_size, cap, cpc, sync, m_min, mult, allow_empty) -> None:
+        self.lens, self.dp, self.cp_size, self.cap = lens, dp, cp_size, cap
+        self.cpc, self.sync, self.m_min, self.mult = cpc, sync, m_min, mult
+        self.allow_empty = allow_empty
+        self.world = dp * cp_size
+        self.n = int(lens.shape[0])
+        self.tables = degree_tables(lens, cpc, cp_size)
+        self.d_min = self._min_degrees()
+
+    def _min_degrees(self) -> np.ndarray:
+        d_min = np.zeros(self.n, dtype=np.int64)
+        for d, (_, _, ptok) in sorted(self.tables.items()):
+            d_min = np.where((d_min == 0) & (ptok <= self.cap), d, d_min)
+        if (d_min == 0).any():
+            i = int(np.flatnonzero(d_min == 0)[0])
+            ptok = int(self.tables[self.cp_size][2][i])
+            raise ValueError(
+                f"sequence {i} has {int(self.lens[i])} tokens: split over cp_size="
+                f"{self.cp_size} GPUs its largest piece has {ptok} tokens, more than "
+                f"max_tokens={self.cap}; raise cp_size or max_tokens, or truncate it"
+            )
+        return d_min
+
+    def m_start(self) -> int:
+        m_cap = max(1, math.ceil(int(self.lens.sum()) / (self.world * self.cap)))
+        return _round_up(max(m_cap, self.m_min), self.mult)
+
+
+def _validate(
+    lengths, dp_size, max_tokens, cp_size, cp, cost, cp_cost, sync, m_min, mult, allow_empty
+) -> _Request:
+    lens = as_lengths(lengths)
+    dp = check_positive_int(dp_size, "dp_size")
+    cap = check_positive_int(max_tokens, "max_tokens")
+    c = check_positive_int(cp_size, "cp_size")
+    if c & (c - 1):
+        raise ValueError(
+            f"cp_size must be a power of two (CP degrees are), got {cp_size}; use "
+            f"{1 << (c.bit_length() - 1)} or {1 << c.bit_length()}"
+        )
+    check_choice(cp, "cp", CP_MODES)
+    check_choice(sync, "sync", SYNC_MODELS)
+    cpc = make_cp_cost(cost, cp_cost)
+    return _Request(
+        lens,
+        dp,
+        c,
+        cap,
+        cpc,
+        sync,
+        check_positive_int(m_min, "min_micro_batches"),
+        check_positive_int(mult, "micro_batch_multiple"),
+        bool(allow_empty),
+    )
+
+
+# ---- pieces from groups -------------------------------------------------------------------
+
+
+def _group_pieces(seqs: list[int], lens: np.ndarray, d: int) -> list[list[tuple[int, int, int]]]:
+    """Per member GPU of a ``d``-group: the ranges of every sequence of the group."""
+    out: list[list[tuple[int, int, int]]] = [[] for _ in range(d)]
+    for i in seqs:
+        for r, ranges in enumerate(balanced_layout(int(lens[i]), d)):
+            out[r].extend((i, s, e) for s, e in ranges)
+    return out
+
+
+def _place_block(free: np.ndarray, load: np.ndarray, w: int, sync: str) -> int:
+    """Offset of a free aligned block of ``w`` GPUs (ddp: the least-loaded one)."""
+    blocks = free.reshape(-1, w).all(axis=1)
+    cand = np.flatnonzero(blocks)
+    if sync == "ddp" and cand.size > 1:
+        lo = load.reshape(-1, w).max(axis=1)[cand]
+        return int(cand[int(np.argmin(lo))]) * w
+    return int(cand[0]) * w
+
+
+# ---- static CP --------------------------------------------------------------------------
+
+
+def _static_base(req: _Request) -> Any:
+    """The replica-level plan of static CP (a :class:`Plan` over ``dp`` replicas), or why not.
+
+    Each sequence counts its largest piece as tokens (so every GPU stays within
+    ``max_tokens``) and its slowest piece as cost.
+    """
+    from .planner import plan  # the CP hook sits in plan(); import lazily to avoid a cycle
+
+    tmax, _, ptok = req.tables[req.cp_size]
+    try:
+        return plan(
+            ptok,
+            req.dp,
+            req.cap,
+            cost=tmax,
+            sync=req.sync,
+            min_micro_batches=req.m_min,
+            micro_batch_multiple=req.mult,
+            allow_empty=req.allow_empty,
+        )
+    except ValueError as exc:
+        return str(exc)
+
+
+def _static_step(req: _Request, base: Any) -> float:
+    """Simulated step of the static plan from its replica plan, without building pieces.
+
+    Every GPU of a replica holds a piece of every sequence of the replica's micro-batch, so
+    the replica is one CP group per slot: under ``ddp`` it advances by its slowest GPU.
+    """
+    costs, _ = req.cpc.rank_costs(req.lens, req.cp_size)  # (n, cp_size)
+    c0 = req.cpc.per_microbatch
+    m = base.num_micro_batches
+    mb = np.full((req.dp, m), c0)  # slowest GPU of each replica micro-batch
+    for r, rank in enumerate(base.micro_batches):
+        for j, items in enumerate(rank):
+            if items:
+                mb[r, j] = float((c0 + costs[items].sum(axis=0)).max())
+    return float(mb.max(axis=0).sum()) if req.sync == "fsdp" else float(mb.sum(axis=1).max())
+
+
+def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
+    c = req.cp_size
+    pieces: Pieces = [[] for _ in range(req.world)]
+    for r, rank in enumerate(base.micro_batches):
+        for mb in rank:
+            members = _group_pieces(mb, req.lens, c)
+            for k in range(c):
+                pieces[r * c + k].append(members[k])
+    return CPPlan._from_validated_pieces(
+        pieces,
+        req.lens,
+        max_tokens=req.cap,
+        cp_size=c,
+        cp="static",
+        cp_cost=req.cpc,
+        replicas=req.dp,
+        sync=req.sync,
+        strategy=strategy,
+        notes=list(base.notes),
+    )
+
+
+def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
+    """Every sequence over its replica's cp_size GPUs, replicas planned by :func:`plan`."""
+    base = _static_base(req)
+    return base if isinstance(base, str) else _static_pieces(req, base, strategy)
+
+
+def _fixed_bound(req: _Request, deg: np.ndarray) -> float:
+    """A step no plan with these exact degrees can beat (as :func:`cp_lower_bound`)."""
+    t = np.zeros(req.n)
+    w = np.zeros(req.n)
+    for d in np.unique(deg).tolist():
+        sel = deg == d
+        t[sel] = req.tables[d][0][sel]
+        w[sel] = req.tables[d][1][sel]
+    if req.n == 0:
+        return 0.0
+    return req.m_start() * req.cpc.per_microbatch + max(float(w.sum()) / req.world, float(t.max()))
+
+
+# ---- dynamic CP -------------------------------------------------------------------------
+
+
+def _degrees_for(req: _Request, theta: float) -> np.ndarray:
+    """Smallest allowed degree >= d_min whose slowest piece costs <= theta (else the fastest)."""
+    deg = req.d_min.copy()
+    if not np.isfinite(theta):
+        return deg
+    chosen = np.zeros(req.n, dtype=np.int64)
+    fastest = req.d_min.copy()
+    fastest_t = np.full(req.n, np.inf)
+    for d, (tmax, _, ptok) in sorted(req.tables.items()):
+        allowed = (d >= req.d_min) & (ptok <= req.cap) & ((d == req.d_min) | (2 * d <= req.lens))
+        pick = allowed & (chosen == 0) & (tmax <= theta)
+        chosen = np.where(pick, d, chosen)
+        better = allowed & (tmax < fastest_t)
+        fastest = np.where(better, d, fastest)
+        fastest_t = np.where(better, tmax, fastest_t)
+    return np.where(chosen > 0, chosen, fastest)
+
+
+class _Group:
+    """A CP group in a slot: ``d`` aligned GPUs running ``seqs`` (each split ``d`` ways)."""
+
+    __slots__ = ("d", "seqs", "slot", "time", "tok")
+
+    def __init__(self, d: int, slot: int) -> None:
+        self.d, self.slot, self.seqs, self.time, self.tok = d, slot, [], 0.0, 0
+
+    def add(self, i: int, t: float, p: int) -> None:
+        self.seqs.append(i)
+        self.time += t  # per GPU: the sum of each sequence's slowest piece (an upper bound)
+        self.tok += p  # per GPU: the sum of each sequence's largest piece (an upper bound)
+
+
+def _fill_shorts(
+    req: _Request,
+    shorts: np.ndarray,
+    bins: list[tuple[float, int, int]],
+    n_free: int,
+) -> tuple[list[list[int]], list[list[int]]] | None:
+    """Put the ``d = 1`` sequences into absorb bins, then into ``n_free`` free bins.
+
+    ``bins`` are ``(headroom, token room, degree)``: CP groups below their slot's level and
+    the free GPUs of such slots (degree 1). Most headroom first, each bin takes the next
+    heaviest sequences (next fit, split at the bin's degree) while its cost stays within
+    the headroom and its tokens within the room: work there is free under FSDP. The rest go
+    to capacitated LPT bins (each into the cheapest bin with token room). Returns (absorb
+    bins, free bins) as positions into ``shorts``, or None when a sequence fits no bin.
+    """
+    cap = req.cap
+    w = req.tables[1][0][shorts]
+    t = req.lens[shorts]
+    n = w.size
+    order = np.lexsort((np.arange(n), -t, -w))
+    a_items: list[list[int]] = [[] for _ in bins]
+    pos = 0
+    if bins and n:
+        sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        for b in sorted(range(len(bins)), key=lambda k: (-bins[k][0], k)):
+            if pos >= n:
+                break
+            head, room, d = bins[b]
+            if d not in sums:
+                tmax, _, ptok = req.tables[d]
+                sums[d] = (
+                    np.concatenate([[0.0], np.cumsum(tmax[shorts][order])]),
+                    np.concatenate([[0], np.cumsum(ptok[shorts][order])]),
+                )
+            cw, ct = sums[d]
+            k = min(
+                int(np.searchsorted(cw, cw[pos] + head, side="right")) - 1,
+                int(np.searchsorted(ct, ct[pos] + room, side="right")) - 1,
+            )
+            if k > pos:
+                a_items[b] = order[pos:k].tolist()
+                pos = k
+    rest = order[pos:].tolist()
+    f_items: list[list[int]] = [[] for _ in range(n_free)]
+    if not rest:
+        return a_items, f_items
+    if n_free == 0:
+        return None
+    f_load = np.zeros(n_free)
+    f_tok = np.zeros(n_free, dtype=np.int64)
+    heap = [(0.0, b) for b in range(n_free)]
+    wl, tl = w.tolist(), t.tolist()
+    for i in rest:
+        wi, ti = wl[i], tl[i]
+        stash = []
+        b = -1
+        while heap and len(stash) < 16:
+            c, x = heapq.heappop(heap)
+            if f_tok[x] + ti <= cap:
+                b = x
+                break
+            stash.append((c, x))
+        if b < 0 and len(stash) == 16:  # bins nearly full in tokens: scan them all
+            ok = np.flatnonzero(f_tok + ti <= cap)
+            if ok.size:
+                b = int(ok[np.argmin(f_load[ok])])
+                stash = [(c, x) for c, x in stash if x != b]
+                heap = [(c, x) for c, x in heap if x != b]
+                heapq.heapify(heap)
+        for e in stash:
+            heapq.heappush(heap, e)
+        if b < 0:
+            return None
+        f_items[b].append(i)
+        f_tok[b] += ti
+        f_load[b] += wi
+        heapq.heappush(heap, (float(f_load[b]), b))
+    return a_items, f_items
+
+
+def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[int], list[float]]:
+    """Step 2: sequences with ``d >= 2``, costliest first, into CP groups and slots.
+
+    A sequence joins an existing group of its degree or larger (split that many ways) when
+    that stays within the group's slot level and the token room; otherwise it opens a
+    group in the first slot with ``d`` GPUs left (a new slot if none).
+    """
+    W, cap, lens = req.world, req.cap, req.lens
+    longs = np.flatnonzero(deg >= 2)
+    t_long = np.array([req.tables[int(deg[i])][0][i] for i in longs.tolist()])
+    groups: list[_Group] = []
+    used: list[int] = []
+    level: list[float] = []
+    for k in np.lexsort((longs, -t_long)).tolist():
+        i, d = int(longs[k]), int(deg[longs[k]])
+        best, best_head = None, -1.0
+        for g in groups:
+            if g.d < d or 2 * g.d > lens[i]:
+                continue
+            t = float(req.tables[g.d][0][i])
+            head = level[g.slot] - g.time - t
+            if head >= 0 and g.tok + int(req.tables[g.d][2][i]) <= cap and head > best_head:
+                best, best_head = g, head
+        if best is None:
+            j = next((j for j in range(len(used)) if used[j] + d <= W), len(used))
+            if j == len(used):
+                used.append(0)
+                level.append(0.0)
+            best = _Group(d, j)
+            groups.append(best)
+            used[j] += d
+        best.add(i, float(req.tables[best.d][0][i]), int(req.tables[best.d][2][i]))
+        level[best.slot] = max(level[best.slot], best.time)
+    return groups, used, level
+
+
+def _build_dynamic(req: _Request, deg: np.ndarray, refine: bool = True) -> CPPlan | None:
+    """Steps 2-3 of the module docstring for one degree vector; None if nothing fits."""
+    W, cap = req.world, req.cap
+    groups, used, level = _place_groups(req, deg)
+    shorts = np.flatnonzero(deg == 1)
+    m_long = len(used)
+    # Absorb bins: groups below their slot's level, then the free GPUs of those slots.
+    bins = [(level[g.slot] - g.time, cap - g.tok, g.d) for g in groups]
+    owner: list[Any] = list(groups)
+    for j in range(m_long):
+        bins += [(level[j], cap, 1)] * (W - used[j])
+        owner += [j] * (W - used[j])
+    m = _round_up(max(req.m_start(), m_long), req.mult)
+    m_limit = m + max(shorts.size, 1) + req.mult
+    while m <= m_limit:
+        n_free = (m - m_long) * W
+        got = _fill_shorts(req, shorts, bins, n_free)
+        if got is not None:
+            a_items, f_items = got
+            return _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long, refine)
+        m += req.mult
+    return None
+
+
+def _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long, refine) -> CPPlan | None:
+    W, lens = req.world, req.lens
+    full_cost = req.tables[1][0]
+    pieces: Pieces = [[[] for _ in range(m)] for _ in range(W)]
+    load = np.zeros(W)
+    singles: dict[int, list[list[int]]] = {}
+    for k, items in enumerate(a_items):
+        ids = [int(shorts[x]) for x in items]
+        if isinstance(owner[k], _Group):
+            g = owner[k]
+            g.seqs.extend(ids)
+        else:
+            singles.setdefault(owner[k], []).append(ids)
+    free_bins = [[int(shorts[x]) for x in b] for b in f_items]
+    if any(not b for b in free_bins) or any(not b for v in singles.values() for b in v):
+        if not req.allow_empty:
+            return None  # too few sequences for a piece on every GPU in every slot
+    grid: list[list[list[int]]] = [[] for _ in range(W)]
+    if free_bins:
+        bcost = np.array([float(full_cost[b].sum()) for b in free_bins])
+        order = np.lexsort((np.arange(len(free_bins)), -bcost)).tolist()
+        grid = [[free_bins[order[j * W + r]] for j in range(m - m_long)] for r in range(W)]
+        if refine and req.sync == "fsdp" and m - m_long >= 2:
+            grid = fill_slack(grid, full_cost, lens, req.cap, max_steps=2 * W * (m - m_long) + 100)
+    by_slot: dict[int, list[_Group]] = {}
+    for g in groups:
+        by_slot.setdefault(g.slot, []).append(g)
+    for j in range(m):
+        free = np.ones(W, dtype=bool)
+        slot_load = np.zeros(W)
+        if j < m_long:
+            for g in sorted(by_slot.get(j, []), key=lambda g: (-g.d, g.seqs[0])):
+                off = _place_block(free, load, g.d, req.sync)
+                members = _group_pieces(sorted(g.seqs), lens, g.d)
+                for r in range(g.d):
+                    pieces[off + r][j].extend(members[r])
+                free[off : off + g.d] = False
+                slot_load[off : off + g.d] = float(sum(req.tables[g.d][0][i] for i in g.seqs))
+            bins = singles.get(j, [])
+        else:
+            bins = [grid[r][j - m_long] for r in range(W)]
+        gpus = np.flatnonzero(free)
+        bcost = np.array([float(full_cost[b].sum()) for b in bins]) if bins else np.zeros(0)
+        b_order = np.lexsort((np.arange(len(bins)), -bcost)).tolist()
+        g_order = gpus[np.lexsort((gpus, load[gpus]))].tolist()  # lightest GPU first
+        for b, g in zip(b_order, g_order):
+            pieces[g][j].extend((i, 0, int(lens[i])) for i in sorted(bins[b]))
+            slot_load[g] = bcost[b]
+        load += slot_load
+    return CPPlan._from_validated_pieces(
+        pieces,
+        lens,
+        max_tokens=req.cap,
+        cp_size=req.cp_size,
+        cp="dynamic",
+        cp_cost=req.cpc,
+        replicas=req.dp,
+        sync=req.sync,
+        strategy="seqbalance",
+        notes=[],
+    )
+
+
+def _step(p: CPPlan, sync: str) -> float:
+    return simulate_pieces(p.pieces, p.lengths, p.cp_cost, sync=sync).step_time
+
+
+def _dynamic(req: _Request) -> CPPlan:
+    from .cp_baselines import megatron_cp_plan  # sits beside this module, built on it
+
+    tried: list[tuple[str, CPPlan, float]] = []
+    seen: list[np.ndarray] = []
+    t_top = float(max(req.tables[int(d)][0][i] for i, d in enumerate(req.d_min.tolist())))
+    thetas = [math.inf] + [t_top / 2**k for k in range(1, len(req.tables) + 1)]
+    worse = 0
+    best_time = math.inf
+    best_deg = req.d_min
+    for theta in thetas:
+        deg = _degrees_for(req, theta)
+        if any(np.array_equal(deg, s) for s in seen):
+            continue
+        seen.append(deg)
+        # Candidates are compared unrefined; the winner gets the slot refinement below.
+        p = _build_dynamic(req, deg, refine=False)
+        if p is None:
+            continue
+        t = _step(p, req.sync)
+        label = (
+            "smallest fitting degrees"
+            if math.isinf(theta)
+            else (f"degrees raised until each piece costs <= {theta:.4g}")
+        )
+        tried.append((label, p, t))
+        if t < best_time:
+            best_time, worse, best_deg = t, 0, deg
+        else:
+            worse += 1
+            if worse >= 2:  # raising further keeps costing more: stop
+                break
+    if tried:
+        refined = _build_dynamic(req, best_deg, refine=True)
+        if refined is not None:
+            t = _step(refined, req.sync)
+            k = next(k for k, (_, _, tt) in enumerate(tried) if tt == best_time)
+            if t <= best_time:
+                tried[k] = (tried[k][0], refined, t)
+                best_time = t
+    # The baselines' layouts are candidates too, unless a bound shows they cannot win.
+    from .cp_baselines import _megatron_degrees
+
+    skipped = []
+    static_deg = np.full(req.n, req.cp_size, dtype=np.int64)
+    if best_time <= _fixed_bound(req, static_deg):
+        skipped.append("the static-CP layout (its bound is no lower)")
+    else:
+        base = _static_base(req)
+        if not isinstance(base, str) and _static_step(req, base) <= best_time * (1 + 1e-9):
+            p = _static_pieces(req, base, "seqbalance")
+            if req.allow_empty or all(sl for gpu in p.pieces for sl in gpu):
+                tried.append(("the static-CP layout", p, _step(p, req.sync)))
+    if best_time <= _fixed_bound(req, _megatron_degrees(req)):
+        skipped.append("the Megatron-style layout (its bound is no lower)")
+    else:
+        p = megatron_cp_plan(req)
+        if req.allow_empty or all(sl for gpu in p.pieces for sl in gpu):
+            tried.append(("the Megatron-style layout", p, _step(p, req.sync)))
+    if not tried:
+        raise ValueError(
+            f"{req.n} sequences cannot give each of {req.world} GPUs x "
+            f"{req.m_start()} micro-batches a piece; lower dp_size or cp_size, raise "
+            "max_tokens, or pass allow_empty=True to allow (marked) empty micro-batches"
+        )
+    k = min(range(len(tried)), key=lambda x: (tried[x][2], tried[x][1].num_micro_batches, x))
+    label, best, t = tried[k]
+    deg = best.degrees()
+    hist = ", ".join(
+        f"d={d}: {int((deg == d).sum())}" for d in _powers(req.cp_size) if (deg == d).any()
+    )
+    others = "; ".join(f"{lab}: {tt:.6g}" for lab, _, tt in tried if lab != label)
+    notes = [f"dynamic CP: {label} gave the lowest simulated {req.sync} step ({hist})"]
+    if others:
+        notes.append(f"other candidates' steps: {others}")
+    if skipped:
+        notes.append("not built: " + "; ".join(skipped))
+    notes.extend(n for n in best.notes if n not in notes)
+    best.cp, best.strategy, best.notes = "dynamic", "seqbalance", tuple(notes)
+    return best
+
+
+def plan_cp(
+    lengths: Any,
+    dp_size: int,
+    max_tokens: int,
+    *,
+    cp_size: int,
+    cp: str = "static",
+    cost: Any = None,
+    cp_cost: Any = None,
+    sync: str = "fsdp",
+    min_micro_batches: int = 1,
+    micro_batch_multiple: int = 1,
+    allow_empty: bool = False,
+) -> CPPlan:
+    """Plan a ``dp_size x cp_size`` mesh with context parallelism (module docstring).
+
+    Parameters
+    ----------
+    lengths, dp_size, max_tokens, sync, min_micro_batches, micro_batch_multiple, allow_empty
+        As in :func:`seqbalance.plan`; ``max_tokens`` is per GPU.
+    cp_size : int
+        GPUs per data-parallel replica, a power of two; the largest CP degree.
+    cp : {"static", "dynamic"}
+        One degree (``cp_size``) for all sequences, or a degree per sequence.
+    cost : optional
+        The sequence cost model (None: tokens); not per-sequence numbers.
+    cp_cost : optional
+        Communication parameters: None (free), a dict of
+        :class:`~seqbalance.costs.context_parallel.ContextParallelCost` keyword arguments
+        (``bandwidth``, ``cost_per_second``, ``overlap``, ...), or a ready instance.
+
+    Returns
+    -------
+    CPPlan
+
+    Raises
+    ------
+    ValueError
+        Bad arguments; a sequence whose largest piece exceeds ``max_tokens`` even at
+        ``d = cp_size`` (named); too few sequences for non-empty micro-batches.
+    """
+    req = _validate(
+        lengths,
+        dp_size,
+        max_tokens,
+        cp_size,
+        cp,
+        cost,
+        cp_cost,
+        sync,
+        min_micro_batches,
+        micro_batch_multiple,
+        allow_empty,
+    )
+    if cp == "static":
+        p = _static(req)
+        if isinstance(p, str):
+            raise ValueError(f"static CP: {p}")
+        return p
+    return _dynamic(req)

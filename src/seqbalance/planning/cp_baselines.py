@@ -1,0 +1,180 @@
+"""Context-parallel baselines, costed with the same model as :func:`seqbalance.plan`.
+
+``static-cp``
+    One CP degree for every sequence: each is split over its data-parallel replica's
+    ``cp_size`` GPUs (how most trainers run CP). The replicas' micro-batches are planned by
+    seqbalance itself, so this baseline isolates the cost of the fixed degree.
+``megatron-cp``
+    Megatron-LM's dynamic ("hybrid") CP scheduler, re-implemented from its published
+    description: each sample gets ``d = 2^ceil(log2(ceil(L / max_tokens)))`` GPUs (doubled
+    if rounding of the chunk layout leaves a piece above ``max_tokens``); samples are
+    taken from the heaviest (by cost) down and packed greedily into micro-batch slots that
+    span all ``dp_size * cp_size`` GPUs: each sample joins the least-loaded aligned group of
+    its size (an existing group of that size with token room, or free GPUs), and a sample
+    that fits nowhere waits for the next slot. GPUs left without work in a slot run an
+    empty micro-batch (reported in ``violations()["empty"]``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+import numpy as np
+
+from ..costs.context_parallel import balanced_layout
+from .context_parallel import _static, _validate
+from .cp_plans import CPPlan, Pieces
+
+__all__ = ["CP_BASELINES", "megatron_cp", "static_cp"]
+
+
+def _megatron_degrees(req: Any) -> np.ndarray:
+    need = np.maximum(1, -(-req.lens // req.cap))
+    deg = np.array([1 << math.ceil(math.log2(int(x))) for x in need.tolist()], dtype=np.int64)
+    return np.maximum(deg, req.d_min)  # chunk rounding can need one doubling more
+
+
+def megatron_cp_plan(req: Any) -> CPPlan:
+    """The ``megatron-cp`` plan for a validated request of :mod:`.context_parallel`."""
+    W, cap, lens = req.world, req.cap, req.lens
+    deg = _megatron_degrees(req)
+    if (deg > req.cp_size).any():
+        i = int(np.flatnonzero(deg > req.cp_size)[0])
+        raise ValueError(
+            f"sequence {i} ({int(lens[i])} tokens) needs CP degree {int(deg[i])} under the "
+            f"Megatron rule, more than cp_size={req.cp_size}"
+        )
+    tmax = np.zeros(req.n)
+    ptok = np.zeros(req.n, dtype=np.int64)
+    for d in np.unique(deg).tolist():
+        sel = deg == d
+        tmax[sel] = req.tables[d][0][sel]
+        ptok[sel] = req.tables[d][2][sel]
+    remaining = np.lexsort((np.arange(req.n), -req.tables[1][0])).tolist()
+    slots: list[list[list[int]]] = []  # slot -> per GPU: sequences (CP ones on each member)
+    while remaining:
+        width = np.zeros(W, dtype=np.int64)  # group size each GPU belongs to (0: free)
+        tok = np.zeros(W, dtype=np.int64)
+        load = np.zeros(W)
+        members: list[list[int]] = [[] for _ in range(W)]
+        heap: list[tuple[float, int]] = [(0.0, g) for g in range(W)]  # for d = 1 samples
+        left = []
+        room = -1  # most token room on a GPU open to d = 1 samples; -1: recompute
+        for i in remaining:
+            d, p, t = int(deg[i]), int(ptok[i]), float(tmax[i])
+            if d == 1:
+                if room < 0:
+                    room = cap - int(tok[width <= 1].min(initial=cap))
+                if p > room:  # fits no GPU of this slot: next slot
+                    left.append(i)
+                    continue
+                stash, g_ok = [], -1
+                while heap and len(stash) < 16:
+                    c, g = heapq.heappop(heap)
+                    if width[g] > 1 or c != load[g]:
+                        continue  # taken by a CP group, or a stale entry
+                    if tok[g] + p <= cap:
+                        g_ok = g
+                        break
+                    stash.append((c, g))
+                if g_ok < 0 and len(stash) == 16:  # nearly full in tokens: scan them all
+                    ok = np.flatnonzero((width <= 1) & (tok + p <= cap))
+                    if ok.size:
+                        g_ok = int(ok[np.argmin(load[ok])])
+                        stash = [(c, g) for c, g in stash if g != g_ok]
+                for s in stash:
+                    heapq.heappush(heap, s)
+                if g_ok < 0:
+                    left.append(i)
+                    continue
+                width[g_ok] = 1
+                room = -1
+                tok[g_ok] += p
+                load[g_ok] += t
+                members[g_ok].append(i)
+                heapq.heappush(heap, (load[g_ok], g_ok))
+                continue
+            w = width.reshape(-1, d)
+            tk = tok.reshape(-1, d)
+            same = (w == d).all(axis=1) & (tk + p <= cap).all(axis=1)
+            free = (w == 0).all(axis=1)
+            ok = same | free
+            if not ok.any():
+                left.append(i)
+                continue
+            lo = np.where(ok, load.reshape(-1, d).max(axis=1), np.inf)
+            off = int(np.argmin(lo)) * d
+            width[off : off + d] = d
+            room = -1
+            tok[off : off + d] += p
+            load[off : off + d] += t
+            for g in range(off, off + d):
+                members[g].append(i)
+        if len(left) == len(remaining):  # cannot happen: an empty slot fits any sample
+            raise RuntimeError("megatron-cp made no progress")
+        slots.append(members)
+        remaining = left
+    pieces: Pieces = [[[] for _ in slots] for _ in range(W)]
+    for j, members in enumerate(slots):
+        for g in range(W):
+            for i in members[g]:
+                d = int(deg[i])  # aligned group: g % d is the member's rank inside it
+                pieces[g][j].extend((i, s, e) for s, e in balanced_layout(int(lens[i]), d)[g % d])
+    return CPPlan._from_validated_pieces(
+        pieces,
+        lens,
+        max_tokens=cap,
+        cp_size=req.cp_size,
+        cp="dynamic",
+        cp_cost=req.cpc,
+        replicas=req.dp,
+        sync=req.sync,
+        strategy="megatron-cp",
+        notes=[],
+    )
+
+
+def _request(lengths, dp_size, max_tokens, cp_size, cost, cp_cost, sync, allow_empty=True):
+    return _validate(
+        lengths, dp_size, max_tokens, cp_size, "dynamic", cost, cp_cost, sync, 1, 1, allow_empty
+    )
+
+
+def megatron_cp(
+    lengths: Any,
+    dp_size: int,
+    max_tokens: int,
+    *,
+    cp_size: int,
+    cost: Any = None,
+    cp_cost: Any = None,
+    sync: str = "fsdp",
+) -> CPPlan:
+    """Megatron-style dynamic CP (module docstring); arguments as :func:`seqbalance.plan`."""
+    return megatron_cp_plan(_request(lengths, dp_size, max_tokens, cp_size, cost, cp_cost, sync))
+
+
+def static_cp(
+    lengths: Any,
+    dp_size: int,
+    max_tokens: int,
+    *,
+    cp_size: int,
+    cost: Any = None,
+    cp_cost: Any = None,
+    sync: str = "fsdp",
+) -> CPPlan:
+    """Static CP: every sequence over its replica's ``cp_size`` GPUs (module docstring).
+
+    Empty micro-batches are allowed (and reported) when there are too few sequences.
+    """
+    req = _request(lengths, dp_size, max_tokens, cp_size, cost, cp_cost, sync)
+    p = _static(req, strategy="static-cp")
+    if isinstance(p, str):
+        raise ValueError(f"static CP: {p}")
+    return p
+
+
+CP_BASELINES = {"static-cp": static_cp, "megatron-cp": megatron_cp}

@@ -1,0 +1,588 @@
+"""Plans with context-parallel pieces: :class:`CPPlan`, its simulation and its lower bound.
+
+A CP plan runs on ``world = dp_size * cp_size`` GPUs. ``pieces[g][j]`` lists what GPU ``g``
+holds in micro-batch slot ``j``: ``(sequence, start, end)`` token ranges. A sequence split
+over ``d`` GPUs appears on ``d`` GPUs of one slot, each holding its chunk pair of the
+load-balanced layout (:func:`seqbalance.costs.context_parallel.balanced_layout`, two ranges;
+an empty range ``start == end`` marks a GPU of the group that got no token of a very short
+sequence). A sequence on one GPU has one range ``(i, 0, L)``.
+
+JSON schema
+-----------
+``CPPlan.to_dict()`` is ``Plan.to_dict()`` with these keys added (the existing keys keep
+their meaning: ``micro_batches[g][j]`` lists the sequences GPU ``g`` touches in slot ``j``,
+so a CP sequence is listed on each GPU of its group; ``num_micro_batches`` is the slots per
+GPU)::
+
+    "pieces":     [[[[seq, start, end], ...], ...], ...]   # [gpu][slot] -> ranges
+    "cp_size":    int        # largest CP degree allowed
+    "cp":         "static" | "dynamic"
+    "world_size": int        # GPUs = dp_size * cp_size = len(pieces)
+    "cp_cost":    {...}      # ContextParallelCost.to_dict(), the cost pieces are priced with
+
+and ``"dp_size"`` is the number of data-parallel replicas the mesh was given (``world_size /
+cp_size``). :meth:`Plan.from_json` returns a :class:`CPPlan` for such a document.
+
+Simulation
+----------
+A GPU's micro-batch costs ``per_microbatch`` plus its pieces' costs
+(:meth:`ContextParallelCost.piece_cost`, with ``d`` the number of GPUs holding that sequence
+in that slot). The GPUs that share a CP sequence in a slot form a group that finishes
+together, when its slowest member does. ``fsdp``: slot ``j`` starts when every GPU finished
+slot ``j - 1`` (as without CP). ``ddp``: a group starts slot ``j`` when all its members
+finished their slot ``j - 1``; a GPU alone runs its micro-batches back to back (as without
+CP).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import numpy as np
+
+from .._validate import as_lengths, check_choice, check_positive_int
+from ..costs.context_parallel import ContextParallelCost
+from ..partitioning.stats import relative_gap
+from .plans import FORMAT, Plan
+from .simulation import SYNC_MODELS, Simulation, check_equal_counts, lockstep_timeline
+
+__all__ = ["CP_MODES", "CPPlan", "cp_lower_bound", "piece_costs", "simulate_pieces"]
+
+CP_MODES = ("static", "dynamic")
+
+Pieces = list[list[list[tuple[int, int, int]]]]
+
+
+def _powers(cp_size: int) -> list[int]:
+    out, d = [], 1
+    while d <= cp_size:
+        out.append(d)
+        d *= 2
+    return out
+
+
+def _flatten(pieces: Sequence[Sequence[Sequence[Any]]]) -> tuple[np.ndarray, ...]:
+    """Arrays (gpu, slot, seq, start, end) of every range of ``pieces``."""
+    flat = [p for gpu in pieces for slot in gpu for p in slot]
+    if not flat:
+        return tuple(np.zeros(0, dtype=np.int64) for _ in range(5))
+    arr = np.array(flat, dtype=np.int64).reshape(-1, 3)
+    per_slot = [len(slot) for gpu in pieces for slot in gpu]
+    gpu_of = np.repeat(np.arange(len(pieces)), [len(gpu) for gpu in pieces])
+    slot_of = np.concatenate([np.arange(len(gpu)) for gpu in pieces])
+    gpu = np.repeat(gpu_of, per_slot)
+    slot = np.repeat(slot_of, per_slot)
+    return gpu, slot, arr[:, 0], arr[:, 1], arr[:, 2]
+
+
+def piece_costs(
+    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cp_cost: ContextParallelCost
+) -> np.ndarray:
+    """Cost of every GPU's micro-batch, shape ``(gpus, slots)``; NaN where a GPU lacks a slot.
+
+    ``per_microbatch`` included (also for an empty micro-batch: a dummy step).
+    """
+    world = len(pieces)
+    m = max((len(g) for g in pieces), default=0)
+    out = np.full((world, m), np.nan)
+    for g, gpu in enumerate(pieces):
+        out[g, : len(gpu)] = cp_cost.per_microbatch
+    gpu, slot, seq, s, e = _flatten(pieces)
+    if seq.size == 0:
+        return out
+    n = int(lengths.shape[0])
+    # One entry per (gpu, slot, sequence): its tokens and sum(e^2 - s^2).
+    key = (gpu * m + slot) * n + seq
+    uk, inv = np.unique(key, return_inverse=True)
+    tok = np.bincount(inv, weights=(e - s).astype(np.float64))
+    sq = np.bincount(inv, weights=e.astype(np.float64) ** 2 - s.astype(np.float64) ** 2)
+    kseq = uk % n
+    kslot = (uk // n) % m
+    kgpu = uk // (n * m)
+    # d = number of GPUs holding the sequence in that slot.
+    group = kslot * n + kseq
+    _, ginv, gcount = np.unique(group, return_inverse=True, return_counts=True)
+    d = gcount[ginv].astype(np.float64)
+    cost = cp_cost._cost(lengths[kseq].astype(np.float64), tok, sq, d)
+    np.add.at(out, (kgpu, kslot), cost)
+    return out
+
+
+class _Groups:
+    """Union-find over the GPUs of one slot: GPUs sharing a sequence form one group."""
+
+    def __init__(self, n: int) -> None:
+        self.parent = list(range(n))
+
+    def find(self, x: int) -> int:
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def _slot_groups(pieces: Sequence[Sequence[Sequence[Any]]], world: int, m: int) -> list[np.ndarray]:
+    """For each slot, the group root of every GPU (GPUs alone are their own root)."""
+    gpu, slot, seq, _, _ = _flatten(pieces)
+    out = [np.arange(world) for _ in range(m)]
+    if seq.size == 0:
+        return out
+    order = np.lexsort((gpu, seq, slot))
+    gpu, slot, seq = gpu[order], slot[order], seq[order]
+    same = (slot[1:] == slot[:-1]) & (seq[1:] == seq[:-1]) & (gpu[1:] != gpu[:-1])
+    if not same.any():
+        return out
+    forests: dict[int, _Groups] = {}
+    for k in np.flatnonzero(same).tolist():
+        j = int(slot[k])
+        uf = forests.setdefault(j, _Groups(world))
+        uf.union(int(gpu[k]), int(gpu[k + 1]))
+    for j, uf in forests.items():
+        out[j] = np.array([uf.find(g) for g in range(world)])
+    return out
+
+
+def simulate_pieces(
+    pieces: Sequence[Sequence[Sequence[Any]]],
+    lengths: Any,
+    cp_cost: ContextParallelCost,
+    *,
+    sync: str = "fsdp",
+    lower_bound: float | None = None,
+) -> Simulation:
+    """Simulate one step of a plan given as CP pieces (module docstring: the rules).
+
+    Returns the same :class:`~seqbalance.planning.simulation.Simulation` as
+    :func:`~seqbalance.planning.simulation.simulate`, with one row per GPU. ``lower_bound``
+    defaults to 0 (no gap); :meth:`CPPlan.simulate` passes :func:`cp_lower_bound`.
+    """
+    check_choice(sync, "sync", SYNC_MODELS)
+    lens = as_lengths(lengths)
+    mb = piece_costs(pieces, lens, cp_cost)
+    check_equal_counts(mb, pieces, "GPUs")
+    world, m = mb.shape
+    if sync == "fsdp":
+        start, end, step = lockstep_timeline(mb)
+    else:
+        roots = _slot_groups(pieces, world, m)
+        start = np.zeros_like(mb)
+        end = np.zeros_like(mb)
+        ready = np.zeros(world)
+        for j in range(m):
+            r = roots[j]
+            # a group starts when its last member is ready and ends with its slowest member
+            g_start = np.full(world, -np.inf)
+            np.maximum.at(g_start, r, ready)
+            g_end = np.full(world, -np.inf)
+            np.maximum.at(g_end, r, g_start[r] + mb[:, j])
+            start[:, j] = g_start[r]
+            end[:, j] = g_end[r]
+            ready = end[:, j]
+        step = float(ready.max()) if world else 0.0
+    busy = mb.sum(axis=1)
+    idle = step - busy
+    bound = 0.0 if lower_bound is None else float(lower_bound)
+    return Simulation(
+        sync=sync,
+        step_time=step,
+        mb_costs=mb,
+        start=start,
+        end=end,
+        rank_busy=busy,
+        rank_idle=idle,
+        lower_bound=bound,
+        gap=float(relative_gap(step, bound)) if bound > 0 else float("nan"),
+        idle_fraction=float(idle.sum() / (world * step)) if world and step > 0 else 0.0,
+    )
+
+
+def degree_tables(
+    lengths: np.ndarray, cp_cost: ContextParallelCost, cp_size: int
+) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``{d: (slowest rank's cost, summed work, largest piece tokens)}`` per power of two d."""
+    return {d: cp_cost.piece_times(lengths, d) for d in _powers(cp_size)}
+
+
+def cp_lower_bound(
+    lengths: Any,
+    world_size: int,
+    cp_size: int,
+    max_tokens: int,
+    cp_cost: ContextParallelCost,
+    *,
+    min_micro_batches: int = 1,
+    tables: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None = None,
+) -> float:
+    """A step time no CP plan of these sequences can beat, for either sync model.
+
+    Let ``D_i`` be the powers of two ``d <= cp_size`` whose largest balanced-layout piece of
+    sequence ``i`` fits ``max_tokens``, ``t_i(d)`` the cost of its slowest piece and
+    ``w_i(d)`` the sum of its ``d`` pieces' costs. With ``m0 = max(min_micro_batches,
+    ceil(sum L / (world * max_tokens)))`` and ``c0`` the per-micro-batch cost::
+
+        bound = m0 * c0 + max( sum_i min_{d in D_i} w_i(d) / world,  max_i min_{d in D_i} t_i(d) )
+
+    Proof. Take any plan whose pieces follow the balanced layout with a power-of-two
+    ``d <= cp_size`` and fit the capacity (every plan of :func:`seqbalance.plan` and of the
+    CP baselines). (1) It has ``m >= m0`` slots: every token sits in one piece and a GPU
+    holds at most ``max_tokens`` per slot, so ``m * world * max_tokens >= sum L``. (2) The
+    GPU-slots' costs add up to ``m * world * c0 + sum_i w_i(d_i) >= world * m0 * c0 + sum_i
+    min_d w_i(d)``; under ``fsdp`` the step ``sum_j max_g`` is at least ``sum_j mean_g``,
+    under ``ddp`` the step is at least the busiest GPU's busy time, at least the mean: so
+    the step is at least that total over ``world``. (3) Sequence ``i`` runs in one slot on
+    ``d_i`` GPUs; the GPU holding its slowest piece spends ``t_i(d_i) + c0`` in that slot
+    and at least ``c0`` in each of its other ``m - 1 >= m0 - 1`` slots, and under either
+    sync model the step is at least that GPU's busy time. Both (2) and (3) hold, so the step
+    is at least their maximum. ``t`` and ``w`` include the exposed communication, so the bound
+    is not weakened by a comm term no plan can avoid.
+    """
+    lens = as_lengths(lengths)
+    world = check_positive_int(world_size, "world_size")
+    cap = check_positive_int(max_tokens, "max_tokens")
+    c0 = cp_cost.per_microbatch
+    m0 = max(int(min_micro_batches), math.ceil(int(lens.sum()) / (world * cap)), 1)
+    if lens.size == 0:
+        return m0 * c0
+    tables = tables if tables is not None else degree_tables(lens, cp_cost, cp_size)
+    best_t = np.full(lens.shape[0], np.inf)
+    best_w = np.full(lens.shape[0], np.inf)
+    for _, (tmax, work, ptok) in sorted(tables.items()):
+        ok = ptok <= cap
+        best_t = np.where(ok, np.minimum(best_t, tmax), best_t)
+        best_w = np.where(ok, np.minimum(best_w, work), best_w)
+    if not np.isfinite(best_t).all():
+        i = int(np.flatnonzero(~np.isfinite(best_t))[0])
+        raise ValueError(
+            f"sequence {i} ({int(lens[i])} tokens) does not fit max_tokens={cap} even split "
+            f"over cp_size={cp_size} GPUs"
+        )
+    return m0 * c0 + max(float(best_w.sum()) / world, float(best_t.max()))
+
+
+class CPPlan(Plan):
+    """A plan whose GPUs hold context-parallel pieces (module docstring: layout and JSON).
+
+    Attributes (besides :class:`Plan`'s)
+    ------------------------------------
+    pieces : list
+        ``pieces[g][j]``: ``(sequence, start, end)`` ranges GPU ``g`` holds in slot ``j``.
+    cp_size : int
+        Largest CP degree of the mesh.
+    cp : str
+        ``"static"`` or ``"dynamic"``.
+    cp_cost : ContextParallelCost
+        Prices pieces for :meth:`simulate`.
+    replicas : int
+        The mesh's data-parallel size (``world_size / cp_size``); ``dp_size`` returns it.
+
+    ``micro_batches[g][j]`` lists the sequences GPU ``g`` touches in slot ``j``.
+    """
+
+    def __init__(
+        self,
+        pieces: Sequence[Sequence[Sequence[Any]]],
+        lengths: Any,
+        *,
+        max_tokens: int,
+        cp_size: int,
+        cp: str,
+        cp_cost: ContextParallelCost,
+        dp_size: int | None = None,
+        sync: str = "fsdp",
+        strategy: str = "seqbalance",
+        notes: Sequence[str] = (),
+    ) -> None:
+        lens = as_lengths(lengths)
+        n = int(lens.shape[0])
+        if not isinstance(cp_cost, ContextParallelCost):
+            raise ValueError(f"cp_cost must be a ContextParallelCost, got {type(cp_cost).__name__}")
+        clean: Pieces = []
+        try:
+            for g, gpu in enumerate(pieces):
+                rows = []
+                for j, slot in enumerate(gpu):
+                    ranges = []
+                    for p in slot:
+                        i, s, e = (int(v) for v in p)
+                        if not (0 <= i < n and 0 <= s <= e <= lens[i]):
+                            raise ValueError(
+                                f"pieces[{g}][{j}] holds {(i, s, e)}: want 0 <= sequence < {n} "
+                                "and 0 <= start <= end <= its length"
+                            )
+                        ranges.append((i, s, e))
+                    rows.append(ranges)
+                clean.append(rows)
+        except TypeError:
+            raise ValueError(
+                "pieces must be nested lists [gpu][slot] of (sequence, start, end)"
+            ) from None
+        cp_size = check_positive_int(cp_size, "cp_size")
+        world = len(clean)
+        replicas = world // cp_size if dp_size is None else check_positive_int(dp_size, "dp_size")
+        self._init_fields(clean, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy)
+        self.notes = tuple(str(x) for x in notes)
+
+    def _init_fields(
+        self, pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy
+    ):
+        self.pieces = pieces
+        self.lengths = lens
+        self.cp_size = cp_size
+        self.cp = check_choice(cp, "cp", CP_MODES)
+        self.cp_cost = cp_cost
+        self.replicas = replicas
+        self.micro_batches = [[sorted({p[0] for p in slot}) for slot in gpu] for gpu in pieces]
+        self.costs = np.asarray(cp_cost.cost(lens), dtype=np.float64)
+        self.per_microbatch = cp_cost.per_microbatch
+        self.max_tokens = check_positive_int(max_tokens, "max_tokens")
+        self.padded = False
+        self.sync = check_choice(sync, "sync", SYNC_MODELS)
+        self.strategy = str(strategy)
+        self.size = "free"
+        self.groups = None
+
+    @classmethod
+    def _from_validated_pieces(
+        cls,
+        pieces: Pieces,
+        lens: np.ndarray,
+        *,
+        max_tokens: int,
+        cp_size: int,
+        cp: str,
+        cp_cost: ContextParallelCost,
+        replicas: int,
+        sync: str,
+        strategy: str,
+        notes: Sequence[str],
+    ) -> CPPlan:
+        self = cls.__new__(cls)
+        self._init_fields(pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy)
+        self.notes = tuple(notes)
+        return self
+
+    # ---- shape -------------------------------------------------------------------------
+    @property
+    def dp_size(self) -> int:  # type: ignore[override]
+        """Data-parallel replicas of the mesh (``world_size / cp_size``)."""
+        return self.replicas
+
+    @property
+    def world_size(self) -> int:
+        """GPUs the plan runs on (rows of ``pieces``)."""
+        return len(self.pieces)
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Slots per GPU."""
+        return max((len(g) for g in self.pieces), default=0)
+
+    def degrees(self) -> np.ndarray:
+        """CP degree of every sequence: the GPUs holding it (0 if it is missing)."""
+        gpu, slot, seq, _, _ = _flatten(self.pieces)
+        out = np.zeros(self.num_sequences, dtype=np.int64)
+        if seq.size:
+            w, m = self.world_size, max(self.num_micro_batches, 1)
+            key = np.unique((seq * w + gpu) * m + slot)  # one entry per (sequence, gpu, slot)
+            np.add.at(out, key // (w * m), 1)
+        return out
+
+    def __repr__(self) -> str:
+        return (
+            f"CPPlan(strategy={self.strategy!r}, cp={self.cp!r}, dp_size={self.dp_size}, "
+            f"cp_size={self.cp_size}, num_micro_batches={self.num_micro_batches}, "
+            f"sequences={self.num_sequences}, max_tokens={self.max_tokens}, sync={self.sync!r})"
+        )
+
+    # ---- reordering --------------------------------------------------------------------
+    def rank_indices(self, rank: int) -> np.ndarray:
+        """Sequences GPU ``rank`` touches, slot after slot (a CP sequence on each of its GPUs)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
+        return np.asarray([i for mb in self.micro_batches[rank] for i in mb], dtype=np.int64)
+
+    def order(self) -> np.ndarray:
+        """Every sequence once, GPU-major, slot, position, at the first GPU that holds it."""
+        seen: set[int] = set()
+        flat = []
+        for gpu in self.micro_batches:
+            for mb in gpu:
+                for i in mb:
+                    if i not in seen:
+                        seen.add(i)
+                        flat.append(i)
+        return np.asarray(flat, dtype=np.int64)
+
+    # ---- tokens and checks -------------------------------------------------------------
+    def microbatch_tokens(self) -> np.ndarray:
+        """Tokens each GPU holds in each slot, shape ``(world, m)``."""
+        out = np.zeros((self.world_size, self.num_micro_batches), dtype=np.int64)
+        gpu, slot, _, s, e = _flatten(self.pieces)
+        np.add.at(out, (gpu, slot), e - s)
+        return out
+
+    def violations(self) -> dict[str, int]:
+        """Counts of broken constraints; all zero for a plan from :func:`seqbalance.plan`.
+
+        ``over_capacity`` (GPU-slots above ``max_tokens``), ``empty`` (GPU-slots without a
+        piece), ``unequal_counts`` (GPUs whose slot count differs from the largest),
+        ``missing`` / ``duplicated`` (sequences with a token in no piece / in two pieces),
+        ``split_slots`` (sequences spread over more than one slot), ``bad_degree``
+        (sequences whose GPU count is not a power of two <= ``cp_size``).
+        """
+        m = self.num_micro_batches
+        _, slot, seq, s, e = _flatten(self.pieces)
+        n = self.num_sequences
+        keep = e > s
+        order = np.lexsort((s[keep], seq[keep]))
+        qs, ss, es = seq[keep][order], s[keep][order], e[keep][order]
+        missing = np.zeros(n, dtype=bool)
+        dup = np.zeros(n, dtype=bool)
+        covered = np.bincount(qs, weights=(es - ss).astype(np.float64), minlength=n)
+        if qs.size:
+            nxt = qs[1:] == qs[:-1]
+            dup[qs[1:][nxt & (ss[1:] < es[:-1])]] = True
+            missing[qs[1:][nxt & (ss[1:] > es[:-1])]] = True
+            first = np.ones(qs.size, dtype=bool)
+            first[1:] = ~nxt
+            last = np.ones(qs.size, dtype=bool)
+            last[:-1] = ~nxt
+            missing[qs[first & (ss > 0)]] = True
+            missing[qs[last & (es < self.lengths[qs])]] = True
+        missing |= (covered < self.lengths) & ~dup
+        missing[self.lengths == 0] = False
+        pairs = np.unique(seq * max(m, 1) + slot)  # one entry per (sequence, slot)
+        split = np.bincount(pairs // max(m, 1), minlength=n) > 1
+        deg = self.degrees()
+        held = deg > 0
+        pow2 = (deg & (deg - 1)) == 0
+        return {
+            "over_capacity": int((self.microbatch_tokens() > self.max_tokens).sum()),
+            "empty": sum(1 for g in self.pieces for sl in g if not sl),
+            "unequal_counts": sum(1 for g in self.pieces if len(g) != m),
+            "missing": int((missing | ~held).sum()),
+            "duplicated": int(dup.sum()),
+            "split_slots": int(split.sum()),
+            "bad_degree": int((held & (~pow2 | (deg > self.cp_size))).sum()),
+        }
+
+    # ---- evidence ----------------------------------------------------------------------
+    def min_micro_batches_bound(self) -> int:
+        """Fewest slots per GPU the token capacity allows."""
+        return max(1, math.ceil(int(self.lengths.sum()) / (self.world_size * self.max_tokens)))
+
+    def lower_bound(self, cost: Any = None) -> float:
+        """:func:`cp_lower_bound` for these sequences on this mesh."""
+        return cp_lower_bound(
+            self.lengths, self.world_size, self.cp_size, self.max_tokens, self._cp_cost(cost)
+        )
+
+    def _cp_cost(self, cost: Any) -> ContextParallelCost:
+        if cost is None:
+            return self.cp_cost
+        if isinstance(cost, ContextParallelCost):
+            return cost
+        raise ValueError(
+            "a CP plan is simulated with a ContextParallelCost; pass one (or None for the "
+            f"plan's own), got {type(cost).__name__}"
+        )
+
+    def simulate(self, cost: Any = None, sync: str | None = None) -> Simulation:
+        """Simulate one step (module docstring: the rules); gap against :func:`cp_lower_bound`."""
+        cpc = self._cp_cost(cost)
+        bound = cp_lower_bound(self.lengths, self.world_size, self.cp_size, self.max_tokens, cpc)
+        return simulate_pieces(
+            self.pieces,
+            self.lengths,
+            cpc,
+            sync=self.sync if sync is None else sync,
+            lower_bound=bound,
+        )
+
+    def _simulate(self, costs: Any, c0: float, sync: str, bound: float | None) -> Simulation:
+        return simulate_pieces(
+            self.pieces, self.lengths, self.cp_cost, sync=sync, lower_bound=bound
+        )
+
+    def stats(self, cost: Any = None) -> dict[str, Any]:
+        """As :meth:`Plan.stats`, per GPU, plus the CP degree histogram."""
+        cpc = self._cp_cost(cost)
+        bound = cp_lower_bound(self.lengths, self.world_size, self.cp_size, self.max_tokens, cpc)
+        ddp = simulate_pieces(self.pieces, self.lengths, cpc, sync="ddp", lower_bound=bound)
+        fsdp = simulate_pieces(self.pieces, self.lengths, cpc, sync="fsdp", lower_bound=bound)
+        mb = fsdp.mb_costs
+        ranks = mb.sum(axis=1)
+        mean = float(ranks.mean()) if ranks.size else 0.0
+        capacity = self.world_size * self.num_micro_batches * self.max_tokens
+        used = int(self.microbatch_tokens().sum())
+        deg = self.degrees()
+        values, counts = np.unique(deg, return_counts=True)
+        return {
+            "strategy": self.strategy,
+            "cp": self.cp,
+            "dp_size": self.dp_size,
+            "cp_size": self.cp_size,
+            "world_size": self.world_size,
+            "num_micro_batches": self.num_micro_batches,
+            "sequences": self.num_sequences,
+            "degrees": {int(v): int(c) for v, c in zip(values, counts)},
+            "rank_loads": ranks.tolist(),
+            "mb_loads": mb.tolist(),
+            "max": float(ranks.max()) if ranks.size else 0.0,
+            "min": float(ranks.min()) if ranks.size else 0.0,
+            "mean": mean,
+            "imbalance": float(ranks.max() / mean - 1.0) if mean > 0 else 0.0,
+            "capacity_utilisation": used / capacity if capacity else 0.0,
+            "unused_tokens": capacity - used,
+            "lower_bound": bound,
+            "gap_ddp": ddp.gap,
+            "gap_fsdp": fsdp.gap,
+            "violations": self.violations(),
+        }
+
+    # ---- serialisation -----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """:meth:`Plan.to_dict` plus ``pieces``, ``cp_size``, ``cp``, ``world_size``,
+        ``cp_cost`` (module docstring: the schema)."""
+        out = super().to_dict()
+        out.update(
+            {
+                "dp_size": self.dp_size,
+                "cp_size": self.cp_size,
+                "cp": self.cp,
+                "world_size": self.world_size,
+                "cp_cost": self.cp_cost.to_dict(),
+                "pieces": [[[list(p) for p in slot] for slot in gpu] for gpu in self.pieces],
+            }
+        )
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CPPlan:
+        """Rebuild a CP plan from :meth:`to_dict` output."""
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            found = data.get("format") if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"not a seqbalance plan: format is {found!r}, want {FORMAT!r}")
+        missing = [
+            k for k in ("pieces", "lengths", "max_tokens", "cp_size", "cp_cost") if k not in data
+        ]
+        if missing:
+            raise ValueError(f"CP plan document lacks {', '.join(missing)}")
+        return cls(
+            data["pieces"],
+            data["lengths"],
+            max_tokens=data["max_tokens"],
+            cp_size=data["cp_size"],
+            cp=data.get("cp", "dynamic"),
+            cp_cost=ContextParallelCost.from_dict(data["cp_cost"]),
+            dp_size=data.get("dp_size"),
+            sync=data.get("sync", "fsdp"),
+            strategy=data.get("strategy", "seqbalance"),
+            notes=data.get("notes", ()),
+        )

@@ -1,0 +1,206 @@
+"""Cut a packed batch into one GPU's context-parallel pieces, and bring outputs back.
+
+A :class:`~seqbalance.planning.cp_plans.CPPlan` says which token ranges of which sequences
+GPU ``g`` holds in each micro-batch slot. :func:`cp_shard` takes the packed batch those
+sequences came from (every sequence in index order, ``cu_seqlens`` of ``n + 1`` entries, as
+:func:`seqbalance.torch.pack_collate` builds it) and returns this GPU's micro-batches:
+
+- every per-token tensor (first dimension = total tokens) cut to the GPU's ranges,
+- ``position_ids`` kept from the full sequence (a piece ``[s, e)`` has positions
+  ``s..e-1``, or the batch's own ``position_ids`` there), so rotary embeddings and the causal
+  mask see true positions,
+- ``cu_seqlens`` with one segment per non-empty range (int32), ``max_seqlen``,
+- ``sequence_ids`` (the sequence of each segment), ``ranges`` (``[k, 2]`` start and end
+  inside that sequence) and ``cp_degree`` (GPUs sharing that sequence in this slot): what a
+  ring-attention kernel needs to find its partners.
+
+:meth:`CPShardHandle.restore` is collective: every GPU passes its per-token outputs (one
+tensor per micro-batch, or all of them concatenated) and gets the whole batch's per-token
+output back in the original packed layout. It copies bytes (``all_gather``), so values
+arrive bit-exact; it is not differentiable.
+
+Example (every GPU of the ``dp x cp`` mesh runs this)::
+
+    p = seqbalance.plan(lengths, dp, max_tokens, cost=cost, cp_size=cp, cp="dynamic")
+    mbs, handle = cp_shard(packed, p, rank)
+    logps = [model(mb) for mb in mbs]         # per token, packed per micro-batch
+    full = handle.restore(logps)              # [total_tokens, ...] on every GPU
+"""
+
+from __future__ import annotations
+
+from typing import Any, Collection, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+__all__ = ["CPShardHandle", "cp_shard"]
+
+
+def _token_indices(plan: Any, cu: np.ndarray, gpu: int) -> list[np.ndarray]:
+    """Global token positions of GPU ``gpu``'s ranges, one int64 array per slot."""
+    out = []
+    for slot in plan.pieces[gpu]:
+        parts = [np.arange(cu[i] + s, cu[i] + e, dtype=np.int64) for i, s, e in slot if e > s]
+        out.append(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+    return out
+
+
+class CPShardHandle:
+    """Remembers where this GPU's tokens came from; :meth:`restore` brings outputs back."""
+
+    def __init__(self, plan: Any, cu: np.ndarray, rank: int) -> None:
+        self.rank = rank
+        self.world_size = plan.world_size
+        self.total_tokens = int(cu[-1])
+        self._indices = [
+            np.concatenate(_token_indices(plan, cu, g) or [np.zeros(0, np.int64)])
+            for g in range(self.world_size)
+        ]
+        self.slot_tokens = [idx.size for idx in _token_indices(plan, cu, rank)]
+
+    def restore(
+        self, outputs: torch.Tensor | Sequence[torch.Tensor], group: Any = None
+    ) -> torch.Tensor:
+        """Gather every GPU's per-token outputs into ``[total_tokens, ...]`` (collective).
+
+        Parameters
+        ----------
+        outputs : tensor or sequence of tensors
+            This GPU's per-token outputs: one tensor per micro-batch (first dimension = its
+            tokens) or one tensor of all of them in slot order. Trailing shape and dtype
+            must be the same on every GPU.
+        group : ProcessGroup, optional
+            The group of the plan's ``world_size`` GPUs (default: the whole world).
+        """
+        if isinstance(outputs, torch.Tensor):
+            local = outputs
+        else:
+            outs = list(outputs)
+            if len(outs) != len(self.slot_tokens):
+                raise ValueError(
+                    f"outputs has {len(outs)} micro-batches but this GPU ran "
+                    f"{len(self.slot_tokens)}"
+                )
+            for j, (o, k) in enumerate(zip(outs, self.slot_tokens)):
+                if not isinstance(o, torch.Tensor) or o.shape[0] != k:
+                    got = tuple(o.shape) if isinstance(o, torch.Tensor) else type(o).__name__
+                    raise ValueError(f"outputs[{j}] must have {k} rows (tokens), got {got}")
+            local = torch.cat(outs) if outs else torch.zeros(0)
+        local = local.detach().contiguous()
+        mine = self._indices[self.rank].size
+        if local.shape[0] != mine:
+            raise ValueError(f"outputs hold {local.shape[0]} tokens but this GPU has {mine}")
+        size = dist.get_world_size(group)
+        if size != self.world_size:
+            raise ValueError(
+                f"the process group has {size} ranks but the plan has {self.world_size} GPUs"
+            )
+        counts = [idx.size for idx in self._indices]
+        width = max(counts, default=0)
+        padded = local.new_zeros((width, *local.shape[1:]))
+        padded[: local.shape[0]] = local
+        gathered = [torch.empty_like(padded) for _ in range(size)]
+        dist.all_gather(gathered, padded, group=group)
+        out = local.new_empty((self.total_tokens, *local.shape[1:]))
+        for g, idx in enumerate(self._indices):
+            if idx.size:
+                out[torch.from_numpy(idx).to(out.device)] = gathered[g][: idx.size]
+        return out
+
+
+def cp_shard(
+    batch: Mapping[str, Any],
+    plan: Any,
+    rank: int,
+    *,
+    token_keys: Collection[str] | None = None,
+) -> tuple[list[dict[str, Any]], CPShardHandle]:
+    """This GPU's micro-batches of CP pieces from a packed batch (module docstring).
+
+    Parameters
+    ----------
+    batch : mapping
+        The packed batch of all the plan's sequences, in index order: ``cu_seqlens``
+        (``[n + 1]``, from 0) and per-token tensors (first dimension ``cu_seqlens[-1]``).
+    plan : CPPlan
+        From ``seqbalance.plan(..., cp_size=...)`` (or a plain :class:`Plan`: every
+        sequence whole).
+    rank : int
+        This GPU's index in the plan (``0 .. world_size - 1``).
+    token_keys : collection of str, optional
+        Keys to cut; default every tensor whose first dimension is the token count.
+
+    Returns
+    -------
+    (list of dict, CPShardHandle)
+    """
+    from ..planning.cp_plans import CPPlan  # numpy-only; the planning layer sits below
+
+    if not isinstance(plan, CPPlan):
+        raise ValueError(
+            f"plan must be a CPPlan (seqbalance.plan(..., cp_size=N)), got {type(plan).__name__}"
+        )
+    if not 0 <= int(rank) < plan.world_size:
+        raise ValueError(f"rank must be in [0, {plan.world_size}), got {rank}")
+    if "cu_seqlens" not in batch:
+        raise ValueError("batch needs 'cu_seqlens' (a packed batch, e.g. from pack_collate)")
+    cu = torch.as_tensor(batch["cu_seqlens"]).cpu().numpy().astype(np.int64)
+    lens = np.diff(cu)
+    if lens.shape[0] != plan.num_sequences or not np.array_equal(lens, plan.lengths):
+        bad = (
+            "a different number of sequences"
+            if lens.shape[0] != plan.num_sequences
+            else f"sequence {int(np.flatnonzero(lens != plan.lengths)[0])} with another length"
+        )
+        raise ValueError(
+            f"batch does not match the plan: its cu_seqlens give {bad}; pack the plan's "
+            "sequences in index order"
+        )
+    total = int(cu[-1])
+    keys = sorted(
+        k
+        for k, v in batch.items()
+        if k != "cu_seqlens"
+        and isinstance(v, torch.Tensor)
+        and v.dim() >= 1
+        and v.shape[0] == total
+        and (token_keys is None or k in token_keys or k == "position_ids")
+    )
+    if token_keys is not None:
+        missing = [k for k in token_keys if k not in keys]
+        if missing:
+            raise ValueError(f"token_keys {missing} are not per-token tensors of the batch")
+    rank = int(rank)
+    deg = {}
+    for g, gpu in enumerate(plan.pieces):
+        for j, slot in enumerate(gpu):
+            for i, _, _ in slot:
+                deg.setdefault((j, i), set()).add(g)
+    out = []
+    for j, (slot, idx) in enumerate(zip(plan.pieces[rank], _token_indices(plan, cu, rank))):
+        ranges = [(i, s, e) for i, s, e in slot if e > s]
+        index = torch.from_numpy(idx)
+        mb: dict[str, Any] = {}
+        for k in keys:
+            mb[k] = batch[k][index.to(batch[k].device)]
+        if "position_ids" not in mb:
+            pos = [np.arange(s, e, dtype=np.int64) for _, s, e in ranges]
+            mb["position_ids"] = torch.from_numpy(
+                np.concatenate(pos) if pos else np.zeros(0, dtype=np.int64)
+            )
+        seg = np.array([e - s for _, s, e in ranges], dtype=np.int64)
+        cus = np.zeros(seg.size + 1, dtype=np.int64)
+        np.cumsum(seg, out=cus[1:])
+        mb["cu_seqlens"] = torch.as_tensor(cus, dtype=torch.int32)
+        mb["max_seqlen"] = int(seg.max()) if seg.size else 0
+        mb["sequence_ids"] = torch.as_tensor([i for i, _, _ in ranges], dtype=torch.int64)
+        mb["ranges"] = torch.as_tensor([[s, e] for _, s, e in ranges], dtype=torch.int64).reshape(
+            -1, 2
+        )
+        mb["cp_degree"] = torch.as_tensor(
+            [len(deg[(j, i)]) for i, _, _ in ranges], dtype=torch.int64
+        )
+        out.append(mb)
+    return out, CPShardHandle(plan, cu, rank)

@@ -1,0 +1,65 @@
+"""``seqbalance compare --cp-size``: CP plans side by side, in-process through ``main``."""
+
+from __future__ import annotations
+
+import json
+
+from seqbalance import workloads
+from seqbalance.cli.commands import main
+from seqbalance.planning.cp_baselines import megatron_cp, static_cp
+
+
+def test_compare_cp_table_and_json(tmp_path, capsys):
+    lengths = workloads.lengths("long-context", 400, seed=1)
+    src = tmp_path / "lengths.txt"
+    src.write_text("".join(f"{x}\n" for x in lengths))
+    out = tmp_path / "cp.json"
+    args = [
+        "compare",
+        str(src),
+        "--dp",
+        "2",
+        "--max-tokens",
+        "32768",
+        "--cp-size",
+        "8",
+        "--model",
+        "qwen2.5-7b",
+        "--cp-bandwidth",
+        "2.5e10",
+        "--json",
+        str(out),
+    ]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    for name in ("seqbalance", "static-cp", "megatron-cp"):
+        assert name in text
+    rows = {r["strategy"]: r for r in json.loads(out.read_text())["setups"][0]["results"]}
+    kw = {
+        "cp_size": 8,
+        "cost": "qwen2.5-7b",
+        "cp_cost": {"bandwidth": 2.5e10, "cost_per_second": 4e14, "overlap": 0.5},
+    }
+    # the table's numbers are the library's plans, simulated with the same cost
+    assert rows["static-cp"]["step_time"] == static_cp(lengths, 2, 32768, **kw).simulate().step_time
+    assert rows["megatron-cp"]["step_time"] == (
+        megatron_cp(lengths, 2, 32768, **kw).simulate().step_time
+    )
+    assert rows["seqbalance"]["vs_static"] <= 1 and rows["seqbalance"]["vs_megatron"] <= 1
+    assert all(r["over_capacity"] == 0 for r in rows.values())
+
+
+def test_compare_cp_errors(tmp_path, capsys):
+    src = tmp_path / "lengths.txt"
+    src.write_text("100\n200\n90000\n")
+    assert main(["compare", str(src), "--dp", "1", "--max-tokens", "8192", "--cp-size", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: sequence 2 has 90000 tokens") and "--cp-size=4 GPUs" in err
+    assert main(["compare", str(src), "--dp", "1", "--max-tokens", "8192", "--cp-size", "3"]) == 2
+    assert "--cp-size must be a power of two" in capsys.readouterr().err
+
+
+def test_demo_cp_runs(capsys):
+    assert main(["compare", "--demo", "--cp-size", "8"]) == 0
+    text = capsys.readouterr().out
+    assert text.count("static-cp") == 3 and "long-context" in text and "long-mix" in text

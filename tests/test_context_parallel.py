@@ -1,0 +1,363 @@
+"""Context-parallel planning: piece costs, CP plans, their simulation, bound and baselines.
+
+The hard constraints are checked by code written here from the definitions (not by
+``CPPlan.violations``), on plans of every CP planner over hypothesis-drawn inputs.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import seqbalance as sb
+from seqbalance.costs import FlopsCost, QuadraticCost, TokenCost
+from seqbalance.costs.context_parallel import (
+    ContextParallelCost,
+    balanced_layout,
+    kv_bytes_per_token,
+)
+from seqbalance.planning.cp_baselines import megatron_cp, static_cp
+from seqbalance.planning.cp_plans import CPPlan, cp_lower_bound, simulate_pieces
+
+# ---- cost of a piece: exact values from the formula -----------------------------------------
+
+
+def test_balanced_layout_known_values():
+    assert balanced_layout(8, 1) == [[(0, 8)]]
+    assert balanced_layout(8, 2) == [[(0, 2), (6, 8)], [(2, 4), (4, 6)]]
+    assert balanced_layout(16, 4)[1] == [(2, 4), (12, 14)]  # chunks 1 and 2*4-1-1 = 6
+
+
+@given(st.integers(0, 5000), st.sampled_from([1, 2, 4, 8, 16]))
+def test_balanced_layout_tiles_the_sequence(length, d):
+    ranges = sorted(r for rank in balanced_layout(length, d) for r in rank)
+    assert ranges[0][0] == 0 and ranges[-1][1] == length
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    tokens = [sum(e - s for s, e in rank) for rank in balanced_layout(length, d)]
+    assert max(tokens) - min(tokens) <= 2  # balanced up to rounding
+
+
+def test_piece_cost_without_communication_is_the_split_polynomial():
+    cp = ContextParallelCost(QuadraticCost(per_token=1.0, per_token_sq=0.01, per_sequence=4.0))
+    # rank 0 of L=8, d=2 holds [0,2) and [6,8): 4/2 + 4 + 0.01 * (4 + 64 - 36)
+    assert cp.piece_cost(8, [(0, 2), (6, 8)], 2) == pytest.approx(6.32)
+    # the pieces add up to the whole sequence's cost: CP moves work, it does not create it
+    for length, d in [(1000, 4), (777, 8), (5, 2)]:
+        total = sum(cp.piece_cost(length, r, d) for r in balanced_layout(length, d))
+        assert total == pytest.approx(4.0 + length + 0.01 * length**2)
+
+
+def test_communication_term_known_values():
+    base = QuadraticCost(per_token=0.0, per_token_sq=1.0)
+    cp = ContextParallelCost(base, bandwidth=5.0, kv_bytes_per_token=10.0, comm_passes=1.0)
+    # L=8, d=2: one transfer of 4 tokens * 10 bytes / 5 bytes/s = 8; attention 32 on rank 0
+    assert cp.piece_cost(8, [(0, 2), (6, 8)], 2) == pytest.approx(32 + 8)
+    half = ContextParallelCost(
+        base, bandwidth=5.0, kv_bytes_per_token=10.0, comm_passes=1.0, overlap=0.5
+    )
+    # hidden behind half of one step's attention: 8 - 0.5 * 32 / 2 = 0 exposed
+    assert half.piece_cost(8, [(0, 2), (6, 8)], 2) == pytest.approx(32)
+    # four ranks, three transfers of 2 tokens each, cost_per_second scales seconds to units
+    fast = ContextParallelCost(
+        base, bandwidth=5.0, kv_bytes_per_token=10.0, comm_passes=1.0, cost_per_second=2.0
+    )
+    sq = 1 * 1 - 0 + 8 * 8 - 7 * 7  # rank 0 of L=8, d=4 holds [0,1) and [7,8)
+    assert fast.piece_cost(8, [(0, 1), (7, 8)], 4) == pytest.approx(sq + 3 * (2 * 10 / 5 * 2))
+
+
+def test_kv_bytes_from_the_config():
+    # qwen2.5-7b: 28 layers, 4 KV heads, head_dim 3584 / 28 = 128, bf16
+    assert kv_bytes_per_token(FlopsCost.from_name("qwen2.5-7b")) == 2 * 4 * 128 * 2 * 28
+    with pytest.raises(ValueError, match="kv_bytes_per_token"):
+        ContextParallelCost(TokenCost(), bandwidth=1e9)
+
+
+def test_d1_piece_is_the_sequence_cost_exactly():
+    model = FlopsCost.from_name("gemma-2-9b")  # sliding windows: polynomial is only a bound
+    cp = ContextParallelCost(model, bandwidth=1e11, cost_per_second=4e14)
+    lens = np.array([100, 5000, 9000])
+    tmax, _, ptok = cp.piece_times(lens, 1)
+    np.testing.assert_array_equal(tmax, model(lens))
+    np.testing.assert_array_equal(ptok, lens)
+
+
+# ---- independent checks of the hard constraints ---------------------------------------------
+
+
+def check_constraints(p: CPPlan, lengths, max_tokens: int, cp_size: int) -> None:
+    lengths = np.asarray(lengths)
+    m = len(p.pieces[0])
+    assert all(len(g) == m for g in p.pieces), "equal slot counts"
+    cover: dict[int, list[tuple[int, int]]] = {}
+    where: dict[int, set[tuple[int, int]]] = {}
+    for g, gpu in enumerate(p.pieces):
+        for j, slot in enumerate(gpu):
+            assert sum(e - s for _, s, e in slot) <= max_tokens, (g, j)
+            for i, s, e in slot:
+                cover.setdefault(i, []).append((s, e))
+                where.setdefault(i, set()).add((g, j))
+    for i, length in enumerate(lengths.tolist()):
+        ranges = sorted(r for r in cover.get(i, []) if r[1] > r[0])
+        pos = 0
+        for s, e in ranges:  # every token in exactly one piece
+            assert s == pos, (i, ranges)
+            pos = e
+        assert pos == length, (i, ranges)
+        slots = {j for _, j in where[i]}
+        assert len(slots) == 1, f"sequence {i} spans slots {slots}"
+        gpus = sorted(g for g, _ in where[i])
+        d = len(gpus)
+        assert d & (d - 1) == 0 and d <= cp_size, (i, gpus)
+        assert gpus == list(range(gpus[0], gpus[0] + d)) and gpus[0] % d == 0  # aligned block
+
+
+def lengths_strategy():
+    short = st.integers(1, 3000)
+    long = st.integers(3000, 16000)  # over cp_size * max_tokens only for cp 2 x 4096
+    return st.lists(st.one_of(short, short, short, long), min_size=1, max_size=60)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths_strategy(),
+    st.integers(1, 3),
+    st.sampled_from([2, 4, 8]),
+    st.sampled_from([4096, 8192]),
+    st.sampled_from(["static", "dynamic", "megatron"]),
+    st.sampled_from(["fsdp", "ddp"]),
+    st.sampled_from([None, {"bandwidth": 1e3, "kv_bytes_per_token": 1.0, "overlap": 0.5}]),
+)
+def test_every_cp_plan_keeps_the_hard_constraints(lengths, dp, cp_size, cap, mode, sync, comm):
+    cost = QuadraticCost(per_token=1.0, per_token_sq=1e-4, per_sequence=10.0, per_microbatch=5.0)
+    if max(lengths) > cp_size * cap:  # cannot fit: the error must name the sequence
+        with pytest.raises(ValueError, match=r"sequence \d+ has \d+ tokens"):
+            sb.plan(
+                lengths,
+                dp,
+                cap,
+                cost=cost,
+                cp_size=cp_size,
+                cp="dynamic",
+                cp_cost=comm,
+                allow_empty=True,
+            )
+        return
+    if mode == "megatron":
+        p = megatron_cp(lengths, dp, cap, cp_size=cp_size, cost=cost, cp_cost=comm, sync=sync)
+    else:
+        p = sb.plan(
+            lengths,
+            dp,
+            cap,
+            cost=cost,
+            cp_size=cp_size,
+            cp=mode,
+            cp_cost=comm,
+            sync=sync,
+            allow_empty=True,
+        )
+    check_constraints(p, lengths, cap, cp_size)
+    v = p.violations()
+    assert {k: x for k, x in v.items() if k != "empty"} == dict.fromkeys(v.keys() - {"empty"}, 0)
+    sim = p.simulate()
+    assert sim.step_time >= sim.lower_bound * (1 - 1e-9)
+    assert p.world_size == dp * cp_size and p.dp_size == dp
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths_strategy(), st.integers(1, 2), st.sampled_from([2, 4]), st.randoms())
+def test_bound_holds_for_random_valid_plans(lengths, dp, cp_size, rnd):
+    """Random layouts (any allowed degree, any slot, any aligned block): never below the bound."""
+    cap = 8192
+    if max(lengths) > cp_size * cap:
+        return
+    cpc = ContextParallelCost(
+        QuadraticCost(per_token=1.0, per_token_sq=1e-4, per_sequence=10.0, per_microbatch=5.0),
+        bandwidth=1e3,
+        kv_bytes_per_token=1.0,
+        overlap=0.3,
+    )
+    world = dp * cp_size
+    m = max(1, math.ceil(sum(lengths) / (world * cap))) + rnd.randint(0, 2)
+    tokens = np.zeros((world, m), dtype=np.int64)
+    pieces = [[[] for _ in range(m)] for _ in range(world)]
+    for i, length in enumerate(lengths):
+        ds = [
+            d
+            for d in (1, 2, 4, 8)
+            if d <= cp_size
+            and max(sum(e - s for s, e in r) for r in balanced_layout(length, d)) <= cap
+        ]
+        for _ in range(200):
+            d = rnd.choice(ds)
+            j = rnd.randrange(m)
+            off = d * rnd.randrange(world // d)
+            layout = balanced_layout(length, d)
+            need = [sum(e - s for s, e in r) for r in layout]
+            if all(tokens[off + r, j] + need[r] <= cap for r in range(d)):
+                break
+        else:
+            return  # no room found by chance: skip this example
+        for r in range(d):
+            tokens[off + r, j] += need[r]
+            pieces[off + r][j].extend((i, s, e) for s, e in layout[r])
+    bound = cp_lower_bound(lengths, world, cp_size, cap, cpc)
+    for sync in ("fsdp", "ddp"):
+        sim = simulate_pieces(pieces, lengths, cpc, sync=sync)
+        assert sim.step_time >= bound * (1 - 1e-9)
+
+
+# ---- simulation: known timelines --------------------------------------------------------------
+
+
+def test_simulation_group_waits_for_its_slowest_member():
+    cpc = ContextParallelCost(TokenCost())
+    lengths = [10, 1, 1, 1, 10]
+    pieces = [
+        [[(0, 0, 10)], [(2, 0, 1)], [(4, 0, 2), (4, 7, 10)]],
+        [[(1, 0, 1)], [(3, 0, 1)], [(4, 2, 5), (4, 5, 7)]],
+    ]
+    ddp = simulate_pieces(pieces, lengths, cpc, sync="ddp")
+    # GPU 1 is ready at 2 but its CP partner only at 11: the group runs 11..16
+    assert ddp.step_time == 16.0 and ddp.start[1, 2] == 11.0 and ddp.rank_idle[1] == 9.0
+    fsdp = simulate_pieces(pieces, lengths, cpc, sync="fsdp")
+    assert fsdp.step_time == 10 + 1 + 5
+
+
+# ---- plan(): dispatch, errors, JSON ---------------------------------------------------------
+
+
+def test_cp_size_one_is_todays_plan_byte_for_byte():
+    lengths = sb.workloads.lengths("sft-chat", 300, seed=2)
+    for sync in ("fsdp", "ddp"):
+        a = sb.plan(lengths, 4, 32768, cost="qwen2.5-7b", sync=sync)
+        b = sb.plan(
+            lengths,
+            4,
+            32768,
+            cost="qwen2.5-7b",
+            sync=sync,
+            cp_size=1,
+            cp="dynamic",
+            cp_cost={"bandwidth": 1e9},
+        )
+        assert type(b) is sb.Plan and a.to_json() == b.to_json()
+
+
+def test_too_long_sequence_is_named():
+    with pytest.raises(
+        ValueError, match=r"sequence 2 has 40000 tokens.*cp_size=4.*max_tokens=8192"
+    ):
+        sb.plan([100, 200, 40000, 30], 2, 8192, cp_size=4, cp="dynamic")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"cp_size": 3}, "cp_size must be a power of two"),
+        ({"cp_size": 2, "cp": "ring"}, "cp must be one of"),
+        ({"cp_size": 2, "groups": [0, 0, 1, 1]}, "groups=.* not supported with cp_size > 1"),
+        ({"cp_size": 2, "padded": True}, "padded=True is not supported"),
+        ({"cp_size": 2, "cost": [1.0, 2.0, 3.0, 4.0]}, "not per-sequence numbers"),
+        ({"cp_size": 2, "cp_cost": {"bandwith": 1e9}}, "unknown key"),
+        ({"cp_size": 2, "cp_cost": {"overlap": 2.0}}, r"overlap = 2.0 is invalid"),
+    ],
+)
+def test_bad_cp_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        sb.plan([100, 200, 300, 400], 2, 1000, **kwargs)
+
+
+def test_json_round_trip_and_schema(tmp_path):
+    lengths = [5000, 300, 700, 20000, 100, 900, 1200, 64]
+    p = sb.plan(
+        lengths,
+        2,
+        8192,
+        cost="qwen2.5-7b",
+        cp_size=4,
+        cp="dynamic",
+        cp_cost={"bandwidth": 1e11, "cost_per_second": 4e14},
+        allow_empty=True,
+    )
+    d = p.to_dict()
+    assert d["cp_size"] == 4 and d["world_size"] == 8 and d["dp_size"] == 2
+    assert d["cp"] == "dynamic" and len(d["pieces"]) == 8
+    assert all(len(r) == 3 for gpu in d["pieces"] for slot in gpu for r in slot)
+    q = sb.Plan.from_json(p.to_json(tmp_path / "p.json"))
+    assert isinstance(q, CPPlan) and q == p and q.pieces == p.pieces
+    assert q.simulate().step_time == p.simulate().step_time
+
+
+# ---- baselines and the dynamic planner ---------------------------------------------------------
+
+
+def test_megatron_degrees_follow_the_published_rule():
+    lengths = [70000, 33000, 32768, 100, 130000]
+    p = megatron_cp(lengths, 1, 32768, cp_size=8)
+    # d = 2^ceil(log2(ceil(L / 32768))): 3 -> 4, 2 -> 2, 1 -> 1, 1, 4 -> 4
+    assert p.degrees().tolist() == [4, 2, 1, 1, 4]
+    s = static_cp(lengths, 1, 32768, cp_size=8)
+    assert s.degrees().tolist() == [8] * 5 and s.strategy == "static-cp"
+
+
+@pytest.mark.parametrize("bandwidth", [4e11, 2.5e10])
+def test_dynamic_is_no_slower_than_static_and_megatron(bandwidth):
+    lengths = sb.workloads.lengths("long-context", 600, seed=3)
+    kw = dict(
+        cost="qwen2.5-7b",
+        cp_size=8,
+        cp_cost={"bandwidth": bandwidth, "cost_per_second": 4e14, "overlap": 0.5},
+    )
+    dyn = sb.plan(lengths, 2, 32768, cp="dynamic", **kw)
+    check_constraints(dyn, lengths, 32768, 8)
+    t = dyn.simulate().step_time
+    assert t <= static_cp(lengths, 2, 32768, **kw).simulate().step_time
+    assert t <= megatron_cp(lengths, 2, 32768, **kw).simulate().step_time
+    assert dyn.notes and dyn.notes[0].startswith("dynamic CP:")
+
+
+def test_too_few_sequences_needs_allow_empty():
+    with pytest.raises(ValueError, match="allow_empty=True"):
+        sb.plan([100, 200, 300], 4, 1000, cp_size=2, cp="dynamic")
+    p = sb.plan([100, 200, 300], 4, 1000, cp_size=2, cp="dynamic", allow_empty=True)
+    check_constraints(p, [100, 200, 300], 1000, 2)
+    busy = {(g, j) for g, gpu in enumerate(p.pieces) for j, sl in enumerate(gpu) if sl}
+    assert p.violations()["empty"] == 8 * p.num_micro_batches - len(busy) > 0
+
+
+def test_stats_order_and_degrees():
+    lengths = [9000, 100, 200, 300, 400, 500, 600, 700]
+    p = sb.plan(lengths, 2, 4096, cp_size=4, cp="dynamic", allow_empty=True)
+    assert p.degrees()[0] == 4 and set(p.degrees()[1:].tolist()) <= {1, 2, 4}
+    order = p.order()
+    assert sorted(order.tolist()) == list(range(8))  # each sequence once
+    np.testing.assert_array_equal(order[p.inverse_order()], np.arange(8))
+    st_ = p.stats()
+    assert st_["world_size"] == 8 and sum(st_["degrees"].values()) == 8
+    assert st_["lower_bound"] == p.lower_bound() and st_["violations"] == p.violations()
+
+
+@pytest.mark.parametrize("sync", ["fsdp", "ddp"])
+def test_whole_sequences_simulate_as_without_cp(sync):
+    """Pieces that are whole sequences: the CP simulator agrees with the plain one."""
+    lengths = sb.workloads.lengths("sft-chat", 200, seed=4)
+    cost = sb.FlopsCost.from_name("qwen2.5-7b")
+    p = sb.plan(lengths, 4, 32768, cost=cost, sync=sync)
+    pieces = [[[(i, 0, int(lengths[i])) for i in mb] for mb in rank] for rank in p.micro_batches]
+    cp = simulate_pieces(
+        pieces, lengths, ContextParallelCost(cost, bandwidth=1e9, cost_per_second=4e14), sync=sync
+    )
+    plain = p.simulate(sync=sync)
+    np.testing.assert_allclose(cp.mb_costs, plain.mb_costs, rtol=1e-12)
+    assert cp.step_time == pytest.approx(plain.step_time, rel=1e-12)
+
+
+def test_same_inputs_same_plan():
+    lengths = sb.workloads.lengths("long-context", 500, seed=7)
+    kw = dict(cost="qwen2.5-7b", cp_size=8, cp="dynamic", cp_cost={"bandwidth": 1e11})
+    assert sb.plan(lengths, 2, 32768, **kw).to_json() == sb.plan(lengths, 2, 32768, **kw).to_json()

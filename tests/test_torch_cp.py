@@ -1,0 +1,124 @@
+"""seqbalance.torch.cp_shard / CPShardHandle.restore: pieces of a packed batch, and back.
+
+Token ids are ``sequence * 1_000_000 + position``, so what each GPU must hold follows from
+the plan's ranges alone. Outputs carry random float bits (NaN payloads, -0.0 included) so
+that the round trip is checked bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed")
+
+import seqbalance as sb  # noqa: E402
+from seqbalance.torch import cp_shard  # noqa: E402
+from seqbalance.torch.testing import run_distributed  # noqa: E402
+
+TIMEOUT = 120
+
+
+def case(seed: int, world: int, cp_size: int):
+    rng = np.random.default_rng(seed)
+    n = 6 * world
+    lengths = rng.integers(1, 60, size=n)
+    lengths[rng.integers(n)] = 50 * cp_size + 7  # needs CP at max_tokens=64
+    lengths[rng.integers(n)] = 5  # shorter than 2 * cp_size for some degrees
+    mode = "dynamic" if seed % 2 else "static"
+    p = sb.plan(
+        lengths,
+        world // cp_size,
+        64,
+        cp_size=cp_size,
+        cp=mode,
+        allow_empty=True,
+        cost=sb.QuadraticCost(per_token=1.0, per_token_sq=0.01),
+    )
+    return lengths, p
+
+
+def packed(lengths: np.ndarray, seed: int) -> dict:
+    cu = np.zeros(lengths.size + 1, dtype=np.int64)
+    np.cumsum(lengths, out=cu[1:])
+    seq = np.repeat(np.arange(lengths.size), lengths)
+    pos = np.arange(cu[-1]) - cu[:-1][seq]
+    bits = np.random.default_rng(seed).integers(0, 2**32, size=(int(cu[-1]), 2), dtype=np.uint64)
+    return {
+        "input_ids": torch.from_numpy(seq * 1_000_000 + pos),
+        "labels": torch.from_numpy(-(seq * 1_000_000 + pos)),
+        "payload": torch.from_numpy(bits.astype(np.uint32).view(np.float32)),
+        "cu_seqlens": torch.from_numpy(cu.astype(np.int32)),
+    }
+
+
+def check_shard(mbs, p, rank, lengths):
+    assert len(mbs) == p.num_micro_batches
+    for j, mb in enumerate(mbs):
+        ranges = [(i, s, e) for i, s, e in p.pieces[rank][j] if e > s]
+        ids = np.concatenate([i * 1_000_000 + np.arange(s, e) for i, s, e in ranges] or [[]])
+        pos = np.concatenate([np.arange(s, e) for _, s, e in ranges] or [[]])
+        assert mb["input_ids"].tolist() == ids.astype(np.int64).tolist()
+        assert mb["labels"].tolist() == (-ids).astype(np.int64).tolist()
+        assert mb["position_ids"].tolist() == pos.astype(np.int64).tolist()
+        seg = [e - s for _, s, e in ranges]
+        assert mb["cu_seqlens"].tolist() == np.concatenate([[0], np.cumsum(seg)]).tolist()
+        assert mb["cu_seqlens"].dtype == torch.int32
+        assert mb["sequence_ids"].tolist() == [i for i, _, _ in ranges]
+        assert mb["ranges"].tolist() == [[s, e] for _, s, e in ranges]
+        holders = [
+            sum(any(q == i for q, _, _ in p.pieces[g][j]) for g in range(p.world_size))
+            for i, _, _ in ranges
+        ]
+        assert mb["cp_degree"].tolist() == holders
+
+
+def test_shards_cover_every_token_once():
+    lengths, p = case(1, 8, 4)
+    batch = packed(lengths, 0)
+    seen = []
+    for rank in range(p.world_size):
+        mbs, _ = cp_shard(batch, p, rank)
+        check_shard(mbs, p, rank, lengths)
+        seen.extend(t for mb in mbs for t in mb["input_ids"].tolist())
+    assert sorted(seen) == sorted(batch["input_ids"].tolist())
+    assert (p.degrees() > 1).any()  # the case really exercises CP
+
+
+def test_shard_errors():
+    lengths, p = case(2, 4, 2)
+    batch = packed(lengths, 0)
+    with pytest.raises(ValueError, match="rank must be in"):
+        cp_shard(batch, p, 4)
+    short = dict(batch, cu_seqlens=batch["cu_seqlens"][:-1])
+    with pytest.raises(ValueError, match="does not match the plan"):
+        cp_shard(short, p, 0)
+    with pytest.raises(ValueError, match="must be a CPPlan"):
+        cp_shard(batch, sb.plan(lengths[lengths <= 64], 2, 64), 0)
+
+
+def _round_trip(rank: int, world: int, seeds: list[int], cp_size: int):
+    out = []
+    for seed in seeds:  # one spawn per world size: spawning is the slow part
+        lengths, p = case(seed, world, cp_size)
+        batch = packed(lengths, seed)
+        mbs, handle = cp_shard(batch, p, rank)
+        check_shard(mbs, p, rank, lengths)
+        # per-token outputs: the payload's bits per micro-batch, and a 1-D int64 output
+        full = handle.restore([mb["payload"] for mb in mbs])
+        ids = handle.restore(torch.cat([mb["input_ids"] for mb in mbs]))
+        exact = full.view(torch.int32).numpy().tobytes() == (
+            batch["payload"].view(torch.int32).numpy().tobytes()
+        )
+        out.append((exact, bool(torch.equal(ids, batch["input_ids"])), p.to_json()))
+    return out
+
+
+@pytest.mark.parametrize(("world", "cp_size", "seeds"), [(4, 2, [3, 4]), (8, 4, [5])])
+def test_restore_is_bit_exact_on_gloo(world, cp_size, seeds):
+    """dp 2 x cp 2 (a static and a dynamic plan) and dp 2 x cp 4 (dynamic)."""
+    out = run_distributed(_round_trip, world, seeds, cp_size, timeout=TIMEOUT)
+    for k in range(len(seeds)):
+        assert all(rank[k][0] and rank[k][1] for rank in out)
+        assert len({rank[k][2] for rank in out}) == 1  # every rank planned the same
