@@ -265,6 +265,8 @@ def group_ids(groups: Any, name: str = "groups") -> np.ndarray:
     """
     if isinstance(groups, (str, bytes)):
         raise ValueError(f"{name} must be one id per item, got a string {groups!r}")
+    if isinstance(groups, np.ndarray) and groups.dtype == object and groups.ndim == 1:
+        groups = groups.tolist()  # e.g. string uids in an object array: checked as a list
     if isinstance(groups, (list, tuple)) and groups:
         kinds = {isinstance(g, str) for g in groups}
         if len(kinds) > 1:

@@ -20,10 +20,20 @@ counts on every rank, count multiples and the sync model.
 
 from __future__ import annotations
 
+from ._ordering import inverse_permutation
 from .baselines import BASELINES
 from .cp_plans import CPPlan
 from .planner import plan
 from .plans import Plan
 from .simulation import Simulation, simulate, step_time_lower_bound
 
-__all__ = ["BASELINES", "CPPlan", "Plan", "Simulation", "plan", "simulate", "step_time_lower_bound"]
+__all__ = [
+    "BASELINES",
+    "CPPlan",
+    "Plan",
+    "Simulation",
+    "inverse_permutation",
+    "plan",
+    "simulate",
+    "step_time_lower_bound",
+]

@@ -5,7 +5,8 @@ The planner's workhorse. Three steps, all deterministic (ties broken by index):
 1. capacitated LPT: sequences in decreasing cost order, each into the cheapest bin that still
    has room for its tokens;
 2. if that fails, first-fit decreasing on tokens (the classic bin-packing heuristic), which
-   needs no more bins than FFD-by-tokens does by construction;
+   needs no more bins than FFD-by-tokens does by construction; if that fails too (packed
+   only), a k-way partition of the tokens, which fits near-full bins of similar items;
 3. pairwise refinement (packed mode): move one sequence, or swap two, between a heavy and a
    light bin whenever that makes the pair more equal without breaking the capacity; first
    the heaviest bin against the lightest ones, then the lightest against the heaviest.
@@ -21,6 +22,7 @@ import heapq
 
 import numpy as np
 
+from ..partitioning.kway import partition_arrays
 from ._grouping import bin_totals
 
 __all__ = ["best_fit", "first_fit", "pack"]
@@ -240,6 +242,22 @@ def _ffd(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _B
     return _padded_bins(w, t, cap, items, counts, mw, longest)
 
 
+def _token_balanced(w: np.ndarray, t: np.ndarray, nbins: int, cap: int) -> _Bins | None:
+    """Last start for tight capacities (packed only): bins with balanced token sums.
+
+    Near-full bins of similar items defeat LPT and FFD, where a k-way partition of the
+    tokens (whose heaviest part is as light as it can find) still fits.
+    """
+    parts = partition_arrays(t.astype(np.float64), nbins, "free", "auto", None)
+    if parts.max_load > cap:
+        return None
+    bins = _Bins(w, t, nbins, cap, False)
+    for b, part in enumerate(parts):
+        for i in part:
+            bins.add(b, i)
+    return bins
+
+
 def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
     """Move or swap between heavier bin ``a`` and lighter bin ``b`` to even them out."""
     gap = bins.cost[a] - bins.cost[b]
@@ -379,8 +397,10 @@ def pack(
     bins = _lpt(w, t, nbins, cap, padded) if start == "lpt" else None
     if bins is None:
         bins = _ffd(w, t, nbins, cap, padded)
-        if bins is None:
-            return None
+    if bins is None and not padded:
+        bins = _token_balanced(w, t, nbins, cap)
+    if bins is None:
+        return None
     if refine and not padded:
         _refine(bins, max_steps=4 * nbins + 2000)
     _fill_empty(bins)

@@ -33,6 +33,7 @@ contents), ``_search`` packs for the smallest feasible ``m``, and ``_pick`` is s
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -57,6 +58,7 @@ from ._costing import sequence_costs
 from ._exact import pack_ranked_exact
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
 from ._grouping import bin_totals
+from ._ordering import ORDERS, OVERSIZED, fixed_count_bins, order_grid
 from ._packing import pack
 from ._ranks import repartition_pairs
 from ._slots import fill_slack
@@ -65,9 +67,11 @@ from .bounds import min_bins, min_micro_batches
 from .pipeline_plans import (
     PipelineSetup,
     finish_plan,
-    order_grid,
     pipeline_setup,
     pipeline_step_time,
+)
+from .pipeline_plans import (
+    order_grid as pipeline_order_grid,
 )
 from .plans import Plan, capacity_min_micro_batches
 from .simulation import SYNC_MODELS, microbatch_costs, step_time_of
@@ -167,7 +171,7 @@ def _plan_global(
         if pp is None:
             t = _step_time(grid, costs, c0, padded, sync)
         else:  # the pipeline step, in the best starting order
-            grid = order_grid(grid, costs, c0, lengths, padded, sync, pp, quick=True)
+            grid = pipeline_order_grid(grid, costs, c0, lengths, padded, sync, pp, quick=True)
             t = pipeline_step_time(grid, costs, c0, lengths, padded, sync, pp)
         if t < best_time:
             best, best_time = grid, t
@@ -227,6 +231,15 @@ class _Request:
     allow_empty: bool
     extra: int
     pp: PipelineSetup | None = None  # set when pp_size > 1
+    # plan(order=, oversized=, sequences_per_micro_batch=): see _ordering.py. With
+    # oversized="alone", ``lens`` is clipped to the capacity for packing and ``true_lens``
+    # keeps the real lengths for the Plan.
+    order: str | None = None
+    true_lens: np.ndarray | None = None
+    per_mb: int | None = None
+
+    def _with_options(self, order: Any, true_lens: Any, per_mb: Any) -> _Request:
+        return dataclasses.replace(self, order=order, true_lens=true_lens, per_mb=per_mb)
 
     @property
     def n(self) -> int:
@@ -250,6 +263,9 @@ def _validate_request(
     padded: bool,
     allow_empty: bool,
     extra_micro_batches: int,
+    order: str | None = None,
+    oversized: str = "error",
+    sequences_per_micro_batch: int | None = None,
 ) -> _Request:
     """Step 0: check every argument of :func:`plan` and resolve the costs."""
     lens = as_lengths(lengths)
@@ -269,10 +285,25 @@ def _validate_request(
     allow_empty = check_bool(allow_empty, "allow_empty")
     group_ids = None if groups is None else as_groups(groups, lens.shape[0])
     costs, c0 = sequence_costs(lens, cost)
+    if order is not None:
+        check_choice(order, "order", ORDERS)
+    per_mb = None
+    if sequences_per_micro_batch is not None:
+        per_mb = check_positive_int(sequences_per_micro_batch, "sequences_per_micro_batch")
+        if size != "free" or group_ids is not None:
+            raise ValueError(
+                "sequences_per_micro_batch cannot be combined with a size rule or groups; "
+                "drop one of them"
+            )
+    true_lens = None
+    if check_choice(oversized, "oversized", OVERSIZED) == "alone":
+        # A sequence above the capacity fills a micro-batch on its own: pack it as if it
+        # held exactly max_tokens, and keep its real length (and cost) for the Plan.
+        true_lens, lens = lens, np.minimum(lens, cap)
     _check_fits(lens, cap)
     return _Request(
         lens, costs, c0, dp, cap, sync, size, group_ids, m_min, mult, padded, allow_empty, extra
-    )
+    )._with_options(order, true_lens, per_mb)
 
 
 def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
@@ -545,7 +576,7 @@ def _search(
             found.append(
                 Plan._from_validated(
                     mbs,
-                    req.lens,
+                    req.lens if req.true_lens is None else req.true_lens,
                     max_tokens=req.cap,
                     costs=req.costs,
                     per_microbatch=req.c0,
@@ -601,7 +632,7 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
             continue
         cand = Plan._from_validated(
             _fill_rank_slack(req, grid),
-            req.lens,
+            req.lens if req.true_lens is None else req.true_lens,
             max_tokens=req.cap,
             costs=req.costs,
             per_microbatch=req.c0,
@@ -638,11 +669,57 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
             t = _step_time(p.micro_batches, req.costs, req.c0, req.padded, req.sync)
         else:  # the pipeline step, in the best starting order (finish_plan searches more)
             args = (req.costs, req.c0, req.lens, req.padded, req.sync, req.pp)
-            t = pipeline_step_time(order_grid(p.micro_batches, *args, quick=True), *args)
+            t = pipeline_step_time(pipeline_order_grid(p.micro_batches, *args, quick=True), *args)
         # Fewest micro-batches first, unless the caller asked to trade them for time.
         return (t,) if req.extra else (p.num_micro_batches, t)
 
     return min(candidates, key=key)
+
+
+def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
+    """``sequences_per_micro_batch``: the fewest micro-batches of at most that many
+    sequences (counts within one) that fit the capacity; bins balanced by cost."""
+    per_mb = int(req.per_mb)  # type: ignore[arg-type]
+    m = _round_up(max(first_m, -(-req.n // (req.dp * per_mb))), req.mult)
+    start = m
+    while True:
+        if req.n < req.dp * m and not req.allow_empty:
+            raise ValueError(
+                f"{req.n} sequences cannot fill {req.dp} ranks x {m} micro-batches; lower "
+                "dp_size, min_micro_batches or micro_batch_multiple, or pass allow_empty=True"
+            )
+        bins = fixed_count_bins(req.lens, req.costs, req.dp * m, per_mb, req.cap, req.padded)
+        if not isinstance(bins, str):
+            break
+        m += req.mult
+    if m > first_m:
+        why = "to fit max_tokens" if m > start else "to hold them"
+        notes = [
+            *notes,
+            f"{m} micro-batches per rank: {req.n} sequences at most "
+            f"sequences_per_micro_batch={per_mb} per micro-batch, {why}",
+        ]
+    grid = _deal_slots(bins, bin_totals(bins, req.costs, padded=req.padded), req.dp, m)
+    return _with_grid(req, grid, notes)
+
+
+def _with_grid(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
+    """A Plan of ``grid`` for this request, in the requested micro-batch order."""
+    if req.order is not None:
+        grid = order_grid(grid, req.costs, req.c0, req.padded, req.order)
+    return Plan._from_validated(
+        grid,
+        req.lens if req.true_lens is None else req.true_lens,
+        max_tokens=req.cap,
+        costs=req.costs,
+        per_microbatch=req.c0,
+        padded=req.padded,
+        sync=req.sync,
+        strategy="seqbalance",
+        notes=list(notes),
+        size=req.size,
+        groups=req.groups,
+    )
 
 
 def _plan_cp_hook(**kw: Any) -> Plan:
@@ -655,6 +732,9 @@ def _plan_cp_hook(**kw: Any) -> Plan:
         ("padded", False),
         ("extra_micro_batches", 0),
         ("pp_size", 1),
+        ("order", None),
+        ("oversized", "error"),
+        ("sequences_per_micro_batch", None),
     ):
         value = kw[name]
         if (value is not None) if default is None else (value != default):
@@ -690,6 +770,10 @@ def plan(
     padded: bool = False,
     allow_empty: bool = False,
     extra_micro_batches: int = 0,
+    order: str | None = None,
+    oversized: str = "error",
+    sequences_per_micro_batch: int | None = None,
+    baselines: bool = True,
     cp_size: int = 1,
     cp: str = "static",
     cp_cost: Any = None,
@@ -735,6 +819,25 @@ def plan(
         ``micro_batch_multiple``) and keep the plan with the lowest simulated step time.
         Useful when the cost model has a per-micro-batch term, which makes extra
         micro-batches cost something.
+    order : {None, "heaviest_first", "light_ends", "index"}
+        The order each rank runs its micro-batches in; None keeps the planner's own.
+        ``"heaviest_first"`` and ``"light_ends"`` (lightest slots at both ends, the heaviest
+        in the middle: short pipeline warm-up and cool-down) permute slots the same way on
+        every rank, so the step time is unchanged; ``"index"`` sorts each rank's
+        micro-batches by their first sequence index.
+    oversized : {"error", "alone"}
+        What a sequence longer than ``max_tokens`` does: raise ValueError (default), or run
+        alone in its own micro-batch (it then breaks the capacity, and ``plan.notes`` and
+        ``plan.violations()["over_capacity"]`` count it).
+    sequences_per_micro_batch : int, optional
+        Every micro-batch holds at most this many sequences and the counts differ by at
+        most one; ``m`` is the smallest count that holds all sequences (and meets the
+        capacity, ``min_micro_batches`` and the multiple). Not with ``size`` or ``groups``.
+    baselines : bool
+        Also run the framework pipelines of :data:`BASELINES` as candidates, so that the
+        plan is never worse than any of them (default). False skips them: much faster on
+        large inputs, for callers that replace one of those pipelines
+        (:mod:`seqbalance.compat`) or call plan in a loop.
     cp_size, cp, cp_cost : optional
         Context parallelism over a ``dp_size x cp_size`` mesh (``max_tokens`` per GPU):
         ``cp="static"`` splits every sequence over its replica's ``cp_size`` GPUs,
@@ -794,12 +897,31 @@ def plan(
         padded,
         allow_empty,
         extra_micro_batches,
+        order,
+        oversized,
+        sequences_per_micro_batch,
     )
+    use_baselines = check_bool(baselines, "baselines")
+    if pp_size != 1 and (order is not None or sequences_per_micro_batch is not None):
+        raise ValueError(
+            "order= and sequences_per_micro_batch= cannot be combined with pp_size > 1: the "
+            "pipeline planner chooses the micro-batches and their run order; drop one of them"
+        )
     pp = pipeline_setup(req.lens, cost, pp_size, schedule, virtual_stages, pp_comm)
     user_mult = req.mult
     if pp is not None:
         req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
     first_m, notes = _starting_micro_batches(req)
+    alone_note = []
+    if req.true_lens is not None and (req.true_lens > req.cap).any():
+        over = np.flatnonzero(req.true_lens > req.cap)
+        alone_note.append(
+            f"{over.size} sequences longer than max_tokens={req.cap} run alone in their own "
+            f"micro-batches (oversized='alone'), first at index {int(over[0])}"
+        )
+        notes.extend(alone_note)
+    if req.per_mb is not None:
+        return _fixed_count(req, first_m, notes)
     splits = _rank_splits(req)
     candidates: list[Plan] = []
     problems: list[str] = []
@@ -810,9 +932,16 @@ def plan(
             problems.append(found)
         else:
             candidates.extend(found)
-    if not req.extra:
+    if not req.extra and use_baselines:
         m_best = min((p.num_micro_batches for p in candidates), default=None)
         candidates.extend(_pipeline_candidates(req, m_best))
     best = _pick(req, candidates, problems, len(splits))
-    # Packings were compared in their best starting order; search the winner's order.
-    return best if pp is None else finish_plan(best, pp, user_mult)
+    alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
+    if pp is not None:
+        # Packings were compared in their best starting order; search the winner's order.
+        best = finish_plan(best, pp, user_mult)
+        best.notes = (*alone_note, *best.notes)
+        return best
+    if req.order is None and not alone_note:
+        return best
+    return _with_grid(req, best.micro_batches, [*alone_note, *best.notes])

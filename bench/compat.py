@@ -1,0 +1,308 @@
+"""The compat drop-ins against the frameworks' published code on their typical calls.
+
+    pip install --no-deps --target /work/ext9 verl==0.9.1 areal==1.0.4
+    git clone https://github.com/THUDM/slime /tmp/slime          # pure-Python modules used
+    git clone https://github.com/OpenRLHF/OpenRLHF /tmp/openrlhf
+    python bench/compat.py --ext /work/ext9 --slime /tmp/slime --openrlhf /tmp/openrlhf [--quick]
+
+verl and AReaL are imported from ``--ext`` without their heavy dependencies: the modules
+they import only for other features (ray, omegaconf, numba, ...) are replaced by stubs in
+this script (numba.njit becomes the identity). Calls measured, per standard workload:
+
+- verl ``_balance_batch``: ``get_seqlen_balanced_partitions(calculate_workload(L), dp,
+  equal_size=True)``; the heaviest rank's workload.
+- verl dynamic micro-batching (the loop inside ``rearrange_micro_batches``): micro-batches
+  of one rank's ``n / dp`` sequences under ``max_token_len``; heaviest micro-batch workload,
+  count, micro-batches over the cap.
+- AReaL ``ffd_allocate`` / ``kk_allocate`` of one rank's sequences under
+  ``max_tokens_per_mb``; heaviest micro-batch tokens, count, over-cap.
+- slime ``build_dp_schedule`` (dynamic batch size, ``balance_data``: FLOPs schedule) of
+  the whole rollout, one step, for a 7B-like dense model; heaviest rank's FLOPs, count of
+  micro-batches per rank, micro-batches over the cap that hold more than one sample.
+  ``balance_by_flops`` as well (slime's FLOPs packing ignores the cap).
+- OpenRLHF dynamic batch (replay buffer): ``get_minimum_num_micro_batch_size`` then
+  ``get_seqlen_balanced_partitions(L, m, False)`` of one rank's sequences; and
+  ``balance_experiences`` of the rollout over dp actors, on light stand-in experience
+  objects (the same split/merge helpers on both sides, so only the balancing differs).
+
+slime and OpenRLHF are loaded from source checkouts (their package ``__init__`` files are
+skipped; the modules used import nothing heavy once ``openrlhf.utils.utils`` is stubbed).
+
+Prints a table and writes JSON to bench/results/compat.json. The machine may be loaded:
+times are the best of a few runs, and the ratio is what to read.
+"""
+# ruff: noqa: B023  (each lambda is called inside the loop iteration that made it)
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import best_time, machine_info, print_table, write_json
+
+import seqbalance as sb
+from seqbalance.compat import areal as c_areal
+from seqbalance.compat import verl as c_verl
+
+
+def _stub(name: str, **attrs: object) -> None:
+    mod = types.ModuleType(name)
+    mod.__dict__.update(attrs)
+    sys.modules.setdefault(name, mod)
+
+
+def load_originals(ext: str) -> tuple[object, object]:
+    """verl.utils.seqlen_balancing and areal.utils.seqpack, with stubs for heavy imports."""
+    sys.path.insert(0, ext)
+    for pkg in ("verl", "verl.utils", "areal", "areal.utils"):  # skip package __init__s
+        mod = types.ModuleType(pkg)
+        mod.__path__ = [str(Path(ext, *pkg.split(".")))]
+        sys.modules[pkg] = mod
+    _stub("verl.protocol", DataProto=object)
+    _stub("verl.utils.tensordict_utils")
+    _stub("verl.utils.device", get_device_name=lambda: "cpu")
+    _stub("numba", njit=lambda f=None, **k: f if f else (lambda g: g))
+    import logging
+
+    _stub("areal.utils.logging", getLogger=logging.getLogger)
+    import importlib
+
+    return (
+        importlib.import_module("verl.utils.seqlen_balancing"),
+        importlib.import_module("areal.utils.seqpack"),
+    )
+
+
+def load_slime_openrlhf(slime_root: str, orlhf_root: str) -> tuple[object, object, object]:
+    """slime.utils.dp_schedule, openrlhf.utils.seqlen_balancing and OpenRLHF's experience
+    module (its split/merge helpers replaced by light ones, see :func:`light_helpers`)."""
+    import importlib
+
+    for pkg, root in (("slime", slime_root), ("openrlhf", orlhf_root)):
+        for sub in (pkg, f"{pkg}.utils", f"{pkg}.trainer", f"{pkg}.trainer.ppo_utils"):
+            mod = types.ModuleType(sub)
+            mod.__path__ = [str(Path(root, *sub.split(".")))]
+            sys.modules[sub] = mod
+    _stub("openrlhf.utils.utils", zero_pad_sequences=lambda *a, **k: None)
+    exp = importlib.import_module("openrlhf.trainer.ppo_utils.experience")
+    exp.split_experience_batch, exp.make_experience_batch = light_helpers()
+    return (
+        importlib.import_module("slime.utils.dp_schedule"),
+        importlib.import_module("openrlhf.utils.seqlen_balancing"),
+        exp,
+    )
+
+
+class LightExperience:
+    """Just what balance_experiences reads: per-sample lengths (and ids to check)."""
+
+    def __init__(self, total_length: list[int], ids: list[int]) -> None:
+        self.total_length, self.ids = total_length, ids
+
+
+def light_helpers() -> tuple[object, object]:
+    def split(batch):
+        return [LightExperience([n], [i]) for n, i in zip(batch.total_length, batch.ids)]
+
+    def make(items):
+        return LightExperience([n for it in items for n in it.total_length],
+                               [i for it in items for i in it.ids])  # fmt: skip
+
+    mod = types.ModuleType("bench_light_experience")
+    mod.split_experience_batch, mod.make_experience_batch = split, make
+    sys.modules[mod.__name__] = mod
+    LightExperience.__module__ = mod.__name__  # where compat.openrlhf finds the helpers
+    return split, make
+
+
+def slime_args(balance_by_flops: bool, cap: int) -> object:
+    """A 7B-like dense model (Qwen2-7B shapes) and a dynamic-batch FLOPs schedule."""
+    return types.SimpleNamespace(
+        micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=cap,
+        balance_data=True, balance_by_flops=balance_by_flops, hidden_size=3584,
+        num_attention_heads=28, num_query_groups=4, vocab_size=152064,
+        ffn_hidden_size=18944, num_experts=None, num_layers=28, kv_channels=128,
+    )  # fmt: skip
+
+
+def slime_rows(wl, lens, dp, cap, s_orig, repeat):
+    """slime's FLOPs schedule, both flavours: heaviest rank FLOPs and per-rank counts."""
+    from seqbalance.compat import slime as c_slime
+
+    n = lens.shape[0]
+    tp = {"dp_size": dp, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    out = []
+    for by_flops in (False, True):
+        a = slime_args(by_flops, cap)
+        flops = c_slime.sequence_fwd_flops(lens, a)
+        lens_list, rid = lens.tolist(), list(range(n))
+
+        def call(mod):
+            return lambda: mod.build_dp_schedule(a, tp, lens_list, global_batch_size=n,
+                                                 rollout_indices=rid)  # fmt: skip
+
+        t_o, r_o = best_time(call(s_orig), repeat=repeat, budget_s=60)
+        t_s, r_s = best_time(call(c_slime), repeat=repeat, budget_s=60)
+
+        def heavy(r):
+            return max(float(flops[np.asarray(p, dtype=np.int64)].sum()) for p in r[0])
+
+        def over(r):
+            bad = 0
+            for part, mbs in zip(r[0], r[1]):
+                for mb in mbs:
+                    toks = int(lens[[part[i] for i in mb]].sum())
+                    bad += toks > cap and len(mb) > 1
+            return bad
+
+        out.append({
+            "call": "slime dp_schedule" + (" by_flops" if by_flops else ""), "workload": wl,
+            "n": n, "dp": dp, "parts_orig": r_o[2][0], "parts_sb": r_s[2][0],
+            "heaviest_orig": heavy(r_o), "heaviest_sb": heavy(r_s),
+            "sb/orig": heavy(r_s) / heavy(r_o), "over_cap_orig": over(r_o),
+            "over_cap_sb": over(r_s), "t_orig_s": t_o, "t_sb_s": t_s, "speedup": t_o / t_s,
+        })  # fmt: skip
+    return out
+
+
+def openrlhf_dynamic(mod, lens: list[int], cap: int) -> list[list[int]]:
+    """OpenRLHF's replay-buffer dynamic batch on one rank: minimum count, then KK."""
+    m = mod.get_minimum_num_micro_batch_size(lens, cap, 1, 1)
+    return mod.get_seqlen_balanced_partitions(lens, m, equal_size=False)
+
+
+def openrlhf_balance(mod, lens: np.ndarray, dp: int) -> list[list[int]]:
+    """balance_experiences over dp actors; returns each actor's sample ids."""
+    chunks = np.array_split(np.arange(lens.shape[0]), 8)  # rollout micro-batches
+    exps = [LightExperience(lens[c].tolist(), c.tolist()) for c in chunks]
+    args = types.SimpleNamespace(actor=types.SimpleNamespace(num_nodes=1, num_gpus_per_node=dp),
+                                 ds=types.SimpleNamespace(ring_attn_size=1,
+                                                          tensor_parallel_size=1))  # fmt: skip
+    return [b.ids for b in mod.balance_experiences(exps, args)]
+
+
+def verl_dynamic(orig, lens: list[int], cap: int) -> list[list[int]]:
+    """The micro-batching loop of verl 0.9 rearrange_micro_batches, one rank, no dp_group."""
+    work = [24576 * x + x * x for x in lens]
+    m = min(len(lens), -(-sum(lens) // cap))
+    while True:
+        parts = orig.get_seqlen_balanced_partitions(work, m, equal_size=False)
+        if all(sum(lens[i] for i in p) <= cap for p in parts):
+            return parts
+        m += 1
+
+
+COLUMNS = [
+    "call", "workload", "n", "dp", "parts_orig", "parts_sb", "heaviest_orig", "heaviest_sb",
+    "sb/orig", "over_cap_orig", "over_cap_sb", "t_orig_s", "t_sb_s", "speedup",
+]  # fmt: skip
+
+
+def row(call, wl, n, dp, cap, orig_fn, ours_fn, lens, weight, repeat):
+    t_o, p_o = best_time(orig_fn, repeat=repeat, budget_s=60)
+    t_s, p_s = best_time(ours_fn, repeat=repeat, budget_s=60)
+
+    def heavy(parts):
+        return max(float(weight[np.asarray(p, dtype=np.int64)].sum()) for p in parts)
+
+    def over(parts):
+        if not cap:
+            return 0
+        return sum(int(lens[np.asarray(p, dtype=np.int64)].sum()) > cap for p in parts)
+
+    return {
+        "call": call, "workload": wl, "n": n, "dp": dp,
+        "parts_orig": len(p_o), "parts_sb": len(p_s),
+        "heaviest_orig": heavy(p_o), "heaviest_sb": heavy(p_s),
+        "sb/orig": heavy(p_s) / heavy(p_o),
+        "over_cap_orig": over(p_o), "over_cap_sb": over(p_s),
+        "t_orig_s": t_o, "t_sb_s": t_s, "speedup": t_o / t_s, "_parts_orig": p_o,
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ext", default="/work/ext9")
+    ap.add_argument("--slime", default="/tmp/i9fw/src", help="slime source checkout")
+    ap.add_argument("--openrlhf", default="/tmp/i9fw/orlhf", help="OpenRLHF source checkout")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default="bench/results/compat.json")
+    args = ap.parse_args()
+    v_orig, a_orig = load_originals(args.ext)
+    s_orig, o_orig, o_exp = load_slime_openrlhf(args.slime, args.openrlhf)
+    from seqbalance.compat import openrlhf as c_orlhf
+    sizes = [1024] if args.quick else [1024, 8192]
+    dp, cap = 8, 32768
+    repeat = 1 if args.quick else 2
+    rows = []
+    for wl in ("rl-math", "sft-chat", "long-mix"):
+        for n in sizes:
+            lens = sb.workloads.lengths(wl, n, seed=0)
+            lens = np.minimum(lens, cap)  # both sides reject sequences above the cap
+            work = (24576 * lens + lens.astype(np.int64) ** 2).astype(np.float64)
+            wl_list = work.astype(np.int64).tolist()
+            rows.append(row(
+                "verl balance_batch", wl, n, dp, 0,
+                lambda: v_orig.get_seqlen_balanced_partitions(wl_list, dp, equal_size=True),
+                lambda: c_verl.get_seqlen_balanced_partitions(work, dp, True),
+                lens, work, repeat,
+            ))  # fmt: skip
+            rank = lens[: n // dp].astype(np.int64)
+            rank_list = rank.tolist()
+            rank_work = work[: n // dp]
+            rows.append(row(
+                "verl dynamic mbs", wl, n // dp, 1, cap,
+                lambda: verl_dynamic(v_orig, rank_list, cap),
+                lambda: c_verl.micro_batches_of_lengths(rank, cap),
+                rank, rank_work, repeat,
+            ))  # fmt: skip
+            # The same call with verl's own count as min_num_micro_batch: the balance of
+            # the two partitions at an equal number of micro-batches.
+            m_verl = len(rows[-1]["_parts_orig"])
+            rows.append(row(
+                "verl dynamic mbs, verl's count", wl, n // dp, 1, cap,
+                lambda: verl_dynamic(v_orig, rank_list, cap),
+                lambda: c_verl.micro_batches_of_lengths(rank, cap, min_num_micro_batch=m_verl),
+                rank, rank_work, repeat,
+            ))  # fmt: skip
+            for name in ("ffd_allocate", "kk_allocate"):
+                rows.append(row(
+                    f"areal {name}", wl, n // dp, 1, cap,
+                    lambda name=name: getattr(a_orig, name)(rank_list, cap, 1),
+                    lambda name=name: getattr(c_areal, name)(rank, cap, 1),
+                    rank, rank.astype(np.float64), repeat,
+                ))  # fmt: skip
+            rows.append(row(
+                "openrlhf dynamic mbs", wl, n // dp, 1, cap,
+                lambda: openrlhf_dynamic(o_orig, rank_list, cap),
+                lambda: openrlhf_dynamic(c_orlhf, rank, cap),
+                rank, rank.astype(np.float64), repeat,
+            ))  # fmt: skip
+            m_orl = len(rows[-1]["_parts_orig"])
+            rows.append(row(
+                "openrlhf dynamic mbs, its count", wl, n // dp, 1, cap,
+                lambda: o_orig.get_seqlen_balanced_partitions(rank_list, m_orl, False),
+                lambda: c_orlhf.get_seqlen_balanced_partitions(rank, m_orl, False),
+                rank, rank.astype(np.float64), repeat,
+            ))  # fmt: skip
+            rows.append(row(
+                "openrlhf balance_experiences", wl, n, dp, 0,
+                lambda: openrlhf_balance(o_exp, lens, dp),
+                lambda: openrlhf_balance(c_orlhf, lens, dp),
+                lens, lens.astype(np.float64), repeat,
+            ))  # fmt: skip
+            rows.extend(slime_rows(wl, lens, dp, cap, s_orig, repeat))
+            print_table(rows[-10:], COLUMNS)
+    for r in rows:
+        r.pop("_parts_orig", None)
+    print_table(rows, COLUMNS)
+    write_json(args.json, {"machine": machine_info(), "rows": rows})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,114 @@
+"""What the framework drop-ins share: input conversion, error types, patching.
+
+Frameworks hand their balancing code lists, numpy arrays (object arrays for ids), and torch
+tensors (on a GPU, sometimes requiring grad). The core takes numpy; the conversion lives
+here, done once per call, on CPU and without gradients. torch is never imported: a tensor
+is recognised by its methods.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = [
+    "CompatAssertionError",
+    "CompatRuntimeError",
+    "Patcher",
+    "is_tensor",
+    "to_numpy",
+    "to_python_list",
+]
+
+
+class CompatAssertionError(ValueError, AssertionError):
+    """Bad input where the original framework raised AssertionError.
+
+    It is both: ``except AssertionError`` in framework code still catches it, and it is a
+    ValueError like every other input error of seqbalance.
+    """
+
+
+class CompatRuntimeError(ValueError, RuntimeError):
+    """Bad input where the original framework raised RuntimeError (AReaL's allocators)."""
+
+
+def is_tensor(x: Any) -> bool:
+    """True for a torch tensor, without importing torch."""
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def to_numpy(values: Any) -> np.ndarray:
+    """A 1-D (or n-D) numpy array of ``values``: tensors detached and moved to CPU first,
+    object arrays of numbers turned numeric, ids left as objects."""
+    if is_tensor(values):
+        return values.detach().cpu().numpy()
+    if isinstance(values, np.ndarray) and values.dtype == object:
+        items = values.tolist()
+        try:
+            numeric = np.asarray(items)
+        except (TypeError, ValueError):
+            return values
+        return numeric if numeric.dtype.kind in "biuf" else values
+    if isinstance(values, (list, tuple)) and values and is_tensor(values[0]):
+        return np.asarray([float(v) if v.is_floating_point() else int(v) for v in values])
+    return np.asarray(values)
+
+
+def to_python_list(values: Any) -> list[Any]:
+    """Group ids and the like as a plain Python list (for :func:`seqbalance.partition`)."""
+    if is_tensor(values):
+        return values.detach().cpu().tolist()
+    if isinstance(values, np.ndarray):
+        return values.tolist()
+    return list(values)
+
+
+class Patcher:
+    """Swap functions of an installed framework module for ours, and put them back.
+
+    ``patch()`` replaces each name in ``module`` (and in every already imported module
+    that did ``from module import name``, which holds its own reference) with the
+    drop-in; ``unpatch()`` restores exactly what was there.
+    """
+
+    def __init__(self, module: str, replacements: Callable[[], dict[str, Any]]) -> None:
+        self.module = module
+        self._replacements = replacements
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    @property
+    def active(self) -> bool:
+        return bool(self._saved)
+
+    def patch(self) -> list[str]:
+        """Replace the functions; returns the dotted names replaced. Idempotent."""
+        if self._saved:
+            return sorted({f"{getattr(m, '__name__', m)}.{n}" for m, n, _ in self._saved})
+        target = importlib.import_module(self.module)
+        new = self._replacements()
+        originals = {n: getattr(target, n) for n in new if hasattr(target, n)}
+        if not originals:
+            raise ValueError(
+                f"{self.module} has none of {sorted(new)}; is this the framework version "
+                "the drop-in was written for?"
+            )
+        done = []
+        # Modules that imported a function by name hold their own reference: patch those
+        # too (only where the reference is the original function itself).
+        for mod in [target, *[m for m in list(sys.modules.values()) if m is not target]]:
+            for name, orig in originals.items():
+                if getattr(mod, name, None) is orig:
+                    self._saved.append((mod, name, orig))
+                    setattr(mod, name, new[name])
+                    done.append(f"{getattr(mod, '__name__', mod)}.{name}")
+        return sorted(done)
+
+    def unpatch(self) -> None:
+        """Restore every function :meth:`patch` replaced. A no-op when not patched."""
+        for mod, name, orig in reversed(self._saved):
+            setattr(mod, name, orig)
+        self._saved.clear()

@@ -1,0 +1,310 @@
+"""Drop-in for AReaL's allocation code (``areal.utils.seqpack`` and the micro-batch
+allocation of ``areal.utils.data``, AReaL 1.0), implemented on seqbalance.
+
+Change one import::
+
+    from seqbalance.compat.areal import ffd_allocate, kk_allocate, balanced_greedy_partition
+
+or call :func:`patch` once (:func:`unpatch` undoes it). Names, signatures and error types
+(``RuntimeError`` from the allocators, ``ValueError`` from the partition) are AReaL's; the
+differences are listed in ``docs/migrating.md``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+
+from ..partitioning import partition
+from ..planning import plan
+from ._inputs import CompatRuntimeError, Patcher, to_numpy
+
+__all__ = [
+    "PACKING_ALGORITHMS",
+    "PACKING_ALGORITHM_FFD",
+    "PACKING_ALGORITHM_KK",
+    "_compute_packing_metrics",
+    "_kk_partition",
+    "allocate_balanced_mbs",
+    "allocate_balanced_mbs_synced",
+    "balanced_greedy_partition",
+    "ffd_allocate",
+    "flat2d",
+    "get_allocate_fn",
+    "kk_allocate",
+    "patch",
+    "unpatch",
+]
+
+PACKING_ALGORITHM_FFD = "ffd"
+PACKING_ALGORITHM_KK = "kk"
+PACKING_ALGORITHMS = {PACKING_ALGORITHM_FFD, PACKING_ALGORITHM_KK}
+
+
+def flat2d(arr: list[list[Any]]) -> list[Any]:
+    """Concatenate a list of lists."""
+    return list(itertools.chain(*arr))
+
+
+def _values(values: Any) -> np.ndarray:
+    return to_numpy(values).astype(np.int64)
+
+
+def _check(v: np.ndarray, capacity: int, min_groups: int, message: str) -> None:
+    if (v > capacity).any():
+        raise CompatRuntimeError(message)
+    if v.shape[0] < min_groups:
+        raise CompatRuntimeError(
+            f"Number of values {v.shape[0]} is smaller than min_groups {min_groups}"
+        )
+
+
+def _allocate(v: np.ndarray, capacity: int, min_groups: int, divisor: int) -> list[list[int]]:
+    """Fewest groups (>= min_groups, a multiple of divisor, at most n) under the capacity."""
+    n = v.shape[0]
+    count = min(max(min_groups, 1), n)
+    try:
+        p = plan(v, 1, capacity, min_micro_batches=count, micro_batch_multiple=max(divisor, 1),
+                 baselines=False)
+    except ValueError:  # no multiple of divisor keeps every group non-empty: clamp, as AReaL
+        p = plan(v, 1, capacity, min_micro_batches=count, baselines=False)
+    return [list(mb) for mb in p.micro_batches[0]]
+
+
+def ffd_allocate(
+    values: Any, capacity: int, min_groups: int, n_groups_divisor: int = 1
+) -> list[list[int]]:
+    """Groups of indices with sums ``<= capacity``: as few as possible, at least
+    ``min_groups`` (raised to ``n_groups_divisor``), a multiple of ``n_groups_divisor``
+    where the items allow, and balanced.
+
+    Raises
+    ------
+    RuntimeError (a :class:`CompatRuntimeError`, also a ValueError)
+        A value above ``capacity``, or fewer values than ``min_groups``.
+    """
+    if min_groups is None or min_groups < n_groups_divisor:
+        min_groups = n_groups_divisor
+    v = _values(values)
+    _check(v, capacity, min_groups, f"Values {v.tolist()} is larger than capacity {capacity}")
+    return _allocate(v, int(capacity), int(min_groups), int(n_groups_divisor))
+
+
+def kk_allocate(
+    values: Any,
+    capacity: int,
+    min_groups: int,
+    n_groups_divisor: int = 1,
+    equal_size: bool = False,
+) -> list[list[int]]:
+    """Like :func:`ffd_allocate` (same guarantees); ``equal_size=True`` gives every group
+    ``n / k`` items with ``k = max(min_groups, ceil(total / capacity))`` rounded up to the
+    divisor and clamped to ``n`` (RuntimeError if ``n % k != 0`` or the capacity cannot be
+    met with equal counts)."""
+    if min_groups is None or min_groups < n_groups_divisor:
+        min_groups = n_groups_divisor
+    v = _values(values)
+    _check(
+        v,
+        capacity,
+        min_groups,
+        f"Some values exceed capacity {capacity}. "
+        "Cannot pack a single item that is larger than the bin.",
+    )
+    if not equal_size:
+        return _allocate(v, int(capacity), int(min_groups), int(n_groups_divisor))
+    n = v.shape[0]
+    k = max(min_groups, -(-int(v.sum()) // capacity))
+    k = min(-(-k // n_groups_divisor) * n_groups_divisor, n)
+    if n % k:
+        raise CompatRuntimeError(
+            f"equal_size=True requires len(values) ({n}) to be divisible by k ({k})"
+        )
+    parts = partition(v, k, size="equal")
+    if parts.max_load > capacity:
+        raise CompatRuntimeError(
+            f"equal_size=True: {k} groups of {n // k} items cannot stay under capacity {capacity}"
+        )
+    return [list(p) for p in parts]
+
+
+def _kk_partition(values: Any, k: int, equal_size: bool = False) -> list[list[int]]:
+    """``k`` index lists with balanced sums (uncapacitated); equal counts if asked."""
+    v = to_numpy(values).astype(np.float64)
+    if equal_size and v.shape[0] % k:
+        raise CompatRuntimeError(f"{v.shape[0]} % {k} != 0")
+    return [list(p) for p in partition(v, k, size="equal" if equal_size else "free")]
+
+
+def get_allocate_fn(algorithm: str = PACKING_ALGORITHM_FFD) -> Any:
+    """The allocator for ``"ffd"`` or ``"kk"``; ValueError otherwise."""
+    if algorithm == PACKING_ALGORITHM_FFD:
+        return ffd_allocate
+    if algorithm == PACKING_ALGORITHM_KK:
+        return kk_allocate
+    raise ValueError(
+        f"Unknown packing algorithm '{algorithm}'. "
+        f"Supported algorithms: {sorted(PACKING_ALGORITHMS)}"
+    )
+
+
+def _compute_packing_metrics(values: Any, partitions: Any, capacity: int) -> dict[str, Any]:
+    """Load statistics of ``partitions`` against ``capacity`` (zero parts allowed).
+
+    Keys: n_groups, group_sums, max_load, min_load, mean_load, spread, imbalance_ratio,
+    std_dev, cv, max_load_ratio, utilization, wasted_tokens.
+    """
+    sums = [sum(values[i] for i in g) for g in partitions]
+    k = len(sums)
+    if k == 0:
+        return {
+            "n_groups": 0, "group_sums": [], "max_load": 0, "min_load": 0,
+            "mean_load": 0.0, "spread": 0, "imbalance_ratio": 0.0, "std_dev": 0.0,
+            "cv": 0.0, "max_load_ratio": 0.0, "utilization": 0.0, "wasted_tokens": 0,
+        }  # fmt: skip
+    hi, lo = max(sums), min(sums)
+    mean = sum(sums) / k
+    std = (sum((s - mean) ** 2 for s in sums) / k) ** 0.5
+
+    def ratio(a: float) -> float:
+        return a / mean if mean > 0 else 0.0
+
+    return {
+        "n_groups": k,
+        "group_sums": sums,
+        "max_load": hi,
+        "min_load": lo,
+        "mean_load": mean,
+        "spread": hi - lo,
+        "imbalance_ratio": ratio(hi - lo),
+        "std_dev": std,
+        "cv": ratio(std),
+        "max_load_ratio": ratio(hi),
+        "utilization": mean / capacity if capacity > 0 else 0.0,
+        "wasted_tokens": sum(max(0, capacity - s) for s in sums),
+    }
+
+
+def balanced_greedy_partition(nums: Any, K: int) -> list[list[int]]:
+    """``K`` groups of exactly ``len(nums) / K`` indices with balanced sums.
+
+    Raises
+    ------
+    ValueError
+        If ``len(nums) < K`` ("must be >= K") or ``len(nums) % K != 0`` ("must be
+        divisible by K").
+    """
+    v = to_numpy(nums).astype(np.float64) if len(nums) else np.zeros(0)
+    n = v.shape[0]
+    if n < K:
+        raise ValueError(f"Number of items ({n}) must be >= K ({K}).")
+    if n % K:
+        raise ValueError("The length of nums must be divisible by K.")
+    return [list(p) for p in partition(v, K, size="equal")]
+
+
+# ---- micro-batch allocation (areal.utils.data) ------------------------------------------
+
+
+def allocate_balanced_mbs(mb_spec: Any, lens: Any) -> list[list[int]]:
+    """Micro-batches for ``lens`` under ``mb_spec`` (max_tokens_per_mb, n_mbs,
+    n_mbs_divisor, packing_algorithm); sorted lists of sorted indices."""
+    if mb_spec.max_tokens_per_mb is None:
+        raise CompatRuntimeError("mb_spec.max_tokens_per_mb must be set")
+    fn = get_allocate_fn(getattr(mb_spec, "packing_algorithm", "ffd"))
+    groups = fn(
+        lens,
+        mb_spec.max_tokens_per_mb,
+        min_groups=mb_spec.n_mbs,
+        n_groups_divisor=mb_spec.n_mbs_divisor,
+    )
+    return sorted(sorted(g) for g in groups)
+
+
+def _with_n_mbs(mb_spec: Any, n_mbs: int) -> Any:
+    new = getattr(type(mb_spec), "new", None)
+    if callable(new):
+        return new(mb_spec, n_mbs=n_mbs)
+    import copy
+
+    out = copy.copy(mb_spec)
+    out.n_mbs = n_mbs
+    return out
+
+
+_FAILED = 2**62  # count sent by a rank whose local allocation failed
+
+
+def allocate_balanced_mbs_synced(mb_spec: Any, lens: Any, group: Any = None) -> list[list[int]]:
+    """:func:`allocate_balanced_mbs` with the same number of micro-batches on every rank
+    of ``group``: one all-reduce (MAX) of the local count, then ranks below it allocate
+    again with that count as the minimum (AReaL gathers counts and may recurse). A rank
+    whose own allocation fails still joins the all-reduce (with a sentinel count), so every
+    rank raises together instead of waiting on the others."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return allocate_balanced_mbs(mb_spec, lens)
+    if not (dist.is_available() and dist.is_initialized()):
+        return allocate_balanced_mbs(mb_spec, lens)
+    import torch
+
+    local, error = None, None
+    try:
+        local = allocate_balanced_mbs(mb_spec, lens)
+    except (ValueError, RuntimeError) as exc:
+        error = exc  # raised after the all-reduce, so the other ranks are not left waiting
+    device = "cpu"
+    if dist.get_backend(group) == "nccl":
+        device = f"cuda:{torch.cuda.current_device()}"
+    m_local = _FAILED if local is None else len(local)
+    t = torch.tensor([m_local, -len(lens)], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    m, fewest = int(t[0].item()), -int(t[1].item())
+    if error is not None:
+        raise error
+    assert local is not None
+    if m >= _FAILED:
+        raise CompatRuntimeError("another rank of the group could not allocate its micro-batches")
+    if m > fewest:
+        raise CompatRuntimeError(
+            f"the group needs {m} micro-batches but a rank holds only {fewest} sequences"
+        )
+    if m == len(local):
+        return local
+    return allocate_balanced_mbs(_with_n_mbs(mb_spec, m), lens)
+
+
+_seqpack = Patcher(
+    "areal.utils.seqpack",
+    lambda: {
+        n: globals()[n]
+        for n in (
+            "ffd_allocate", "kk_allocate", "balanced_greedy_partition",
+            "_compute_packing_metrics", "_kk_partition", "get_allocate_fn",
+        )
+    },
+)  # fmt: skip
+_data = Patcher(
+    "areal.utils.data",
+    lambda: {n: globals()[n] for n in ("allocate_balanced_mbs", "allocate_balanced_mbs_synced")},
+)
+
+
+def patch() -> list[str]:
+    """Replace AReaL's allocators (``areal.utils.seqpack``, and ``areal.utils.data`` where
+    it is importable) with these; returns what was replaced."""
+    done = _seqpack.patch()
+    try:
+        done += _data.patch()
+    except ImportError:
+        pass
+    return done
+
+
+def unpatch() -> None:
+    """Undo :func:`patch`."""
+    _data.unpatch()
+    _seqpack.unpatch()

@@ -1,0 +1,173 @@
+"""Drop-in for OpenRLHF's balancing code, implemented on seqbalance.
+
+Replaces ``openrlhf.utils.seqlen_balancing`` (the partition helpers OpenRLHF copied from
+verl, shared with :mod:`seqbalance.compat.verl`, and
+:func:`get_minimum_num_micro_batch_size`) and ``balance_experiences`` of
+``openrlhf.trainer.ppo_utils.experience``. Change the imports, or call :func:`patch` once
+before training (:func:`unpatch` undoes it). ``docs/migrating.md`` lists the differences.
+
+This module never imports OpenRLHF (nor torch): :func:`balance_experiences` splits and
+merges experiences with the ``split_experience_batch`` / ``make_experience_batch``
+functions of the module that defines the experience class it is given.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+from ..partitioning import partition
+from . import verl as _verl
+from ._inputs import CompatAssertionError, Patcher, to_numpy
+
+__all__ = [
+    "balance_experiences",
+    "ceildiv",
+    "get_minimum_num_micro_batch_size",
+    "get_reverse_idx",
+    "get_seqlen_balanced_partitions",
+    "greedy_partition",
+    "karmarkar_karp",
+    "log_seqlen_unbalance",
+    "patch",
+    "unpatch",
+]
+
+karmarkar_karp = _verl.karmarkar_karp
+greedy_partition = _verl.greedy_partition
+get_seqlen_balanced_partitions = _verl.get_seqlen_balanced_partitions
+log_seqlen_unbalance = _verl.log_seqlen_unbalance
+ceildiv = _verl.ceildiv
+get_reverse_idx = _verl.get_reverse_idx
+
+
+def get_minimum_num_micro_batch_size(
+    total_lengths: Any, max_tokens_per_gpu: int, ring_attn_size: int, ds_tensor_parallel_size: int
+) -> int:
+    """The number of micro-batches to ask :func:`get_seqlen_balanced_partitions` for.
+
+    The capacity is ``max_tokens_per_gpu * ring_attn_size * ds_tensor_parallel_size``
+    tokens. OpenRLHF counts first-fit bins and then balances into that many parts without
+    the cap, which can overflow it; this returns the smallest count (from the
+    ``ceil(tokens / capacity)`` bound up) for which the balanced partition of
+    :func:`get_seqlen_balanced_partitions` on these lengths holds the cap, a sample longer
+    than the capacity alone in its part. 0 for no samples.
+    """
+    lens = to_numpy(total_lengths).astype(np.int64).reshape(-1)
+    cap = int(max_tokens_per_gpu) * int(ring_attn_size) * int(ds_tensor_parallel_size)
+    if cap < 1:
+        raise CompatAssertionError(
+            f"max_tokens_per_gpu * ring_attn_size * ds_tensor_parallel_size must be >= 1, "
+            f"got {cap}"
+        )
+    n = lens.shape[0]
+    if n == 0:
+        return 0
+    over = int((lens > cap).sum())
+    # Sequences above the cap each need a part of their own; the rest need their tokens.
+    lo = max(1, over + ceildiv(int(lens[lens <= cap].sum()), cap))
+
+    def fits(m: int) -> bool:
+        parts = get_seqlen_balanced_partitions(lens, m, False)
+        return all(len(p) == 1 or int(lens[p].sum()) <= cap for p in parts)
+
+    # Gallop up from the bound, then bisect back: O(log n) partitions. Only counts seen to
+    # fit are returned (n always does: one sample per part).
+    if lo >= n or fits(lo):
+        return min(lo, n)
+    bad, step = lo, 1
+    while True:
+        good = min(lo + step, n)
+        if good == n or fits(good):
+            break
+        bad, step = good, step * 2
+    while good - bad > 1:
+        mid = (bad + good) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def _experience_helpers(item: Any) -> tuple[Any, Any]:
+    """``split_experience_batch`` and ``make_experience_batch`` beside the item's class."""
+    mod = sys.modules.get(type(item).__module__)
+    split = getattr(mod, "split_experience_batch", None)
+    make = getattr(mod, "make_experience_batch", None)
+    if split is None or make is None:
+        raise TypeError(
+            f"balance_experiences needs OpenRLHF experiences: {type(item).__qualname__} "
+            f"comes from {type(item).__module__!r}, which has no split_experience_batch / "
+            "make_experience_batch"
+        )
+    return split, make
+
+
+def _rank_count(args: Any) -> int:
+    actor, ds = args.actor, args.ds
+    k = actor.num_nodes * actor.num_gpus_per_node // ds.ring_attn_size // ds.tensor_parallel_size
+    if k < 1:
+        raise CompatAssertionError(
+            "num_nodes * num_gpus_per_node // ring_attn_size // tensor_parallel_size must be "
+            f">= 1, got {k}"
+        )
+    return int(k)
+
+
+def balance_experiences(experiences: list[Any], args: Any) -> list[Any]:
+    """Regroup experiences into one batch per data-parallel actor, balanced by tokens.
+
+    ``args.actor.num_nodes * args.actor.num_gpus_per_node // args.ds.ring_attn_size //
+    args.ds.tensor_parallel_size`` actors (as OpenRLHF); each returned batch holds
+    ``n // k`` or ``n // k + 1`` samples (fewer batches when there are fewer samples than
+    actors) and the heaviest batch's ``total_length`` sum is as small as seqbalance's
+    count-balanced partition makes it (OpenRLHF interleaves long and short samples).
+    Batches come heaviest first; samples keep their input order within a batch.
+    """
+    if not experiences:
+        return []
+    split, make = _experience_helpers(experiences[0])
+    items = [item for batch in experiences for item in split(batch)]
+    if not items:
+        return []
+    lens = np.asarray([float(to_numpy(it.total_length).sum()) for it in items])
+    k = min(_rank_count(args), len(items))
+    parts = partition(lens, k, size="balanced")
+    loads = [float(lens[list(p)].sum()) for p in parts]
+    order = sorted(range(k), key=lambda j: (-loads[j], min(parts[j])))
+    return [make([items[i] for i in parts[j]]) for j in order]
+
+
+_SEQLEN = [n for n in __all__ if n not in ("balance_experiences", "patch", "unpatch")]
+_patchers = [
+    Patcher("openrlhf.utils.seqlen_balancing", lambda: {n: globals()[n] for n in _SEQLEN}),
+    Patcher(
+        "openrlhf.trainer.ppo_utils.experience",
+        lambda: {"balance_experiences": balance_experiences},
+    ),
+]
+
+
+def patch() -> list[str]:
+    """Replace OpenRLHF's functions in ``openrlhf.utils.seqlen_balancing`` and
+    ``openrlhf.trainer.ppo_utils.experience`` (those importable) and wherever they were
+    imported by name. Returns what was replaced; ImportError if neither imports."""
+    done: list[str] = []
+    missing: list[str] = []
+    for p in _patchers:
+        try:
+            done += p.patch()
+        except ImportError:
+            missing.append(p.module)
+    if len(missing) == len(_patchers):
+        raise ImportError(f"none of {missing} can be imported; is OpenRLHF installed?")
+    return sorted(done)
+
+
+def unpatch() -> None:
+    """Undo :func:`patch`."""
+    for p in reversed(_patchers):
+        p.unpatch()

@@ -1,0 +1,421 @@
+"""Drop-in for slime's balancing code, implemented on seqbalance.
+
+Replaces three slime modules (the names, signatures, argument conventions and return types
+are slime's):
+
+- ``slime.utils.seqlen_balancing``: the partition helpers slime copied from verl
+  (:func:`get_seqlen_balanced_partitions` and friends, shared with
+  :mod:`seqbalance.compat.verl`), :func:`first_fit_pack` and
+  :func:`expand_bins_by_splitting`.
+- ``slime.utils.dp_schedule``: :func:`build_dp_schedule`, the per-rollout DP and
+  micro-batch schedule.
+- ``slime.utils.flops_utils``: :func:`calculate_fwd_flops` and its per-part helpers, from
+  Megatron-style arguments.
+
+Change the imports, or call :func:`patch` once before training (:func:`unpatch` undoes it).
+What differs (caps always held, balanced ranks, fewer micro-batches) is listed in
+``docs/migrating.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..planning import plan
+from . import verl as _verl
+from ._inputs import CompatAssertionError, Patcher, to_numpy
+
+__all__ = [
+    "build_dp_schedule",
+    "calculate_attention_flops",
+    "calculate_embedding_flops",
+    "calculate_fwd_flops",
+    "calculate_layer_flops",
+    "calculate_lm_head_flops",
+    "calculate_mlp_flops",
+    "calculate_output_flops",
+    "calculate_qkv_projection_flops",
+    "expand_bins_by_splitting",
+    "first_fit_pack",
+    "get_reverse_idx",
+    "get_seqlen_balanced_partitions",
+    "greedy_partition",
+    "karmarkar_karp",
+    "patch",
+    "sequence_fwd_flops",
+    "unpatch",
+]
+
+# slime's seqlen_balancing is verl's (an older copy): the same contracts.
+karmarkar_karp = _verl.karmarkar_karp
+greedy_partition = _verl.greedy_partition
+get_seqlen_balanced_partitions = _verl.get_seqlen_balanced_partitions
+get_reverse_idx = _verl.get_reverse_idx
+
+
+# ---- FLOPs (slime.utils.flops_utils) --------------------------------------------------
+#
+# Every term is a * L + b * L**2 for a sequence of L tokens. The helpers below give one
+# sequence's FLOPs (slime's per-part functions); sequence_fwd_flops evaluates the summed
+# coefficients on an array at once.
+
+
+def _mla(args: Any) -> bool:
+    return bool(getattr(args, "multi_latent_attention", False))
+
+
+def calculate_embedding_flops(seqlen: Any, hidden_size: Any) -> Any:
+    """FLOPs of the embedding lookup as slime counts it: ``2 L h``."""
+    return 2 * seqlen * hidden_size
+
+
+def calculate_lm_head_flops(seqlen: Any, hidden_size: Any, vocab_size: Any) -> Any:
+    """Output projection to the vocabulary: ``2 L h V``."""
+    return 2 * seqlen * hidden_size * vocab_size
+
+
+def _qkv_per_token(args: Any, hidden: Any, heads: Any, groups: Any) -> Any:
+    """Q and K/V projection FLOPs per token (low-rank forms under multi-latent attention)."""
+    mla = _mla(args)
+    if mla and args.q_lora_rank is not None:
+        q_dim = args.qk_head_dim + args.qk_pos_emb_head_dim
+        q = 2 * args.q_lora_rank * (args.hidden_size + args.num_attention_heads * q_dim)
+    else:
+        head = args.qk_head_dim + args.qk_pos_emb_head_dim if mla else args.kv_channels
+        q = 2 * hidden * heads * head
+    if mla and args.kv_lora_rank is not None:
+        up = args.num_attention_heads * (args.qk_head_dim + args.v_head_dim)
+        kv = 2 * (args.kv_lora_rank * (args.hidden_size + up)
+                  + args.hidden_size * args.qk_pos_emb_head_dim)  # fmt: skip
+    else:
+        kv = 4 * hidden * groups * args.kv_channels  # K and V
+    return q + kv
+
+
+def calculate_qkv_projection_flops(
+    args: Any, seqlen: Any, hidden_size: Any, num_attention_heads: Any, num_query_groups: Any
+) -> Any:
+    """Q, K and V projections of one layer for ``seqlen`` tokens."""
+    return seqlen * _qkv_per_token(args, hidden_size, num_attention_heads, num_query_groups)
+
+
+def _attention_per_token_squared(args: Any, heads: Any) -> Any:
+    """Causal ``Q K^T`` (half the score matrix, 2 FLOPs a product) plus ``A V``, per L**2."""
+    if _mla(args):
+        return heads * (args.qk_head_dim + args.qk_pos_emb_head_dim) + heads * args.v_head_dim
+    return 2 * heads * args.kv_channels
+
+
+def calculate_attention_flops(args: Any, seqlen: Any, num_attention_heads: Any) -> float:
+    """Score and value products of one layer (causal): a float, as slime returns it."""
+    return float(seqlen * seqlen * _attention_per_token_squared(args, num_attention_heads))
+
+
+def calculate_output_flops(seqlen: Any, hidden_size: Any) -> Any:
+    """Attention output projection: ``2 L h**2``."""
+    return 2 * seqlen * hidden_size * hidden_size
+
+
+def calculate_mlp_flops(seqlen: Any, hidden_size: Any, ffn_hidden_size: Any) -> Any:
+    """Gated MLP (three matrices): ``6 L h f``."""
+    return 6 * seqlen * hidden_size * ffn_hidden_size
+
+
+def calculate_layer_flops(
+    args: Any,
+    seqlen: Any,
+    hidden_size: Any,
+    num_attention_heads: Any,
+    num_query_groups: Any,
+    ffn_hidden_size: Any,
+) -> float:
+    """One transformer layer: projections, attention, output projection and MLP."""
+    return (
+        calculate_qkv_projection_flops(
+            args, seqlen, hidden_size, num_attention_heads, num_query_groups
+        )
+        + calculate_attention_flops(args, seqlen, num_attention_heads)
+        + calculate_output_flops(seqlen, hidden_size)
+        + calculate_mlp_flops(seqlen, hidden_size, ffn_hidden_size)
+    )
+
+
+def _layer_counts(args: Any) -> tuple[int, int, Any]:
+    """(dense layers, MoE layers, active FFN width of a MoE layer) from Megatron args."""
+    if args.num_experts is None:
+        return int(args.num_layers), 0, 0
+    shared = getattr(args, "moe_shared_expert_intermediate_size", None) or 0
+    moe_ffn = args.moe_ffn_hidden_size * args.moe_router_topk + shared
+    if not hasattr(args, "moe_layer_freq"):
+        return 0, int(args.num_layers), moe_ffn
+    freq = args.moe_layer_freq
+    if isinstance(freq, list):  # a 0/1 pattern, one entry per layer
+        moe = sum(1 for f in freq if f > 0)
+        return sum(1 for f in freq if f == 0), moe, moe_ffn
+    moe = sum(1 for i in range(args.num_layers) if i % freq == 0)  # every freq-th layer
+    return int(args.num_layers) - moe, moe, moe_ffn
+
+
+def _coefficients(args: Any) -> tuple[int, int]:
+    """(linear, quadratic) integer coefficients: FLOPs(L) = lin * L + quad * L**2."""
+    h, heads, groups = args.hidden_size, args.num_attention_heads, args.num_query_groups
+    dense, moe, moe_ffn = _layer_counts(args)
+    per_layer = _qkv_per_token(args, h, heads, groups) + 2 * h * h  # width-free part
+    lin = (dense + moe) * per_layer + 6 * h * (dense * args.ffn_hidden_size + moe * moe_ffn)
+    lin += 2 * h * args.vocab_size  # LM head
+    quad = (dense + moe) * _attention_per_token_squared(args, heads)
+    return int(lin), int(quad)
+
+
+def sequence_fwd_flops(seqlens: Any, args: Any) -> np.ndarray:
+    """Forward FLOPs of each sequence (float64 array): ``calculate_fwd_flops([L], args)``
+    for every ``L`` at once, the per-sample weights of :func:`build_dp_schedule`."""
+    lin, quad = _coefficients(args)
+    x = to_numpy(seqlens).astype(np.float64)
+    return lin * x + quad * x * x
+
+
+def calculate_fwd_flops(seqlens: Any, args: Any) -> float:
+    """Total forward FLOPs of ``seqlens`` (a list of sequence lengths) for the model that
+    Megatron-style ``args`` describe (dense, MoE with ``moe_layer_freq``, multi-latent
+    attention). Evaluated exactly in integers, returned as a float (0 for no sequences).
+    """
+    lens = [int(s) for s in to_numpy(seqlens).reshape(-1).tolist()]
+    if not lens:
+        return 0
+    lin, quad = _coefficients(args)
+    return float(lin * sum(lens) + quad * sum(s * s for s in lens))
+
+
+# ---- packing (slime.utils.seqlen_balancing) -------------------------------------------
+
+
+def _lengths(values: Any, name: str) -> np.ndarray:
+    x = to_numpy(values)
+    if x.ndim != 1:
+        raise CompatAssertionError(f"{name} must be 1-D, got shape {x.shape}")
+    return x.astype(np.int64)
+
+
+def first_fit_pack(total_lengths: Any, max_tokens_per_bin: int) -> list[list[int]]:
+    """Pack sample indices into bins of at most ``max_tokens_per_bin`` tokens.
+
+    As slime's: every bin holds ``<= max_tokens_per_bin`` tokens except that a sample
+    longer than that sits alone in its own bin; bins come in index order (by their first
+    index), each ascending. Unlike first fit, the bin count is seqbalance's smallest
+    feasible one and the bins are balanced by tokens.
+    """
+    lens = _lengths(total_lengths, "total_lengths")
+    if lens.shape[0] == 0:
+        return []
+    p = plan(lens, 1, int(max_tokens_per_bin), oversized="alone", order="index", baselines=False)
+    return [list(mb) for mb in p.micro_batches[0]]
+
+
+def expand_bins_by_splitting(bins: list[list[int]], target_count: int, lengths: Any) -> None:
+    """Grow ``bins`` in place to ``target_count`` bins, none heavier than the heaviest
+    multi-sample bin given (so bins that held the cap still do, and a sample above it stays
+    alone), bins in index order.
+
+    The items are re-planned into token-balanced bins under that bound (slime halves the
+    heaviest bin again and again). With too few items every item ends alone in its own
+    bin, as in slime; with no multi-sample bin there is nothing to split.
+    """
+    if len(bins) >= target_count:
+        return
+    lens = _lengths(lengths, "lengths")
+    multi = [b for b in bins if len(b) > 1]
+    if not multi:
+        return
+    bound = max(int(lens[b].sum()) for b in multi)
+    alone = [list(b) for b in bins if len(b) == 1 and lens[b[0]] > bound]
+    rest = sorted(i for b in bins if not (len(b) == 1 and lens[b[0]] > bound) for i in b)
+    k = int(target_count) - len(alone)
+    if len(rest) <= k:
+        new = [[i] for i in rest]
+    else:
+        p = plan(lens[rest], 1, max(bound, 1), min_micro_batches=k, order="index",
+                 baselines=False)
+        new = [[rest[j] for j in mb] for mb in p.micro_batches[0]]
+    bins[:] = sorted(alone + new, key=lambda b: b[0])
+
+
+# ---- DP schedule (slime.utils.dp_schedule) --------------------------------------------
+
+
+def _rollout_steps(rollout_indices: Any, global_batch_size: int) -> list[list[int]]:
+    """Sample positions of each training step: rollouts in first-seen order, their samples
+    kept together, ``global_batch_size`` rollouts a step, trailing rollouts dropped."""
+    by_rollout: dict[Any, list[int]] = {}
+    for pos, rid in enumerate(to_numpy(rollout_indices).tolist()):
+        by_rollout.setdefault(rid, []).append(pos)
+    rollouts = list(by_rollout.values())
+    steps = len(rollouts) // global_batch_size
+    if steps < 1:
+        raise CompatAssertionError(
+            f"num_rollouts ({len(rollouts)}) < global_batch_size ({global_batch_size}); "
+            "need at least one rollout per step."
+        )
+    return [
+        [pos for r in rollouts[s * global_batch_size : (s + 1) * global_batch_size] for pos in r]
+        for s in range(steps)
+    ]
+
+
+def _step_plan(
+    step: int, lens: np.ndarray, cost: Any, args: Any, dp: int, cap: int | None, group: int
+) -> Any:
+    """One step's plan: ``dp`` ranks with equal micro-batch counts, a multiple of ``group``."""
+    n = lens.shape[0]
+    if n < dp:
+        raise CompatAssertionError(
+            f"step {step}: {n} samples < dp_size {dp}; each step needs at least one sample "
+            "per rank."
+        )
+    if cap is not None:  # dynamic batch size: token cap, oversized samples alone
+        if n < dp * group:
+            raise CompatAssertionError(
+                f"dynamic path: could only produce {n} mbs; need {dp * group}. step {step} "
+                f"has {n} samples, below the alignment threshold ({dp * group})."
+            )
+        try:
+            return plan(lens, dp, cap, cost=cost, sync="ddp", micro_batch_multiple=group,
+                        oversized="alone", order="index", baselines=False)  # fmt: skip
+        except ValueError as exc:  # too few samples for a count that is a multiple of the group
+            raise CompatAssertionError(
+                f"dynamic path: step {step} has {n} samples, too few for {dp} ranks x a "
+                f"multiple of {group} micro-batches under the token cap ({exc})"
+            ) from exc
+    per_mb = int(args.micro_batch_size)
+    k = -(-n // per_mb)
+    if k % (dp * group):
+        raise CompatAssertionError(
+            f"static path: num_mbs ({k}) is not a multiple of dp_size * mb_group "
+            f"({dp * group}); got step_size={n}, micro_batch_size={per_mb}, dp_size={dp}, "
+            f"mb_group={group}. Adjust the config so step_size % (dp_size * "
+            "micro_batch_size * mb_group) == 0."
+        )
+    return plan(lens, dp, max(int(lens.sum()), 1), cost=cost, sync="ddp",
+                min_micro_batches=k // dp, micro_batch_multiple=group,
+                sequences_per_micro_batch=per_mb, order="index", baselines=False)  # fmt: skip
+
+
+def _heaviest_rank_first(grid: Any, lens: np.ndarray, cost: Any) -> list[Any]:
+    """Ranks by descending load (ties: smallest sample index first), slime's rank order
+    (its partitions come heaviest first); relabelling ranks leaves the step time alone."""
+    w = lens.astype(np.float64) if cost is None else cost
+    big = lens.shape[0]
+
+    def key(rank: Any) -> tuple[float, int]:
+        items = [i for mb in rank for i in mb]
+        return (-float(w[items].sum()) if items else 0.0, min(items, default=big))
+
+    return sorted(grid, key=key)
+
+
+def build_dp_schedule(
+    args: Any,
+    train_parallel_config: dict[str, Any],
+    total_lengths: Any,
+    *,
+    global_batch_size: int,
+    rollout_indices: Any,
+) -> tuple[list[list[int]], list[list[list[int]]], list[int], list[int]]:
+    """Per-rank samples and micro-batch schedule for one rollout, slime's contract.
+
+    Parameters
+    ----------
+    args : namespace
+        ``use_dynamic_batch_size``, ``max_tokens_per_gpu`` (dynamic), ``micro_batch_size``
+        (static), ``balance_data`` and ``balance_by_flops`` (balance FLOPs rather than
+        tokens), and the model fields :func:`calculate_fwd_flops` reads.
+    train_parallel_config : dict
+        ``dp_size``, ``cp_size``, ``vpp_size``, ``microbatch_group_size_per_vp_stage``.
+    total_lengths : list of int
+        Tokens per sample, indexed globally.
+    global_batch_size : int
+        Rollouts (not samples) per training step; trailing rollouts that do not fill a
+        step are dropped. Samples of one rollout stay in one step.
+    rollout_indices : list
+        Rollout id of each sample.
+
+    Returns
+    -------
+    (partitions, micro_batch_indices, num_microbatches, global_batch_sizes)
+        ``partitions[r]``: global sample indices rank ``r`` runs, micro-batch after
+        micro-batch; ``micro_batch_indices[r]``: each micro-batch as consecutive positions
+        into ``partitions[r]``; ``num_microbatches[s]``: micro-batches per rank in step
+        ``s`` (the same on every rank, a multiple of the micro-batch group under virtual
+        pipelining); ``global_batch_sizes[s] = global_batch_size``.
+
+    Each step is one :func:`seqbalance.plan` over all ranks: dynamic batches hold
+    ``max_tokens_per_gpu * cp_size`` tokens (a longer sample runs alone), static batches
+    hold at most ``micro_batch_size`` samples; ranks are balanced by FLOPs when
+    ``balance_data`` or ``balance_by_flops`` is set, by tokens otherwise. Micro-batches
+    run in index order.
+    """
+    tp = train_parallel_config
+    dp, cp = int(tp["dp_size"]), int(tp["cp_size"])
+    group = int(tp["microbatch_group_size_per_vp_stage"]) if tp["vpp_size"] > 1 else 1
+    cap = None
+    if args.use_dynamic_batch_size:
+        if args.max_tokens_per_gpu is None:
+            raise CompatAssertionError("use_dynamic_batch_size needs max_tokens_per_gpu")
+        cap = int(args.max_tokens_per_gpu) * cp
+    lens_all = _lengths(total_lengths, "total_lengths")
+    by_flops = bool(getattr(args, "balance_data", False)) or bool(
+        getattr(args, "balance_by_flops", False)
+    )
+
+    partitions: list[list[int]] = [[] for _ in range(dp)]
+    mb_indices: list[list[list[int]]] = [[] for _ in range(dp)]
+    counts: list[int] = []
+    for s, positions in enumerate(_rollout_steps(rollout_indices, int(global_batch_size))):
+        lens = lens_all[positions]
+        cost = sequence_fwd_flops(lens, args) if by_flops else None
+        p = _step_plan(s, lens, cost, args, dp, cap, group)
+        counts.append(p.num_micro_batches)
+        for r, rank in enumerate(_heaviest_rank_first(p.micro_batches, lens, cost)):
+            for mb in rank:
+                start = len(partitions[r])
+                partitions[r].extend(positions[j] for j in mb)
+                mb_indices[r].append(list(range(start, start + len(mb))))
+    return partitions, mb_indices, counts, [int(global_batch_size)] * len(counts)
+
+
+# ---- patching ---------------------------------------------------------------------------
+
+_FLOPS = [n for n in __all__ if n.startswith("calculate_")]
+_SEQLEN = (
+    "karmarkar_karp", "greedy_partition", "get_seqlen_balanced_partitions",
+    "first_fit_pack", "expand_bins_by_splitting", "get_reverse_idx",
+)  # fmt: skip
+_patchers = [
+    Patcher("slime.utils.seqlen_balancing", lambda: {n: globals()[n] for n in _SEQLEN}),
+    Patcher("slime.utils.flops_utils", lambda: {n: globals()[n] for n in _FLOPS}),
+    Patcher("slime.utils.dp_schedule", lambda: {"build_dp_schedule": build_dp_schedule}),
+]
+
+
+def patch() -> list[str]:
+    """Replace slime's functions in ``slime.utils.seqlen_balancing``, ``.flops_utils`` and
+    ``.dp_schedule`` (those importable) and wherever they were imported by name. Returns
+    what was replaced; ImportError if none of the three modules can be imported."""
+    done: list[str] = []
+    missing: list[str] = []
+    for p in _patchers:
+        try:
+            done += p.patch()
+        except ImportError:
+            missing.append(p.module)
+    if len(missing) == len(_patchers):
+        raise ImportError(f"none of {missing} can be imported; is slime installed?")
+    return sorted(done)
+
+
+def unpatch() -> None:
+    """Undo :func:`patch`."""
+    for p in reversed(_patchers):
+        p.unpatch()

@@ -1,0 +1,130 @@
+"""Micro-batch orderings, a free inverse permutation, and fixed sequence counts.
+
+Three small additions the framework drop-ins (:mod:`seqbalance.compat`) need and other
+callers can use:
+
+- :func:`inverse_permutation`: ``inv[perm[i]] = i``, checked.
+- :func:`order_grid`: the order in which each rank runs its micro-batches. ``plan(...,
+  order=...)`` applies it as its last step. Slot orders (``"heaviest_first"``,
+  ``"light_ends"``) permute micro-batch slots the same way on every rank, so micro-batches
+  that ran side by side still do and the simulated step time is unchanged; ``"index"``
+  sorts each rank on its own.
+- :func:`fixed_count_bins`: micro-batches holding a fixed number of sequences.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._validate import as_lengths
+from ..partitioning.kway import partition_arrays
+from ._grouping import bin_totals
+
+__all__ = ["ORDERS", "OVERSIZED", "fixed_count_bins", "inverse_permutation", "order_grid"]
+
+ORDERS = ("heaviest_first", "index", "light_ends")
+OVERSIZED = ("error", "alone")
+
+
+def inverse_permutation(perm: Any) -> np.ndarray:
+    """The inverse of a permutation of ``0..n-1``: ``inv[perm[i]] == i``.
+
+    Parameters
+    ----------
+    perm : array-like of int
+        Each of ``0..n-1`` exactly once (a list, numpy array, or anything array-like).
+
+    Returns
+    -------
+    np.ndarray
+        int64 array ``inv`` with ``inv[perm] == arange(n)``, so that
+        ``reordered[inv]`` restores the order ``reordered = data[perm]`` came from.
+
+    Raises
+    ------
+    ValueError
+        If ``perm`` is not 1-D integers, or misses or repeats an index (the first one is
+        named).
+
+    Examples
+    --------
+    >>> inverse_permutation([2, 0, 1]).tolist()
+    [1, 2, 0]
+    """
+    p = as_lengths(perm, "perm")  # 1-D, whole, non-negative, int64
+    n = p.shape[0]
+    if n and int(p.max()) >= n:
+        i = int(np.flatnonzero(p >= n)[0])
+        raise ValueError(
+            f"perm[{i}] = {int(p[i])} is out of range for a permutation of {n} items; "
+            f"pass each of 0..{n - 1} exactly once"
+        )
+    seen = np.bincount(p, minlength=n)
+    if (seen != 1).any():
+        missing = int(np.flatnonzero(seen == 0)[0])
+        raise ValueError(
+            f"perm is not a permutation: index {missing} is missing "
+            f"(and {int((seen > 1).sum())} indices repeat); pass each of 0..{n - 1} once"
+        )
+    inv = np.empty(n, dtype=np.int64)
+    inv[p] = np.arange(n, dtype=np.int64)
+    return inv
+
+
+def _light_ends(desc: list[int]) -> list[int]:
+    """Heaviest in the middle, lightest at both ends: every other item, mirrored."""
+    return desc[::2][::-1] + desc[1::2]
+
+
+def order_grid(
+    grid: list[list[list[int]]],
+    costs: np.ndarray,
+    per_microbatch: float,
+    padded: bool,
+    order: str,
+) -> list[list[list[int]]]:
+    """Reorder each rank's micro-batches (validated inputs; ``order`` in :data:`ORDERS`).
+
+    ``"heaviest_first"``: slots by descending cost (a slot's cost is its heaviest
+    micro-batch over the ranks). ``"light_ends"``: the same descending list dealt so that
+    the heaviest slots sit in the middle and the lightest at both ends, which shortens
+    pipeline warm-up and cool-down (verl's order). ``"index"``: each rank's micro-batches
+    by their smallest sequence index (empty ones last). Ties keep the current order.
+    """
+    if order == "index":
+        big = np.iinfo(np.int64).max
+        return [sorted(rank, key=lambda mb: min(mb) if mb else big) for rank in grid]
+    m = max((len(rank) for rank in grid), default=0)
+    slot_cost = np.zeros(m)
+    for rank in grid:
+        c = bin_totals(rank, costs, padded=padded) + per_microbatch
+        slot_cost[: len(rank)] = np.maximum(slot_cost[: len(rank)], c)
+    desc = np.lexsort((np.arange(m), -slot_cost)).tolist()
+    perm = desc if order == "heaviest_first" else _light_ends(desc)
+    return [[rank[j] for j in perm if j < len(rank)] for rank in grid]
+
+
+def fixed_count_bins(
+    lengths: np.ndarray, costs: np.ndarray, nbins: int, per_bin: int, cap: int, padded: bool
+) -> list[list[int]] | str:
+    """``nbins`` bins of at most ``per_bin`` sequences each, counts within one, under ``cap``.
+
+    Tries bins balanced by cost, then by tokens (lighter token peaks); returns the first
+    that fits the capacity, or a sentence saying why none did.
+    """
+    n = lengths.shape[0]
+    if n > nbins * per_bin:  # the caller sized nbins; guard the invariant anyway
+        return f"{n} sequences do not fit {nbins} micro-batches of {per_bin}"
+    worst = 0
+    for weights in (costs, lengths.astype(np.float64)):
+        parts = [list(p) for p in partition_arrays(weights, nbins, "balanced", "auto", None)]
+        tokens = bin_totals(parts, lengths, padded=padded)
+        if (tokens <= cap).all():
+            return parts
+        worst = max(worst, int(tokens.max()))
+    return (
+        f"with {per_bin} sequences per micro-batch a micro-batch needs {worst} tokens, more "
+        f"than max_tokens={cap}"
+    )

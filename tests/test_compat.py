@@ -1,0 +1,330 @@
+"""seqbalance.compat: the verl and AReaL drop-ins (contracts, errors, patching, gloo counts)."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import types
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance.compat import areal, verl
+
+weights_st = st.lists(st.integers(0, 1000), min_size=1, max_size=9)
+
+
+def _brute_opt(w, k):
+    """The lightest possible heaviest part, by enumeration."""
+    return min(
+        max(np.bincount(lab, weights=w, minlength=k))
+        for lab in itertools.product(range(k), repeat=len(w))
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(weights_st, st.integers(1, 3))
+def test_verl_partitions_contract(w, k):
+    if len(w) < k:
+        with pytest.raises(AssertionError):
+            verl.get_seqlen_balanced_partitions(w, k, False)
+        return
+    parts = verl.get_seqlen_balanced_partitions(w, k, False)
+    assert len(parts) == k and all(parts) and all(p == sorted(p) for p in parts)
+    assert sorted(i for p in parts for i in p) == list(range(len(w)))
+    heaviest = max(sum(w[i] for i in p) for p in parts)
+    # Never below the optimum; LPT-quality or better (4/3 of it).
+    opt = _brute_opt(np.asarray(w, float), k)
+    assert opt <= heaviest <= 4 / 3 * opt + 1e-9
+
+
+def test_verl_equal_size_and_errors():
+    parts = verl.karmarkar_karp([8, 7, 6, 5, 4, 3], 2, True)
+    assert sorted(len(p) for p in parts) == [3, 3]
+    assert sorted(sum([8, 7, 6, 5, 4, 3][i] for i in p) for p in parts) == [16, 17]
+    with pytest.raises(AssertionError, match="divisible"):
+        verl.karmarkar_karp([1, 2, 3], 2, True)
+    with pytest.raises(ValueError):  # the same error is also a ValueError
+        verl.get_seqlen_balanced_partitions([1], 2, False)
+
+
+def test_verl_workload_widens_int32():
+    torch = pytest.importorskip("torch")
+    x = torch.tensor([50_000], dtype=torch.int32)
+    assert verl.calculate_workload(x).item() == 24576 * 50_000 + 50_000**2
+    assert verl.calculate_workload(np.array([50_000], dtype=np.int32))[0] == 3_728_800_000
+
+
+def test_verl_reverse_idx_and_helpers():
+    assert verl.get_reverse_idx([2, 0, 1]) == [1, 2, 0]
+    assert verl.ceildiv(7, 3) == 3 and verl.roundup_divisible(7, 4) == 8
+    with pytest.raises(ValueError, match="permutation"):
+        verl.get_reverse_idx([0, 0])
+    m = verl.log_seqlen_unbalance([1, 2, 3, 4], [[0, 3], [1, 2]], "p")
+    assert m == {"p/min": 3, "p/max": 7, "p/minmax_diff": 4, "p/balanced_min": 5,
+                 "p/balanced_max": 5, "p/mean": 5.0}  # fmt: skip
+
+
+def test_verl_group_partitions_object_uids():
+    uids = np.array(["a", "a", "b", "b", "c", "c", "d", "d"], dtype=object)
+    lens = [100, 100, 300, 300, 200, 200, 150, 150]
+    parts = verl.get_group_balanced_partitions(lens, uids, 2)
+    for p in parts:
+        assert {uids[i] for i in p} and all(uids[i] == uids[i ^ 1] for i in p)
+        assert len(p) == 4  # two groups each
+    with pytest.raises(AssertionError):
+        verl.get_group_balanced_partitions(lens, uids, 3)
+
+
+class FakeTD:
+    """The parts of a TensorDict rearrange_micro_batches touches."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def keys(self):
+        return self.data.keys()
+
+    def __getitem__(self, key):
+        if isinstance(key, str):
+            return self.data[key]
+        return FakeTD({k: v[key] for k, v in self.data.items()})
+
+
+def _batch(torch, lens, width):
+    mask = torch.zeros(len(lens), width, dtype=torch.long)
+    for i, n in enumerate(lens):
+        mask[i, :n] = 1
+    ids = torch.arange(len(lens)).unsqueeze(1).expand(-1, width).clone()
+    return FakeTD({"input_ids": ids, "attention_mask": mask})
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 100), min_size=1, max_size=30), st.integers(1, 3))
+def test_verl_rearrange_local(lens, min_mb):
+    torch = pytest.importorskip("torch")
+    batch = _batch(torch, lens, 100)
+    if min_mb > len(lens):
+        return
+    mbs, idx = verl.rearrange_micro_batches(batch, 250, min_num_micro_batch=min_mb)
+    assert sorted(i for p in idx for i in p) == list(range(len(lens)))
+    assert len(mbs) >= max(min_mb, -(-sum(lens) // 250))
+    for mb, p in zip(mbs, idx):
+        assert int(mb["attention_mask"].sum()) == sum(lens[i] for i in p) <= 250
+        assert mb["input_ids"][:, 0].tolist() == p  # rows follow the index list
+    # Light micro-batches at both ends: the heaviest is never first or last when m >= 3.
+    work = [sum(24576 * lens[i] + lens[i] ** 2 for i in p) for p in idx]
+    if len(work) >= 3 and len(set(work)) == len(work):
+        assert max(work) not in (work[0], work[-1])
+
+
+def test_verl_rearrange_force_group_and_errors():
+    torch = pytest.importorskip("torch")
+    batch = _batch(torch, [60, 60, 50, 50, 40, 40], 100)
+    _, idx = verl.rearrange_micro_batches(batch, 150, force_group_size=2)
+    for p in idx:
+        assert all(i ^ 1 in p for i in p)
+    with pytest.raises(AssertionError, match="max_token_len"):
+        verl.rearrange_micro_batches(batch, 90)
+    with pytest.raises(AssertionError, match="force_group_size"):
+        verl.rearrange_micro_batches(batch, 150, force_group_size=4)
+
+
+# ---- AReaL ------------------------------------------------------------------------------
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 500), min_size=1, max_size=40), st.integers(1, 4),
+       st.integers(1, 3), st.sampled_from(["ffd", "kk"]))  # fmt: skip
+def test_areal_allocators(values, min_groups, divisor, algo):
+    fn = areal.get_allocate_fn(algo)
+    cap = 800
+    need = max(min_groups, divisor)
+    if len(values) < need:
+        with pytest.raises(RuntimeError, match="smaller than min_groups"):
+            fn(values, cap, min_groups, divisor)
+        return
+    groups = fn(values, cap, min_groups, divisor)
+    assert sorted(i for g in groups for i in g) == list(range(len(values)))
+    assert all(sum(values[i] for i in g) <= cap for g in groups)
+    assert len(groups) >= min(need, len(values))
+    assert len(groups) % divisor == 0 or len(groups) == len(values) or len(groups) < divisor * 2
+    assert all(groups)
+
+
+def test_areal_errors_and_metrics():
+    with pytest.raises(RuntimeError, match="larger than capacity"):
+        areal.ffd_allocate([100, 600], 500, 1)
+    with pytest.raises(RuntimeError, match="exceed capacity"):
+        areal.kk_allocate([100, 600], 500, 1)
+    with pytest.raises(RuntimeError, match="divisible"):
+        areal.kk_allocate([1, 2, 3, 4, 5], int(1e12), 3, equal_size=True)
+    with pytest.raises(ValueError, match="must be >= K"):
+        areal.balanced_greedy_partition([], 4)
+    with pytest.raises(ValueError, match="divisible by K"):
+        areal.balanced_greedy_partition([1, 2, 3], 2)
+    m = areal._compute_packing_metrics([100, 200, 300, 400], [[0], [1, 2, 3]], 1000)
+    assert (m["spread"], m["mean_load"], m["wasted_tokens"]) == (800, 500.0, 1000)
+    assert areal._compute_packing_metrics([], [], 100)["n_groups"] == 0
+    assert [len(g) for g in areal.balanced_greedy_partition([4, 3, 2, 1], 2)] == [2, 2]
+
+
+# ---- patch() against a fake module tree ------------------------------------------------
+
+
+def _fake(monkeypatch, name, **funcs):
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        mod_name = ".".join(parts[:i])
+        if mod_name not in sys.modules:
+            monkeypatch.setitem(sys.modules, mod_name, types.ModuleType(mod_name))
+    mod = sys.modules[name]
+    for k, v in funcs.items():
+        setattr(mod, k, v)
+    return mod
+
+
+def test_patch_and_unpatch_fake_trees(monkeypatch):
+    def old(*a, **k):
+        return "old"
+
+    sb_mod = _fake(monkeypatch, "verl.utils.seqlen_balancing",
+                   get_seqlen_balanced_partitions=old, rearrange_micro_batches=old)  # fmt: skip
+    user = _fake(monkeypatch, "verl.trainer.fake_user", get_seqlen_balanced_partitions=old)
+    done = verl.patch()
+    try:
+        assert sb_mod.get_seqlen_balanced_partitions is verl.get_seqlen_balanced_partitions
+        assert user.get_seqlen_balanced_partitions is verl.get_seqlen_balanced_partitions
+        assert "verl.trainer.fake_user.get_seqlen_balanced_partitions" in done
+        assert verl.patch() == done  # idempotent
+    finally:
+        verl.unpatch()
+    assert sb_mod.get_seqlen_balanced_partitions is old
+    assert user.get_seqlen_balanced_partitions is old
+
+    seqpack = _fake(monkeypatch, "areal.utils.seqpack", ffd_allocate=old, kk_allocate=old)
+    data = _fake(monkeypatch, "areal.utils.data", allocate_balanced_mbs_synced=old)
+    areal.patch()
+    try:
+        assert seqpack.ffd_allocate is areal.ffd_allocate
+        assert data.allocate_balanced_mbs_synced is areal.allocate_balanced_mbs_synced
+    finally:
+        areal.unpatch()
+    assert seqpack.ffd_allocate is old and data.allocate_balanced_mbs_synced is old
+
+
+def test_patch_refuses_unrelated_module(monkeypatch):
+    _fake(monkeypatch, "verl.utils.seqlen_balancing")
+    with pytest.raises(ValueError, match="none of"):
+        verl.patch()
+
+
+# ---- count agreement across ranks (gloo) -----------------------------------------------
+
+
+def _rank_lengths(rank):
+    rng = np.random.default_rng(100 + rank)
+    return rng.integers(20, 100, size=10 + 7 * rank).tolist()
+
+
+def worker_counts(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    from seqbalance.compat import areal as a
+    from seqbalance.compat import verl as v
+
+    lens = _rank_lengths(rank)
+    batch = _batch(torch, lens, 100)
+    mbs, idx = v.rearrange_micro_batches(batch, 250, dp_group=dist.group.WORLD)
+    mbs_free, _ = v.rearrange_micro_batches(batch, 250, dp_group=dist.group.WORLD,
+                                            same_micro_num_in_dp=False)  # fmt: skip
+    spec = types.SimpleNamespace(max_tokens_per_mb=250, n_mbs=1, n_mbs_divisor=1,
+                                 packing_algorithm="kk")  # fmt: skip
+    groups = a.allocate_balanced_mbs_synced(spec, lens, group=dist.group.WORLD)
+    caps = [int(mb["attention_mask"].sum()) for mb in mbs] + [
+        sum(lens[i] for i in g) for g in groups
+    ]
+    return len(mbs), len(mbs_free), len(groups), max(caps), sorted(i for p in idx for i in p)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_count_agreement_gloo(world):
+    pytest.importorskip("torch.distributed")
+    from seqbalance.torch.testing import run_distributed
+
+    out = run_distributed(worker_counts, world, timeout=100)
+    counts = [o[0] for o in out]
+    assert len(set(counts)) == 1  # verl: one count for the group
+    assert len({o[2] for o in out}) == 1  # AReaL: one count for the group
+    natural = [o[1] for o in out]
+    assert counts[0] == max(natural)  # the group's count is the largest local one
+    assert len(set(natural)) > 1  # the ranks really disagreed before agreeing
+    for rank, o in enumerate(out):
+        assert o[3] <= 250
+        assert o[4] == list(range(len(_rank_lengths(rank))))
+
+
+def _outcome(fn):
+    """'ok:<value>' or the exception's type and message, for comparing ranks."""
+    try:
+        return f"ok:{fn()}"
+    except (ValueError, RuntimeError) as exc:  # AssertionError subclasses are ValueErrors
+        return f"{type(exc).__name__}:{exc}"
+
+
+def worker_agreement_paths(rank, world):
+    """Every count-agreement path that can raise, plus the count multiple, on each rank."""
+    import torch
+    import torch.distributed as dist
+
+    from seqbalance.compat import areal as a
+    from seqbalance.compat import verl as v
+
+    g = dist.group.WORLD
+    out = {}
+    batch = _batch(torch, _rank_lengths(rank), 100)
+    out["divided"] = _outcome(lambda: len(v.rearrange_micro_batches(
+        batch, 250, dp_group=g, num_batches_divided_by=2, min_num_micro_batch=3)[1]))  # fmt: skip
+    # Rank 1's forced pair (100 + 100 tokens) is above the cap: its local plan fails, and
+    # every rank must raise (not wait in the next collective).
+    pairs = [100, 100, 60, 60] if rank == 1 else [60, 60, 60, 60]
+    out["verl_fail"] = _outcome(lambda: len(v.rearrange_micro_batches(
+        _batch(torch, pairs, 100), 150, dp_group=g, force_group_size=2)[0]))  # fmt: skip
+    # Rank 1's padded width is above the cap (bad input on one rank only).
+    out["verl_width"] = _outcome(lambda: len(v.rearrange_micro_batches(
+        _batch(torch, [60] * 4, 200 if rank == 1 else 100), 150, dp_group=g)[0]))  # fmt: skip
+    # Rank 0 holds one sequence, the others need six micro-batches.
+    few = [90] if rank == 0 else [90] * 6
+    out["verl_fewest"] = _outcome(lambda: len(v.rearrange_micro_batches(
+        _batch(torch, few, 100), 100, dp_group=g)[0]))  # fmt: skip
+    spec = types.SimpleNamespace(max_tokens_per_mb=100, n_mbs=1, n_mbs_divisor=1,
+                                 packing_algorithm="ffd")  # fmt: skip
+    out["areal_fewest"] = _outcome(lambda: len(a.allocate_balanced_mbs_synced(spec, few, g)))
+    over = [50, 150] if rank == world - 1 else [50, 50]  # last rank: one above capacity
+    out["areal_fail"] = _outcome(lambda: len(a.allocate_balanced_mbs_synced(spec, over, g)))
+    last = [90] * 3 if rank == 0 else [30] * 6  # rank 0 needs 3 micro-batches, others 2
+    out["after"] = _outcome(lambda: len(a.allocate_balanced_mbs_synced(spec, last, g)))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_count_agreement_error_paths_gloo(world):
+    pytest.importorskip("torch.distributed")
+    from seqbalance.torch.testing import run_distributed
+
+    out = run_distributed(worker_agreement_paths, world, timeout=150)
+    counts = {o["divided"] for o in out}
+    assert len(counts) == 1  # one count on every rank ...
+    (c,) = counts
+    assert c.startswith("ok:") and int(c[3:]) % 2 == 0 and int(c[3:]) >= 3  # ... a multiple
+    for key in ("verl_fail", "verl_width", "verl_fewest", "areal_fewest", "areal_fail"):
+        assert not any(o[key].startswith("ok:") for o in out), (key, out)  # all raised
+    assert "another rank" in out[0]["verl_fail"]
+    assert "max_token_len must be greater" in out[1]["verl_width"]
+    assert "another rank" in out[0]["verl_width"]
+    assert "another rank" in out[0]["areal_fail"]
+    # The ranks stayed in step: a normal synced call afterwards agrees on one count.
+    assert len({o["after"] for o in out}) == 1 and out[0]["after"] == "ok:3"

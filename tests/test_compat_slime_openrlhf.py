@@ -1,0 +1,361 @@
+"""seqbalance.compat: the slime and OpenRLHF drop-ins (contracts, known values, patching)."""
+
+from __future__ import annotations
+
+import itertools
+import sys
+import types
+from types import SimpleNamespace as NS
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance.compat import openrlhf, slime
+
+# A tiny dense model: h=16, 2 heads, 2 KV groups, head dim 8, FFN 64, 2 layers, vocab 32.
+TINY = dict(hidden_size=16, num_attention_heads=2, num_query_groups=2, vocab_size=32,
+            ffn_hidden_size=64, num_experts=None, num_layers=2, kv_channels=8)  # fmt: skip
+
+
+def _args(**kw):
+    base = dict(micro_batch_size=1, use_dynamic_batch_size=False, max_tokens_per_gpu=None,
+                balance_data=False, balance_by_flops=False, **TINY)  # fmt: skip
+    base.update(kw)
+    return NS(**base)
+
+
+def _tp(dp=1, cp=1, vpp=1, group=1):
+    return {"dp_size": dp, "cp_size": cp, "vpp_size": vpp,
+            "microbatch_group_size_per_vp_stage": group}  # fmt: skip
+
+
+# ---- FLOPs ----------------------------------------------------------------------------
+
+
+def test_fwd_flops_known_values_dense():
+    # Per layer and token: Q 2*16*2*8 = 512, K+V 4*16*2*8 = 1024, out 2*16*16 = 512,
+    # MLP 6*16*64 = 6144 -> 8192; attention 2*2*8 = 32 per L**2; LM head 2*16*32 = 1024.
+    # FLOPs(L) = 2 * (8192 L + 32 L**2) + 1024 L = 17408 L + 64 L**2.
+    a = NS(**TINY)
+    assert slime.calculate_fwd_flops([10], a) == 17408 * 10 + 64 * 100
+    assert slime.calculate_fwd_flops([10, 3], a) == 17408 * 13 + 64 * 109
+    assert slime.calculate_fwd_flops([], a) == 0
+    assert slime.calculate_attention_flops(a, 10, 2) == 3200.0
+    assert slime.calculate_lm_head_flops(10, 16, 32) == 10240
+    assert slime.calculate_embedding_flops(10, 16) == 320
+
+
+def test_fwd_flops_known_values_moe_and_mla():
+    # MoE FFN width 8 * top-2 + shared 4 = 20. Pattern [0, 1]: one dense, one MoE layer:
+    # 2 * (1536 + 512) + 6*16*(64 + 20) + 1024 = 13184 per token, 64 per L**2.
+    moe = NS(**{**TINY, "num_experts": 4, "moe_ffn_hidden_size": 8, "moe_router_topk": 2,
+                "moe_shared_expert_intermediate_size": 4, "moe_layer_freq": [0, 1]})  # fmt: skip
+    assert slime.calculate_fwd_flops([3], moe) == 13184 * 3 + 64 * 9
+    # An integer frequency: layers 0 and 2 of 4 are MoE.
+    moe4 = NS(**{**vars(moe), "num_layers": 4, "moe_layer_freq": 2})
+    assert slime.calculate_fwd_flops([3], moe4) == 2 * (13184 - 1024) * 3 + 1024 * 3 + 128 * 9
+    # No moe_layer_freq: every layer is MoE; no shared expert counts 0.
+    all_moe = NS(**{k: v for k, v in vars(moe).items() if k != "moe_layer_freq"})
+    all_moe.moe_shared_expert_intermediate_size = None
+    per_tok = 2 * (1536 + 512 + 6 * 16 * 16) + 1024
+    assert slime.calculate_fwd_flops([1], all_moe) == per_tok + 64
+    # Multi-latent attention, low-rank Q and KV: q 2*4*(16 + 2*(8+2)) = 288,
+    # kv 2*(4*(16 + 2*(8+6)) + 16*2) = 416; attention 2*(8+2) + 2*6 = 32 per L**2.
+    mla = NS(**{**TINY, "multi_latent_attention": True, "q_lora_rank": 4, "kv_lora_rank": 4,
+                "qk_head_dim": 8, "qk_pos_emb_head_dim": 2, "v_head_dim": 6})  # fmt: skip
+    per_tok = 2 * (288 + 416 + 512 + 6144) + 1024
+    assert slime.calculate_fwd_flops([5], mla) == per_tok * 5 + 2 * 32 * 25
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(0, 100_000), max_size=20))
+def test_fwd_flops_is_a_sum_over_sequences(lens):
+    a = NS(**TINY)
+    each = slime.sequence_fwd_flops(lens, a)
+    assert each.tolist() == [slime.calculate_fwd_flops([n], a) for n in lens]
+    assert slime.calculate_fwd_flops(lens, a) == pytest.approx(sum(each), rel=1e-12)
+
+
+# ---- first_fit_pack / expand_bins_by_splitting -----------------------------------------
+
+
+def _first_fit_count(lens, cap):
+    """Bins plain first fit opens (independent reference)."""
+    sums = []
+    for n in lens:
+        for j, s in enumerate(sums):
+            if s + n <= cap:
+                sums[j] += n
+                break
+        else:
+            sums.append(n)
+    return len(sums)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 120), max_size=40), st.integers(20, 100))
+def test_first_fit_pack_contract(lens, cap):
+    bins = slime.first_fit_pack(lens, cap)
+    assert sorted(i for b in bins for i in b) == list(range(len(lens)))
+    for b in bins:
+        assert b == sorted(b) and b
+        assert sum(lens[i] for i in b) <= cap or len(b) == 1  # oversized: alone
+    assert [b[0] for b in bins] == sorted(b[0] for b in bins)  # index order
+    assert len(bins) <= _first_fit_count(lens, cap)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 160), min_size=1, max_size=30), st.integers(1, 40))
+def test_expand_bins_contract(lens, target):
+    cap = 100
+    bins = slime.first_fit_pack(lens, cap)
+    n_before = len(bins)
+    slime.expand_bins_by_splitting(bins, target, lens)
+    assert sorted(i for b in bins for i in b) == list(range(len(lens)))
+    assert all(bins) and [b[0] for b in bins] == sorted(b[0] for b in bins)
+    # Still cap-or-singleton (samples above the cap stay alone).
+    assert all(sum(lens[i] for i in b) <= cap or len(b) == 1 for b in bins)
+    if all(n <= cap for n in lens) and n_before < target and any(
+        len(b) > 1 for b in slime.first_fit_pack(lens, cap)
+    ):
+        assert len(bins) == min(target, len(lens))  # grown as far as slime would
+
+
+# ---- build_dp_schedule ------------------------------------------------------------------
+
+
+def _check_schedule(out, lens, dp, kept, cap=None):
+    parts, mbi, nmb, _ = out
+    seen = set()
+    for r in range(dp):
+        assert len(mbi[r]) == sum(nmb)  # same count on every rank
+        assert [i for mb in mbi[r] for i in mb] == list(range(len(parts[r])))
+        assert seen.isdisjoint(parts[r])
+        seen.update(parts[r])
+        for mb in mbi[r]:
+            tokens = sum(lens[parts[r][i]] for i in mb)
+            assert cap is None or tokens <= cap or len(mb) == 1
+    assert seen == set(kept)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=8, max_size=40), st.integers(1, 3),
+       st.sampled_from([1, 2]), st.booleans(), st.booleans())  # fmt: skip
+def test_dynamic_schedule_invariants(lens, dp, group, balance, two_steps):
+    n = len(lens)
+    gbs = n // 2 if two_steps else n
+    if gbs < dp * group:
+        return
+    args = _args(use_dynamic_batch_size=True, max_tokens_per_gpu=200, balance_data=balance)
+    tp = _tp(dp, vpp=2 if group > 1 else 1, group=group)
+    try:
+        out = slime.build_dp_schedule(args, tp, lens, global_batch_size=gbs,
+                                      rollout_indices=list(range(n)))  # fmt: skip
+    except AssertionError as exc:
+        # Only where slime fails too: a step whose first-fit bin count, rounded up to a
+        # multiple of dp * group, exceeds its samples (singletons cannot be split).
+        assert "dynamic path" in str(exc)
+        align = dp * group
+        steps = [lens[s * gbs : (s + 1) * gbs] for s in range(n // gbs)]
+        assert any(-(-_first_fit_count(s, 200) // align) * align > len(s) for s in steps)
+        return
+    _check_schedule(out, lens, dp, range(gbs * (n // gbs)), cap=200)
+    assert all(k % group == 0 for k in out[2])
+
+
+def test_static_schedule_is_near_optimal_by_flops():
+    # dp=2, one sample per micro-batch: the ranks' FLOPs against brute force over all
+    # equal-count splits (LPT-quality or better).
+    args = _args(micro_batch_size=1, balance_data=True)
+    rng = np.random.default_rng(3)
+    for _ in range(10):
+        lens = rng.integers(1, 60, size=8).tolist()
+        w = slime.sequence_fwd_flops(lens, args)
+        parts, mbi, nmb, _ = slime.build_dp_schedule(
+            args, _tp(2), lens, global_batch_size=8, rollout_indices=list(range(8))
+        )
+        assert nmb == [4] and all(len(m) == 1 for r in mbi for m in r)
+        heavy = max(w[p].sum() for p in parts)
+        opt = min(max(w[list(c)].sum(), w.sum() - w[list(c)].sum())
+                  for c in itertools.combinations(range(8), 4))  # fmt: skip
+        assert opt <= heavy <= 4 / 3 * opt
+        assert w[parts[0]].sum() >= w[parts[1]].sum()  # heaviest rank first, as slime
+
+
+def test_schedule_errors():
+    dyn = _args(use_dynamic_batch_size=True, max_tokens_per_gpu=10)
+    with pytest.raises(AssertionError, match="num_rollouts"):
+        slime.build_dp_schedule(dyn, _tp(), [3] * 4, global_batch_size=3,
+                                rollout_indices=[0, 0, 1, 1])  # fmt: skip
+    with pytest.raises(AssertionError, match="samples < dp_size"):
+        slime.build_dp_schedule(dyn, _tp(4), [3] * 3, global_batch_size=3,
+                                rollout_indices=[0, 1, 2])  # fmt: skip
+    with pytest.raises(AssertionError, match="static path"):
+        slime.build_dp_schedule(_args(micro_batch_size=2), _tp(2), [3] * 6,
+                                global_batch_size=6, rollout_indices=list(range(6)))  # fmt: skip
+    with pytest.raises(ValueError):  # the same errors are ValueErrors too
+        slime.build_dp_schedule(dyn, _tp(2, vpp=2, group=2), [3] * 3, global_batch_size=3,
+                                rollout_indices=[0, 1, 2])  # fmt: skip
+
+
+def test_schedule_keeps_rollouts_together_and_cp_widens_cap():
+    lens = [6, 6, 6, 6, 6, 6]
+    args = _args(use_dynamic_batch_size=True, max_tokens_per_gpu=6)
+    parts, mbi, nmb, gbs = slime.build_dp_schedule(
+        args, _tp(1, cp=2), lens, global_batch_size=1, rollout_indices=[0, 0, 0, 1, 1, 1]
+    )
+    assert gbs == [1, 1] and nmb == [2, 2]  # 18 tokens a step, 12 per micro-batch
+    assert sorted(parts[0][i] for mb in mbi[0][:2] for i in mb) == [0, 1, 2]
+
+
+# ---- OpenRLHF ---------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 150), max_size=40), st.integers(10, 100), st.integers(1, 2))
+def test_minimum_micro_batch_count(lens, max_tokens, ring):
+    cap = max_tokens * ring
+    m = openrlhf.get_minimum_num_micro_batch_size(lens, max_tokens, ring, 1)
+    if not lens:
+        assert m == 0
+        return
+    over = sum(n > cap for n in lens)
+    lo = max(1, over + -(-sum(n for n in lens if n <= cap) // cap))
+    assert min(lo, len(lens)) <= m <= len(lens)
+
+    def fits(k):
+        parts = openrlhf.get_seqlen_balanced_partitions(lens, k, False)
+        return all(len(p) == 1 or sum(lens[i] for i in p) <= cap for p in parts)
+
+    assert fits(m)  # the partition the caller makes next holds the cap
+    assert m == min(lo, len(lens)) or not fits(m - 1)
+
+
+class _Exp:
+    """A stand-in for OpenRLHF's Experience: per-sample lengths and names."""
+
+    def __init__(self, lengths, names):
+        self.total_length, self.prompts = list(lengths), list(names)
+
+
+def _split(batch):
+    return [_Exp([n], [p]) for n, p in zip(batch.total_length, batch.prompts)]
+
+
+def _make(items):
+    return _Exp([n for it in items for n in it.total_length],
+                [p for it in items for p in it.prompts])  # fmt: skip
+
+
+def _interleave_heaviest(lens, k):
+    """OpenRLHF's interleaving (from its docstring), heaviest batch's tokens."""
+    s = sorted(lens, reverse=True)
+    chunks = [s[i : i + k] for i in range(0, len(s), k)]
+    half = len(chunks) // 2
+    first, last = chunks[:half], [c[::-1] for c in chunks[half:]]
+    seq = [c for i in range(half) for c in (first[i], last[-(i + 1)])]
+    if len(last) > len(first):
+        seq.append(last[0])
+    return max(sum(c[j] for c in seq if j < len(c)) for j in range(len(seq[0])))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(1, 1000), min_size=1, max_size=50), st.integers(1, 8),
+       st.integers(1, 4))  # fmt: skip
+def test_balance_experiences(lens, gpus, n_batches):
+    mod = types.ModuleType("fake_openrlhf_experience")
+    mod.split_experience_batch, mod.make_experience_batch, mod._Exp = _split, _make, _Exp
+    sys.modules[mod.__name__] = mod
+    cls = type("Experience", (_Exp,), {"__module__": mod.__name__})
+    try:
+        chunks = np.array_split(np.arange(len(lens)), min(n_batches, len(lens)))
+        inputs = [cls([lens[i] for i in c], [f"s{i}" for i in c]) for c in chunks]
+        args = NS(actor=NS(num_nodes=1, num_gpus_per_node=gpus),
+                  ds=NS(ring_attn_size=1, tensor_parallel_size=1))  # fmt: skip
+        out = openrlhf.balance_experiences(inputs, args)
+    finally:
+        del sys.modules[mod.__name__]
+    k = min(gpus, len(lens))
+    assert len(out) == k
+    assert sorted(p for b in out for p in b.prompts) == sorted(f"s{i}" for i in range(len(lens)))
+    sizes = [len(b.prompts) for b in out]
+    assert max(sizes) - min(sizes) <= 1
+    loads = [sum(b.total_length) for b in out]
+    assert loads == sorted(loads, reverse=True)
+    assert max(loads) <= _interleave_heaviest(lens, gpus)
+
+
+def test_balance_experiences_refuses_foreign_objects():
+    args = NS(actor=NS(num_nodes=1, num_gpus_per_node=2), ds=NS(ring_attn_size=1,
+              tensor_parallel_size=1))  # fmt: skip
+    with pytest.raises(TypeError, match="split_experience_batch"):
+        openrlhf.balance_experiences([NS(total_length=[3])], args)
+    assert openrlhf.balance_experiences([], args) == []
+
+
+# ---- patch() against fake module trees --------------------------------------------------
+
+
+def _fake(monkeypatch, name, **funcs):
+    parts = name.split(".")
+    for i in range(1, len(parts) + 1):
+        mod_name = ".".join(parts[:i])
+        if mod_name not in sys.modules:
+            monkeypatch.setitem(sys.modules, mod_name, types.ModuleType(mod_name))
+    mod = sys.modules[name]
+    for k, v in funcs.items():
+        setattr(mod, k, v)
+    return mod
+
+
+def _old(*a, **k):
+    return "old"
+
+
+def test_slime_patch_fake_tree(monkeypatch):
+    sb = _fake(monkeypatch, "slime.utils.seqlen_balancing",
+               first_fit_pack=_old, get_seqlen_balanced_partitions=_old)  # fmt: skip
+    fl = _fake(monkeypatch, "slime.utils.flops_utils", calculate_fwd_flops=_old)
+    ds = _fake(monkeypatch, "slime.utils.dp_schedule", build_dp_schedule=_old,
+               calculate_fwd_flops=_old, first_fit_pack=_old)  # fmt: skip
+    done = slime.patch()
+    try:
+        assert sb.first_fit_pack is slime.first_fit_pack
+        assert fl.calculate_fwd_flops is slime.calculate_fwd_flops
+        assert ds.build_dp_schedule is slime.build_dp_schedule
+        assert ds.calculate_fwd_flops is slime.calculate_fwd_flops  # imported by name
+        assert ds.first_fit_pack is slime.first_fit_pack
+        assert "slime.utils.dp_schedule.build_dp_schedule" in done
+        assert slime.patch() == done  # idempotent
+    finally:
+        slime.unpatch()
+    assert sb.first_fit_pack is _old and fl.calculate_fwd_flops is _old
+    assert ds.build_dp_schedule is _old and ds.calculate_fwd_flops is _old
+    slime.unpatch()  # a second unpatch is a no-op
+
+
+def test_openrlhf_patch_fake_tree(monkeypatch):
+    sb = _fake(monkeypatch, "openrlhf.utils.seqlen_balancing", get_seqlen_balanced_partitions=_old,
+               get_minimum_num_micro_batch_size=_old)  # fmt: skip
+    ex = _fake(monkeypatch, "openrlhf.trainer.ppo_utils.experience", balance_experiences=_old)
+    user = _fake(monkeypatch, "openrlhf.trainer.ppo_trainer", balance_experiences=_old)
+    openrlhf.patch()
+    try:
+        assert sb.get_minimum_num_micro_batch_size is openrlhf.get_minimum_num_micro_batch_size
+        assert sb.get_seqlen_balanced_partitions is openrlhf.get_seqlen_balanced_partitions
+        assert ex.balance_experiences is openrlhf.balance_experiences
+        assert user.balance_experiences is openrlhf.balance_experiences
+    finally:
+        openrlhf.unpatch()
+    assert sb.get_seqlen_balanced_partitions is _old and user.balance_experiences is _old
+
+
+def test_patch_without_framework(monkeypatch):
+    for name in ("slime", "openrlhf"):
+        monkeypatch.setitem(sys.modules, name, None)  # makes `import name...` fail
+    with pytest.raises(ImportError, match="slime"):
+        slime.patch()
+    with pytest.raises(ImportError, match="OpenRLHF"):
+        openrlhf.patch()

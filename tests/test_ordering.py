@@ -1,0 +1,190 @@
+"""plan(order=, oversized=, sequences_per_micro_batch=) and inverse_permutation."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import seqbalance as sb
+from seqbalance.planning._ordering import order_grid
+
+lengths_st = st.lists(st.integers(1, 1000), min_size=1, max_size=60)
+
+
+@given(st.permutations(list(range(12))))
+def test_inverse_permutation_restores(perm):
+    inv = sb.inverse_permutation(perm)
+    data = np.arange(100, 112)
+    assert (data[np.asarray(perm)][inv] == data).all()
+    assert [perm[i] for i in inv] == list(range(12))
+
+
+@pytest.mark.parametrize("bad", [[0, 0, 1], [0, 3, 1], [1, 2], [[0, 1]], [-1, 0]])
+def test_inverse_permutation_rejects(bad):
+    with pytest.raises(ValueError, match="perm"):
+        sb.inverse_permutation(bad)
+
+
+def test_inverse_permutation_empty():
+    assert sb.inverse_permutation([]).tolist() == []
+
+
+def test_light_ends_known_order():
+    # Five single-sequence slots with costs 5..1: heaviest in the middle, lightest at the ends.
+    grid = [[[0], [1], [2], [3], [4]]]
+    costs = np.array([1.0, 2.0, 3.0, 4.0, 5.0])
+    out = order_grid(grid, costs, 0.0, False, "light_ends")
+    assert [mb[0] for mb in out[0]] == [0, 2, 4, 3, 1]  # costs 1, 3, 5, 4, 2
+    out = order_grid(grid, costs, 0.0, False, "heaviest_first")
+    assert [mb[0] for mb in out[0]] == [4, 3, 2, 1, 0]
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths_st, st.integers(1, 3), st.sampled_from(["heaviest_first", "light_ends", "index"]))
+def test_order_keeps_plan_and_step_time(lens, dp, order):
+    if len(lens) < dp:
+        return
+    base = sb.plan(lens, dp, 1500, allow_empty=True)
+    p = sb.plan(lens, dp, 1500, order=order, allow_empty=True)
+    assert p.violations() == base.violations()
+    # Same micro-batches, only their order changes.
+    key = sorted(tuple(mb) for rank in p.micro_batches for mb in rank)
+    assert key == sorted(tuple(mb) for rank in base.micro_batches for mb in rank)
+    if order != "index":
+        assert p.simulate().step_time == pytest.approx(base.simulate().step_time)
+    if order == "index":
+        for rank in p.micro_batches:
+            firsts = [mb[0] for mb in rank if mb]
+            assert firsts == sorted(firsts)
+
+
+def test_oversized_default_raises():
+    with pytest.raises(ValueError, match="sequence 2 has 1500 tokens"):
+        sb.plan([100, 200, 1500], 1, 1000)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths_st, st.integers(1, 3))
+def test_oversized_alone(lens, dp):
+    cap = 600
+    if len(lens) < dp:
+        return
+    p = sb.plan(lens, dp, cap, oversized="alone", allow_empty=True)
+    over = [i for i, n in enumerate(lens) if n > cap]
+    v = p.violations()
+    assert v["missing"] == v["duplicated"] == v["unequal_counts"] == 0
+    assert v["over_capacity"] == len(over)
+    for rank in p.micro_batches:
+        for mb in rank:
+            if any(i in over for i in mb):
+                assert len(mb) == 1  # alone
+    if over:
+        assert any("oversized='alone'" in note for note in p.notes)
+    else:
+        assert p == sb.plan(lens, dp, cap, allow_empty=True)
+
+
+def _brute_best_max(lens, nbins, per_mb):
+    """The lightest heaviest bin over every assignment with at most per_mb per bin."""
+    best = np.inf
+    for labels in itertools.product(range(nbins), repeat=len(lens)):
+        counts = np.bincount(labels, minlength=nbins)
+        if counts.max() > per_mb or counts.max() - counts.min() > 1:
+            continue
+        best = min(best, max(np.bincount(labels, weights=lens, minlength=nbins)))
+    return best
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, 100), min_size=2, max_size=7), st.integers(2, 3))
+def test_sequences_per_micro_batch(lens, per_mb):
+    p = sb.plan(lens, 1, 10_000, sequences_per_micro_batch=per_mb)
+    n = len(lens)
+    m = -(-n // per_mb)
+    assert p.num_micro_batches == m
+    counts = [len(mb) for mb in p.micro_batches[0]]
+    assert max(counts) <= per_mb and max(counts) - min(counts) <= 1
+    assert p.violations()["missing"] == 0
+    # Balanced near the brute-force optimum (auto partition; within 1.5x on these sizes).
+    heaviest = max(sum(lens[i] for i in mb) for mb in p.micro_batches[0])
+    assert heaviest <= 1.5 * _brute_best_max(lens, m, per_mb) + 1e-9
+
+
+def test_sequences_per_micro_batch_errors():
+    # Three micro-batches would hold four sequences two at a time, but not under 100 tokens.
+    p = sb.plan([60, 60, 60, 60], 1, 100, sequences_per_micro_batch=2)
+    assert p.num_micro_batches == 4 and "4 micro-batches per rank" in p.notes[0]
+    with pytest.raises(ValueError, match="cannot fill"):
+        sb.plan([60, 60, 60, 60], 3, 100, sequences_per_micro_batch=2)
+    with pytest.raises(ValueError, match="size rule or groups"):
+        sb.plan([1, 2, 3, 4], 2, 100, size="equal", sequences_per_micro_batch=2)
+    with pytest.raises(ValueError, match="sequences_per_micro_batch"):
+        sb.plan([1, 2], 1, 100, sequences_per_micro_batch=0)
+    with pytest.raises(ValueError, match="order must be one of"):
+        sb.plan([1, 2], 1, 100, order="random")
+    with pytest.raises(ValueError, match="oversized must be one of"):
+        sb.plan([1, 2], 1, 100, oversized="drop")
+
+
+def test_tensor_and_object_array_inputs():
+    # partition/plan take torch tensors (requiring grad, any int width) and object arrays,
+    # converted once on CPU; the result equals the one for the plain numpy input.
+    torch = pytest.importorskip("torch")
+    w = [3.0, 1.0, 2.0, 5.0, 4.0, 4.0]
+    plain = sb.partition(np.asarray(w), 3)
+    assert sb.partition(torch.tensor(w, requires_grad=True), 3) == plain
+    assert sb.partition(np.asarray(w, dtype=object), 3) == plain
+    lens = [30, 10, 20, 50, 40, 40]
+    ref = sb.plan(np.asarray(lens), 2, 100).micro_batches
+    assert sb.plan(torch.tensor(lens, dtype=torch.int32), 2, 100).micro_batches == ref
+    uids = ["a", "a", "b", "b", "c", "c"]
+    ref_g = sb.partition(lens, 3, size="equal", groups=uids)
+    obj = np.asarray(uids, dtype=object)
+    assert sb.partition(lens, 3, size="equal", groups=obj) == ref_g
+    ids = torch.tensor([0, 0, 1, 1, 2, 2])
+    assert sb.partition(lens, 3, size="equal", groups=ids) == ref_g
+    with pytest.raises(ValueError, match="mixes strings and numbers"):
+        sb.partition(lens, 3, groups=np.asarray(["a", 1, "b", 2, "c", 3], dtype=object))
+
+
+@settings(max_examples=25, deadline=None)
+@given(lengths_st, st.integers(1, 3))
+def test_baselines_off_is_valid_and_never_better(lens, dp):
+    # baselines=False only drops candidates: a valid plan that is never better (fewer
+    # micro-batches, then lower simulated step time) than the default one.
+    if len(lens) < dp:
+        return
+    fast = sb.plan(lens, dp, 1000, baselines=False, allow_empty=True)
+    full = sb.plan(lens, dp, 1000, allow_empty=True)
+    v = fast.violations()
+    assert v["missing"] == v["duplicated"] == v["over_capacity"] == v["unequal_counts"] == 0
+    key_fast = (fast.num_micro_batches, fast.simulate().step_time)
+    key_full = (full.num_micro_batches, full.simulate().step_time)
+    assert key_full <= key_fast
+    with pytest.raises(ValueError, match="baselines"):
+        sb.plan(lens, dp, 1000, baselines="no")
+
+
+def test_order_and_fixed_count_refused_with_pipelines():
+    import seqbalance as sb
+
+    for kw in ({"order": "light_ends"}, {"sequences_per_micro_batch": 2}):
+        with pytest.raises(ValueError, match="pp_size > 1"):
+            sb.plan([5, 3, 7, 9] * 4, 2, 16, pp_size=2, **kw)
+
+
+def test_oversized_alone_note_kept_with_pipelines():
+    import seqbalance as sb
+
+    lengths = [5, 40, 3, 7, 9, 2, 8, 1] * 4
+    p = sb.plan(lengths, 2, 16, oversized="alone", pp_size=2)
+    long = {i for i, n in enumerate(lengths) if n > 16}
+    for rank in p.micro_batches:
+        for mb in rank:
+            assert not (long & set(mb)) or len(mb) == 1  # a long sequence runs alone
+    assert any("oversized='alone'" in n for n in p.notes)
+    assert sorted(i for r in p.micro_batches for mb in r for i in mb) == list(range(len(lengths)))
