@@ -162,7 +162,7 @@ def partition(
 
     Complexity (n items, m units, k parts): ``"kk"`` O(m log m + (m/k) k log k);
     ``"greedy"`` O(m log m + m log k); ``"auto"`` adds the refinement, at most
-    ``min(3k + 256, 1,024, 2**26 / (m + k))`` steps of O(k + m/k log m) each plus an O(m)
+    ``min(3k + 256, 1,024, 2**24 / (m + k))`` steps of O(k + m/k log m) each plus an O(m)
     scan when the lightest parts do not help, and for k > 256 under a size rule first at most 32
     vectorised rounds of O(m c) (c = m/k, up to 64), the free-mode Karmarkar–Karp
     candidate O(m k) for m <= 4,096, and the exact search at most 60,000 nodes of O(k)
