@@ -78,7 +78,11 @@ def areal_reference(ns, lengths, dp, cap):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--site", default="/work/ext8")
+    ap.add_argument(
+        "--site",
+        default="/work/ext8",
+        help="folder of `pip install --no-deps --target DIR verl==0.9.1 areal==1.0.4`",
+    )
     ap.add_argument("--json", default="bench/results/pipelines_check.json")
     args = ap.parse_args()
     site = Path(args.site)

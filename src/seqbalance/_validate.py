@@ -8,6 +8,7 @@ argument, the first offending value and how to fix it.
 from __future__ import annotations
 
 import operator
+import os
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ __all__ = [
     "check_choice",
     "check_nonnegative_int",
     "check_positive_int",
+    "unwritable",
 ]
 
 
@@ -181,3 +183,18 @@ def as_groups(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     rank = np.empty(first.shape[0], dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(first.shape[0], dtype=np.int64)
     return rank[inverse.reshape(-1)]
+
+
+def unwritable(path: str) -> str | None:
+    """Why ``path`` cannot be written, or None when it can (checked without writing).
+
+    Commands check their output paths before minutes of work, not after.
+    """
+    if os.path.isdir(path):
+        return "is a directory"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        return f"folder {folder} does not exist"
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return "permission denied"
+    return None

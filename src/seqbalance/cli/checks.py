@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 from typing import Any
 
 import numpy as np
+
+from .._validate import unwritable
 
 __all__ = [
     "INT_FLAGS",
@@ -67,18 +68,6 @@ def check_numbers(args: argparse.Namespace) -> None:
                 f"{flag} {value} is too large: at most 2**53 = {MAX_INT} (larger integers are "
                 "not exact in the float64 arithmetic of costs and times)"
             )
-
-
-def unwritable(path: str) -> str | None:
-    """Why ``path`` cannot be written, or None when it can (checked without writing)."""
-    if os.path.isdir(path):
-        return "is a directory"
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return f"folder {folder} does not exist"
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return "permission denied"
-    return None
 
 
 def check_outputs(args: argparse.Namespace) -> None:

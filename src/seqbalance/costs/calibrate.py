@@ -50,7 +50,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._validate import as_lengths, check_choice, check_positive_int
+from .._validate import as_lengths, check_choice, check_positive_int, unwritable
 from .architecture import (
     Architecture,
     Attention,
@@ -668,18 +668,6 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _unwritable(path: str) -> str | None:
-    """Why ``path`` cannot be written, or None when it can (checked without writing)."""
-    if os.path.isdir(path):
-        return "is a directory"
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        return f"folder {folder} does not exist"
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        return "permission denied"
-    return None
-
-
 def run(args: argparse.Namespace) -> int:
     """Run ``seqbalance calibrate`` from parsed arguments; returns the exit code."""
     # Errors as the other commands print them: one `error:` line, exit status 2.
@@ -688,7 +676,7 @@ def run(args: argparse.Namespace) -> int:
     except MissingTorchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    problem = _unwritable(args.out) if args.out else None
+    problem = unwritable(args.out) if args.out else None
     if problem:  # before minutes of timing, not after
         print(f"error: --out {args.out}: {problem}", file=sys.stderr)
         return 2

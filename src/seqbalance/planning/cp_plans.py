@@ -45,7 +45,7 @@ from .._validate import as_lengths, check_choice, check_positive_int
 from ..costs.context_parallel import ContextParallelCost
 from ..partitioning.stats import relative_gap
 from .plans import FORMAT, Plan
-from .simulation import SYNC_MODELS, Simulation
+from .simulation import SYNC_MODELS, Simulation, check_equal_counts, lockstep_timeline
 
 __all__ = ["CP_MODES", "CPPlan", "cp_lower_bound", "piece_costs", "simulate_pieces"]
 
@@ -165,19 +165,10 @@ def simulate_pieces(
     check_choice(sync, "sync", SYNC_MODELS)
     lens = as_lengths(lengths)
     mb = piece_costs(pieces, lens, cp_cost)
-    if np.isnan(mb).any():
-        counts = sorted({len(g) for g in pieces})
-        raise ValueError(
-            f"GPUs hold different numbers of micro-batches ({counts}); collectives would hang. "
-            "Every GPU needs the same count"
-        )
+    check_equal_counts(mb, pieces, "GPUs")
     world, m = mb.shape
     if sync == "fsdp":
-        slot = mb.max(axis=0) if world else np.zeros(m)
-        slot_start = np.concatenate([[0.0], np.cumsum(slot)[:-1]]) if m else np.zeros(0)
-        start = np.broadcast_to(slot_start, mb.shape).copy()
-        end = start + mb
-        step = float(slot.sum())
+        start, end, step = lockstep_timeline(mb)
     else:
         roots = _slot_groups(pieces, world, m)
         start = np.zeros_like(mb)

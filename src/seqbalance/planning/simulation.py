@@ -181,6 +181,32 @@ def step_time_lower_bound(
     return bound + min_micro_batches * per_microbatch
 
 
+def check_equal_counts(mb: np.ndarray, holders: Sequence[Sequence[Any]], who: str) -> None:
+    """Refuse a cost matrix whose NaN padding shows unequal micro-batch counts.
+
+    ``who`` names the holders in the message ("ranks", "GPUs").
+    """
+    if np.isnan(mb).any():
+        counts = sorted({len(h) for h in holders})
+        raise ValueError(
+            f"{who} hold different numbers of micro-batches ({counts}); collectives would hang. "
+            f"Every one of the {who} needs the same count"
+        )
+
+
+def lockstep_timeline(mb: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Start and end of every micro-batch when slot ``j`` runs in lockstep on all rows.
+
+    Under FSDP/ZeRO-3 every row waits for the slowest row of slot ``j`` before slot
+    ``j + 1`` starts, so the step is the sum over slots of the slot's maximum.
+    """
+    rows, m = mb.shape
+    slot = mb.max(axis=0) if rows else np.zeros(m)
+    slot_start = np.concatenate([[0.0], np.cumsum(slot)[:-1]]) if m else np.zeros(0)
+    start = np.broadcast_to(slot_start, mb.shape).copy()
+    return start, start + mb, float(slot.sum())
+
+
 def simulate(
     micro_batches: Sequence[Sequence[Sequence[int]]],
     costs: np.ndarray,
@@ -223,12 +249,7 @@ def simulate(
                     f"micro_batches[{r}][{j}] holds an index outside 0..{n - 1} ({n} costs)"
                 )
     mb = microbatch_costs(micro_batches, costs, per_microbatch=per_microbatch, padded=padded)
-    if np.isnan(mb).any():
-        counts = sorted({len(r) for r in micro_batches})
-        raise ValueError(
-            f"ranks hold different numbers of micro-batches ({counts}); collectives would hang. "
-            "Every rank needs the same count"
-        )
+    check_equal_counts(mb, micro_batches, "ranks")
     dp, m = mb.shape
     if sync == "ddp":
         end = np.cumsum(mb, axis=1)
@@ -236,12 +257,8 @@ def simulate(
         busy = end[:, -1] if m else np.zeros(dp)
         step = float(busy.max()) if dp else 0.0
     else:
-        slot = mb.max(axis=0) if dp else np.zeros(m)
-        slot_start = np.concatenate([[0.0], np.cumsum(slot)[:-1]]) if m else np.zeros(0)
-        start = np.broadcast_to(slot_start, mb.shape).copy()
-        end = start + mb
+        start, end, step = lockstep_timeline(mb)
         busy = mb.sum(axis=1)
-        step = float(slot.sum())
     idle = step - busy
     if lower_bound is None:
         lower_bound = step_time_lower_bound(costs, max(dp, 1), per_microbatch=per_microbatch)
