@@ -29,11 +29,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import json
 import math
 import os
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,8 +46,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from seqbalance import workloads
-from seqbalance.costs import QuadraticCost, fit_cost
-from seqbalance.torch import global_token_count, rebalance, token_mean_loss
+from seqbalance.costs import QuadraticCost, TimingRecorder, TokenCost, fit_cost
+from seqbalance.torch import (
+    MicroBatchTimer,
+    Rebalancer,
+    global_token_count,
+    rebalance,
+    token_mean_loss,
+)
 
 VOCAB = 256
 
@@ -138,10 +146,10 @@ def calibrate(model: nn.Module, max_tokens: int, reps: int = 2) -> QuadraticCost
 # ---- data ------------------------------------------------------------------------------------
 def step_lengths(args: argparse.Namespace) -> np.ndarray:
     """Lengths of every global batch, [steps, batch]: rl-math scaled down by --scale."""
-    total = args.batch * (args.steps + args.warmup)
-    full = workloads.load("rl-math", total, seed=args.seed).lengths
+    steps = getattr(args, "total_steps", args.steps + args.warmup)
+    full = workloads.load("rl-math", args.batch * steps, seed=args.seed).lengths
     scaled = np.maximum(2, np.round(full / args.scale)).astype(np.int64)
-    return np.minimum(scaled, args.max_tokens).reshape(args.steps + args.warmup, args.batch)
+    return np.minimum(scaled, args.max_tokens).reshape(steps, args.batch)
 
 
 def sequence_tokens(step: int, index: int, length: int, seed: int) -> torch.Tensor:
@@ -183,8 +191,14 @@ def naive_micro_batches(batch: dict, max_tokens: int) -> list[dict]:
 
 
 # ---- training --------------------------------------------------------------------------------
-def train_step(ddp: DDP, opt: torch.optim.Optimizer, micro_batches: list[dict]):
-    """One optimizer step over this rank's micro-batches; returns the global token-mean loss."""
+def train_step(ddp: DDP, opt: torch.optim.Optimizer, micro_batches: list[dict], timer=None):
+    """One optimizer step over this rank's micro-batches; returns the global token-mean loss.
+
+    With a ``MicroBatchTimer``, each micro-batch's forward+backward is timed. Every
+    micro-batch then runs under ``no_sync()`` and the gradients are all-reduced (and
+    averaged, as DDP does) after the last one, outside the timed regions: otherwise the
+    last micro-batch's backward would also hold DDP's bucket copies and the wait for the
+    slowest rank, which are no part of what the cost model predicts."""
     local_count = sum(
         int(mb["cu_seqlens"][-1]) - (len(mb["cu_seqlens"]) - 1) for mb in micro_batches
     )
@@ -192,13 +206,22 @@ def train_step(ddp: DDP, opt: torch.optim.Optimizer, micro_batches: list[dict]):
     opt.zero_grad(set_to_none=True)
     loss_sum = torch.zeros((), dtype=torch.float64)
     for j, mb in enumerate(micro_batches):
-        last = j == len(micro_batches) - 1
+        last = j == len(micro_batches) - 1 and timer is None
         ctx = ddp.no_sync() if not last else _nullcontext()
-        with ctx:
+        with ctx, (timer.time() if timer is not None else _nullcontext()):
             logits = ddp(mb["input_ids"], mb["cu_seqlens"])
             s, _ = token_loss_sum(logits, mb["input_ids"], mb["cu_seqlens"])
             token_mean_loss(s, count).backward()
         loss_sum += s.detach().double()
+    if timer is not None:
+        grads = [p.grad for p in ddp.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
     opt.step()
     dist.all_reduce(loss_sum)
     return float(loss_sum / count.double())
@@ -223,6 +246,8 @@ def worker(rank: int, world: int, init_file: str, args: argparse.Namespace) -> N
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
                             world_size=world, timeout=datetime.timedelta(seconds=120))
+    if args.adapt:
+        return adapt_worker(rank, world, args)
     lengths = step_lengths(args)
     models = {name: make_model(args) for name in ("naive", "seqbalance")}
     # Every rank must plan with the same cost model: rank 0 measures, then broadcasts it.
@@ -306,6 +331,212 @@ def worker(rank: int, world: int, init_file: str, args: argparse.Namespace) -> N
     print(f"speedup: {mean['naive'] / mean['seqbalance']:.2f}")
 
 
+# ---- --adapt: learn the cost from the run ---------------------------------------------------
+def _log(fh, record: dict) -> None:
+    if fh is not None:
+        fh.write(json.dumps(record, allow_nan=False, default=float) + "\n")
+        fh.flush()
+
+
+def _check_loss(first_loss: dict, first_grad: dict, a_name: str, b_name: str) -> None:
+    a, b = first_loss[a_name], first_loss[b_name]
+    rel = abs(a - b) / abs(a)
+    ga, gb = first_grad[a_name], first_grad[b_name]
+    grad_rel = float((ga - gb).norm() / ga.norm())
+    print(f"step-1 global token-mean loss: {a_name} {a:.8f}  {b_name} {b:.8f}  "
+          f"rel diff {rel:.1e}")
+    print(f"step-1 gradient rel diff: {grad_rel:.1e}")
+    if not (rel <= 1e-5 and grad_rel <= 1e-4):
+        raise SystemExit("loss check FAILED: the strategies do not compute the same loss")
+    print("loss check: ok")
+
+
+def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
+    """Start from TokenCost, time every micro-batch, refit, then race both costs.
+
+    Steps ``0..warmup-1`` warm up (not recorded); the next ``--refit-after`` steps train
+    with token-balanced plans while a MicroBatchTimer records every micro-batch; then every
+    rank refits the cost from the same gathered records (so all get the same cost) and the
+    "refit" strategy switches to it. The token-cost strategy gets the same weights, and
+    the next ``--steps`` steps run both, alternately, best of ``--repeats``; every
+    ``--refit-every`` steps the refit strategy refits on its rolling window.
+    """
+    lengths = step_lengths(args)
+    ddp_a, opt_a = make_model(args)     # "refit": token plans first, then the fitted cost
+    ddp_t, opt_t = make_model(args)     # "tokens": token plans throughout
+    names = ("tokens", "refit")
+    # Each recorder's window holds the last --window timed runs (of one strategy).
+    rec = {name: TimingRecorder(TokenCost(), sync="ddp", window=args.window) for name in names}
+    timer = {name: MicroBatchTimer(rec[name], clock=args.clock, device="cpu") for name in names}
+    bal = {name: Rebalancer(args.max_tokens, cost=TokenCost(), sync="ddp") for name in names}
+    models = {"refit": (ddp_a, opt_a), "tokens": (ddp_t, opt_t)}
+    log = open(args.log, "w", encoding="utf-8") if args.log and rank == 0 else None
+    learn = args.warmup + args.refit_after
+    # Race records of the refit strategy with the prediction of the cost that planned them.
+    judged: list[tuple[int, int, int, float, float]] = []
+    every = {name: [] for name in names}  # all race records, for the final reports
+    # Step time on the timer's clock (CPU time with --clock thread), for its overhead.
+    clocked = {name: 0.0 for name in names}
+
+    def run(name: str, step: int, batch: dict) -> tuple[float, float, Any]:
+        ddp, opt = models[name]
+        dist.barrier()
+        t0, c0 = time.perf_counter(), time.thread_time()
+        mbs, handle = bal[name](batch)
+        loss = train_step(ddp, opt, mbs, timer[name])
+        records = timer[name].end_step(handle.plan)
+        clocked[name] += time.thread_time() - c0 if args.clock == "thread" else 0.0
+        dist.barrier()
+        elapsed = time.perf_counter() - t0
+        clocked[name] += elapsed if args.clock == "wall" else 0.0
+        if step >= learn:
+            every[name] += records
+            if name == "refit":
+                cost = bal[name].cost
+                judged.extend((step, r.rank, r.slot, r.seconds, cost.microbatch_cost(r.lengths))
+                              for r in records)
+        return elapsed, loss, handle.plan
+
+    def metrics(name: str, plan: Any) -> dict:
+        return {**plan.metrics(), **rec[name].metrics()}
+
+    # 1. learn: token-cost plans, every micro-batch timed.
+    learn_times = []
+    for step in range(learn):
+        batch = local_rollouts(step, lengths[step], rank, world, args.seed)
+        elapsed, _, plan = run("refit", step, batch)
+        if step < args.warmup:
+            rec["refit"].clear()  # warm-up steps time allocation and lazy init
+            continue
+        learn_times.append(elapsed)
+        if rank == 0:
+            _log(log, {"step": step, "phase": "learn", "strategy": "refit",
+                       "step_time": elapsed, **metrics("refit", plan)})
+    before = rec["refit"].report()
+    # 2. refit: the same records on every rank, so every rank gets the same cost.
+    cost = rec["refit"].refit()
+    bal["refit"].set_cost(cost)
+    ddp_t.module.load_state_dict(ddp_a.module.state_dict())  # race from the same weights
+    if rank == 0:
+        print(f"token-cost plans, {len(learn_times)} steps: measured imbalance "
+              f"{before.imbalance_measured:.1%}, step time "
+              f"{statistics.fmean(learn_times) * 1e3:.0f} ms, TokenCost shape error "
+              f"{before.model_error:.1%} (after the best scale)")
+        print(f"refit on {before.samples} micro-batches: {_describe_cost(cost)}")
+    # 3. race: both strategies on the same batches, alternating, best of --repeats.
+    times: dict[str, list[float]] = {name: [] for name in names}
+    first_loss: dict[str, float] = {}
+    first_grad: dict[str, torch.Tensor] = {}
+    race_plans: dict[str, list] = {name: [] for name in names}
+    overhead_from = {name: (timer[name].overhead, timer[name].gather_overhead)
+                     for name in names}
+    clocked_from = dict(clocked)
+    for step in range(learn, learn + args.steps):
+        batch = local_rollouts(step, lengths[step], rank, world, args.seed)
+        best = {name: math.inf for name in names}
+        for rep in range(args.repeats):
+            order = names if (step + rep) % 2 == 0 else names[::-1]
+            for name in order:
+                elapsed, loss, plan = run(name, step, batch)
+                if step == learn and rep == 0:
+                    first_loss[name] = loss
+                    first_grad[name] = torch.cat([p.grad.reshape(-1)
+                                                  for p in models[name][0].parameters()
+                                                  if p.grad is not None])
+                best[name] = min(best[name], elapsed)
+                if rep == 0:
+                    race_plans[name].append(plan)
+                if rank == 0:
+                    _log(log, {"step": step, "rep": rep, "phase": "race", "strategy": name,
+                               "step_time": elapsed, **metrics(name, plan)})
+        for name in names:
+            times[name].append(best[name])
+        done = step - learn + 1
+        if args.refit_every and done % args.refit_every == 0 and done < args.steps:
+            bal["refit"].set_cost(rec["refit"].refit())  # rolling window, same on all ranks
+    reports = {}
+    for name in names:
+        full = TimingRecorder(rec[name].cost, sync="ddp", window=10**6)
+        full.extend(every[name])
+        reports[name] = full.report()
+    # The timer's own cost as a share of step time, both on the timer's clock (CPU time
+    # of this thread with --clock thread): local (timed regions, clocks, records) and the
+    # one small all_gather per step.
+    spent = {name: clocked[name] - clocked_from[name] for name in names}
+    gather = {name: (timer[name].gather_overhead - overhead_from[name][1]) / spent[name]
+              for name in names}
+    local = {name: (timer[name].overhead - overhead_from[name][0]) / spent[name]
+             - gather[name] for name in names}
+    # Model error: each race micro-batch of the refit strategy (every run) against the
+    # prediction, in seconds (no rescaling), of the cost that planned it, i.e. fitted on
+    # earlier steps only. Also against the fastest of the --repeats runs of each
+    # micro-batch (the filter the step times get).
+    table = np.array(judged)
+    rel_all = np.abs(table[:, 4] - table[:, 3]) / table[:, 3]
+    runs: dict[tuple[int, int, int], list[tuple[float, float]]] = {}
+    for step, r, slot, secs, pred in judged:
+        runs.setdefault((step, r, slot), []).append((secs, pred))
+    best_t, best_p = np.array([min(v) for v in runs.values()]).T
+    error_best = float(np.median(np.abs(best_p - best_t) / best_t))
+    model_error = float(np.median(rel_all))
+    # Run-to-run noise: spread (slowest / fastest - 1) of the --repeats runs of one
+    # micro-batch (same lengths, same rank; weights one SGD step apart), median.
+    noise = [max(v)[0] / min(v)[0] - 1 for v in runs.values() if len(v) > 1]
+    noise_floor = float(np.median(noise)) if noise else math.nan
+    final_cost = bal["refit"].cost
+    models.clear()
+    del ddp_a, ddp_t, opt_a, opt_t
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank != 0:
+        return
+    if log is not None:
+        log.close()
+    _check_loss(first_loss, first_grad, "tokens", "refit")
+    mean = {name: statistics.fmean(ts) for name, ts in times.items()}
+    if args.refit_every:
+        print(f"last refit: {_describe_cost(final_cost)}")
+    for name in names:
+        r = reports[name]
+        print(f"{name:>6} plans: measured imbalance {r.imbalance_measured:6.1%} "
+              f"(predicted {r.imbalance_predicted:6.1%}), idle {r.idle_fraction:6.1%}, "
+              f"mean step {mean[name] * 1e3:6.1f} ms")
+    print(f"timer overhead per step ({args.clock} clock): " + ", ".join(
+        f"{name} {local[name]:.2%} local + {gather[name]:.2%} gather" for name in names))
+    if args.verbose:
+        for name in names:
+            print(f"--- {name} plans, race steps ---\n{reports[name]}")
+    print(f"slowest rank {reports['refit'].slowest_rank}, straggler score "
+          f"{reports['refit'].straggler_score:.2f}")
+    cpu = {name: reports[name].step_time_measured for name in names}
+    print(f"busiest rank's micro-batch time per step ({args.clock} clock): tokens "
+          f"{cpu['tokens'] * 1e3:.1f} ms, refit {cpu['refit'] * 1e3:.1f} ms, ratio "
+          f"{cpu['tokens'] / cpu['refit']:.2f}")
+    # What the balance can buy at most on these batches, by the model: the token plans'
+    # and the refit plans' compute step time, both under the last refit cost.
+    bound = {name: sum(p.simulate(final_cost).step_time for p in race_plans[name])
+             for name in names}
+    print(f"compute speedup the last refit cost predicts: {bound['tokens'] / bound['refit']:.2f}"
+          f" (token plans' imbalance under it: "
+          f"{statistics.fmean(_imbalance(p, final_cost) for p in race_plans['tokens']):.1%})")
+    print(f"refit cost vs the fastest of each micro-batch's {args.repeats} runs: median "
+          f"error {error_best:.1%}; spread of one micro-batch's runs: {noise_floor:.1%}")
+    print(f"model error: {model_error:.1%}")
+    print(f"speedup: {mean['tokens'] / mean['refit']:.2f}")
+
+
+def _imbalance(plan: Any, cost: Any) -> float:
+    loads = plan.simulate(cost).mb_costs.sum(axis=1)
+    return float(loads.max() / loads.mean() - 1.0)
+
+
+def _describe_cost(cost: Any) -> str:
+    return (f"{cost.per_microbatch:.2e} + sum({cost.per_sequence:.2e} + {cost.per_token:.2e}*L"
+            f" + {cost.per_token_sq:.2e}*L^2) s; rank speed "
+            + ", ".join(f"{r}: {v:.3f}" for r, v in cost.meta.get("rank_speed", {}).items()))
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=10, help="timed steps per strategy")
@@ -325,6 +556,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny run to check it works")
     p.add_argument("--verbose", action="store_true", help="print every rank's every step")
+    p.add_argument("--adapt", action="store_true",
+                   help="start from TokenCost, time every micro-batch, refit the cost after "
+                        "--refit-after steps, then race token-cost plans against refit plans")
+    p.add_argument("--refit-after", type=int, default=4,
+                   help="--adapt: steps timed with token-cost plans before the refit")
+    p.add_argument("--clock", choices=("wall", "thread"), default="thread",
+                   help="--adapt: per-micro-batch clock; 'thread' = this thread's CPU time "
+                        "(leaves out waits and time other processes take the core)")
+    p.add_argument("--refit-every", type=int, default=2,
+                   help="--adapt: refit on the rolling window every this many race steps "
+                        "(0: refit once)")
+    p.add_argument("--window", type=int, default=24,
+                   help="--adapt: timed runs a refit looks back on")
+    p.add_argument("--log", metavar="FILE",
+                   help="--adapt: write the balance metrics of every step as JSON lines")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch, args.scale, args.dim, args.layers = 2, 32, 64.0, 32, 1
@@ -333,6 +579,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--warmup must be >= 1 (step 1 is the loss check)")
     if args.repeats < 1 or args.steps < 1:
         p.error("--repeats and --steps must be >= 1")
+    if args.adapt and args.refit_after < 2:
+        p.error("--refit-after must be >= 2 (the fit needs varied micro-batches)")
+    if args.log and not args.adapt:
+        p.error("--log goes with --adapt")
+    if args.adapt:
+        args.total_steps = args.warmup + args.refit_after + args.steps
     return args
 
 

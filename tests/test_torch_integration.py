@@ -55,3 +55,31 @@ def test_ddp_example_quick():
     lines = proc.stdout.strip().splitlines()
     assert "loss check: ok" in lines
     assert re.fullmatch(r"speedup: \d+\.\d\d", lines[-1]), lines[-1]
+
+
+@pytest.mark.timeout(240)
+def test_ddp_example_adapt_quick(tmp_path):
+    pytest.importorskip("torch")
+    import json
+
+    from seqbalance.costs import REPORT_METRICS
+    from seqbalance.planning.metrics import PLAN_METRICS
+
+    log = tmp_path / "metrics.jsonl"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "ddp_train.py"), "--adapt", "--quick",
+         "--log", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=230,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert "loss check: ok" in lines
+    assert re.fullmatch(r"model error: \d+\.\d%", lines[-2]), lines[-2]
+    assert re.fullmatch(r"speedup: \d+\.\d\d", lines[-1]), lines[-1]
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert {r["phase"] for r in records} == {"learn", "race"}
+    for r in records:
+        assert set(PLAN_METRICS) | set(REPORT_METRICS) <= set(r)

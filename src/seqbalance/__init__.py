@@ -5,7 +5,8 @@ The core needs only numpy:
 - :func:`partition`, :func:`lower_bound`, :func:`balance_stats`: k-way balanced partitioning
   with size rules and groups, and the evidence (bounds, gaps).
 - Cost models (:class:`TokenCost`, :class:`QuadraticCost`, :class:`FlopsCost`,
-  :func:`fit_cost`, :func:`load_cost`): what a sequence of L tokens costs.
+  :func:`fit_cost`, :func:`load_cost`): what a sequence of L tokens costs;
+  :class:`TimingRecorder` checks a cost against measured times and refits it.
 - :func:`plan` -> :class:`Plan`: ranks x micro-batches under a token capacity, optimised for
   the sync model (``fsdp`` or ``ddp``); :data:`BASELINES` for comparison; :func:`simulate`.
 - :mod:`seqbalance.workloads`: seeded length sets shared by tests, benchmarks and the demo.
@@ -32,6 +33,7 @@ from .costs import (
     FitReport,
     FlopsCost,
     QuadraticCost,
+    TimingRecorder,
     TokenCost,
     fit_cost,
     load_cost,
@@ -60,7 +62,9 @@ del _module
 
 _TORCH_NAMES = (
     "BalancedDistributedSampler",
+    "MicroBatchTimer",
     "RebalanceHandle",
+    "Rebalancer",
     "global_token_count",
     "pack_collate",
     "rebalance",
@@ -77,6 +81,7 @@ __all__ = [
     "Plan",
     "QuadraticCost",
     "Simulation",
+    "TimingRecorder",
     "TokenCost",
     "__version__",
     "balance_stats",

@@ -8,6 +8,8 @@
 - :class:`ContextParallelCost`: one GPU's piece of a context-parallel sequence, with the
   ring's communication (:mod:`seqbalance.costs.context_parallel`).
 - :func:`load_cost`: any of the above from what the user names (a model, a name, a path).
+- :class:`TimingRecorder`: measured micro-batch times against the model, a report per
+  rank and slot (:class:`BalanceReport`, metrics for loggers) and a robust refit.
 
 Pure numpy; nothing here imports torch.
 
@@ -24,20 +26,26 @@ from __future__ import annotations
 from .architecture import Architecture, parse_config
 from .base import CostModel, QuadraticCost, TokenCost
 from .context_parallel import ContextParallelCost
-from .fit import evaluate_cost, fit_cost
+from .feedback import REPORT_METRICS, BalanceReport, Timing, TimingRecorder
+from .fit import UnidentifiableCostWarning, evaluate_cost, fit_cost
 from .flops import SHIPPED, FlopsCost
 from .load import cost_from_dict, load_cost
 from .report import FitReport
 
 __all__ = [
+    "REPORT_METRICS",
     "SHIPPED",
     "Architecture",
+    "BalanceReport",
     "ContextParallelCost",
     "CostModel",
     "FitReport",
     "FlopsCost",
     "QuadraticCost",
+    "Timing",
+    "TimingRecorder",
     "TokenCost",
+    "UnidentifiableCostWarning",
     "cost_from_dict",
     "evaluate_cost",
     "fit_cost",

@@ -5,11 +5,18 @@ Each measured micro-batch gives one row ``[1, n, ΣL, ΣL²]`` of a linear model
 would price some sequence below nothing), by default on relative errors: timings span
 orders of magnitude, and a 1% error on a 10 ms micro-batch matters as much to a balancer
 as 1% on a 1 s one.
+
+Micro-batches come as lists of lengths or as a 2-D array with one zero-padded row per
+micro-batch. When their shapes cannot tell some coefficients apart (every micro-batch the
+same shape, or the same number of sequences...), :func:`fit_cost` warns with an
+:class:`UnidentifiableCostWarning` naming them. ``robust=True`` down-weights outliers
+(Huber IRLS), as :meth:`seqbalance.costs.TimingRecorder.refit` does.
 """
 
 from __future__ import annotations
 
 import itertools
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,14 +26,42 @@ from .._validate import as_lengths, as_weights, check_choice
 from .base import CostModel, QuadraticCost
 from .report import COEFFICIENTS, FitReport
 
-__all__ = ["design_matrix", "evaluate_cost", "fit_cost", "nnls"]
+__all__ = [
+    "MAX_CONDITION",
+    "UnidentifiableCostWarning",
+    "design_matrix",
+    "evaluate_cost",
+    "fit_cost",
+    "nnls",
+    "unidentified",
+]
 
 
 def _microbatches(microbatches: Any) -> list[np.ndarray]:
+    """One int64 array of lengths per micro-batch.
+
+    A 2-D array (numpy, or anything with ``__array__`` and ``ndim == 2``) is a
+    micro-batch per row, zero-padded on the right: zeros are empty slots, not sequences
+    (a row ``[300, 200, 0, 0]`` is the micro-batch ``[300, 200]``), so length matrices
+    of ragged micro-batches can be passed as they are. A sequence of lists keeps every
+    entry, zeros included.
+    """
+    if getattr(microbatches, "ndim", None) == 2:
+        mat = np.asarray(microbatches)
+        flat = as_lengths(mat.reshape(-1), "microbatches").reshape(mat.shape)
+        out = [row[row > 0] for row in flat]
+        for i, row in enumerate(out):
+            if row.size == 0:
+                raise ValueError(
+                    f"microbatches row {i} is all zeros; in a 2-D array zeros are padding, so "
+                    "every row needs at least one positive length"
+                )
+        return out
     if isinstance(microbatches, (str, bytes)) or not isinstance(microbatches, Sequence):
         raise ValueError(
-            "microbatches must be a sequence of micro-batches, each a list of lengths; "
-            f"got {type(microbatches).__name__}"
+            "microbatches must be a sequence of micro-batches, each a list of lengths, or a "
+            f"2-D array with one zero-padded row per micro-batch; got "
+            f"{type(microbatches).__name__}"
         )
     out = []
     for i, mb in enumerate(microbatches):
@@ -40,12 +75,18 @@ def _microbatches(microbatches: Any) -> list[np.ndarray]:
     return out
 
 
-def design_matrix(microbatches: Sequence[Any]) -> np.ndarray:
+def design_matrix(microbatches: Any) -> np.ndarray:
     """Rows ``[1, n, ΣL, ΣL²]`` (float64), one per micro-batch.
+
+    ``microbatches`` is a list of length lists, or a 2-D array with one zero-padded row
+    per micro-batch (zeros are padding there).
 
     Examples
     --------
     >>> design_matrix([[1, 2], [3]])
+    array([[1., 2., 3., 5.],
+           [1., 1., 3., 9.]])
+    >>> design_matrix(np.array([[1, 2], [3, 0]]))
     array([[1., 2., 3., 5.],
            [1., 1., 3., 9.]])
     """
@@ -61,9 +102,17 @@ def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Solve ``min ||a x − y||₂`` subject to ``x >= 0``, exactly, for a few columns.
 
     The optimum is the unconstrained least-squares solution on its own support (the
-    KKT conditions), so trying every support and keeping the best feasible solution finds
-    it. With the 4 columns of a cost fit that is 16 small solves: simpler to trust than an
-    iterative active-set method. Columns are scaled to unit norm first, for conditioning.
+    KKT conditions), so trying every support and keeping the first feasible solution that
+    meets the KKT conditions finds it. With the 4 columns of a cost fit that is 16 small
+    solves: simpler to trust than an iterative active-set method.
+
+    Each column, and ``y``, is first scaled by a power of two so that its largest entry
+    lies in [0.5, 1): the scaling is exact (no rounding) and cannot underflow, unlike
+    dividing by ``np.linalg.norm`` of a column whose squares underflow (entries below
+    ~1e-154), which left such a column unscaled and let ``lstsq`` drop it as numerically
+    zero. A support whose solution overflows float64 after unscaling is skipped (it is no
+    solution). The result is optimal to rounding: ``|(aᵀ(a x − y))_j|`` is within a small
+    multiple of ``ε·‖a_j‖·(‖a‖·‖x‖ + ‖y‖)`` of the KKT conditions.
 
     Examples
     --------
@@ -79,25 +128,46 @@ def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     m = a.shape[1]
     if m > 12:
         raise ValueError(f"nnls enumerates supports and handles at most 12 columns, got {m}")
-    norms = np.linalg.norm(a, axis=0)
-    norms[norms == 0] = 1.0
-    scaled = a / norms
-    best = np.zeros(m)
-    best_res = float(y @ y)
-    for size in range(1, m + 1):
-        for support in itertools.combinations(range(m), size):
-            cols = list(support)
-            sol = np.linalg.lstsq(scaled[:, cols], y, rcond=None)[0]
-            if (sol < 0).any():
-                continue
-            res = y - scaled[:, cols] @ sol
-            r = float(res @ res)
-            # Strictly better only: ties keep the smaller support, found first.
-            if r < best_res * (1 - 1e-12) - 1e-300:
-                best_res = r
-                best = np.zeros(m)
-                best[cols] = sol
-    return best / norms
+    if not (np.isfinite(a).all() and np.isfinite(y).all()):
+        raise ValueError("nnls needs finite inputs; a or y holds NaN or infinity")
+    # Exponents e with max|a_j| = f * 2**e, f in [0.5, 1); all-zero columns keep e = 0.
+    _, exps = np.frexp(np.abs(a).max(axis=0) if a.shape[0] else np.zeros(m))
+    scaled = np.ldexp(a, -exps)
+    # The same for y, so that residuals of tiny right-hand sides do not underflow.
+    _, ey = np.frexp(np.abs(y).max(initial=0.0))
+    y = np.ldexp(y, -ey)
+    # Pick the first support (smallest first) whose least-squares solution is feasible
+    # and satisfies the KKT conditions to rounding: gradient ~0 on the support, >= 0 off
+    # it. Comparing residuals instead cannot see an improvement below ~ε·‖y‖², i.e. a
+    # gradient below ~√ε, and picked x = 0 where a small positive coefficient was optimal.
+    col_norms = np.linalg.norm(scaled, axis=0)
+    a_norm = float(np.linalg.norm(scaled))
+    y_norm = float(np.linalg.norm(y))
+    tol = 16 * max(a.shape) * np.finfo(np.float64).eps
+    best, best_viol = np.zeros(m), np.inf
+    with np.errstate(over="ignore", invalid="ignore"):
+        for size in range(0, m + 1):
+            for support in itertools.combinations(range(m), size):
+                cols = list(support)
+                xs = np.zeros(m)
+                if cols:
+                    sol = np.linalg.lstsq(scaled[:, cols], y, rcond=None)[0]
+                    if (sol < 0).any():
+                        continue
+                    xs[cols] = sol
+                x = np.ldexp(xs, ey - exps)
+                if not np.isfinite(x).all():
+                    continue
+                # Gradient of ½‖a x − y‖², in units of its rounding error's size.
+                size_j = col_norms * (a_norm * float(np.linalg.norm(xs)) + y_norm)
+                g = (scaled.T @ (scaled @ xs - y)) / np.where(size_j > 0, size_j, 1.0)
+                g[cols] = -np.abs(g[cols])  # on the support: stationary, either sign
+                viol = float(np.max(-g, initial=0.0))
+                if viol < best_viol:
+                    best, best_viol = x, viol
+                if viol <= tol:
+                    return best
+    return best
 
 
 def _stats(pred: np.ndarray, seconds: np.ndarray) -> tuple[float, float, float]:
@@ -143,20 +213,158 @@ def evaluate_cost(cost: CostModel, microbatches: Sequence[Any], seconds: Any) ->
     return FitReport(r2, max_rel, med_rel, len(mbs), coefs)
 
 
+class UnidentifiableCostWarning(UserWarning):
+    """The measured micro-batches cannot tell some cost coefficients apart.
+
+    Raised (as a warning) by :func:`fit_cost` when the design ``[1, n, ΣL, ΣL²]`` of the
+    fitted columns is (nearly) rank-deficient, e.g. when every micro-batch has the same
+    shape: the fit then splits the time between the entangled coefficients arbitrarily,
+    and predictions for other shapes are unreliable.
+    """
+
+
+# Condition number of the column-scaled, weighted design above which coefficients count
+# as not identifiable: past ~1e8, 1e-8 relative noise in the times (far below timer
+# noise) can move the entangled coefficients by 100%.
+MAX_CONDITION = 1e8
+
+
+def unidentified(design: np.ndarray, weights: Any = None, names: Sequence[str] = COEFFICIENTS
+                 ) -> tuple[tuple[str, ...], float]:
+    """Which coefficients of a linear fit the rows cannot identify, and the condition number.
+
+    Parameters
+    ----------
+    design
+        The design matrix, one row per measurement (e.g. :func:`design_matrix`), restricted
+        to the fitted columns.
+    weights
+        Row weights of the fit (default 1).
+    names
+        A name per column.
+
+    Returns
+    -------
+    names, condition
+        The columns that take part in a near-null direction of the (column-normalised)
+        design, in column order; empty when the condition number is at most
+        :data:`MAX_CONDITION`.
+
+    Examples
+    --------
+    >>> rows = design_matrix([[100, 100]] * 6)     # one shape only
+    >>> unidentified(rows)[0]
+    ('per_microbatch', 'per_sequence', 'per_token', 'per_token_sq')
+    >>> unidentified(design_matrix([[100], [200], [50, 50], [400], [25] * 8]))[0]
+    ()
+    """
+    a = np.asarray(design, dtype=np.float64)
+    if weights is not None:
+        a = a * np.asarray(weights, dtype=np.float64)[:, None]
+    norms = np.linalg.norm(a, axis=0)
+    names = tuple(names)
+    if a.shape[0] < a.shape[1] or (norms == 0).any():
+        # Fewer rows than columns, or a column that is zero on every row.
+        zero = norms == 0
+        bad = names if not zero.any() else tuple(n for n, z in zip(names, zero) if z)
+        return bad, float("inf")
+    sv, vt = np.linalg.svd(a / norms, full_matrices=False)[1:]
+    cond = float(sv[0] / sv[-1]) if sv[-1] > 0 else float("inf")
+    if cond <= MAX_CONDITION:
+        return (), cond
+    null = vt[sv < sv[0] / MAX_CONDITION]
+    involved = (np.abs(null) > 0.05).any(axis=0)
+    return tuple(n for n, b in zip(names, involved) if b), cond
+
+
+def _hint(mbs: list[np.ndarray]) -> str:
+    shapes = {tuple(np.sort(mb)) for mb in mbs}
+    if len(shapes) == 1:
+        return "every micro-batch has the same shape"
+    counts = {mb.size for mb in mbs}
+    if len(counts) == 1:
+        n = counts.pop()
+        return f"every micro-batch holds {n} sequence{'' if n == 1 else 's'}"
+    if len({int(mb.sum()) for mb in mbs}) == 1:
+        return "every micro-batch holds the same number of tokens"
+    return "the micro-batch shapes vary too little"
+
+
+def _weighted_nnls(a: np.ndarray, t: np.ndarray, w: np.ndarray, robust: bool) -> np.ndarray:
+    """NNLS of ``a x ≈ t`` with row weights ``w``; robust: Huber IRLS on weighted residuals."""
+    coef = nnls(a * w[:, None], t * w)
+    if not robust:
+        return coef
+    for _ in range(30):
+        r = (a @ coef - t) * w
+        # Robust scale: the median absolute residual (1.4826 makes it σ for Gaussian noise).
+        sigma = 1.4826 * float(np.median(np.abs(r)))
+        if sigma <= 0:
+            break
+        u = np.abs(r) / (1.345 * sigma)
+        h = np.minimum(1.0, 1.0 / np.maximum(u, 1e-300))  # Huber weights
+        new = nnls(a * (w * np.sqrt(h))[:, None], t * w * np.sqrt(h))
+        done = np.allclose(new, coef, rtol=1e-9, atol=0.0)
+        coef = new
+        if done:
+            break
+    return coef
+
+
+def _fit(
+    microbatches: Any,
+    seconds: Any,
+    weighting: str,
+    per_microbatch: bool,
+    per_sequence: bool,
+    robust: bool,
+) -> tuple[QuadraticCost, tuple[str, ...], str]:
+    """fit_cost's work; also returns the unidentified coefficients and a hint why."""
+    check_choice(weighting, "weighting", ("relative", "absolute"))
+    mbs = _microbatches(microbatches)
+    a = design_matrix(mbs)
+    t = _seconds(seconds, a.shape[0])
+    keep = [per_microbatch, per_sequence, True, True]
+    cols = [j for j in range(4) if keep[j]]
+    if a.shape[0] < len(cols):
+        raise ValueError(
+            f"fit_cost needs at least {len(cols)} micro-batches to fit {len(cols)} "
+            f"coefficients, got {a.shape[0]}; measure more micro-batches"
+        )
+    w = 1.0 / t if weighting == "relative" else np.ones_like(t)
+    bad, _ = unidentified(a[:, cols], w, [COEFFICIENTS[j] for j in cols])
+    sol = _weighted_nnls(a[:, cols], t, w, robust)
+    coef = np.zeros(4)
+    coef[cols] = sol
+    c0, a_seq, b, c = (float(v) for v in coef)
+    pred = a @ coef
+    r2, max_rel, med_rel = _stats(pred, t)
+    coefs = dict(zip(COEFFICIENTS, (c0, a_seq, b, c)))
+    report = FitReport(r2, max_rel, med_rel, int(a.shape[0]), coefs)
+    meta: dict[str, Any] = {"weighting": weighting}
+    if robust:
+        meta["robust"] = "huber"
+    cost = QuadraticCost(b, c, a_seq, c0, meta=meta, report=report)
+    return cost, bad, _hint(mbs) if bad else ""
+
+
 def fit_cost(
-    microbatches: Sequence[Any],
+    microbatches: Any,
     seconds: Any,
     *,
     weighting: str = "relative",
     per_microbatch: bool = True,
     per_sequence: bool = True,
+    robust: bool = False,
 ) -> QuadraticCost:
     """Fit ``t = c0 + Σ(a + b·L + c·L²)`` to measured micro-batches by non-negative least squares.
 
     Parameters
     ----------
     microbatches
-        One list of sequence lengths per measured micro-batch (non-empty).
+        One list of sequence lengths per measured micro-batch (non-empty), or a 2-D
+        array with one row per micro-batch, zero-padded on the right (zeros there are
+        empty slots, not sequences).
     seconds
         The measured time of each micro-batch (> 0).
     weighting
@@ -164,6 +372,10 @@ def fit_cost(
         squared errors in seconds (favours the longest micro-batches).
     per_microbatch, per_sequence
         Set False to pin ``c0`` or ``a`` to 0.
+    robust
+        Down-weight outliers (a rank preempted, a garbage-collection pause): iteratively
+        reweighted least squares with Huber weights (k = 1.345 robust standard deviations
+        of the weighted residuals), each step a non-negative solve.
 
     Returns
     -------
@@ -176,6 +388,14 @@ def fit_cost(
     ValueError
         On malformed inputs, or fewer micro-batches than coefficients to fit.
 
+    Warns
+    -----
+    UnidentifiableCostWarning
+        When the micro-batches cannot tell some fitted coefficients apart (condition
+        number of the scaled design above :data:`MAX_CONDITION`, e.g. every micro-batch
+        has the same shape or the same sequence count). The returned cost still fits the
+        measured shapes, but splits their time between those coefficients arbitrarily.
+
     Examples
     --------
     >>> mbs = [[100], [200], [50, 50], [400], [100, 300], [25] * 8]
@@ -185,23 +405,18 @@ def fit_cost(
     >>> [round(v, 9) for v in cost.polynomial]
     [0.05, 0.01, 0.001, 1e-06]
     """
-    check_choice(weighting, "weighting", ("relative", "absolute"))
-    a = design_matrix(microbatches)
-    t = _seconds(seconds, a.shape[0])
-    keep = [per_microbatch, per_sequence, True, True]
-    cols = [j for j in range(4) if keep[j]]
-    if a.shape[0] < len(cols):
-        raise ValueError(
-            f"fit_cost needs at least {len(cols)} micro-batches to fit {len(cols)} "
-            f"coefficients, got {a.shape[0]}; measure more micro-batches"
-        )
-    w = 1.0 / t if weighting == "relative" else np.ones_like(t)
-    sol = nnls(a[:, cols] * w[:, None], t * w)
-    coef = np.zeros(4)
-    coef[cols] = sol
-    c0, a_seq, b, c = (float(v) for v in coef)
-    pred = a @ coef
-    r2, max_rel, med_rel = _stats(pred, t)
-    coefs = dict(zip(COEFFICIENTS, (c0, a_seq, b, c)))
-    report = FitReport(r2, max_rel, med_rel, int(a.shape[0]), coefs)
-    return QuadraticCost(b, c, a_seq, c0, meta={"weighting": weighting}, report=report)
+    cost, bad, hint = _fit(microbatches, seconds, weighting, per_microbatch, per_sequence, robust)
+    if bad:
+        warnings.warn(unidentified_message(bad, hint), UnidentifiableCostWarning, stacklevel=2)
+    return cost
+
+
+def unidentified_message(names: Sequence[str], hint: str) -> str:
+    """The text of an :class:`UnidentifiableCostWarning`."""
+    pins = [f"{n}=False" for n in names if n in ("per_microbatch", "per_sequence")]
+    pin = f", or pin {' / '.join(pins)}" if pins else ""
+    return (
+        f"fit_cost: the measured micro-batches cannot tell {', '.join(names)} apart "
+        f"({hint}); the fit splits their time arbitrarily and may mispredict other shapes. "
+        f"Measure micro-batches with varied sequence counts and lengths{pin}."
+    )

@@ -364,6 +364,13 @@ class Plan:
             "violations": self.violations(),
         }
 
+    def metrics(self, cost: Any = None, prefix: str = "balance/") -> dict[str, Any]:
+        """Predicted balance as a flat dict for loggers; keys and meanings in
+        :data:`seqbalance.planning.metrics.PLAN_METRICS`."""
+        from .metrics import plan_metrics
+
+        return plan_metrics(self, cost, prefix)
+
     def _costs(self, cost: Any) -> tuple[np.ndarray, float]:
         if cost is None:
             return self.costs, self.per_microbatch

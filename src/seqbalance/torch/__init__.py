@@ -12,6 +12,10 @@ Importing this module imports torch (``import seqbalance`` alone never does).
   micro-batches that equals the single-process value.
 - :func:`cp_shard` / :class:`CPShardHandle`: one GPU's context-parallel pieces of a packed
   batch, and per-token outputs gathered back (:mod:`seqbalance.torch.context_parallel`).
+- :class:`MicroBatchTimer`: time each micro-batch on its rank (CUDA events, or
+  ``perf_counter`` after a synchronize) and gather the records at step end into a
+  :class:`seqbalance.costs.TimingRecorder`; :class:`Rebalancer`: ``rebalance`` with a cost
+  that can be swapped between steps (``set_cost``), as the sampler's ``set_cost``.
 - :func:`seqbalance.torch.testing.run_distributed`: run a function on local gloo processes.
 """
 
@@ -26,16 +30,20 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "pip install torch --index-url https://download.pytorch.org/whl/cpu"
     ) from exc
 
+from .balancer import Rebalancer
 from .collate import pack_collate
 from .context_parallel import CPShardHandle, cp_shard
 from .exchange import RebalanceHandle, rebalance
 from .loss import global_token_count, token_mean_loss
 from .sampler import BalancedDistributedSampler
+from .timing import MicroBatchTimer
 
 __all__ = [
     "BalancedDistributedSampler",
     "CPShardHandle",
+    "MicroBatchTimer",
     "RebalanceHandle",
+    "Rebalancer",
     "cp_shard",
     "global_token_count",
     "pack_collate",

@@ -118,26 +118,55 @@ class BalancedDistributedSampler:
         if not 0 <= rank < self.num_replicas:
             raise ValueError(f"rank must be in [0, {self.num_replicas}), got {rank}")
         self.rank = int(rank)
-        if cost is None or isinstance(cost, str) or callable(cost):
-            self.cost, self._cost_array = cost, None
-        else:
-            self.cost, self._cost_array = None, as_weights(cost, "cost")
-            if len(self._cost_array) != len(self.lengths):
-                raise ValueError(
-                    f"cost has {len(self._cost_array)} entries but lengths has "
-                    f"{len(self.lengths)}; give one cost per item"
-                )
+        self._store_cost(cost)
         self.sync = sync
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.plan_options = dict(plan_options)
         self.epoch = 0
-        self._cache: tuple[int, list[Any]] | None = None
+        self._cache_epoch: int | None = None
+        self._cache: dict[int, tuple[np.ndarray, Any]] = {}
+        self._drawn: set[int] = set()
+        self._order = np.zeros(0, dtype=np.int64)
+        self._check_options()
+
+    def _store_cost(self, cost: Any) -> None:
+        if cost is None or isinstance(cost, str) or callable(cost):
+            self.cost, self._cost_array = cost, None
+        else:
+            arr = as_weights(cost, "cost")
+            if len(arr) != len(self.lengths):
+                raise ValueError(
+                    f"cost has {len(arr)} entries but lengths has "
+                    f"{len(self.lengths)}; give one cost per item"
+                )
+            self.cost, self._cost_array = None, arr
+
+    def _check_options(self) -> None:
         # Plan one step now so bad options (cost name, sync...) fail here, not mid-epoch.
         first = np.arange(min(len(self.lengths), self.global_batch_size), dtype=np.int64)
         if len(first):
             self._step_plan(first, last_partial=len(first) < self.global_batch_size)
+
+    def set_cost(self, cost: Any) -> None:
+        """Plan with ``cost`` from the next step not yet planned on (e.g. a refitted cost).
+
+        Steps are planned when their first micro-batch is drawn, so a switch made between
+        two optimizer steps applies to the next one (with DataLoader workers prefetching,
+        to the first step none of whose micro-batches was drawn yet). Call it on every rank
+        at the same point with the same cost: the ranks plan independently and must agree.
+        ``cost`` takes the forms the constructor accepts.
+        """
+        old = (self.cost, self._cost_array)
+        self._store_cost(cost)
+        try:
+            self._check_options()
+        except ValueError:
+            self.cost, self._cost_array = old
+            raise
+        # Keep the plans of steps already drawn; later ones are planned again.
+        self._cache = {s: v for s, v in self._cache.items() if s in self._drawn}
 
     # ---- epochs ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -173,8 +202,11 @@ class BalancedDistributedSampler:
         return [p.num_micro_batches for _, p in self._epoch()]
 
     def steps(self) -> Iterator[list[list[int]]]:
-        """This rank's micro-batches grouped by global step."""
-        for idx, p in self._epoch():
+        """This rank's micro-batches grouped by global step (each step planned when
+        reached, so :meth:`set_cost` applies to the steps after it)."""
+        for s in range(self.num_steps):
+            idx, p = self._step(s)
+            self._drawn.add(s)
             mbs = p.micro_batches[self.rank]
             yield [idx[np.asarray(mb, dtype=np.int64)].tolist() for mb in mbs]
 
@@ -194,16 +226,19 @@ class BalancedDistributedSampler:
 
     # ---- planning ----------------------------------------------------------------------
     def _epoch(self) -> list[tuple[np.ndarray, Any]]:
-        if self._cache is not None and self._cache[0] == self.epoch:
-            return self._cache[1]
-        order = self.epoch_order()
-        b = self.global_batch_size
-        steps = []
-        for s in range(self.num_steps):
-            idx = order[s * b : (s + 1) * b]
-            steps.append((idx, self._step_plan(idx, last_partial=len(idx) < b)))
-        self._cache = (self.epoch, steps)
-        return steps
+        return [self._step(s) for s in range(self.num_steps)]
+
+    def _step(self, s: int) -> tuple[np.ndarray, Any]:
+        """Step ``s`` of the current epoch: its dataset indices and plan (cached)."""
+        if self._cache_epoch != self.epoch:
+            self._cache, self._drawn = {}, set()
+            self._order = self.epoch_order()
+            self._cache_epoch = self.epoch
+        if s not in self._cache:
+            b = self.global_batch_size
+            idx = self._order[s * b : (s + 1) * b]
+            self._cache[s] = (idx, self._step_plan(idx, last_partial=len(idx) < b))
+        return self._cache[s]
 
     def _step_plan(self, idx: np.ndarray, last_partial: bool) -> Any:
         from seqbalance.planning.planner import plan

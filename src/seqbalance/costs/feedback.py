@@ -1,0 +1,526 @@
+"""Close the loop: record what each rank really spent, compare it with the cost model, refit.
+
+A balancer is only as good as its cost model, and a model is never checked unless someone
+measures. :class:`TimingRecorder` keeps, for the last ``window`` training steps, one record
+per micro-batch: ``(rank, step, slot, sequence lengths, measured seconds)`` (``slot`` is
+the micro-batch's position on its rank, ``0..m-1``). From them
+
+- :meth:`TimingRecorder.report` gives a :class:`BalanceReport`: per rank and per slot
+  predicted vs measured time, the measured imbalance, the idle fraction, the model's
+  relative error, and the slowest rank with its straggler score;
+- :meth:`TimingRecorder.refit` fits ``c0 + Σ(a + b·L + c·L²)`` to the window, robustly
+  (Huber-weighted), with one speed factor per rank so that a slow rank does not bias the
+  cost, and keeps the previous cost (with a warning) when the window cannot identify the
+  coefficients.
+
+Units. A cost model may count tokens or FLOPs rather than seconds. A balancer only needs
+costs up to a common factor (a plan does not change when all costs are doubled), so the
+report first converts predictions to seconds with one factor, ``scale`` = the median of
+measured / predicted over the window, and judges the model's *shape* against the
+measurements. For a cost already in seconds (a refit or ``seqbalance calibrate``)
+``scale`` is close to 1, and its distance from 1 is the model's overall bias.
+
+Pure numpy. The torch side (timing micro-batches, gathering records across ranks) is
+:mod:`seqbalance.torch.timing`.
+
+Examples
+--------
+>>> from seqbalance.costs import QuadraticCost, TokenCost
+>>> truth = QuadraticCost(per_token=1e-4, per_token_sq=1e-7, per_microbatch=1e-3)
+>>> rec = TimingRecorder(TokenCost(), sync="ddp")
+>>> shapes = [[[100, 300], [400]], [[50] * 8, [200, 200]], [[700], [30, 30, 40]]]
+>>> for step, per_rank in enumerate(shapes):
+...     for rank, lengths in enumerate(per_rank):
+...         rec.record(rank, step, 0, lengths, truth.microbatch_cost(lengths))
+>>> rec.report().model_error > 0.1          # tokens miss the L² term
+True
+>>> cost = rec.refit(per_rank=False)
+>>> rec.report().model_error < 1e-6
+True
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._validate import as_lengths, check_choice, check_positive_int
+from .base import CostModel, TokenCost
+from .fit import UnidentifiableCostWarning, _fit, unidentified_message
+
+__all__ = [
+    "REPORT_METRICS",
+    "BalanceReport",
+    "Timing",
+    "TimingRecorder",
+    "records_from_plan",
+]
+
+SYNC_MODELS = ("fsdp", "ddp")
+
+# Every key of BalanceReport.metrics(), documented (the README's table mirrors this).
+REPORT_METRICS: dict[str, str] = {
+    "balance/imbalance_measured": (
+        "max / mean - 1 of the ranks' measured busy time (sum of their micro-batch times), "
+        "averaged over the steps in the window"
+    ),
+    "balance/imbalance_predicted": "the same from the cost model's predictions",
+    "balance/idle_fraction": (
+        "share of rank-time spent waiting, measured: 1 - sum of busy time / (ranks x step "
+        "time), step time under the recorder's sync model, over the window"
+    ),
+    "balance/step_time_measured": (
+        "seconds per step implied by the measured micro-batch times under the sync model "
+        "(ddp: max over ranks of busy time; fsdp: sum over slots of the max over ranks), "
+        "mean over the window; compute only, without optimizer and communication"
+    ),
+    "balance/step_time_predicted": "the same from the predictions, in seconds (x scale)",
+    "balance/model_error": (
+        "median over micro-batches of |predicted x scale - measured| / measured"
+    ),
+    "balance/model_error_p90": "90th percentile of the same relative errors",
+    "balance/model_scale": (
+        "seconds per cost unit: median of measured / predicted (about 1 for a cost in seconds)"
+    ),
+    "balance/slowest_rank": (
+        "the rank that runs slowest relative to its predictions (largest speed factor)"
+    ),
+    "balance/straggler_score": (
+        "that rank's speed factor / the median rank's: 1.3 = 30% slower than the model "
+        "predicts, compared with a typical rank"
+    ),
+    "balance/samples": "micro-batch records in the window",
+}
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One measured micro-batch."""
+
+    rank: int
+    step: int
+    slot: int
+    lengths: np.ndarray
+    seconds: float
+
+
+def _nonneg_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    return int(value)
+
+
+def _resolve_cost(cost: Any) -> CostModel:
+    if cost is None:
+        return TokenCost()
+    if isinstance(cost, CostModel):
+        return cost
+    from .load import load_cost
+
+    out = load_cost(cost)
+    if not isinstance(out, CostModel):  # pragma: no cover - load_cost returns models
+        raise ValueError(f"cost must name or be a cost model, got {cost!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class BalanceReport:
+    """Predicted vs measured micro-batch times over a window of steps.
+
+    Attributes
+    ----------
+    sync
+        The sync model step times and idle time are computed for.
+    steps
+        The steps covered, ascending.
+    ranks
+        The ranks seen, ascending; per-rank arrays follow this order.
+    rank_measured, rank_predicted
+        Mean busy seconds per step of each rank: measured, and predicted (x ``scale``).
+    rank_speed
+        Each rank's speed factor: median of measured / (predicted x scale) over its
+        micro-batches (1 = as the model says; 1.3 = 30% slower).
+    slot_measured, slot_predicted
+        Mean seconds of a micro-batch in slot ``j`` (over ranks and steps), for
+        ``j = 0..len-1``.
+    imbalance_measured, imbalance_predicted
+        Mean over steps of max / mean - 1 of the ranks' busy time.
+    idle_fraction
+        Measured share of rank-time spent waiting under ``sync``.
+    step_time_measured, step_time_predicted
+        Mean seconds per step implied by the micro-batch times under ``sync``.
+    model_error, model_error_p90
+        Median and 90th percentile of ``|predicted x scale - measured| / measured``.
+    scale
+        Seconds per cost unit (median of measured / predicted).
+    slowest_rank, straggler_score
+        The rank with the largest speed factor, and that factor / the median rank's.
+    samples
+        Micro-batches in the window.
+    relative_errors
+        The per-micro-batch relative errors, ordered by (step, rank, slot).
+    """
+
+    sync: str
+    steps: tuple[int, ...]
+    ranks: tuple[int, ...]
+    rank_measured: np.ndarray
+    rank_predicted: np.ndarray
+    rank_speed: np.ndarray
+    slot_measured: np.ndarray
+    slot_predicted: np.ndarray
+    imbalance_measured: float
+    imbalance_predicted: float
+    idle_fraction: float
+    step_time_measured: float
+    step_time_predicted: float
+    model_error: float
+    model_error_p90: float
+    scale: float
+    slowest_rank: int
+    straggler_score: float
+    samples: int
+    relative_errors: np.ndarray = field(repr=False)
+
+    def metrics(self, prefix: str = "balance/") -> dict[str, float | int]:
+        """A flat dict for loggers (wandb, TensorBoard, JSONL); keys in :data:`REPORT_METRICS`.
+
+        ``prefix`` replaces the leading ``"balance/"``.
+        """
+        out: dict[str, float | int] = {
+            "balance/imbalance_measured": self.imbalance_measured,
+            "balance/imbalance_predicted": self.imbalance_predicted,
+            "balance/idle_fraction": self.idle_fraction,
+            "balance/step_time_measured": self.step_time_measured,
+            "balance/step_time_predicted": self.step_time_predicted,
+            "balance/model_error": self.model_error,
+            "balance/model_error_p90": self.model_error_p90,
+            "balance/model_scale": self.scale,
+            "balance/slowest_rank": self.slowest_rank,
+            "balance/straggler_score": self.straggler_score,
+            "balance/samples": self.samples,
+        }
+        return {prefix + k[len("balance/"):]: v for k, v in out.items()}
+
+    def __str__(self) -> str:
+        lines = [
+            f"{self.samples} micro-batches, steps {self.steps[0]}..{self.steps[-1]}, "
+            f"{len(self.ranks)} ranks, sync={self.sync}",
+            f"  step time  measured {self.step_time_measured * 1e3:9.2f} ms   predicted "
+            f"{self.step_time_predicted * 1e3:9.2f} ms",
+            f"  imbalance  measured {self.imbalance_measured:9.2%}      predicted "
+            f"{self.imbalance_predicted:9.2%}",
+            f"  idle {self.idle_fraction:.2%}; model error median {self.model_error:.2%}, "
+            f"p90 {self.model_error_p90:.2%}; scale {self.scale:.4g} s/unit",
+            f"  slowest rank {self.slowest_rank}: straggler score {self.straggler_score:.2f}",
+            "  rank  measured ms  predicted ms  speed",
+        ]
+        for r, m, p, s in zip(self.ranks, self.rank_measured, self.rank_predicted,
+                              self.rank_speed):
+            lines.append(f"  {r:>4}  {m * 1e3:11.2f}  {p * 1e3:12.2f}  {s:5.2f}")
+        lines.append("  slot  measured ms  predicted ms")
+        for j, (m, p) in enumerate(zip(self.slot_measured, self.slot_predicted)):
+            lines.append(f"  {j:>4}  {m * 1e3:11.2f}  {p * 1e3:12.2f}")
+        return "\n".join(lines)
+
+
+class TimingRecorder:
+    """Micro-batch timings of the last ``window`` steps, a cost model, and the loop between.
+
+    Parameters
+    ----------
+    cost : cost model, name or None
+        The model predictions come from (default :class:`TokenCost`); replaced by
+        :meth:`refit`.
+    sync : {"fsdp", "ddp"}
+        How ranks synchronise (see :mod:`seqbalance.planning.simulation`): decides the step
+        time and idle time in reports.
+    window : int
+        Steps kept; records of older steps are dropped as new steps arrive.
+
+    Notes
+    -----
+    Every rank that holds the same records (gathered, e.g. by
+    :class:`seqbalance.torch.timing.MicroBatchTimer`) computes the same report and the same
+    refit, bit for bit: records are processed in (step, rank, slot) order.
+    """
+
+    def __init__(self, cost: Any = None, *, sync: str = "fsdp", window: int = 50) -> None:
+        self.cost: CostModel = _resolve_cost(cost)
+        self.sync = check_choice(sync, "sync", SYNC_MODELS)
+        self.window = check_positive_int(window, "window")
+        self._records: dict[tuple[int, int, int], Timing] = {}
+        self._by_step: dict[int, list[tuple[int, int, int]]] = {}
+
+    # ---- recording -----------------------------------------------------------------------
+    def record(self, rank: int, step: int, slot: int, lengths: Any, seconds: float) -> None:
+        """Add one micro-batch's measurement.
+
+        Raises
+        ------
+        ValueError
+            On a negative rank, step or slot, malformed lengths, a time that is not a
+            positive finite number, or a second record for the same (rank, step, slot).
+        """
+        rank = _nonneg_int(rank, "rank")
+        step = _nonneg_int(step, "step")
+        slot = _nonneg_int(slot, "slot")
+        lens = as_lengths(lengths, "lengths")
+        try:
+            secs = float(seconds)
+        except (TypeError, ValueError):
+            raise ValueError(f"seconds must be a number, got {seconds!r}") from None
+        if not (math.isfinite(secs) and secs > 0):
+            raise ValueError(f"seconds must be a positive finite time, got {seconds!r}")
+        key = (step, rank, slot)
+        if key in self._records:
+            raise ValueError(
+                f"rank {rank} step {step} slot {slot} is already recorded; number steps "
+                "and slots so that each micro-batch is recorded once"
+            )
+        self._records[key] = Timing(rank, step, slot, lens, secs)
+        self._by_step.setdefault(step, []).append(key)
+        if len(self._by_step) > self.window:
+            for old in sorted(self._by_step)[: len(self._by_step) - self.window]:
+                for k in self._by_step.pop(old):
+                    del self._records[k]
+
+    def extend(self, records: Iterable[Any]) -> None:
+        """Add many records: :class:`Timing` objects or ``(rank, step, slot, lengths,
+        seconds)`` tuples."""
+        for r in records:
+            if isinstance(r, Timing):
+                self.record(r.rank, r.step, r.slot, r.lengths, r.seconds)
+            else:
+                self.record(*r)
+
+    def clear(self) -> None:
+        """Forget every record (e.g. after switching the plan's cost)."""
+        self._records.clear()
+        self._by_step.clear()
+
+    @property
+    def records(self) -> list[Timing]:
+        """The records held, ordered by (step, rank, slot)."""
+        return [self._records[k] for k in sorted(self._records)]
+
+    @property
+    def steps(self) -> list[int]:
+        """The steps held, ascending."""
+        return sorted(self._by_step)
+
+    def __len__(self) -> int:
+        return len(self._records)
+
+    def __repr__(self) -> str:
+        return (
+            f"TimingRecorder(cost={self.cost!r}, sync={self.sync!r}, window={self.window}, "
+            f"records={len(self)})"
+        )
+
+    # ---- report --------------------------------------------------------------------------
+    def report(self, cost: Any = None) -> BalanceReport:
+        """Predicted vs measured over the window (predictions from ``cost``, default the
+        recorder's current cost).
+
+        Raises
+        ------
+        ValueError
+            When nothing has been recorded.
+        """
+        recs = self.records
+        if not recs:
+            raise ValueError("nothing recorded yet; record micro-batch timings first")
+        model = self.cost if cost is None else _resolve_cost(cost)
+        meas = np.array([r.seconds for r in recs])
+        pred = np.array([model.microbatch_cost(r.lengths) for r in recs])
+        rank_of = np.array([r.rank for r in recs])
+        step_of = np.array([r.step for r in recs])
+        slot_of = np.array([r.slot for r in recs])
+        ok = pred > 0
+        scale = float(np.median(meas[ok] / pred[ok])) if ok.any() else math.nan
+        ps = pred * scale
+        rel = np.where(ok, np.abs(ps - meas) / meas, 1.0)
+
+        ranks = np.unique(rank_of)
+        speed = np.array([
+            float(np.median(meas[(rank_of == r) & ok] / ps[(rank_of == r) & ok]))
+            if ((rank_of == r) & ok).any() else math.nan
+            for r in ranks
+        ])
+        steps = np.unique(step_of)
+        imb_m, imb_p, t_m, t_p, busy_total, rank_time = [], [], [], [], 0.0, 0.0
+        rank_m = np.zeros(ranks.size)
+        rank_p = np.zeros(ranks.size)
+        for s in steps:
+            sel = step_of == s
+            present = np.unique(rank_of[sel])
+            bm = np.array([meas[sel & (rank_of == r)].sum() for r in present])
+            bp = np.array([ps[sel & (rank_of == r)].sum() for r in present])
+            rank_m[np.searchsorted(ranks, present)] += bm
+            rank_p[np.searchsorted(ranks, present)] += bp
+            imb_m.append(bm.max() / bm.mean() - 1.0)
+            imb_p.append(bp.max() / bp.mean() - 1.0 if bp.mean() > 0 else 0.0)
+            tm = self._step_time(meas[sel], rank_of[sel], slot_of[sel], bm)
+            t_m.append(tm)
+            t_p.append(self._step_time(ps[sel], rank_of[sel], slot_of[sel], bp))
+            busy_total += float(bm.sum())
+            rank_time += tm * present.size
+        slots = np.arange(int(slot_of.max()) + 1)
+        slot_m = np.array([meas[slot_of == j].mean() if (slot_of == j).any() else 0.0
+                           for j in slots])
+        slot_p = np.array([ps[slot_of == j].mean() if (slot_of == j).any() else 0.0
+                           for j in slots])
+        finite = np.isfinite(speed)
+        if finite.any():
+            slowest = int(ranks[np.nanargmax(speed)])
+            straggler = float(np.nanmax(speed) / np.median(speed[finite]))
+        else:
+            slowest, straggler = int(ranks[0]), math.nan
+        return BalanceReport(
+            sync=self.sync,
+            steps=tuple(int(s) for s in steps),
+            ranks=tuple(int(r) for r in ranks),
+            rank_measured=rank_m / steps.size,
+            rank_predicted=rank_p / steps.size,
+            rank_speed=speed,
+            slot_measured=slot_m,
+            slot_predicted=slot_p,
+            imbalance_measured=float(np.mean(imb_m)),
+            imbalance_predicted=float(np.mean(imb_p)),
+            idle_fraction=1.0 - busy_total / rank_time if rank_time > 0 else 0.0,
+            step_time_measured=float(np.mean(t_m)),
+            step_time_predicted=float(np.mean(t_p)),
+            model_error=float(np.median(rel)),
+            model_error_p90=float(np.quantile(rel, 0.9)),
+            scale=scale,
+            slowest_rank=slowest,
+            straggler_score=straggler,
+            samples=len(recs),
+            relative_errors=rel,
+        )
+
+    def _step_time(
+        self, t: np.ndarray, ranks: np.ndarray, slots: np.ndarray, busy: np.ndarray
+    ) -> float:
+        if self.sync == "ddp":
+            return float(busy.max())
+        # fsdp: slot j runs in lockstep on every rank.
+        return float(sum(t[slots == j].max() for j in np.unique(slots)))
+
+    def metrics(self, cost: Any = None, prefix: str = "balance/") -> dict[str, float | int]:
+        """``self.report(cost).metrics(prefix)``: the dict a logger wants every step."""
+        return self.report(cost).metrics(prefix)
+
+    # ---- refit ---------------------------------------------------------------------------
+    def refit(
+        self,
+        *,
+        per_rank: bool = True,
+        robust: bool = True,
+        weighting: str = "relative",
+        per_microbatch: bool = True,
+        per_sequence: bool = True,
+    ) -> CostModel:
+        """Fit the cost to the window's measurements, adopt it, and return it.
+
+        The fit is :func:`seqbalance.costs.fit_cost`'s non-negative least squares with
+        Huber weights (``robust``), so a preempted or paused micro-batch does not drag the
+        cost. With ``per_rank`` every rank also gets a speed factor (the median of its
+        measured / predicted times, the median rank's factor being 1), and the cost is fitted
+        to times divided by their rank's factor, alternating until the factors settle: a
+        straggling rank then shows up in :attr:`BalanceReport.rank_speed` instead of
+        inflating the cost every rank is planned with. Empty micro-batches are left out.
+
+        Returns
+        -------
+        CostModel
+            The new cost (a :class:`QuadraticCost` in seconds, with its
+            :class:`~seqbalance.costs.FitReport` and ``meta["rank_speed"]``), which is also
+            ``self.cost`` from now on; or the previous cost, unchanged, when the window
+            cannot identify the coefficients or holds fewer micro-batches than
+            coefficients (both warn).
+
+        Warns
+        -----
+        UnidentifiableCostWarning
+            When the previous cost is kept.
+        """
+        recs = [r for r in self.records if r.lengths.size > 0]
+        need = 2 + int(per_microbatch) + int(per_sequence)
+        if len(recs) < need:
+            warnings.warn(
+                f"refit: {len(recs)} non-empty micro-batches recorded, {need} needed to fit "
+                f"{need} coefficients; keeping the previous cost",
+                UnidentifiableCostWarning,
+                stacklevel=2,
+            )
+            return self.cost
+        mbs = [r.lengths for r in recs]
+        t = np.array([r.seconds for r in recs])
+        ranks, rank_idx = np.unique([r.rank for r in recs], return_inverse=True)
+        factors = np.ones(ranks.size)
+        for _ in range(50 if per_rank else 1):
+            cost, bad, hint = _fit(
+                mbs, t / factors[rank_idx], weighting, per_microbatch, per_sequence, robust
+            )
+            if bad:
+                warnings.warn(
+                    unidentified_message(bad, hint) + " refit keeps the previous cost.",
+                    UnidentifiableCostWarning,
+                    stacklevel=2,
+                )
+                return self.cost
+            if not per_rank:
+                break
+            pred = np.array([cost.microbatch_cost(mb) for mb in mbs])
+            ratio = t / np.maximum(pred, np.finfo(np.float64).tiny)
+            new = np.array([np.median(ratio[rank_idx == i]) for i in range(ranks.size)])
+            new /= np.median(new)
+            settled = np.allclose(new, factors, rtol=1e-6, atol=0.0)
+            factors = new
+            if settled:
+                break
+        steps = self.steps
+        cost.meta.update(
+            {
+                "units": "seconds",
+                "source": "refit",
+                "steps": [steps[0], steps[-1]],
+                "samples": len(recs),
+                "rank_speed": {str(int(r)): float(f) for r, f in zip(ranks, factors)},
+            }
+        )
+        self.cost = cost
+        return cost
+
+
+def records_from_plan(
+    micro_batches: Any, lengths: Any, seconds: Any, step: int
+) -> list[tuple[int, int, int, np.ndarray, float]]:
+    """Records of one step from a plan's ``micro_batches[rank][slot]`` (sequence indices),
+    the lengths they index, and ``seconds[rank][slot]`` measured.
+
+    Examples
+    --------
+    >>> records_from_plan([[[0], [1, 2]]], [5, 6, 7], [[0.5, 1.0]], step=3)[1][:3]
+    (0, 3, 1)
+    """
+    lens = as_lengths(lengths, "lengths")
+    out = []
+    if isinstance(seconds, Mapping):
+        raise ValueError("seconds must be nested [rank][slot] numbers, not a mapping")
+    for r, rank in enumerate(micro_batches):
+        row = seconds[r]
+        if len(row) != len(rank):
+            raise ValueError(
+                f"seconds[{r}] has {len(row)} times but rank {r} has {len(rank)} micro-batches"
+            )
+        for j, mb in enumerate(rank):
+            out.append((r, step, j, lens[np.asarray(mb, dtype=np.int64)], float(row[j])))
+    return out

@@ -1,0 +1,286 @@
+"""Time every micro-batch on its rank and gather the records at the end of a step.
+
+:class:`MicroBatchTimer` is the measuring half of the feedback loop whose other half is
+:class:`seqbalance.costs.TimingRecorder` (report, refit)::
+
+    recorder = TimingRecorder(TokenCost(), sync="ddp")
+    timer = MicroBatchTimer(recorder)
+    balancer = Rebalancer(max_tokens=16384, cost=recorder.cost, sync="ddp")
+    for step, batch in enumerate(loader):
+        mbs, handle = balancer(batch)
+        for mb in mbs:
+            with timer.time():
+                loss = model(mb).backward()
+        timer.end_step(handle.plan)                 # one all_gather of m floats
+        log(recorder.metrics() | handle.plan.metrics())
+        if step == 10:
+            balancer.set_cost(recorder.refit())     # same records on every rank: same cost
+
+Clocks
+------
+``"cuda"``
+    A pair of CUDA events around each micro-batch, read once at the end of the step (one
+    synchronize per step, none per micro-batch). The default on a CUDA device.
+``"wall"``
+    ``time.perf_counter`` after synchronising the device (a no-op on CPU). The default
+    elsewhere.
+``"thread"``
+    ``time.thread_time``: CPU time of the calling thread. CPU training only; it leaves
+    out time spent blocked (waiting for another rank's gradients) and time the operating
+    system gave the core to other processes, so it measures a micro-batch's own work on
+    a shared machine.
+
+Under DDP the last micro-batch's backward also waits for the gradient all-reduce, i.e.
+for the slowest rank. With the ``"wall"`` and ``"cuda"`` clocks that wait lands in the
+last slot's time; run every micro-batch under ``no_sync()`` and reduce the gradients
+after the timed region, or use ``"thread"`` on CPU, to time compute alone (the robust
+refit also down-weights such outliers).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .._validate import as_lengths, check_choice
+from ..costs.feedback import Timing, TimingRecorder
+
+__all__ = ["CLOCKS", "MicroBatchTimer"]
+
+CLOCKS = ("auto", "cuda", "wall", "thread")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        return
+    mod = getattr(torch, device.type, None)  # mps, xpu...
+    fn = getattr(mod, "synchronize", None) if device.type != "cpu" else None
+    if fn is not None:
+        fn()
+
+
+class MicroBatchTimer:
+    """Times this rank's micro-batches; :meth:`end_step` gathers every rank's times.
+
+    Parameters
+    ----------
+    recorder : TimingRecorder, optional
+        Where gathered records go (every rank gets every rank's records, so every rank can
+        report and refit identically).
+    group : ProcessGroup, optional
+        The data-parallel group (default: the world). Without an initialised process group
+        the timer works on one process (rank 0 of 1).
+    device : torch.device or str, optional
+        The device micro-batches run on (default: the current CUDA device if CUDA is
+        available, else CPU).
+    clock : {"auto", "cuda", "wall", "thread"}
+        See the module docstring. ``"auto"``: CUDA events on CUDA, else ``"wall"``.
+
+    Attributes
+    ----------
+    step : int
+        The step the next :meth:`end_step` records (starts at 0, +1 per call).
+    overhead : float
+        Seconds spent inside the timer itself so far (entering and leaving the timed
+        regions, reading clocks, gathering): the cost of measuring. Read on the timer's
+        clock family: this thread's CPU time with ``clock="thread"`` (so neither waiting
+        nor other processes count), ``perf_counter`` otherwise.
+    gather_overhead : float
+        The part of :attr:`overhead` spent in the collective of :meth:`end_step` (with a
+        wall clock it includes waiting for ranks that arrive later).
+    """
+
+    def __init__(
+        self,
+        recorder: TimingRecorder | None = None,
+        *,
+        group: Any = None,
+        device: Any = None,
+        clock: str = "auto",
+    ) -> None:
+        if recorder is not None and not isinstance(recorder, TimingRecorder):
+            raise ValueError(
+                f"recorder must be a seqbalance.costs.TimingRecorder or None, got "
+                f"{type(recorder).__name__}"
+            )
+        self.recorder = recorder
+        self.group = group
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        clock = check_choice(clock, "clock", CLOCKS)
+        if clock == "auto":
+            clock = "cuda" if self.device.type == "cuda" else "wall"
+        if clock == "cuda" and self.device.type != "cuda":
+            raise ValueError(f"clock='cuda' needs a CUDA device, got device={self.device}")
+        if clock == "thread" and self.device.type != "cpu":
+            raise ValueError(
+                f"clock='thread' measures CPU time and suits CPU training only, got "
+                f"device={self.device}; use 'cuda' or 'wall'"
+            )
+        self.clock = clock
+        self._now = time.thread_time if clock == "thread" else time.perf_counter
+        self.step = 0
+        self.overhead = 0.0
+        self.gather_overhead = 0.0
+        self._pending: list[tuple[np.ndarray | None, Any, Any]] = []
+
+    # ---- timing ------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def time(self, lengths: Any = None) -> Iterator[None]:
+        """Time the block as this rank's next micro-batch.
+
+        ``lengths`` are its sequences' token counts; they may be left out when
+        :meth:`end_step` is given the plan (which knows them).
+        """
+        t0 = self._now()
+        lens = None if lengths is None else as_lengths(_np(lengths), "lengths")
+        start = self._mark()
+        self.overhead += self._now() - t0
+        try:
+            yield
+        finally:
+            t1 = self._now()
+            end = self._mark()
+            self._pending.append((lens, start, end))
+            self.overhead += self._now() - t1
+
+    def _mark(self) -> Any:
+        if self.clock == "cuda":
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        if self.clock == "thread":
+            return time.thread_time()
+        _sync(self.device)
+        return time.perf_counter()
+
+    def _seconds(self) -> list[float]:
+        if not self._pending:
+            return []
+        if self.clock == "cuda":
+            self._pending[-1][2].synchronize()  # the last event done: all are
+            return [s.elapsed_time(e) / 1e3 for _, s, e in self._pending]
+        return [float(e - s) for _, s, e in self._pending]
+
+    # ---- gathering ---------------------------------------------------------------------
+    def end_step(self, plan: Any = None, *, step: int | None = None) -> list[Timing]:
+        """Close the step: gather every rank's micro-batch times and record them.
+
+        Collective: every rank of the group calls it once per step.
+
+        Parameters
+        ----------
+        plan : Plan, optional
+            The plan every rank ran (``handle.plan`` from :func:`rebalance`, a sampler's
+            step plan). Its ``micro_batches`` and ``lengths`` give every record's lengths,
+            so only the times travel: one ``all_gather`` of ``m + 1`` float64 per rank.
+            Without it, each rank's lengths (given to :meth:`time`) travel too
+            (``all_gather_object``).
+        step : int, optional
+            The step to record under (default :attr:`step`).
+
+        Returns
+        -------
+        list of Timing
+            Every rank's records of this step, ordered by (rank, slot), identical on
+            every rank. Also added to the recorder, if any.
+
+        Raises
+        ------
+        ValueError
+            When this rank timed a different number of micro-batches than the plan gives
+            it, or (without a plan) a micro-batch was timed without its lengths.
+        """
+        t0 = self._now()
+        step = self.step if step is None else int(step)
+        secs = self._seconds()
+        rank, world = _group_info(self.group)
+        if plan is not None:
+            mine = plan.micro_batches[rank]
+            m = plan.num_micro_batches
+            # m times, then a flag: 1 when this rank timed as many micro-batches as the plan
+            # gives it. A mismatch is reported on every rank, so none hangs or goes on alone.
+            row = torch.zeros(m + 1, dtype=torch.float64)
+            ok = len(mine) == len(secs)
+            if ok:
+                row[: len(secs)] = torch.as_tensor(secs, dtype=torch.float64)
+            row[m] = float(ok)
+            row = row.to(self._comm_device())
+            g0 = self._now()
+            if world > 1:
+                parts = [torch.empty_like(row) for _ in range(world)]
+                dist.all_gather(parts, row, group=self.group)
+                table = torch.stack(parts).cpu().numpy()
+            else:
+                table = row.cpu().numpy()[None]
+            self.gather_overhead += self._now() - g0
+            if not table[:, m].all():
+                self._pending.clear()
+                bad = [r for r in range(world) if not table[r, m]]
+                raise ValueError(
+                    f"ranks {bad} timed a different number of micro-batches than the plan "
+                    f"gives them (this rank: {len(secs)} timed, {len(mine)} planned); time "
+                    "each of the plan's micro-batches exactly once"
+                )
+            lengths = plan.lengths
+            records = [
+                Timing(r, step, j, lengths[np.asarray(mb, dtype=np.int64)], float(table[r, j]))
+                for r in range(world)
+                for j, mb in enumerate(plan.micro_batches[r])
+            ]
+        else:
+            if any(lens is None for lens, _, _ in self._pending):
+                self._pending.clear()
+                raise ValueError(
+                    "a micro-batch was timed without lengths; pass timer.time(lengths) or "
+                    "give end_step the plan"
+                )
+            mine_obj = [(lens.tolist(), s) for (lens, _, _), s in zip(self._pending, secs)]
+            gathered: list[Any] = [mine_obj]
+            g0 = self._now()
+            if world > 1:
+                gathered = [None] * world
+                dist.all_gather_object(gathered, mine_obj, group=self.group)
+            self.gather_overhead += self._now() - g0
+            records = [
+                Timing(r, step, j, np.asarray(lens, dtype=np.int64), float(s))
+                for r, items in enumerate(gathered)
+                for j, (lens, s) in enumerate(items)
+            ]
+        self._pending.clear()
+        self.step = step + 1
+        if self.recorder is not None:
+            self.recorder.extend(records)
+        self.overhead += self._now() - t0
+        return records
+
+    def _comm_device(self) -> torch.device:
+        if dist.is_available() and dist.is_initialized():
+            if dist.get_backend(self.group) == "nccl":
+                return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def __repr__(self) -> str:
+        return (
+            f"MicroBatchTimer(clock={self.clock!r}, device={str(self.device)!r}, "
+            f"step={self.step}, pending={len(self._pending)})"
+        )
+
+
+def _group_info(group: Any) -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(group), dist.get_world_size(group)
+    return 0, 1
+
+
+def _np(values: Any) -> Any:
+    if isinstance(values, torch.Tensor):
+        return values.detach().cpu().numpy()
+    return values

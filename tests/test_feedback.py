@@ -1,0 +1,258 @@
+"""TimingRecorder: reports of predicted vs measured time, the robust per-rank refit, metrics;
+fit_cost's 2-D input and its identifiability warning."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance import workloads
+from seqbalance.costs import (
+    REPORT_METRICS,
+    QuadraticCost,
+    TimingRecorder,
+    TokenCost,
+    UnidentifiableCostWarning,
+    fit_cost,
+)
+from seqbalance.costs.feedback import records_from_plan
+from seqbalance.costs.fit import unidentified
+from seqbalance.planning.planner import plan
+
+# Seconds; b/c = 7,000 tokens, so attention matters for the long rl-math responses.
+TRUTH = QuadraticCost(per_token=7e-5, per_token_sq=1e-8, per_sequence=2e-4, per_microbatch=5e-3)
+SLOW_RANK, SLOWDOWN = 5, 1.3
+
+
+def _simulated_run(seed: int, steps: int = 12, dp: int = 8, max_tokens: int = 32768):
+    """Token-cost plans of rl-math batches, timed by TRUTH with 3% lognormal noise, rank 5
+    1.3x slower, and 2% of micro-batches hit by a 3x pause."""
+    rng = np.random.default_rng(seed)
+    rec = TimingRecorder(TokenCost(), sync="fsdp", window=100)
+    for step in range(steps):
+        lengths = workloads.lengths("rl-math", 512, seed=1000 * seed + step)
+        p = plan(lengths, dp, max_tokens, cost=TokenCost())
+        for r, mbs in enumerate(p.micro_batches):
+            for j, mb in enumerate(mbs):
+                t = TRUTH.microbatch_cost(lengths[mb]) * np.exp(0.03 * rng.standard_normal())
+                t *= SLOWDOWN if r == SLOW_RANK else 1.0
+                t *= 3.0 if rng.random() < 0.02 else 1.0
+                rec.record(r, step, j, lengths[mb], t)
+    return rec
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 7])
+def test_refit_recovers_cost_and_names_the_slow_rank(seed):
+    rec = _simulated_run(seed)
+    before = rec.report()
+    assert before.slowest_rank == SLOW_RANK
+    cost = rec.refit()
+    assert rec.cost is cost
+    # Token-balanced micro-batches all hold ~max_tokens, so c0 trades against b (c0 comes
+    # out up to 60x, b 15% low) and only the range the window saw is identified: "recovers
+    # the cost within 5%" means it predicts within 5% on fresh micro-batches of that range
+    # (tokens and sequence count), planned from new batches by tokens and by the refit
+    # cost itself, plus c. (Outside that range, e.g. micro-batches of a few short
+    # sequences, c0's error shows: up to 11% over seeds 0-23; the test below with varied
+    # shapes recovers all four coefficients.)
+    assert cost.per_token_sq == pytest.approx(TRUTH.per_token_sq, rel=0.05)
+    tokens = [int(r.lengths.sum()) for r in rec.records]
+    counts = [r.lengths.size for r in rec.records]
+    checked = []
+    for k in range(4):
+        lengths = workloads.lengths("rl-math", 512, seed=10**6 + k)
+        for by in (TokenCost(), cost):
+            for mbs in plan(lengths, 8, 32768, cost=by).micro_batches:
+                for mb in mbs:
+                    lens = lengths[mb]
+                    if (min(tokens) <= lens.sum() <= max(tokens)
+                            and min(counts) <= lens.size <= max(counts)):
+                        checked.append(cost.microbatch_cost(lens) / TRUTH.microbatch_cost(lens))
+    assert len(checked) > 200
+    assert np.max(np.abs(np.array(checked) - 1)) < 0.05
+    after = rec.report()
+    assert after.slowest_rank == SLOW_RANK
+    assert after.straggler_score == pytest.approx(SLOWDOWN, rel=0.05)
+    assert cost.meta["rank_speed"][str(SLOW_RANK)] == pytest.approx(SLOWDOWN, rel=0.05)
+    assert after.scale == pytest.approx(1.0, rel=0.05)  # the refit cost is in seconds
+    assert after.model_error < 0.05 < before.model_error
+
+
+def test_refit_recovers_all_four_coefficients_from_varied_shapes():
+    # Shapes from 1 to 64 sequences and 32 to 32k tokens make c0 and a identifiable too.
+    rng = np.random.default_rng(3)
+    rec = TimingRecorder(sync="ddp")
+    shapes = []
+    for budget in (32, 128, 512, 2048, 8192, 32768):
+        shapes += [[budget // k] * k for k in (1, 2, 4, 8, 16, 32, 64) if budget // k >= 1]
+    for step in range(4):
+        for slot, mb in enumerate(shapes):
+            for r in range(4):
+                t = TRUTH.microbatch_cost(mb) * np.exp(0.01 * rng.standard_normal())
+                t *= 1.3 if r == 2 else 1.0
+                t *= 4.0 if rng.random() < 0.03 else 1.0
+                rec.record(r, step, slot, mb, t)
+    cost = rec.refit()
+    for got, want in zip(cost.polynomial, TRUTH.polynomial):
+        assert got == pytest.approx(want, rel=0.05)
+    assert rec.report().slowest_rank == 2
+
+
+def test_report_known_values():
+    # Step 0, TokenCost, every micro-batch at 0.1 s per token: the model is exact up to
+    # the scale 0.1. Rank 0 runs 1 s + 3 s, rank 1 runs 4 s + 2 s.
+    rec = TimingRecorder(TokenCost(), sync="ddp")
+    rec.record(0, 0, 0, [10], 1.0)
+    rec.record(0, 0, 1, [30], 3.0)
+    rec.record(1, 0, 0, [40], 4.0)
+    rec.record(1, 0, 1, [5, 15], 2.0)
+    rep = rec.report()
+    assert rep.scale == pytest.approx(0.1)
+    assert rep.model_error == pytest.approx(0.0, abs=1e-12)
+    assert rep.imbalance_measured == pytest.approx(6 / 5 - 1)
+    assert rep.step_time_measured == pytest.approx(6.0)
+    assert rep.idle_fraction == pytest.approx(1 - 10 / 12)
+    np.testing.assert_allclose(rep.rank_measured, [4.0, 6.0])
+    np.testing.assert_allclose(rep.slot_measured, [2.5, 2.5])
+    np.testing.assert_allclose(rep.rank_speed, [1.0, 1.0])
+    assert rep.straggler_score == pytest.approx(1.0)
+    rec.sync = "fsdp"  # slots in lockstep: max(1, 4) + max(3, 2) = 7
+    fsdp = rec.report()
+    assert fsdp.step_time_measured == pytest.approx(7.0)
+    assert fsdp.idle_fraction == pytest.approx(1 - 10 / 14)
+    assert fsdp.imbalance_measured == rep.imbalance_measured
+
+
+def test_report_errors_against_a_wrong_model():
+    # Truth 1 + 0.01·L² s; TokenCost's best scale is the median ratio.
+    rec = TimingRecorder(TokenCost(), sync="ddp")
+    lengths = [10, 20, 40]
+    for r, L in enumerate(lengths):
+        rec.record(r, 0, 0, [L], 1 + 0.01 * L * L)
+    ratios = [(1 + 0.01 * L * L) / L for L in lengths]  # 0.2, 0.25, 0.425
+    rep = rec.report()
+    assert rep.scale == pytest.approx(np.median(ratios))
+    rel = [abs(0.25 * L - (1 + 0.01 * L * L)) / (1 + 0.01 * L * L) for L in lengths]
+    assert rep.model_error == pytest.approx(np.median(rel))
+    assert rep.slowest_rank == 2  # rank 2's time grows fastest against the token model
+
+
+def test_metrics_keys_are_documented_and_finite():
+    rec = _simulated_run(0, steps=3)
+    metrics = rec.metrics()
+    assert set(metrics) == set(REPORT_METRICS)
+    assert all(np.isfinite(v) for v in metrics.values())
+    assert isinstance(metrics["balance/slowest_rank"], int)
+    assert set(rec.report().metrics(prefix="bal.")) == {
+        "bal." + k.split("/", 1)[1] for k in REPORT_METRICS
+    }
+
+
+def test_refit_keeps_previous_cost_when_not_identifiable():
+    rec = TimingRecorder(TokenCost(), sync="ddp")
+    for step in range(5):
+        for r in range(2):
+            rec.record(r, step, 0, [100, 100], 0.01 * (1 + 0.01 * step))
+    previous = rec.cost
+    with pytest.warns(UnidentifiableCostWarning, match="keeps the previous cost"):
+        got = rec.refit()
+    assert got is previous and rec.cost is previous
+
+
+def test_refit_with_too_few_records_keeps_cost():
+    rec = TimingRecorder()
+    rec.record(0, 0, 0, [3], 1.0)
+    with pytest.warns(UnidentifiableCostWarning, match="1 non-empty micro-batches"):
+        assert isinstance(rec.refit(), TokenCost)
+
+
+def test_fit_cost_warns_on_one_shape_and_names_coefficients():
+    with pytest.warns(UnidentifiableCostWarning, match="same shape"):
+        fit_cost([[100, 200]] * 6, [0.1] * 6)
+    # One sequence per micro-batch: c0 and a are the same column; b and c are fine.
+    mbs = [[L] for L in (10, 50, 100, 300, 1000, 3000)]
+    with pytest.warns(UnidentifiableCostWarning, match="1 sequence\\)") as caught:
+        fit_cost(mbs, [TRUTH.microbatch_cost(mb) for mb in mbs])
+    msg = str(caught[0].message)
+    assert "per_microbatch, per_sequence apart" in msg and "per_token" not in msg
+    # Pinning one of them removes the ambiguity.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fit_cost(mbs, [TRUTH.microbatch_cost(mb) for mb in mbs], per_sequence=False)
+
+
+def test_unidentified_on_independent_columns():
+    rows = np.array([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [1.0, 1.0, 1.0]])
+    # Normalised columns meet at cosine 1/2: Gram eigenvalues 2, 1/2, 1/2; condition 2.
+    assert unidentified(rows, names="xyz") == ((), pytest.approx(2.0))
+    dup = np.column_stack([rows[:, 0], rows[:, 0], rows[:, 2]])
+    assert unidentified(dup, names="xyz")[0] == ("x", "y")
+
+
+def test_fit_cost_accepts_a_zero_padded_matrix():
+    mbs = [[100], [200, 50], [50, 50, 50], [400], [100, 300], [25] * 8]
+    width = max(len(mb) for mb in mbs)
+    mat = np.array([mb + [0] * (width - len(mb)) for mb in mbs])
+    t = [TRUTH.microbatch_cost(mb) for mb in mbs]
+    a, b = fit_cost(mbs, t), fit_cost(mat, t)
+    assert a.polynomial == b.polynomial
+    assert b.polynomial == pytest.approx(TRUTH.polynomial, rel=1e-6)
+    with pytest.raises(ValueError, match="row 1 is all zeros"):
+        fit_cost(np.array([[1, 2], [0, 0], [3, 0], [4, 5]]), [1.0] * 4)
+    with pytest.raises(ValueError, match="negative"):
+        fit_cost(np.array([[1, -2], [2, 0], [3, 0], [4, 5]]), [1.0] * 4)
+
+
+def test_robust_fit_ignores_a_gross_outlier():
+    mbs = [[100], [200], [50, 50], [400], [100, 300], [25] * 8, [800], [30] * 20] * 3
+    t = np.array([TRUTH.microbatch_cost(mb) for mb in mbs])
+    t[4] *= 10
+    plain = fit_cost(mbs, t)
+    robust = fit_cost(mbs, t, robust=True)
+    assert robust.polynomial == pytest.approx(TRUTH.polynomial, rel=1e-3)
+    assert plain.polynomial != pytest.approx(TRUTH.polynomial, rel=1e-3)
+    assert robust.meta["robust"] == "huber"
+
+
+def test_record_errors_and_window():
+    rec = TimingRecorder(window=2)
+    rec.record(0, 0, 0, [1], 1.0)
+    with pytest.raises(ValueError, match="already recorded"):
+        rec.record(0, 0, 0, [1], 1.0)
+    with pytest.raises(ValueError, match="seconds must be a positive"):
+        rec.record(0, 1, 0, [1], 0.0)
+    with pytest.raises(ValueError, match="rank must be"):
+        rec.record(-1, 1, 0, [1], 1.0)
+    with pytest.raises(ValueError, match="nothing recorded"):
+        TimingRecorder().report()
+    with pytest.raises(ValueError, match="sync"):
+        TimingRecorder(sync="zero")
+    rec.record(0, 1, 0, [1], 1.0)
+    rec.record(0, 2, 0, [1], 1.0)
+    assert rec.steps == [1, 2] and len(rec) == 2
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.randoms(use_true_random=False))
+def test_refit_is_independent_of_record_order(rnd):
+    records = [rec for rec in _simulated_run(4, steps=2).records]
+    shuffled = list(records)
+    rnd.shuffle(shuffled)
+    a, b = TimingRecorder(), TimingRecorder()
+    a.extend(records)
+    b.extend(shuffled)
+    assert a.refit().polynomial == b.refit().polynomial
+
+
+def test_records_from_plan():
+    p = plan([5, 6, 7, 8], 2, 16, cost=TokenCost())
+    secs = [[1.0] * len(r) for r in p.micro_batches]
+    recs = records_from_plan(p.micro_batches, p.lengths, secs, step=4)
+    assert sorted(int(x) for r in recs for x in r[3]) == [5, 6, 7, 8]
+    assert {r[1] for r in recs} == {4}
+    with pytest.raises(ValueError, match="seconds\\[0\\] has 0 times"):
+        records_from_plan(p.micro_batches, p.lengths, [[], []], step=0)

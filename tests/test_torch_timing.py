@@ -1,0 +1,157 @@
+"""MicroBatchTimer (timing + gather on gloo), Rebalancer.set_cost, sampler.set_cost."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("torch.distributed")
+
+from seqbalance.costs import QuadraticCost, TimingRecorder, TokenCost  # noqa: E402
+from seqbalance.planning.planner import plan  # noqa: E402
+from seqbalance.torch import BalancedDistributedSampler  # noqa: E402
+from seqbalance.torch.balancer import Rebalancer  # noqa: E402
+from seqbalance.torch.testing import run_distributed  # noqa: E402
+from seqbalance.torch.timing import MicroBatchTimer  # noqa: E402
+
+TIMEOUT = 120
+LENGTHS = np.array([9, 3, 7, 1, 8, 2, 6, 5, 4, 4, 12, 2], dtype=np.int64)
+QUAD = QuadraticCost(per_token=1.0, per_token_sq=0.5, per_microbatch=3.0)
+
+
+def _sleep_for(rank: int, slot: int) -> float:
+    return 0.002 * (1 + slot + 2 * rank)
+
+
+def worker_timer(rank: int, world: int) -> dict:
+    out: dict = {}
+    # With the plan: only the times travel.
+    p = plan(LENGTHS, world, 16, cost=TokenCost(), sync="ddp")
+    rec = TimingRecorder(sync="ddp")
+    timer = MicroBatchTimer(rec, clock="wall")
+    for _ in range(2):
+        for j, _mb in enumerate(p.micro_batches[rank]):
+            with timer.time():
+                time.sleep(_sleep_for(rank, j))
+        timer.end_step(p)
+    out["plan_records"] = [(r.rank, r.step, r.slot, r.lengths.tolist(), r.seconds)
+                           for r in rec.records]
+    # Without a plan: ragged micro-batches, lengths given to time().
+    mine = [[5, 5], [7]] if rank == 0 else [[1], [2], [3]]
+    for lens in mine:
+        with timer.time(lens):
+            time.sleep(0.001)
+    got = timer.end_step()
+    out["free_records"] = [(r.rank, r.step, r.slot, r.lengths.tolist()) for r in got]
+    out["free_seconds"] = [r.seconds for r in got]
+    # A rank that timed too few micro-batches: every rank raises, nobody hangs.
+    n = len(p.micro_batches[rank]) - (1 if rank == 1 else 0)
+    for _ in range(n):
+        with timer.time():
+            pass
+    try:
+        timer.end_step(p)
+    except ValueError as exc:
+        out["mismatch"] = str(exc)
+    out["overhead"] = timer.overhead
+    # Rebalancer: switch the cost between two calls; every rank plans alike.
+    bal = Rebalancer(max_tokens=16, cost=TokenCost(), sync="ddp")
+    per = len(LENGTHS) // world
+    local = LENGTHS[rank * per:(rank + 1) * per]
+    batch = {"x": torch.as_tensor(local)}
+    _, h1 = bal(batch, local)
+    bal.set_cost(QUAD)
+    _, h2 = bal(batch, local)
+    out["plans"] = (h1.plan.micro_batches, h2.plan.micro_batches)
+    return out
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_timer_gathers_identical_records_on_every_rank():
+    world = 2
+    res = run_distributed(worker_timer, world, timeout=TIMEOUT - 10)
+    p = plan(LENGTHS, world, 16, cost=TokenCost(), sync="ddp")
+    want = [
+        (r, step, j, sorted(LENGTHS[mb].tolist()))
+        for step in range(2)
+        for r in range(world)
+        for j, mb in enumerate(p.micro_batches[r])
+    ]
+    for out in res:
+        got = out["plan_records"]
+        assert got == res[0]["plan_records"]  # bit-identical on every rank
+        assert [(r, s, j, sorted(lens)) for r, s, j, lens, _ in got] == want
+        for r, _, j, _, secs in got:
+            assert secs >= _sleep_for(r, j)  # sleep guarantees at least that long
+        assert out["free_records"] == [
+            (0, 2, 0, [5, 5]), (0, 2, 1, [7]), (1, 2, 0, [1]), (1, 2, 1, [2]), (1, 2, 2, [3])
+        ]
+        assert all(s >= 0.001 for s in out["free_seconds"])
+        assert "ranks [1] timed a different number" in out["mismatch"]
+        assert out["overhead"] > 0
+    # Rebalancer: the same plans everywhere, and they follow the cost that was set.
+    gathered = np.concatenate([LENGTHS[: len(LENGTHS) // 2], LENGTHS[len(LENGTHS) // 2:]])
+    first, second = res[0]["plans"]
+    assert res[1]["plans"] == (first, second)
+    assert first == plan(gathered, world, 16, cost=TokenCost(), sync="ddp").micro_batches
+    assert second == plan(gathered, world, 16, cost=QUAD, sync="ddp").micro_batches
+
+
+def test_thread_clock_and_single_process():
+    rec = TimingRecorder()
+    timer = MicroBatchTimer(rec, clock="thread", device="cpu")
+    with timer.time([100]):
+        x = 0
+        for i in range(20000):
+            x += i
+    records = timer.end_step()
+    assert len(records) == 1 and records[0].rank == 0 and records[0].seconds > 0
+    assert len(rec) == 1 and timer.step == 1
+
+
+def test_timer_argument_errors():
+    with pytest.raises(ValueError, match="clock"):
+        MicroBatchTimer(clock="sundial")
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        MicroBatchTimer(clock="cuda", device="cpu")
+    with pytest.raises(ValueError, match="recorder must be"):
+        MicroBatchTimer(recorder={})
+    timer = MicroBatchTimer(device="cpu")
+    with timer.time():
+        pass
+    with pytest.raises(ValueError, match="without lengths"):
+        timer.end_step()
+
+
+def test_rebalancer_rejects_per_sequence_arrays_and_unknown_names():
+    with pytest.raises(ValueError, match="per-sequence cost arrays"):
+        Rebalancer(16, cost=np.ones(3))
+    bal = Rebalancer(16)
+    with pytest.raises(ValueError):
+        bal.set_cost("no-such-model")
+    assert bal.cost is None
+
+
+def test_sampler_set_cost_applies_from_the_next_step():
+    lengths = np.random.default_rng(0).integers(1, 60, size=96)
+    kw = dict(num_replicas=2, rank=0, shuffle=True, seed=3)
+    s = BalancedDistributedSampler(lengths, 32, 64, cost=TokenCost(), **kw)
+    it = s.steps()
+    first = next(it)
+    s.set_cost(QUAD)
+    rest = list(it)
+    token = BalancedDistributedSampler(lengths, 32, 64, cost=TokenCost(), **kw)
+    quad = BalancedDistributedSampler(lengths, 32, 64, cost=QUAD, **kw)
+    token_steps, quad_steps = list(token.steps()), list(quad.steps())
+    assert first == token_steps[0]
+    assert rest == quad_steps[1:]
+    assert rest != token_steps[1:]  # the switch changed something
+    # The plan of the step already drawn is kept; the others follow the new cost.
+    assert s.step_plans()[0].micro_batches == token.step_plans()[0].micro_batches
+    # A bad cost is refused and the old one kept.
+    with pytest.raises(ValueError):
+        s.set_cost(np.ones(5))
+    assert s.cost is QUAD
