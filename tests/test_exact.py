@@ -171,3 +171,91 @@ def test_balance_stats_measures_groups_like_partition() -> None:
         balance_stats(w, p, groups=[0, 1])
     with pytest.raises(ValueError, match="size"):
         balance_stats(w, p, size="nope")
+
+
+def brute_optimum_np(w: np.ndarray, k: int, size: str) -> float:
+    """Every labelling at once (k**n rows), vectorised; for n up to ~11 with k = 3."""
+    n = w.shape[0]
+    codes = np.arange(k**n, dtype=np.int64)
+    labels = (codes[:, None] // k ** np.arange(n)) % k  # (k**n, n)
+    onehot = labels[:, :, None] == np.arange(k)  # (k**n, n, k)
+    counts = onehot.sum(axis=1)
+    loads = np.einsum("rnk,n->rk", onehot, w)
+    ok = np.ones(len(codes), dtype=bool)
+    if size == "equal":
+        ok = (counts == n // k).all(axis=1)
+    elif size == "balanced":
+        ok = counts.max(axis=1) - counts.min(axis=1) <= 1
+    return float(loads.max(axis=1)[ok].min())
+
+
+@pytest.mark.parametrize("kind", ["grpo", "logn"])
+@pytest.mark.parametrize("size", ["free", "equal", "balanced"])
+def test_auto_equals_brute_force_on_small_inputs(kind: str, size: str) -> None:
+    """n = 9..10 items, k = 2..3: auto's heaviest part is the true optimum."""
+    for n, k, seed in [(9, 3, 0), (10, 2, 1), (10, 3, 2), (10, 2, 3)]:
+        if size == "equal" and n % k:
+            continue
+        rng = np.random.default_rng(100 + seed)
+        if kind == "grpo":  # long-tailed integer token counts
+            w = np.minimum(rng.lognormal(6.5, 1.0, n), 16384).round() + 1
+        else:
+            w = rng.lognormal(0.0, 1.0, n)
+        p = partition(w, k, size=size)
+        assert p.max_load == pytest.approx(brute_optimum_np(w, k, size), rel=1e-12)
+        assert p.optimal
+
+
+def milp_optimum(w: np.ndarray, k: int, size: str) -> float | None:
+    """min z s.t. every unit in one part, every part's load <= z, the rule's counts (HiGHS)."""
+    optimize = pytest.importorskip("scipy.optimize")
+    m = w.shape[0]
+    nv = m * k + 1
+    a = np.zeros((m + 2 * k, nv))
+    lo, hi = [], []
+    for i in range(m):
+        a[i, i * k : (i + 1) * k] = 1
+        lo.append(1)
+        hi.append(1)
+    c = m // k
+    for p in range(k):  # rows m .. m+k-1: load of part p minus z <= 0
+        a[m + p, p : m * k : k] = w
+        a[m + p, -1] = -1
+        lo.append(-np.inf)
+        hi.append(0)
+    for p in range(k):  # rows m+k .. m+2k-1: count of part p within the rule
+        a[m + k + p, p : m * k : k] = 1
+        lo.append({"free": 0, "equal": c, "balanced": c}[size])
+        hi.append({"free": m, "equal": c, "balanced": c + 1}[size])
+    cost = np.zeros(nv)
+    cost[-1] = 1
+    integ = np.ones(nv)
+    integ[-1] = 0
+    upper = np.ones(nv)
+    upper[-1] = np.inf
+    res = optimize.milp(
+        cost, constraints=optimize.LinearConstraint(a, lo, hi), integrality=integ,
+        bounds=optimize.Bounds(np.zeros(nv), upper),
+        options={"time_limit": 30.0, "mip_rel_gap": 0.0},
+    )
+    if res.status != 0:
+        return None  # not proven in time: no verdict
+    lab = np.argmax(res.x[:-1].reshape(m, k), axis=1)
+    return float(np.bincount(lab, weights=w, minlength=k).max())
+
+
+@pytest.mark.parametrize("size", ["free", "equal", "balanced"])
+def test_auto_equals_milp_optimum(size: str) -> None:
+    """n = 12..16, k = 3..4 on integer token counts: auto matches the ILP's proven optimum."""
+    checked = 0
+    for n, k, seed in [(12, 3, 0), (12, 4, 1), (16, 4, 2)]:
+        rng = np.random.default_rng(200 + seed)
+        w = np.minimum(rng.lognormal(6.5, 1.0, n), 16384).round() + 1
+        opt = milp_optimum(w, k, size)
+        if opt is None:
+            continue
+        checked += 1
+        p = partition(w, k, size=size)
+        assert p.max_load <= opt + 1e-9 * opt
+        assert p.max_load >= opt - 1e-9 * opt  # the ILP is optimal: nothing is lighter
+    assert checked > 0

@@ -13,32 +13,63 @@ The decision search places units heaviest first, each into every part that may s
 it, lightest part first. A branch is cut when
 
 - the part would exceed ``C``;
-- the parts' remaining room below ``C`` cannot hold the remaining weight;
+- the room the remaining units can still use cannot hold them: a part counts no room
+  when its count is full or its room is below the smallest unit, and at most the weight
+  of the ``q`` heaviest remaining units when it may take only ``q`` more;
 - under a size rule, a part that still needs ``q`` units would exceed ``C`` even
   with the ``q`` lightest units (they are the tail of the sorted weights);
 - the part is interchangeable with one already tried at this node (same load and count:
   this removes the ``k!`` relabellings of every solution, empty parts included).
+- the state (sorted loads and counts at this depth) was refuted before under a capacity
+  at least ``C`` (a bounded memo);
+- in "free" mode a unit that fills a part exactly is placed there only (dominance).
+
+A search that runs out of its slice of the budget (a quarter of what is left) is given
+up for a higher capacity; when no capacity is left in between, the next sweep starts
+lower again, and the memo lets it resume where the last one stopped.
 
 Tolerance: with integer weights whose total is below 2**53 every load is exact and
 capacities are integers; otherwise bisection stops when ``hi - lo`` is below ``1e-12``
 relative, so optimality is proven up to that rounding.
 
 Complexity: exponential in the worst case, hence a budget of ``max_nodes`` search nodes in
-all (deterministic: no clock involved); each node costs O(k).
+all (deterministic: no clock involved); each node costs O(k log k).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["EXACT_MAX_NODES", "EXACT_MAX_UNITS", "exact_labels"]
+__all__ = [
+    "EXACT_MAX_NODES",
+    "EXACT_MAX_UNITS",
+    "EXACT_SMALL_NODES",
+    "EXACT_SMALL_UNITS",
+    "exact_budget",
+    "exact_labels",
+]
 
 #: ``method="auto"`` runs the exact search on problems with at most this many units ...
 EXACT_MAX_UNITS = 64
-#: ... and stops it after this many search nodes (a few hundred ms of pure Python at worst).
+#: ... and stops it after this many search nodes (a few hundred ms of pure Python at worst);
 EXACT_MAX_NODES = 60_000
+#: with at most ``EXACT_SMALL_UNITS`` units (per-rank micro-batch splits) the budget is
+#: ``EXACT_SMALL_NODES``: those searches often need more nodes to settle, and still end
+#: well under a second.
+EXACT_SMALL_UNITS = 32
+EXACT_SMALL_NODES = 200_000
 
 _REL_TOL = 1e-12
+_EPS = float(np.finfo(np.float64).eps)
+_SLICE = 4  # a search may use a quarter of the nodes left ...
+_MIN_SLICE = 2_000  # ... but at least this many
+_MEMO_MIN_LEFT = 8  # states with more units than this left to place are remembered
+_MEMO_MAX = 200_000  # refuted search states remembered (memory stays a few tens of MB)
+
+
+def exact_budget(m: int) -> int:
+    """The node budget ``method="auto"`` gives the exact search on ``m`` units."""
+    return EXACT_SMALL_NODES if m <= EXACT_SMALL_UNITS else EXACT_MAX_NODES
 
 
 class _Budget(Exception):
@@ -68,20 +99,26 @@ def exact_labels(
     integer = bool(np.all(w == np.floor(w))) and float(w.sum()) < 2.0**53
     lo = float(np.ceil(bound)) if integer else float(bound)
     order = np.argsort(-w, kind="stable")
-    search = _Decision(w[order].tolist(), k, size)
+    slack = 0.0 if integer else 4.0 * (m + 1) * _EPS * float(w.sum())
+    search = _Decision(w[order].tolist(), k, size, slack)
     budget = max_nodes
-    failed_at = -np.inf  # the lowest capacity whose search ran out of nodes
+    # Searches that run out of nodes are cut short at a slice of what is left, so one
+    # hard capacity cannot eat the whole budget; the memo of refuted states makes a later
+    # retry at that capacity (or lower) resume cheaply.
+    failed_at = -np.inf  # the highest capacity whose search ran out of nodes, this sweep
     while _open(lo, hi, integer) and budget > 0:
-        if failed_at == -np.inf and not search.tried:
+        if not search.tried:
             cap = lo
         else:
             floor_ = max(lo, failed_at)
-            cap = floor_ + (hi - floor_) / 2
-            if integer:
-                cap = float(np.floor(cap))
-                if cap >= hi or cap <= failed_at:
-                    break
-        found, status = search.run(cap, budget)
+            cap = _middle(floor_, hi, integer)
+            if cap is None or cap <= failed_at:
+                failed_at = -np.inf  # nothing left between: sweep again from lo
+                cap = _middle(lo, hi, integer) if lo < hi else None
+                if cap is None:
+                    cap = lo
+        part = budget if budget <= 4 * _MIN_SLICE else max(_MIN_SLICE, budget // _SLICE)
+        found, status = search.run(cap, part)
         budget -= search.nodes
         if found is not None:
             labels = np.empty(m, dtype=np.int64)
@@ -94,10 +131,18 @@ def exact_labels(
         elif status == "refuted":
             lo = cap + 1.0 if integer else max(cap, np.nextafter(cap, np.inf))
         else:  # out of nodes: look higher, where solutions are easier to find
-            if not _open(max(lo, cap), hi, integer):
-                break
-            failed_at = cap if integer else np.nextafter(cap, np.inf)
+            failed_at = cap
     return best, not _open(lo, hi, integer)
+
+
+def _middle(lo: float, hi: float, integer: bool) -> float | None:
+    """A capacity in ``[lo, hi)`` halfway between, or None when there is none."""
+    if integer:
+        cap = float(np.floor(lo + (hi - lo) / 2))
+        return cap if lo <= cap < hi else None
+    if not _open(lo, hi, integer):
+        return None
+    return lo + (hi - lo) / 2
 
 
 def _open(lo: float, hi: float, integer: bool) -> bool:
@@ -110,17 +155,22 @@ def _open(lo: float, hi: float, integer: bool) -> bool:
 class _Decision:
     """Depth-first search for a partition whose parts all weigh at most a capacity."""
 
-    def __init__(self, s: list[float], k: int, size: str) -> None:
+    def __init__(self, s: list[float], k: int, size: str, slack: float) -> None:
         m = len(s)
         self.s, self.k, self.m = s, k, m
-        self.rem = [0.0] * (m + 1)  # rem[i] = s[i] + ... + s[m-1]
-        for i in range(m - 1, -1, -1):
-            self.rem[i] = self.rem[i + 1] + s[i]
+        self.pre = [0.0] * (m + 1)  # pre[i] = s[0] + ... + s[i-1] (the i heaviest)
+        for i in range(m):
+            self.pre[i + 1] = self.pre[i] + s[i]
+        self.rem = [self.pre[m] - x for x in self.pre]  # rem[i] = s[i] + ... + s[m-1]
         self.tail = [0.0] * (m + 1)  # tail[q] = the q lightest units
         for q in range(1, m + 1):
             self.tail[q] = self.tail[q - 1] + s[m - q]
+        self.smallest = s[m - 1] if m else 0.0
+        # Float sums may round either way: a cut needs a margin of ``slack`` (0 for integers).
+        self.slack = slack
         c = m // k
         self.c = c
+        self.free = size == "free"
         self.balanced = size == "balanced"
         if size == "free":
             self.need_min, self.cap_count, self.extra0 = 0, m, 0
@@ -130,6 +180,9 @@ class _Decision:
             self.need_min, self.cap_count, self.extra0 = c, c + 1, m % k
         self.tried = False
         self.nodes = 0
+        # Search states refuted so far -> the highest capacity they were refuted under
+        # (a state refuted under a capacity is refuted under every lower one too).
+        self.memo: dict[tuple[object, ...], float] = {}
 
     def run(self, cap: float, budget: int) -> tuple[list[int] | None, str]:
         """A labelling (sorted order) with every part <= ``cap``, or None and why not."""
@@ -150,34 +203,64 @@ class _Decision:
         self.nodes += 1
         if self.nodes > self.budget:
             raise _Budget
-        if i == self.m:
+        m = self.m
+        if i == m:
             return True
         cap, loads, counts = self.cap, self.loads, self.counts
+        pre, slack, cap_count = self.pre, self.slack, self.cap_count
+        closed = self.balanced and self.extra == 0  # no part may grow past c any more
+        # Room that the remaining units can really use: none in a part whose count is
+        # full or whose room is below the smallest unit, and at most the ``q`` heaviest
+        # remaining units in a part that may take ``q`` more.
+        left = m - i
         room = 0.0
-        for lp in loads:
-            room += cap - lp
-        if room < self.rem[i]:
+        for p in range(self.k):
+            r = cap - loads[p]
+            if r + slack < self.smallest:
+                continue
+            q = (self.c if closed else cap_count) - counts[p]
+            if q <= 0:
+                continue
+            if q < left:
+                t = pre[i + q] - pre[i]
+                if t < r:
+                    r = t
+            room += r
+        if room + slack < self.rem[i]:
             return False
         if self.need_min:
             tail, need = self.tail, self.need_min
             for p in range(self.k):
                 q = need - counts[p]
-                if q > 0 and loads[p] + tail[q] > cap:
+                if q > 0 and loads[p] + tail[q] > cap + slack:
                     return False
+        key = None
+        if left > _MEMO_MIN_LEFT:
+            key = (i, *sorted(zip(loads, counts)))
+            if self.memo.get(key, -1.0) >= cap:
+                return False
         x = self.s[i]
         seen = set()
-        c, cap_count, balanced = self.c, self.cap_count, self.balanced
-        for p in sorted(range(self.k), key=loads.__getitem__):  # lightest first
+        c, balanced = self.c, self.balanced
+        order = sorted(range(self.k), key=loads.__getitem__)  # lightest first
+        if self.free:
+            # A unit that fills a part exactly goes there: any solution with it elsewhere
+            # swaps it for the later units of that part, which weigh no more.
+            for p in order:
+                if loads[p] + x == cap:
+                    order = [p]
+                    break
+        for p in order:
             lp = loads[p]
             if lp + x > cap:
                 break  # parts are sorted by load: every later one is as heavy
             n_p = counts[p]
-            if n_p >= cap_count or (balanced and n_p == c and self.extra == 0):
+            if n_p >= cap_count or (closed and n_p == c):
                 continue
-            key = (lp, n_p)
-            if key in seen:
+            pair = (lp, n_p)
+            if pair in seen:
                 continue  # an interchangeable part was already tried
-            seen.add(key)
+            seen.add(pair)
             grows = balanced and n_p == c
             loads[p] = lp + x
             counts[p] = n_p + 1
@@ -190,4 +273,6 @@ class _Decision:
             counts[p] = n_p
             if grows:
                 self.extra += 1
+        if key is not None and (len(self.memo) < _MEMO_MAX or key in self.memo):
+            self.memo[key] = max(cap, self.memo.get(key, cap))
         return False

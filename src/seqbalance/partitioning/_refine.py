@@ -15,7 +15,7 @@ then searched exactly. When nothing helps, the heaviest part is locally optimal 
 pass stops. Moves run only where the rule allows them ("free"; "balanced" from a part with
 one more unit to one with one fewer; the lightest such part is the best target) and swaps
 keep every count. Steps are capped (:func:`default_steps`), so the worst case is
-``min(3k + 256, 1024, 2**26 / (m + k))`` steps of O(m + k log k).
+``min(3k + 256, 1024, 2**24 / (m + k))`` steps of O(m + k log k).
 
 With many parts one heaviest part at a time is too slow (thousands of parts sit near the
 maximum), so :func:`pair_rounds` first evens out all parts at once: it pairs the i-th
@@ -32,11 +32,13 @@ __all__ = ["pair_rounds", "refine_labels"]
 _TRY_LIGHTEST = 4
 
 #: Refinement steps are capped at ``min(3k + 256, MAX_STEPS, STEP_WORK // (m + k))``: a
-#: step costs O(k) plus up to an O(m) scan, so the cap keeps a pass near 2**26 element
-#: operations (well under a second of numpy calls) however large k gets. For k <= 256 and
-#: m <= 65,280 the first term is the smallest, as before these caps existed.
+#: step costs O(k) plus up to an O(m) scan, so the cap keeps a pass near 2**24 element
+#: operations (a few tenths of a second of numpy calls) however large k gets. For k <= 256
+#: and m <= 16,000 the first term is the smallest, as before these caps existed. (2**26
+#: took ~3x longer at n = 65,536, n/k = 4 for gaps better by ~1e-3 relative: measured in
+#: bench/peers.py --only cliffs.)
 MAX_STEPS = 1024
-STEP_WORK = 2**26
+STEP_WORK = 2**24
 
 
 def default_steps(m: int, k: int) -> int:

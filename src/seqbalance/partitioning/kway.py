@@ -20,7 +20,7 @@ from .._validate import (
     check_positive_int,
     check_size_limit,
 )
-from ._exact import EXACT_MAX_UNITS, exact_labels
+from ._exact import EXACT_MAX_UNITS, exact_budget, exact_labels
 from ._greedy import lpt_labels
 from ._kk import kk_free_labels, kk_labels
 from ._refine import PAIR_MAX_COUNT, STEEPEST_MAX_UNITS, pair_rounds, refine_labels, steepest_swaps
@@ -173,11 +173,11 @@ def partition(
 
     Complexity (n items, m units, k parts): ``"kk"`` O(m log m + (m/k) k log k);
     ``"greedy"`` O(m log m + m log k); ``"auto"`` adds the refinement, at most
-    ``min(3k + 256, 1,024, 2**26 / (m + k))`` steps of O(k + m/k log m) each plus an O(m)
+    ``min(3k + 256, 1,024, 2**24 / (m + k))`` steps of O(k + m/k log m) each plus an O(m)
     scan when the lightest parts do not help, and for k > 256 under a size rule first at most 32
     vectorised rounds of O(m c) (c = m/k, up to 64), the free-mode Karmarkar–Karp
     candidate O(m k) for m <= 4,096, and the exact search at most 60,000 nodes of O(k)
-    for m <= 64. Memory is O(n + k).
+    for m <= 64 (200,000 for m <= 32). Memory is O(n + k).
 
     Examples
     --------
@@ -286,7 +286,9 @@ def _solve(
         if top < best[0]:
             best = (top, labels, "kkfree+refine")
     if m <= EXACT_MAX_UNITS and best[0] > bound:
-        labels, proven = exact_labels(units, k, size, best[1], bound)
+        labels, proven = exact_labels(
+            units, k, size, best[1], bound, max_nodes=exact_budget(m)
+        )
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if top < best[0]:
             best = (top, labels, "exact")
