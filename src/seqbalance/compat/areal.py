@@ -251,16 +251,17 @@ def allocate_balanced_mbs_synced(mb_spec: Any, lens: Any, group: Any = None) -> 
         return allocate_balanced_mbs(mb_spec, lens)
     import torch
 
-    local, error = None, None
+    local, error, n_local = None, None, 0
     try:
+        n_local = len(lens)
         local = allocate_balanced_mbs(mb_spec, lens)
-    except (ValueError, RuntimeError) as exc:
-        error = exc  # raised after the all-reduce, so the other ranks are not left waiting
+    except Exception as exc:  # any type: raised after the all-reduce, so no rank waits
+        error = exc
     device = "cpu"
     if dist.get_backend(group) == "nccl":
         device = f"cuda:{torch.cuda.current_device()}"
     m_local = _FAILED if local is None else len(local)
-    t = torch.tensor([m_local, -len(lens)], dtype=torch.int64, device=device)
+    t = torch.tensor([m_local, -n_local], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     m, fewest = int(t[0].item()), -int(t[1].item())
     if error is not None:

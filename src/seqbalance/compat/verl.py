@@ -267,8 +267,7 @@ def rearrange_micro_batches(
     (list of TensorDict, list of list of int)
         The micro-batches and, for each, the row indices it holds (ascending).
     """
-    lens, width = _effective_lengths(batch)
-    step = int(num_batches_divided_by or 1)
+    step = 1
     order = "light_ends" if use_dynamic_bsz_balance else "heaviest_first"
     g, n_groups = int(force_group_size), 0
     group_lens = group_work = np.zeros(0)
@@ -280,6 +279,8 @@ def rearrange_micro_batches(
     # that one rank's error does not leave the others waiting in the all-reduce.
     result, error = None, None
     try:
+        step = int(num_batches_divided_by or 1)
+        lens, width = _effective_lengths(batch)
         if max_token_len < width:
             raise CompatAssertionError(
                 "max_token_len must be greater than the sequence length. "
@@ -297,7 +298,7 @@ def rearrange_micro_batches(
         if min_num_micro_batch is not None:
             count = max(int(min_num_micro_batch), count)
         result = local(count)
-    except ValueError as exc:
+    except Exception as exc:  # any type: raised after the count agreement, so no rank waits
         error = exc
     sync = dp_group is not None and same_micro_num_in_dp and _dist_ready()
     if sync:
