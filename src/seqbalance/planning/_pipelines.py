@@ -135,7 +135,9 @@ def _pad_to_multiple(values: list, k: int) -> list:
 
 
 # ---- verl ---------------------------------------------------------------------------------
-def verl_pipeline(lengths: np.ndarray, dp: int, cap: int) -> list[list[list[int]]]:
+def verl_pipeline(
+    lengths: np.ndarray, dp: int, cap: int, max_count: int | None = None
+) -> list[list[list[int]]] | None:
     """verl: ranks by equal-count KK on its workload, then per rank KK into ``m`` micro-batches.
 
     Ranks: KK with equal counts on ``24576 L + L**2``; inside a rank the sequences are
@@ -145,6 +147,9 @@ def verl_pipeline(lengths: np.ndarray, dp: int, cap: int) -> list[list[list[int]
     is over ``cap`` (verl gives up when ``m`` passes the smallest rank's count; here the
     last try is kept, over the capacity). Each rank runs its micro-batches heaviest in the
     middle: sorted by workload, then ``mbs[::2][::-1] + mbs[1::2]``.
+
+    ``max_count``: give up (return None) once ``m`` would pass it; the planner uses it to
+    skip the counts whose plans it would discard anyway.
     """
     n = int(lengths.size)
     work = verl_workload(lengths)
@@ -157,14 +162,27 @@ def verl_pipeline(lengths: np.ndarray, dp: int, cap: int) -> list[list[list[int]
         ranks.append(p[::2] + p[1::2][::-1])
     m = max(min(len(r), max(1, math.ceil(sum(toks[i] for i in r) / cap))) for r in ranks)
     limit = min(len(r) for r in ranks)
+    # verl tries every rank at each count; a count fails as soon as one rank does, so the
+    # rank that failed last is tried first and the rest are skipped (the same result: only
+    # the final count's micro-batches are kept, and those are computed for every rank).
+    check = list(range(len(ranks)))
     while True:
-        mbs = []
-        for r in ranks:
-            k = min(m, len(r))
-            local = kk_partition([work[i] for i in r], k, equal_size=False) if r else []
-            mbs.append([[r[j] for j in part] for part in local])
-        fits = all(sum(toks[i] for i in mb) <= cap for rank in mbs for mb in rank)
-        if fits or m >= limit:
+        if max_count is not None and m > max_count:
+            return None
+        last = m >= limit
+        got: dict[int, list[list[int]]] = {}
+        failed = False
+        for x in check:
+            r = ranks[x]
+            local = kk_partition([work[i] for i in r], min(m, len(r)), False) if r else []
+            got[x] = [[r[j] for j in part] for part in local]
+            if not last and any(sum(toks[i] for i in mb) > cap for mb in got[x]):
+                check.remove(x)
+                check.insert(0, x)
+                failed = True
+                break
+        if not failed:
+            mbs = [got[x] for x in range(len(ranks))]
             break
         m += 1
     out = []

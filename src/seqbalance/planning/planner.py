@@ -16,10 +16,15 @@ How a plan is built (every step deterministic):
 3. With a size rule or groups, ranks are chosen first with :func:`seqbalance.partition`
    (three candidates: balanced cost, balanced tokens, balanced counts; the rule honoured),
    then each rank's sequences are packed into ``m`` bins and ordered heaviest first, which
-   lines slots up across ranks. Under ``ddp`` a cost-balanced rank-first plan is also tried
-   without a rule.
+   lines slots up across ranks (under ``ddp`` the bins inside a rank are not evened out:
+   only the rank's total counts). Under ``ddp`` a cost-balanced rank-first plan is also
+   tried without a rule.
 4. Among the candidates, the plan with the fewest micro-batches wins, then the lowest
    simulated step time (``extra_micro_batches`` > 0: the lowest step time).
+5. Under ``ddp`` (no groups, not padded) sequences are then exchanged between micro-batches
+   of the busiest rank and the lightest ones while that lowers the busiest rank and every
+   micro-batch stays within the capacity (:mod:`seqbalance.planning._exchange`): with
+   nearly full micro-batches, dealing whole bins to ranks leaves little freedom.
 
 With ``pp_size > 1`` the simulated pipeline step decides instead, every packing compared in
 the best of the baseline run orders; the chosen plan's order is then searched to minimise
@@ -56,13 +61,15 @@ from ..partitioning.bounds import lower_bound
 from ..partitioning.kway import partition_arrays
 from ._costing import sequence_costs
 from ._exact import pack_ranked_exact
+from ._exchange import exchange_between_ranks
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
 from ._grouping import bin_totals
 from ._ordering import ORDERS, OVERSIZED, fixed_count_bins, order_grid
 from ._packing import pack
+from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack
-from .baselines import BASELINES
+from .baselines import BASELINES, _equalize
 from .bounds import min_bins, min_micro_batches
 from .pipeline_plans import (
     PipelineSetup,
@@ -179,10 +186,13 @@ def _plan_global(
 
 
 def _rank_bins(
-    lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool
+    lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool, balance: bool
 ) -> list[list[int]] | None:
-    """One rank's sequences into ``m`` bins: fast packer, partition-based, exact (small)."""
-    bins = pack(costs, lengths, m, cap, padded=padded)
+    """One rank's sequences into ``m`` bins: fast packer, partition-based, exact (small).
+
+    ``balance=False`` skips evening out the bins (under DDP only a rank's total counts).
+    """
+    bins = pack(costs, lengths, m, cap, padded=padded, refine=balance)
     if bins is None and not padded:
         bins = fit_by_partition(costs, lengths, m, cap)
     if bins is None and lengths.size <= EXACT_MAX_ITEMS:
@@ -200,11 +210,12 @@ def _plan_by_rank(
     m: int,
     cap: int,
     padded: bool,
+    sync: str,
 ) -> list[list[list[int]]] | None:
     out = []
     for items in rank_items:
         idx = np.asarray(items, dtype=np.int64)
-        bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded)
+        bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp")
         if bins is None:
             return None
         mbs = [idx[np.asarray(b, dtype=np.int64)].tolist() for b in bins]
@@ -548,11 +559,15 @@ def _search(
             )
         else:
             if not blocked:
-                mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded)
+                mbs = _plan_by_rank(
+                    req.lens, req.costs, rank_items, m, req.cap, req.padded, req.sync
+                )
             if mbs is None:
                 joint, st = _joint_exact(req, m, memo)
                 if joint is not None:
-                    mbs = _plan_by_rank(req.lens, req.costs, joint, m, req.cap, req.padded)
+                    mbs = _plan_by_rank(
+                        req.lens, req.costs, joint, m, req.cap, req.padded, req.sync
+                    )
                     st = "found" if mbs is not None else "limit"
             if mbs is None and blocked:
                 return found if found else str(problem)
@@ -618,6 +633,9 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
         if name == "slime-flops" and req.n * k > _SLIME_MAX_WORK:
             continue  # its KK keeps k parts per state: O(n k log k)
         grids[name] = lambda fn=fn: fn(req.lens, req.dp, req.cap, cost=req.costs).micro_batches
+    # verl's loop runs one KK per count until the cap holds; counts above the best plan's
+    # are discarded below, so its loop stops there (the same plan when it stops earlier).
+    grids["verl"] = lambda: _equalize(verl_pipeline(req.lens, req.dp, req.cap, m_best) or [])
     out = []
     for name, make in grids.items():
         grid = make()
@@ -942,6 +960,17 @@ def plan(
         best = finish_plan(best, pp, user_mult)
         best.notes = (*alone_note, *best.notes)
         return best
+    if req.sync == "ddp" and not req.padded and req.groups is None:
+        grid = exchange_between_ranks(
+            best.micro_batches,
+            req.costs,
+            req.lens,
+            req.cap,
+            moves=req.size == "free",
+            allow_empty=req.allow_empty,
+        )
+        if grid is not best.micro_batches:
+            best = _with_grid(replace(req, order=None), grid, best.notes)
     if req.order is None and not alone_note:
         return best
     return _with_grid(req, best.micro_batches, [*alone_note, *best.notes])

@@ -1,0 +1,150 @@
+"""Even out rank loads under DDP by exchanging sequences between micro-batches of two ranks.
+
+Under DDP a step waits once, for the busiest rank, so only each rank's total matters. The
+packers fill micro-batches first and deal them to ranks second; when the micro-batches are
+nearly full (long sequences, a tight ``max_tokens``) the dealing has little freedom and a
+rank can stay visibly above the mean although sequences could still trade places.
+
+Each step takes the busiest rank ``h`` and, in turn, the few lightest ranks ``p``, lighter
+by ``D``. Swapping a sequence ``a`` of ``h`` with ``b`` of ``p`` (``d = w_a - w_b``) leaves
+the pair at ``max(L_h - d, L_p + d)``: it helps iff ``0 < d < D`` and is best near
+``D / 2``. A swap is allowed when both micro-batches stay within the token capacity; it
+keeps every count (sequences per rank and per micro-batch), so size rules and non-empty
+micro-batches hold. In free mode a sequence may also move into a micro-batch of ``p`` with
+room, unless that would empty its own micro-batch. The best exchange of the first partner
+that has one is applied; the busiest rank never gets heavier, the sum of squared loads falls,
+and the pass stops when no partner helps or its work cap is reached. Each step costs
+O(s_h * s_p) for ranks holding ``s`` sequences (one vectorised comparison); pairs above
+``max_pair`` candidates are skipped, which only happens when ranks hold thousands of
+sequences, where totals are already even. Deterministic: ties go to the lowest index.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["exchange_between_ranks"]
+
+_PARTNERS = 4  # lightest ranks tried per step
+_MAX_PAIR = 1 << 20  # candidate pairs compared in one step
+_MAX_WORK = 1 << 24  # candidate pairs compared in the whole pass
+
+
+def exchange_between_ranks(
+    grid: list[list[list[int]]],
+    costs: np.ndarray,
+    lengths: np.ndarray,
+    cap: int,
+    *,
+    moves: bool,
+    allow_empty: bool,
+    max_steps: int | None = None,
+) -> list[list[list[int]]]:
+    """Return ``grid`` with sequences exchanged so that the busiest rank is lighter.
+
+    Parameters
+    ----------
+    grid : list of list of list of int
+        ``grid[r][j]``: sequence indices of micro-batch ``j`` of rank ``r``.
+    costs, lengths : numpy.ndarray
+        Per-sequence cost and token count.
+    cap : int
+        Token capacity of one micro-batch.
+    moves : bool
+        Also move single sequences (changes per-rank counts: only for the free size rule).
+    allow_empty : bool
+        Whether a move may empty a micro-batch.
+    max_steps : int, optional
+        Exchanges applied at most; default ``4 * ranks + 64``.
+
+    Returns
+    -------
+    list of list of list of int
+        A new grid (the input is not modified), or ``grid`` itself when nothing helped.
+        Every micro-batch keeps within ``cap``; every index stays exactly once.
+    """
+    dp = len(grid)
+    if dp < 2 or not grid[0]:
+        return grid
+    steps = 4 * dp + 64 if max_steps is None else max_steps
+    # Per rank: sequence ids and the micro-batch each sits in; per slot: tokens and count.
+    seqs = [np.array([i for mb in rank for i in mb], dtype=np.int64) for rank in grid]
+    slot = [np.repeat(np.arange(len(rank)), [len(mb) for mb in rank]) for rank in grid]
+    tok = [np.array([int(lengths[mb].sum()) for mb in rank], dtype=np.int64) for rank in grid]
+    cnt = [np.array([len(mb) for mb in rank], dtype=np.int64) for rank in grid]
+    loads = np.array([float(costs[s].sum()) for s in seqs])
+    work, changed = 0, False
+    for _ in range(steps):
+        h = int(np.argmax(loads))
+        done = True
+        for p in np.argsort(loads, kind="stable")[:_PARTNERS].tolist():
+            gap = loads[h] - loads[p]
+            if p == h or gap <= 0:
+                continue
+            pairs = seqs[h].size * seqs[p].size
+            if pairs > _MAX_PAIR or work + pairs > _MAX_WORK:
+                continue
+            work += pairs
+            best = _best_exchange(h, p, gap, seqs, slot, tok, cnt, costs, lengths, cap,
+                                  moves, allow_empty)  # fmt: skip
+            if best is None:
+                continue
+            _apply(best, h, p, seqs, slot, tok, cnt, costs, lengths, loads)
+            changed, done = True, False
+            break
+        if done:
+            break
+    if not changed:
+        return grid
+    out = []
+    for r, rank in enumerate(grid):
+        order = np.argsort(seqs[r], kind="stable")
+        ids, where = seqs[r][order], slot[r][order]
+        out.append([ids[where == j].tolist() for j in range(len(rank))])
+    return out
+
+
+def _best_exchange(h, p, gap, seqs, slot, tok, cnt, costs, lengths, cap, moves, allow_empty):
+    """``("swap", a, b)`` or ``("move", a, j)`` (positions in the ranks' arrays), or None."""
+    wa, wb = costs[seqs[h]], costs[seqs[p]]
+    la, lb = lengths[seqs[h]], lengths[seqs[p]]
+    room_a = cap - tok[h][slot[h]] + la  # tokens a's micro-batch can take in place of a
+    room_b = cap - tok[p][slot[p]] + lb
+    d = wa[:, None] - wb[None, :]
+    ok = (d > 0) & (d < gap) & (lb[None, :] <= room_a[:, None]) & (la[:, None] <= room_b[None, :])
+    best_score, best = np.inf, None
+    if ok.any():
+        score = np.where(ok, np.abs(d - gap / 2), np.inf)
+        flat = int(np.argmin(score))
+        best_score, best = float(score.flat[flat]), ("swap", flat // wb.size, flat % wb.size)
+    if moves and wa.size:
+        j = int(np.argmin(tok[p]))  # the roomiest micro-batch of p takes any that fits
+        fits = (wa > 0) & (wa < gap) & (tok[p][j] + la <= cap)
+        if not allow_empty:
+            fits &= cnt[h][slot[h]] > 1
+        mscore = np.where(fits, np.abs(wa - gap / 2), np.inf)
+        a = int(np.argmin(mscore))
+        if float(mscore[a]) < best_score:
+            best = ("move", a, j)
+    return best
+
+
+def _apply(best, h, p, seqs, slot, tok, cnt, costs, lengths, loads):
+    kind, a, x = best
+    sa, ja = int(seqs[h][a]), int(slot[h][a])
+    if kind == "swap":
+        sb, jb = int(seqs[p][x]), int(slot[p][x])
+        d_tok = int(lengths[sb]) - int(lengths[sa])
+        tok[h][ja] += d_tok
+        tok[p][jb] -= d_tok
+        seqs[h][a], seqs[p][x] = sb, sa
+    else:
+        tok[h][ja] -= int(lengths[sa])
+        tok[p][x] += int(lengths[sa])
+        cnt[h][ja] -= 1
+        cnt[p][x] += 1
+        seqs[h], slot[h] = np.delete(seqs[h], a), np.delete(slot[h], a)
+        seqs[p], slot[p] = np.append(seqs[p], sa), np.append(slot[p], x)
+    # Summed afresh, not updated, so rounding cannot accumulate over many steps.
+    loads[h] = float(costs[seqs[h]].sum())
+    loads[p] = float(costs[seqs[p]].sum())
