@@ -122,3 +122,31 @@ def test_restore_is_bit_exact_on_gloo(world, cp_size, seeds):
     for k in range(len(seeds)):
         assert all(rank[k][0] and rank[k][1] for rank in out)
         assert len({rank[k][2] for rank in out}) == 1  # every rank planned the same
+
+
+def _restore_mismatch(rank: int, world: int, kind: str):
+    lengths, p = case(3, world, 2)
+    batch = packed(lengths, 3)
+    mbs, handle = cp_shard(batch, p, rank)
+    outs = [mb["payload"] for mb in mbs]
+    if rank == 1 and kind == "rows":
+        outs = outs[:-1] if outs else [torch.zeros(1)]  # one micro-batch short
+    if rank == 1 and kind == "trailing":
+        outs = [o[:, :1] for o in outs]  # a different trailing shape than rank 0
+    try:
+        handle.restore(outs)
+    except ValueError as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [("rows", "failed on rank 1"), ("trailing", "different trailing shape of outputs")],
+)
+def test_restore_errors_reach_every_rank(kind, expected):
+    """A bad output on one GPU raises the same error on every GPU instead of a hang."""
+    out = run_distributed(_restore_mismatch, 4, kind, timeout=TIMEOUT, collective_timeout=30)
+    assert {name for name, _ in out} == {"RankAgreementError"}
+    assert len({msg for _, msg in out}) == 1
+    assert expected in out[0][1]

@@ -60,20 +60,8 @@ class CPShardHandle:
         ]
         self.slot_tokens = [idx.size for idx in _token_indices(plan, cu, rank)]
 
-    def restore(
-        self, outputs: torch.Tensor | Sequence[torch.Tensor], group: Any = None
-    ) -> torch.Tensor:
-        """Gather every GPU's per-token outputs into ``[total_tokens, ...]`` (collective).
-
-        Parameters
-        ----------
-        outputs : tensor or sequence of tensors
-            This GPU's per-token outputs: one tensor per micro-batch (first dimension = its
-            tokens) or one tensor of all of them in slot order. Trailing shape and dtype
-            must be the same on every GPU.
-        group : ProcessGroup, optional
-            The group of the plan's ``world_size`` GPUs (default: the whole world).
-        """
+    def _local_outputs(self, outputs: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
+        """This GPU's outputs as one ``[tokens, ...]`` tensor, checked against the plan."""
         if isinstance(outputs, torch.Tensor):
             local = outputs
         else:
@@ -92,11 +80,47 @@ class CPShardHandle:
         mine = self._indices[self.rank].size
         if local.shape[0] != mine:
             raise ValueError(f"outputs hold {local.shape[0]} tokens but this GPU has {mine}")
-        size = dist.get_world_size(group)
-        if size != self.world_size:
-            raise ValueError(
-                f"the process group has {size} ranks but the plan has {self.world_size} GPUs"
-            )
+        return local
+
+    def restore(
+        self, outputs: torch.Tensor | Sequence[torch.Tensor], group: Any = None
+    ) -> torch.Tensor:
+        """Gather every GPU's per-token outputs into ``[total_tokens, ...]`` (collective).
+
+        Parameters
+        ----------
+        outputs : tensor or sequence of tensors
+            This GPU's per-token outputs: one tensor per micro-batch (first dimension = its
+            tokens) or one tensor of all of them in slot order. Trailing shape and dtype
+            must be the same on every GPU.
+        group : ProcessGroup, optional
+            The group of the plan's ``world_size`` GPUs (default: the whole world).
+        """
+        from .agreement import agree_on
+
+        local = None
+
+        def check() -> tuple[dict, None]:
+            # Local checks only; agree_on sends any error (and the shape every rank will
+            # gather) to every rank, so a bad output on one GPU never leaves the rest
+            # waiting in the all-gather.
+            nonlocal local
+            local = self._local_outputs(outputs)
+            size = dist.get_world_size(group)
+            if size != self.world_size:
+                raise ValueError(
+                    f"the process group has {size} ranks but the plan has {self.world_size} GPUs"
+                )
+            fingerprint = {
+                "plan (tokens per GPU)": np.array([idx.size for idx in self._indices]),
+                "trailing shape of outputs": tuple(local.shape[1:]),
+                "dtype of outputs": str(local.dtype),
+            }
+            return fingerprint, None
+
+        agree_on(check, group, "CPShardHandle.restore")
+        assert local is not None  # check() ran without raising on every rank
+        size = self.world_size
         counts = [idx.size for idx in self._indices]
         width = max(counts, default=0)
         padded = local.new_zeros((width, *local.shape[1:]))
