@@ -531,6 +531,7 @@ def _search(
     first_m: int,
     notes: list[str],
     memo: dict[int, Any],
+    m_stop: int | None = None,
 ) -> list[Plan] | str:
     """Step 3: plans for the smallest feasible m (and the extra ones asked for), or why not.
 
@@ -539,6 +540,9 @@ def _search(
     the rank-first path, a count the fixed rank split cannot pack is also searched jointly
     over ranks and micro-batches on small inputs (:func:`_joint_exact`, shared by all
     splits through ``memo``).
+
+    ``m_stop``: a count another rank split already reached; larger counts would lose to it
+    (fewest micro-batches first), so the search gives up past it (an empty list).
     """
     found: list[Plan] = []
     # One sequence per micro-batch always fits, so the search ends by this count.
@@ -546,6 +550,8 @@ def _search(
     m = first_m
     status = "found"  # how the search for the last failed count ended
     while m <= m_limit:
+        if m_stop is not None and m > m_stop and not req.extra:
+            return found
         problem = _too_few(req, rank_items, m)
         blocked = problem is not None and not req.allow_empty
         mbs, st = None, "infeasible"
@@ -945,7 +951,8 @@ def plan(
     problems: list[str] = []
     memo: dict[int, Any] = {}
     for rank_items in splits:
-        found = _search(req, rank_items, first_m, notes, memo)
+        m_stop = min((p.num_micro_batches for p in candidates), default=None)
+        found = _search(req, rank_items, first_m, notes, memo, m_stop)
         if isinstance(found, str):
             problems.append(found)
         else:
