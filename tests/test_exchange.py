@@ -139,3 +139,35 @@ def test_plan_deterministic_with_exchange(sync):
     a = sb.plan(lens, 8, 32768, cost="qwen2.5-7b", sync=sync)
     b = sb.plan(lens.copy(), 8, 32768, cost="qwen2.5-7b", sync=sync)
     assert a.micro_batches == b.micro_batches
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=2, max_size=24),
+    dp=st.integers(2, 5),
+    seed=st.integers(0, 2**16),
+)
+def test_groups_exchanged_within_tokens(sizes, dp, seed):
+    """The token-bounded group exchange keeps groups whole, every index once, no rank
+    above the token room, and never raises the busiest rank's cost."""
+    from seqbalance.planning import planner as P
+
+    rng = np.random.default_rng(seed)
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    lens = rng.integers(1, 500, size=groups.size)
+    cap = int(lens.max()) * 2
+    if np.unique(groups).size < dp:
+        return
+    req = P._validate_request(lens, dp, cap, QuadraticCost(1.0, 0.01), "fsdp", "free",
+                              groups, 1, 1, False, False, 0, None, "error", None)  # fmt: skip
+    m, _ = P._starting_micro_batches(req)
+    start = [list(p) for p in sb.partition(lens, dp, groups=groups)]
+    out = P._even_groups_within_tokens(req, start, m)
+    assert sorted(i for r in out for i in r) == list(range(lens.size))
+    for r in out:  # groups whole
+        for g in np.unique(req.groups[r]):
+            assert set(np.flatnonzero(req.groups == g).tolist()) <= set(r)
+    room = max(m * cap, max(int(lens[r].sum()) for r in start))
+    assert max(int(lens[r].sum()) for r in out) <= room
+    before = max(float(req.costs[r].sum()) for r in start)
+    assert max(float(req.costs[r].sum()) for r in out) <= before * (1 + 1e-12)

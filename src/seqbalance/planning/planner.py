@@ -392,7 +392,7 @@ def _rule_micro_batches(req: _Request) -> tuple[int, str]:
     return best, why
 
 
-def _rank_splits(req: _Request) -> list[list[list[int]] | None]:
+def _rank_splits(req: _Request, first_m: int) -> list[list[list[int]] | None]:
     """Step 2: how to reach ranks. ``None`` packs globally; a list fixes each rank's items."""
     if req.size != "free" or req.groups is not None:
         # Ranks balanced by cost can differ in tokens and so need more micro-batches; ranks
@@ -400,9 +400,11 @@ def _rank_splits(req: _Request) -> list[list[list[int]] | None]:
         # Third candidate: equal sequence counts, for when a rank would hold too few
         # sequences to give every micro-batch one.
         splits: list[list[list[int]] | None] = []
+        by_weight = []
         for weights in (req.costs, req.lens, np.ones(req.n)):
             w = np.asarray(weights, dtype=np.float64)
             parts = [list(p) for p in partition_arrays(w, req.dp, req.size, "auto", req.groups)]
+            by_weight.append(parts)
             if parts not in splits:
                 splits.append(parts)
         if req.groups is not None:
@@ -410,12 +412,41 @@ def _rank_splits(req: _Request) -> list[list[list[int]] | None]:
             even = _resplit_groups(req, splits[0])
             if even not in splits:
                 splits.append(even)
+            if req.size == "free":
+                fitted = _even_groups_within_tokens(req, by_weight[1], first_m)
+                if fitted not in splits:
+                    splits.append(fitted)
         return splits
     if req.sync == "ddp":
         # DDP only sees rank totals: a direct partition of the costs may balance them more
         # finely than dealing out equal micro-batches does.
         return [None, [list(p) for p in partition_arrays(req.costs, req.dp, "free", "auto", None)]]
     return [None]
+
+
+def _even_groups_within_tokens(
+    req: _Request, parts: list[list[int]], m: int
+) -> list[list[int]]:
+    """``parts`` with whole groups exchanged between ranks to even out the cost while no
+    rank holds more than ``m * max_tokens`` tokens.
+
+    The cost-balanced split often needs more micro-batches on some rank (its tokens do not
+    fit ``m`` of them) and the token-balanced one leaves the cost uneven; this starts from
+    the token split and trades groups as long as the tokens still fit (a necessary
+    condition for ``m`` micro-batches; packing decides).
+    """
+    assert req.groups is not None
+    unit_w = np.bincount(req.groups, weights=req.costs)
+    unit_t = np.bincount(req.groups, weights=req.lens).astype(np.int64)
+    unit_parts = [sorted(set(req.groups[np.asarray(p, dtype=np.int64)].tolist())) for p in parts]
+    room = max(m * req.cap, int(max(unit_t[u].sum() for u in unit_parts)))
+    grid = exchange_between_ranks(
+        [[u] for u in unit_parts], unit_w, unit_t, room, moves=True, allow_empty=False
+    )
+    members = [[] for _ in range(unit_w.size)]
+    for i, g in enumerate(req.groups.tolist()):
+        members[g].append(i)
+    return [sorted(i for g in rank[0] for i in members[g]) for rank in grid]
 
 
 def _resplit_groups(req: _Request, parts: list[list[int]]) -> list[list[int]]:
@@ -946,7 +977,7 @@ def plan(
         notes.extend(alone_note)
     if req.per_mb is not None:
         return _fixed_count(req, first_m, notes)
-    splits = _rank_splits(req)
+    splits = _rank_splits(req, first_m)
     candidates: list[Plan] = []
     problems: list[str] = []
     memo: dict[int, Any] = {}
