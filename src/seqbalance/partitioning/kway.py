@@ -25,6 +25,7 @@ from ._greedy import lpt_labels
 from ._kk import kk_free_labels, kk_labels
 from ._refine import PAIR_MAX_COUNT, STEEPEST_MAX_UNITS, pair_rounds, refine_labels, steepest_swaps
 from ._rules import SIZES, check_size
+from ._two_way import TWO_WAY_MAX_UNITS, two_way_labels
 from .bounds import bound_of_units, lower_bound
 from .stats import balance_stats, relative_gap, stats_from_loads
 
@@ -285,6 +286,13 @@ def _solve(
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if top < best[0]:
             best = (top, labels, "kkfree+refine")
+    if k == 2 and m <= TWO_WAY_MAX_UNITS and best[0] > bound:
+        # Two parts: meet in the middle proves the optimum at once (module _two_way).
+        labels = two_way_labels(units, size)
+        top = float(np.bincount(labels, weights=units, minlength=k).max())
+        if top < best[0]:
+            best = (top, labels, "two-way")
+        return best[1], best[2], True
     if m <= EXACT_MAX_UNITS and best[0] > bound:
         labels, proven = exact_labels(
             units, k, size, best[1], bound, max_nodes=exact_budget(m)
