@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import sys
 import types
@@ -213,6 +214,26 @@ def test_patch_and_unpatch_fake_trees(monkeypatch):
     finally:
         areal.unpatch()
     assert seqpack.ffd_allocate is old and data.allocate_balanced_mbs_synced is old
+
+
+def test_patch_with_verl_count(monkeypatch):
+    torch = pytest.importorskip("torch")
+
+    def old(*a, **k):
+        return "old"
+
+    mod = _fake(monkeypatch, "verl.utils.seqlen_balancing", rearrange_micro_batches=old)
+    verl.patch(match_framework_count=True)
+    try:
+        with pytest.raises(ValueError, match="unpatch"):
+            verl.patch()  # a different setting while patched
+        lens = _match_lengths(1)  # verl's loop needs 12 micro-batches, 11 hold the cap
+        _, idx = mod.rearrange_micro_batches(_batch(torch, lens, 120), 150)  # as verl calls it
+        assert len(idx) == _verl_loop_count([lens], 150)
+        assert len(idx) > len(verl.micro_batches_of_lengths(lens, 150))
+    finally:
+        verl.unpatch()
+    assert mod.rearrange_micro_batches is old
 
 
 def test_patch_refuses_unrelated_module(monkeypatch):
@@ -435,3 +456,101 @@ def test_count_agreement_error_paths_gloo(world):
     # it, the group's count is the largest of those.
     assert len(set(free)) > 1 and ok["verl, default"][0][3] == max(free)
     assert ok["areal: rank 0 needs 3, the others 2"][0][3] == 3
+
+
+# ---- match_framework_count: verl's own micro-batch count ---------------------------------
+
+
+def _ldm(values, k):
+    """Largest differencing (Karmarkar-Karp, free counts), plain Python, written here
+    independently of seqbalance: k-tuples of (sum, items) heaviest first; the two tuples
+    with the largest spread merge, heaviest subset with lightest, until one is left."""
+    heap = []
+    for i, v in enumerate(values):
+        sets = [(v, [i])] + [(0, [])] * (k - 1)
+        heapq.heappush(heap, (-v, -v, i, sets))
+    tick = len(values)
+    while len(heap) > 1:
+        a = heapq.heappop(heap)[3]
+        b = heapq.heappop(heap)[3]
+        merged = [(a[j][0] + b[k - 1 - j][0], a[j][1] + b[k - 1 - j][1]) for j in range(k)]
+        merged.sort(key=lambda s: -s[0])
+        heapq.heappush(heap, (merged[-1][0] - merged[0][0], -merged[0][0], tick, merged))
+        tick += 1
+    return [items for _, items in heap[0][3]]
+
+
+def _verl_loop_count(rank_lens, cap, step=1, min_num=None):
+    """verl 0.9's micro-batch count for a DP group, re-derived from its documented rule:
+    per rank min(n, ceil(tokens / cap)) raised to min_num; the max over ranks; rounded up
+    to a multiple of step; then + step until the differencing split of the workloads
+    24576 L + L**2 into m parts is non-empty and within the cap on every rank."""
+    starts = [min(len(x), -(-sum(x) // cap)) for x in rank_lens]
+    if min_num is not None:
+        starts = [max(min_num, s) for s in starts]
+    m = -(-max(starts) // step) * step
+
+    def fits(lens):
+        parts = _ldm([24576 * x + x * x for x in lens], m)
+        return all(p and sum(lens[i] for i in p) <= cap for p in parts)
+
+    while not all(fits(x) for x in rank_lens):
+        m += step
+    return m
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 120), min_size=1, max_size=40), st.integers(120, 400))
+def test_verl_match_framework_count_single_rank(lens, cap):
+    m = _verl_loop_count([lens], cap)
+    parts = verl.micro_batches_of_lengths(lens, cap, match_framework_count=True)
+    assert len(parts) == m  # verl's count ...
+    assert sorted(i for p in parts for i in p) == list(range(len(lens)))
+    assert all(p and sum(lens[i] for i in p) <= cap for p in parts)  # ... every one fits
+    # ... and at that count the heaviest micro-batch is never heavier than verl's split.
+    work = [24576 * x + x * x for x in lens]
+    theirs = max(sum(work[i] for i in p) for p in _ldm(work, m))
+    assert max(sum(work[i] for i in p) for p in parts) <= theirs
+    # By default: the fewest micro-batches that hold the cap, never more than verl's.
+    assert len(verl.micro_batches_of_lengths(lens, cap)) <= m
+
+
+def _match_lengths(rank):
+    # Long-tailed lengths (chosen so that verl's loop needs more micro-batches than the
+    # fewest that hold the cap, at world 2 and 3).
+    rng = np.random.default_rng(170 + rank)
+    return np.minimum(rng.geometric(1 / 40, size=25 + 9 * rank), 120).tolist()
+
+
+def worker_match_count(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    batch = _batch(torch, _match_lengths(rank), 120)
+    out = []
+    for step in (None, 2, 3):
+        kw = dict(dp_group=dist.group.WORLD, num_batches_divided_by=step)
+        _, idx = verl.rearrange_micro_batches(batch, 150, match_framework_count=True, **kw)
+        _, ours = verl.rearrange_micro_batches(batch, 150, **kw)
+        out.append((len(idx), len(ours), sorted(i for p in idx for i in p)))
+    return out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3])
+def test_verl_match_framework_count_gloo(world):
+    pytest.importorskip("torch.distributed")
+    from seqbalance.torch.testing import run_distributed
+
+    out = run_distributed(worker_match_count, world, timeout=200, collective_timeout=20)
+    rank_lens = [_match_lengths(r) for r in range(world)]
+    larger = 0
+    for j, step in enumerate((1, 2, 3)):
+        (m,) = {o[j][0] for o in out}  # one count for the group ...
+        assert m == _verl_loop_count(rank_lens, 150, step)  # ... verl's
+        (ours,) = {o[j][1] for o in out}
+        assert ours <= m and ours % step == 0
+        larger += ours < m
+        for r, o in enumerate(out):
+            assert o[j][2] == list(range(len(rank_lens[r])))
+    assert larger  # the inputs are ones where verl's loop needs more micro-batches

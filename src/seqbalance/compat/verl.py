@@ -16,6 +16,7 @@ take tensors or a process group, and imported inside them.
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -569,19 +570,49 @@ def get_group_balanced_partitions(
     return [list(p) for p in parts]
 
 
-_patcher = Patcher(
-    "verl.utils.seqlen_balancing",
-    lambda: {
+_patch_options = {"match_framework_count": False}
+
+
+def _replacements() -> dict[str, Any]:
+    out = {
         name: globals()[name]
         for name in __all__
         if name not in ("patch", "unpatch", "micro_batches_of_lengths")
-    },
-)
+    }
+    if _patch_options["match_framework_count"]:
+        for name in ("rearrange_micro_batches", "prepare_dynamic_batch"):
+            out[name] = _with_verl_count(out[name])
+    return out
 
 
-def patch() -> list[str]:
+def _with_verl_count(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("match_framework_count", True)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+_patcher = Patcher("verl.utils.seqlen_balancing", _replacements)
+
+
+def patch(*, match_framework_count: bool = False) -> list[str]:
     """Replace verl's balancing functions with these (in ``verl.utils.seqlen_balancing``
-    and in every loaded module that imported them by name). Returns what was replaced."""
+    and in every loaded module that imported them by name). Returns what was replaced.
+
+    ``match_framework_count=True`` makes the patched ``rearrange_micro_batches`` and
+    ``prepare_dynamic_batch`` use verl's own micro-batch count (see
+    :func:`rearrange_micro_batches`), for callers inside verl that cannot pass the keyword.
+    To change it, :func:`unpatch` first (ValueError otherwise).
+    """
+    if _patcher.active and bool(match_framework_count) != _patch_options["match_framework_count"]:
+        raise ValueError(
+            f"verl is already patched with match_framework_count="
+            f"{_patch_options['match_framework_count']}; call unpatch() before patching with "
+            f"match_framework_count={bool(match_framework_count)}"
+        )
+    _patch_options["match_framework_count"] = bool(match_framework_count)
     return _patcher.patch()
 
 
