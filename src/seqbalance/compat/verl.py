@@ -414,14 +414,17 @@ def rearrange_micro_batches(
     ``force_group_size`` keeps that many consecutive rows together.
 
     How many micro-batches: by default the fewest that hold the cap (seqbalance's
-    capacity-bounded packing, balanced on verl's workload ``24576 L + L**2``), which is
-    often below verl's count. Each micro-batch is a full forward/backward, so fewer is
-    cheaper: a rank's summed work is the same and it pays the per-micro-batch overhead
-    fewer times, though its heaviest micro-batch is heavier. ``match_framework_count=True``
-    gives verl's own count instead (its start ``ceil(tokens / max_token_len)``, the max
-    over the DP group, rounded up to ``num_batches_divided_by``, then raised by that step
-    until the plain Karmarkar-Karp split of the workloads fits the cap on every rank); the
-    micro-batches at that count are still seqbalance's, never heavier than verl's split.
+    capacity-bounded packing, balanced on verl's workload ``24576 L + L**2``; the max over
+    the DP group), which is often below verl's count. Each micro-batch is a full forward
+    and backward, so fewer is cheaper on a rank: its summed work is the same and it pays
+    the per-micro-batch overhead fewer times, though its heaviest micro-batch is heavier.
+    (With pipeline parallelism more micro-batches shrink the bubble: keep verl's count
+    there, or set ``min_num_micro_batch``.) ``match_framework_count=True`` gives verl's own
+    count: its start ``min(rows, ceil(tokens / max_token_len))`` (at least
+    ``min_num_micro_batch``), the max over the DP group, rounded up to a multiple of
+    ``num_batches_divided_by``, then raised by that step until the plain Karmarkar-Karp
+    split of the workloads fits the cap on every rank. The micro-batches at that count
+    are the lightest of seqbalance's and that split, so never heavier than verl's.
 
     With a ``dp_group`` (and torch.distributed initialised) every rank of the group must
     call this, even with ``same_micro_num_in_dp=False``: one all-gather
@@ -480,7 +483,8 @@ def micro_batches_of_lengths(
     match_framework_count: bool = False,
 ) -> list[list[int]]:
     """The index lists :func:`rearrange_micro_batches` makes on one rank, from lengths alone
-    (no tensors, no DP group): for benchmarks and for callers without a TensorDict."""
+    (no tensors, no DP group): for benchmarks and for callers without a TensorDict.
+    ``match_framework_count`` as there."""
     lens = to_numpy(seqlens).astype(np.int64)
 
     def read() -> _Rank:
