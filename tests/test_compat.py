@@ -172,6 +172,25 @@ def test_areal_errors_and_metrics():
     assert [len(g) for g in areal.balanced_greedy_partition([4, 3, 2, 1], 2)] == [2, 2]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=25), st.data())
+def test_grow_to_exact_count_never_heavier(weights, data):
+    from seqbalance.compat._inputs import grow_to
+
+    w = np.asarray(weights, dtype=np.float64)
+    k = data.draw(st.integers(1, len(weights)))
+    parts = [list(p) for p in np.array_split(np.arange(len(weights)), k)]
+    m = data.draw(st.integers(k, len(weights)))
+    out = grow_to(parts, m, w)
+    assert len(out) == m and all(out)
+    assert sorted(i for p in out for i in p) == list(range(len(weights)))
+    # Every new part lies inside an old one, so no part (or token count) grew.
+    owner = {i: j for j, p in enumerate(parts) for i in p}
+    assert all(len({owner[i] for i in p}) == 1 for p in out)
+    with pytest.raises(ValueError, match="non-empty"):
+        grow_to(parts, len(weights) + 1, w)
+
+
 # ---- patch() against a fake module tree ------------------------------------------------
 
 

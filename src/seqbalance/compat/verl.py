@@ -344,16 +344,19 @@ def _parts_at(r: _Rank, m: int, cap: int, order: str, verl_parts: Any) -> list[l
             parts = _plan_parts(r.lens, r.work, cap, m, r.step, order)
             if len(parts) == m:
                 candidates.append(parts)
-        except ValueError:
+        except Exception:  # any type: this rank must not fail alone; split instead
             pass
     if not candidates:  # the planner grew past m: split the fewer, fitting, micro-batches
         assert r.parts is not None
         candidates.append(grow_to(r.parts, m, r.work))
     # A pure workload partition, if it fits the cap (with one rank the planner balances
     # count first, so this often lowers the heaviest micro-batch).
-    alt = [list(q) for q in partition(r.work, m)]
-    if all(alt) and all(int(r.lens[q].sum()) <= cap for q in alt):
-        candidates.append(alt)
+    try:
+        alt = [list(q) for q in partition(r.work, m)]
+        if all(alt) and all(int(r.lens[q].sum()) <= cap for q in alt):
+            candidates.append(alt)
+    except Exception:  # any type: only a candidate
+        pass
     return min(candidates, key=lambda c: max(float(r.work[p].sum()) for p in c))
 
 
@@ -443,9 +446,10 @@ def rearrange_micro_batches(
         The micro-batches and, for each, the row indices it holds (ascending).
     """
     order = "light_ends" if use_dynamic_bsz_balance else "heaviest_first"
-    g = int(force_group_size)
     cap = max_token_len
 
+    # Nothing before the all-gather may raise outside read(): a rank raising alone there
+    # would leave the others waiting.
     def read() -> _Rank:
         lens, width = _effective_lengths(batch)
         if cap < width:
@@ -454,8 +458,8 @@ def rearrange_micro_batches(
                 f"Got max_token_len={cap} and max_seq_len={width}"
             )
         return _read_rank(
-            lens, cap, num_batches_divided_by, min_num_micro_batch, g, order,
-            match_framework_count,
+            lens, cap, num_batches_divided_by, min_num_micro_batch, int(force_group_size),
+            order, match_framework_count,
         )  # fmt: skip
 
     fingerprint = {
@@ -471,6 +475,7 @@ def rearrange_micro_batches(
         read, cap, group, bool(same_micro_num_in_dp), bool(match_framework_count), order,
         fingerprint,
     )  # fmt: skip
+    g = int(force_group_size)  # read() succeeded, so this does too
     idx = [[i * g + r for i in mb for r in range(g)] for mb in groups_per_mb]
     return [_select(batch, p) for p in idx], idx
 
