@@ -13,7 +13,8 @@ this script (numba.njit becomes the identity). Calls measured, per standard work
   equal_size=True)``; the heaviest rank's workload.
 - verl dynamic micro-batching (the loop inside ``rearrange_micro_batches``): micro-batches
   of one rank's ``n / dp`` sequences under ``max_token_len``; heaviest micro-batch workload,
-  count, micro-batches over the cap.
+  count, micro-batches over the cap. Twice: the drop-in's default (the fewest micro-batches
+  that hold the cap) and ``match_framework_count=True`` (verl's own count).
 - AReaL ``ffd_allocate`` / ``kk_allocate`` of one rank's sequences under
   ``max_tokens_per_mb``; heaviest micro-batch tokens, count, over-cap.
 - slime ``build_dp_schedule`` (dynamic batch size, ``balance_data``: FLOPs schedule) of
@@ -27,6 +28,13 @@ this script (numba.njit becomes the identity). Calls measured, per standard work
 
 slime and OpenRLHF are loaded from source checkouts (their package ``__init__`` files are
 skipped; the modules used import nothing heavy once ``openrlhf.utils.utils`` is stubbed).
+
+Micro-batch rows also give the step time of one rank, ``sum over micro-batches of
+(c0 + work)`` with verl's workload ``24576 L + L**2`` and a per-micro-batch overhead ``c0``
+(each micro-batch is a full forward/backward: launches, FSDP gathers...) of
+``--mb-overhead-tokens`` tokens' linear work, as the ratio drop-in / original. Both sides
+hold the same sequences, so this is ``(m_sb c0 + W) / (m_orig c0 + W)``: at most 1 exactly
+when the drop-in uses no more micro-batches, for any ``c0 >= 0``.
 
 Prints a table and writes JSON to bench/results/compat.json. The machine may be loaded:
 times are the best of a few runs, and the ratio is what to read.
@@ -199,11 +207,15 @@ def verl_dynamic(orig, lens: list[int], cap: int) -> list[list[int]]:
 
 COLUMNS = [
     "call", "workload", "n", "dp", "parts_orig", "parts_sb", "heaviest_orig", "heaviest_sb",
-    "sb/orig", "over_cap_orig", "over_cap_sb", "t_orig_s", "t_sb_s", "speedup",
+    "sb/orig", "step sb/orig", "over_cap_orig", "over_cap_sb", "t_orig_s", "t_sb_s", "speedup",
 ]  # fmt: skip
 
+#: verl's per-token linear workload (its 7B estimate is 24576 L + L**2).
+_LINEAR = 24576
 
-def row(call, wl, n, dp, cap, orig_fn, ours_fn, lens, weight, repeat):
+
+def row(call, wl, n, dp, cap, orig_fn, ours_fn, lens, weight, repeat, c0_tokens=None):
+    """One table row; with ``c0_tokens``, also the step-time ratio of the micro-batches."""
     t_o, p_o = best_time(orig_fn, repeat=repeat, budget_s=60)
     t_s, p_s = best_time(ours_fn, repeat=repeat, budget_s=60)
 
@@ -215,11 +227,17 @@ def row(call, wl, n, dp, cap, orig_fn, ours_fn, lens, weight, repeat):
             return 0
         return sum(int(lens[np.asarray(p, dtype=np.int64)].sum()) > cap for p in parts)
 
+    def step(parts):  # one rank's micro-batches, one after the other
+        work = _LINEAR * lens.astype(np.float64) + lens.astype(np.float64) ** 2
+        return sum(_LINEAR * c0_tokens + float(work[np.asarray(p, dtype=np.int64)].sum())
+                   for p in parts)  # fmt: skip
+
     return {
         "call": call, "workload": wl, "n": n, "dp": dp,
         "parts_orig": len(p_o), "parts_sb": len(p_s),
         "heaviest_orig": heavy(p_o), "heaviest_sb": heavy(p_s),
         "sb/orig": heavy(p_s) / heavy(p_o),
+        "step sb/orig": "" if c0_tokens is None else step(p_s) / step(p_o),
         "over_cap_orig": over(p_o), "over_cap_sb": over(p_s),
         "t_orig_s": t_o, "t_sb_s": t_s, "speedup": t_o / t_s, "_parts_orig": p_o,
     }  # fmt: skip
@@ -231,6 +249,8 @@ def main() -> None:
     ap.add_argument("--slime", default="/tmp/i9fw/src", help="slime source checkout")
     ap.add_argument("--openrlhf", default="/tmp/i9fw/orlhf", help="OpenRLHF source checkout")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--mb-overhead-tokens", type=float, default=256.0,
+                    help="per-micro-batch overhead c0, in tokens of linear work (step column)")
     ap.add_argument("--json", default="bench/results/compat.json")
     args = ap.parse_args()
     v_orig, a_orig = load_originals(args.ext)
@@ -239,6 +259,7 @@ def main() -> None:
     sizes = [1024] if args.quick else [1024, 8192]
     dp, cap = 8, 32768
     repeat = 1 if args.quick else 2
+    c0 = args.mb_overhead_tokens
     rows = []
     for wl in ("rl-math", "sft-chat", "long-mix"):
         for n in sizes:
@@ -259,36 +280,35 @@ def main() -> None:
                 "verl dynamic mbs", wl, n // dp, 1, cap,
                 lambda: verl_dynamic(v_orig, rank_list, cap),
                 lambda: c_verl.micro_batches_of_lengths(rank, cap),
-                rank, rank_work, repeat,
+                rank, rank_work, repeat, c0,
             ))  # fmt: skip
-            # The same call with verl's own count as min_num_micro_batch: the balance of
-            # the two partitions at an equal number of micro-batches.
-            m_verl = len(rows[-1]["_parts_orig"])
+            # The drop-in asked for verl's own count: the balance of the two at an equal
+            # number of micro-batches.
             rows.append(row(
-                "verl dynamic mbs, verl's count", wl, n // dp, 1, cap,
+                "verl dynamic mbs, match_framework_count", wl, n // dp, 1, cap,
                 lambda: verl_dynamic(v_orig, rank_list, cap),
-                lambda: c_verl.micro_batches_of_lengths(rank, cap, min_num_micro_batch=m_verl),
-                rank, rank_work, repeat,
+                lambda: c_verl.micro_batches_of_lengths(rank, cap, match_framework_count=True),
+                rank, rank_work, repeat, c0,
             ))  # fmt: skip
             for name in ("ffd_allocate", "kk_allocate"):
                 rows.append(row(
                     f"areal {name}", wl, n // dp, 1, cap,
                     lambda name=name: getattr(a_orig, name)(rank_list, cap, 1),
                     lambda name=name: getattr(c_areal, name)(rank, cap, 1),
-                    rank, rank.astype(np.float64), repeat,
+                    rank, rank.astype(np.float64), repeat, c0,
                 ))  # fmt: skip
             rows.append(row(
                 "openrlhf dynamic mbs", wl, n // dp, 1, cap,
                 lambda: openrlhf_dynamic(o_orig, rank_list, cap),
                 lambda: openrlhf_dynamic(c_orlhf, rank, cap),
-                rank, rank.astype(np.float64), repeat,
+                rank, rank.astype(np.float64), repeat, c0,
             ))  # fmt: skip
             m_orl = len(rows[-1]["_parts_orig"])
             rows.append(row(
                 "openrlhf dynamic mbs, its count", wl, n // dp, 1, cap,
                 lambda: o_orig.get_seqlen_balanced_partitions(rank_list, m_orl, False),
                 lambda: c_orlhf.get_seqlen_balanced_partitions(rank, m_orl, False),
-                rank, rank.astype(np.float64), repeat,
+                rank, rank.astype(np.float64), repeat, c0,
             ))  # fmt: skip
             rows.append(row(
                 "openrlhf balance_experiences", wl, n, dp, 0,
@@ -301,7 +321,7 @@ def main() -> None:
     for r in rows:
         r.pop("_parts_orig", None)
     print_table(rows, COLUMNS)
-    write_json(args.json, {"machine": machine_info(), "rows": rows})
+    write_json(args.json, {"machine": machine_info(), "mb_overhead_tokens": c0, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import sys
 import types
@@ -171,6 +172,25 @@ def test_areal_errors_and_metrics():
     assert [len(g) for g in areal.balanced_greedy_partition([4, 3, 2, 1], 2)] == [2, 2]
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=25), st.data())
+def test_grow_to_exact_count_never_heavier(weights, data):
+    from seqbalance.compat._inputs import grow_to
+
+    w = np.asarray(weights, dtype=np.float64)
+    k = data.draw(st.integers(1, len(weights)))
+    parts = [list(p) for p in np.array_split(np.arange(len(weights)), k)]
+    m = data.draw(st.integers(k, len(weights)))
+    out = grow_to(parts, m, w)
+    assert len(out) == m and all(out)
+    assert sorted(i for p in out for i in p) == list(range(len(weights)))
+    # Every new part lies inside an old one, so no part (or token count) grew.
+    owner = {i: j for j, p in enumerate(parts) for i in p}
+    assert all(len({owner[i] for i in p}) == 1 for p in out)
+    with pytest.raises(ValueError, match="non-empty"):
+        grow_to(parts, len(weights) + 1, w)
+
+
 # ---- patch() against a fake module tree ------------------------------------------------
 
 
@@ -213,6 +233,26 @@ def test_patch_and_unpatch_fake_trees(monkeypatch):
     finally:
         areal.unpatch()
     assert seqpack.ffd_allocate is old and data.allocate_balanced_mbs_synced is old
+
+
+def test_patch_with_verl_count(monkeypatch):
+    torch = pytest.importorskip("torch")
+
+    def old(*a, **k):
+        return "old"
+
+    mod = _fake(monkeypatch, "verl.utils.seqlen_balancing", rearrange_micro_batches=old)
+    verl.patch(match_framework_count=True)
+    try:
+        with pytest.raises(ValueError, match="unpatch"):
+            verl.patch()  # a different setting while patched
+        lens = _match_lengths(1)  # verl's loop needs 12 micro-batches, 11 hold the cap
+        _, idx = mod.rearrange_micro_batches(_batch(torch, lens, 120), 150)  # as verl calls it
+        assert len(idx) == _verl_loop_count([lens], 150)
+        assert len(idx) > len(verl.micro_batches_of_lengths(lens, 150))
+    finally:
+        verl.unpatch()
+    assert mod.rearrange_micro_batches is old
 
 
 def test_patch_refuses_unrelated_module(monkeypatch):
@@ -267,64 +307,269 @@ def test_count_agreement_gloo(world):
         assert o[4] == list(range(len(_rank_lengths(rank))))
 
 
-def _outcome(fn):
-    """'ok:<value>' or the exception's type and message, for comparing ranks."""
-    try:
-        return f"ok:{fn()}"
-    except (ValueError, RuntimeError) as exc:  # AssertionError subclasses are ValueErrors
-        return f"{type(exc).__name__}:{exc}"
+# ---- count agreement: mismatched arguments and local errors (gloo) -----------------------
+#
+# Every scenario runs on every rank, one after the other on one process group (spawning is
+# the slow part), with a collective timeout far below the test's: a rank left waiting shows
+# up as a gloo error, and a scenario that left a collective half done breaks the next one.
 
 
-def worker_agreement_paths(rank, world):
-    """Every count-agreement path that can raise, plus the count multiple, on each rank."""
+def _verl_count(rank, lens=None, cap=250, width=100, **kw):
     import torch
     import torch.distributed as dist
 
-    from seqbalance.compat import areal as a
-    from seqbalance.compat import verl as v
+    batch = _batch(torch, _rank_lengths(rank) if lens is None else lens, width)
+    return len(verl.rearrange_micro_batches(batch, cap, dp_group=dist.group.WORLD, **kw)[1])
 
-    g = dist.group.WORLD
-    out = {}
+
+def _no_mask(rank, world):
+    import torch
+    import torch.distributed as dist
+
     batch = _batch(torch, _rank_lengths(rank), 100)
-    out["divided"] = _outcome(lambda: len(v.rearrange_micro_batches(
-        batch, 250, dp_group=g, num_batches_divided_by=2, min_num_micro_batch=3)[1]))  # fmt: skip
-    # Rank 1's forced pair (100 + 100 tokens) is above the cap: its local plan fails, and
-    # every rank must raise (not wait in the next collective).
-    pairs = [100, 100, 60, 60] if rank == 1 else [60, 60, 60, 60]
-    out["verl_fail"] = _outcome(lambda: len(v.rearrange_micro_batches(
-        _batch(torch, pairs, 100), 150, dp_group=g, force_group_size=2)[0]))  # fmt: skip
-    # Rank 1's padded width is above the cap (bad input on one rank only).
-    out["verl_width"] = _outcome(lambda: len(v.rearrange_micro_batches(
-        _batch(torch, [60] * 4, 200 if rank == 1 else 100), 150, dp_group=g)[0]))  # fmt: skip
-    # Rank 0 holds one sequence, the others need six micro-batches.
-    few = [90] if rank == 0 else [90] * 6
-    out["verl_fewest"] = _outcome(lambda: len(v.rearrange_micro_batches(
-        _batch(torch, few, 100), 100, dp_group=g)[0]))  # fmt: skip
-    spec = types.SimpleNamespace(max_tokens_per_mb=100, n_mbs=1, n_mbs_divisor=1,
-                                 packing_algorithm="ffd")  # fmt: skip
-    out["areal_fewest"] = _outcome(lambda: len(a.allocate_balanced_mbs_synced(spec, few, g)))
-    over = [50, 150] if rank == world - 1 else [50, 50]  # last rank: one above capacity
-    out["areal_fail"] = _outcome(lambda: len(a.allocate_balanced_mbs_synced(spec, over, g)))
-    last = [90] * 3 if rank == 0 else [30] * 6  # rank 0 needs 3 micro-batches, others 2
-    out["after"] = _outcome(lambda: len(a.allocate_balanced_mbs_synced(spec, last, g)))
+    if rank == 0:  # a batch without the key verl reads the lengths from
+        batch = FakeTD({"input_ids": batch["input_ids"]})
+    return len(verl.rearrange_micro_batches(batch, 250, dp_group=dist.group.WORLD)[1])
+
+
+def _areal_count(rank, lens=None, **spec):
+    fields = dict(max_tokens_per_mb=250, n_mbs=1, n_mbs_divisor=1, packing_algorithm="ffd",
+                  granularity=1)  # fmt: skip
+    fields.update(spec)
+    lens = _rank_lengths(rank) if lens is None else lens
+    return len(areal.allocate_balanced_mbs_synced(types.SimpleNamespace(**fields), lens, None))
+
+
+def _pairs(rank, world):
+    # Rank 1's forced pair (100 + 100 tokens) is above the cap of 150.
+    return _verl_count(rank, [100, 100, 60, 60] if rank == 1 else [60] * 4, cap=150,
+                       force_group_size=2)  # fmt: skip
+
+
+# name -> (function of rank and world, words every rank's message must hold; "{last}" is the
+# last rank). Each must raise the same ValueError on every rank.
+AGREEMENT_ERRORS = {
+    "verl: different max_token_len": (
+        lambda r, w: _verl_count(r, cap=300 if r == 1 else 250),
+        ["rearrange_micro_batches", "max_token_len", "rank 1: 300"],
+    ),
+    "verl: different num_batches_divided_by": (
+        lambda r, w: _verl_count(r, num_batches_divided_by=2 if r == w - 1 else None),
+        ["num_batches_divided_by", "rank {last}: 2"],
+    ),
+    "verl: different min_num_micro_batch": (
+        lambda r, w: _verl_count(r, min_num_micro_batch=4 if r == 0 else None),
+        ["min_num_micro_batch", "rank 0: 4"],
+    ),
+    "verl: same_micro_num_in_dp=False on rank 1 only": (
+        lambda r, w: _verl_count(r, same_micro_num_in_dp=r != 1),
+        ["same_micro_num_in_dp", "rank 1: false"],
+    ),
+    "verl: different force_group_size": (
+        lambda r, w: _verl_count(r, force_group_size=2 if r == 0 else 1),
+        ["force_group_size", "rank 0: 2"],
+    ),
+    "verl: match_framework_count on rank 0 only": (
+        lambda r, w: _verl_count(r, match_framework_count=r == 0),
+        ["match_framework_count", "rank 0: true"],
+    ),
+    "verl: padded width above max_token_len on rank 1": (
+        lambda r, w: _verl_count(r, [60] * 4, cap=150, width=200 if r == 1 else 100),
+        ["failed on rank 1", "max_token_len must be greater"],
+    ),
+    "verl: a forced group above the cap on rank 1": (
+        _pairs,
+        ["failed on rank 1", "A forced group exceeds max_token_len", "=200"],
+    ),
+    "verl: no attention_mask on rank 0": (_no_mask, ["failed on rank 0", "attention_mask"]),
+    "verl: rank 0 has fewer rows than the group's count": (
+        lambda r, w: _verl_count(r, [90] if r == 0 else [90] * 6, cap=100),
+        ["needs 6 non-empty micro-batches", "only 1 forced groups"],
+    ),
+    "verl, verl's count: rank 0 has fewer rows": (
+        lambda r, w: _verl_count(
+            r, [90] if r == 0 else [90] * 6, cap=100, match_framework_count=True
+        ),
+        ["needs 6 non-empty micro-batches", "only 1 forced groups"],
+    ),
+    "areal: different max_tokens_per_mb": (
+        lambda r, w: _areal_count(r, max_tokens_per_mb=200 + 50 * (r == 1)),
+        ["allocate_balanced_mbs_synced", "max_tokens_per_mb", "rank 1: 250"],
+    ),
+    "areal: different n_mbs": (
+        lambda r, w: _areal_count(r, n_mbs=2 if r == w - 1 else 1),
+        ["n_mbs", "rank {last}: 2"],
+    ),
+    "areal: different granularity": (
+        lambda r, w: _areal_count(r, granularity=2 if r == 0 else 1),
+        ["granularity", "rank 0: 2"],
+    ),
+    "areal: different packing_algorithm": (
+        lambda r, w: _areal_count(r, packing_algorithm="kk" if r == 1 else "ffd"),
+        ["packing_algorithm", "kk"],
+    ),
+    "areal: a sequence above the capacity on the last rank": (
+        lambda r, w: _areal_count(r, [50, 150] if r == w - 1 else [50, 50], max_tokens_per_mb=100),
+        ["failed on rank {last}", "capacity 100"],
+    ),
+    "areal: a negative length on rank 0": (
+        lambda r, w: _areal_count(r, [50, -5] if r == 0 else [50, 50]),
+        ["failed on rank 0"],
+    ),
+    "areal: rank 0 has fewer sequences than the group's count": (
+        lambda r, w: _areal_count(r, [90] if r == 0 else [90] * 6, max_tokens_per_mb=100),
+        ["needs 6 micro-batches", "only 1 sequences"],
+    ),
+}
+AGREEMENT_OK = {  # run after all the errors: the ranks must still be in step
+    "verl, divisor 2, at least 3": lambda r, w: _verl_count(
+        r, num_batches_divided_by=2, min_num_micro_batch=3
+    ),
+    "verl, default": lambda r, w: _verl_count(r),
+    "verl, same_micro_num_in_dp=False": lambda r, w: _verl_count(r, same_micro_num_in_dp=False),
+    "areal: rank 0 needs 3, the others 2": lambda r, w: _areal_count(
+        r, [90] * 3 if r == 0 else [30] * 6, max_tokens_per_mb=100
+    ),
+}
+
+
+def worker_agreement_paths(rank, world):
+    """(name, exception type or "ok", is a ValueError, message or value) per scenario."""
+    out = []
+    for name, (fn, _) in AGREEMENT_ERRORS.items():
+        try:
+            out.append((name, "ok", False, repr(fn(rank, world))))
+        except Exception as exc:  # the test checks the type
+            out.append((name, type(exc).__name__, isinstance(exc, ValueError), str(exc)))
+    for name, fn in AGREEMENT_OK.items():
+        try:
+            out.append((name, "ok", False, fn(rank, world)))
+        except Exception as exc:
+            out.append((name, type(exc).__name__, False, str(exc)))
     return out
 
 
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("world", [2, 3])
 def test_count_agreement_error_paths_gloo(world):
     pytest.importorskip("torch.distributed")
     from seqbalance.torch.testing import run_distributed
 
-    out = run_distributed(worker_agreement_paths, world, timeout=150)
-    counts = {o["divided"] for o in out}
-    assert len(counts) == 1  # one count on every rank ...
-    (c,) = counts
-    assert c.startswith("ok:") and int(c[3:]) % 2 == 0 and int(c[3:]) >= 3  # ... a multiple
-    for key in ("verl_fail", "verl_width", "verl_fewest", "areal_fewest", "areal_fail"):
-        assert not any(o[key].startswith("ok:") for o in out), (key, out)  # all raised
-    assert "another rank" in out[0]["verl_fail"]
-    assert "max_token_len must be greater" in out[1]["verl_width"]
-    assert "another rank" in out[0]["verl_width"]
-    assert "another rank" in out[0]["areal_fail"]
-    # The ranks stayed in step: a normal synced call afterwards agrees on one count.
-    assert len({o["after"] for o in out}) == 1 and out[0]["after"] == "ok:3"
+    out = run_distributed(worker_agreement_paths, world, timeout=200, collective_timeout=20)
+    for i, (name, (_, words)) in enumerate(AGREEMENT_ERRORS.items()):
+        per_rank = {o[i][1:] for o in out}
+        assert len(per_rank) == 1, (name, per_rank)  # the same type and message everywhere
+        ((kind, is_value_error, msg),) = per_rank
+        assert is_value_error, (name, kind, msg)
+        for w in words:
+            assert w.format(last=world - 1) in msg, (name, w, msg)
+        assert "gloo" not in msg.lower() and "timed out" not in msg.lower()
+    ok = {name: [o[len(AGREEMENT_ERRORS) + j] for o in out] for j, name in enumerate(AGREEMENT_OK)}
+    free = [p[3] for p in ok.pop("verl, same_micro_num_in_dp=False")]
+    for name, per_rank in ok.items():
+        assert {p[1] for p in per_rank} == {"ok"}, (name, per_rank)
+        assert len({p[3] for p in per_rank}) == 1, (name, per_rank)  # one count for the group
+    (c,) = {p[3] for p in ok["verl, divisor 2, at least 3"]}
+    assert c % 2 == 0 and c >= 3
+    # Without same_micro_num_in_dp each rank keeps its own count (they differ here); with
+    # it, the group's count is the largest of those.
+    assert len(set(free)) > 1 and ok["verl, default"][0][3] == max(free)
+    assert ok["areal: rank 0 needs 3, the others 2"][0][3] == 3
+
+
+# ---- match_framework_count: verl's own micro-batch count ---------------------------------
+
+
+def _ldm(values, k):
+    """Largest differencing (Karmarkar-Karp, free counts), plain Python, written here
+    independently of seqbalance: k-tuples of (sum, items) heaviest first; the two tuples
+    with the largest spread merge, heaviest subset with lightest, until one is left."""
+    heap = []
+    for i, v in enumerate(values):
+        sets = [(v, [i])] + [(0, [])] * (k - 1)
+        heapq.heappush(heap, (-v, -v, i, sets))
+    tick = len(values)
+    while len(heap) > 1:
+        a = heapq.heappop(heap)[3]
+        b = heapq.heappop(heap)[3]
+        merged = [(a[j][0] + b[k - 1 - j][0], a[j][1] + b[k - 1 - j][1]) for j in range(k)]
+        merged.sort(key=lambda s: -s[0])
+        heapq.heappush(heap, (merged[-1][0] - merged[0][0], -merged[0][0], tick, merged))
+        tick += 1
+    return [items for _, items in heap[0][3]]
+
+
+def _verl_loop_count(rank_lens, cap, step=1, min_num=None):
+    """verl 0.9's micro-batch count for a DP group, re-derived from its documented rule:
+    per rank min(n, ceil(tokens / cap)) raised to min_num; the max over ranks; rounded up
+    to a multiple of step; then + step until the differencing split of the workloads
+    24576 L + L**2 into m parts is non-empty and within the cap on every rank."""
+    starts = [min(len(x), -(-sum(x) // cap)) for x in rank_lens]
+    if min_num is not None:
+        starts = [max(min_num, s) for s in starts]
+    m = -(-max(starts) // step) * step
+
+    def fits(lens):
+        parts = _ldm([24576 * x + x * x for x in lens], m)
+        return all(p and sum(lens[i] for i in p) <= cap for p in parts)
+
+    while not all(fits(x) for x in rank_lens):
+        m += step
+    return m
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(1, 120), min_size=1, max_size=40), st.integers(120, 400))
+def test_verl_match_framework_count_single_rank(lens, cap):
+    m = _verl_loop_count([lens], cap)
+    parts = verl.micro_batches_of_lengths(lens, cap, match_framework_count=True)
+    assert len(parts) == m  # verl's count ...
+    assert sorted(i for p in parts for i in p) == list(range(len(lens)))
+    assert all(p and sum(lens[i] for i in p) <= cap for p in parts)  # ... every one fits
+    # ... and at that count the heaviest micro-batch is never heavier than verl's split.
+    work = [24576 * x + x * x for x in lens]
+    theirs = max(sum(work[i] for i in p) for p in _ldm(work, m))
+    assert max(sum(work[i] for i in p) for p in parts) <= theirs
+    # By default: the fewest micro-batches that hold the cap, never more than verl's.
+    assert len(verl.micro_batches_of_lengths(lens, cap)) <= m
+
+
+def _match_lengths(rank):
+    # Long-tailed lengths (chosen so that verl's loop needs more micro-batches than the
+    # fewest that hold the cap, at world 2 and 3).
+    rng = np.random.default_rng(170 + rank)
+    return np.minimum(rng.geometric(1 / 40, size=25 + 9 * rank), 120).tolist()
+
+
+def worker_match_count(rank, world):
+    import torch
+    import torch.distributed as dist
+
+    batch = _batch(torch, _match_lengths(rank), 120)
+    out = []
+    for step in (None, 2, 3):
+        kw = dict(dp_group=dist.group.WORLD, num_batches_divided_by=step)
+        _, idx = verl.rearrange_micro_batches(batch, 150, match_framework_count=True, **kw)
+        _, ours = verl.rearrange_micro_batches(batch, 150, **kw)
+        out.append((len(idx), len(ours), sorted(i for p in idx for i in p)))
+    return out
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3])
+def test_verl_match_framework_count_gloo(world):
+    pytest.importorskip("torch.distributed")
+    from seqbalance.torch.testing import run_distributed
+
+    out = run_distributed(worker_match_count, world, timeout=200, collective_timeout=20)
+    rank_lens = [_match_lengths(r) for r in range(world)]
+    larger = 0
+    for j, step in enumerate((1, 2, 3)):
+        (m,) = {o[j][0] for o in out}  # one count for the group ...
+        assert m == _verl_loop_count(rank_lens, 150, step)  # ... verl's
+        (ours,) = {o[j][1] for o in out}
+        assert ours <= m and ours % step == 0
+        larger += ours < m
+        for r, o in enumerate(out):
+            assert o[j][2] == list(range(len(rank_lens[r])))
+    assert larger  # the inputs are ones where verl's loop needs more micro-batches

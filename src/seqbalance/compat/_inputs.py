@@ -18,6 +18,7 @@ __all__ = [
     "CompatAssertionError",
     "CompatRuntimeError",
     "Patcher",
+    "grow_to",
     "is_tensor",
     "to_numpy",
     "to_python_list",
@@ -65,6 +66,32 @@ def to_python_list(values: Any) -> list[Any]:
     if isinstance(values, np.ndarray):
         return values.tolist()
     return list(values)
+
+
+def grow_to(parts: list[list[int]], m: int, weights: np.ndarray) -> list[list[int]]:
+    """``parts`` split until there are exactly ``m`` (no-op if there are already ``m``).
+
+    Each step splits the heaviest part holding two or more items into two balanced halves,
+    so every new part weighs (and holds tokens) no more than the part it came from: a plan
+    that held a token cap still holds it. Deterministic. Used after a count agreement, where
+    a rank must end with the agreed count and must not raise alone; needs ``m`` at most the
+    number of items.
+    """
+    from ..partitioning import partition
+
+    out = [list(p) for p in parts if p]
+    if m > sum(len(p) for p in out):
+        raise ValueError(f"cannot make {m} non-empty parts of {sum(len(p) for p in out)} items")
+    while len(out) < m:
+        j = max(
+            (j for j in range(len(out)) if len(out[j]) > 1),
+            key=lambda j: (float(weights[out[j]].sum()), -j),
+        )
+        halves = [[out[j][i] for i in h] for h in partition(weights[out[j]], 2)]
+        if not all(halves):  # zero weights can leave a half empty: split off one item
+            halves = [out[j][:1], out[j][1:]]
+        out[j : j + 1] = halves
+    return out
 
 
 class Patcher:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..partitioning import partition
 from ..planning import plan
-from ._inputs import CompatRuntimeError, Patcher, to_numpy
+from ._inputs import CompatRuntimeError, Patcher, grow_to, to_numpy
 
 __all__ = [
     "PACKING_ALGORITHMS",
@@ -234,48 +234,56 @@ def _with_n_mbs(mb_spec: Any, n_mbs: int) -> Any:
     return out
 
 
-_FAILED = 2**62  # count sent by a rank whose local allocation failed
+#: The fields of a MicroBatchSpec that must be equal on every rank of the group.
+_SPEC_FIELDS = ("n_mbs", "granularity", "max_tokens_per_mb", "n_mbs_divisor", "packing_algorithm")
 
 
 def allocate_balanced_mbs_synced(mb_spec: Any, lens: Any, group: Any = None) -> list[list[int]]:
     """:func:`allocate_balanced_mbs` with the same number of micro-batches on every rank
-    of ``group``: one all-reduce (MAX) of the local count, then ranks below it allocate
-    again with that count as the minimum (AReaL gathers counts and may recurse). A rank
-    whose own allocation fails still joins the all-reduce (with a sentinel count), so every
-    rank raises together instead of waiting on the others."""
+    of ``group``.
+
+    One all-gather (:func:`seqbalance.torch.agreement.agree_on`) carries each rank's local
+    error, its ``mb_spec`` fields (``n_mbs``, ``granularity``, ``max_tokens_per_mb``,
+    ``n_mbs_divisor``, ``packing_algorithm``) and its count; the group's count is the
+    largest, and ranks below it allocate again with that count as ``n_mbs`` (AReaL gathers
+    counts and may recurse). If a rank's own allocation fails (a sequence above the
+    capacity, fewer sequences than ``n_mbs``...) or the ranks' specs differ, every rank
+    raises the same :class:`~seqbalance.torch.agreement.RankAgreementError` (a ValueError)
+    naming the rank or the field, instead of leaving the others waiting. Without an
+    initialised process group, this is :func:`allocate_balanced_mbs`.
+    """
     try:
         import torch.distributed as dist
     except ImportError:
         return allocate_balanced_mbs(mb_spec, lens)
     if not (dist.is_available() and dist.is_initialized()):
         return allocate_balanced_mbs(mb_spec, lens)
-    import torch
+    from ..torch.agreement import agree_on
 
-    local, error, n_local = None, None, 0
-    try:
-        n_local = len(lens)
-        local = allocate_balanced_mbs(mb_spec, lens)
-    except Exception as exc:  # any type: raised after the all-reduce, so no rank waits
-        error = exc
-    device = "cpu"
-    if dist.get_backend(group) == "nccl":
-        device = f"cuda:{torch.cuda.current_device()}"
-    m_local = _FAILED if local is None else len(local)
-    t = torch.tensor([m_local, -n_local], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    m, fewest = int(t[0].item()), -int(t[1].item())
-    if error is not None:
-        raise error
-    assert local is not None
-    if m >= _FAILED:
-        raise CompatRuntimeError("another rank of the group could not allocate its micro-batches")
-    if m > fewest:
+    box: list[Any] = []
+
+    def check() -> tuple[dict[str, Any], tuple[int, int]]:
+        v = _values(lens)
+        box.append((v, allocate_balanced_mbs(mb_spec, v)))
+        return {f: getattr(mb_spec, f, None) for f in _SPEC_FIELDS}, (len(box[0][1]), len(v))
+
+    payloads = agree_on(check, group, "allocate_balanced_mbs_synced")
+    v, local = box[0]
+    m, fewest = max(c for c, _ in payloads), min(n for _, n in payloads)
+    if m > fewest:  # decided from the gathered counts: raised alike on every rank
         raise CompatRuntimeError(
             f"the group needs {m} micro-batches but a rank holds only {fewest} sequences"
         )
     if m == len(local):
         return local
-    return allocate_balanced_mbs(_with_n_mbs(mb_spec, m), lens)
+    # From here on nothing may raise on this rank alone: the others go on with m.
+    try:
+        again = allocate_balanced_mbs(_with_n_mbs(mb_spec, m), v)
+    except Exception:  # any type: fall back to splitting the allocation that fitted
+        again = []
+    if len(again) != m:
+        again = sorted(sorted(g) for g in grow_to(local, m, v.astype(np.float64)))
+    return again
 
 
 _seqpack = Patcher(

@@ -10,19 +10,29 @@ differences (better balance, caps always held, input widening) are listed in
 ``docs/migrating.md``.
 
 torch (and tensordict, through the batch you pass) are used only by the functions that
-take tensors, and imported inside them.
+take tensors or a process group, and imported inside them.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..partitioning import partition
+from ..partitioning._kk import kk_free_labels
 from ..planning import inverse_permutation, plan
-from ._inputs import CompatAssertionError, Patcher, is_tensor, to_numpy, to_python_list
+from ._inputs import (
+    CompatAssertionError,
+    Patcher,
+    grow_to,
+    is_tensor,
+    to_numpy,
+    to_python_list,
+)
 
 __all__ = [
     "calculate_workload",
@@ -198,26 +208,6 @@ def _effective_lengths(batch: Any) -> tuple[np.ndarray, int]:
     return lens, int(mask.shape[-1])
 
 
-def _agree(dp_group: Any, m_local: int, n_groups: int) -> tuple[int, int]:
-    """One all-reduce (MAX) of ``[m, -n]``: the group's micro-batch count and fewest items.
-
-    A rank that could not plan sends a sentinel count so every rank raises together
-    instead of leaving the others waiting in the next collective.
-    """
-    import torch
-    import torch.distributed as dist
-
-    device = "cpu"
-    if dist.get_backend(dp_group) == "nccl":
-        device = f"cuda:{torch.cuda.current_device()}"
-    t = torch.tensor([m_local, -n_groups], dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=dp_group)
-    return int(t[0].item()), -int(t[1].item())
-
-
-_FAILED = 2**62  # count sent by a rank whose local plan failed
-
-
 def _select(batch: Any, idx: list[int]) -> Any:
     import torch
 
@@ -239,6 +229,172 @@ def _select(batch: Any, idx: list[int]) -> Any:
         return TensorDict(out, batch_size=[len(idx)])
 
 
+_WHAT = "rearrange_micro_batches"
+
+
+@dataclass
+class _Rank:
+    """One rank's forced groups (tokens and workload each) and its first micro-batches."""
+
+    lens: np.ndarray
+    work: np.ndarray
+    step: int
+    count: int  # seqbalance's fewest micro-batches, or verl's starting estimate
+    parts: list[list[int]] | None  # the plan at ``count`` (None when matching verl's count)
+
+    @property
+    def n(self) -> int:
+        return int(self.lens.shape[0])
+
+
+def _read_rank(
+    lens: np.ndarray, cap: int, step_arg: Any, min_num: Any, g: int, order: str, match: bool
+) -> _Rank:
+    """Validate one rank's lengths and plan it locally (no communication)."""
+    step = int(step_arg or 1)
+    if step < 1:
+        raise ValueError(f"num_batches_divided_by must be >= 1, got {step_arg!r}")
+    if g < 1 or lens.shape[0] % g:
+        raise CompatAssertionError(
+            f"Batch size {lens.shape[0]} must be divisible by force_group_size {g}"
+        )
+    n = lens.shape[0] // g
+    group_lens = lens.reshape(n, g).sum(axis=1)
+    group_work = calculate_workload(lens).reshape(n, g).sum(axis=1).astype(np.float64)
+    # verl's starting count: the token total over the cap, at most one per forced group.
+    count = min(n, ceildiv(int(lens.sum()), cap))
+    if min_num is not None:
+        count = max(int(min_num), count)
+    if n and int(group_lens.max()) > cap:  # verl's message (the width check comes first)
+        raise ValueError(
+            "A forced group exceeds max_token_len and cannot be split. Got "
+            f"max_group_token_len={int(group_lens.max())} and max_token_len={cap}."
+        )
+    if match:
+        return _Rank(group_lens, group_work, step, count, None)
+    parts = _plan_parts(group_lens, group_work, cap, count, step, order)
+    return _Rank(group_lens, group_work, step, len(parts), parts)
+
+
+def _plan_parts(lens: Any, work: Any, cap: int, m: int, step: int, order: str) -> list[list[int]]:
+    p = plan(
+        lens, 1, cap, cost=work, min_micro_batches=max(m, 1), micro_batch_multiple=step,
+        order=order, baselines=False,
+    )  # fmt: skip
+    return [list(mb) for mb in p.micro_batches[0]]
+
+
+def _kk_fit(r: _Rank, m: int, cap: int) -> list[list[int]] | None:
+    """verl's test at ``m``: the workloads split by plain differencing (Karmarkar-Karp, free
+    counts); the parts if each is non-empty and within the cap, else None."""
+    labels = kk_free_labels(r.work, m)
+    tokens = np.bincount(labels, weights=r.lens.astype(np.float64), minlength=m)
+    sizes = np.bincount(labels, minlength=m)
+    if (tokens > cap).any() or (sizes == 0).any():
+        return None
+    order = np.argsort(labels, kind="stable")
+    return [p.tolist() for p in np.split(order, np.cumsum(sizes)[:-1])]
+
+
+def _too_few(m: int, fewest: int) -> ValueError:
+    return ValueError(
+        "Cannot satisfy max_token_len while keeping forced groups atomic and using the same "
+        f"micro-batch count across DP ranks: the group needs {m} non-empty micro-batches, but "
+        f"a rank has only {fewest} forced groups."
+    )
+
+
+def _framework_count(
+    r: _Rank, start: int, fewest: int, cap: int, group: Any
+) -> tuple[int, list[list[int]]]:
+    """verl's own count: from ``start`` (rounded up to the step) in steps of ``step`` until the
+    differencing partition of the workloads fits the cap (on every rank of ``group`` when
+    one is given: one all-gather of a bool per try, as verl all-reduces one per try)."""
+    m = roundup_divisible(start, r.step)
+    while True:
+        if m > fewest:
+            raise _too_few(m, fewest)
+        fit, error = None, None
+        try:
+            fit = _kk_fit(r, m, cap)
+        except Exception as exc:  # reported to every rank by the all-gather, so none waits
+            error = exc
+        if group is not None:
+            from ..torch.agreement import agree  # imports torch: only when communicating
+
+            ok = all(agree(error, {}, fit is not None, group, _WHAT))
+        elif error is not None:
+            raise error
+        else:
+            ok = fit is not None
+        if ok:
+            assert fit is not None
+            return m, fit
+        m += r.step
+
+
+def _parts_at(r: _Rank, m: int, cap: int, order: str, verl_parts: Any) -> list[list[int]]:
+    """Exactly ``m`` micro-batches within the cap, the lightest heaviest one among the
+    candidates; never raises (the count is agreed, so a rank must not fail alone)."""
+    candidates = [] if verl_parts is None else [verl_parts]
+    if r.parts is not None and len(r.parts) == m:
+        candidates.append(r.parts)
+    else:
+        try:
+            parts = _plan_parts(r.lens, r.work, cap, m, r.step, order)
+            if len(parts) == m:
+                candidates.append(parts)
+        except Exception:  # any type: this rank must not fail alone; split instead
+            pass
+    if not candidates:  # the planner grew past m: split the fewer, fitting, micro-batches
+        assert r.parts is not None
+        candidates.append(grow_to(r.parts, m, r.work))
+    # A pure workload partition, if it fits the cap (with one rank the planner balances
+    # count first, so this often lowers the heaviest micro-batch).
+    try:
+        alt = [list(q) for q in partition(r.work, m)]
+        if all(alt) and all(int(r.lens[q].sum()) <= cap for q in alt):
+            candidates.append(alt)
+    except Exception:  # any type: only a candidate
+        pass
+    return min(candidates, key=lambda c: max(float(r.work[p].sum()) for p in c))
+
+
+def _ordered(parts: list[list[int]], work: np.ndarray, order: str) -> list[list[int]]:
+    desc = sorted(parts, key=lambda mb: (-float(work[mb].sum()), mb[:1]))
+    return desc[::2][::-1] + desc[1::2] if order == "light_ends" else desc
+
+
+def _group_micro_batches(
+    read: Any, cap: int, group: Any, agreed: bool, match: bool, order: str, fingerprint: Any
+) -> list[list[int]]:
+    """The micro-batches of forced groups: ``read()`` validates this rank's input (locally);
+    with a ``group``, one all-gather agrees the count and checks ``fingerprint`` first."""
+    if group is None:
+        r = read()
+        m, fewest = r.count, r.n
+    else:
+        from ..torch.agreement import agree_on  # imports torch: only when communicating
+
+        box: list[_Rank] = []
+
+        def check() -> tuple[dict[str, Any], tuple[int, int]]:
+            box.append(read())
+            return fingerprint, (box[0].count, box[0].n)
+
+        payloads = agree_on(check, group, _WHAT)
+        r = box[0]
+        m, fewest = r.count, r.n
+        if agreed:
+            m, fewest = max(c for c, _ in payloads), min(n for _, n in payloads)
+    verl_parts = None
+    if match:
+        m, verl_parts = _framework_count(r, m, fewest, cap, group if agreed else None)
+    elif m > fewest:
+        raise _too_few(m, fewest)
+    return _ordered(_parts_at(r, m, cap, order, verl_parts), r.work, order)
+
+
 def rearrange_micro_batches(
     batch: Any,
     max_token_len: int,
@@ -248,6 +404,8 @@ def rearrange_micro_batches(
     min_num_micro_batch: int | None = None,
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
+    *,
+    match_framework_count: bool = False,
 ) -> tuple[list[Any], list[list[int]]]:
     """Split a batch into micro-batches of at most ``max_token_len`` tokens, balanced.
 
@@ -258,104 +416,91 @@ def rearrange_micro_batches(
     ``use_dynamic_bsz_balance`` puts the lightest micro-batches at both ends;
     ``force_group_size`` keeps that many consecutive rows together.
 
-    Each rank plans locally with :func:`seqbalance.plan` (token capacity held, cost
-    ``24576 L + L**2`` balanced), then one all-reduce agrees on the count and ranks below
-    it re-plan with that many micro-batches.
+    How many micro-batches: by default the fewest that hold the cap (seqbalance's
+    capacity-bounded packing, balanced on verl's workload ``24576 L + L**2``; the max over
+    the DP group), which is often below verl's count. Each micro-batch is a full forward
+    and backward, so fewer is cheaper on a rank: its summed work is the same and it pays
+    the per-micro-batch overhead fewer times, though its heaviest micro-batch is heavier.
+    (With pipeline parallelism more micro-batches shrink the bubble: keep verl's count
+    there, or set ``min_num_micro_batch``.) ``match_framework_count=True`` gives verl's own
+    count: its start ``min(rows, ceil(tokens / max_token_len))`` (at least
+    ``min_num_micro_batch``), the max over the DP group, rounded up to a multiple of
+    ``num_batches_divided_by``, then raised by that step until the plain Karmarkar-Karp
+    split of the workloads fits the cap on every rank. The micro-batches at that count
+    are the lightest of seqbalance's and that split, so never heavier than verl's.
+
+    With a ``dp_group`` (and torch.distributed initialised) every rank of the group must
+    call this, even with ``same_micro_num_in_dp=False``: one all-gather
+    (:func:`seqbalance.torch.agreement.agree_on`) carries each rank's local error, its
+    arguments and its count. If a rank's input failed (a width above ``max_token_len``, a
+    forced group above it, ...) or the ranks passed different ``max_token_len``,
+    ``num_batches_divided_by``, ``min_num_micro_batch``, ``same_micro_num_in_dp``,
+    ``force_group_size`` or ``match_framework_count``, every rank raises the same
+    :class:`~seqbalance.torch.agreement.RankAgreementError` (a ValueError) naming the rank
+    or the argument; no rank is left waiting. Otherwise ranks below the group's count
+    re-plan locally with it. Without a group, errors are raised locally with verl's types.
 
     Returns
     -------
     (list of TensorDict, list of list of int)
         The micro-batches and, for each, the row indices it holds (ascending).
     """
-    step = 1
     order = "light_ends" if use_dynamic_bsz_balance else "heaviest_first"
-    g, n_groups = int(force_group_size), 0
-    group_lens = group_work = np.zeros(0)
+    cap = max_token_len
 
-    def local(m: int) -> Any:
-        return _local_plan(group_lens, group_work, max_token_len, m, step, order)
-
-    # Bad input or a failed local plan is raised only after the count agreement below, so
-    # that one rank's error does not leave the others waiting in the all-reduce.
-    result, error = None, None
-    try:
-        step = int(num_batches_divided_by or 1)
+    # Nothing before the all-gather may raise outside read(): a rank raising alone there
+    # would leave the others waiting.
+    def read() -> _Rank:
         lens, width = _effective_lengths(batch)
-        if max_token_len < width:
+        if cap < width:
             raise CompatAssertionError(
                 "max_token_len must be greater than the sequence length. "
-                f"Got max_token_len={max_token_len} and max_seq_len={width}"
+                f"Got max_token_len={cap} and max_seq_len={width}"
             )
-        if g < 1 or lens.shape[0] % g:
-            raise CompatAssertionError(
-                f"Batch size {lens.shape[0]} must be divisible by force_group_size {g}"
-            )
-        n_groups = lens.shape[0] // g
-        group_lens = lens.reshape(n_groups, g).sum(axis=1)
-        group_work = calculate_workload(lens).reshape(n_groups, g).sum(axis=1)
-        group_work = group_work.astype(np.float64)
-        count = min(n_groups, ceildiv(int(lens.sum()), max_token_len))
-        if min_num_micro_batch is not None:
-            count = max(int(min_num_micro_batch), count)
-        result = local(count)
-    except Exception as exc:  # any type: raised after the count agreement, so no rank waits
-        error = exc
-    sync = dp_group is not None and same_micro_num_in_dp and _dist_ready()
-    if sync:
-        m_local = _FAILED if result is None else result.num_micro_batches
-        m, fewest = _agree(dp_group, m_local, n_groups)
-        if error is None and m >= _FAILED:
-            raise ValueError("another rank of the DP group could not plan its micro-batches")
-        if error is None and m > fewest:
-            raise ValueError(
-                "Cannot satisfy max_token_len while keeping forced groups atomic and using "
-                f"the same micro-batch count across DP ranks: the group needs {m} non-empty "
-                f"micro-batches, but a rank has only {fewest} forced groups."
-            )
-        if error is None and m > result.num_micro_batches:
-            result = local(m)
-    if error is not None:
-        raise error
-    groups_per_mb = _rebalance_work(result, group_lens, group_work, max_token_len, order)
+        return _read_rank(
+            lens, cap, num_batches_divided_by, min_num_micro_batch, int(force_group_size),
+            order, match_framework_count,
+        )  # fmt: skip
+
+    fingerprint = {
+        "max_token_len": max_token_len,
+        "num_batches_divided_by": num_batches_divided_by or 1,  # None and 1 are the same
+        "min_num_micro_batch": min_num_micro_batch,
+        "same_micro_num_in_dp": bool(same_micro_num_in_dp),
+        "force_group_size": force_group_size,
+        "match_framework_count": bool(match_framework_count),
+    }
+    group = dp_group if dp_group is not None and _dist_ready() else None
+    groups_per_mb = _group_micro_batches(
+        read, cap, group, bool(same_micro_num_in_dp), bool(match_framework_count), order,
+        fingerprint,
+    )  # fmt: skip
+    g = int(force_group_size)  # read() succeeded, so this does too
     idx = [[i * g + r for i in mb for r in range(g)] for mb in groups_per_mb]
     return [_select(batch, p) for p in idx], idx
 
 
-def _rebalance_work(
-    p: Any, lens: np.ndarray, work: np.ndarray, cap: int, order: str
-) -> list[list[int]]:
-    """The plan's micro-batches, or a workload partition into as many if it fits the cap
-    with a lighter heaviest micro-batch (with one rank the planner balances count first)."""
-    mbs = [list(mb) for mb in p.micro_batches[0]]
-    m = len(mbs)
-    alt = [list(q) for q in partition(work, m)]
-    heavy = max(float(work[mb].sum()) for mb in mbs)
-    if all(alt) and all(int(lens[q].sum()) <= cap for q in alt):
-        if max(float(work[q].sum()) for q in alt) < heavy:
-            mbs = alt
-    desc = sorted(mbs, key=lambda mb: (-float(work[mb].sum()), mb[:1]))
-    return desc[::2][::-1] + desc[1::2] if order == "light_ends" else desc
-
-
-def _local_plan(lens: Any, work: Any, cap: int, m: int, step: int, order: str) -> Any:
-    return plan(
-        lens, 1, cap, cost=work, min_micro_batches=max(m, 1), micro_batch_multiple=step,
-        order=order, baselines=False,
-    )  # fmt: skip
-
-
 def micro_batches_of_lengths(
-    seqlens: Any, max_token_len: int, min_num_micro_batch: int | None = None
+    seqlens: Any,
+    max_token_len: int,
+    min_num_micro_batch: int | None = None,
+    *,
+    match_framework_count: bool = False,
 ) -> list[list[int]]:
     """The index lists :func:`rearrange_micro_batches` makes on one rank, from lengths alone
-    (no tensors, no DP group): for benchmarks and for callers without a TensorDict."""
+    (no tensors, no DP group): for benchmarks and for callers without a TensorDict.
+    ``match_framework_count`` as there."""
     lens = to_numpy(seqlens).astype(np.int64)
-    count = min(lens.shape[0], ceildiv(int(lens.sum()), max_token_len))
-    if min_num_micro_batch is not None:
-        count = max(count, int(min_num_micro_batch))
-    work = calculate_workload(lens).astype(np.float64)
-    p = _local_plan(lens, work, max_token_len, count, 1, "light_ends")
-    return _rebalance_work(p, lens, work, max_token_len, "light_ends")
+
+    def read() -> _Rank:
+        return _read_rank(
+            lens, max_token_len, None, min_num_micro_batch, 1, "light_ends",
+            match_framework_count,
+        )  # fmt: skip
+
+    return _group_micro_batches(
+        read, max_token_len, None, False, match_framework_count, "light_ends", {}
+    )
 
 
 def _dist_ready() -> bool:
@@ -374,6 +519,8 @@ def prepare_dynamic_batch(
     same_micro_num_in_dp: bool = True,
     min_num_micro_batch: int | None = None,
     use_dynamic_bsz_balance: bool = True,
+    *,
+    match_framework_count: bool = False,
 ) -> tuple[list[Any], list[list[int]]]:
     """:func:`rearrange_micro_batches` on a DataProto; returns DataProtos of the same type."""
     mbs, idx = rearrange_micro_batches(
@@ -384,6 +531,7 @@ def prepare_dynamic_batch(
         same_micro_num_in_dp=same_micro_num_in_dp,
         min_num_micro_batch=min_num_micro_batch,
         use_dynamic_bsz_balance=use_dynamic_bsz_balance,
+        match_framework_count=match_framework_count,
     )
     out = []
     for mb, rows in zip(mbs, idx):
@@ -431,19 +579,49 @@ def get_group_balanced_partitions(
     return [list(p) for p in parts]
 
 
-_patcher = Patcher(
-    "verl.utils.seqlen_balancing",
-    lambda: {
+_patch_options = {"match_framework_count": False}
+
+
+def _replacements() -> dict[str, Any]:
+    out = {
         name: globals()[name]
         for name in __all__
         if name not in ("patch", "unpatch", "micro_batches_of_lengths")
-    },
-)
+    }
+    if _patch_options["match_framework_count"]:
+        for name in ("rearrange_micro_batches", "prepare_dynamic_batch"):
+            out[name] = _with_verl_count(out[name])
+    return out
 
 
-def patch() -> list[str]:
+def _with_verl_count(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("match_framework_count", True)
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+_patcher = Patcher("verl.utils.seqlen_balancing", _replacements)
+
+
+def patch(*, match_framework_count: bool = False) -> list[str]:
     """Replace verl's balancing functions with these (in ``verl.utils.seqlen_balancing``
-    and in every loaded module that imported them by name). Returns what was replaced."""
+    and in every loaded module that imported them by name). Returns what was replaced.
+
+    ``match_framework_count=True`` makes the patched ``rearrange_micro_batches`` and
+    ``prepare_dynamic_batch`` use verl's own micro-batch count (see
+    :func:`rearrange_micro_batches`), for callers inside verl that cannot pass the keyword.
+    To change it, :func:`unpatch` first (ValueError otherwise).
+    """
+    if _patcher.active and bool(match_framework_count) != _patch_options["match_framework_count"]:
+        raise ValueError(
+            f"verl is already patched with match_framework_count="
+            f"{_patch_options['match_framework_count']}; call unpatch() before patching with "
+            f"match_framework_count={bool(match_framework_count)}"
+        )
+    _patch_options["match_framework_count"] = bool(match_framework_count)
     return _patcher.patch()
 
 
