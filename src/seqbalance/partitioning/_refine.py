@@ -54,10 +54,18 @@ def refine_labels(
     *,
     max_steps: int | None = None,
     target: float = 0.0,
+    beat: float | None = None,
+    by_weight: np.ndarray | None = None,
 ) -> np.ndarray:
     """Return improved part labels (a new array); the heaviest part never gets heavier.
 
     Stops early once the heaviest part weighs no more than ``target`` (a lower bound).
+
+    With ``beat`` (the heaviest part of a rival partition), also stops as soon as more
+    parts weigh above ``beat`` than steps remain: a step lowers one part only, so the
+    pass could no longer end at or below ``beat``, and its result is of no use to a caller
+    that keeps the lighter of the two. This never changes which result wins.
+    ``by_weight`` is ``np.argsort(w, kind="stable")`` when the caller has it already.
     """
     m = int(w.shape[0])
     lab = labels.astype(np.int64, copy=True)
@@ -65,22 +73,28 @@ def refine_labels(
         return lab
     if max_steps is None:
         max_steps = default_steps(m, k)
-    order = np.argsort(lab, kind="stable")
     counts = np.bincount(lab, minlength=k).astype(np.int64)
-    members = np.split(order, np.cumsum(counts)[:-1])
+    members = _Members(np.argsort(lab, kind="stable"), counts)
     loads = np.bincount(lab, weights=w, minlength=k).astype(np.float64)
-    by_weight = np.argsort(w, kind="stable")
+    if by_weight is None:
+        by_weight = np.argsort(w, kind="stable")
     w_sorted = w[by_weight]
     rank = np.empty(m, dtype=np.int64)
     rank[by_weight] = np.arange(m)
     lab_sorted = lab[by_weight]  # kept in step with lab by _step
     c = m // k
-    for _ in range(max_steps):
+    # A part counts as above ``beat`` only if clearly so: the running loads carry rounding
+    # that a fresh sum would not, and erring this way can only stop later, never wrongly.
+    above = None if beat is None else beat * (1.0 + 1e-9)
+    for step_no in range(max_steps):
         h = int(np.argmax(loads))
         top = float(loads[h])
         tol = top * 1e-12
         if members[h].size == 0 or top <= target:
             break
+        if above is not None and top > above:
+            if int(np.count_nonzero(loads > above)) > max_steps - step_no:
+                break
         movable = size == "free" or (size == "balanced" and counts[h] > c)
         few = min(_TRY_LIGHTEST + 1, k - 1)
         light = np.argpartition(loads, few)[: few + 1]
@@ -116,6 +130,26 @@ def refine_labels(
         if not _step(state, h, int(owner[j])):
             break  # only rounding could get here; stop rather than loop
     return lab
+
+
+class _Members(dict):  # type: ignore[type-arg]
+    """Unit indices of each part (ascending at first), made on first use.
+
+    A pass touches few parts, so slicing all ``k`` of them up front (``np.split``) would
+    cost O(k) Python objects per pass: ~0.5 s at k = 250,000. The slices are views of one
+    array sorted by part; ``_step`` swaps within them in place or replaces them.
+    """
+
+    def __init__(self, order: np.ndarray, counts: np.ndarray) -> None:
+        super().__init__()
+        self._order = order
+        self._ends = np.cumsum(counts).tolist()
+
+    def __missing__(self, p: int) -> np.ndarray:
+        start = self._ends[p - 1] if p else 0
+        got = self._order[start : self._ends[p]]
+        self[p] = got
+        return got
 
 
 def _step(state: tuple, h: int, p: int) -> bool:  # type: ignore[type-arg]

@@ -268,12 +268,15 @@ def _solve(
     if tops[1] < tops[0]:
         starts.reverse()
     best: tuple[float, np.ndarray, str] | None = None
+    by_weight = np.argsort(units, kind="stable")  # shared by every refinement pass
     for name, labels in starts:
         if steepest:
             labels = steepest_swaps(units, labels, k)
         if size != "free" and k > PAIR_MIN_PARTS and -(-m // k) <= PAIR_MAX_COUNT:
             labels = pair_rounds(units, labels, k)
-        labels = refine_labels(units, labels, k, size, target=bound)
+        # A later start stops refining once it can no longer end as light as the best.
+        labels = refine_labels(units, labels, k, size, target=bound, by_weight=by_weight,
+                               beat=None if best is None else best[0])
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if best is None or top < best[0] or (top == best[0] and name == "kk"):
             best = (top, labels, name + "+refine")
@@ -281,7 +284,8 @@ def _solve(
             break  # optimal (or, in free mode, within AUTO_RTOL of it)
     assert best is not None
     if size == "free" and k > 1 and m <= KK_FREE_MAX_UNITS and best[0] > bound:
-        labels = refine_labels(units, kk_free_labels(units, k), k, size, target=bound)
+        labels = refine_labels(units, kk_free_labels(units, k), k, size, target=bound,
+                               by_weight=by_weight, beat=best[0])
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if top < best[0]:
             best = (top, labels, "kkfree+refine")
