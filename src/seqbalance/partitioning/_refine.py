@@ -40,6 +40,12 @@ _TRY_LIGHTEST = 4
 MAX_STEPS = 1024
 STEP_WORK = 2**24
 
+#: A trailing pass (``beat`` given) is judged on its progress after this many steps ...
+TRAIL_MIN_STEPS = 16
+#: ... and stops once even this many times its average progress per step so far, kept up
+#: for every step left, would not bring its parts down to ``beat`` (``inf``: never).
+TRAIL_FACTOR = 2.0
+
 
 def default_steps(m: int, k: int) -> int:
     """The default step cap of :func:`refine_labels` for ``m`` units and ``k`` parts."""
@@ -61,10 +67,17 @@ def refine_labels(
 
     Stops early once the heaviest part weighs no more than ``target`` (a lower bound).
 
-    With ``beat`` (the heaviest part of a rival partition), also stops as soon as more
-    parts weigh above ``beat`` than steps remain: a step lowers one part only, so the
-    pass could no longer end at or below ``beat``, and its result is of no use to a caller
-    that keeps the lighter of the two. This never changes which result wins.
+    With ``beat`` (the heaviest part of a rival partition that the caller keeps unless
+    this pass ends lighter), a trailing pass also stops when it can no longer get there:
+
+    - as soon as more parts weigh above ``beat`` than steps remain (a step lowers one part
+      only, so the pass cannot end at or below ``beat``; this never changes the winner);
+    - after :data:`TRAIL_MIN_STEPS` steps, when the total excess over ``beat`` (the sum of
+      ``L_p - beat`` over parts above it) exceeds :data:`TRAIL_FACTOR` times what the
+      steps so far removed per step, times the steps left. Progress slows as the pass
+      goes (the heaviest parts have the most room), so this forecast is generous; it
+      spares the hopeless second start most of its steps (n = 65,536, k = 16,384).
+
     ``by_weight`` is ``np.argsort(w, kind="stable")`` when the caller has it already.
     """
     m = int(w.shape[0])
@@ -73,9 +86,15 @@ def refine_labels(
         return lab
     if max_steps is None:
         max_steps = default_steps(m, k)
+    loads = np.bincount(lab, weights=w, minlength=k).astype(np.float64)
+    # A part counts as above ``beat`` only if clearly so: the running loads carry rounding
+    # that a fresh sum would not, and erring this way can only stop later, never wrongly.
+    above = None if beat is None else beat * (1.0 + 1e-9)
+    if above is not None and int(np.count_nonzero(loads > above)) > max_steps:
+        return lab  # cannot reach ``beat``: skip the O(m log m) set-up as well
+    excess0 = 0.0 if above is None else float(np.maximum(loads - above, 0.0).sum())
     counts = np.bincount(lab, minlength=k).astype(np.int64)
     members = _Members(np.argsort(lab, kind="stable"), counts)
-    loads = np.bincount(lab, weights=w, minlength=k).astype(np.float64)
     if by_weight is None:
         by_weight = np.argsort(w, kind="stable")
     w_sorted = w[by_weight]
@@ -83,9 +102,6 @@ def refine_labels(
     rank[by_weight] = np.arange(m)
     lab_sorted = lab[by_weight]  # kept in step with lab by _step
     c = m // k
-    # A part counts as above ``beat`` only if clearly so: the running loads carry rounding
-    # that a fresh sum would not, and erring this way can only stop later, never wrongly.
-    above = None if beat is None else beat * (1.0 + 1e-9)
     for step_no in range(max_steps):
         h = int(np.argmax(loads))
         top = float(loads[h])
@@ -93,8 +109,13 @@ def refine_labels(
         if members[h].size == 0 or top <= target:
             break
         if above is not None and top > above:
-            if int(np.count_nonzero(loads > above)) > max_steps - step_no:
+            left = max_steps - step_no
+            if int(np.count_nonzero(loads > above)) > left:
                 break
+            if step_no >= TRAIL_MIN_STEPS:
+                excess = float(np.maximum(loads - above, 0.0).sum())
+                if excess > TRAIL_FACTOR * (excess0 - excess) / step_no * left:
+                    break
         movable = size == "free" or (size == "balanced" and counts[h] > c)
         few = min(_TRY_LIGHTEST + 1, k - 1)
         light = np.argpartition(loads, few)[: few + 1]
