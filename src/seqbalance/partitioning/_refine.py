@@ -14,8 +14,18 @@ lighter ``b`` in part ``p`` helps iff ``w_b - L_p > w_a - L_h``, so a running ma
 then searched exactly. When nothing helps, the heaviest part is locally optimal and the
 pass stops. Moves run only where the rule allows them ("free"; "balanced" from a part with
 one more unit to one with one fewer; the lightest such part is the best target) and swaps
-keep every count. Steps are capped (:func:`default_steps`), so the worst case is
-``min(3k + 256, 1024, 2**24 / (m + k))`` steps of O(m + k log k).
+keep every count.
+
+Cost of a pass: an O(m log m) set-up (two sorts; the members of a part are sliced only
+when a step touches it, so nothing is O(k) Python objects), then steps of O(k) (the
+heaviest and lightest parts) plus O(m/k log(m/k)) per pair tried plus, when the lightest
+parts do not help, the O(m) scan. A pass takes at most :func:`default_steps`
+(``max(64, min(3k + 256, 1024))``) steps and stops once the element operations it has
+done (counted, never timed) pass :func:`work_budget`, ``max(2**24, 64 (m + k))``; so a
+pass is O(m log m) plus at most ~2**24 operations while ``m + k <= 2**18``, and linear in
+m beyond. Most passes end far sooner: at the lower bound (``target``), or when no move or
+swap helps. A pass that trails a rival (``beat``) also ends when it can no longer get
+below it (see :func:`refine_labels`).
 
 With many parts one heaviest part at a time is too slow (thousands of parts sit near the
 maximum), so :func:`pair_rounds` first evens out all parts at once: it pairs the i-th
@@ -31,12 +41,13 @@ __all__ = ["pair_rounds", "refine_labels"]
 
 _TRY_LIGHTEST = 4
 
-#: Refinement steps are capped at ``min(3k + 256, MAX_STEPS, STEP_WORK // (m + k))``: a
-#: step costs O(k) plus up to an O(m) scan, so the cap keeps a pass near 2**24 element
-#: operations (a few tenths of a second of numpy calls) however large k gets. For k <= 256
-#: and m <= 16,000 the first term is the smallest, as before these caps existed. (2**26
-#: took ~3x longer at n = 65,536, n/k = 4 for gaps better by ~1e-3 relative: measured in
-#: bench/peers.py --only cliffs.)
+#: Refinement steps are capped at ``max(64, min(3k + 256, MAX_STEPS))``, and a pass stops
+#: once it has done ``max(STEP_WORK, 64 (m + k))`` element operations: a step costs O(k)
+#: plus O(m/k) per pair tried plus, when no light part helps, an O(m) scan, so the work
+#: cap keeps a pass near 2**24 operations (a few tenths of a second of numpy calls)
+#: however large k gets. The work is counted as done, not assumed: a cap of
+#: ``2**24 / (m + k)`` steps (as before) stopped cheap passes early (n = 65,536, k = 1,024,
+#: free: gap 2.4e-4 after 252 steps, 1.2e-5 after 1,024, in 0.2 s).
 MAX_STEPS = 1024
 STEP_WORK = 2**24
 
@@ -48,8 +59,17 @@ TRAIL_FACTOR = 2.0
 
 
 def default_steps(m: int, k: int) -> int:
-    """The default step cap of :func:`refine_labels` for ``m`` units and ``k`` parts."""
-    return max(64, min(3 * k + 256, MAX_STEPS, STEP_WORK // (m + k)))
+    """The default step cap of :func:`refine_labels`: ``max(64, min(3k + 256, MAX_STEPS))``."""
+    return max(64, min(3 * k + 256, MAX_STEPS))
+
+
+def work_budget(m: int, k: int) -> int:
+    """Element operations a default pass may do: ``max(STEP_WORK, 64 (m + k))``.
+
+    A step costs at most ~``m + 2k`` (the O(m) scan), so 64 full steps always fit, and
+    the work of a pass grows no faster than linearly in m (plus its O(m log m) set-up).
+    """
+    return max(STEP_WORK, 64 * (m + k))
 
 
 def refine_labels(
@@ -59,13 +79,16 @@ def refine_labels(
     size: str,
     *,
     max_steps: int | None = None,
+    max_work: int | None = None,
     target: float = 0.0,
     beat: float | None = None,
     by_weight: np.ndarray | None = None,
 ) -> np.ndarray:
     """Return improved part labels (a new array); the heaviest part never gets heavier.
 
-    Stops early once the heaviest part weighs no more than ``target`` (a lower bound).
+    Stops early once the heaviest part weighs no more than ``target`` (a lower bound),
+    after ``max_steps`` steps (default :func:`default_steps`), or once its counted element
+    operations pass ``max_work`` (default :func:`work_budget`).
 
     With ``beat`` (the heaviest part of a rival partition that the caller keeps unless
     this pass ends lighter), a trailing pass also stops when it can no longer get there:
@@ -86,6 +109,9 @@ def refine_labels(
         return lab
     if max_steps is None:
         max_steps = default_steps(m, k)
+    if max_work is None:
+        max_work = work_budget(m, k)
+    work = 0  # element operations so far (counted, so the pass is deterministic)
     loads = np.bincount(lab, weights=w, minlength=k).astype(np.float64)
     # A part counts as above ``beat`` only if clearly so: the running loads carry rounding
     # that a fresh sum would not, and erring this way can only stop later, never wrongly.
@@ -103,6 +129,9 @@ def refine_labels(
     lab_sorted = lab[by_weight]  # kept in step with lab by _step
     c = m // k
     for step_no in range(max_steps):
+        if work > max_work:
+            break
+        work += 2 * k  # the heaviest and the lightest parts
         h = int(np.argmax(loads))
         top = float(loads[h])
         tol = top * 1e-12
@@ -128,7 +157,13 @@ def refine_labels(
                 if p not in tries:
                     tries.append(p)
         state = (w, members, loads, counts, size, c, tol, lab, lab_sorted, rank)
-        if any(_step(state, h, p) for p in tries):
+        done = False
+        for p in tries:
+            work += members[h].size + members[p].size
+            if _step(state, h, p):
+                done = True
+                break
+        if done:
             continue
         # Nothing with the lightest parts: scan every unit for any improving swap. Only
         # units lighter than the heaviest unit of h can take part: a prefix by weight.
@@ -136,6 +171,7 @@ def refine_labels(
         end = int(np.searchsorted(w_sorted, wh.max(), side="left"))
         if end == 0:
             break
+        work += end
         owner = lab_sorted[:end]
         ks = w_sorted[:end] - loads[owner]
         ks[owner == h] = -np.inf

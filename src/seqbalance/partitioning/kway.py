@@ -172,12 +172,17 @@ def partition(
     work, never time, so the same input gives the same output in every process.
 
     Complexity (n items, m units, k parts): ``"kk"`` O(m log m + (m/k) k log k);
-    ``"greedy"`` O(m log m + m log k); ``"auto"`` adds the refinement, at most
-    ``min(3k + 256, 1,024, 2**24 / (m + k))`` steps of O(k + m/k log m) each plus an O(m)
-    scan when the lightest parts do not help, and for k > 256 under a size rule first at most 32
-    vectorised rounds of O(m c) (c = m/k, up to 64), the free-mode Karmarkar–Karp
-    candidate O(m k) for m <= 4,096, and the exact search at most 60,000 nodes of O(k)
-    for m <= 64 (200,000 for m <= 32). Memory is O(n + k).
+    ``"greedy"`` O(m log m + m log k) (most units placed in vectorised batches when k is
+    large); ``"auto"`` adds per start a refinement pass of O(m log m) set-up and at most
+    ``max(64, min(3k + 256, 1,024))`` steps of O(k + m/k log m) each plus an O(m) scan when
+    the lightest parts do not help, stopped once it has counted ``max(2**24, 64 (m + k))``
+    element operations (so at most ~2**24 while m + k <= 2**18, and linear in m beyond);
+    the second start stops refining once it
+    cannot (or, by a generous forecast of its progress, will not) end lighter than the
+    first. For k > 256 under a size rule each start first gets at most 32 vectorised
+    rounds of O(m c) (c = m/k, up to 64); then the free-mode Karmarkar–Karp candidate
+    O(m k) for m <= 4,096, and the exact search at most 60,000 nodes of O(k) for m <= 64
+    (200,000 for m <= 32). Memory is O(n + k).
 
     Examples
     --------
@@ -198,12 +203,22 @@ def partition(
 
 
 def partition_arrays(
-    w: np.ndarray, k: int, rule: str, how: str, labels_of_groups: np.ndarray | None
+    w: np.ndarray,
+    k: int,
+    rule: str,
+    how: str,
+    labels_of_groups: np.ndarray | None,
+    *,
+    fit: float | None = None,
 ) -> Partition:
     """:func:`partition` on validated inputs (float64 weights, int64 dense group labels).
 
     For callers inside seqbalance that validated at their own boundary (the planner); the
     size rule is still checked against the number of units, as it depends on the groups.
+    ``fit``: the caller only asks whether the heaviest part can be brought to ``fit`` or
+    below (a bin capacity), so ``"auto"`` stops refining once it is there, and a pass that
+    cannot (or by its progress forecast will not) get there stops early; the result is
+    then any partition within ``fit``, not the lightest found, or one above it.
     """
     units = w
     if labels_of_groups is not None:
@@ -219,7 +234,7 @@ def partition_arrays(
         unit_labels[np.argsort(-units, kind="stable")] = np.arange(units.shape[0])
         used, proven = {"auto": "kk+refine"}.get(how, how), True
     else:
-        unit_labels, used, proven = _solve(units, k, rule, how, bound)
+        unit_labels, used, proven = _solve(units, k, rule, how, bound, fit)
     item_labels = unit_labels if labels_of_groups is None else unit_labels[labels_of_groups]
     loads = np.bincount(item_labels, weights=w, minlength=k).astype(np.float64)
     counts = np.bincount(item_labels, minlength=k)
@@ -251,7 +266,7 @@ def _gc_paused(k: int) -> Iterator[None]:
 
 
 def _solve(
-    units: np.ndarray, k: int, size: str, method: str, bound: float
+    units: np.ndarray, k: int, size: str, method: str, bound: float, fit: float | None = None
 ) -> tuple[np.ndarray, str, bool]:
     """Labels per unit, the name of the algorithm that produced them, and proven optimality."""
     if method == "kk":
@@ -269,27 +284,30 @@ def _solve(
         starts.reverse()
     best: tuple[float, np.ndarray, str] | None = None
     by_weight = np.argsort(units, kind="stable")  # shared by every refinement pass
+    enough = bound if fit is None else max(bound, fit)  # lighter than this is no use
     for name, labels in starts:
         if steepest:
             labels = steepest_swaps(units, labels, k)
         if size != "free" and k > PAIR_MIN_PARTS and -(-m // k) <= PAIR_MAX_COUNT:
             labels = pair_rounds(units, labels, k)
         # A later start stops refining once it can no longer end as light as the best.
-        labels = refine_labels(units, labels, k, size, target=bound, by_weight=by_weight,
-                               beat=None if best is None else best[0])
+        rival = [x for x in (fit, None if best is None else best[0]) if x is not None]
+        labels = refine_labels(units, labels, k, size, target=enough, by_weight=by_weight,
+                               beat=min(rival) if rival else None)
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if best is None or top < best[0] or (top == best[0] and name == "kk"):
             best = (top, labels, name + "+refine")
-        if best[0] <= bound * (1.0 + (AUTO_RTOL if size == "free" else 0.0)):
-            break  # optimal (or, in free mode, within AUTO_RTOL of it)
+        if best[0] <= max(enough, bound * (1.0 + (AUTO_RTOL if size == "free" else 0.0))):
+            break  # optimal (or, in free mode, within AUTO_RTOL of it), or fits
     assert best is not None
-    if size == "free" and k > 1 and m <= KK_FREE_MAX_UNITS and best[0] > bound:
-        labels = refine_labels(units, kk_free_labels(units, k), k, size, target=bound,
-                               by_weight=by_weight, beat=best[0])
+    if size == "free" and k > 1 and m <= KK_FREE_MAX_UNITS and best[0] > enough:
+        labels = refine_labels(units, kk_free_labels(units, k), k, size, target=enough,
+                               by_weight=by_weight, beat=best[0] if fit is None else
+                               min(best[0], fit))
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if top < best[0]:
             best = (top, labels, "kkfree+refine")
-    if m <= EXACT_MAX_UNITS and best[0] > bound:
+    if m <= EXACT_MAX_UNITS and best[0] > enough:
         labels, proven = exact_labels(
             units, k, size, best[1], bound, max_nodes=exact_budget(m)
         )
