@@ -200,11 +200,11 @@ class _Members(dict):  # type: ignore[type-arg]
     def __init__(self, order: np.ndarray, counts: np.ndarray) -> None:
         super().__init__()
         self._order = order
-        self._ends = np.cumsum(counts).tolist()
+        self._ends = np.cumsum(counts)
 
     def __missing__(self, p: int) -> np.ndarray:
-        start = self._ends[p - 1] if p else 0
-        got = self._order[start : self._ends[p]]
+        start = int(self._ends[p - 1]) if p else 0
+        got = self._order[start : int(self._ends[p])]
         self[p] = got
         return got
 

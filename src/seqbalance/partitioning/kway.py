@@ -144,12 +144,14 @@ def partition(
         the heaviest part within the size rule (for small problems under a size rule,
         first steepest-descent swaps); the lighter result wins (ties: kk). The lighter
         start is refined first, and the other is skipped when the first reaches the lower
-        bound, or in "free" mode comes within :data:`AUTO_RTOL` (1e-5) of it. In "free"
-        mode with at most :data:`KK_FREE_MAX_UNITS` units, classic Karmarkar–Karp (no
-        count limits) plus refinement is a further candidate, taken only when strictly
-        lighter. With at most ``EXACT_MAX_UNITS`` (64) units, an exact branch-and-bound
-        search then starts from the winner within a fixed node budget, and the result
-        says whether it is ``optimal``.
+        bound, or in "free" mode comes within :data:`AUTO_RTOL` (1e-5) of it; otherwise
+        its refinement stops once it cannot, or by a generous forecast of its progress
+        will not, end lighter than the first. In "free" mode with at most
+        :data:`KK_FREE_MAX_UNITS` units, classic Karmarkar–Karp (no count limits) plus
+        refinement is a further candidate, taken only when strictly lighter. With at
+        most ``EXACT_MAX_UNITS`` (64) units, an exact branch-and-bound search then starts
+        from the winner within a fixed node budget, and the result says whether it is
+        ``optimal``.
 
     Returns
     -------
