@@ -97,9 +97,10 @@ def refine_labels(
       only, so the pass cannot end at or below ``beat``; this never changes the winner);
     - after :data:`TRAIL_MIN_STEPS` steps, when the total excess over ``beat`` (the sum of
       ``L_p - beat`` over parts above it) exceeds :data:`TRAIL_FACTOR` times what the
-      steps so far removed per step, times the steps left. Progress slows as the pass
-      goes (the heaviest parts have the most room), so this forecast is generous; it
-      spares the hopeless second start most of its steps (n = 65,536, k = 16,384).
+      steps so far removed per step, times the steps left (by the step cap, or by the
+      work left at the average work per step so far). Progress slows as the pass goes
+      (the heaviest parts have the most room), so this forecast is generous; it spares
+      the hopeless second start most of its steps (n = 65,536, k = 16,384).
 
     ``by_weight`` is ``np.argsort(w, kind="stable")`` when the caller has it already.
     """
@@ -142,6 +143,8 @@ def refine_labels(
             if int(np.count_nonzero(loads > above)) > left:
                 break
             if step_no >= TRAIL_MIN_STEPS:
+                # Steps left: by the cap, or by the work left at the average cost so far.
+                left = min(left, (max_work - work) * step_no // max(work, 1) + 1)
                 excess = float(np.maximum(loads - above, 0.0).sum())
                 if excess > TRAIL_FACTOR * (excess0 - excess) / step_no * left:
                     break
