@@ -20,10 +20,10 @@ Cost of a pass: an O(m log m) set-up (two sorts; the members of a part are slice
 when a step touches it, so nothing is O(k) Python objects), then steps of O(k) (the
 heaviest and lightest parts) plus O(m/k log(m/k)) per pair tried plus, when the lightest
 parts do not help, the O(m) scan. A pass takes at most :func:`default_steps`
-(``max(64, min(3k + 256, 1024))``) steps and stops once the element operations it has
-done (counted, never timed) pass :func:`work_budget`, ``max(2**24, 64 (m + k))``; so a
-pass is O(m log m) plus at most ~2**24 operations while ``m + k <= 2**18``, and linear in
-m beyond. Most passes end far sooner: at the lower bound (``target``), or when no move or
+(``min(3k + 256, 1024)``) steps, and after its first 64 it stops once the element
+operations it has done (counted, never timed) pass 2**24; so a pass is O(m log m) plus
+at most ~2**24 operations while ``m + k <= 2**18``, and at most 64 steps of O(m + k)
+beyond, linear in m. Most passes end far sooner: at the lower bound (``target``), or when no move or
 swap helps. A pass that trails a rival (``beat``) also ends when it can no longer get
 below it (see :func:`refine_labels`).
 
@@ -41,14 +41,16 @@ __all__ = ["pair_rounds", "refine_labels"]
 
 _TRY_LIGHTEST = 4
 
-#: Refinement steps are capped at ``max(64, min(3k + 256, MAX_STEPS))``, and a pass stops
-#: once it has done ``max(STEP_WORK, 64 (m + k))`` element operations: a step costs O(k)
-#: plus O(m/k) per pair tried plus, when no light part helps, an O(m) scan, so the work
-#: cap keeps a pass near 2**24 operations (a few tenths of a second of numpy calls)
-#: however large k gets. The work is counted as done, not assumed: a cap of
-#: ``2**24 / (m + k)`` steps (as before) stopped cheap passes early (n = 65,536, k = 1,024,
-#: free: gap 2.4e-4 after 252 steps, 1.2e-5 after 1,024, in 0.2 s).
+#: Refinement steps are capped at ``min(3k + 256, MAX_STEPS)``, and after ``MIN_STEPS``
+#: steps a pass stops once it has done ``STEP_WORK`` element operations: a step costs
+#: O(k) plus O(m/k) per pair tried plus, when no light part helps, an O(m) scan, so the
+#: work cap keeps a pass near 2**24 operations (a few tenths of a second of numpy calls)
+#: however large k gets, and 64 steps of O(m + k) when m + k passes 2**18. The work is
+#: counted as done, not assumed: a cap of ``2**24 / (m + k)`` steps (as before) stopped
+#: cheap passes early (n = 65,536, k = 1,024, free: gap 2.4e-4 after 252 steps, 1.2e-5
+#: after 1,024, in 0.2 s).
 MAX_STEPS = 1024
+MIN_STEPS = 64
 STEP_WORK = 2**24
 
 #: A trailing pass (``beat`` given) is judged on its progress after this many steps ...
@@ -59,17 +61,13 @@ TRAIL_FACTOR = 2.0
 
 
 def default_steps(m: int, k: int) -> int:
-    """The default step cap of :func:`refine_labels`: ``max(64, min(3k + 256, MAX_STEPS))``."""
-    return max(64, min(3 * k + 256, MAX_STEPS))
+    """The default step cap of :func:`refine_labels`: ``min(3k + 256, MAX_STEPS)``.
 
-
-def work_budget(m: int, k: int) -> int:
-    """Element operations a default pass may do: ``max(STEP_WORK, 64 (m + k))``.
-
-    A step costs at most ~``m + 2k`` (the O(m) scan), so 64 full steps always fit, and
-    the work of a pass grows no faster than linearly in m (plus its O(m log m) set-up).
+    Past ``MIN_STEPS`` steps the work budget (``STEP_WORK`` counted operations) applies
+    too, so a pass does at most ~``max(STEP_WORK, MIN_STEPS (m + 2k))`` operations: no
+    more than linear in m (plus its O(m log m) set-up).
     """
-    return max(STEP_WORK, 64 * (m + k))
+    return max(MIN_STEPS, min(3 * k + 256, MAX_STEPS))
 
 
 def refine_labels(
@@ -87,8 +85,8 @@ def refine_labels(
     """Return improved part labels (a new array); the heaviest part never gets heavier.
 
     Stops early once the heaviest part weighs no more than ``target`` (a lower bound),
-    after ``max_steps`` steps (default :func:`default_steps`), or once its counted element
-    operations pass ``max_work`` (default :func:`work_budget`).
+    after ``max_steps`` steps (default :func:`default_steps`), or, after ``MIN_STEPS``
+    steps, once its counted element operations pass ``max_work`` (default ``STEP_WORK``).
 
     With ``beat`` (the heaviest part of a rival partition that the caller keeps unless
     this pass ends lighter), a trailing pass also stops when it can no longer get there:
@@ -111,7 +109,7 @@ def refine_labels(
     if max_steps is None:
         max_steps = default_steps(m, k)
     if max_work is None:
-        max_work = work_budget(m, k)
+        max_work = STEP_WORK
     work = 0  # element operations so far (counted, so the pass is deterministic)
     loads = np.bincount(lab, weights=w, minlength=k).astype(np.float64)
     # A part counts as above ``beat`` only if clearly so: the running loads carry rounding
@@ -130,7 +128,7 @@ def refine_labels(
     lab_sorted = lab[by_weight]  # kept in step with lab by _step
     c = m // k
     for step_no in range(max_steps):
-        if work > max_work:
+        if work > max_work and step_no >= MIN_STEPS:
             break
         work += 2 * k  # the heaviest and the lightest parts
         h = int(np.argmax(loads))
@@ -144,7 +142,8 @@ def refine_labels(
                 break
             if step_no >= TRAIL_MIN_STEPS:
                 # Steps left: by the cap, or by the work left at the average cost so far.
-                left = min(left, (max_work - work) * step_no // max(work, 1) + 1)
+                by_work = (max_work - work) * step_no // max(work, 1) + 1
+                left = min(left, max(by_work, MIN_STEPS - step_no))
                 excess = float(np.maximum(loads - above, 0.0).sum())
                 if excess > TRAIL_FACTOR * (excess0 - excess) / step_no * left:
                     break

@@ -176,8 +176,8 @@ def partition(
     Complexity (n items, m units, k parts): ``"kk"`` O(m log m + (m/k) k log k);
     ``"greedy"`` O(m log m + m log k) (most units placed in vectorised batches when k is
     large); ``"auto"`` adds per start a refinement pass of O(m log m) set-up and at most
-    ``max(64, min(3k + 256, 1,024))`` steps of O(k + m/k log m) each plus an O(m) scan when
-    the lightest parts do not help, stopped once it has counted ``max(2**24, 64 (m + k))``
+    ``min(3k + 256, 1,024)`` steps of O(k + m/k log m) each plus an O(m) scan when the
+    lightest parts do not help, stopped after its first 64 steps once it has counted 2**24
     element operations (so at most ~2**24 while m + k <= 2**18, and linear in m beyond);
     the second start stops refining once it
     cannot (or, by a generous forecast of its progress, will not) end lighter than the
