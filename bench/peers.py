@@ -379,7 +379,7 @@ def section_scaling(repeat: int) -> tuple[list[dict[str, Any]], list[dict[str, A
             rows.append({"series": label, "n": n, "k": k, "s": t, "gap": p.gap})
             print(".", end="", file=sys.stderr, flush=True)
         a = float(np.polyfit(np.log(ns), np.log(ts), 1)[0])
-        # n log n over the same range fits an exponent of about 1.08.
+        # n log n over the same range fits an exponent of about 1.10.
         ref = float(np.polyfit(np.log(ns), np.log(np.array(ns) * np.log(ns)), 1)[0])
         # Small n often stops early at the lower bound (gap 0), which steepens the full fit;
         # the fit from 64,000 up shows the growth where the refinement does its full work.

@@ -14,8 +14,18 @@ lighter ``b`` in part ``p`` helps iff ``w_b - L_p > w_a - L_h``, so a running ma
 then searched exactly. When nothing helps, the heaviest part is locally optimal and the
 pass stops. Moves run only where the rule allows them ("free"; "balanced" from a part with
 one more unit to one with one fewer; the lightest such part is the best target) and swaps
-keep every count. Steps are capped (:func:`default_steps`), so the worst case is
-``min(3k + 256, 1024, 2**24 / (m + k))`` steps of O(m + k log k).
+keep every count.
+
+Cost of a pass: an O(m log m) set-up (two sorts; the members of a part are sliced only
+when a step touches it, so nothing is O(k) Python objects), then steps of O(k) (the
+heaviest and lightest parts) plus O(m/k log(m/k)) per pair tried plus, when the lightest
+parts do not help, the O(m) scan. A pass takes at most :func:`default_steps`
+(``min(3k + 256, 1024)``) steps, and after its first 64 it stops once the element
+operations it has done (counted, never timed) pass 2**24; so a pass is O(m log m) plus
+at most ~2**24 operations while ``m + k <= 2**18``, and at most 64 steps of O(m + k)
+beyond, linear in m. Most passes end far sooner: at the lower bound (``target``), or when no move or
+swap helps. A pass that trails a rival (``beat``) also ends when it can no longer get
+below it (see :func:`refine_labels`).
 
 With many parts one heaviest part at a time is too slow (thousands of parts sit near the
 maximum), so :func:`pair_rounds` first evens out all parts at once: it pairs the i-th
@@ -31,19 +41,33 @@ __all__ = ["pair_rounds", "refine_labels"]
 
 _TRY_LIGHTEST = 4
 
-#: Refinement steps are capped at ``min(3k + 256, MAX_STEPS, STEP_WORK // (m + k))``: a
-#: step costs O(k) plus up to an O(m) scan, so the cap keeps a pass near 2**24 element
-#: operations (a few tenths of a second of numpy calls) however large k gets. For k <= 256
-#: and m <= 16,000 the first term is the smallest, as before these caps existed. (2**26
-#: took ~3x longer at n = 65,536, n/k = 4 for gaps better by ~1e-3 relative: measured in
-#: bench/peers.py --only cliffs.)
+#: Refinement steps are capped at ``min(3k + 256, MAX_STEPS)``, and after ``MIN_STEPS``
+#: steps a pass stops once it has done ``STEP_WORK`` element operations: a step costs
+#: O(k) plus O(m/k) per pair tried plus, when no light part helps, an O(m) scan, so the
+#: work cap keeps a pass near 2**24 operations (a few tenths of a second of numpy calls)
+#: however large k gets, and 64 steps of O(m + k) when m + k passes 2**18. The work is
+#: counted as done, not assumed: a cap of ``2**24 / (m + k)`` steps (as before) stopped
+#: cheap passes early (n = 65,536, k = 1,024, free: gap 2.4e-4 after 252 steps, 1.2e-5
+#: after 1,024, in 0.2 s).
 MAX_STEPS = 1024
+MIN_STEPS = 64
 STEP_WORK = 2**24
+
+#: A trailing pass (``beat`` given) is judged on its progress after this many steps ...
+TRAIL_MIN_STEPS = 16
+#: ... and stops once even this many times its average progress per step so far, kept up
+#: for every step left, would not bring its parts down to ``beat`` (``inf``: never).
+TRAIL_FACTOR = 2.0
 
 
 def default_steps(m: int, k: int) -> int:
-    """The default step cap of :func:`refine_labels` for ``m`` units and ``k`` parts."""
-    return max(64, min(3 * k + 256, MAX_STEPS, STEP_WORK // (m + k)))
+    """The default step cap of :func:`refine_labels`: ``min(3k + 256, MAX_STEPS)``.
+
+    Past ``MIN_STEPS`` steps the work budget (``STEP_WORK`` counted operations) applies
+    too, so a pass does at most ~``max(STEP_WORK, MIN_STEPS (m + 2k))`` operations: no
+    more than linear in m (plus its O(m log m) set-up).
+    """
+    return max(MIN_STEPS, min(3 * k + 256, MAX_STEPS))
 
 
 def refine_labels(
@@ -53,11 +77,30 @@ def refine_labels(
     size: str,
     *,
     max_steps: int | None = None,
+    max_work: int | None = None,
     target: float = 0.0,
+    beat: float | None = None,
+    by_weight: np.ndarray | None = None,
 ) -> np.ndarray:
     """Return improved part labels (a new array); the heaviest part never gets heavier.
 
-    Stops early once the heaviest part weighs no more than ``target`` (a lower bound).
+    Stops early once the heaviest part weighs no more than ``target`` (a lower bound),
+    after ``max_steps`` steps (default :func:`default_steps`), or, after ``MIN_STEPS``
+    steps, once its counted element operations pass ``max_work`` (default ``STEP_WORK``).
+
+    With ``beat`` (the heaviest part of a rival partition that the caller keeps unless
+    this pass ends lighter), a trailing pass also stops when it can no longer get there:
+
+    - as soon as more parts weigh above ``beat`` than steps remain (a step lowers one part
+      only, so the pass cannot end at or below ``beat``; this never changes the winner);
+    - after :data:`TRAIL_MIN_STEPS` steps, when the total excess over ``beat`` (the sum of
+      ``L_p - beat`` over parts above it) exceeds :data:`TRAIL_FACTOR` times what the
+      steps so far removed per step, times the steps left (by the step cap, or by the
+      work left at the average work per step so far). Progress slows as the pass goes
+      (the heaviest parts have the most room), so this forecast is generous; it spares
+      the hopeless second start most of its steps (n = 65,536, k = 16,384).
+
+    ``by_weight`` is ``np.argsort(w, kind="stable")`` when the caller has it already.
     """
     m = int(w.shape[0])
     lab = labels.astype(np.int64, copy=True)
@@ -65,22 +108,45 @@ def refine_labels(
         return lab
     if max_steps is None:
         max_steps = default_steps(m, k)
-    order = np.argsort(lab, kind="stable")
-    counts = np.bincount(lab, minlength=k).astype(np.int64)
-    members = np.split(order, np.cumsum(counts)[:-1])
+    if max_work is None:
+        max_work = STEP_WORK
+    work = 0  # element operations so far (counted, so the pass is deterministic)
     loads = np.bincount(lab, weights=w, minlength=k).astype(np.float64)
-    by_weight = np.argsort(w, kind="stable")
+    # A part counts as above ``beat`` only if clearly so: the running loads carry rounding
+    # that a fresh sum would not, and erring this way can only stop later, never wrongly.
+    above = None if beat is None else beat * (1.0 + 1e-9)
+    if above is not None and int(np.count_nonzero(loads > above)) > max_steps:
+        return lab  # cannot reach ``beat``: skip the O(m log m) set-up as well
+    excess0 = 0.0 if above is None else float(np.maximum(loads - above, 0.0).sum())
+    counts = np.bincount(lab, minlength=k).astype(np.int64)
+    members = _Members(np.argsort(lab, kind="stable"), counts)
+    if by_weight is None:
+        by_weight = np.argsort(w, kind="stable")
     w_sorted = w[by_weight]
     rank = np.empty(m, dtype=np.int64)
     rank[by_weight] = np.arange(m)
     lab_sorted = lab[by_weight]  # kept in step with lab by _step
     c = m // k
-    for _ in range(max_steps):
+    for step_no in range(max_steps):
+        if work > max_work and step_no >= MIN_STEPS:
+            break
+        work += 2 * k  # the heaviest and the lightest parts
         h = int(np.argmax(loads))
         top = float(loads[h])
         tol = top * 1e-12
         if members[h].size == 0 or top <= target:
             break
+        if above is not None and top > above:
+            left = max_steps - step_no
+            if int(np.count_nonzero(loads > above)) > left:
+                break
+            if step_no >= TRAIL_MIN_STEPS:
+                # Steps left: by the cap, or by the work left at the average cost so far.
+                by_work = (max_work - work) * step_no // max(work, 1) + 1
+                left = min(left, max(by_work, MIN_STEPS - step_no))
+                excess = float(np.maximum(loads - above, 0.0).sum())
+                if excess > TRAIL_FACTOR * (excess0 - excess) / step_no * left:
+                    break
         movable = size == "free" or (size == "balanced" and counts[h] > c)
         few = min(_TRY_LIGHTEST + 1, k - 1)
         light = np.argpartition(loads, few)[: few + 1]
@@ -93,7 +159,13 @@ def refine_labels(
                 if p not in tries:
                     tries.append(p)
         state = (w, members, loads, counts, size, c, tol, lab, lab_sorted, rank)
-        if any(_step(state, h, p) for p in tries):
+        done = False
+        for p in tries:
+            work += members[h].size + members[p].size
+            if _step(state, h, p):
+                done = True
+                break
+        if done:
             continue
         # Nothing with the lightest parts: scan every unit for any improving swap. Only
         # units lighter than the heaviest unit of h can take part: a prefix by weight.
@@ -101,6 +173,7 @@ def refine_labels(
         end = int(np.searchsorted(w_sorted, wh.max(), side="left"))
         if end == 0:
             break
+        work += end
         owner = lab_sorted[:end]
         ks = w_sorted[:end] - loads[owner]
         ks[owner == h] = -np.inf
@@ -116,6 +189,26 @@ def refine_labels(
         if not _step(state, h, int(owner[j])):
             break  # only rounding could get here; stop rather than loop
     return lab
+
+
+class _Members(dict):  # type: ignore[type-arg]
+    """Unit indices of each part (ascending at first), made on first use.
+
+    A pass touches few parts, so slicing all ``k`` of them up front (``np.split``) would
+    cost O(k) Python objects per pass: ~0.5 s at k = 250,000. The slices are views of one
+    array sorted by part; ``_step`` swaps within them in place or replaces them.
+    """
+
+    def __init__(self, order: np.ndarray, counts: np.ndarray) -> None:
+        super().__init__()
+        self._order = order
+        self._ends = np.cumsum(counts)
+
+    def __missing__(self, p: int) -> np.ndarray:
+        start = int(self._ends[p - 1]) if p else 0
+        got = self._order[start : int(self._ends[p])]
+        self[p] = got
+        return got
 
 
 def _step(state: tuple, h: int, p: int) -> bool:  # type: ignore[type-arg]

@@ -145,12 +145,14 @@ def partition(
         the heaviest part within the size rule (for small problems under a size rule,
         first steepest-descent swaps); the lighter result wins (ties: kk). The lighter
         start is refined first, and the other is skipped when the first reaches the lower
-        bound, or in "free" mode comes within :data:`AUTO_RTOL` (1e-5) of it. In "free"
-        mode with at most :data:`KK_FREE_MAX_UNITS` units, classic Karmarkar–Karp (no
-        count limits) plus refinement is a further candidate, taken only when strictly
-        lighter. With at most ``EXACT_MAX_UNITS`` (64) units, an exact branch-and-bound
-        search then starts from the winner within a fixed node budget, and the result
-        says whether it is ``optimal``.
+        bound, or in "free" mode comes within :data:`AUTO_RTOL` (1e-5) of it; otherwise
+        its refinement stops once it cannot, or by a generous forecast of its progress
+        will not, end lighter than the first. In "free" mode with at most
+        :data:`KK_FREE_MAX_UNITS` units, classic Karmarkar–Karp (no count limits) plus
+        refinement is a further candidate, taken only when strictly lighter. With at
+        most ``EXACT_MAX_UNITS`` (64) units, an exact branch-and-bound search then starts
+        from the winner within a fixed node budget, and the result says whether it is
+        ``optimal``.
 
     Returns
     -------
@@ -173,12 +175,17 @@ def partition(
     work, never time, so the same input gives the same output in every process.
 
     Complexity (n items, m units, k parts): ``"kk"`` O(m log m + (m/k) k log k);
-    ``"greedy"`` O(m log m + m log k); ``"auto"`` adds the refinement, at most
-    ``min(3k + 256, 1,024, 2**24 / (m + k))`` steps of O(k + m/k log m) each plus an O(m)
-    scan when the lightest parts do not help, and for k > 256 under a size rule first at most 32
-    vectorised rounds of O(m c) (c = m/k, up to 64), the free-mode Karmarkar–Karp
-    candidate O(m k) for m <= 4,096, and the exact search at most 60,000 nodes of O(k)
-    for m <= 64 (200,000 for m <= 32). Memory is O(n + k).
+    ``"greedy"`` O(m log m + m log k) (most units placed in vectorised batches when k is
+    large); ``"auto"`` adds per start a refinement pass of O(m log m) set-up and at most
+    ``min(3k + 256, 1,024)`` steps of O(k + m/k log m) each plus an O(m) scan when the
+    lightest parts do not help, stopped after its first 64 steps once it has counted 2**24
+    element operations (so at most ~2**24 while m + k <= 2**18, and linear in m beyond);
+    the second start stops refining once it
+    cannot (or, by a generous forecast of its progress, will not) end lighter than the
+    first. For k > 256 under a size rule each start first gets at most 32 vectorised
+    rounds of O(m c) (c = m/k, up to 64); then the free-mode Karmarkar–Karp candidate
+    O(m k) for m <= 4,096, and the exact search at most 60,000 nodes of O(k) for m <= 64
+    (200,000 for m <= 32). Memory is O(n + k).
 
     Examples
     --------
@@ -199,12 +206,22 @@ def partition(
 
 
 def partition_arrays(
-    w: np.ndarray, k: int, rule: str, how: str, labels_of_groups: np.ndarray | None
+    w: np.ndarray,
+    k: int,
+    rule: str,
+    how: str,
+    labels_of_groups: np.ndarray | None,
+    *,
+    fit: float | None = None,
 ) -> Partition:
     """:func:`partition` on validated inputs (float64 weights, int64 dense group labels).
 
     For callers inside seqbalance that validated at their own boundary (the planner); the
     size rule is still checked against the number of units, as it depends on the groups.
+    ``fit``: the caller only asks whether the heaviest part can be brought to ``fit`` or
+    below (a bin capacity), so ``"auto"`` stops refining once it is there, and a pass that
+    cannot (or by its progress forecast will not) get there stops early; the result is
+    then any partition within ``fit``, not the lightest found, or one above it.
     """
     units = w
     if labels_of_groups is not None:
@@ -220,7 +237,7 @@ def partition_arrays(
         unit_labels[np.argsort(-units, kind="stable")] = np.arange(units.shape[0])
         used, proven = {"auto": "kk+refine"}.get(how, how), True
     else:
-        unit_labels, used, proven = _solve(units, k, rule, how, bound)
+        unit_labels, used, proven = _solve(units, k, rule, how, bound, fit)
     item_labels = unit_labels if labels_of_groups is None else unit_labels[labels_of_groups]
     loads = np.bincount(item_labels, weights=w, minlength=k).astype(np.float64)
     counts = np.bincount(item_labels, minlength=k)
@@ -252,7 +269,7 @@ def _gc_paused(k: int) -> Iterator[None]:
 
 
 def _solve(
-    units: np.ndarray, k: int, size: str, method: str, bound: float
+    units: np.ndarray, k: int, size: str, method: str, bound: float, fit: float | None = None
 ) -> tuple[np.ndarray, str, bool]:
     """Labels per unit, the name of the algorithm that produced them, and proven optimality."""
     if method == "kk":
@@ -269,31 +286,38 @@ def _solve(
     if tops[1] < tops[0]:
         starts.reverse()
     best: tuple[float, np.ndarray, str] | None = None
+    by_weight = np.argsort(units, kind="stable")  # shared by every refinement pass
+    enough = bound if fit is None else max(bound, fit)  # lighter than this is no use
     for name, labels in starts:
         if steepest:
             labels = steepest_swaps(units, labels, k)
         if size != "free" and k > PAIR_MIN_PARTS and -(-m // k) <= PAIR_MAX_COUNT:
             labels = pair_rounds(units, labels, k)
-        labels = refine_labels(units, labels, k, size, target=bound)
+        # A later start stops refining once it can no longer end as light as the best.
+        rival = [x for x in (fit, None if best is None else best[0]) if x is not None]
+        labels = refine_labels(units, labels, k, size, target=enough, by_weight=by_weight,
+                               beat=min(rival) if rival else None)
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if best is None or top < best[0] or (top == best[0] and name == "kk"):
             best = (top, labels, name + "+refine")
-        if best[0] <= bound * (1.0 + (AUTO_RTOL if size == "free" else 0.0)):
-            break  # optimal (or, in free mode, within AUTO_RTOL of it)
+        if best[0] <= max(enough, bound * (1.0 + (AUTO_RTOL if size == "free" else 0.0))):
+            break  # optimal (or, in free mode, within AUTO_RTOL of it), or fits
     assert best is not None
-    if size == "free" and k > 1 and m <= KK_FREE_MAX_UNITS and best[0] > bound:
-        labels = refine_labels(units, kk_free_labels(units, k), k, size, target=bound)
+    if size == "free" and k > 1 and m <= KK_FREE_MAX_UNITS and best[0] > enough:
+        labels = refine_labels(units, kk_free_labels(units, k), k, size, target=enough,
+                               by_weight=by_weight, beat=best[0] if fit is None else
+                               min(best[0], fit))
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if top < best[0]:
             best = (top, labels, "kkfree+refine")
-    if k == 2 and m <= TWO_WAY_MAX_UNITS and best[0] > bound:
+    if k == 2 and m <= TWO_WAY_MAX_UNITS and best[0] > enough:
         # Two parts: meet in the middle proves the optimum at once (module _two_way).
         labels = two_way_labels(units, size)
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if top < best[0]:
             best = (top, labels, "two-way")
         return best[1], best[2], True
-    if m <= EXACT_MAX_UNITS and best[0] > bound:
+    if m <= EXACT_MAX_UNITS and best[0] > enough:
         labels, proven = exact_labels(
             units, k, size, best[1], bound, max_nodes=exact_budget(m)
         )

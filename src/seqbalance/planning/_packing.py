@@ -248,7 +248,7 @@ def _token_balanced(w: np.ndarray, t: np.ndarray, nbins: int, cap: int) -> _Bins
     Near-full bins of similar items defeat LPT and FFD, where a k-way partition of the
     tokens (whose heaviest part is as light as it can find) still fits.
     """
-    parts = partition_arrays(t.astype(np.float64), nbins, "free", "auto", None)
+    parts = partition_arrays(t.astype(np.float64), nbins, "free", "auto", None, fit=cap)
     if parts.max_load > cap:
         return None
     bins = _Bins(w, t, nbins, cap, False)

@@ -1,0 +1,89 @@
+"""Refinement passes: the stopping rules for a trailing pass (``beat``) and basic contracts."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqbalance.partitioning import _refine
+from seqbalance.partitioning._greedy import lpt_labels
+from seqbalance.partitioning._kk import kk_labels
+from seqbalance.partitioning._refine import refine_labels
+from seqbalance.partitioning.bounds import bound_of_units
+
+SIZES = ("free", "equal", "balanced")
+
+
+def _top(w: np.ndarray, lab: np.ndarray, k: int) -> float:
+    return float(np.bincount(lab, weights=w, minlength=k).max())
+
+
+def _case(weights: list[int], k: int, size: str, start: str) -> tuple[np.ndarray, np.ndarray]:
+    if size == "equal":
+        weights = weights[: len(weights) - len(weights) % k] or [1] * k
+    w = np.asarray(weights, dtype=np.float64)
+    lab = kk_labels(w, k) if start == "kk" else lpt_labels(w, k, size)
+    return w, lab
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(st.integers(1, 500), min_size=2, max_size=120),
+    st.integers(2, 16),
+    st.sampled_from(SIZES),
+    st.sampled_from(["kk", "greedy"]),
+    st.floats(0.0, 1.0),
+    st.integers(1, 40),
+)
+def test_count_rule_never_drops_a_pass_that_would_reach_beat(
+    weights: list[int], k: int, size: str, start: str, where: float, steps: int
+) -> None:
+    """With only the exact rule, a pass that ends at or below ``beat`` runs unchanged."""
+    w, lab = _case(weights, k, size, start)
+    plain = refine_labels(w, lab, k, size, max_steps=steps)
+    lo, hi = _top(w, plain, k), _top(w, lab, k)
+    beat = lo + where * (hi - lo)  # anywhere between where the pass ends and starts
+    saved = _refine.TRAIL_FACTOR
+    try:
+        _refine.TRAIL_FACTOR = float("inf")
+        cut = refine_labels(w, lab, k, size, max_steps=steps, beat=beat)
+    finally:
+        _refine.TRAIL_FACTOR = saved
+    if lo <= beat:
+        assert np.array_equal(cut, plain)
+    assert _top(w, cut, k) <= hi
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.integers(0, 500), min_size=2, max_size=120),
+    st.integers(2, 16),
+    st.sampled_from(SIZES),
+    st.sampled_from(["kk", "greedy"]),
+    st.floats(0.0, 1.5),
+)
+def test_trailing_pass_keeps_contracts(
+    weights: list[int], k: int, size: str, start: str, where: float
+) -> None:
+    """Whatever stops it, a pass keeps the size rule and never makes the top heavier."""
+    w, lab = _case(weights, k, size, start)
+    beat = bound_of_units(w, k, size) * where
+    out = refine_labels(w, lab, k, size, beat=beat)
+    assert out.shape == lab.shape
+    assert set(out.tolist()) <= set(range(k))
+    assert _top(w, out, k) <= _top(w, lab, k)
+    if size != "free":
+        counts = np.bincount(out, minlength=k)
+        before = np.bincount(lab, minlength=k)
+        assert sorted(counts.tolist()) == sorted(before.tolist())
+
+
+def test_hopeless_pass_stops_before_any_step() -> None:
+    # Three parts far above ``beat`` and one step allowed: the pass returns its input.
+    w = np.array([4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 1.0])
+    lab = np.array([0, 0, 1, 1, 2, 2, 3])
+    out = refine_labels(w, lab, 4, "free", max_steps=1, beat=5.0)
+    assert np.array_equal(out, lab)
+    # Without a rival to beat, it takes its one step (a 4 moves to part 3).
+    assert not np.array_equal(refine_labels(w, lab, 4, "free", max_steps=1), lab)
