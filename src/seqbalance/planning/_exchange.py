@@ -104,7 +104,24 @@ def exchange_between_ranks(
     return out
 
 
-def _best_exchange(h, p, gap, seqs, slot, tok, cnt, costs, lengths, cap, moves, allow_empty):
+_Arrays = list[np.ndarray]  # one array per rank
+_Exchange = tuple[str, int, int]
+
+
+def _best_exchange(
+    h: int,
+    p: int,
+    gap: float,
+    seqs: _Arrays,
+    slot: _Arrays,
+    tok: _Arrays,
+    cnt: _Arrays,
+    costs: np.ndarray,
+    lengths: np.ndarray,
+    cap: int,
+    moves: bool,
+    allow_empty: bool,
+) -> _Exchange | None:
     """``("swap", a, b)`` or ``("move", a, j)`` (positions in the ranks' arrays), or None."""
     wa, wb = costs[seqs[h]], costs[seqs[p]]
     la, lb = lengths[seqs[h]], lengths[seqs[p]]
@@ -112,7 +129,8 @@ def _best_exchange(h, p, gap, seqs, slot, tok, cnt, costs, lengths, cap, moves, 
     room_b = cap - tok[p][slot[p]] + lb
     d = wa[:, None] - wb[None, :]
     ok = (d > 0) & (d < gap) & (lb[None, :] <= room_a[:, None]) & (la[:, None] <= room_b[None, :])
-    best_score, best = np.inf, None
+    best: _Exchange | None = None
+    best_score = np.inf
     if ok.any():
         score = np.where(ok, np.abs(d - gap / 2), np.inf)
         flat = int(np.argmin(score))
@@ -129,7 +147,19 @@ def _best_exchange(h, p, gap, seqs, slot, tok, cnt, costs, lengths, cap, moves, 
     return best
 
 
-def _apply(best, h, p, seqs, slot, tok, cnt, costs, lengths, loads):
+def _apply(
+    best: _Exchange,
+    h: int,
+    p: int,
+    seqs: _Arrays,
+    slot: _Arrays,
+    tok: _Arrays,
+    cnt: _Arrays,
+    costs: np.ndarray,
+    lengths: np.ndarray,
+    loads: np.ndarray,
+) -> None:
+    """Carry out ``best`` between ranks ``h`` and ``p`` and update the per-rank arrays."""
     kind, a, x = best
     sa, ja = int(seqs[h][a]), int(slot[h][a])
     if kind == "swap":
