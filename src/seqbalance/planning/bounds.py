@@ -19,7 +19,13 @@ import numpy as np
 from .._validate import as_groups
 from ..partitioning.bounds import lower_bound
 
-__all__ = ["big_item_slot_bound", "capacity_step_bound", "min_bins", "min_micro_batches"]
+__all__ = [
+    "big_item_slot_bound",
+    "capacity_step_bound",
+    "min_bins",
+    "min_micro_batches",
+    "min_padded_bins",
+]
 
 
 def min_bins(lengths: np.ndarray, cap: int) -> int:
@@ -68,6 +74,36 @@ def min_bins(lengths: np.ndarray, cap: int) -> int:
     extra = np.where(over > 0, -(-over // cap), 0)
     l2 = int((n_j1 + n_j2 + extra).max())
     return max(l1, l2, 1 if total > 0 or n else 0)
+
+
+def min_padded_bins(lengths: np.ndarray, cap: int) -> int:
+    """Fewest padded bins of ``cap`` tokens that hold ``lengths`` (each ``<= cap``): exact.
+
+    A padded bin costs its count times its longest sequence, so a bin whose longest
+    sequence has ``L`` tokens holds at most ``cap // L`` sequences. Taking the sequences
+    longest first, as many as fit into each bin, needs the fewest bins.
+
+    Proof (exchange). In any packing, let the longest sequence be in bin ``B``. If ``B``
+    holds a sequence ``x`` while a longer ``y`` sits in another bin ``C``, swapping them
+    keeps ``B``'s longest sequence and count, and ``C``'s longest cannot grow: both still
+    fit. So some optimal packing puts the ``cap // L_1`` longest sequences (or all, if fewer)
+    into one bin; repeat on the rest.
+
+    Examples
+    --------
+    >>> min_padded_bins(np.array([6, 5, 3, 3, 3]), 10)   # {6}, {5, 3}, {3, 3}
+    3
+    """
+    w = np.sort(np.asarray(lengths, dtype=np.int64))[::-1]
+    i, bins, n = 0, 0, int(w.shape[0])
+    while i < n:
+        if w[i] == 0:  # only empty sequences left: one bin holds any number of them
+            return bins + 1
+        take = max(1, cap // int(w[i]))  # w[i] <= cap, so at least one fits
+        # Every following sequence is no longer, so the bin takes the next `take` of them.
+        i += take
+        bins += 1
+    return bins
 
 
 def min_micro_batches(lengths: np.ndarray, dp: int, cap: int) -> int:

@@ -70,7 +70,7 @@ from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack
 from .baselines import BASELINES, _equalize
-from .bounds import min_bins, min_micro_batches
+from .bounds import min_bins, min_micro_batches, min_padded_bins
 from .pipeline_plans import (
     PipelineSetup,
     finish_plan,
@@ -336,6 +336,17 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
             f"{min_bins(req.lens, req.cap)} micro-batches of {req.cap} tokens ({big} of them "
             f"are longer than {req.cap}/2 and no two of those can share one)"
         )
+    if req.padded and req.n:
+        pad_bins = min_padded_bins(req.lens, req.cap)
+        m_pad = max(1, math.ceil(pad_bins / req.dp))
+        if m_pad > max(m_cap, m_bins):
+            notes.append(
+                f"{m_pad} micro-batches per rank where the token total alone needs {m_cap}: "
+                f"padded to their longest sequence, the sequences need at least {pad_bins} "
+                f"micro-batches of {req.cap} tokens (longest first, as many as fit, is optimal)"
+            )
+            m_bins = m_pad
+            m = max(m, _round_up(m_pad, req.mult))
     m_rule, why_rule = _rule_micro_batches(req)
     if m_rule > max(m_cap, m_bins):
         notes.append(
