@@ -139,3 +139,27 @@ class Patcher:
         for mod, name, orig in reversed(self._saved):
             setattr(mod, name, orig)
         self._saved.clear()
+
+
+def patch_all(patchers: list[Patcher], framework: str) -> list[str]:
+    """:meth:`Patcher.patch` each of ``patchers`` whose module imports; the names replaced.
+
+    ImportError only when none of the modules can be imported (``framework`` names the
+    package in the message).
+    """
+    done: list[str] = []
+    missing: list[str] = []
+    for p in patchers:
+        try:
+            done += p.patch()
+        except ImportError:
+            missing.append(p.module)
+    if len(missing) == len(patchers):
+        raise ImportError(f"none of {missing} can be imported; is {framework} installed?")
+    return sorted(done)
+
+
+def unpatch_all(patchers: list[Patcher]) -> None:
+    """Undo :func:`patch_all`, last patcher first."""
+    for p in reversed(patchers):
+        p.unpatch()

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..partitioning import partition
 from . import verl as _verl
-from ._inputs import CompatAssertionError, Patcher, to_numpy
+from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, unpatch_all
 
 __all__ = [
     "balance_experiences",
@@ -155,19 +155,9 @@ def patch() -> list[str]:
     """Replace OpenRLHF's functions in ``openrlhf.utils.seqlen_balancing`` and
     ``openrlhf.trainer.ppo_utils.experience`` (those importable) and wherever they were
     imported by name. Returns what was replaced; ImportError if neither imports."""
-    done: list[str] = []
-    missing: list[str] = []
-    for p in _patchers:
-        try:
-            done += p.patch()
-        except ImportError:
-            missing.append(p.module)
-    if len(missing) == len(_patchers):
-        raise ImportError(f"none of {missing} can be imported; is OpenRLHF installed?")
-    return sorted(done)
+    return patch_all(_patchers, "OpenRLHF")
 
 
 def unpatch() -> None:
     """Undo :func:`patch`."""
-    for p in reversed(_patchers):
-        p.unpatch()
+    unpatch_all(_patchers)

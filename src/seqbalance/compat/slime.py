@@ -25,7 +25,7 @@ import numpy as np
 
 from ..planning import plan
 from . import verl as _verl
-from ._inputs import CompatAssertionError, Patcher, to_numpy
+from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, unpatch_all
 
 __all__ = [
     "build_dp_schedule",
@@ -403,19 +403,9 @@ def patch() -> list[str]:
     """Replace slime's functions in ``slime.utils.seqlen_balancing``, ``.flops_utils`` and
     ``.dp_schedule`` (those importable) and wherever they were imported by name. Returns
     what was replaced; ImportError if none of the three modules can be imported."""
-    done: list[str] = []
-    missing: list[str] = []
-    for p in _patchers:
-        try:
-            done += p.patch()
-        except ImportError:
-            missing.append(p.module)
-    if len(missing) == len(_patchers):
-        raise ImportError(f"none of {missing} can be imported; is slime installed?")
-    return sorted(done)
+    return patch_all(_patchers, "slime")
 
 
 def unpatch() -> None:
     """Undo :func:`patch`."""
-    for p in reversed(_patchers):
-        p.unpatch()
+    unpatch_all(_patchers)
