@@ -435,6 +435,22 @@ def _rank_splits(req: _Request, first_m: int) -> list[list[list[int]] | None]:
     return [None]
 
 
+def _groups_per_rank(req: _Request, parts: list[list[int]]) -> list[list[int]]:
+    """The group ids on each rank of ``parts`` (sequence ids per rank), ascending."""
+    assert req.groups is not None
+    return [sorted(set(req.groups[np.asarray(p, dtype=np.int64)].tolist())) for p in parts]
+
+
+def _sequences_per_rank(req: _Request, unit_parts: list[list[int]]) -> list[list[int]]:
+    """The sequence ids on each rank that holds the groups ``unit_parts``, ascending."""
+    assert req.groups is not None
+    n_units = int(req.groups.max()) + 1 if req.groups.size else 0
+    members: list[list[int]] = [[] for _ in range(n_units)]
+    for i, g in enumerate(req.groups.tolist()):
+        members[g].append(i)
+    return [sorted(i for g in units for i in members[g]) for units in unit_parts]
+
+
 def _even_groups_within_tokens(
     req: _Request, parts: list[list[int]], m: int
 ) -> list[list[int]]:
@@ -449,15 +465,12 @@ def _even_groups_within_tokens(
     assert req.groups is not None
     unit_w = np.bincount(req.groups, weights=req.costs)
     unit_t = np.bincount(req.groups, weights=req.lens).astype(np.int64)
-    unit_parts = [sorted(set(req.groups[np.asarray(p, dtype=np.int64)].tolist())) for p in parts]
+    unit_parts = _groups_per_rank(req, parts)
     room = max(m * req.cap, int(max(unit_t[u].sum() for u in unit_parts)))
     grid = exchange_between_ranks(
         [[u] for u in unit_parts], unit_w, unit_t, room, moves=True, allow_empty=False
     )
-    members = [[] for _ in range(unit_w.size)]
-    for i, g in enumerate(req.groups.tolist()):
-        members[g].append(i)
-    return [sorted(i for g in rank[0] for i in members[g]) for rank in grid]
+    return _sequences_per_rank(req, [rank[0] for rank in grid])
 
 
 def _resplit_groups(req: _Request, parts: list[list[int]]) -> list[list[int]]:
@@ -468,12 +481,8 @@ def _resplit_groups(req: _Request, parts: list[list[int]]) -> list[list[int]]:
     lo = 0 if req.size == "free" else n_units // req.dp
     odd = req.size == "balanced" and n_units % req.dp > 0
     hi = n_units if req.size == "free" else lo + int(odd)
-    unit_parts = [sorted(set(req.groups[np.asarray(p, dtype=np.int64)].tolist())) for p in parts]
-    even = repartition_pairs(unit_w, unit_parts, lo, hi)
-    members = [[] for _ in range(n_units)]
-    for i, g in enumerate(req.groups.tolist()):
-        members[g].append(i)
-    return [sorted(i for g in units for i in members[g]) for units in even]
+    even = repartition_pairs(unit_w, _groups_per_rank(req, parts), lo, hi)
+    return _sequences_per_rank(req, even)
 
 
 def _too_few(req: _Request, rank_items: list[list[int]] | None, m: int) -> str | None:
@@ -636,21 +645,7 @@ def _search(
                 extra.append(
                     f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}"
                 )
-            found.append(
-                Plan._from_validated(
-                    mbs,
-                    req.lens if req.true_lens is None else req.true_lens,
-                    max_tokens=req.cap,
-                    costs=req.costs,
-                    per_microbatch=req.c0,
-                    padded=req.padded,
-                    sync=req.sync,
-                    strategy="seqbalance",
-                    notes=notes + extra,
-                    size=req.size,
-                    groups=req.groups,
-                )
-            )
+            found.append(_plan_of(req, mbs, notes + extra))
             if len(found) > req.extra:
                 break
         m += req.mult
@@ -680,10 +675,12 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
     for name, fn in BASELINES.items():
         if name == "slime-flops" and req.n * k > _SLIME_MAX_WORK:
             continue  # its KK keeps k parts per state: O(n k log k)
+        if name == "verl":
+            # verl's loop runs one KK per count until the cap holds; counts above the best
+            # plan's are discarded below, so its loop stops there (the same plan otherwise).
+            grids[name] = lambda: _equalize(verl_pipeline(req.lens, req.dp, req.cap, m_best) or [])
+            continue
         grids[name] = lambda fn=fn: fn(req.lens, req.dp, req.cap, cost=req.costs).micro_batches
-    # verl's loop runs one KK per count until the cap holds; counts above the best plan's
-    # are discarded below, so its loop stops there (the same plan when it stops earlier).
-    grids["verl"] = lambda: _equalize(verl_pipeline(req.lens, req.dp, req.cap, m_best) or [])
     out = []
     for name, make in grids.items():
         grid = make()
@@ -696,18 +693,10 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
             continue
         if int(microbatch_costs(grid, req.lens.astype(np.float64)).max()) > req.cap:
             continue
-        cand = Plan._from_validated(
+        cand = _plan_of(  # req.padded is False here (checked on entry)
+            req,
             _fill_rank_slack(req, grid),
-            req.lens if req.true_lens is None else req.true_lens,
-            max_tokens=req.cap,
-            costs=req.costs,
-            per_microbatch=req.c0,
-            padded=False,
-            sync=req.sync,
-            strategy="seqbalance",
-            notes=[f"the {name} baseline's plan, slack-filled, was the fastest candidate"],
-            size=req.size,
-            groups=req.groups,
+            [f"the {name} baseline's plan, slack-filled, was the fastest candidate"],
         )
         if any(cand._rule_violations().values()):
             continue
@@ -769,10 +758,8 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
     return _with_grid(req, grid, notes)
 
 
-def _with_grid(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
-    """A Plan of ``grid`` for this request, in the requested micro-batch order."""
-    if req.order is not None:
-        grid = order_grid(grid, req.costs, req.c0, req.padded, req.order)
+def _plan_of(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
+    """A Plan of ``grid`` for this request, micro-batches in the order given."""
     return Plan._from_validated(
         grid,
         req.lens if req.true_lens is None else req.true_lens,
@@ -786,6 +773,13 @@ def _with_grid(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
         size=req.size,
         groups=req.groups,
     )
+
+
+def _with_grid(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
+    """A Plan of ``grid`` for this request, in the requested micro-batch order."""
+    if req.order is not None:
+        grid = order_grid(grid, req.costs, req.c0, req.padded, req.order)
+    return _plan_of(req, grid, notes)
 
 
 def _plan_cp_hook(**kw: Any) -> Plan:
@@ -1019,7 +1013,7 @@ def plan(
             allow_empty=req.allow_empty,
         )
         if grid is not best.micro_batches:
-            best = _with_grid(replace(req, order=None), grid, best.notes)
+            best = _plan_of(req, grid, best.notes)
     if req.order is None and not alone_note:
         return best
     return _with_grid(req, best.micro_batches, [*alone_note, *best.notes])
