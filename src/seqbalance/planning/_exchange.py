@@ -67,12 +67,8 @@ def exchange_between_ranks(
     if dp < 2 or not grid[0]:
         return grid
     steps = 4 * dp + 64 if max_steps is None else max_steps
-    # Per rank: sequence ids and the micro-batch each sits in; per slot: tokens and count.
-    seqs = [np.array([i for mb in rank for i in mb], dtype=np.int64) for rank in grid]
-    slot = [np.repeat(np.arange(len(rank)), [len(mb) for mb in rank]) for rank in grid]
-    tok = [np.array([int(lengths[mb].sum()) for mb in rank], dtype=np.int64) for rank in grid]
-    cnt = [np.array([len(mb) for mb in rank], dtype=np.int64) for rank in grid]
-    loads = np.array([float(costs[s].sum()) for s in seqs])
+    ranks = _Ranks(grid, costs, lengths, cap)
+    loads = ranks.loads
     work, changed = 0, False
     for _ in range(steps):
         h = int(np.argmax(loads))
@@ -81,100 +77,97 @@ def exchange_between_ranks(
             gap = loads[h] - loads[p]
             if p == h or gap <= 0:
                 continue
-            pairs = seqs[h].size * seqs[p].size
+            pairs = ranks.seqs[h].size * ranks.seqs[p].size
             if pairs > _MAX_PAIR or work + pairs > _MAX_WORK:
                 continue
             work += pairs
-            best = _best_exchange(h, p, gap, seqs, slot, tok, cnt, costs, lengths, cap,
-                                  moves, allow_empty)  # fmt: skip
+            best = ranks.best_exchange(h, p, gap, moves, allow_empty)
             if best is None:
                 continue
-            _apply(best, h, p, seqs, slot, tok, cnt, costs, lengths, loads)
+            ranks.apply(best, h, p)
             changed, done = True, False
             break
         if done:
             break
-    if not changed:
-        return grid
-    out = []
-    for r, rank in enumerate(grid):
-        order = np.argsort(seqs[r], kind="stable")
-        ids, where = seqs[r][order], slot[r][order]
-        out.append([ids[where == j].tolist() for j in range(len(rank))])
-    return out
+    return ranks.grid() if changed else grid
 
 
-_Arrays = list[np.ndarray]  # one array per rank
-_Exchange = tuple[str, int, int]
+_Exchange = tuple[str, int, int]  # ("swap", a, b) or ("move", a, j)
 
 
-def _best_exchange(
-    h: int,
-    p: int,
-    gap: float,
-    seqs: _Arrays,
-    slot: _Arrays,
-    tok: _Arrays,
-    cnt: _Arrays,
-    costs: np.ndarray,
-    lengths: np.ndarray,
-    cap: int,
-    moves: bool,
-    allow_empty: bool,
-) -> _Exchange | None:
-    """``("swap", a, b)`` or ``("move", a, j)`` (positions in the ranks' arrays), or None."""
-    wa, wb = costs[seqs[h]], costs[seqs[p]]
-    la, lb = lengths[seqs[h]], lengths[seqs[p]]
-    room_a = cap - tok[h][slot[h]] + la  # tokens a's micro-batch can take in place of a
-    room_b = cap - tok[p][slot[p]] + lb
-    d = wa[:, None] - wb[None, :]
-    ok = (d > 0) & (d < gap) & (lb[None, :] <= room_a[:, None]) & (la[:, None] <= room_b[None, :])
-    best: _Exchange | None = None
-    best_score = np.inf
-    if ok.any():
-        score = np.where(ok, np.abs(d - gap / 2), np.inf)
-        flat = int(np.argmin(score))
-        best_score, best = float(score.flat[flat]), ("swap", flat // wb.size, flat % wb.size)
-    if moves and wa.size:
-        j = int(np.argmin(tok[p]))  # the roomiest micro-batch of p takes any that fits
-        fits = (wa > 0) & (wa < gap) & (tok[p][j] + la <= cap)
-        if not allow_empty:
-            fits &= cnt[h][slot[h]] > 1
-        mscore = np.where(fits, np.abs(wa - gap / 2), np.inf)
-        a = int(np.argmin(mscore))
-        if float(mscore[a]) < best_score:
-            best = ("move", a, j)
-    return best
+class _Ranks:
+    """Per rank: sequence ids, the micro-batch each sits in, and per micro-batch its tokens
+    and sequence count; the rank loads. Updated in place by :meth:`apply`."""
 
+    def __init__(
+        self, grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int
+    ) -> None:
+        self.costs, self.lengths, self.cap, self.m = costs, lengths, cap, len(grid[0])
+        self.seqs = [np.array([i for mb in rank for i in mb], dtype=np.int64) for rank in grid]
+        self.slot = [np.repeat(np.arange(len(rank)), [len(mb) for mb in rank]) for rank in grid]
+        self.tok = [
+            np.array([int(lengths[mb].sum()) for mb in rank], dtype=np.int64) for rank in grid
+        ]
+        self.cnt = [np.array([len(mb) for mb in rank], dtype=np.int64) for rank in grid]
+        self.loads = np.array([float(costs[s].sum()) for s in self.seqs])
 
-def _apply(
-    best: _Exchange,
-    h: int,
-    p: int,
-    seqs: _Arrays,
-    slot: _Arrays,
-    tok: _Arrays,
-    cnt: _Arrays,
-    costs: np.ndarray,
-    lengths: np.ndarray,
-    loads: np.ndarray,
-) -> None:
-    """Carry out ``best`` between ranks ``h`` and ``p`` and update the per-rank arrays."""
-    kind, a, x = best
-    sa, ja = int(seqs[h][a]), int(slot[h][a])
-    if kind == "swap":
-        sb, jb = int(seqs[p][x]), int(slot[p][x])
-        d_tok = int(lengths[sb]) - int(lengths[sa])
-        tok[h][ja] += d_tok
-        tok[p][jb] -= d_tok
-        seqs[h][a], seqs[p][x] = sb, sa
-    else:
-        tok[h][ja] -= int(lengths[sa])
-        tok[p][x] += int(lengths[sa])
-        cnt[h][ja] -= 1
-        cnt[p][x] += 1
-        seqs[h], slot[h] = np.delete(seqs[h], a), np.delete(slot[h], a)
-        seqs[p], slot[p] = np.append(seqs[p], sa), np.append(slot[p], x)
-    # Summed afresh, not updated, so rounding cannot accumulate over many steps.
-    loads[h] = float(costs[seqs[h]].sum())
-    loads[p] = float(costs[seqs[p]].sum())
+    def best_exchange(
+        self, h: int, p: int, gap: float, moves: bool, allow_empty: bool
+    ) -> _Exchange | None:
+        """The exchange between ranks ``h`` and ``p`` that leaves the pair closest to even
+        (positions in the ranks' arrays), or None when none lowers ``h``."""
+        seqs, slot, tok, cap = self.seqs, self.slot, self.tok, self.cap
+        wa, wb = self.costs[seqs[h]], self.costs[seqs[p]]
+        la, lb = self.lengths[seqs[h]], self.lengths[seqs[p]]
+        room_a = cap - tok[h][slot[h]] + la  # tokens a's micro-batch can take in place of a
+        room_b = cap - tok[p][slot[p]] + lb
+        d = wa[:, None] - wb[None, :]
+        fit = (lb[None, :] <= room_a[:, None]) & (la[:, None] <= room_b[None, :])
+        ok = (d > 0) & (d < gap) & fit
+        best: _Exchange | None = None
+        best_score = np.inf
+        if ok.any():
+            score = np.where(ok, np.abs(d - gap / 2), np.inf)
+            flat = int(np.argmin(score))
+            best_score, best = float(score.flat[flat]), ("swap", flat // wb.size, flat % wb.size)
+        if moves and wa.size:
+            j = int(np.argmin(tok[p]))  # the roomiest micro-batch of p takes any that fits
+            fits = (wa > 0) & (wa < gap) & (tok[p][j] + la <= cap)
+            if not allow_empty:
+                fits &= self.cnt[h][slot[h]] > 1
+            mscore = np.where(fits, np.abs(wa - gap / 2), np.inf)
+            a = int(np.argmin(mscore))
+            if float(mscore[a]) < best_score:
+                best = ("move", a, j)
+        return best
+
+    def apply(self, best: _Exchange, h: int, p: int) -> None:
+        """Carry out ``best`` between ranks ``h`` and ``p``."""
+        seqs, slot, tok, cnt, lengths = self.seqs, self.slot, self.tok, self.cnt, self.lengths
+        kind, a, x = best
+        sa, ja = int(seqs[h][a]), int(slot[h][a])
+        if kind == "swap":
+            sb, jb = int(seqs[p][x]), int(slot[p][x])
+            d_tok = int(lengths[sb]) - int(lengths[sa])
+            tok[h][ja] += d_tok
+            tok[p][jb] -= d_tok
+            seqs[h][a], seqs[p][x] = sb, sa
+        else:
+            tok[h][ja] -= int(lengths[sa])
+            tok[p][x] += int(lengths[sa])
+            cnt[h][ja] -= 1
+            cnt[p][x] += 1
+            seqs[h], slot[h] = np.delete(seqs[h], a), np.delete(slot[h], a)
+            seqs[p], slot[p] = np.append(seqs[p], sa), np.append(slot[p], x)
+        # Summed afresh, not updated, so rounding cannot accumulate over many steps.
+        self.loads[h] = float(self.costs[seqs[h]].sum())
+        self.loads[p] = float(self.costs[seqs[p]].sum())
+
+    def grid(self) -> list[list[list[int]]]:
+        """The micro-batches of every rank, indices ascending."""
+        out = []
+        for ids, where in zip(self.seqs, self.slot):
+            order = np.argsort(ids, kind="stable")
+            ids, where = ids[order], where[order]
+            out.append([ids[where == j].tolist() for j in range(self.m)])
+        return out
