@@ -345,8 +345,7 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
                 f"padded to their longest sequence, the sequences need at least {pad_bins} "
                 f"micro-batches of {req.cap} tokens (longest first, as many as fit, is optimal)"
             )
-            m_bins = m_pad
-            m = max(m, _round_up(m_pad, req.mult))
+            m_bins = m_pad  # raises m through m_low below
     m_rule, why_rule = _rule_micro_batches(req)
     if m_rule > max(m_cap, m_bins):
         notes.append(
