@@ -22,6 +22,7 @@ from .._validate import (
 )
 from ._exact import EXACT_MAX_UNITS, exact_budget, exact_labels
 from ._greedy import lpt_labels
+from ._heaviest import HEAVIEST_MAX_PARTS, HEAVIEST_MAX_UNITS, heaviest_part_labels
 from ._kk import kk_free_labels, kk_labels
 from ._refine import PAIR_MAX_COUNT, STEEPEST_MAX_UNITS, pair_rounds, refine_labels, steepest_swaps
 from ._rules import SIZES, check_size
@@ -149,10 +150,12 @@ def partition(
         its refinement stops once it cannot, or by a generous forecast of its progress
         will not, end lighter than the first. In "free" mode with at most
         :data:`KK_FREE_MAX_UNITS` units, classic Karmarkar–Karp (no count limits) plus
-        refinement is a further candidate, taken only when strictly lighter. With at
-        most ``EXACT_MAX_UNITS`` (64) units, an exact branch-and-bound search then starts
-        from the winner within a fixed node budget, and the result says whether it is
-        ``optimal``.
+        refinement is a further candidate, taken only when strictly lighter. Then, on
+        small problems, exact searches start from the winner within fixed work budgets,
+        and the result says whether it is ``optimal``: two parts and at most 32 units, a
+        meet-in-the-middle split (always proven); three or four parts and at most 32
+        units, an enumeration of the heaviest part in ascending order of weight; at most
+        ``EXACT_MAX_UNITS`` (64) units, when still unproven, a branch-and-bound search.
 
     Returns
     -------
@@ -184,8 +187,10 @@ def partition(
     cannot (or, by a generous forecast of its progress, will not) end lighter than the
     first. For k > 256 under a size rule each start first gets at most 32 vectorised
     rounds of O(m c) (c = m/k, up to 64); then the free-mode Karmarkar–Karp candidate
-    O(m k) for m <= 4,096, and the exact search at most 60,000 nodes of O(k) for m <= 64
-    (200,000 for m <= 32). Memory is O(n + k).
+    O(m k) for m <= 4,096; for m <= 32 the two-way split O(2**(m/2) m), or for k = 3, 4
+    the heaviest-part enumeration within 12e6 work units (subset sums listed, ~1 s at
+    worst); and the branch and bound at most 60,000 nodes of O(k) for m <= 64 (200,000
+    for m <= 32). Memory is O(n + k), and O(2**(m/2)) for the small-problem searches.
 
     Examples
     --------
@@ -317,6 +322,18 @@ def _solve(
         if top < best[0]:
             best = (top, labels, "two-way")
         return best[1], best[2], True
+    if 3 <= k <= HEAVIEST_MAX_PARTS and k < m <= HEAVIEST_MAX_UNITS and best[0] > enough:
+        # Few parts: enumerating the heaviest part settles the cases whose optimum lies a
+        # hair above the bound, which the branch and bound below rarely can (_heaviest).
+        # With ``fit`` only a partition within it is of use: nothing heavier is searched.
+        hi = best[0] if fit is None else min(best[0], float(np.nextafter(fit, np.inf)))
+        labels, proven = heaviest_part_labels(units, k, size, hi, bound)
+        if labels is not None:
+            top = float(np.bincount(labels, weights=units, minlength=k).max())
+            if top < best[0]:
+                best = (top, labels, "exact")
+        if proven:  # the optimum was found, or nothing lighter than ``hi`` exists
+            return best[1], best[2], labels is not None or hi == best[0]
     if m <= EXACT_MAX_UNITS and best[0] > enough:
         labels, proven = exact_labels(
             units, k, size, best[1], bound, max_nodes=exact_budget(m)

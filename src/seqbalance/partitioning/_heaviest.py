@@ -1,0 +1,255 @@
+"""Exact k-way partitioning of a few units by enumerating the heaviest part.
+
+Every partition has a heaviest part ``A``, and ``sum(A)`` lies between ``T / k`` (``T`` the
+total) and the partition's maximum. So the optimum is the smallest ``sum(A)`` over subsets
+``A`` (with a count the size rule allows) whose complement splits into ``k - 1`` parts that
+each weigh at most ``sum(A)``. The search lists the subsets whose sum lies in
+``[bound, hi)`` (``bound`` a proven lower bound, ``hi`` the best maximum found so far) in
+ascending order of sum, and asks for each whether the rest fits under ``sum(A)``; the first
+``A`` for which it does gives an optimal partition, and when none does, ``hi`` itself was
+optimal. This is the idea behind Korf's recursive and sequential number partitioning.
+
+The decision "do these units split into ``j`` parts of at most ``C`` each?" is the same
+question one level down: for ``j = 2`` the exact two-way split (:mod:`._two_way`) answers it,
+for ``j >= 3`` the subsets with sums in ``[total / j, C]`` are tried as the heaviest of the
+``j`` parts, with ``C`` lowered to their sum.
+
+Subsets in a window of sums are listed by meeting in the middle: the subset sums of each
+half of the units (``2**(m/2)`` each) are sorted, and binary searches find, for every sum of
+one half, the sums of the other half that complete it into the window. When the windows are
+narrow, which is the hard case for the branch-and-bound search of :mod:`._exact` (the
+optimum a hair above the bound, real-valued weights), few subsets qualify and the proof is
+quick; wide windows run out of the work budget.
+
+Size rules: ``"equal"`` parts take ``m / k`` units each, so ``A`` takes ``m / k`` and the
+rest splits evenly; ``"balanced"`` parts take ``m // k`` or one more, so ``A`` takes either
+(the second only when ``m % k > 0``) and the rest is again balanced over ``k - 1`` parts.
+
+Tolerance: integer weights whose total is below ``2**53`` are exact; otherwise fits are
+checked with a slack of a few ulps of the total, and the optimum is proven up to ``1e-12``
+relative (as in :mod:`._exact`). Deterministic: the work budget counts subset sums and
+candidates, never time.
+
+Complexity: O(2**(m/2) m) per enumeration; the number of enumerations grows with the number
+of candidates in the windows, hence the budget.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+
+from ._two_way import TWO_WAY_MAX_UNITS
+
+__all__ = ["HEAVIEST_MAX_PARTS", "HEAVIEST_MAX_UNITS", "HEAVIEST_WORK", "heaviest_part_labels"]
+
+#: Largest number of units solved this way (2**16 subset sums per half).
+HEAVIEST_MAX_UNITS = TWO_WAY_MAX_UNITS
+#: ``method="auto"`` uses it for at most this many parts (more nest too deep to pay off).
+HEAVIEST_MAX_PARTS = 4
+#: Default work budget: subset sums listed plus candidates tried (a second or so at worst).
+HEAVIEST_WORK = 12_000_000
+
+_REL_TOL = 1e-12
+_EPS = float(np.finfo(np.float64).eps)
+_CHUNK = 4_096  # candidates materialised at once
+_DIRECT_UNITS = 16  # two-part decisions on at most this many units list all subsets
+_CALL = 300  # the fixed cost of one decision, in work units (~0.1 us each)
+
+
+class _OutOfWork(Exception):
+    """Raised inside the search when the work budget is spent."""
+
+
+def heaviest_part_labels(
+    w: np.ndarray, k: int, size: str, hi: float, bound: float, *, work: int = HEAVIEST_WORK
+) -> tuple[np.ndarray | None, bool]:
+    """Search for a partition lighter than ``hi``; prove the optimum if the budget allows.
+
+    Parameters
+    ----------
+    w : numpy.ndarray
+        Non-negative unit weights, at most :data:`HEAVIEST_MAX_UNITS` of them, more than
+        ``k``.
+    k : int
+        Number of parts, at least 3 (two parts: :func:`._two_way.two_way_labels`).
+    size : {"free", "equal", "balanced"}
+        The size rule (already checked against ``len(w)`` and ``k``).
+    hi : float
+        The heaviest part of a known partition under the rule.
+    bound : float
+        A proven lower bound on the optimum for the rule.
+    work : int
+        Budget of subset sums listed plus candidates tried.
+
+    Returns
+    -------
+    (labels, proven)
+        ``labels``: an optimal labelling lighter than ``hi``, or None when none lighter
+        was found. ``proven``: whether the result (``labels``, else the partition behind
+        ``hi``) is proven optimal; False when the budget ran out first.
+    """
+    m = int(w.shape[0])
+    if m > HEAVIEST_MAX_UNITS or k < 3 or m <= k:
+        raise ValueError(f"heaviest_part_labels needs k >= 3 and k < m <= "
+                         f"{HEAVIEST_MAX_UNITS}, got m={m}, k={k}")
+    total = float(w.sum())
+    integer = bool(np.all(w == np.floor(w))) and total < 2.0**53
+    search = _Search(w, size, 0.0 if integer else 4.0 * (m + 1) * _EPS * total, work)
+    top = hi if integer else hi * (1.0 - _REL_TOL)  # below this counts as lighter
+    lo = float(np.ceil(bound)) if integer else float(bound) - search.slack
+    try:
+        labels = search.lightest(np.arange(m), k, size, lo, top)
+    except _OutOfWork:
+        return None, False
+    return labels, True
+
+
+class _Search:
+    """The recursive enumeration, with its budget and float slack."""
+
+    def __init__(self, w: np.ndarray, size: str, slack: float, work: int) -> None:
+        self.w, self.slack, self.left = w, slack, work
+
+    def spend(self, n: int) -> None:
+        self.left -= n
+        if self.left < 0:
+            raise _OutOfWork
+
+    def lightest(
+        self, items: np.ndarray, k: int, size: str, lo: float, hi: float
+    ) -> np.ndarray | None:
+        """Optimal labels of ``items`` in ``k`` parts if the optimum is below ``hi``, else None."""
+        for a_mask_items, s in self._windows(items, k, size, lo, hi, ascending=True):
+            labels = self._rest_fits(items, a_mask_items, k, size, s)
+            if labels is not None:
+                return labels
+        return None
+
+    def fits(self, items: np.ndarray, k: int, size: str, cap: float) -> np.ndarray | None:
+        """Labels of ``items`` in ``k`` parts of at most ``cap`` each, or None if none exist."""
+        self.spend(_CALL)
+        w = self.w[items]
+        total = float(w.sum())
+        if total > k * cap + self.slack or (w.size and float(w.max()) > cap + self.slack):
+            return None
+        if k == 1:
+            return np.zeros(items.size, dtype=np.int64)
+        top = np.nextafter(cap + self.slack, np.inf)  # windows are half-open: cap is in
+        if k == 2 and items.size <= _DIRECT_UNITS:
+            # Part 0 in [total - cap, cap] leaves part 1 within cap as well.
+            return self._two_direct(w, size, total - cap - self.slack, cap + self.slack)
+        # Whatever fits has a heaviest part, in [total / k, cap]; the rest fits under it.
+        lo = total / k - self.slack
+        for a_mask, s in self._windows(items, k, size, lo, top, ascending=False):
+            labels = self._rest_fits(items, a_mask, k, size, s)
+            if labels is not None:
+                return labels
+        return None
+
+    def _two_direct(self, w: np.ndarray, size: str, lo: float, hi: float) -> np.ndarray | None:
+        """Two parts by listing every subset: the first with sum in ``[lo, hi]`` and a
+        count the rule allows is part 0 (cheaper than meeting in the middle when small)."""
+        m = w.size
+        self.spend(2**m)
+        sums, counts = _subset_sums(w)
+        ok = (sums >= lo) & (sums <= hi)
+        allowed = _allowed(m, 2, size)
+        if allowed is not None:
+            ok &= np.isin(counts, allowed)
+        hit = np.flatnonzero(ok)
+        if hit.size == 0:
+            return None
+        return ((int(hit[0]) >> np.arange(m)) & 1 ^ 1).astype(np.int64)
+
+    def _rest_fits(
+        self, items: np.ndarray, in_a: np.ndarray, k: int, size: str, s: float
+    ) -> np.ndarray | None:
+        """Labels with ``in_a`` as part 0 when the rest fits ``k - 1`` parts of ``s``."""
+        self.spend(1)
+        rest = items[~in_a]
+        sub = self.fits(rest, k - 1, size, s)
+        if sub is None:
+            return None
+        labels = np.zeros(items.size, dtype=np.int64)
+        labels[~in_a] = sub + 1
+        return labels
+
+    def _windows(self, items: np.ndarray, k: int, size: str, lo: float, hi: float,
+                 *, ascending: bool) -> Iterator[tuple[np.ndarray, float]]:
+        """Yield ``(mask over items, sum)`` of subsets with sum in ``[lo, hi)`` that may
+        be the heaviest of ``k`` parts under ``size``, in ascending (or descending) order
+        of sum, ties by subset index."""
+        m = items.size
+        allowed = _allowed(m, k, size)
+        w = self.w[items]
+        h = m // 2
+        self.spend(2 ** (m - h) * 2)
+        sa, ca = _subset_sums(w[:h])
+        sb, cb = _subset_sums(w[h:])
+        # Both halves sorted: ordered queries make the binary searches cache-friendly.
+        oa = np.argsort(sa, kind="stable")
+        ob = np.argsort(sb, kind="stable")
+        sa, ca, sb, cb = sa[oa], ca[oa], sb[ob], cb[ob]
+        bits_a = ((oa[:, None] >> np.arange(h)) & 1).astype(bool)
+        bits_b = ((ob[:, None] >> np.arange(m - h)) & 1).astype(bool)
+
+        def ends(x: float) -> np.ndarray:
+            """For every sum of half a: the first sum of half b completing it to >= x."""
+            self.spend(sa.size)
+            return np.searchsorted(sb, x - sa, side="left")
+
+        start, stop = lo, hi
+        fixed = ends(start if ascending else stop)  # the end of the window already reached
+        while start < stop:
+            # The chunk runs from the reached end towards the other; when it holds too
+            # many pairs, it is cut to the share a uniform density predicts, until it fits.
+            far = stop if ascending else start
+            moving = ends(far)
+            n = int(np.abs(moving - fixed).sum())
+            while n > _CHUNK:
+                near = start if ascending else stop
+                cut = near + (far - near) * (0.8 * _CHUNK / n)
+                if cut == near or cut == far:
+                    break  # many equal sums: take them all at once
+                far = cut
+                moving = ends(far)
+                n = int(np.abs(moving - fixed).sum())
+            left, right = (fixed, moving) if ascending else (moving, fixed)
+            self.spend(n)
+            counts = right - left
+            ia = np.repeat(np.arange(sa.size), counts)
+            offsets = np.cumsum(counts) - counts
+            ib = left[ia] + (np.arange(n) - offsets[ia])
+            if allowed is not None:
+                keep = np.isin(ca[ia] + cb[ib], allowed)
+                ia, ib = ia[keep], ib[keep]
+            sums = sa[ia] + sb[ib]
+            for j in np.lexsort((ib, ia, sums if ascending else -sums)).tolist():
+                yield np.concatenate([bits_a[ia[j]], bits_b[ib[j]]]), float(sums[j])
+            fixed = moving
+            if ascending:
+                start = far
+            else:
+                stop = far
+
+
+def _allowed(m: int, k: int, size: str) -> list[int] | None:
+    """Unit counts the heaviest of ``k`` parts of ``m`` units may hold (None: any)."""
+    c = m // k
+    if size == "free":
+        return None
+    if size == "equal" or m % k == 0:
+        return [c]
+    return [c, c + 1]
+
+
+def _subset_sums(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sums and counts of every subset of ``w``; bit ``i`` of the index selects ``w[i]``."""
+    sums = np.zeros(1, dtype=np.float64)
+    counts = np.zeros(1, dtype=np.int64)
+    for x in w.tolist():
+        sums = np.concatenate([sums, sums + x])
+        counts = np.concatenate([counts, counts + 1])
+    return sums, counts
