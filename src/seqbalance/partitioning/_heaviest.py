@@ -40,7 +40,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ._two_way import TWO_WAY_MAX_UNITS
+from ._two_way import TWO_WAY_MAX_UNITS, subset_sums
 
 __all__ = ["HEAVIEST_MAX_PARTS", "HEAVIEST_MAX_UNITS", "HEAVIEST_WORK", "heaviest_part_labels"]
 
@@ -153,7 +153,7 @@ class _Search:
         count the rule allows is part 0 (cheaper than meeting in the middle when small)."""
         m = w.size
         self.spend(2**m)
-        sums, counts = _subset_sums(w)
+        sums, counts = subset_sums(w)
         ok = (sums >= lo) & (sums <= hi)
         allowed = _allowed(m, 2, size)
         if allowed is not None:
@@ -186,8 +186,8 @@ class _Search:
         w = self.w[items]
         h = m // 2
         self.spend(2 ** (m - h) * 2)
-        sa, ca = _subset_sums(w[:h])
-        sb, cb = _subset_sums(w[h:])
+        sa, ca = subset_sums(w[:h])
+        sb, cb = subset_sums(w[h:])
         # Both halves sorted: ordered queries make the binary searches cache-friendly.
         oa = np.argsort(sa, kind="stable")
         ob = np.argsort(sb, kind="stable")
@@ -243,13 +243,3 @@ def _allowed(m: int, k: int, size: str) -> list[int] | None:
     if size == "equal" or m % k == 0:
         return [c]
     return [c, c + 1]
-
-
-def _subset_sums(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sums and counts of every subset of ``w``; bit ``i`` of the index selects ``w[i]``."""
-    sums = np.zeros(1, dtype=np.float64)
-    counts = np.zeros(1, dtype=np.int64)
-    for x in w.tolist():
-        sums = np.concatenate([sums, sums + x])
-        counts = np.concatenate([counts, counts + 1])
-    return sums, counts

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["TWO_WAY_MAX_UNITS", "two_way_labels"]
+__all__ = ["TWO_WAY_MAX_UNITS", "subset_sums", "two_way_labels"]
 
 #: Largest number of units solved this way (2**16 subset sums per half, ~25 ms).
 TWO_WAY_MAX_UNITS = 32
 
 
-def _subset_sums(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def subset_sums(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sums and counts of every subset of ``w``; bit ``i`` of the index selects ``w[i]``."""
     sums = np.zeros(1, dtype=np.float64)
     counts = np.zeros(1, dtype=np.int64)
@@ -64,8 +64,8 @@ def two_way_labels(w: np.ndarray, size: str) -> np.ndarray:
     if m > TWO_WAY_MAX_UNITS:
         raise ValueError(f"two_way_labels handles at most {TWO_WAY_MAX_UNITS} units, got {m}")
     h = m // 2
-    sums_a, cnt_a = _subset_sums(w[:h])
-    sums_b, cnt_b = _subset_sums(w[h:])
+    sums_a, cnt_a = subset_sums(w[:h])
+    sums_b, cnt_b = subset_sums(w[h:])
     half = float(w.sum()) / 2.0
     total = float(w.sum())
     best = (np.inf, 0, 0)  # (heavier part, subset of the first half, subset of the second)
