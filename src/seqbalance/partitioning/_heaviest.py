@@ -96,7 +96,7 @@ def heaviest_part_labels(
                          f"{HEAVIEST_MAX_UNITS}, got m={m}, k={k}")
     total = float(w.sum())
     integer = bool(np.all(w == np.floor(w))) and total < 2.0**53
-    search = _Search(w, size, 0.0 if integer else 4.0 * (m + 1) * _EPS * total, work)
+    search = _Search(w, 0.0 if integer else 4.0 * (m + 1) * _EPS * total, work)
     top = hi if integer else hi * (1.0 - _REL_TOL)  # below this counts as lighter
     lo = float(np.ceil(bound)) if integer else float(bound) - search.slack
     try:
@@ -109,7 +109,7 @@ def heaviest_part_labels(
 class _Search:
     """The recursive enumeration, with its budget and float slack."""
 
-    def __init__(self, w: np.ndarray, size: str, slack: float, work: int) -> None:
+    def __init__(self, w: np.ndarray, slack: float, work: int) -> None:
         self.w, self.slack, self.left = w, slack, work
 
     def spend(self, n: int) -> None:
@@ -121,8 +121,8 @@ class _Search:
         self, items: np.ndarray, k: int, size: str, lo: float, hi: float
     ) -> np.ndarray | None:
         """Optimal labels of ``items`` in ``k`` parts if the optimum is below ``hi``, else None."""
-        for a_mask_items, s in self._windows(items, k, size, lo, hi, ascending=True):
-            labels = self._rest_fits(items, a_mask_items, k, size, s)
+        for in_a, s in self._windows(items, k, size, lo, hi, ascending=True):
+            labels = self._rest_fits(items, in_a, k, size, s)
             if labels is not None:
                 return labels
         return None
