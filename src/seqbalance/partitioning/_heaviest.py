@@ -42,19 +42,31 @@ import numpy as np
 
 from ._two_way import TWO_WAY_MAX_UNITS, subset_sums
 
-__all__ = ["HEAVIEST_MAX_PARTS", "HEAVIEST_MAX_UNITS", "HEAVIEST_WORK", "heaviest_part_labels"]
+__all__ = [
+    "HEAVIEST_FIRST_PARTS",
+    "HEAVIEST_LATE_WORK",
+    "HEAVIEST_MAX_PARTS",
+    "HEAVIEST_MAX_UNITS",
+    "HEAVIEST_WORK",
+    "heaviest_part_labels",
+]
 
 #: Largest number of units solved this way (2**16 subset sums per half).
 HEAVIEST_MAX_UNITS = TWO_WAY_MAX_UNITS
-#: ``method="auto"`` uses it for at most this many parts (more nest too deep to pay off).
-HEAVIEST_MAX_PARTS = 4
+#: ``method="auto"`` runs it before the branch and bound for at most this many parts ...
+HEAVIEST_FIRST_PARTS = 4
+#: ... and after it, on what it left unproven, for at most this many.
+HEAVIEST_MAX_PARTS = 8
 #: Default work budget: subset sums listed plus candidates tried (a second or so at worst).
 HEAVIEST_WORK = 12_000_000
+#: The budget after the branch and bound (more parts: each unit of work costs more time).
+HEAVIEST_LATE_WORK = 6_000_000
 
 _REL_TOL = 1e-12
 _EPS = float(np.finfo(np.float64).eps)
 _CHUNK = 4_096  # candidates materialised at once
 _DIRECT_UNITS = 16  # two-part decisions on at most this many units list all subsets
+_MEMO_MAX = 100_000  # refuted decisions remembered
 _CALL = 300  # the fixed cost of one decision, in work units (~0.1 us each)
 
 
@@ -111,6 +123,8 @@ class _Search:
 
     def __init__(self, w: np.ndarray, slack: float, work: int) -> None:
         self.w, self.slack, self.left = w, slack, work
+        # (bit mask of units, parts) -> the highest capacity they were refuted under
+        self.refuted: dict[tuple[int, int], float] = {}
 
     def spend(self, n: int) -> None:
         self.left -= n
@@ -136,6 +150,11 @@ class _Search:
             return None
         if k == 1:
             return np.zeros(items.size, dtype=np.int64)
+        if int(np.count_nonzero(w > cap / 2 + self.slack)) > k:
+            return None  # units above half the capacity need a part each
+        key = int(np.bitwise_or.reduce(np.left_shift(1, items))) if items.size else 0
+        if self.refuted.get((key, k), -np.inf) >= cap:
+            return None  # refuted before under this capacity or a higher one
         top = np.nextafter(cap + self.slack, np.inf)  # windows are half-open: cap is in
         if k == 2 and items.size <= _DIRECT_UNITS:
             # Part 0 in [total - cap, cap] leaves part 1 within cap as well.
@@ -146,6 +165,8 @@ class _Search:
             labels = self._rest_fits(items, a_mask, k, size, s)
             if labels is not None:
                 return labels
+        if len(self.refuted) < _MEMO_MAX:
+            self.refuted[key, k] = max(cap, self.refuted.get((key, k), cap))
         return None
 
     def _two_direct(self, w: np.ndarray, size: str, lo: float, hi: float) -> np.ndarray | None:
@@ -192,8 +213,7 @@ class _Search:
         oa = np.argsort(sa, kind="stable")
         ob = np.argsort(sb, kind="stable")
         sa, ca, sb, cb = sa[oa], ca[oa], sb[ob], cb[ob]
-        bits_a = ((oa[:, None] >> np.arange(h)) & 1).astype(bool)
-        bits_b = ((ob[:, None] >> np.arange(m - h)) & 1).astype(bool)
+        shift = np.arange(m)
 
         def ends(x: float) -> np.ndarray:
             """For every sum of half a: the first sum of half b completing it to >= x."""
@@ -226,8 +246,10 @@ class _Search:
                 keep = np.isin(ca[ia] + cb[ib], allowed)
                 ia, ib = ia[keep], ib[keep]
             sums = sa[ia] + sb[ib]
+            # A subset's mask over items: half a's index in the low bits, half b's above.
+            code = oa[ia] | (ob[ib] << h)
             for j in np.lexsort((ib, ia, sums if ascending else -sums)).tolist():
-                yield np.concatenate([bits_a[ia[j]], bits_b[ib[j]]]), float(sums[j])
+                yield ((int(code[j]) >> shift) & 1).astype(bool), float(sums[j])
             fixed = moving
             if ascending:
                 start = far

@@ -26,13 +26,30 @@ TWO_WAY_MAX_UNITS = 32
 
 
 def subset_sums(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sums and counts of every subset of ``w``; bit ``i`` of the index selects ``w[i]``."""
-    sums = np.zeros(1, dtype=np.float64)
-    counts = np.zeros(1, dtype=np.int64)
-    for x in w.tolist():
-        sums = np.concatenate([sums, sums + x])
-        counts = np.concatenate([counts, counts + 1])
-    return sums, counts
+    """Sums and counts of every subset of ``w``; bit ``i`` of the index selects ``w[i]``.
+
+    Sums are built by doubling (``sums[2**i + j] = sums[j] + w[i]``), the same additions
+    in the same order on every machine.
+    """
+    m = int(w.shape[0])
+    sums = np.zeros(1 << m, dtype=np.float64)
+    for i, x in enumerate(w.tolist()):
+        np.add(sums[: 1 << i], x, out=sums[1 << i : 2 << i])
+    return sums, _popcounts(m)
+
+
+_POPCOUNTS: dict[int, np.ndarray] = {}
+
+
+def _popcounts(m: int) -> np.ndarray:
+    """The number of set bits of ``0 .. 2**m - 1`` (cached; callers must not write to it)."""
+    if m not in _POPCOUNTS:
+        counts = np.zeros(1 << m, dtype=np.int64)
+        for i in range(m):
+            np.add(counts[: 1 << i], 1, out=counts[1 << i : 2 << i])
+        counts.flags.writeable = False
+        _POPCOUNTS[m] = counts
+    return _POPCOUNTS[m]
 
 
 def _allowed_counts(m: int, size: str) -> list[int]:

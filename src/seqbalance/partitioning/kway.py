@@ -22,7 +22,14 @@ from .._validate import (
 )
 from ._exact import EXACT_MAX_UNITS, exact_budget, exact_labels
 from ._greedy import lpt_labels
-from ._heaviest import HEAVIEST_MAX_PARTS, HEAVIEST_MAX_UNITS, heaviest_part_labels
+from ._heaviest import (
+    HEAVIEST_FIRST_PARTS,
+    HEAVIEST_LATE_WORK,
+    HEAVIEST_MAX_PARTS,
+    HEAVIEST_MAX_UNITS,
+    HEAVIEST_WORK,
+    heaviest_part_labels,
+)
 from ._kk import kk_free_labels, kk_labels
 from ._refine import PAIR_MAX_COUNT, STEEPEST_MAX_UNITS, pair_rounds, refine_labels, steepest_swaps
 from ._rules import SIZES, check_size
@@ -322,18 +329,13 @@ def _solve(
         if top < best[0]:
             best = (top, labels, "two-way")
         return best[1], best[2], True
-    if 3 <= k <= HEAVIEST_MAX_PARTS and k < m <= HEAVIEST_MAX_UNITS and best[0] > enough:
+    enumerate_parts = 3 <= k <= HEAVIEST_MAX_PARTS and k < m <= HEAVIEST_MAX_UNITS
+    if enumerate_parts and k <= HEAVIEST_FIRST_PARTS and best[0] > enough:
         # Few parts: enumerating the heaviest part settles the cases whose optimum lies a
         # hair above the bound, which the branch and bound below rarely can (_heaviest).
-        # With ``fit`` only a partition within it is of use: nothing heavier is searched.
-        hi = best[0] if fit is None else min(best[0], float(np.nextafter(fit, np.inf)))
-        labels, proven = heaviest_part_labels(units, k, size, hi, bound)
-        if labels is not None:
-            top = float(np.bincount(labels, weights=units, minlength=k).max())
-            if top < best[0]:
-                best = (top, labels, "exact")
-        if proven:  # the optimum was found, or nothing lighter than ``hi`` exists
-            return best[1], best[2], labels is not None or hi == best[0]
+        best, proven = _enumerate_heaviest(units, k, size, best, bound, fit)
+        if proven:
+            return best[1], best[2], True
     if m <= EXACT_MAX_UNITS and best[0] > enough:
         labels, proven = exact_labels(
             units, k, size, best[1], bound, max_nodes=exact_budget(m)
@@ -341,5 +343,28 @@ def _solve(
         top = float(np.bincount(labels, weights=units, minlength=k).max())
         if top < best[0]:
             best = (top, labels, "exact")
+        if proven or not enumerate_parts or k <= HEAVIEST_FIRST_PARTS or best[0] <= enough:
+            return best[1], best[2], proven
+        # More parts: the enumeration, deeper and dearer there, gets the cases the branch
+        # and bound left open.
+        best, proven = _enumerate_heaviest(units, k, size, best, bound, fit,
+                                           work=HEAVIEST_LATE_WORK)
         return best[1], best[2], proven
     return best[1], best[2], best[0] <= bound
+
+
+def _enumerate_heaviest(
+    units: np.ndarray, k: int, size: str, best: tuple[float, np.ndarray, str], bound: float,
+    fit: float | None, work: int = HEAVIEST_WORK,
+) -> tuple[tuple[float, np.ndarray, str], bool]:
+    """``best`` improved by :func:`._heaviest.heaviest_part_labels`, and whether it is
+    proven optimal. With ``fit``, only a partition within it is of use, so nothing heavier
+    is searched (then "nothing lighter found" proves only that nothing fits)."""
+    hi = best[0] if fit is None else min(best[0], float(np.nextafter(fit, np.inf)))
+    labels, proven = heaviest_part_labels(units, k, size, hi, bound, work=work)
+    if labels is not None:
+        top = float(np.bincount(labels, weights=units, minlength=k).max())
+        if top < best[0]:
+            best = (top, labels, "exact")
+    # Proven: the optimum was found, or nothing lighter than ``hi`` exists.
+    return best, proven and (labels is not None or hi == best[0])
