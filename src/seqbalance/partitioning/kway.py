@@ -162,7 +162,9 @@ def partition(
         and the result says whether it is ``optimal``: two parts and at most 32 units, a
         meet-in-the-middle split (always proven); three or four parts and at most 32
         units, an enumeration of the heaviest part in ascending order of weight; at most
-        ``EXACT_MAX_UNITS`` (64) units, when still unproven, a branch-and-bound search.
+        ``EXACT_MAX_UNITS`` (64) units, when still unproven, a branch-and-bound search;
+        five to eight parts and at most 32 units, when that leaves it unproven, the
+        enumeration with a smaller budget.
 
     Returns
     -------
@@ -195,9 +197,11 @@ def partition(
     first. For k > 256 under a size rule each start first gets at most 32 vectorised
     rounds of O(m c) (c = m/k, up to 64); then the free-mode Karmarkar–Karp candidate
     O(m k) for m <= 4,096; for m <= 32 the two-way split O(2**(m/2) m), or for k = 3, 4
-    the heaviest-part enumeration within 12e6 work units (subset sums listed, ~1 s at
-    worst); and the branch and bound at most 60,000 nodes of O(k) for m <= 64 (200,000
-    for m <= 32). Memory is O(n + k), and O(2**(m/2)) for the small-problem searches.
+    the heaviest-part enumeration within 12e6 work units (subset sums listed, ~0.6 s at
+    worst); the branch and bound at most 60,000 nodes of O(k) for m <= 64 (200,000
+    for m <= 32); then for k = 5..8 and m <= 32 the enumeration within 6e6 units (~1.5 s
+    at worst), so that rare small inputs take up to ~2.5 s in all. Memory is O(n + k),
+    and O(2**(m/2)) for the small-problem searches.
 
     Examples
     --------
