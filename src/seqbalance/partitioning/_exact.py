@@ -45,8 +45,10 @@ __all__ = [
     "EXACT_MAX_UNITS",
     "EXACT_SMALL_NODES",
     "EXACT_SMALL_UNITS",
+    "REL_TOL",
     "exact_budget",
     "exact_labels",
+    "exactness",
 ]
 
 #: ``method="auto"`` runs the exact search on problems with at most this many units ...
@@ -59,7 +61,8 @@ EXACT_MAX_NODES = 60_000
 EXACT_SMALL_UNITS = 32
 EXACT_SMALL_NODES = 200_000
 
-_REL_TOL = 1e-12
+#: Optimality is proven up to this relative gap for non-integer weights.
+REL_TOL = 1e-12
 _EPS = float(np.finfo(np.float64).eps)
 _SLICE = 4  # a search may use a quarter of the nodes left ...
 _MIN_SLICE = 2_000  # ... but at least this many
@@ -96,10 +99,9 @@ def exact_labels(
     if m == 0 or k == 1:
         return best, True
     hi = float(np.bincount(best, weights=w, minlength=k).max())
-    integer = bool(np.all(w == np.floor(w))) and float(w.sum()) < 2.0**53
+    integer, slack = exactness(w)
     lo = float(np.ceil(bound)) if integer else float(bound)
     order = np.argsort(-w, kind="stable")
-    slack = 0.0 if integer else 4.0 * (m + 1) * _EPS * float(w.sum())
     search = _Decision(w[order].tolist(), k, size, slack)
     budget = max_nodes
     # Searches that run out of nodes are cut short at a slice of what is left, so one
@@ -135,6 +137,14 @@ def exact_labels(
     return best, not _open(lo, hi, integer)
 
 
+def exactness(w: np.ndarray) -> tuple[bool, float]:
+    """Whether every sum of ``w`` is exact (integers, total below 2**53), and the margin a
+    comparison of float sums of ``w`` needs otherwise (0 for exact weights)."""
+    total = float(w.sum())
+    integer = bool(np.all(w == np.floor(w))) and total < 2.0**53
+    return integer, 0.0 if integer else 4.0 * (w.shape[0] + 1) * _EPS * total
+
+
 def _middle(lo: float, hi: float, integer: bool) -> float | None:
     """A capacity in ``[lo, hi)`` halfway between, or None when there is none."""
     if integer:
@@ -149,7 +159,7 @@ def _open(lo: float, hi: float, integer: bool) -> bool:
     """Whether the optimum is still unknown between ``lo`` and ``hi``."""
     if integer:
         return lo < hi
-    return hi - lo > _REL_TOL * hi
+    return hi - lo > REL_TOL * hi
 
 
 class _Decision:

@@ -40,6 +40,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ._exact import REL_TOL, exactness
 from ._two_way import TWO_WAY_MAX_UNITS, subset_sums
 
 __all__ = [
@@ -62,8 +63,6 @@ HEAVIEST_WORK = 12_000_000
 #: The budget after the branch and bound (more parts: each unit of work costs more time).
 HEAVIEST_LATE_WORK = 6_000_000
 
-_REL_TOL = 1e-12
-_EPS = float(np.finfo(np.float64).eps)
 _CHUNK = 4_096  # candidates materialised at once
 _DIRECT_UNITS = 16  # two-part decisions on at most this many units list all subsets
 _MEMO_MAX = 100_000  # refuted decisions remembered
@@ -106,10 +105,9 @@ def heaviest_part_labels(
     if m > HEAVIEST_MAX_UNITS or k < 3 or m <= k:
         raise ValueError(f"heaviest_part_labels needs k >= 3 and k < m <= "
                          f"{HEAVIEST_MAX_UNITS}, got m={m}, k={k}")
-    total = float(w.sum())
-    integer = bool(np.all(w == np.floor(w))) and total < 2.0**53
-    search = _Search(w, 0.0 if integer else 4.0 * (m + 1) * _EPS * total, work)
-    top = hi if integer else hi * (1.0 - _REL_TOL)  # below this counts as lighter
+    integer, slack = exactness(w)
+    search = _Search(w, slack, work)
+    top = hi if integer else hi * (1.0 - REL_TOL)  # below this counts as lighter
     lo = float(np.ceil(bound)) if integer else float(bound) - search.slack
     try:
         labels = search.lightest(np.arange(m), k, size, lo, top)
@@ -155,10 +153,10 @@ class _Search:
         key = int(np.bitwise_or.reduce(np.left_shift(1, items))) if items.size else 0
         if self.refuted.get((key, k), -np.inf) >= cap:
             return None  # refuted before under this capacity or a higher one
-        top = np.nextafter(cap + self.slack, np.inf)  # windows are half-open: cap is in
         if k == 2 and items.size <= _DIRECT_UNITS:
             # Part 0 in [total - cap, cap] leaves part 1 within cap as well.
             return self._two_direct(w, size, total - cap - self.slack, cap + self.slack)
+        top = np.nextafter(cap + self.slack, np.inf)  # windows are half-open: cap is in
         # Whatever fits has a heaviest part, in [total / k, cap]; the rest fits under it.
         lo = total / k - self.slack
         for a_mask, s in self._windows(items, k, size, lo, top, ascending=False):
