@@ -1,8 +1,9 @@
 """The heaviest-part enumeration (k = 3, 4) against independent exact answers.
 
-Brute force lists every labelling (k**n, so n <= 10); a dynamic programme over the
-reachable pairs of part loads solves three-way splits of small integers exactly for n up
-to a few dozen. Neither shares code with the library.
+Checked against brute force (test_exact's: every labelling, k**n, so n <= 10), a dynamic
+programme over the reachable pairs of part loads (exact three-way splits of small
+integers, n up to a few dozen) and HiGHS where scipy is installed. None shares code with
+the library.
 """
 
 from __future__ import annotations
@@ -11,25 +12,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_exact import brute_optimum_np, counts_ok, milp_optimum
 
 from seqbalance.partitioning import lower_bound, partition
 from seqbalance.partitioning._greedy import lpt_labels
 from seqbalance.partitioning._heaviest import heaviest_part_labels
-
-
-def brute_optimum(w: np.ndarray, k: int, size: str) -> float:
-    n = w.shape[0]
-    codes = np.arange(k**n)
-    labels = (codes[:, None] // k ** np.arange(n)) % k
-    onehot = labels[:, :, None] == np.arange(k)
-    counts = onehot.sum(axis=1)
-    loads = np.einsum("rnk,n->rk", onehot, w)
-    ok = np.ones(codes.size, dtype=bool)
-    if size == "equal":
-        ok = (counts == n // k).all(axis=1)
-    elif size == "balanced":
-        ok = counts.max(axis=1) - counts.min(axis=1) <= 1
-    return float(loads.max(axis=1)[ok].min())
 
 
 def three_way_dp(w: list[int]) -> int:
@@ -47,15 +34,6 @@ def three_way_dp(w: list[int]) -> int:
         reach = nxt
     a, b = np.nonzero(reach)
     return int(np.maximum(np.maximum(a, b), total - a - b).min())
-
-
-def rule_ok(labels: np.ndarray, k: int, size: str) -> bool:
-    counts = np.bincount(labels, minlength=k)
-    if size == "equal":
-        return bool(counts.min() == counts.max())
-    if size == "balanced":
-        return bool(counts.max() - counts.min() <= 1)
-    return True
 
 
 weights_st = st.one_of(
@@ -77,12 +55,13 @@ def test_matches_brute_force(weights: list[float], k: int, size: str) -> None:
     start = lpt_labels(w, k, size)
     hi = float(np.bincount(start, weights=w, minlength=k).max())
     labels, proven = heaviest_part_labels(w, k, size, hi, lower_bound(w, k, size=size))
-    opt = brute_optimum(w, k, size)
+    opt = brute_optimum_np(w, k, size)
     assert proven  # a few units never exhaust the budget
     if labels is None:  # nothing lighter than the start: the start was optimal
         assert hi == pytest.approx(opt, rel=1e-12, abs=1e-12)
     else:
-        assert labels.shape == w.shape and rule_ok(labels, k, size)
+        counts = np.bincount(labels, minlength=k).tolist()
+        assert labels.shape == w.shape and counts_ok(counts, len(w), k, size)
         top = float(np.bincount(labels, weights=w, minlength=k).max())
         assert top < hi
         assert top == pytest.approx(opt, rel=1e-12, abs=1e-12)
@@ -131,14 +110,11 @@ def test_hard_real_valued_cases_are_proven_by_auto() -> None:
         p = partition(w, k, size=size)
         assert p.optimal and p.method == "exact", (n, k, size)
         assert sorted(i for part in p for i in part) == list(range(n))
-        counts = [len(part) for part in p]
-        assert size == "free" or max(counts) - min(counts) <= 1
+        assert counts_ok([len(part) for part in p], n, k, size)
 
 
 def test_hard_cases_match_the_milp() -> None:
     """The same cases against HiGHS (skipped without scipy): nothing is lighter."""
-    from test_exact import milp_optimum
-
     checked = 0
     for n, k, size in HARD[:2]:
         w = np.random.default_rng(n + k).lognormal(0.0, 1.0, n)

@@ -7,25 +7,15 @@ import math
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_capacity_bounds import _set_partitions
 
 import seqbalance as sb
 from seqbalance.planning.bounds import min_padded_bins
 
 
-def set_partitions(items):
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for part in set_partitions(rest):
-        for i in range(len(part)):
-            yield [*part[:i], [first, *part[i]], *part[i + 1 :]]
-        yield [[first], *part]
-
-
 def brute_force(lengths, cap):
     best = math.inf
-    for part in set_partitions(list(range(len(lengths)))):
+    for part in _set_partitions(list(range(len(lengths)))):
         if all(len(b) * max(lengths[i] for i in b) <= cap for b in part):
             best = min(best, len(part))
     return best
