@@ -323,18 +323,15 @@ def _solve(
         labels = refine_labels(units, kk_free_labels(units, k), k, size, target=enough,
                                by_weight=by_weight, beat=best[0] if fit is None else
                                min(best[0], fit))
-        top = float(np.bincount(labels, weights=units, minlength=k).max())
-        if top < best[0]:
-            best = (top, labels, "kkfree+refine")
+        best = _lighter(best, units, labels, k, "kkfree+refine")
     if k == 2 and m <= TWO_WAY_MAX_UNITS and best[0] > enough:
         # Two parts: meet in the middle proves the optimum at once (module _two_way).
-        labels = two_way_labels(units, size)
-        top = float(np.bincount(labels, weights=units, minlength=k).max())
-        if top < best[0]:
-            best = (top, labels, "two-way")
+        best = _lighter(best, units, two_way_labels(units, size), k, "two-way")
         return best[1], best[2], True
-    enumerate_parts = 3 <= k <= HEAVIEST_MAX_PARTS and k < m <= HEAVIEST_MAX_UNITS
-    if enumerate_parts and k <= HEAVIEST_FIRST_PARTS and best[0] > enough:
+    few = 3 <= k and k < m <= HEAVIEST_MAX_UNITS
+    early = few and k <= HEAVIEST_FIRST_PARTS  # the enumeration before the branch and bound
+    late = few and HEAVIEST_FIRST_PARTS < k <= HEAVIEST_MAX_PARTS  # ... or after it
+    if early and best[0] > enough:
         # Few parts: enumerating the heaviest part settles the cases whose optimum lies a
         # hair above the bound, which the branch and bound below rarely can (_heaviest).
         best, proven = _enumerate_heaviest(units, k, size, best, bound, fit)
@@ -344,15 +341,12 @@ def _solve(
         labels, proven = exact_labels(
             units, k, size, best[1], bound, max_nodes=exact_budget(m)
         )
-        top = float(np.bincount(labels, weights=units, minlength=k).max())
-        if top < best[0]:
-            best = (top, labels, "exact")
-        if proven or not enumerate_parts or k <= HEAVIEST_FIRST_PARTS or best[0] <= enough:
-            return best[1], best[2], proven
-        # More parts: the enumeration, deeper and dearer there, gets the cases the branch
-        # and bound left open.
-        best, proven = _enumerate_heaviest(units, k, size, best, bound, fit,
-                                           work=HEAVIEST_LATE_WORK)
+        best = _lighter(best, units, labels, k, "exact")
+        if late and not proven and best[0] > enough:
+            # More parts: the enumeration, deeper and dearer there, gets the cases the
+            # branch and bound left open.
+            best, proven = _enumerate_heaviest(units, k, size, best, bound, fit,
+                                               work=HEAVIEST_LATE_WORK)
         return best[1], best[2], proven
     return best[1], best[2], best[0] <= bound
 
@@ -367,8 +361,15 @@ def _enumerate_heaviest(
     hi = best[0] if fit is None else min(best[0], float(np.nextafter(fit, np.inf)))
     labels, proven = heaviest_part_labels(units, k, size, hi, bound, work=work)
     if labels is not None:
-        top = float(np.bincount(labels, weights=units, minlength=k).max())
-        if top < best[0]:
-            best = (top, labels, "exact")
+        best = _lighter(best, units, labels, k, "exact")
     # Proven: the optimum was found, or nothing lighter than ``hi`` exists.
     return best, proven and (labels is not None or hi == best[0])
+
+
+def _lighter(
+    best: tuple[float, np.ndarray, str], units: np.ndarray, labels: np.ndarray, k: int,
+    name: str,
+) -> tuple[float, np.ndarray, str]:
+    """``(heaviest part, labels, name)`` of ``labels`` if strictly lighter than ``best``."""
+    top = float(np.bincount(labels, weights=units, minlength=k).max())
+    return (top, labels, name) if top < best[0] else best
