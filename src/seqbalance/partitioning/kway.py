@@ -20,14 +20,16 @@ from .._validate import (
     check_positive_int,
     check_size_limit,
 )
-from ._exact import EXACT_MAX_UNITS, exact_budget, exact_labels
+from ._exact import EXACT_MAX_NODES, EXACT_MAX_UNITS, exact_budget, exact_labels
 from ._greedy import lpt_labels
 from ._heaviest import (
+    HEAVIEST_DEEP_WORK,
     HEAVIEST_FIRST_PARTS,
     HEAVIEST_LATE_WORK,
     HEAVIEST_MAX_PARTS,
     HEAVIEST_MAX_UNITS,
     HEAVIEST_WORK,
+    bisection_labels,
     heaviest_part_labels,
 )
 from ._kk import kk_free_labels, kk_labels
@@ -160,11 +162,13 @@ def partition(
         refinement is a further candidate, taken only when strictly lighter. Then, on
         small problems, exact searches start from the winner within fixed work budgets,
         and the result says whether it is ``optimal``: two parts and at most 32 units, a
-        meet-in-the-middle split (always proven); three or four parts and at most 32
-        units, an enumeration of the heaviest part in ascending order of weight; at most
-        ``EXACT_MAX_UNITS`` (64) units, when still unproven, a branch-and-bound search;
-        five to eight parts and at most 32 units, when that leaves it unproven, the
-        enumeration with a smaller budget.
+        meet-in-the-middle split (always proven); three to eight parts and at most 32
+        units, an enumeration of the heaviest part in ascending order of weight (a
+        smaller budget above four parts); at most ``EXACT_MAX_UNITS`` (64) units, when
+        still unproven, a branch-and-bound search; three to eight parts and at most 32
+        units, when that leaves it unproven, a bisection of the capacity by bin
+        completion, which lowers the heaviest part step by step even when it cannot
+        prove the optimum.
 
     Returns
     -------
@@ -196,12 +200,13 @@ def partition(
     cannot (or, by a generous forecast of its progress, will not) end lighter than the
     first. For k > 256 under a size rule each start first gets at most 32 vectorised
     rounds of O(m c) (c = m/k, up to 64); then the free-mode Karmarkar–Karp candidate
-    O(m k) for m <= 4,096; for m <= 32 the two-way split O(2**(m/2) m), or for k = 3, 4
-    the heaviest-part enumeration within 12e6 work units (subset sums listed, ~0.6 s at
-    worst); the branch and bound at most 60,000 nodes of O(k) for m <= 64 (200,000
-    for m <= 32); then for k = 5..8 and m <= 32 the enumeration within 6e6 units (~1.5 s
-    at worst), so that rare small inputs take up to ~2.5 s in all. Memory is O(n + k),
-    and O(2**(m/2)) for the small-problem searches.
+    O(m k) for m <= 4,096; for m <= 32 the two-way split O(2**(m/2) m), or for k = 3..8
+    the heaviest-part enumeration within 12e6 work units for k <= 4, 4e6 above (subset
+    sums listed and candidates tried; ~0.5 s at worst); the branch and bound at most
+    60,000 nodes of O(k) for m <= 64 (200,000 for m <= 32 and k <= 4); then for k = 3..8
+    and m <= 32 the bisection within 8e6 units, so that rare small inputs take up to
+    ~1.5 s in all (measured on 2,760 small inputs, k = 3..8, n = 12..30). Memory is
+    O(n + k), and O(2**(m/2)) for the small-problem searches.
 
     Examples
     --------
@@ -328,38 +333,41 @@ def _solve(
         # Two parts: meet in the middle proves the optimum at once (module _two_way).
         best = _lighter(best, units, two_way_labels(units, size), k, "two-way")
         return best[1], best[2], True
-    few = 3 <= k and k < m <= HEAVIEST_MAX_UNITS
-    early = few and k <= HEAVIEST_FIRST_PARTS  # the enumeration before the branch and bound
-    late = few and HEAVIEST_FIRST_PARTS < k <= HEAVIEST_MAX_PARTS  # ... or after it
-    if early and best[0] > enough:
+    few = 3 <= k <= HEAVIEST_MAX_PARTS and k < m <= HEAVIEST_MAX_UNITS
+    if few and best[0] > enough:
         # Few parts: enumerating the heaviest part settles the cases whose optimum lies a
         # hair above the bound, which the branch and bound below rarely can (_heaviest).
-        best, proven = _enumerate_heaviest(units, k, size, best, bound, fit)
+        best, proven = _enumerate_heaviest(units, k, size, best, bound, fit, work=(
+            HEAVIEST_WORK if k <= HEAVIEST_FIRST_PARTS else HEAVIEST_DEEP_WORK))
         if proven:
             return best[1], best[2], True
     if m <= EXACT_MAX_UNITS and best[0] > enough:
-        labels, proven = exact_labels(
-            units, k, size, best[1], bound, max_nodes=exact_budget(m)
-        )
+        # After the enumeration, more parts get the smaller budget: the bisection below
+        # settles more of what is left per second than more nodes do.
+        nodes = EXACT_MAX_NODES if few and k > HEAVIEST_FIRST_PARTS else exact_budget(m)
+        labels, proven = exact_labels(units, k, size, best[1], bound, max_nodes=nodes)
         best = _lighter(best, units, labels, k, "exact")
-        if late and not proven and best[0] > enough:
-            # More parts: the enumeration, deeper and dearer there, gets the cases the
-            # branch and bound left open.
+        if few and not proven and best[0] > enough:
+            # Still open: bisect the capacity with bin completion, which improves the
+            # partition as it goes even where the proof stays out of reach (_heaviest).
             best, proven = _enumerate_heaviest(units, k, size, best, bound, fit,
-                                               work=HEAVIEST_LATE_WORK)
+                                               work=HEAVIEST_LATE_WORK, bisect=True)
         return best[1], best[2], proven
     return best[1], best[2], best[0] <= bound
 
 
 def _enumerate_heaviest(
     units: np.ndarray, k: int, size: str, best: tuple[float, np.ndarray, str], bound: float,
-    fit: float | None, work: int = HEAVIEST_WORK,
+    fit: float | None, work: int = HEAVIEST_WORK, bisect: bool = False,
 ) -> tuple[tuple[float, np.ndarray, str], bool]:
     """``best`` improved by :func:`._heaviest.heaviest_part_labels`, and whether it is
     proven optimal. With ``fit``, only a partition within it is of use, so nothing heavier
     is searched (then "nothing lighter found" proves only that nothing fits)."""
     hi = best[0] if fit is None else min(best[0], float(np.nextafter(fit, np.inf)))
-    labels, proven = heaviest_part_labels(units, k, size, hi, bound, work=work)
+    if bisect:
+        labels, proven = bisection_labels(units, k, size, hi, bound, work=work, enough=fit)
+    else:
+        labels, proven = heaviest_part_labels(units, k, size, hi, bound, work=work)
     if labels is not None:
         best = _lighter(best, units, labels, k, "exact")
     # Proven: the optimum was found, or nothing lighter than ``hi`` exists.
