@@ -1,4 +1,4 @@
-"""The heaviest-part enumeration (k = 3, 4) against independent exact answers.
+"""The heaviest-part enumeration and the capacity bisection against independent exact answers.
 
 Checked against brute force (test_exact's: every labelling, k**n, so n <= 10), a dynamic
 programme over the reachable pairs of part loads (exact three-way splits of small
@@ -7,6 +7,8 @@ the library.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import pytest
@@ -43,10 +45,14 @@ weights_st = st.one_of(
 )
 
 
+SEARCHES = [heaviest_part_labels, bisection_labels]
+
+
+@pytest.mark.parametrize("search", SEARCHES)
 @settings(max_examples=120, deadline=None)
-@given(weights=weights_st, k=st.sampled_from([3, 4]),
+@given(weights=weights_st, k=st.sampled_from([3, 4, 5]),
        size=st.sampled_from(["free", "equal", "balanced"]))
-def test_matches_brute_force(weights: list[float], k: int, size: str) -> None:
+def test_matches_brute_force(search: Any, weights: list[float], k: int, size: str) -> None:
     w = np.asarray(weights, dtype=np.float64)
     if len(w) <= k:
         return
@@ -54,7 +60,7 @@ def test_matches_brute_force(weights: list[float], k: int, size: str) -> None:
         size = "balanced"
     start = lpt_labels(w, k, size)
     hi = float(np.bincount(start, weights=w, minlength=k).max())
-    labels, proven = heaviest_part_labels(w, k, size, hi, lower_bound(w, k, size=size))
+    labels, proven = search(w, k, size, hi, lower_bound(w, k, size=size))
     opt = brute_optimum_np(w, k, size)
     assert proven  # a few units never exhaust the budget
     if labels is None:  # nothing lighter than the start: the start was optimal
@@ -82,14 +88,15 @@ def test_three_way_matches_dynamic_programme(seed: int) -> None:
     assert float(np.bincount(labels, weights=w, minlength=3).max()) == three_way_dp(w)
 
 
-def test_optimum_above_the_bound_is_proven() -> None:
+@pytest.mark.parametrize("search", SEARCHES)
+def test_optimum_above_the_bound_is_proven(search: Any) -> None:
     # Four 5s in three parts: two must share a part, so 10, while the bound says 20/3 -> 7.
     w = np.array([5.0, 5.0, 5.0, 5.0, 0.5])
-    labels, proven = heaviest_part_labels(w, 3, "free", 10.5, lower_bound(w, 3))
+    labels, proven = search(w, 3, "free", 10.5, lower_bound(w, 3))
     assert proven and labels is not None
     assert float(np.bincount(labels, weights=w, minlength=3).max()) == 10.0
     # Starting from the optimum, nothing lighter exists, and that is proven.
-    assert heaviest_part_labels(w, 3, "free", 10.0, lower_bound(w, 3)) == (None, True)
+    assert search(w, 3, "free", 10.0, lower_bound(w, 3)) == (None, True)
 
 
 def test_budget_runs_out_without_a_claim() -> None:
@@ -127,10 +134,11 @@ def test_hard_cases_match_the_milp() -> None:
         pytest.skip("the MILP proved nothing within its time limit")
 
 
+@pytest.mark.parametrize("search", SEARCHES)
 @pytest.mark.parametrize("m,k", [(32 + 1, 3), (10, 2), (3, 3)])
-def test_out_of_range_refused(m: int, k: int) -> None:
-    with pytest.raises(ValueError, match="heaviest_part_labels"):
-        heaviest_part_labels(np.ones(m), k, "free", float(m), 1.0)
+def test_out_of_range_refused(search: Any, m: int, k: int) -> None:
+    with pytest.raises(ValueError, match=search.__name__):
+        search(np.ones(m), k, "free", float(m), 1.0)
 
 
 def test_deterministic() -> None:
@@ -156,38 +164,6 @@ RL_MATH_24 = [16103, 6722, 8022, 7198, 16417, 12824, 8561, 11821, 16352, 10015, 
               6732, 3790, 3034, 8953, 7396, 15303, 8356, 18578, 19354, 15060, 6852, 4511]
 
 
-@settings(max_examples=120, deadline=None)
-@given(weights=weights_st, k=st.sampled_from([3, 4, 5]),
-       size=st.sampled_from(["free", "equal", "balanced"]))
-def test_bisection_matches_brute_force(weights: list[float], k: int, size: str) -> None:
-    w = np.asarray(weights, dtype=np.float64)
-    if len(w) <= k:
-        return
-    if size == "equal" and len(w) % k:
-        size = "balanced"
-    start = lpt_labels(w, k, size)
-    hi = float(np.bincount(start, weights=w, minlength=k).max())
-    labels, proven = bisection_labels(w, k, size, hi, lower_bound(w, k, size=size))
-    opt = brute_optimum_np(w, k, size)
-    assert proven  # a few units never exhaust the budget
-    if labels is None:  # nothing lighter than the start: the start was optimal
-        assert hi == pytest.approx(opt, rel=1e-12, abs=1e-12)
-    else:
-        counts = np.bincount(labels, minlength=k).tolist()
-        assert labels.shape == w.shape and counts_ok(counts, len(w), k, size)
-        top = float(np.bincount(labels, weights=w, minlength=k).max())
-        assert top < hi
-        assert top == pytest.approx(opt, rel=1e-12, abs=1e-12)
-
-
-def test_bisection_proves_an_optimum_above_the_bound() -> None:
-    w = np.array([5.0, 5.0, 5.0, 5.0, 0.5])  # optimum 10 (two 5s share a part), bound 7
-    labels, proven = bisection_labels(w, 3, "free", 10.5, lower_bound(w, 3))
-    assert proven and labels is not None
-    assert float(np.bincount(labels, weights=w, minlength=3).max()) == 10.0
-    assert bisection_labels(w, 3, "free", 10.0, lower_bound(w, 3)) == (None, True)
-
-
 def test_bisection_stops_when_good_enough() -> None:
     # The caller only asks for a partition within 10.25: the first one found is returned,
     # and no optimality is claimed for it.
@@ -203,12 +179,6 @@ def test_bisection_budget_runs_out_without_a_claim() -> None:
     hi = float(np.bincount(start, weights=w, minlength=8).max())
     assert hi > lower_bound(w, 8)  # the start alone proves nothing
     assert bisection_labels(w, 8, "free", hi, lower_bound(w, 8), work=10) == (None, False)
-
-
-@pytest.mark.parametrize("m,k", [(32 + 1, 3), (10, 2), (3, 3)])
-def test_bisection_out_of_range_refused(m: int, k: int) -> None:
-    with pytest.raises(ValueError, match="bisection_labels"):
-        bisection_labels(np.ones(m), k, "free", float(m), 1.0)
 
 
 def test_eight_free_parts_reach_the_milp_optimum() -> None:

@@ -118,16 +118,10 @@ def heaviest_part_labels(
         was found. ``proven``: whether the result (``labels``, else the partition behind
         ``hi``) is proven optimal; False when the budget ran out first.
     """
-    m = int(w.shape[0])
-    if m > HEAVIEST_MAX_UNITS or k < 3 or m <= k:
-        raise ValueError(f"heaviest_part_labels needs k >= 3 and k < m <= "
-                         f"{HEAVIEST_MAX_UNITS}, got m={m}, k={k}")
-    integer, slack = exactness(w)
-    search = _Search(w, slack, work)
+    search, integer, lo = _prepare("heaviest_part_labels", w, k, bound, work)
     top = hi if integer else hi * (1.0 - REL_TOL)  # below this counts as lighter
-    lo = float(np.ceil(bound)) if integer else float(bound) - search.slack
     try:
-        labels = search.lightest(np.arange(m), k, size, lo, top)
+        labels = search.lightest(np.arange(w.shape[0]), k, size, lo, top)
     except _OutOfWork:
         return None, False
     return labels, True
@@ -153,16 +147,10 @@ def bisection_labels(
     one undecided step, and with ``enough`` the search stops (unproven) at the first
     partition no heavier than it.
     """
-    m = int(w.shape[0])
-    if m > HEAVIEST_MAX_UNITS or k < 3 or m <= k:
-        raise ValueError(f"bisection_labels needs k >= 3 and k < m <= "
-                         f"{HEAVIEST_MAX_UNITS}, got m={m}, k={k}")
-    integer, slack = exactness(w)
-    search = _Search(w, slack, work)
-    items = np.arange(m)
+    search, integer, floor = _prepare("bisection_labels", w, k, bound, work)
+    items = np.arange(w.shape[0])
     # floor: every partition's maximum is proven at least this; undecided: the lowest
     # capacity a step gave up on (the next step aims between it and the best).
-    floor = float(np.ceil(bound)) if integer else float(bound) - slack
     undecided: float | None = None
     found: np.ndarray | None = None
     while True:
@@ -176,18 +164,13 @@ def bisection_labels(
         final = not low < cap < below
         if final:
             cap = below
-        left = search.left
-        search.left = left if final else min(step, left)
-        granted = search.left
         try:
-            labels = search.fits(items, k, size, cap)
+            labels = search.fits_within(search.left if final else step, items, k, size, cap)
         except _OutOfWork:
-            search.left = left - granted
             if final or search.left <= 0:
                 return found, False
             undecided = cap
             continue
-        search.left = left - (granted - search.left)
         if labels is None:
             floor = cap + 1.0 if integer else float(np.nextafter(cap, np.inf))
             if undecided is not None and undecided <= cap:
@@ -197,6 +180,19 @@ def bisection_labels(
             hi = float(np.bincount(labels, weights=w, minlength=k).max())
             if undecided is not None and undecided >= hi:
                 undecided = None
+
+
+def _prepare(name: str, w: np.ndarray, k: int, bound: float,
+             work: int) -> tuple[_Search, bool, float]:
+    """Check the range; return the search, whether sums are exact, and ``bound`` as the
+    lowest maximum the search need consider (rounded up, or lowered by the float slack)."""
+    m = int(w.shape[0])
+    if m > HEAVIEST_MAX_UNITS or k < 3 or m <= k:
+        raise ValueError(f"{name} needs k >= 3 and k < m <= {HEAVIEST_MAX_UNITS}, "
+                         f"got m={m}, k={k}")
+    integer, slack = exactness(w)
+    lowest = float(np.ceil(bound)) if integer else float(bound) - slack
+    return _Search(w, slack, work), integer, lowest
 
 
 class _Search:
@@ -211,6 +207,18 @@ class _Search:
         self.left -= n
         if self.left < 0:
             raise _OutOfWork
+
+    def fits_within(
+        self, limit: int, items: np.ndarray, k: int, size: str, cap: float
+    ) -> np.ndarray | None:
+        """:meth:`fits` with at most ``limit`` of the budget left; raises
+        :class:`_OutOfWork` when that is spent (and then counts all of it as spent)."""
+        left = self.left
+        self.left = granted = min(limit, left)
+        try:
+            return self.fits(items, k, size, cap)
+        finally:
+            self.left = left - (granted - max(self.left, 0))
 
     def lightest(
         self, items: np.ndarray, k: int, size: str, lo: float, hi: float
