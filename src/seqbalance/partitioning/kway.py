@@ -360,9 +360,11 @@ def _enumerate_heaviest(
     units: np.ndarray, k: int, size: str, best: tuple[float, np.ndarray, str], bound: float,
     fit: float | None, work: int = HEAVIEST_WORK, bisect: bool = False,
 ) -> tuple[tuple[float, np.ndarray, str], bool]:
-    """``best`` improved by :func:`._heaviest.heaviest_part_labels`, and whether it is
-    proven optimal. With ``fit``, only a partition within it is of use, so nothing heavier
-    is searched (then "nothing lighter found" proves only that nothing fits)."""
+    """``best`` improved by :func:`._heaviest.heaviest_part_labels` (or, with ``bisect``,
+    :func:`._heaviest.bisection_labels`), and whether it is proven optimal. With ``fit``,
+    only a partition within it is of use, so nothing heavier is searched (then "nothing
+    lighter found" proves only that nothing fits), and the bisection stops at the first
+    partition within it."""
     hi = best[0] if fit is None else min(best[0], float(np.nextafter(fit, np.inf)))
     if bisect:
         labels, proven = bisection_labels(units, k, size, hi, bound, work=work, enough=fit)
