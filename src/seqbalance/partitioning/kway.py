@@ -20,7 +20,7 @@ from .._validate import (
     check_positive_int,
     check_size_limit,
 )
-from ._exact import EXACT_MAX_NODES, EXACT_MAX_UNITS, exact_budget, exact_labels
+from ._exact import EXACT_MAX_NODES, EXACT_MAX_UNITS, exact_budget, exact_labels, exactness
 from ._greedy import lpt_labels
 from ._heaviest import (
     HEAVIEST_DEEP_WORK,
@@ -168,7 +168,9 @@ def partition(
         still unproven, a branch-and-bound search; three to eight parts and at most 32
         units, when that leaves it unproven, a bisection of the capacity by bin
         completion, which lowers the heaviest part step by step even when it cannot
-        prove the optimum.
+        prove the optimum. The branch and bound is skipped on 33 to 64 non-integer
+        weights in "free" mode already within ``AUTO_RTOL`` of the bound (it could gain
+        less than that and would spend its whole budget trying).
 
     Returns
     -------
@@ -341,7 +343,13 @@ def _solve(
             HEAVIEST_WORK if k <= HEAVIEST_FIRST_PARTS else HEAVIEST_DEEP_WORK))
         if proven:
             return best[1], best[2], True
-    if m <= EXACT_MAX_UNITS and best[0] > enough:
+    # Float costs in free mode, within AUTO_RTOL of the bound, on more units than the
+    # small searches take: the branch and bound could shave off less than that, and as
+    # float sums rarely meet the bound it would spend its whole node budget (0.1-0.4 s,
+    # inside every training step of a run planning with a fitted cost) trying.
+    close = (size == "free" and m > TWO_WAY_MAX_UNITS and best[0] <= bound * (1.0 + AUTO_RTOL)
+             and not exactness(units)[0])
+    if m <= EXACT_MAX_UNITS and best[0] > enough and not close:
         # After the enumeration, more parts get the smaller budget: the bisection below
         # settles more of what is left per second than more nodes do.
         nodes = EXACT_MAX_NODES if few and k > HEAVIEST_FIRST_PARTS else exact_budget(m)
