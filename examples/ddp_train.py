@@ -191,14 +191,21 @@ def naive_micro_batches(batch: dict, max_tokens: int) -> list[dict]:
 
 
 # ---- training --------------------------------------------------------------------------------
-def train_step(ddp: DDP, opt: torch.optim.Optimizer, micro_batches: list[dict], timer=None):
+def train_step(ddp: DDP, opt: torch.optim.Optimizer, micro_batches: list[dict], timer=None,
+               every_micro_batch: bool = False):
     """One optimizer step over this rank's micro-batches; returns the global token-mean loss.
 
     With a ``MicroBatchTimer``, each micro-batch's forward+backward is timed. Every
     micro-batch then runs under ``no_sync()`` and the gradients are all-reduced (and
     averaged, as DDP does) after the last one, outside the timed regions: otherwise the
     last micro-batch's backward would also hold DDP's bucket copies and the wait for the
-    slowest rank, which are no part of what the cost model predicts."""
+    slowest rank, which are no part of what the cost model predicts.
+
+    ``every_micro_batch``: no ``no_sync()`` at all, so DDP all-reduces after every
+    micro-batch's backward and the ranks run the micro-batches in lockstep, as under
+    FSDP / ZeRO-3 (the planner's ``sync="fsdp"``). Still the same gradients: what was
+    already averaged is equal on every rank and stays so. The timed region then ends with
+    DDP's wait for the other rank, which the default thread clock does not count."""
     local_count = sum(
         int(mb["cu_seqlens"][-1]) - (len(mb["cu_seqlens"]) - 1) for mb in micro_batches
     )
@@ -207,13 +214,13 @@ def train_step(ddp: DDP, opt: torch.optim.Optimizer, micro_batches: list[dict], 
     loss_sum = torch.zeros((), dtype=torch.float64)
     for j, mb in enumerate(micro_batches):
         last = j == len(micro_batches) - 1 and timer is None
-        ctx = ddp.no_sync() if not last else _nullcontext()
+        ctx = ddp.no_sync() if not (last or every_micro_batch) else _nullcontext()
         with ctx, (timer.time() if timer is not None else _nullcontext()):
             logits = ddp(mb["input_ids"], mb["cu_seqlens"])
             s, _ = token_loss_sum(logits, mb["input_ids"], mb["cu_seqlens"])
             token_mean_loss(s, count).backward()
         loss_sum += s.detach().double()
-    if timer is not None:
+    if timer is not None and not every_micro_batch:
         grads = [p.grad for p in ddp.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
         dist.all_reduce(flat)
@@ -366,9 +373,10 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
     ddp_t, opt_t = make_model(args)     # "tokens": token plans throughout
     names = ("tokens", "refit")
     # Each recorder's window holds the last --window timed runs (of one strategy).
-    rec = {name: TimingRecorder(TokenCost(), sync="ddp", window=args.window) for name in names}
+    rec = {name: TimingRecorder(TokenCost(), sync=args.sync, window=args.window)
+           for name in names}
     timer = {name: MicroBatchTimer(rec[name], clock=args.clock, device="cpu") for name in names}
-    bal = {name: Rebalancer(args.max_tokens, cost=TokenCost(), sync="ddp") for name in names}
+    bal = {name: Rebalancer(args.max_tokens, cost=TokenCost(), sync=args.sync) for name in names}
     models = {"refit": (ddp_a, opt_a), "tokens": (ddp_t, opt_t)}
     log = open(args.log, "w", encoding="utf-8") if args.log and rank == 0 else None
     learn = args.warmup + args.refit_after
@@ -383,7 +391,7 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
         dist.barrier()
         t0, c0 = time.perf_counter(), time.thread_time()
         mbs, handle = bal[name](batch)
-        loss = train_step(ddp, opt, mbs, timer[name])
+        loss = train_step(ddp, opt, mbs, timer[name], every_micro_batch=args.sync == "fsdp")
         records = timer[name].end_step(handle.plan)
         clocked[name] += time.thread_time() - c0 if args.clock == "thread" else 0.0
         dist.barrier()
@@ -456,7 +464,7 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
             bal["refit"].set_cost(rec["refit"].refit())  # rolling window, same on all ranks
     reports = {}
     for name in names:
-        full = TimingRecorder(rec[name].cost, sync="ddp", window=10**6)
+        full = TimingRecorder(rec[name].cost, sync=args.sync, window=10**6)
         full.extend(every[name])
         reports[name] = full.report()
     # The timer's own cost as a share of step time, both on the timer's clock (CPU time
@@ -569,6 +577,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(0: refit once)")
     p.add_argument("--window", type=int, default=24,
                    help="--adapt: timed runs a refit looks back on")
+    p.add_argument("--sync", choices=("ddp", "fsdp"), default="ddp",
+                   help="--adapt: 'ddp' syncs gradients once per step (no_sync on every "
+                        "micro-batch); 'fsdp' lets DDP sync after every micro-batch, so the "
+                        "ranks run micro-batches in lockstep as under FSDP, and plans for that")
     p.add_argument("--log", metavar="FILE",
                    help="--adapt: write the balance metrics of every step as JSON lines")
     args = p.parse_args(argv)
@@ -583,13 +595,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--refit-after must be >= 2 (the fit needs varied micro-batches)")
     if args.log and not args.adapt:
         p.error("--log goes with --adapt")
+    if args.sync != "ddp" and not args.adapt:
+        p.error("--sync goes with --adapt (the naive split's micro-batch counts differ by "
+                "rank, so syncing every micro-batch would hang)")
     if args.adapt:
         args.total_steps = args.warmup + args.refit_after + args.steps
     return args
 
 
+# glibc hands buffers above 128 KiB back to the OS when freed, so every micro-batch faults
+# its activations in again: time that grows with the micro-batch and varies from run to
+# run by 10-40% here, which no per-sequence cost model can predict. Keeping freed memory
+# in the heap makes the CPU behave like a GPU's caching allocator. Read by glibc when the
+# workers start (mp.spawn starts fresh interpreters); ignored elsewhere.
+MALLOC_ENV = {
+    "MALLOC_MMAP_THRESHOLD_": str(32 << 20),  # glibc's largest: heap, not mmap, below it
+    "MALLOC_TRIM_THRESHOLD_": str(1 << 30),  # keep up to 1 GiB of freed heap mapped
+    "MALLOC_TOP_PAD_": str(256 << 20),  # grow the heap in large steps
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    for key, value in MALLOC_ENV.items():
+        os.environ.setdefault(key, value)
     with tempfile.TemporaryDirectory(prefix="ddp-train-") as tmp:
         init_file = os.path.join(tmp, "store")
         mp.spawn(worker, args=(args.world, init_file, args), nprocs=args.world, join=True)
