@@ -6,12 +6,16 @@ per micro-batch shape, the spread (slowest / fastest - 1) and the median absolut
 deviation from the median, which bounds the median error any cost model can reach against
 single runs. Writes bench/results/timing_noise.json.
 
-Run: python bench/timing_noise.py [--runs 10]
+The example's glibc malloc settings (``ddp_train.MALLOC_ENV``) apply unless
+``--glibc-default``.
+
+Run: python bench/timing_noise.py [--runs 10] [--glibc-default]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -31,11 +35,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--out", default="bench/results/timing_noise.json")
+    ap.add_argument("--glibc-default", action="store_true",
+                    help="keep glibc's default malloc settings (the example changes them)")
     args = ap.parse_args()
-    import torch
-
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     import ddp_train as ex
+
+    if not args.glibc_default and any(os.environ.get(k) != v for k, v in ex.MALLOC_ENV.items()):
+        # glibc reads these at start-up: run again with the example's settings.
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ex.MALLOC_ENV})
+    import torch
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -60,7 +69,9 @@ def main() -> None:
                 "median_abs_dev": f"{float(np.median(np.abs(ts - med))) / med:.1%}",
             })
     print_table(rows, list(rows[0]))
-    out = write_json(args.out, {"machine": machine_info(), "runs": args.runs, "rows": rows})
+    out = write_json(args.out, {"machine": machine_info(), "runs": args.runs,
+                                "malloc": "glibc default" if args.glibc_default else ex.MALLOC_ENV,
+                                "rows": rows})
     print(f"wrote {out}")
 
 

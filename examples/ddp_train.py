@@ -366,7 +366,9 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
     rank refits the cost from the same gathered records (so all get the same cost) and the
     "refit" strategy switches to it. The token-cost strategy gets the same weights, and
     the next ``--steps`` steps run both, alternately, best of ``--repeats``; every
-    ``--refit-every`` steps the refit strategy refits on its rolling window.
+    ``--refit-every`` steps the refit strategy refits on its rolling window. ``--sync``
+    says when ranks wait for each other (every micro-batch with "fsdp", once per step
+    with "ddp"): both the plans and the reports assume it.
     """
     lengths = step_lengths(args)
     ddp_a, opt_a = make_model(args)     # "refit": token plans first, then the fitted cost
@@ -577,10 +579,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(0: refit once)")
     p.add_argument("--window", type=int, default=24,
                    help="--adapt: timed runs a refit looks back on")
-    p.add_argument("--sync", choices=("ddp", "fsdp"), default="ddp",
-                   help="--adapt: 'ddp' syncs gradients once per step (no_sync on every "
-                        "micro-batch); 'fsdp' lets DDP sync after every micro-batch, so the "
-                        "ranks run micro-batches in lockstep as under FSDP, and plans for that")
+    p.add_argument("--sync", choices=("ddp", "fsdp"), default=None,
+                   help="--adapt: 'fsdp' (default there, as in the planner) lets DDP sync "
+                        "after every micro-batch, so the ranks run micro-batches in lockstep "
+                        "as under FSDP / ZeRO-3, and plans for that; 'ddp' syncs gradients "
+                        "once per step (no_sync on every micro-batch), the only mode without "
+                        "--adapt")
     p.add_argument("--log", metavar="FILE",
                    help="--adapt: write the balance metrics of every step as JSON lines")
     args = p.parse_args(argv)
@@ -595,6 +599,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--refit-after must be >= 2 (the fit needs varied micro-batches)")
     if args.log and not args.adapt:
         p.error("--log goes with --adapt")
+    if args.sync is None:
+        args.sync = "fsdp" if args.adapt else "ddp"
     if args.sync != "ddp" and not args.adapt:
         p.error("--sync goes with --adapt (the naive split's micro-batch counts differ by "
                 "rank, so syncing every micro-batch would hang)")
