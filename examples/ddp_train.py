@@ -520,7 +520,10 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
     print(f"slowest rank {reports['refit'].slowest_rank}, straggler score "
           f"{reports['refit'].straggler_score:.2f}")
     cpu = {name: reports[name].step_time_measured for name in names}
-    print(f"busiest rank's micro-batch time per step ({args.clock} clock): tokens "
+    # Step time implied by the measured micro-batches under the sync model: the busiest
+    # rank's sum (ddp), or the sum over slots of the slowest rank's micro-batch (fsdp).
+    print(f"compute per step from measured micro-batches ({args.sync} sync, {args.clock} "
+          f"clock): tokens "
           f"{cpu['tokens'] * 1e3:.1f} ms, refit {cpu['refit'] * 1e3:.1f} ms, ratio "
           f"{cpu['tokens'] / cpu['refit']:.2f}")
     # What the balance can buy at most on these batches, by the model: the token plans'
