@@ -20,7 +20,7 @@ which filters out bursts of other processes on a shared machine.
 
 Run::
 
-    python examples/ddp_train.py            # ~70 s on 2 idle CPU cores
+    python examples/ddp_train.py            # ~40 s on 2 idle CPU cores
     python examples/ddp_train.py --quick    # a few seconds: checks it works end to end
 """
 
