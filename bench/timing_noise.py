@@ -41,9 +41,11 @@ def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     import ddp_train as ex
 
-    if not args.glibc_default and any(os.environ.get(k) != v for k, v in ex.MALLOC_ENV.items()):
-        # glibc reads these at start-up: run again with the example's settings.
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **ex.MALLOC_ENV})
+    missing = {k: v for k, v in ex.MALLOC_ENV.items() if k not in os.environ}
+    if not args.glibc_default and missing and sys.platform.startswith("linux"):
+        # glibc reads these at start-up: run again with the example's settings (values
+        # already set are kept, as the example does).
+        os.execve(sys.executable, sys.orig_argv, {**os.environ, **missing})
     import torch
 
     torch.set_num_threads(1)
@@ -70,7 +72,8 @@ def main() -> None:
             })
     print_table(rows, list(rows[0]))
     out = write_json(args.out, {"machine": machine_info(), "runs": args.runs,
-                                "malloc": "glibc default" if args.glibc_default else ex.MALLOC_ENV,
+                                "malloc": "glibc default" if args.glibc_default else
+                                {k: os.environ.get(k) for k in ex.MALLOC_ENV},
                                 "rows": rows})
     print(f"wrote {out}")
 

@@ -195,11 +195,12 @@ def train_step(ddp: DDP, opt: torch.optim.Optimizer, micro_batches: list[dict], 
                every_micro_batch: bool = False):
     """One optimizer step over this rank's micro-batches; returns the global token-mean loss.
 
-    With a ``MicroBatchTimer``, each micro-batch's forward+backward is timed. Every
-    micro-batch then runs under ``no_sync()`` and the gradients are all-reduced (and
-    averaged, as DDP does) after the last one, outside the timed regions: otherwise the
-    last micro-batch's backward would also hold DDP's bucket copies and the wait for the
-    slowest rank, which are no part of what the cost model predicts.
+    With a ``MicroBatchTimer``, each micro-batch's forward+backward is timed. Unless
+    ``every_micro_batch``, every micro-batch then runs under ``no_sync()`` and the
+    gradients are all-reduced (and averaged, as DDP does) after the last one, outside the
+    timed regions: otherwise the last micro-batch's backward would also hold DDP's bucket
+    copies and the wait for the slowest rank, which are no part of what the cost model
+    predicts.
 
     ``every_micro_batch``: no ``no_sync()`` at all, so DDP all-reduces after every
     micro-batch's backward and the ranks run the micro-batches in lockstep, as under
@@ -604,6 +605,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--log goes with --adapt")
     if args.sync is None:
         args.sync = "fsdp" if args.adapt else "ddp"
+    if args.sync == "fsdp" and args.clock == "wall":
+        p.error("--clock wall with --sync fsdp would time DDP's wait for the other rank in "
+                "every micro-batch; use --clock thread, or --sync ddp")
     if args.sync != "ddp" and not args.adapt:
         p.error("--sync goes with --adapt (the naive split's micro-batch counts differ by "
                 "rank, so syncing every micro-batch would hang)")

@@ -298,6 +298,13 @@ def test_float_free_within_rtol_skips_the_branch_and_bound(monkeypatch, n):
     check_valid(p, w.tolist(), 2, "free")
     assert calls == []
     assert p.max_load <= p.lower_bound * (1 + kway.AUTO_RTOL) and not p.optimal
+    # Asked whether a cap between the bound and that result can be met (the planner's
+    # ``fit``), the search runs (and at n = 48 meets it).
+    fit = (p.max_load + p.lower_bound) / 2
+    r = kway.partition_arrays(w, 2, "free", "auto", None, fit=fit)
+    assert calls and r.max_load <= p.max_load
+    assert n != 48 or r.max_load <= fit
+    calls.clear()
     # The same weights as integers (large totals, so the start misses the bound by less
     # than AUTO_RTOL too) still reach the search.
     ints = np.round(w * 1e7).astype(np.int64).tolist()

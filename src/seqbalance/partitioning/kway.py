@@ -168,9 +168,10 @@ def partition(
         still unproven, a branch-and-bound search; three to eight parts and at most 32
         units, when that leaves it unproven, a bisection of the capacity by bin
         completion, which lowers the heaviest part step by step even when it cannot
-        prove the optimum. The branch and bound is skipped on 33 to 64 non-integer
-        weights in "free" mode already within ``AUTO_RTOL`` of the bound (it could gain
-        less than that and would spend its whole budget trying).
+        prove the optimum. The branch and bound is skipped on 33 to 64 units whose sums
+        are not exact (non-integer weights) in "free" mode already within ``AUTO_RTOL``
+        of the bound (it could gain less than that and would spend its whole budget
+        trying).
 
     Returns
     -------
@@ -347,8 +348,9 @@ def _solve(
     # small searches take: the branch and bound could shave off less than that, and as
     # float sums rarely meet the bound it would spend its whole node budget (0.1-0.4 s,
     # inside every training step of a run planning with a fitted cost) trying.
-    close = (size == "free" and m > TWO_WAY_MAX_UNITS and best[0] <= bound * (1.0 + AUTO_RTOL)
-             and not exactness(units)[0])
+    # With ``fit`` the caller needs to know whether the cap can be met, so search anyway.
+    close = (fit is None and size == "free" and m > TWO_WAY_MAX_UNITS
+             and best[0] <= bound * (1.0 + AUTO_RTOL) and not exactness(units)[0])
     if m <= EXACT_MAX_UNITS and best[0] > enough and not close:
         # After the enumeration, more parts get the smaller budget: the bisection below
         # settles more of what is left per second than more nodes do.
