@@ -283,3 +283,89 @@ def test_never_slower_than_a_runnable_baseline(name, sync):
         if v["over_capacity"] or v["empty"]:
             continue  # would run out of memory or hang: not a plan one could run
         assert mine <= other.simulate().step_time * (1 + 1e-12), other.strategy
+
+
+
+def _lockstep_optimum(lengths: list[int], cost, dp: int, m: int, cap: int) -> float:
+    """Brute force: every assignment of sequences to ``dp * m`` non-empty bins within
+    ``cap``; under lockstep slots the best deal of a bin set to (rank, slot) costs the sum
+    of every ``dp``-th bin cost in descending order."""
+    import itertools
+
+    nb = dp * m
+    codes = np.array(list(itertools.product(range(nb), repeat=len(lengths))))
+    rows = np.arange(len(codes))
+    tok = np.zeros((len(codes), nb))
+    tot = np.zeros((len(codes), nb))
+    for i, n in enumerate(lengths):
+        np.add.at(tok, (rows, codes[:, i]), n)
+        np.add.at(tot, (rows, codes[:, i]), cost.microbatch_cost(np.array([n])))
+    ok = (tok <= cap).all(axis=1) & (tok > 0).all(axis=1)
+    ranked = -np.sort(-tot[ok], axis=1)
+    return float(ranked[:, ::dp].sum(axis=1).min())
+
+
+@pytest.mark.parametrize("lengths", [
+    [818, 666, 2048, 539, 188],
+    [1881, 172, 673, 331, 220, 83, 886],
+    [1066, 974, 450, 437, 114, 1394],
+    [746, 258, 948, 199, 2048],
+])
+def test_fsdp_plan_reaches_the_lockstep_optimum_with_full_bins(lengths):
+    """Small two-rank cases whose optimum fills micro-batches to the cap (brute force):
+    bins evened out around the mean missed it by 4-15%; first-fit-decreasing bins left
+    unbalanced, a candidate since 2026-11-23, reach it."""
+    from seqbalance.costs import QuadraticCost
+
+    cost = QuadraticCost(per_token=1.0, per_token_sq=1.0 / 512, per_sequence=64.0)
+    p = plan(lengths, 2, 2048, cost=cost, sync="fsdp", baselines=False)
+    assert p.num_micro_batches == 2
+    opt = _lockstep_optimum(lengths, cost, 2, 2, 2048)
+    assert p.simulate(cost).step_time == pytest.approx(opt, rel=1e-9)
+
+
+def _lockstep_time_of_ffd(lengths: np.ndarray, costs: np.ndarray, nbins: int, dp: int,
+                          cap: int) -> float | None:
+    """Independent reference: first-fit decreasing by tokens into ``nbins`` bins of ``cap``,
+    left unbalanced; under lockstep slots the best deal of bins to (rank, slot) costs the
+    sum of every ``dp``-th bin cost in descending order. None if FFD leaves a bin empty or
+    cannot fit everything."""
+    order = sorted(range(lengths.size), key=lambda i: (-lengths[i], -costs[i], i))
+    room = [cap] * nbins
+    cost = [0.0] * nbins
+    used = [0] * nbins
+    for i in order:
+        b = next((b for b in range(nbins) if room[b] >= lengths[i]), None)
+        if b is None:
+            return None
+        room[b] -= int(lengths[i])
+        cost[b] += float(costs[i])
+        used[b] += 1
+    if min(used) == 0:
+        return None
+    ranked = sorted(cost, reverse=True)
+    return float(sum(ranked[j] for j in range(0, nbins, dp)))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 2048), min_size=8, max_size=80),
+    dp=st.integers(2, 4),
+    cap=st.sampled_from([2048, 3000, 4096]),
+)
+def test_fsdp_plan_never_slower_than_full_ffd_bins(lengths, dp, cap):
+    """Under lockstep slots, bins filled to the cap line up across ranks; the planner keeps
+    that packing as a candidate, so (without the framework baselines) it is never slower
+    than plain first-fit-decreasing bins at its own micro-batch count."""
+    from seqbalance.costs import QuadraticCost
+
+    lens = np.asarray(lengths, dtype=np.int64)
+    cost = QuadraticCost(per_token=1.0, per_token_sq=1.0 / 512, per_sequence=64.0)
+    try:
+        p = plan(lens, dp, cap, cost=cost, sync="fsdp", baselines=False)
+    except ValueError:  # too few sequences for every micro-batch of the needed count
+        assume(False)
+    costs = np.array([cost.microbatch_cost(np.array([x])) for x in lens])
+    ref = _lockstep_time_of_ffd(lens, costs, dp * p.num_micro_batches, dp, cap)
+    assume(ref is not None)
+    assert p.simulate(cost).step_time <= ref * (1 + 1e-9)

@@ -130,19 +130,27 @@ def _step_time(
 
 
 def _global_bins(
-    lengths: np.ndarray, costs: np.ndarray, nbins: int, cap: int, padded: bool
+    lengths: np.ndarray, costs: np.ndarray, nbins: int, cap: int, padded: bool,
+    full: bool = False,
 ) -> tuple[list[list[list[int]]], str]:
     """Candidate packings of all sequences into ``nbins`` bins, and how the search ended.
 
     The fast packers first; only when both fail, partition-based packing and then the
     bounded exact search (:mod:`seqbalance.planning._fitting`). Status: ``"found"``,
     ``"infeasible"`` (proven: no packing exists) or ``"limit"`` (not found within the
-    search limit).
+    search limit). ``full`` adds first-fit decreasing left unbalanced (bins filled to the
+    cap, the rest in the last ones), for lockstep slots.
     """
     starts = ["lpt"]
     if lengths.size * nbins <= _FFD_START_WORK:
         starts.append("ffd")  # tighter packing sometimes lines slots up better
     found = [b for b in (pack(costs, lengths, nbins, cap, padded=padded, start=s) for s in starts)]
+    if full and "ffd" in starts and not padded:
+        # Under lockstep slots (fsdp) a slot of full bins on every rank wastes nothing, and
+        # bins near the cap line up across ranks better than bins evened out around the
+        # mean, which big sequences keep apart (measured: up to 7% shorter steps at tight
+        # caps with quadratic costs; slack filling then evens out the last slots).
+        found.append(pack(costs, lengths, nbins, cap, padded=padded, refine=False, start="ffd"))
     found = [b for b in found if b is not None]
     if found:
         return found, "found"
@@ -168,7 +176,7 @@ def _plan_global(
     pp: PipelineSetup | None = None,
 ) -> tuple[list[list[list[int]]] | None, str]:
     best, best_time = None, np.inf
-    packings, status = _global_bins(lengths, costs, dp * m, cap, padded)
+    packings, status = _global_bins(lengths, costs, dp * m, cap, padded, full=sync == "fsdp")
     for bins in packings:
         grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if sync == "fsdp" and not padded:
