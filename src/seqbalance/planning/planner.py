@@ -711,6 +711,53 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
     return out
 
 
+def _full_rank_candidates(req: _Request, m_best: int | None) -> list[Plan]:
+    """Step 3c (fsdp): ranks split first, each rank's micro-batches filled to the cap.
+
+    Under lockstep slots, micro-batches near the cap line up across ranks, which bins
+    evened out inside each rank (the rank-first search) or across all ranks (the global
+    packing) cannot when big sequences keep them apart; AReaL's pipeline does this with a
+    greedy token split. Here the ranks come from the token and the cost partition, each
+    rank is packed first-fit decreasing into the best plan's count, left unbalanced, heavy
+    micro-batches first, then slack-filled. Free size, no groups, packed, no pipeline,
+    at most ``_PIPELINE_MAX_ITEMS`` sequences.
+    """
+    if (req.sync != "fsdp" or req.padded or req.size != "free" or req.groups is not None
+            or req.pp is not None or req.extra or m_best is None or req.n == 0
+            or req.n > _PIPELINE_MAX_ITEMS or req.dp * m_best > _PIPELINE_MAX_ITEMS):
+        return []
+    out: list[Plan] = []
+    seen: list[list[list[int]]] = []
+    for what, weights in (("tokens", req.lens.astype(np.float64)), ("cost", req.costs)):
+        # Within 0.1% of the bound is close enough to split ranks by: the exact searches
+        # behind "auto" would cost more than this whole candidate.
+        near = max(float(weights.sum()) / req.dp, float(weights.max())) * 1.001
+        ranks = [list(part) for part in
+                 partition_arrays(weights, req.dp, "free", "auto", None, fit=near)]
+        if ranks in seen:
+            continue
+        seen.append(ranks)
+        grid = []
+        for items in ranks:
+            idx = np.asarray(items, dtype=np.int64)
+            bins = pack(req.costs[idx], req.lens[idx], m_best, req.cap, refine=False,
+                        start="ffd")
+            if bins is None or (not req.allow_empty and any(not b for b in bins)):
+                break
+            mbs = [idx[np.asarray(b, dtype=np.int64)].tolist() for b in bins]
+            heavy = bin_totals(mbs, req.costs)
+            grid.append([mbs[b] for b in np.lexsort((np.arange(m_best), -heavy)).tolist()])
+        if len(grid) != req.dp:
+            continue
+        cand = _plan_of(req, _fill_rank_slack(req, grid), [
+            f"ranks split by {what}, each filled first-fit decreasing to the cap and "
+            "slack-filled, was the fastest candidate"
+        ])
+        if not any(cand._rule_violations().values()):
+            out.append(cand)
+    return out
+
+
 def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: int) -> Plan:
     """Step 4: fewest micro-batches, then the lowest simulated step time."""
     if not candidates:
@@ -1000,8 +1047,9 @@ def plan(
             problems.append(found)
         else:
             candidates.extend(found)
+    m_best = min((p.num_micro_batches for p in candidates), default=None)
+    candidates.extend(_full_rank_candidates(req, m_best))
     if not req.extra and use_baselines:
-        m_best = min((p.num_micro_batches for p in candidates), default=None)
         candidates.extend(_pipeline_candidates(req, m_best))
     best = _pick(req, candidates, problems, len(splits))
     alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
