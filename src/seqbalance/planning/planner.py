@@ -747,7 +747,7 @@ def _full_rank_candidates(req: _Request, m_best: int | None) -> list[Plan]:
             idx = np.asarray(items, dtype=np.int64)
             bins = pack(req.costs[idx], req.lens[idx], m_best, req.cap, refine=False,
                         start="ffd")
-            if bins is None or (not req.allow_empty and any(not b for b in bins)):
+            if bins is None or any(not b for b in bins):  # empty slots: the search's job
                 break
             mbs = [idx[np.asarray(b, dtype=np.int64)].tolist() for b in bins]
             heavy = bin_totals(mbs, req.costs)
