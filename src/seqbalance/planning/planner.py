@@ -181,7 +181,10 @@ def _plan_global(
     pp: PipelineSetup | None = None,
 ) -> tuple[list[list[list[int]]] | None, str]:
     best, best_time = None, np.inf
-    packings, status = _global_bins(lengths, costs, dp * m, cap, padded, full=sync == "fsdp")
+    # One rank has nothing to line up with: its step is the sum of its bins whatever they
+    # hold, and float rounding must not let unbalanced bins win a tie.
+    full = sync == "fsdp" and dp > 1
+    packings, status = _global_bins(lengths, costs, dp * m, cap, padded, full=full)
     for bins in packings:
         grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if sync == "fsdp" and not padded:
@@ -727,9 +730,9 @@ def _full_rank_candidates(req: _Request, m_best: int | None) -> list[Plan]:
     micro-batches first, then slack-filled. Free size, no groups, packed, no pipeline,
     at most ``_PIPELINE_MAX_ITEMS`` sequences.
     """
-    if (req.sync != "fsdp" or req.padded or req.size != "free" or req.groups is not None
-            or req.pp is not None or req.extra or m_best is None or req.n == 0
-            or req.n > _PIPELINE_MAX_ITEMS or req.dp * m_best > _PIPELINE_MAX_ITEMS):
+    if (req.sync != "fsdp" or req.dp < 2 or req.padded or req.size != "free"
+            or req.groups is not None or req.pp is not None or req.extra or m_best is None
+            or req.n == 0 or req.n > _PIPELINE_MAX_ITEMS or req.dp * m_best > _PIPELINE_MAX_ITEMS):
         return []
     out: list[Plan] = []
     seen: list[list[list[int]]] = []
