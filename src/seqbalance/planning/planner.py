@@ -7,16 +7,17 @@ How a plan is built (every step deterministic):
    multiple of ``micro_batch_multiple``) and grows only when packing fails.
 2. Without a size rule or groups, all sequences are packed into ``dp * m`` bins of
    near-equal cost under the capacity (:mod:`seqbalance.planning._packing`; capacitated LPT, and
-   first-fit decreasing as a second start on small inputs; under ``fsdp`` also first-fit
-   decreasing left unbalanced, bins filled to the cap). The bins are sorted by cost and
-   dealt out in slots of ``dp``: slot ``j`` is every rank's ``j``-th micro-batch, so bins of
-   similar cost run side by side (what ``fsdp`` pays for), and inside a slot the heaviest
-   bin goes to the rank with the least work so far (what ``ddp`` pays for). Under ``fsdp``,
-   :mod:`seqbalance.planning._slots` then moves or swaps sequences from each slot's heaviest
-   micro-batch into other slots' slack (a slot's cost is its heaviest micro-batch). Also
-   under ``fsdp`` (free size, no groups), ranks split by tokens and by cost, each filled
-   first-fit decreasing to the cap at the best count so far, are candidates: full
-   micro-batches line up across ranks where big sequences keep evened-out bins apart.
+   first-fit decreasing as a second start on small inputs; under ``fsdp`` with two or
+   more ranks also first-fit decreasing left unbalanced, bins filled to the cap). The bins
+   are sorted by cost and dealt out in slots of ``dp``: slot ``j`` is every rank's ``j``-th
+   micro-batch, so bins of similar cost run side by side (what ``fsdp`` pays for), and
+   inside a slot the heaviest bin goes to the rank with the least work so far (what ``ddp``
+   pays for). Under ``fsdp``, :mod:`seqbalance.planning._slots` then moves or swaps
+   sequences from each slot's heaviest micro-batch into other slots' slack (a slot's cost
+   is its heaviest micro-batch). Also under ``fsdp`` (two or more ranks, free size, no
+   groups), ranks split by tokens and by cost, each filled first-fit decreasing to the cap
+   at the best count so far, are candidates: full micro-batches line up across ranks where
+   big sequences keep evened-out bins apart.
 3. With a size rule or groups, ranks are chosen first with :func:`seqbalance.partition`
    (three candidates: balanced cost, balanced tokens, balanced counts; the rule honoured),
    then each rank's sequences are packed into ``m`` bins and ordered heaviest first, which
