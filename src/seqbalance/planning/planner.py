@@ -77,6 +77,7 @@ from ._ranks import repartition_pairs
 from ._slots import fill_slack
 from .baselines import BASELINES, _equalize
 from .bounds import min_bins, min_micro_batches, min_padded_bins
+from .pipeline_orders import largest_first
 from .pipeline_plans import (
     PipelineSetup,
     finish_plan,
@@ -235,10 +236,17 @@ def _plan_by_rank(
         bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp")
         if bins is None:
             return None
-        mbs = [idx[np.asarray(b, dtype=np.int64)].tolist() for b in bins]
-        c = bin_totals(mbs, costs, padded=padded)
-        out.append([mbs[b] for b in np.lexsort((np.arange(m), -c)).tolist()])
+        out.append(_heaviest_first(idx, bins, costs, padded))
     return out
+
+
+def _heaviest_first(
+    idx: np.ndarray, bins: list[list[int]], costs: np.ndarray, padded: bool
+) -> list[list[int]]:
+    """One rank's ``bins`` (positions into ``idx``) as sequence ids, the heaviest
+    micro-batch first (ties keep the bin order), so slots line up across ranks."""
+    mbs = [idx[np.asarray(b, dtype=np.int64)].tolist() for b in bins]
+    return [mbs[b] for b in largest_first(bin_totals(mbs, costs, padded=padded)).tolist()]
 
 
 @dataclass(frozen=True)
@@ -738,8 +746,8 @@ def _full_rank_candidates(req: _Request, m_best: int | None) -> list[Plan]:
     out: list[Plan] = []
     seen: list[list[list[int]]] = []
     for what, weights in (("tokens", req.lens.astype(np.float64)), ("cost", req.costs)):
-        # Within 0.1% of the bound is close enough to split ranks by: the exact searches
-        # behind "auto" would cost more than this whole candidate.
+        # Within 0.1% of max(mean part, largest unit) is close enough to split ranks by:
+        # the exact searches behind "auto" would cost more than this whole candidate.
         near = max(float(weights.sum()) / req.dp, float(weights.max())) * 1.001
         ranks = [list(part) for part in
                  partition_arrays(weights, req.dp, "free", "auto", None, fit=near)]
@@ -753,9 +761,7 @@ def _full_rank_candidates(req: _Request, m_best: int | None) -> list[Plan]:
                         start="ffd")
             if bins is None or any(not b for b in bins):  # empty slots: the search's job
                 break
-            mbs = [idx[np.asarray(b, dtype=np.int64)].tolist() for b in bins]
-            heavy = bin_totals(mbs, req.costs)
-            grid.append([mbs[b] for b in np.lexsort((np.arange(m_best), -heavy)).tolist()])
+            grid.append(_heaviest_first(idx, bins, req.costs, padded=False))
         if len(grid) != req.dp:
             continue
         cand = _plan_of(req, _fill_rank_slack(req, grid), [
