@@ -285,7 +285,6 @@ def test_never_slower_than_a_runnable_baseline(name, sync):
         assert mine <= other.simulate().step_time * (1 + 1e-12), other.strategy
 
 
-
 def _lockstep_optimum(lengths: list[int], cost, dp: int, m: int, cap: int) -> float:
     """Brute force: every assignment of sequences to ``dp * m`` non-empty bins within
     ``cap``; under lockstep slots the best deal of a bin set to (rank, slot) costs the sum
@@ -324,6 +323,21 @@ def test_fsdp_plan_reaches_the_lockstep_optimum_with_full_bins(lengths):
     assert p.simulate(cost).step_time == pytest.approx(opt, rel=1e-9)
 
 
+def _first_fit(order: list[int], lengths: np.ndarray, nbins: int,
+               cap: int) -> list[list[int]] | None:
+    """Independent reference packer: each sequence, in ``order``, into the first of
+    ``nbins`` bins of ``cap`` tokens with room (bins as index lists), or None."""
+    room = [cap] * nbins
+    bins: list[list[int]] = [[] for _ in range(nbins)]
+    for i in order:
+        b = next((b for b in range(nbins) if room[b] >= lengths[i]), None)
+        if b is None:
+            return None
+        room[b] -= int(lengths[i])
+        bins[b].append(i)
+    return bins
+
+
 def _lockstep_time_of_ffd(lengths: np.ndarray, costs: np.ndarray, nbins: int, dp: int,
                           cap: int) -> float | None:
     """Independent reference: first-fit decreasing by tokens into ``nbins`` bins of ``cap``,
@@ -331,19 +345,10 @@ def _lockstep_time_of_ffd(lengths: np.ndarray, costs: np.ndarray, nbins: int, dp
     sum of every ``dp``-th bin cost in descending order. None if FFD leaves a bin empty or
     cannot fit everything."""
     order = sorted(range(lengths.size), key=lambda i: (-lengths[i], -costs[i], i))
-    room = [cap] * nbins
-    cost = [0.0] * nbins
-    used = [0] * nbins
-    for i in order:
-        b = next((b for b in range(nbins) if room[b] >= lengths[i]), None)
-        if b is None:
-            return None
-        room[b] -= int(lengths[i])
-        cost[b] += float(costs[i])
-        used[b] += 1
-    if min(used) == 0:
+    bins = _first_fit(order, lengths, nbins, cap)
+    if bins is None or not all(bins):
         return None
-    ranked = sorted(cost, reverse=True)
+    ranked = sorted((float(costs[b].sum()) for b in bins), reverse=True)
     return float(sum(ranked[j] for j in range(0, nbins, dp)))
 
 
@@ -397,11 +402,8 @@ def test_one_rank_keeps_micro_batches_even():
     lens = np.minimum(np.maximum(2, np.round(workloads.lengths("bimodal", 128, seed=0) / 8)),
                       2048).astype(np.int64)
     p = plan(lens, 1, 2048, cost=cost, baselines=False)
-    m = p.num_micro_batches
-    room, bins = [2048] * m, [[] for _ in range(m)]
-    for i in sorted(range(lens.size), key=lambda i: (-lens[i], i)):
-        b = next(b for b in range(m) if room[b] >= lens[i])
-        room[b] -= int(lens[i])
-        bins[b].append(int(lens[i]))
+    order = sorted(range(lens.size), key=lambda i: (-lens[i], i))
+    bins = _first_fit(order, lens, p.num_micro_batches, 2048)
+    assert bins is not None
     ours = [int(lens[np.asarray(mb)].sum()) for mb in p.micro_batches[0]]
-    assert min(ours) > min(sum(b) for b in bins)  # not first-fit's near-empty leftover
+    assert min(ours) > min(int(lens[b].sum()) for b in bins)  # not FFD's near-empty leftover
