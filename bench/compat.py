@@ -26,6 +26,11 @@ this script (numba.njit becomes the identity). Calls measured, per standard work
   ``balance_experiences`` of the rollout over dp actors, on light stand-in experience
   objects (the same split/merge helpers on both sides, so only the balancing differs).
 
+The per-rank calls run twice: on one rank's ``n / dp`` sequences of each rollout, and on a
+rank holding 8,192 sequences (``--rank-n``; the issue's speed target is for calls of
+n >= 8,192). One call of an original that runs past ``--orig-limit`` seconds is stopped
+(SIGALRM); its row then gives a lower bound on the speed-up and no quality figures.
+
 slime and OpenRLHF are loaded from source checkouts (their package ``__init__`` files are
 skipped; the modules used import nothing heavy once ``openrlhf.utils.utils`` is stubbed).
 
@@ -214,9 +219,42 @@ COLUMNS = [
 _LINEAR = 24576
 
 
-def row(call, wl, n, dp, cap, orig_fn, ours_fn, lens, weight, repeat, c0_tokens=None):
-    """One table row; with ``c0_tokens``, also the step-time ratio of the micro-batches."""
-    t_o, p_o = best_time(orig_fn, repeat=repeat, budget_s=60)
+class _TimeLimit(Exception):
+    pass
+
+
+def time_original(fn, repeat: int, limit_s: float) -> tuple[float, object]:
+    """Best time of ``fn`` (the original), or ``(inf, None)`` when one call runs past
+    ``limit_s`` (a SIGALRM interrupts the pure-Python loops of the originals)."""
+    import signal
+
+    def stop(signum, frame):
+        raise _TimeLimit
+
+    def once():
+        signal.setitimer(signal.ITIMER_REAL, limit_s)  # per call: repeats may add up
+        try:
+            return fn()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+
+    old = signal.signal(signal.SIGALRM, stop)
+    try:
+        return best_time(once, repeat=repeat, budget_s=60.0)
+    except _TimeLimit:
+        return float("inf"), None
+    finally:
+        signal.signal(signal.SIGALRM, old)
+
+
+def row(call, wl, n, dp, cap, orig, ours_fn, lens, weight, repeat, c0_tokens=None):
+    """One table row; with ``c0_tokens``, also the step-time ratio of the micro-batches.
+
+    ``orig`` is the original's ``(time, parts)`` (see :func:`time_original`); parts None
+    means it ran past the time limit: the row then gives a lower bound on the speed-up
+    (``speedup_at_least``) and no quality figures.
+    """
+    t_o, p_o = orig
     t_s, p_s = best_time(ours_fn, repeat=repeat, budget_s=60)
 
     def heavy(parts):
@@ -232,15 +270,68 @@ def row(call, wl, n, dp, cap, orig_fn, ours_fn, lens, weight, repeat, c0_tokens=
         return sum(_LINEAR * c0_tokens + float(work[np.asarray(p, dtype=np.int64)].sum())
                    for p in parts)  # fmt: skip
 
+    out = {"call": call, "workload": wl, "n": n, "dp": dp, "parts_sb": len(p_s),
+           "heaviest_sb": heavy(p_s), "over_cap_sb": over(p_s), "t_sb_s": t_s}  # fmt: skip
+    if p_o is None:  # the original ran past the limit
+        lim = _ORIG_LIMIT[0]
+        return {**out, "t_orig_s": f">{lim:g}", "speedup": f">{lim / t_s:.0f}",
+                "speedup_at_least": lim / t_s, "_parts_orig": None}  # fmt: skip
     return {
-        "call": call, "workload": wl, "n": n, "dp": dp,
-        "parts_orig": len(p_o), "parts_sb": len(p_s),
-        "heaviest_orig": heavy(p_o), "heaviest_sb": heavy(p_s),
+        **out, "parts_orig": len(p_o), "heaviest_orig": heavy(p_o),
         "sb/orig": heavy(p_s) / heavy(p_o),
         "step sb/orig": "" if c0_tokens is None else step(p_s) / step(p_o),
-        "over_cap_orig": over(p_o), "over_cap_sb": over(p_s),
-        "t_orig_s": t_o, "t_sb_s": t_s, "speedup": t_o / t_s, "_parts_orig": p_o,
+        "over_cap_orig": over(p_o), "t_orig_s": t_o, "speedup": t_o / t_s, "_parts_orig": p_o,
     }  # fmt: skip
+
+
+_ORIG_LIMIT = [600.0]  # seconds one call of an original may run (set by --orig-limit)
+
+
+def rank_rows(wl, n, dp, cap, rank, repeat, c0, v_orig, a_orig, o_orig):
+    """The per-rank calls on one rank's ``n`` sequences ``rank`` (micro-batch rows)."""
+    from seqbalance.compat import openrlhf as c_orlhf
+
+    rank_list = rank.tolist()
+    rank_work = _LINEAR * rank.astype(np.float64) + rank.astype(np.float64) ** 2
+    limit = _ORIG_LIMIT[0]
+    rows = []
+    # verl's loop, timed once for both drop-in rows (they answer the same call).
+    verl = time_original(lambda: verl_dynamic(v_orig, rank_list, cap), repeat, limit)
+    rows.append(row(
+        "verl dynamic mbs", wl, n, 1, cap, verl,
+        lambda: c_verl.micro_batches_of_lengths(rank, cap), rank, rank_work, repeat, c0,
+    ))  # fmt: skip
+    # The drop-in asked for verl's own count: the balance of the two at an equal number of
+    # micro-batches.
+    rows.append(row(
+        "verl dynamic mbs, match_framework_count", wl, n, 1, cap, verl,
+        lambda: c_verl.micro_batches_of_lengths(rank, cap, match_framework_count=True),
+        rank, rank_work, repeat, c0,
+    ))  # fmt: skip
+    for name in ("ffd_allocate", "kk_allocate"):
+        orig = time_original(lambda: getattr(a_orig, name)(rank_list, cap, 1), repeat, limit)
+        rows.append(row(
+            f"areal {name}", wl, n, 1, cap, orig,
+            lambda: getattr(c_areal, name)(rank, cap, 1),
+            rank, rank.astype(np.float64), repeat, c0,
+        ))  # fmt: skip
+    orig = time_original(lambda: openrlhf_dynamic(o_orig, rank_list, cap), repeat, limit)
+    rows.append(row(
+        "openrlhf dynamic mbs", wl, n, 1, cap, orig,
+        lambda: openrlhf_dynamic(c_orlhf, rank, cap),
+        rank, rank.astype(np.float64), repeat, c0,
+    ))  # fmt: skip
+    if orig[1] is not None:
+        m_orl = len(orig[1])
+        orig = time_original(
+            lambda: o_orig.get_seqlen_balanced_partitions(rank_list, m_orl, False), repeat, limit
+        )
+        rows.append(row(
+            "openrlhf dynamic mbs, its count", wl, n, 1, cap, orig,
+            lambda: c_orlhf.get_seqlen_balanced_partitions(rank, m_orl, False),
+            rank, rank.astype(np.float64), repeat, c0,
+        ))  # fmt: skip
+    return rows
 
 
 def main() -> None:
@@ -249,79 +340,81 @@ def main() -> None:
     ap.add_argument("--slime", default="/tmp/i9fw/src", help="slime source checkout")
     ap.add_argument("--openrlhf", default="/tmp/i9fw/orlhf", help="OpenRLHF source checkout")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--mb-overhead-tokens", type=float, default=256.0,
-                    help="per-micro-batch overhead c0, in tokens of linear work (step column)")
+    ap.add_argument(
+        "--rank-n",
+        type=int,
+        nargs="*",
+        default=None,
+        help="sizes of the per-rank calls besides n / dp (default 8192; the "
+        "issue's speed target is for calls of n >= 8,192)",
+    )
+    ap.add_argument(
+        "--orig-limit",
+        type=float,
+        default=600.0,
+        help="seconds one call of an original may run before it is stopped",
+    )
+    ap.add_argument(
+        "--mb-overhead-tokens",
+        type=float,
+        default=256.0,
+        help="per-micro-batch overhead c0, in tokens of linear work (step column)",
+    )
     ap.add_argument("--json", default="bench/results/compat.json")
     args = ap.parse_args()
+    _ORIG_LIMIT[0] = args.orig_limit
     v_orig, a_orig = load_originals(args.ext)
     s_orig, o_orig, o_exp = load_slime_openrlhf(args.slime, args.openrlhf)
     from seqbalance.compat import openrlhf as c_orlhf
+
     sizes = [1024] if args.quick else [1024, 8192]
+    rank_sizes = args.rank_n if args.rank_n is not None else ([] if args.quick else [8192])
     dp, cap = 8, 32768
     repeat = 1 if args.quick else 2
     c0 = args.mb_overhead_tokens
+    limit = args.orig_limit
     rows = []
     for wl in ("rl-math", "sft-chat", "long-mix"):
         for n in sizes:
+            start = len(rows)
             lens = sb.workloads.lengths(wl, n, seed=0)
             lens = np.minimum(lens, cap)  # both sides reject sequences above the cap
             work = (24576 * lens + lens.astype(np.int64) ** 2).astype(np.float64)
             wl_list = work.astype(np.int64).tolist()
-            rows.append(row(
-                "verl balance_batch", wl, n, dp, 0,
+            orig = time_original(
                 lambda: v_orig.get_seqlen_balanced_partitions(wl_list, dp, equal_size=True),
+                repeat,
+                limit,
+            )
+            rows.append(row(
+                "verl balance_batch", wl, n, dp, 0, orig,
                 lambda: c_verl.get_seqlen_balanced_partitions(work, dp, True),
                 lens, work, repeat,
             ))  # fmt: skip
-            rank = lens[: n // dp].astype(np.int64)
-            rank_list = rank.tolist()
-            rank_work = work[: n // dp]
+            # One rank's share of the rollout.
+            rows += rank_rows(wl, n // dp, dp, cap, lens[: n // dp].astype(np.int64), repeat, c0,
+                              v_orig, a_orig, o_orig)  # fmt: skip
+            orig = time_original(lambda: openrlhf_balance(o_exp, lens, dp), repeat, limit)
             rows.append(row(
-                "verl dynamic mbs", wl, n // dp, 1, cap,
-                lambda: verl_dynamic(v_orig, rank_list, cap),
-                lambda: c_verl.micro_batches_of_lengths(rank, cap),
-                rank, rank_work, repeat, c0,
-            ))  # fmt: skip
-            # The drop-in asked for verl's own count: the balance of the two at an equal
-            # number of micro-batches.
-            rows.append(row(
-                "verl dynamic mbs, match_framework_count", wl, n // dp, 1, cap,
-                lambda: verl_dynamic(v_orig, rank_list, cap),
-                lambda: c_verl.micro_batches_of_lengths(rank, cap, match_framework_count=True),
-                rank, rank_work, repeat, c0,
-            ))  # fmt: skip
-            for name in ("ffd_allocate", "kk_allocate"):
-                rows.append(row(
-                    f"areal {name}", wl, n // dp, 1, cap,
-                    lambda name=name: getattr(a_orig, name)(rank_list, cap, 1),
-                    lambda name=name: getattr(c_areal, name)(rank, cap, 1),
-                    rank, rank.astype(np.float64), repeat, c0,
-                ))  # fmt: skip
-            rows.append(row(
-                "openrlhf dynamic mbs", wl, n // dp, 1, cap,
-                lambda: openrlhf_dynamic(o_orig, rank_list, cap),
-                lambda: openrlhf_dynamic(c_orlhf, rank, cap),
-                rank, rank.astype(np.float64), repeat, c0,
-            ))  # fmt: skip
-            m_orl = len(rows[-1]["_parts_orig"])
-            rows.append(row(
-                "openrlhf dynamic mbs, its count", wl, n // dp, 1, cap,
-                lambda: o_orig.get_seqlen_balanced_partitions(rank_list, m_orl, False),
-                lambda: c_orlhf.get_seqlen_balanced_partitions(rank, m_orl, False),
-                rank, rank.astype(np.float64), repeat, c0,
-            ))  # fmt: skip
-            rows.append(row(
-                "openrlhf balance_experiences", wl, n, dp, 0,
-                lambda: openrlhf_balance(o_exp, lens, dp),
+                "openrlhf balance_experiences", wl, n, dp, 0, orig,
                 lambda: openrlhf_balance(c_orlhf, lens, dp),
                 lens, lens.astype(np.float64), repeat,
             ))  # fmt: skip
             rows.extend(slime_rows(wl, lens, dp, cap, s_orig, repeat))
-            print_table(rows[-10:], COLUMNS)
+            print_table(rows[start:], COLUMNS)
+        for rn in rank_sizes:
+            # One rank holding rn sequences (a large per-rank batch): the first rn of a
+            # rollout of dp * rn, as the n / dp rows above take the first n / dp.
+            start = len(rows)
+            lens = np.minimum(sb.workloads.lengths(wl, dp * rn, seed=0), cap)
+            rows += rank_rows(wl, rn, dp, cap, lens[:rn].astype(np.int64), repeat, c0,
+                              v_orig, a_orig, o_orig)  # fmt: skip
+            print_table(rows[start:], COLUMNS)
     for r in rows:
         r.pop("_parts_orig", None)
     print_table(rows, COLUMNS)
-    write_json(args.json, {"machine": machine_info(), "mb_overhead_tokens": c0, "rows": rows})
+    write_json(args.json, {"machine": machine_info(), "mb_overhead_tokens": c0,
+                           "orig_limit_s": limit, "rows": rows})  # fmt: skip
 
 
 if __name__ == "__main__":
