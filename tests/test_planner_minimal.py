@@ -144,3 +144,28 @@ def test_note_proves_a_larger_count():
     p = plan([9, 3, 3, 4, 9], 1, 14)
     assert p.num_micro_batches == 3
     assert "exhaustive search proves" in p.notes[0]
+
+
+def test_token_balanced_fallback_runs_once_per_count(monkeypatch):
+    # 352 tokens in 3 bins of 118: capacitated LPT and first-fit decreasing both fail, a
+    # token-balanced partition fits. Several starts at one count share that partition.
+    from seqbalance.planning import _packing
+
+    t = np.array([38, 35, 53, 29, 43, 49, 36, 45, 24], dtype=np.int64)
+    w = t.astype(np.float64) ** 1.5
+    assert _packing._lpt(w, t, 3, 118, False) is None
+    assert _packing._ffd(w, t, 3, 118, False) is None
+    alone = {s: _packing.pack(w, t, 3, 118, start=s) for s in ("lpt", "ffd")}
+    for bins in alone.values():
+        assert sorted(i for b in bins for i in b) == list(range(t.size))
+        assert max(int(t[b].sum()) for b in bins) <= 118
+    calls = []
+    real = _packing.partition_arrays
+    monkeypatch.setattr(
+        _packing, "partition_arrays", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    memo: dict = {}
+    shared = {s: _packing.pack(w, t, 3, 118, start=s, memo=memo) for s in ("lpt", "ffd")}
+    assert shared == alone
+    assert len(calls) == 1
+    assert plan(t, 1, 118).num_micro_batches == 3

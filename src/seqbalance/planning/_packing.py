@@ -242,17 +242,28 @@ def _ffd(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _B
     return _padded_bins(w, t, cap, items, counts, mw, longest)
 
 
-def _token_balanced(w: np.ndarray, t: np.ndarray, nbins: int, cap: int) -> _Bins | None:
+def _token_balanced(
+    w: np.ndarray, t: np.ndarray, nbins: int, cap: int, memo: dict | None = None
+) -> _Bins | None:
     """Last start for tight capacities (packed only): bins with balanced token sums.
 
     Near-full bins of similar items defeat LPT and FFD, where a k-way partition of the
-    tokens (whose heaviest part is as light as it can find) still fits.
+    tokens (whose heaviest part is as light as it can find) still fits. ``memo`` (one dict
+    per ``w, t``): callers that pack the same items into the same count more than once
+    (several starts) partition once.
     """
-    parts = partition_arrays(t.astype(np.float64), nbins, "free", "auto", None, fit=cap)
-    if parts.max_load > cap:
+    key = (nbins, cap)
+    if memo is not None and key in memo:
+        lists = memo[key]
+    else:
+        parts = partition_arrays(t.astype(np.float64), nbins, "free", "auto", None, fit=cap)
+        lists = None if parts.max_load > cap else [list(p) for p in parts]
+        if memo is not None:
+            memo[key] = lists
+    if lists is None:
         return None
     bins = _Bins(w, t, nbins, cap, False)
-    for b, part in enumerate(parts):
+    for b, part in enumerate(lists):
         for i in part:
             bins.add(b, i)
     return bins
@@ -385,6 +396,7 @@ def pack(
     padded: bool = False,
     refine: bool = True,
     start: str = "lpt",
+    memo: dict | None = None,
 ) -> list[list[int]] | None:
     """Pack items (cost ``w``, tokens ``t``) into exactly ``nbins`` bins of ``cap`` tokens.
 
@@ -392,13 +404,14 @@ def pack(
     ``start="ffd"`` begins with first-fit decreasing (tighter packing, looser balance, for
     refinement to even out). Returns the bins as lists of positions into ``w`` (unsorted),
     or None when no heuristic fits everything. Bins may be empty only when there are fewer
-    items than bins.
+    items than bins. ``memo``: a dict shared by calls on the same ``w`` and ``t`` (other
+    starts, other counts), so the costly last start runs once per count.
     """
     bins = _lpt(w, t, nbins, cap, padded) if start == "lpt" else None
     if bins is None:
         bins = _ffd(w, t, nbins, cap, padded)
     if bins is None and not padded:
-        bins = _token_balanced(w, t, nbins, cap)
+        bins = _token_balanced(w, t, nbins, cap, memo)
     if bins is None:
         return None
     if refine and not padded:

@@ -151,13 +151,18 @@ def _global_bins(
     starts = ["lpt"]
     if lengths.size * nbins <= _FFD_START_WORK:
         starts.append("ffd")  # tighter packing sometimes lines slots up better
-    found = [b for b in (pack(costs, lengths, nbins, cap, padded=padded, start=s) for s in starts)]
+    memo: dict = {}  # the starts share the token-balanced fallback at this count
+    found = [
+        pack(costs, lengths, nbins, cap, padded=padded, start=s, memo=memo) for s in starts
+    ]
     if full and "ffd" in starts and not padded:
         # Under lockstep slots (fsdp) a slot of full bins on every rank wastes nothing, and
         # bins near the cap line up across ranks better than bins evened out around the
         # mean, which big sequences keep apart (measured: up to 7% shorter steps at tight
         # caps with quadratic costs; slack filling then evens out the last slots).
-        found.append(pack(costs, lengths, nbins, cap, padded=padded, refine=False, start="ffd"))
+        found.append(
+            pack(costs, lengths, nbins, cap, padded=padded, refine=False, start="ffd", memo=memo)
+        )
     found = [b for b in found if b is not None]
     if found:
         return found, "found"
