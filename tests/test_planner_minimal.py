@@ -169,3 +169,24 @@ def test_token_balanced_fallback_runs_once_per_count(monkeypatch):
     assert shared == alone
     assert len(calls) == 1
     assert plan(t, 1, 118).num_micro_batches == 3
+
+
+def test_large_infeasible_counts_skip_the_second_token_partition(monkeypatch):
+    # No micro-batch of 100 tokens holds three sequences of 34, so 70 of them need 35,
+    # while the L2 bound allows 24: counts 24-34 all fail. Above EXACT_MAX_ITEMS the planner
+    # does not partition the tokens a second time per failing count (it never fitted where
+    # pack's own partition had failed, and cost up to half of the time); at or below it, that
+    # partition and the exact search still run and prove the count.
+    from seqbalance.planning import planner as planner_mod
+
+    calls = []
+    real = planner_mod.fit_by_partition
+    monkeypatch.setattr(
+        planner_mod, "fit_by_partition", lambda *a: calls.append(1) or real(*a)
+    )
+    p = plan(np.full(70, 34), 1, 100, baselines=False)
+    assert p.num_micro_batches == 35
+    assert calls == []
+    small = plan(np.full(planner_mod.EXACT_MAX_ITEMS, 34), 1, 100, baselines=False)
+    assert small.num_micro_batches == planner_mod.EXACT_MAX_ITEMS // 2
+    assert calls and "exhaustive search proves" in small.notes[0]
