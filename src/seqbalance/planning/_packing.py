@@ -269,9 +269,13 @@ def _token_balanced(
     return bins
 
 
+_NEAR = np.array([-2, -1, 0, 1])  # candidate offsets around the ideal partner's rank
+
+
 def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
     """Move or swap between heavier bin ``a`` and lighter bin ``b`` to even them out."""
-    gap = bins.cost[a] - bins.cost[b]
+    cost_a = float(bins.cost[a])
+    gap = cost_a - float(bins.cost[b])
     if gap <= 0:
         return False
     w, t, cap = bins.w, bins.t, bins.cap
@@ -279,31 +283,31 @@ def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
     ib = np.asarray(bins.items[b], dtype=np.int64)
     wa, ta = w[ia], t[ia]
     target = gap / 2.0
-    tiny = 1e-12 * bins.cost[a]
+    tiny = 1e-12 * cost_a
+    lo, hi = tiny, gap - tiny
+    room_a, room_b = cap - int(bins.tok[a]), cap - int(bins.tok[b])
     best_err, best = np.inf, None
     # Move x: a -> b.
-    ok = (wa > tiny) & (wa < gap - tiny) & (bins.tok[b] + ta <= cap)
+    ok = (wa > lo) & (wa < hi) & (ta <= room_b)
     if ok.any():
         err = np.where(ok, np.abs(wa - target), np.inf)
-        k = int(np.argmin(err))
+        k = int(err.argmin())
         best_err, best = float(err[k]), (k, -1)
     # Swap x <-> y: for each x, the y whose cost is nearest wx - gap/2.
     if ib.size and best_err > 0:
         wb, tb = w[ib], t[ib]
-        srt = np.argsort(wb, kind="stable")
-        pos = np.searchsorted(wb[srt], wa - target)
-        cand = np.clip(pos[:, None] + np.array([-2, -1, 0, 1]), 0, ib.size - 1)
+        srt = wb.argsort(kind="stable")
+        pos = wb[srt].searchsorted(wa - target)
+        cand = pos[:, None] + _NEAR
+        np.maximum(cand, 0, out=cand)
+        np.minimum(cand, ib.size - 1, out=cand)
         y = srt[cand]
         delta = wa[:, None] - wb[y]
-        ok = (
-            (delta > tiny)
-            & (delta < gap - tiny)
-            & (bins.tok[b] - tb[y] + ta[:, None] <= cap)
-            & (bins.tok[a] - ta[:, None] + tb[y] <= cap)
-        )
+        dt = ta[:, None] - tb[y]  # tokens moving from a to b
+        ok = (delta > lo) & (delta < hi) & (dt <= room_b) & (-dt <= room_a)
         if ok.any():
             err = np.where(ok, np.abs(delta - target), np.inf)
-            flat = int(np.argmin(err))
+            flat = int(err.argmin())
             if err.flat[flat] < best_err:
                 x, c = divmod(flat, cand.shape[1])
                 best_err, best = float(err.flat[flat]), (x, int(y[x, c]))
