@@ -225,20 +225,24 @@ def _step(state: tuple, h: int, p: int) -> bool:  # type: ignore[type-arg]
     if size == "free" or (size == "balanced" and counts[h] > c and counts[p] == c):
         after = np.maximum(top - wh, low + wh)
         after[(wh <= 0) | (wh >= gap)] = np.inf
-        i = int(np.argmin(after))
+        i = int(after.argmin())
         if after[i] < best:
             best, op = float(after[i]), ("move", i, -1)
     if up.size:
         wp = w[up]
-        srt = np.argsort(wp, kind="stable")
+        srt = wp.argsort(kind="stable")
         wps = wp[srt]
-        pos = np.searchsorted(wps, wh - gap / 2)
+        pos = wps.searchsorted(wh - gap / 2)
         # the nearest unit of p above and below the ideal weight, for every unit of h
-        js = np.stack((np.minimum(pos, wps.size - 1), np.maximum(pos - 1, 0)))
+        # (method calls and in-place bounds: this runs thousands of times per pass)
+        js = np.empty((2, pos.size), dtype=pos.dtype)
+        np.minimum(pos, wps.size - 1, out=js[0])
+        np.subtract(pos, 1, out=js[1])
+        np.maximum(js[1], 0, out=js[1])
         d = wh - wps[js]
         after = np.maximum(top - d, low + d)
         after[(d <= 0) | (d >= gap)] = np.inf
-        f = int(np.argmin(after))
+        f = int(after.argmin())
         if after.flat[f] < best:
             r, i = divmod(f, wh.size)
             best, op = float(after.flat[f]), ("swap", i, int(srt[js[r, i]]))
