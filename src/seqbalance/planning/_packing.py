@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Callable
 
 import numpy as np
 
@@ -54,6 +55,15 @@ class _Bins:
         self.cost[b], self.tok[b] = c, tok
         self.maxw[b] = max(self.maxw[b], self.w[i])
         self.maxt[b] = max(self.maxt[b], self.t[i])
+
+    def copy(self) -> _Bins:
+        """An independent copy (refinement changes bins in place)."""
+        out = _Bins.__new__(_Bins)
+        out.w, out.t, out.cap, out.padded = self.w, self.t, self.cap, self.padded
+        out.items = [list(x) for x in self.items]
+        out.cost, out.tok = np.array(self.cost), np.array(self.tok)
+        out.maxw, out.maxt = np.array(self.maxw), np.array(self.maxt)
+        return out
 
 
 def _lpt(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _Bins | None:
@@ -242,31 +252,31 @@ def _ffd(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _B
     return _padded_bins(w, t, cap, items, counts, mw, longest)
 
 
-def _token_balanced(
-    w: np.ndarray, t: np.ndarray, nbins: int, cap: int, memo: dict | None = None
-) -> _Bins | None:
+def _token_balanced(w: np.ndarray, t: np.ndarray, nbins: int, cap: int) -> _Bins | None:
     """Last start for tight capacities (packed only): bins with balanced token sums.
 
     Near-full bins of similar items defeat LPT and FFD, where a k-way partition of the
-    tokens (whose heaviest part is as light as it can find) still fits. ``memo`` (one dict
-    per ``w, t``): callers that pack the same items into the same count more than once
-    (several starts) partition once.
+    tokens (whose heaviest part is as light as it can find) still fits.
     """
-    key = (nbins, cap)
-    if memo is not None and key in memo:
-        lists = memo[key]
-    else:
-        parts = partition_arrays(t.astype(np.float64), nbins, "free", "auto", None, fit=cap)
-        lists = None if parts.max_load > cap else [list(p) for p in parts]
-        if memo is not None:
-            memo[key] = lists
-    if lists is None:
+    parts = partition_arrays(t.astype(np.float64), nbins, "free", "auto", None, fit=cap)
+    if parts.max_load > cap:
         return None
     bins = _Bins(w, t, nbins, cap, False)
-    for b, part in enumerate(lists):
+    for b, part in enumerate(parts):
         for i in part:
             bins.add(b, i)
     return bins
+
+
+def _shared(memo: dict | None, key: tuple, make: Callable[[], _Bins | None]) -> _Bins | None:
+    """``make()``, computed once per ``key`` in ``memo`` (when given); each caller gets its
+    own copy, since refinement changes bins in place."""
+    if memo is None:
+        return make()
+    if key not in memo:
+        memo[key] = make()
+    got = memo[key]
+    return None if got is None else got.copy()
 
 
 _NEAR = np.array([-2, -1, 0, 1])  # candidate offsets around the ideal partner's rank
@@ -409,13 +419,14 @@ def pack(
     refinement to even out). Returns the bins as lists of positions into ``w`` (unsorted),
     or None when no heuristic fits everything. Bins may be empty only when there are fewer
     items than bins. ``memo``: a dict shared by calls on the same ``w`` and ``t`` (other
-    starts, other counts), so the costly last start runs once per count.
+    starts, other counts), so first-fit decreasing and the token partition, which every
+    start falls back on, run once per count.
     """
     bins = _lpt(w, t, nbins, cap, padded) if start == "lpt" else None
     if bins is None:
-        bins = _ffd(w, t, nbins, cap, padded)
+        bins = _shared(memo, ("ffd", nbins, cap, padded), lambda: _ffd(w, t, nbins, cap, padded))
     if bins is None and not padded:
-        bins = _token_balanced(w, t, nbins, cap, memo)
+        bins = _shared(memo, ("tokens", nbins, cap), lambda: _token_balanced(w, t, nbins, cap))
     if bins is None:
         return None
     if refine and not padded:

@@ -153,7 +153,7 @@ def _global_bins(
     starts = ["lpt"]
     if lengths.size * nbins <= _FFD_START_WORK:
         starts.append("ffd")  # tighter packing sometimes lines slots up better
-    memo: dict = {}  # the starts share the token-balanced fallback at this count
+    memo: dict = {}  # the starts share FFD and the token partition at this count
     found = [
         pack(costs, lengths, nbins, cap, padded=padded, start=s, memo=memo) for s in starts
     ]
