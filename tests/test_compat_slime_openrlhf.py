@@ -233,6 +233,33 @@ def test_minimum_micro_batch_count(lens, max_tokens, ring):
     assert m == min(lo, len(lens)) or not fits(m - 1)
 
 
+def test_partition_after_count_search_is_the_computed_one(monkeypatch):
+    from seqbalance.compat import verl
+
+    rng = np.random.default_rng(7)
+    lens = rng.integers(1, 400, size=300).tolist()
+    m = openrlhf.get_minimum_num_micro_batch_size(lens, 500, 1, 1)
+    real = verl.get_seqlen_balanced_partitions
+    fresh = real(lens, m, False)
+    calls = []
+
+    def spy(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(openrlhf._verl, "get_seqlen_balanced_partitions", spy)
+    got = openrlhf.get_seqlen_balanced_partitions(lens, m, False)
+    assert got == fresh and calls == []  # the search's partition, not a second run
+    got[0].append(-1)  # the caller owns what it gets: the next call is not affected
+    assert openrlhf.get_seqlen_balanced_partitions(lens, m, False) == fresh and calls == []
+    # Other lengths, another count or equal sizes are computed.
+    other = [*lens[:-1], lens[-1] + 1]
+    openrlhf.get_seqlen_balanced_partitions(other, m, False)
+    openrlhf.get_seqlen_balanced_partitions(lens, m + 1, False)
+    openrlhf.get_seqlen_balanced_partitions(lens, 1, True)
+    assert [c[1:] for c in calls] == [(m, False), (m + 1, False), (1, True)]
+
+
 class _Exp:
     """A stand-in for OpenRLHF's Experience: per-sample lengths and names."""
 

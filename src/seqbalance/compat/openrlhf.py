@@ -37,10 +37,36 @@ __all__ = [
 
 karmarkar_karp = _verl.karmarkar_karp
 greedy_partition = _verl.greedy_partition
-get_seqlen_balanced_partitions = _verl.get_seqlen_balanced_partitions
 log_seqlen_unbalance = _verl.log_seqlen_unbalance
 ceildiv = _verl.ceildiv
 get_reverse_idx = _verl.get_reverse_idx
+
+
+#: :func:`get_minimum_num_micro_batch_size` tries counts one by one this far above the
+#: ``ceil(tokens / capacity)`` bound before it gallops.
+_LINEAR_STEPS = 3
+
+#: The last partition that :func:`get_minimum_num_micro_batch_size` saw fit: (weights,
+#: count, parts). OpenRLHF asks for the count and then for the partition at that count on
+#: the same lengths, which is the same (deterministic) partition; one slot, replaced whole.
+_last_fit: tuple[np.ndarray, int, tuple[tuple[int, ...], ...]] | None = None
+
+
+def get_seqlen_balanced_partitions(
+    seqlen_list: Any, k_partitions: int, equal_size: bool
+) -> list[list[int]]:
+    """:func:`seqbalance.compat.verl.get_seqlen_balanced_partitions` (OpenRLHF's copy).
+
+    The call that follows :func:`get_minimum_num_micro_batch_size` with its count on the
+    same lengths gets the partition that the count search made already (a copy; the same
+    lists the computation would return).
+    """
+    last = _last_fit
+    if last is not None and not equal_size and int(k_partitions) == last[1]:
+        w = _verl._weights(seqlen_list, "seqlen_list")
+        if np.array_equal(w, last[0]):
+            return [list(p) for p in last[2]]
+    return _verl.get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size)
 
 
 def get_minimum_num_micro_batch_size(
@@ -70,19 +96,26 @@ def get_minimum_num_micro_batch_size(
     lo = max(1, over + ceildiv(int(lens[lens <= cap].sum()), cap))
 
     def fits(m: int) -> bool:
-        parts = get_seqlen_balanced_partitions(lens, m, False)
-        return all(len(p) == 1 or int(lens[p].sum()) <= cap for p in parts)
+        global _last_fit
+        parts = _verl.get_seqlen_balanced_partitions(lens, m, False)
+        ok = all(len(p) == 1 or int(lens[p].sum()) <= cap for p in parts)
+        if ok:
+            _last_fit = (lens.astype(np.float64), m, tuple(map(tuple, parts)))
+        return ok
 
-    # Gallop up from the bound, then bisect back: O(log n) partitions. Only counts seen to
-    # fit are returned (n always does: one sample per part).
+    # Step up from the bound (the count is almost always within a few of it), then gallop
+    # and bisect back: O(log n) partitions. Only counts seen to fit are returned (n always
+    # does: one sample per part).
     if lo >= n or fits(lo):
         return min(lo, n)
     bad, step = lo, 1
     while True:
-        good = min(lo + step, n)
+        good = min(bad + step, n)
         if good == n or fits(good):
             break
-        bad, step = good, step * 2
+        bad = good
+        if good - lo >= _LINEAR_STEPS:
+            step *= 2
     while good - bad > 1:
         mid = (bad + good) // 2
         if fits(mid):
