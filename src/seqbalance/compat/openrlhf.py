@@ -47,9 +47,11 @@ get_reverse_idx = _verl.get_reverse_idx
 _LINEAR_STEPS = 3
 
 #: The last partition that :func:`get_minimum_num_micro_batch_size` saw fit: (weights,
-#: count, parts). OpenRLHF asks for the count and then for the partition at that count on
-#: the same lengths, which is the same (deterministic) partition; one slot, replaced whole.
-_last_fit: tuple[np.ndarray, int, tuple[tuple[int, ...], ...]] | None = None
+#: count, the parts' indices end to end, where each part ends). OpenRLHF asks for the
+#: count and then for the partition at that count on the same lengths, which is the same
+#: (deterministic) partition; one slot, replaced whole, in arrays (no Python objects per
+#: sample are kept between calls).
+_last_fit: tuple[np.ndarray, int, np.ndarray, np.ndarray] | None = None
 
 
 def get_seqlen_balanced_partitions(
@@ -65,7 +67,7 @@ def get_seqlen_balanced_partitions(
     if last is not None and not equal_size and int(k_partitions) == last[1]:
         w = _verl._weights(seqlen_list, "seqlen_list")
         if np.array_equal(w, last[0]):
-            return [list(p) for p in last[2]]
+            return [p.tolist() for p in np.split(last[2], last[3][:-1])]
     return _verl.get_seqlen_balanced_partitions(seqlen_list, k_partitions, equal_size)
 
 
@@ -100,7 +102,9 @@ def get_minimum_num_micro_batch_size(
         parts = _verl.get_seqlen_balanced_partitions(lens, m, False)
         ok = all(len(p) == 1 or int(lens[p].sum()) <= cap for p in parts)
         if ok:
-            _last_fit = (lens.astype(np.float64), m, tuple(map(tuple, parts)))
+            flat = np.fromiter((i for p in parts for i in p), dtype=np.int64, count=n)
+            ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
+            _last_fit = (lens.astype(np.float64), m, flat, ends)
         return ok
 
     # Step up from the bound (the count is almost always within a few of it), then gallop
