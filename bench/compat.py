@@ -189,6 +189,13 @@ def openrlhf_dynamic(mod, lens: list[int], cap: int) -> list[list[int]]:
     return mod.get_seqlen_balanced_partitions(lens, m, equal_size=False)
 
 
+def fresh_partition(mod, lens: np.ndarray, m: int) -> list[list[int]]:
+    """The drop-in's partition at count ``m``, computed: the partition the count search
+    kept (used when OpenRLHF's next call asks for that count) is dropped first."""
+    mod._last_fit = None
+    return mod.get_seqlen_balanced_partitions(lens, m, False)
+
+
 def openrlhf_balance(mod, lens: np.ndarray, dp: int) -> list[list[int]]:
     """balance_experiences over dp actors; returns each actor's sample ids."""
     chunks = np.array_split(np.arange(lens.shape[0]), 8)  # rollout micro-batches
@@ -325,7 +332,7 @@ def rank_rows(wl, n, dp, cap, rank, repeat, c0, limit, v_orig, a_orig, o_orig):
         )
         rows.append(row(
             "openrlhf dynamic mbs, its count", wl, n, 1, cap, orig,
-            lambda: c_orlhf.get_seqlen_balanced_partitions(rank, m_orl, False),
+            lambda: fresh_partition(c_orlhf, rank, m_orl),
             rank, rank.astype(np.float64), repeat, c0,
         ))  # fmt: skip
     return rows
