@@ -73,6 +73,14 @@ def test_matches_brute_force(search: Any, weights: list[float], k: int, size: st
         assert top == pytest.approx(opt, rel=1e-12, abs=1e-12)
 
 
+def test_bisection_proves_subnormal_weights() -> None:
+    # Found by hypothesis: hi = 5e-324, and hi * (1 - 1e-12) rounds back to hi, so every
+    # step "found" a partition as heavy as the best and the budget ran out unproven.
+    w = np.array([0.0, 0.0, 0.0, 0.0, 5e-324])
+    labels, proven = bisection_labels(w, 3, "free", 5e-324, lower_bound(w, 3))
+    assert proven and labels is None  # nothing is lighter than the heaviest unit
+
+
 @pytest.mark.parametrize("seed", range(12))
 def test_three_way_matches_dynamic_programme(seed: int) -> None:
     # 12-16 integers up to 300: few enough that the optimum often sits above the bound

@@ -157,6 +157,8 @@ def bisection_labels(
         if enough is not None and found is not None and hi <= enough:
             return found, False  # good enough for the caller; not searched further
         below = hi - 1.0 if integer else hi * (1.0 - REL_TOL)  # lighter than hi
+        if not below < hi:  # subnormal hi: the relative step rounds back to hi itself
+            below = float(np.nextafter(hi, -np.inf))
         if below < floor:
             return found, True
         low = floor if undecided is None else undecided
