@@ -148,6 +148,32 @@ def test_many_parts_use_pair_rounds_and_stay_valid() -> None:
     assert p.max_load <= np.bincount(lpt_labels(w, 1024, "equal"), weights=w).max()
 
 
+def test_free_mode_many_parts_even_out_in_pair_rounds(monkeypatch) -> None:
+    from seqbalance import workloads
+    from seqbalance.partitioning import kway
+
+    # 8,192 rl-math lengths into 1,170 parts (~7 a part): refinement alone, one heaviest
+    # part at a time, stopped 1.4e-3 above the bound; pair rounds first: 1.6e-4.
+    w = workloads.lengths("rl-math", 8192, seed=1).astype(np.float64)
+    p = partition(w, 1170)
+    assert sorted(i for part in p for i in part) == list(range(w.size))
+    assert p.max_load >= p.lower_bound and p.gap < 5e-4
+    # A start that piles many light units into one part is not paired (its arrays would
+    # hold k c**2 / 2 numbers): 299 heavy units and 8,000 light ones into 300 parts.
+    seen = []
+    real = kway.pair_rounds
+
+    def spy(units, labels, k):
+        seen.append(int(np.bincount(labels, minlength=k).max()))
+        return real(units, labels, k)
+
+    monkeypatch.setattr(kway, "pair_rounds", spy)
+    w = np.concatenate([np.full(299, 1e9), np.ones(8000)])
+    p = partition(w, 300)
+    assert sorted(i for part in p for i in part) == list(range(w.size))
+    assert p.max_load == 1e9 and all(c <= kway.PAIR_MAX_COUNT for c in seen)
+
+
 def test_deterministic_small_and_free_kk() -> None:
     rng = np.random.default_rng(5)
     for n, k in [(20, 4), (30, 8), (600, 8)]:
