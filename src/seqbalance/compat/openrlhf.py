@@ -97,14 +97,16 @@ def get_minimum_num_micro_batch_size(
     # Sequences above the cap each need a part of their own; the rest need their tokens.
     lo = max(1, over + ceildiv(int(lens[lens <= cap].sum()), cap))
 
+    weights = lens.astype(np.float64)  # as the partition reads them, converted once
+
     def fits(m: int) -> bool:
         global _last_fit
-        parts = _verl.get_seqlen_balanced_partitions(lens, m, False)
+        parts = _verl.get_seqlen_balanced_partitions(weights, m, False)
         ok = all(len(p) == 1 or int(lens[p].sum()) <= cap for p in parts)
         if ok:
             flat = np.fromiter((i for p in parts for i in p), dtype=np.int64, count=n)
             ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
-            _last_fit = (lens.astype(np.float64), m, flat, ends)
+            _last_fit = (weights, m, flat, ends)
         return ok
 
     # Step up from the bound (the count is almost always within a few of it), then gallop
