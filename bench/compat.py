@@ -23,8 +23,10 @@ this script (numba.njit becomes the identity). Calls measured, per standard work
   ``balance_by_flops`` as well (slime's FLOPs packing ignores the cap).
 - OpenRLHF dynamic batch (replay buffer): ``get_minimum_num_micro_batch_size`` then
   ``get_seqlen_balanced_partitions(L, m, False)`` of one rank's sequences; and
-  ``balance_experiences`` of the rollout over dp actors, on light stand-in experience
-  objects (the same split/merge helpers on both sides, so only the balancing differs).
+  ``balance_experiences`` of the rollout over dp actors, on OpenRLHF's own ``Experience``
+  batches (torch tensors, :func:`experiences`) split and merged by its own helpers on
+  both sides: the original sorts the split samples by their 0-d ``total_length``
+  tensors, the drop-in reads each batch's lengths once and partitions.
 
 The per-rank calls run twice: on one rank's ``n / dp`` sequences of each rollout, and on a
 rank holding 8,192 sequences (``--rank-n``; the issue's speed target is for calls of
@@ -93,7 +95,9 @@ def load_originals(ext: str) -> tuple[object, object]:
 
 def load_slime_openrlhf(slime_root: str, orlhf_root: str) -> tuple[object, object, object]:
     """slime.utils.dp_schedule, openrlhf.utils.seqlen_balancing and OpenRLHF's experience
-    module (its split/merge helpers replaced by light ones, see :func:`light_helpers`)."""
+    module (with its own ``Experience``, ``split_experience_batch`` and
+    ``make_experience_batch``; only ``zero_pad_sequences`` of ``openrlhf.utils.utils`` is
+    stood in for, by :func:`pad_right`)."""
     import importlib
 
     for pkg, root in (("slime", slime_root), ("openrlhf", orlhf_root)):
@@ -101,36 +105,52 @@ def load_slime_openrlhf(slime_root: str, orlhf_root: str) -> tuple[object, objec
             mod = types.ModuleType(sub)
             mod.__path__ = [str(Path(root, *sub.split(".")))]
             sys.modules[sub] = mod
-    _stub("openrlhf.utils.utils", zero_pad_sequences=lambda *a, **k: None)
-    exp = importlib.import_module("openrlhf.trainer.ppo_utils.experience")
-    exp.split_experience_batch, exp.make_experience_batch = light_helpers()
+    _stub("openrlhf.utils.utils", zero_pad_sequences=pad_right)
     return (
         importlib.import_module("slime.utils.dp_schedule"),
         importlib.import_module("openrlhf.utils.seqlen_balancing"),
-        exp,
+        importlib.import_module("openrlhf.trainer.ppo_utils.experience"),
     )
 
 
-class LightExperience:
-    """Just what balance_experiences reads: per-sample lengths (and ids to check)."""
+def pad_right(seqs: list, side: str = "left", value: int = 0, stack: bool = False) -> object:
+    """What OpenRLHF's ``zero_pad_sequences`` does: pad the last dimension to the longest
+    with ``value`` on ``side``, then stack (new first dimension) or concatenate."""
+    import torch
+    import torch.nn.functional as F
 
-    def __init__(self, total_length: list[int], ids: list[int]) -> None:
-        self.total_length, self.ids = total_length, ids
+    width = max(x.shape[-1] for x in seqs)
+    out = [F.pad(x, (width - x.shape[-1], 0) if side == "left" else (0, width - x.shape[-1]),
+                 value=value) for x in seqs]  # fmt: skip
+    return torch.stack(out) if stack else torch.cat(out)
 
 
-def light_helpers() -> tuple[object, object]:
-    def split(batch):
-        return [LightExperience([n], [i]) for n, i in zip(batch.total_length, batch.ids)]
+#: Tokens per row of the stand-in rollout's per-token tensors (real rows are padded to
+#: the batch's longest sequence; the width only scales the split and merge work, which
+#: is the same on both sides).
+EXPERIENCE_WIDTH = 64
 
-    def make(items):
-        return LightExperience([n for it in items for n in it.total_length],
-                               [i for it in items for i in it.ids])  # fmt: skip
 
-    mod = types.ModuleType("bench_light_experience")
-    mod.split_experience_batch, mod.make_experience_batch = split, make
-    sys.modules[mod.__name__] = mod
-    LightExperience.__module__ = mod.__name__  # where compat.openrlhf finds the helpers
-    return split, make
+def experiences(exp_mod, lens: np.ndarray, batches: int = 8) -> list[object]:
+    """A rollout as OpenRLHF ``Experience`` batches: per-token tensors (token ids, masks,
+    log-probs, advantages) ``EXPERIENCE_WIDTH`` wide, per-sample tensors (rewards,
+    lengths, ``total_length``) and metadata lists (``prompts`` holds the sample ids),
+    ``batches`` batches in index order."""
+    import torch
+
+    out = []
+    for c in np.array_split(np.arange(lens.shape[0]), batches):
+        b, w = c.shape[0], EXPERIENCE_WIDTH
+        out.append(exp_mod.Experience(
+            sequences=torch.zeros(b, w, dtype=torch.long),
+            attention_mask=torch.ones(b, w, dtype=torch.long),
+            action_mask=torch.ones(b, w, dtype=torch.bool),
+            action_log_probs=torch.zeros(b, w), advantages=torch.zeros(b, w),
+            rewards=torch.zeros(b), response_length=torch.as_tensor(lens[c] // 2),
+            total_length=torch.as_tensor(lens[c]), prompts=c.tolist(),  # ids, to check
+            labels=[""] * b,
+        ))  # fmt: skip
+    return out
 
 
 def slime_args(balance_by_flops: bool, cap: int) -> object:
@@ -196,14 +216,65 @@ def fresh_partition(mod, lens: np.ndarray, m: int) -> list[list[int]]:
     return mod.get_seqlen_balanced_partitions(lens, m, False)
 
 
-def openrlhf_balance(mod, lens: np.ndarray, dp: int) -> list[list[int]]:
-    """balance_experiences over dp actors; returns each actor's sample ids."""
-    chunks = np.array_split(np.arange(lens.shape[0]), 8)  # rollout micro-batches
-    exps = [LightExperience(lens[c].tolist(), c.tolist()) for c in chunks]
+def openrlhf_balance(mod, exps: list[object], dp: int) -> list[list[int]]:
+    """``balance_experiences`` of a rollout (:func:`experiences`) over dp actors; returns
+    each actor's sample ids (carried in ``prompts``, which split and merge keep)."""
     args = types.SimpleNamespace(actor=types.SimpleNamespace(num_nodes=1, num_gpus_per_node=dp),
                                  ds=types.SimpleNamespace(ring_attn_size=1,
                                                           tensor_parallel_size=1))  # fmt: skip
-    return [b.ids for b in mod.balance_experiences(exps, args)]
+    return [b.prompts for b in mod.balance_experiences(exps, args)]
+
+
+class Sample:
+    """One split sample as OpenRLHF's split gives it, for the balancing-only row: its
+    ``total_length`` a 0-d tensor (what the original sorts by) and its id."""
+
+    def __init__(self, total_length: object, sid: int) -> None:
+        self.total_length, self.sid = total_length, sid
+
+
+class PreSplit:
+    """A batch whose split is done already: the (B,) ``total_length`` tensor and the
+    samples (split returns them as they are; merge returns their ids)."""
+
+    def __init__(self, total_length: object, samples: list[Sample]) -> None:
+        self.total_length, self.samples = total_length, samples
+
+
+def presplit(lens: np.ndarray, batches: int = 8) -> tuple[list[PreSplit], object]:
+    """The rollout of :func:`experiences` as :class:`PreSplit` batches, and the module
+    holding their split and merge helpers (where the drop-in looks them up)."""
+    import torch
+
+    mod = types.ModuleType("bench_presplit")
+    mod.split_experience_batch = lambda b: b.samples
+    mod.make_experience_batch = lambda items: [it.sid for it in items]
+    sys.modules[mod.__name__] = mod
+    PreSplit.__module__ = mod.__name__
+    out = []
+    for c in np.array_split(np.arange(lens.shape[0]), batches):
+        t = torch.as_tensor(lens[c])
+        out.append(PreSplit(t, [Sample(t[j], int(i)) for j, i in enumerate(c)]))
+    return out, mod
+
+
+def balance_only(exp_mod, mod, batches: list[PreSplit], presplit_mod, dp: int) -> list:
+    """``mod.balance_experiences`` on :func:`presplit` batches; for the original (``mod``
+    is OpenRLHF's module) its split and merge names point at the trivial ones meanwhile."""
+    args = types.SimpleNamespace(actor=types.SimpleNamespace(num_nodes=1, num_gpus_per_node=dp),
+                                 ds=types.SimpleNamespace(ring_attn_size=1,
+                                                          tensor_parallel_size=1))  # fmt: skip
+    if mod is not exp_mod:
+        return mod.balance_experiences(batches, args)
+    names = ("split_experience_batch", "make_experience_batch")
+    saved = [getattr(exp_mod, k) for k in names]
+    for k in names:
+        setattr(exp_mod, k, getattr(presplit_mod, k))
+    try:
+        return exp_mod.balance_experiences(batches, args)
+    finally:
+        for k, v in zip(names, saved):
+            setattr(exp_mod, k, v)
 
 
 def verl_dynamic(orig, lens: list[int], cap: int) -> list[list[int]]:
@@ -397,10 +468,19 @@ def main() -> None:
             # One rank's share of the rollout.
             rows += rank_rows(wl, n // dp, dp, cap, lens[: n // dp].astype(np.int64), repeat, c0,
                               limit, v_orig, a_orig, o_orig)  # fmt: skip
-            orig = time_original(lambda: openrlhf_balance(o_exp, lens, dp), repeat, limit)
+            exps = experiences(o_exp, lens)  # reused: the calls leave them as they are
+            orig = time_original(lambda: openrlhf_balance(o_exp, exps, dp), repeat, limit)
             rows.append(row(
                 "openrlhf balance_experiences", wl, n, dp, 0, orig,
-                lambda: openrlhf_balance(c_orlhf, lens, dp),
+                lambda: openrlhf_balance(c_orlhf, exps, dp),
+                lens, lens.astype(np.float64), repeat,
+            ))  # fmt: skip
+            batches, pre = presplit(lens)
+            orig = time_original(lambda: balance_only(o_exp, o_exp, batches, pre, dp), repeat,
+                                 limit)  # fmt: skip
+            rows.append(row(
+                "openrlhf balance_experiences, balancing only", wl, n, dp, 0, orig,
+                lambda: balance_only(o_exp, c_orlhf, batches, pre, dp),
                 lens, lens.astype(np.float64), repeat,
             ))  # fmt: skip
             rows.extend(slime_rows(wl, lens, dp, cap, s_orig, repeat))

@@ -314,6 +314,56 @@ def test_balance_experiences(lens, gpus, n_batches):
     assert max(loads) <= _interleave_heaviest(lens, gpus)
 
 
+class _CountedExp(_Exp):
+    """An item whose ``total_length`` reads are counted."""
+
+    reads = 0
+
+    @property
+    def total_length(self):
+        type(self).reads += 1
+        return self._lengths
+
+    @total_length.setter
+    def total_length(self, value):
+        self._lengths = value
+
+
+@pytest.mark.parametrize("batch_level", [True, False])
+def test_balance_experiences_reads_each_batch_once(batch_level):
+    # OpenRLHF's split items carry a 0-d tensor each (a conversion apiece): the lengths
+    # are read from the batch's per-sample field when it has one value per item, and
+    # item by item otherwise (here: the batch's field is missing) with the same result.
+    lens = [7, 1, 4, 9, 3, 3, 8, 2, 6, 5, 4]
+    mod = types.ModuleType("fake_openrlhf_counted")
+    mod.split_experience_batch = lambda b: [_CountedExp([n], [p])
+                                            for n, p in zip(b.lengths, b.prompts)]
+    mod.make_experience_batch = lambda items: _Exp([n for it in items for n in it._lengths],
+                                                   [p for it in items for p in it.prompts])
+    sys.modules[mod.__name__] = mod
+    cls = type("Experience", (), {"__module__": mod.__name__})
+    batches = []
+    for c in ([0, 1, 2, 3], [4, 5, 6, 7, 8, 9, 10]):
+        b = cls()
+        b.lengths, b.prompts = [lens[i] for i in c], [f"s{i}" for i in c]
+        b.total_length = list(b.lengths) if batch_level else None
+        batches.append(b)
+    args = NS(actor=NS(num_nodes=1, num_gpus_per_node=3),
+              ds=NS(ring_attn_size=1, tensor_parallel_size=1))  # fmt: skip
+    _CountedExp.reads = 0
+    try:
+        out = openrlhf.balance_experiences(batches, args)
+    finally:
+        del sys.modules[mod.__name__]
+    assert _CountedExp.reads == (0 if batch_level else len(lens))
+    # 52 tokens, 11 samples over 3 actors (3 or 4 samples each): no actor can hold less
+    # than ceil(52 / 3) = 18 at the heaviest ({9, 4, 3, 2}, {8, 4, 3, 1}, {7, 6, 5} meets
+    # it), and the drop-in reaches it either way.
+    assert sorted(p for b in out for p in b.prompts) == sorted(f"s{i}" for i in range(11))
+    assert sorted(len(b.prompts) for b in out) == [3, 4, 4]
+    assert max(sum(b.total_length) for b in out) == 18
+
+
 def test_balance_experiences_refuses_foreign_objects():
     args = NS(actor=NS(num_nodes=1, num_gpus_per_node=2), ds=NS(ring_attn_size=1,
               tensor_parallel_size=1))  # fmt: skip
