@@ -71,3 +71,28 @@ def test_lpt_many_parts_matches_reference(size: str) -> None:
     k, m = 512, 512 * 4 + (100 if size == "balanced" else 0)
     w = workloads.lengths("sft-chat", m, 3).astype(np.float64)
     assert np.array_equal(lpt_labels(w, k, size), reference_lpt(w, k, size))
+
+
+# ---- the folded start ----------------------------------------------------------------
+
+
+def test_folded_labels_known_values():
+    # Sorted 9..1 in rows of 2: [9, 8] [7, 6] to parts 0, 1; the lighter rows [5, 4]
+    # [3, 2] [1] in reverse (5 -> 1, 4 -> 0, 3 -> 1, 2 -> 0, the short row's 1 -> 0):
+    # part 0 = 9 + 7 + 4 + 2 + 1 = 23, part 1 = 8 + 6 + 5 + 3 = 22.
+    w = np.arange(9, 0, -1, dtype=np.float64)
+    assert _greedy.folded_labels(w, 2).tolist() == [0, 1, 0, 1, 1, 0, 1, 0, 0]
+    # Ties keep the input order, and the input order does not matter otherwise.
+    perm = np.array([4, 0, 8, 2, 6, 1, 7, 3, 5])
+    assert _greedy.folded_labels(w[perm], 2).tolist() == _greedy.folded_labels(w, 2)[perm].tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(0, 10**6), min_size=1, max_size=300), st.integers(1, 40))
+def test_folded_labels_counts_meet_the_size_rules(xs, k):
+    w = np.asarray(xs, dtype=np.float64)
+    labels = _greedy.folded_labels(w, k)
+    counts = np.bincount(labels, minlength=k)
+    assert labels.min() >= 0 and labels.max() < k and counts.sum() == len(xs)
+    # m // k each, one more on parts 0 .. m % k - 1 ("balanced"; "equal" when k | m).
+    assert counts.tolist() == [len(xs) // k + (p < len(xs) % k) for p in range(k)]

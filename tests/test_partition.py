@@ -311,3 +311,39 @@ def test_float_free_within_rtol_skips_the_branch_and_bound(monkeypatch, n):
     q = partition(ints, 2)
     check_valid(q, ints, 2, "free")
     assert calls
+
+
+def test_folded_start_meets_the_bound_on_many_integer_units():
+    # 1,024 integer lengths into 8 count-balanced parts: the refined fold meets the lower
+    # bound (so it is optimal and kept); the planner's path (no fold) is no lighter.
+    from seqbalance import workloads
+    from seqbalance.partitioning.kway import partition_arrays
+
+    w = workloads.lengths("rl-math", 1024, seed=3).astype(np.float64)
+    for size in ("balanced", "equal"):
+        p = partition(w, 8, size=size)
+        assert p.method == "folded+refine" and p.optimal and p.max_load == p.lower_bound
+        assert sorted(len(x) for x in p) == [128] * 8
+        q = partition_arrays(w, 8, size, "auto", None)  # fold=False: the usual starts
+        assert q.method != "folded+refine" and q.max_load >= p.max_load
+    # Fractional weights, too few units a part, or a free partition: the usual starts.
+    assert partition(w + 0.5, 8, size="balanced").method != "folded+refine"
+    assert partition(w[:256], 8, size="balanced").method != "folded+refine"
+    assert partition(w, 8).method != "folded+refine"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 3000), min_size=128, max_size=400), st.integers(2, 4),
+       st.sampled_from(["balanced", "equal"]))  # fmt: skip
+def test_folded_start_is_never_heavier_than_the_usual_starts(xs, k, size):
+    from seqbalance.partitioning.kway import partition_arrays
+
+    if size == "equal":
+        xs = xs[: len(xs) - len(xs) % k]
+    w = np.asarray(xs, dtype=np.float64)
+    p = partition(w, k, size=size)
+    q = partition_arrays(w, k, size, "auto", None)
+    assert p.max_load <= q.max_load and p.max_load >= p.lower_bound
+    assert sorted(i for part in p for i in part) == list(range(len(xs)))
+    counts = [len(part) for part in p]
+    assert max(counts) - min(counts) <= (0 if size == "equal" else 1)

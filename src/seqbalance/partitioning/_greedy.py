@@ -6,7 +6,7 @@ import heapq
 
 import numpy as np
 
-__all__ = ["lpt_labels"]
+__all__ = ["folded_labels", "lpt_labels"]
 
 #: A batch of the vectorised phase must place at least this many units, and at least
 #: 1/``BATCH_FRACTION`` of the open parts (it costs a sort of them); below that the
@@ -134,3 +134,24 @@ def _heap_rest(
         else:
             heapq.heapreplace(heap, (load + x, p))
     return chosen
+
+
+def folded_labels(w: np.ndarray, k: int) -> np.ndarray:
+    """Deal the units, heaviest first, in rows of ``k``: the heavier half of the rows to
+    parts 0, 1, ..., the lighter half in reverse, so a part's share of heavy units is
+    offset by light ones. Returns a part label per unit.
+
+    Each row gives one unit to each of its first parts (a short last row to the lowest
+    ones), so counts differ by at most one: ``m // k`` or one more, the extra units on
+    parts ``0 .. m % k - 1``, which meets "balanced", and "equal" when ``k`` divides
+    ``m``. O(m log m) for the sort, the rest vectorised; ties keep the input order.
+    """
+    m = int(w.shape[0])
+    order = np.argsort(-w, kind="stable")
+    pos = np.arange(m, dtype=np.int64)
+    row, col = pos // k, pos % k
+    width = np.minimum(k, m - row * k)  # units in each row (the last may be short)
+    lighter_half = row >= (-(-m // k)) // 2
+    labels = np.empty(m, dtype=np.int64)
+    labels[order] = np.where(lighter_half, width - 1 - col, col)
+    return labels

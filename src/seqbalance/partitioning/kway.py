@@ -21,7 +21,7 @@ from .._validate import (
     check_size_limit,
 )
 from ._exact import EXACT_MAX_NODES, EXACT_MAX_UNITS, exact_budget, exact_labels, exactness
-from ._greedy import lpt_labels
+from ._greedy import folded_labels, lpt_labels
 from ._heaviest import (
     HEAVIEST_DEEP_WORK,
     HEAVIEST_FIRST_PARTS,
@@ -57,6 +57,19 @@ KK_FREE_MAX_UNITS = 4096
 #: 1,170 parts, the gap to the bound falls from 1.4e-3 to 1.6e-4).
 PAIR_MIN_PARTS = 256
 
+#: Under a size rule, :func:`partition` ("auto") first refines
+#: :func:`._greedy.folded_labels` (one sort, no differencing) when the weights are
+#: integers, there are at most ``FOLD_MAX_PARTS`` parts and at least ``FOLD_MIN_PER_PART``
+#: units a part, and keeps it only if it meets the lower bound (then it is optimal);
+#: otherwise the usual starts run as before. Measured on 360 such partitions (5
+#: workloads, 1,024-32,768 lengths, k = 2-16, "balanced" and "equal"): the bound met in
+#: 354, 1.8 s in all against 9.5 s. The planner's own rank splits keep the usual starts:
+#: another optimal token split changed 192 of 1,280 plans (the same micro-batch counts,
+#: 52 steps longer by up to 1.6% and 24 shorter, FSDP), tie-breaking noise it was not
+#: tuned on.
+FOLD_MAX_PARTS = 16
+FOLD_MIN_PER_PART = 64
+
 
 class Partition(list):  # type: ignore[type-arg]
     """The result of :func:`partition`: a ``list`` of ``k`` ascending index lists, plus evidence.
@@ -83,8 +96,9 @@ class Partition(list):  # type: ignore[type-arg]
     method : str
         The algorithm that produced it: ``"kk"``, ``"greedy"``, or for ``method="auto"``
         the winning candidate, ``"kk+refine"``, ``"greedy+refine"``, ``"kkfree+refine"``
-        (free mode, classic Karmarkar–Karp) or ``"exact"`` (the exact search improved on
-        the heuristics).
+        (free mode, classic Karmarkar–Karp), ``"folded+refine"`` (a size rule, integer
+        weights, many units a part: the sorted fold met the bound) or ``"exact"`` (the
+        exact search improved on the heuristics).
     """
 
     loads: np.ndarray
@@ -153,7 +167,11 @@ def partition(
         ``k`` (so every part gets ``ceil(n / k)`` slots; in "free" mode on long-tailed
         weights that equal-count start can be far from optimal until "auto" refines it).
         ``"greedy"``: longest first to the lightest part that may take it (LPT).
-        ``"auto"``: both, each followed by a refinement pass of moves and swaps that lower
+        ``"auto"``: under a size rule with integer weights, at most
+        :data:`FOLD_MAX_PARTS` parts and at least :data:`FOLD_MIN_PER_PART` units a part,
+        first the units sorted and dealt in rows of ``k``, the lighter half of the rows in
+        reverse, then refined: kept when it meets the lower bound (optimal). Otherwise
+        both starts above, each followed by a refinement pass of moves and swaps that lower
         the heaviest part within the size rule (for small problems under a size rule,
         first steepest-descent swaps); the lighter result wins (ties: kk). The lighter
         start is refined first, and the other is skipped when the first reaches the lower
@@ -230,7 +248,7 @@ def partition(
     rule = check_choice(size, "size", SIZES)
     how = check_choice(method, "method", METHODS)
     labels_of_groups = None if groups is None else as_groups(groups, w.shape[0])
-    return partition_arrays(w, k, rule, how, labels_of_groups)
+    return partition_arrays(w, k, rule, how, labels_of_groups, fold=True)
 
 
 def partition_arrays(
@@ -241,6 +259,7 @@ def partition_arrays(
     labels_of_groups: np.ndarray | None,
     *,
     fit: float | None = None,
+    fold: bool = False,
 ) -> Partition:
     """:func:`partition` on validated inputs (float64 weights, int64 dense group labels).
 
@@ -250,6 +269,8 @@ def partition_arrays(
     below (a bin capacity), so ``"auto"`` stops refining once it is there, and a pass that
     cannot (or by its progress forecast will not) get there stops early; the result is
     then any partition within ``fit``, not the lightest found, or one above it.
+    ``fold``: allow the folded start (see :data:`FOLD_MAX_PARTS`); :func:`partition`
+    does, the planner does not.
     """
     units = w
     if labels_of_groups is not None:
@@ -265,7 +286,7 @@ def partition_arrays(
         unit_labels[np.argsort(-units, kind="stable")] = np.arange(units.shape[0])
         used, proven = {"auto": "kk+refine"}.get(how, how), True
     else:
-        unit_labels, used, proven = _solve(units, k, rule, how, bound, fit)
+        unit_labels, used, proven = _solve(units, k, rule, how, bound, fit, fold)
     item_labels = unit_labels if labels_of_groups is None else unit_labels[labels_of_groups]
     loads = np.bincount(item_labels, weights=w, minlength=k).astype(np.float64)
     counts = np.bincount(item_labels, minlength=k)
@@ -297,7 +318,8 @@ def _gc_paused(k: int) -> Iterator[None]:
 
 
 def _solve(
-    units: np.ndarray, k: int, size: str, method: str, bound: float, fit: float | None = None
+    units: np.ndarray, k: int, size: str, method: str, bound: float, fit: float | None = None,
+    fold: bool = False,
 ) -> tuple[np.ndarray, str, bool]:
     """Labels per unit, the name of the algorithm that produced them, and proven optimality."""
     if method == "kk":
@@ -305,6 +327,18 @@ def _solve(
     if method == "greedy":
         return lpt_labels(units, k, size), "greedy", False
     m = units.shape[0]
+    by_weight = np.argsort(units, kind="stable")  # shared by every refinement pass
+    enough = bound if fit is None else max(bound, fit)  # lighter than this is no use
+    if fold and size != "free" and 1 < k <= FOLD_MAX_PARTS and m >= FOLD_MIN_PER_PART * k and (
+        exactness(units)[0]
+    ):
+        # Many integer units a part: the bound is usually met, and a refined fold meets
+        # it 3-10x sooner than the differencing and greedy starts below.
+        labels = refine_labels(units, folded_labels(units, k), k, size, target=enough,
+                               by_weight=by_weight)  # fmt: skip
+        top = float(np.bincount(labels, weights=units, minlength=k).max())
+        if top <= enough:
+            return labels, "folded+refine", top <= bound
     # Under a size rule, small problems first get steepest-descent swaps, so there "auto"
     # is never worse than greedy-with-counts followed by best-improvement swaps.
     steepest = size != "free" and m <= STEEPEST_MAX_UNITS
@@ -314,8 +348,6 @@ def _solve(
     if tops[1] < tops[0]:
         starts.reverse()
     best: tuple[float, np.ndarray, str] | None = None
-    by_weight = np.argsort(units, kind="stable")  # shared by every refinement pass
-    enough = bound if fit is None else max(bound, fit)  # lighter than this is no use
     for name, labels in starts:
         if steepest:
             labels = steepest_swaps(units, labels, k)
