@@ -329,11 +329,16 @@ class _CountedExp(_Exp):
         self._lengths = value
 
 
-@pytest.mark.parametrize("batch_level", [True, False])
-def test_balance_experiences_reads_each_batch_once(batch_level):
+@pytest.mark.parametrize(
+    ("field", "reads"),
+    [("batch", 4), ("rows", 4), ("missing", 11), ("short", 11), ("reversed", 13)],
+)
+def test_balance_experiences_reads_each_batch_once(field, reads):
     # OpenRLHF's split items carry a 0-d tensor each (a conversion apiece): the lengths
-    # are read from the batch's per-sample field when it has one value per item, and
-    # item by item otherwise (here: the batch's field is missing) with the same result.
+    # come from the batch's per-sample field when it has one row per item (a row summed,
+    # as an item's value is) and its first and last rows match the first and last items
+    # (two reads a batch); item by item otherwise (missing, wrong length, another order:
+    # the first item's check fails, then all are read), with the same result.
     lens = [7, 1, 4, 9, 3, 3, 8, 2, 6, 5, 4]
     mod = types.ModuleType("fake_openrlhf_counted")
     mod.split_experience_batch = lambda b: [_CountedExp([n], [p])
@@ -346,7 +351,10 @@ def test_balance_experiences_reads_each_batch_once(batch_level):
     for c in ([0, 1, 2, 3], [4, 5, 6, 7, 8, 9, 10]):
         b = cls()
         b.lengths, b.prompts = [lens[i] for i in c], [f"s{i}" for i in c]
-        b.total_length = list(b.lengths) if batch_level else None
+        b.total_length = {
+            "batch": list(b.lengths), "rows": [[n - 1, 1] for n in b.lengths],
+            "missing": None, "short": b.lengths[:-1], "reversed": b.lengths[::-1],
+        }[field]  # fmt: skip
         batches.append(b)
     args = NS(actor=NS(num_nodes=1, num_gpus_per_node=3),
               ds=NS(ring_attn_size=1, tensor_parallel_size=1))  # fmt: skip
@@ -355,10 +363,10 @@ def test_balance_experiences_reads_each_batch_once(batch_level):
         out = openrlhf.balance_experiences(batches, args)
     finally:
         del sys.modules[mod.__name__]
-    assert _CountedExp.reads == (0 if batch_level else len(lens))
+    assert _CountedExp.reads == reads
     # 52 tokens, 11 samples over 3 actors (3 or 4 samples each): no actor can hold less
     # than ceil(52 / 3) = 18 at the heaviest ({9, 4, 3, 2}, {8, 4, 3, 1}, {7, 6, 5} meets
-    # it), and the drop-in reaches it either way.
+    # it), and the drop-in reaches it in every case.
     assert sorted(p for b in out for p in b.prompts) == sorted(f"s{i}" for i in range(11))
     assert sorted(len(b.prompts) for b in out) == [3, 4, 4]
     assert max(sum(b.total_length) for b in out) == 18

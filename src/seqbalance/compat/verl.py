@@ -103,7 +103,9 @@ def karmarkar_karp(seqlen_list: Any, k_partitions: int, equal_size: bool) -> lis
 
     ``equal_size=False`` leaves counts free (verl's free mode), ``True`` gives every part
     ``n / k`` items. seqbalance's ``partition(method="auto")``: differencing and greedy,
-    each refined, so the heaviest part is never heavier than plain differencing's.
+    each refined, so the heaviest part is never heavier than plain differencing's (with
+    token-count-like integer weights and many items a part, a refined sorted deal first,
+    kept only when it meets the lower bound).
     """
     return _balanced(seqlen_list, k_partitions, equal_size, "auto")
 

@@ -137,9 +137,10 @@ def _heap_rest(
 
 
 def folded_labels(w: np.ndarray, k: int) -> np.ndarray:
-    """Deal the units, heaviest first, in rows of ``k``: the heavier half of the rows to
-    parts 0, 1, ..., the lighter half in reverse, so a part's share of heavy units is
-    offset by light ones. Returns a part label per unit.
+    """Deal the units, heaviest first, in rows of ``k``: the first ``rows // 2`` rows to
+    parts 0, 1, ..., the rest (the lighter half, and the middle row of an odd count) in
+    reverse, so a part's share of heavy units is offset by light ones. Returns a part
+    label per unit.
 
     Each row gives one unit to each of its first parts (a short last row to the lowest
     ones), so counts differ by at most one: ``m // k`` or one more, the extra units on
