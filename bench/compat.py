@@ -216,13 +216,17 @@ def fresh_partition(mod, lens: np.ndarray, m: int) -> list[list[int]]:
     return mod.get_seqlen_balanced_partitions(lens, m, False)
 
 
+def openrlhf_args(dp: int) -> object:
+    """The ``args`` OpenRLHF's ``balance_experiences`` reads: ``dp`` actors, one node."""
+    return types.SimpleNamespace(actor=types.SimpleNamespace(num_nodes=1, num_gpus_per_node=dp),
+                                 ds=types.SimpleNamespace(ring_attn_size=1,
+                                                          tensor_parallel_size=1))  # fmt: skip
+
+
 def openrlhf_balance(mod, exps: list[object], dp: int) -> list[list[int]]:
     """``balance_experiences`` of a rollout (:func:`experiences`) over dp actors; returns
     each actor's sample ids (carried in ``prompts``, which split and merge keep)."""
-    args = types.SimpleNamespace(actor=types.SimpleNamespace(num_nodes=1, num_gpus_per_node=dp),
-                                 ds=types.SimpleNamespace(ring_attn_size=1,
-                                                          tensor_parallel_size=1))  # fmt: skip
-    return [b.prompts for b in mod.balance_experiences(exps, args)]
+    return [b.prompts for b in mod.balance_experiences(exps, openrlhf_args(dp))]
 
 
 class Sample:
@@ -261,9 +265,7 @@ def presplit(lens: np.ndarray, batches: int = 8) -> tuple[list[PreSplit], object
 def balance_only(exp_mod, mod, batches: list[PreSplit], presplit_mod, dp: int) -> list:
     """``mod.balance_experiences`` on :func:`presplit` batches; for the original (``mod``
     is OpenRLHF's module) its split and merge names point at the trivial ones meanwhile."""
-    args = types.SimpleNamespace(actor=types.SimpleNamespace(num_nodes=1, num_gpus_per_node=dp),
-                                 ds=types.SimpleNamespace(ring_attn_size=1,
-                                                          tensor_parallel_size=1))  # fmt: skip
+    args = openrlhf_args(dp)
     if mod is not exp_mod:
         return mod.balance_experiences(batches, args)
     names = ("split_experience_batch", "make_experience_batch")

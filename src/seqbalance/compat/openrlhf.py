@@ -209,7 +209,7 @@ def balance_experiences(experiences: list[Any], args: Any) -> list[Any]:
     lens = np.concatenate(per_batch)
     k = min(_rank_count(args), len(items))
     parts = partition(lens, k, size="balanced")
-    loads = [float(lens[list(p)].sum()) for p in parts]
+    loads = parts.loads.tolist()  # each part's total, as the partition summed it
     order = sorted(range(k), key=lambda j: (-loads[j], min(parts[j])))
     return [make([items[i] for i in parts[j]]) for j in order]
 
