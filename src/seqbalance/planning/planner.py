@@ -23,7 +23,10 @@ How a plan is built (every step deterministic):
    then each rank's sequences are packed into ``m`` bins and ordered heaviest first, which
    lines slots up across ranks (under ``ddp`` the bins inside a rank are not evened out:
    only the rank's total counts). Under ``ddp`` a cost-balanced rank-first plan is also
-   tried without a rule.
+   tried without a rule, and tried first: when it packs into the smallest count ``m`` of
+   step 1 and its busiest rank is at the partition lower bound (within ``AUTO_RTOL``,
+   where "auto" partitions stop on float costs), no plan can be faster, so the global
+   packing of step 2 and the exchange of step 5 are skipped.
 4. Among the candidates, the plan with the fewest micro-batches wins, then the lowest
    simulated step time (``extra_micro_batches`` > 0: the lowest step time).
 5. Under ``ddp`` (no groups, not padded) sequences are then exchanged between micro-batches
@@ -64,7 +67,7 @@ from .._validate import (
 )
 from ..partitioning._rules import SIZES
 from ..partitioning.bounds import lower_bound
-from ..partitioning.kway import partition_arrays
+from ..partitioning.kway import AUTO_RTOL, partition_arrays
 from ._costing import sequence_costs
 from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
@@ -560,7 +563,7 @@ def _why_more(req: _Request, m: int, status: str) -> str:
     return f"{m} micro-batches per rank: {_WHY[status].format(k=per, n=limit)}{under}"
 
 
-def _joint_exact(req: _Request, m: int, memo: dict[int, Any]) -> tuple[Any, str]:
+def _joint_exact(req: _Request, m: int, memo: dict[Any, Any]) -> tuple[Any, str]:
     """Rank contents that fit ``m`` micro-batches per rank under the rule, by exact search.
 
     Returns ``(rank_items, status)``; small inputs only (else status ``"skipped"``).
@@ -617,7 +620,7 @@ def _search(
     rank_items: list[list[int]] | None,
     first_m: int,
     notes: list[str],
-    memo: dict[int, Any],
+    memo: dict[Any, Any],
     m_stop: int | None = None,
 ) -> list[Plan] | str:
     """Step 3: plans for the smallest feasible m (and the extra ones asked for), or why not.
@@ -651,21 +654,9 @@ def _search(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp
             )
         else:
-            if not blocked:
-                mbs = _plan_by_rank(
-                    req.lens, req.costs, rank_items, m, req.cap, req.padded, req.sync
-                )
-            if mbs is None:
-                joint, st = _joint_exact(req, m, memo)
-                if joint is not None:
-                    mbs = _plan_by_rank(
-                        req.lens, req.costs, joint, m, req.cap, req.padded, req.sync
-                    )
-                    st = "found" if mbs is not None else "limit"
+            mbs, st = _by_rank_at(req, rank_items, m, memo, blocked)
             if mbs is None and blocked:
                 return found if found else str(problem)
-            if mbs is not None:
-                mbs = _fill_rank_slack(req, mbs)
         if mbs is None:
             status = st
         else:
@@ -686,6 +677,71 @@ def _search(
                 break
         m += req.mult
     return found
+
+
+def _by_rank_at(
+    req: _Request, rank_items: list[list[int]], m: int, memo: dict[Any, Any], blocked: bool
+) -> tuple[list[list[list[int]]] | None, str]:
+    """The rank-first split ``rank_items`` packed into ``m`` micro-batches per rank (the
+    joint exact search when it does not pack, on small inputs), and how it ended.
+
+    Kept in ``memo`` per split and count: the DDP shortcut of :func:`plan` tries the
+    smallest count before the usual searches, which then reuse it.
+    """
+    key = ("by_rank", id(rank_items), m, blocked)
+    if key in memo:
+        return memo[key]
+    mbs, st = None, "infeasible"
+    if not blocked:
+        mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded, req.sync)
+    if mbs is None:
+        joint, st = _joint_exact(req, m, memo)
+        if joint is not None:
+            mbs = _plan_by_rank(req.lens, req.costs, joint, m, req.cap, req.padded, req.sync)
+            st = "found" if mbs is not None else "limit"
+    if mbs is not None:
+        mbs = _fill_rank_slack(req, mbs)
+    memo[key] = (mbs, st)
+    return memo[key]
+
+
+def _ddp_rank_first_at_bound(
+    req: _Request,
+    splits: list[list[list[int]] | None],
+    first_m: int,
+    notes: list[str],
+    memo: dict[Any, Any],
+) -> Plan | None:
+    """DDP: the rank-first plan at the smallest count when no plan can have a shorter step.
+
+    Under DDP a step is the busiest rank's total, ``m * per_microbatch`` plus its sequence
+    costs. If the cost partition behind the rank-first split packs into ``first_m`` (no
+    plan has fewer micro-batches) and its heaviest rank is at the partition lower bound
+    (within ``AUTO_RTOL``, where "auto" stops on float costs), the global packing can at
+    best tie, so it is skipped (measured: it was most of a DDP plan's time at n = 8,192).
+    Packed, free size, no groups, no pipeline, no extra counts; None otherwise.
+    """
+    if (req.sync != "ddp" or req.padded or req.pp is not None or req.extra
+            or len(splits) != 2 or splits[0] is not None or req.n == 0):  # fmt: skip
+        return None
+    rank_items = splits[1]
+    assert rank_items is not None
+    enough = lower_bound(req.costs, req.dp) * (1 + AUTO_RTOL)
+
+    def heaviest(ranks: list[list[int]]) -> float:
+        return max(float(req.costs[np.asarray(r, dtype=np.int64)].sum()) for r in ranks)
+
+    if heaviest(rank_items) > enough:
+        return None
+    found = _search(req, rank_items, first_m, notes, memo, m_stop=first_m)
+    if not isinstance(found, list) or not found:
+        return None
+    # The split may not have packed and the joint exact search (small inputs) chosen
+    # other rank contents: the plan itself must be at the bound.
+    got = found[0]
+    if heaviest([[i for mb in rank for i in mb] for rank in got.micro_batches]) > enough:
+        return None
+    return got
 
 
 _PIPELINE_MAX_ITEMS = 20_000  # the framework pipelines run as candidates up to this size
@@ -1066,8 +1122,11 @@ def plan(
     splits = _rank_splits(req, first_m)
     candidates: list[Plan] = []
     problems: list[str] = []
-    memo: dict[int, Any] = {}
-    for rank_items in splits:
+    memo: dict[Any, Any] = {}
+    early = _ddp_rank_first_at_bound(req, splits, first_m, notes, memo)
+    if early is not None:
+        candidates.append(early)
+    for rank_items in splits if early is None else []:
         m_stop = min((p.num_micro_batches for p in candidates), default=None)
         found = _search(req, rank_items, first_m, notes, memo, m_stop)
         if isinstance(found, str):
@@ -1085,7 +1144,8 @@ def plan(
         best = finish_plan(best, pp, user_mult)
         best.notes = (*alone_note, *best.notes)
         return best
-    if req.sync == "ddp" and not req.padded and req.groups is None:
+    if req.sync == "ddp" and not req.padded and req.groups is None and best is not early:
+        # (the early plan's busiest rank is at the bound already: nothing to exchange for)
         grid = exchange_between_ranks(
             best.micro_batches,
             req.costs,
