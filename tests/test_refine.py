@@ -87,3 +87,28 @@ def test_hopeless_pass_stops_before_any_step() -> None:
     assert np.array_equal(out, lab)
     # Without a rival to beat, it takes its one step (a 4 moves to part 3).
     assert not np.array_equal(refine_labels(w, lab, 4, "free", max_steps=1), lab)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    weights=st.lists(st.integers(0, 60), min_size=2, max_size=90),
+    k=st.integers(2, 12),
+    size=st.sampled_from(["free", "balanced", "equal"]),
+    scale=st.sampled_from([1.0, 0.37, 1e9]),
+)
+def test_small_parts_python_path_makes_the_numpy_paths_choices(weights, k, size, scale):
+    # Small part pairs are compared in plain Python (_best_op_small); it must pick the same
+    # move or swap as the vectorised path, ties included (integer weights make many), so
+    # a pass ends in the same labels either way.
+    from unittest import mock
+
+    w = np.asarray(weights, dtype=np.float64) * scale
+    k = min(k, w.size)
+    if size == "equal":
+        w = w[: w.size - w.size % k]
+    start = lpt_labels(w, k, size)
+    with mock.patch.object(_refine, "_SMALL_PAIR", 0):
+        vectorised = refine_labels(w, start, k, size)
+    with mock.patch.object(_refine, "_SMALL_PAIR", 1 << 30):
+        python = refine_labels(w, start, k, size)
+    assert python.tolist() == vectorised.tolist()
