@@ -107,7 +107,7 @@ def test_small_parts_python_path_makes_the_numpy_paths_choices(weights, k, size,
     if size == "equal":
         w = w[: w.size - w.size % k]
     start = lpt_labels(w, k, size)
-    with mock.patch.object(_refine, "_SMALL_PAIR", 0):
+    with mock.patch.object(_refine, "_SMALL_PAIR", -1):
         vectorised = refine_labels(w, start, k, size)
     with mock.patch.object(_refine, "_SMALL_PAIR", 1 << 30):
         python = refine_labels(w, start, k, size)

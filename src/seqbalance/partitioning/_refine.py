@@ -223,7 +223,7 @@ def _step(state: tuple, h: int, p: int) -> bool:  # type: ignore[type-arg]
         return False
     uh, up = members[h], members[p]
     movable = size == "free" or (size == "balanced" and counts[h] > c and counts[p] == c)
-    if uh.size * up.size <= _SMALL_PAIR:
+    if uh.size * max(up.size, 1) <= _SMALL_PAIR:
         op = _best_op_small(w[uh].tolist(), w[up].tolist(), top, low, gap, tol, movable)
         return op is not None and _apply(state, h, p, op)
     wh = w[uh]
@@ -258,7 +258,7 @@ def _step(state: tuple, h: int, p: int) -> bool:  # type: ignore[type-arg]
     return _apply(state, h, p, op)
 
 
-# Parts this small (|h| * |p| pairs) are compared in plain Python: on a few units numpy's
+# Parts this small (|h| * max(|p|, 1) pairs) are compared in plain Python: on a few units numpy's
 # per-call overhead is most of a step (token packing of 1,024 sequences into 131
 # micro-batches, ~8 a part: 470 steps a pass).
 _SMALL_PAIR = 144
