@@ -24,9 +24,12 @@ this script (numba.njit becomes the identity). Calls measured, per standard work
 - OpenRLHF dynamic batch (replay buffer): ``get_minimum_num_micro_batch_size`` then
   ``get_seqlen_balanced_partitions(L, m, False)`` of one rank's sequences; and
   ``balance_experiences`` of the rollout over dp actors, on OpenRLHF's own ``Experience``
-  batches (torch tensors, :func:`experiences`) split and merged by its own helpers on
-  both sides: the original sorts the split samples by their 0-d ``total_length``
-  tensors, the drop-in reads each batch's lengths once and partitions.
+  batches (torch tensors, :func:`experiences`; rows of 64 and of 2,048 tokens): the
+  original splits them into samples, sorts by their 0-d ``total_length`` tensors and
+  merges; the drop-in reads each batch's lengths once, partitions, and gathers each
+  actor's rows field by field. Before timing, the drop-in's batches are checked equal,
+  field for field, to those OpenRLHF's own split and merge make of the same partition
+  (:func:`check_experience_gather`). A "balancing only" row times the balancing alone.
 
 The per-rank calls run twice: on one rank's ``n / dp`` sequences of each rollout, and on a
 rank holding 8,192 sequences (``--rank-n``; the issue's speed target is for calls of
@@ -126,21 +129,24 @@ def pad_right(seqs: list, side: str = "left", value: int = 0, stack: bool = Fals
 
 
 #: Tokens per row of the stand-in rollout's per-token tensors (real rows are padded to
-#: the batch's longest sequence; the width only scales the split and merge work, which
-#: is the same on both sides).
+#: the batch's longest sequence). The width scales the copying, which both sides do once
+#: or twice; the per-sample work of splitting and merging does not depend on it.
 EXPERIENCE_WIDTH = 64
+#: A second, realistic width (long-CoT rollouts pad rows to thousands of tokens).
+EXPERIENCE_WIDTH_WIDE = 2048
 
 
-def experiences(exp_mod, lens: np.ndarray, batches: int = 8) -> list[object]:
+def experiences(exp_mod, lens: np.ndarray, batches: int = 8,
+                width: int = EXPERIENCE_WIDTH) -> list[object]:  # fmt: skip
     """A rollout as OpenRLHF ``Experience`` batches: per-token tensors (token ids, masks,
-    log-probs, advantages) ``EXPERIENCE_WIDTH`` wide, per-sample tensors (rewards,
-    lengths, ``total_length``) and metadata lists (``prompts`` holds the sample ids),
-    ``batches`` batches in index order."""
+    log-probs, advantages) ``width`` wide, per-sample tensors (rewards, lengths,
+    ``total_length``), metadata lists (``prompts`` holds the sample ids) and an ``info``
+    dict (a per-sample tensor and a list of ints), ``batches`` batches in index order."""
     import torch
 
     out = []
     for c in np.array_split(np.arange(lens.shape[0]), batches):
-        b, w = c.shape[0], EXPERIENCE_WIDTH
+        b, w = c.shape[0], width
         out.append(exp_mod.Experience(
             sequences=torch.zeros(b, w, dtype=torch.long),
             attention_mask=torch.ones(b, w, dtype=torch.long),
@@ -149,8 +155,52 @@ def experiences(exp_mod, lens: np.ndarray, batches: int = 8) -> list[object]:
             rewards=torch.zeros(b), response_length=torch.as_tensor(lens[c] // 2),
             total_length=torch.as_tensor(lens[c]), prompts=c.tolist(),  # ids, to check
             labels=[""] * b,
+            info={"kl": torch.zeros(b), "turns": [1] * b},
         ))  # fmt: skip
     return out
+
+
+def check_experience_gather(exp_mod, c_orlhf, lens: np.ndarray, dp: int) -> None:
+    """The drop-in's gathered batches equal, field for field (values, dtypes, shapes),
+    what OpenRLHF's own ``split_experience_batch`` / ``make_experience_batch`` make of the
+    same partition (the drop-in's split-and-merge path, ``GATHER_ROWS = False``), on
+    batches of two widths; AssertionError otherwise."""
+    import dataclasses
+
+    import torch
+
+    def same(a, b, where):
+        if torch.is_tensor(a):
+            assert torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape, where
+            assert torch.equal(a, b), where
+        elif isinstance(a, dict):
+            assert isinstance(b, dict) and list(a) == list(b), where
+            for key in a:
+                same(a[key], b[key], f"{where}[{key}]")
+        elif isinstance(a, list):
+            assert isinstance(b, list) and len(a) == len(b), where
+            for i, (x, y) in enumerate(zip(a, b)):
+                same(x, y, f"{where}[{i}]")
+        else:
+            assert a == b, where
+
+    def batches():  # rows of 2,048 tokens in the odd batches, 64 in the even ones
+        out = experiences(exp_mod, lens)
+        wide = experiences(exp_mod, lens, width=EXPERIENCE_WIDTH_WIDE)
+        return [w if i % 2 else e for i, (e, w) in enumerate(zip(out, wide))]
+
+    saved = c_orlhf.GATHER_ROWS
+    try:
+        c_orlhf.GATHER_ROWS = False
+        merged = c_orlhf.balance_experiences(batches(), openrlhf_args(dp))
+        c_orlhf.GATHER_ROWS = True
+        gathered = c_orlhf.balance_experiences(batches(), openrlhf_args(dp))
+    finally:
+        c_orlhf.GATHER_ROWS = saved
+    assert len(merged) == len(gathered)
+    for j, (a, b) in enumerate(zip(gathered, merged)):
+        for f in dataclasses.fields(a):
+            same(getattr(a, f.name), getattr(b, f.name), f"batch {j}.{f.name}")
 
 
 def slime_args(balance_by_flops: bool, cap: int) -> object:
@@ -473,13 +523,15 @@ def main() -> None:
             # One rank's share of the rollout.
             rows += rank_rows(wl, n // dp, dp, cap, lens[: n // dp].astype(np.int64), repeat, c0,
                               limit, v_orig, a_orig, o_orig)  # fmt: skip
-            exps = experiences(o_exp, lens)  # reused: the calls leave them as they are
-            orig = time_original(lambda: openrlhf_balance(o_exp, exps, dp), repeat, limit)
-            rows.append(row(
-                "openrlhf balance_experiences", wl, n, dp, 0, orig,
-                lambda: openrlhf_balance(c_orlhf, exps, dp),
-                lens, lens.astype(np.float64), repeat,
-            ))  # fmt: skip
+            check_experience_gather(o_exp, c_orlhf, lens, dp)
+            for width in (EXPERIENCE_WIDTH, EXPERIENCE_WIDTH_WIDE):
+                exps = experiences(o_exp, lens, width=width)  # reused: calls keep them
+                orig = time_original(lambda: openrlhf_balance(o_exp, exps, dp), repeat, limit)
+                rows.append(row(
+                    f"openrlhf balance_experiences, {width}-token rows", wl, n, dp, 0, orig,
+                    lambda: openrlhf_balance(c_orlhf, exps, dp),
+                    lens, lens.astype(np.float64), repeat,
+                ))  # fmt: skip
             batches, pre = presplit(lens)
             orig = time_original(lambda: balance_only(o_exp, o_exp, batches, pre, dp), repeat,
                                  limit)  # fmt: skip

@@ -6,9 +6,12 @@ verl, shared with :mod:`seqbalance.compat.verl`, and
 ``openrlhf.trainer.ppo_utils.experience``. Change the imports, or call :func:`patch` once
 before training (:func:`unpatch` undoes it). ``docs/migrating.md`` lists the differences.
 
-This module never imports OpenRLHF (nor torch): :func:`balance_experiences` splits and
-merges experiences with the ``split_experience_batch`` / ``make_experience_batch``
-functions of the module that defines the experience class it is given.
+This module never imports OpenRLHF, and torch only when handed tensors.
+:func:`balance_experiences` regroups OpenRLHF's own ``Experience`` batches by gathering
+rows field by field (``_experience_rows``: the batches splitting and merging would make,
+without one object per sample); anything else it splits and merges with the
+``split_experience_batch`` / ``make_experience_batch`` functions of the module that
+defines the experience class it is given.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 
 from ..partitioning import partition
 from . import verl as _verl
+from ._experience_rows import layout as _row_layout
 from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, unpatch_all
 
 __all__ = [
@@ -52,6 +56,11 @@ _LINEAR_STEPS = 3
 #: (deterministic) partition; one slot, replaced whole, in arrays (no Python objects per
 #: sample are kept between calls).
 _last_fit: tuple[np.ndarray, int, np.ndarray, np.ndarray] | None = None
+
+#: :func:`balance_experiences` regroups OpenRLHF's own ``Experience`` batches by gathering
+#: rows (``_experience_rows``: the same batches as splitting and merging, without one
+#: object per sample). False: always split and merge with the module's helpers.
+GATHER_ROWS = True
 
 
 def get_seqlen_balanced_partitions(
@@ -192,26 +201,41 @@ def balance_experiences(experiences: list[Any], args: Any) -> list[Any]:
     ``n // k`` or ``n // k + 1`` samples (fewer batches when there are fewer samples than
     actors) and the heaviest batch's ``total_length`` sum is as small as seqbalance's
     count-balanced partition makes it (OpenRLHF interleaves long and short samples).
-    Batches come heaviest first; samples keep their input order within a batch.
+    Batches come heaviest first; samples keep their input order within a batch. The
+    batches are those OpenRLHF's split and merge make of these samples (gathered row by
+    row for its own ``Experience``; see the module docstring); each input's ``index`` is
+    set to None, as OpenRLHF's split does.
     """
     if not experiences:
         return []
     split, make = _experience_helpers(experiences[0])
+    module = sys.modules[type(experiences[0]).__module__]
+    rows = _row_layout(experiences, module) if GATHER_ROWS else None
+    if rows is not None:
+        lens = rows.lengths()
+        groups = _balanced_groups(lens, min(_rank_count(args), lens.shape[0]))
+        return rows.gather([np.sort(np.asarray(g, dtype=np.int64)) for g in groups])
     items: list[Any] = []
     per_batch = []
     for batch in experiences:
-        rows = _batch_rows(getattr(batch, "total_length", None))  # a copy, before split
+        rows_in = _batch_rows(getattr(batch, "total_length", None))  # a copy, before split
         got = split(batch)
         items.extend(got)
-        per_batch.append(_item_lengths(rows, got))
+        per_batch.append(_item_lengths(rows_in, got))
     if not items:
         return []
     lens = np.concatenate(per_batch)
-    k = min(_rank_count(args), len(items))
+    groups = _balanced_groups(lens, min(_rank_count(args), len(items)))
+    return [make([items[i] for i in g]) for g in groups]
+
+
+def _balanced_groups(lens: np.ndarray, k: int) -> list[list[int]]:
+    """The count-balanced partition of ``lens`` into ``k`` parts, heaviest part first
+    (ties: the part holding the smallest index first); each part's indices ascending."""
     parts = partition(lens, k, size="balanced")
     loads = parts.loads.tolist()  # each part's total, as the partition summed it
     order = sorted(range(k), key=lambda j: (-loads[j], min(parts[j])))
-    return [make([items[i] for i in parts[j]]) for j in order]
+    return [parts[j] for j in order]
 
 
 _SEQLEN = [n for n in __all__ if n not in ("balance_experiences", "patch", "unpatch")]
