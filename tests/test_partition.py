@@ -298,19 +298,47 @@ def test_float_free_within_rtol_skips_the_branch_and_bound(monkeypatch, n):
     check_valid(p, w.tolist(), 2, "free")
     assert calls == []
     assert p.max_load <= p.lower_bound * (1 + kway.AUTO_RTOL) and not p.optimal
-    # Asked whether a cap between the bound and that result can be met (the planner's
-    # ``fit``), the search runs (and at n = 48 meets it).
-    fit = (p.max_load + p.lower_bound) / 2
-    r = kway.partition_arrays(w, 2, "free", "auto", None, fit=fit)
+    # Asked whether a cap below that result can be met (the planner's ``fit``; here the
+    # bound, which no heuristic start meets), the search runs.
+    r = kway.partition_arrays(w, 2, "free", "auto", None, fit=p.lower_bound)
     assert calls and r.max_load <= p.max_load
-    assert n != 48 or r.max_load <= fit
     calls.clear()
+    if n == 48:  # a cap midway between the bound and the start: the search meets it
+        fit = (p.max_load + p.lower_bound) / 2
+        r = kway.partition_arrays(w, 2, "free", "auto", None, fit=fit)
+        assert calls and r.max_load <= fit
+        calls.clear()
     # The same weights as integers (large totals, so the start misses the bound by less
     # than AUTO_RTOL too) still reach the search.
     ints = np.round(w * 1e7).astype(np.int64).tolist()
     q = partition(ints, 2)
     check_valid(q, ints, 2, "free")
     assert calls
+
+
+def test_float_free_within_rtol_skips_classic_kk(monkeypatch):
+    """Float weights in free mode whose refined start is within AUTO_RTOL of the bound
+    skip the classic (count-free) Karmarkar-Karp candidate: it could gain less than
+    that. Integer weights, and callers asking whether a cap can be met, still get it."""
+    from seqbalance import workloads
+    from seqbalance.partitioning import kway
+
+    calls: list[int] = []
+    kk_free = kway.kk_free_labels
+    monkeypatch.setattr(kway, "kk_free_labels",
+                        lambda *a, **kw: calls.append(1) or kk_free(*a, **kw))  # fmt: skip
+    lens = workloads.lengths("rl-math", 1024, seed=0).astype(np.float64)
+    w = 1.37 * lens + 1e-4 * lens**2  # float costs (a fitted model's)
+    p = partition(w, 8)
+    check_valid(p, w.tolist(), 8, "free")
+    assert calls == [] and p.max_load > p.lower_bound
+    assert p.max_load <= p.lower_bound * (1 + kway.AUTO_RTOL)
+    r = kway.partition_arrays(w, 8, "free", "auto", None, fit=p.lower_bound)
+    assert calls and r.max_load <= p.max_load
+    calls.clear()
+    ints = np.round(w * 1e3).astype(np.int64)
+    q = partition(ints, 8)
+    assert calls or q.max_load == q.lower_bound
 
 
 def test_folded_start_meets_the_bound_on_many_integer_units():

@@ -179,7 +179,9 @@ def partition(
         its refinement stops once it cannot, or by a generous forecast of its progress
         will not, end lighter than the first. In "free" mode with at most
         :data:`KK_FREE_MAX_UNITS` units, classic Karmarkar–Karp (no count limits) plus
-        refinement is a further candidate, taken only when strictly lighter. Then, on
+        refinement is a further candidate, taken only when strictly lighter, and skipped
+        on non-exact (non-integer) weights already within ``AUTO_RTOL`` of the bound, as
+        the branch and bound below is. Then, on
         small problems, exact searches start from the winner within fixed work budgets,
         and the result says whether it is ``optimal``: two parts and at most 32 units, a
         meet-in-the-middle split (always proven); three to eight parts and at most 32
@@ -361,7 +363,16 @@ def _solve(
         if best[0] <= max(enough, bound * (1.0 + (AUTO_RTOL if size == "free" else 0.0))):
             break  # optimal (or, in free mode, within AUTO_RTOL of it), or fits
     assert best is not None
-    if size == "free" and k > 1 and m <= KK_FREE_MAX_UNITS and best[0] > enough:
+
+    def within_rtol() -> bool:
+        # Float costs in free mode, within AUTO_RTOL of the bound: a further search could
+        # shave off less than that (float sums rarely meet the bound exactly). With
+        # ``fit`` the caller needs to know whether the cap can be met, so search anyway.
+        return (fit is None and size == "free" and best[0] <= bound * (1.0 + AUTO_RTOL)
+                and not exactness(units)[0])  # fmt: skip
+
+    if (size == "free" and k > 1 and m <= KK_FREE_MAX_UNITS and best[0] > enough
+            and not within_rtol()):  # fmt: skip
         labels = refine_labels(units, kk_free_labels(units, k), k, size, target=enough,
                                by_weight=by_weight, beat=best[0] if fit is None else
                                min(best[0], fit))
@@ -378,13 +389,10 @@ def _solve(
             HEAVIEST_WORK if k <= HEAVIEST_FIRST_PARTS else HEAVIEST_DEEP_WORK))
         if proven:
             return best[1], best[2], True
-    # Float costs in free mode, within AUTO_RTOL of the bound, on more units than the
-    # small searches take: the branch and bound could shave off less than that, and as
-    # float sums rarely meet the bound it would spend its whole node budget (0.1-0.4 s,
-    # inside every training step of a run planning with a fitted cost) trying.
-    # With ``fit`` the caller needs to know whether the cap can be met, so search anyway.
-    close = (fit is None and size == "free" and m > TWO_WAY_MAX_UNITS
-             and best[0] <= bound * (1.0 + AUTO_RTOL) and not exactness(units)[0])
+    # On more units than the small searches take, the branch and bound would spend its
+    # whole node budget (0.1-0.4 s, inside every training step of a run planning with a
+    # fitted cost) trying to gain less than AUTO_RTOL (within_rtol).
+    close = m > TWO_WAY_MAX_UNITS and within_rtol()
     if m <= EXACT_MAX_UNITS and best[0] > enough and not close:
         # After the enumeration, more parts get the smaller budget: the bisection below
         # settles more of what is left per second than more nodes do.
