@@ -141,7 +141,7 @@ def experiences(exp_mod, lens: np.ndarray, batches: int = 8,
     """A rollout as OpenRLHF ``Experience`` batches: per-token tensors (token ids, masks,
     log-probs, advantages) ``width`` wide, per-sample tensors (rewards, lengths,
     ``total_length``), metadata lists (``prompts`` holds the sample ids) and an ``info``
-    dict (a per-sample tensor and a list of ints), ``batches`` batches in index order."""
+    dict of per-sample tensors as OpenRLHF fills it, ``batches`` batches in index order."""
     import torch
 
     out = []
@@ -155,9 +155,17 @@ def experiences(exp_mod, lens: np.ndarray, batches: int = 8,
             rewards=torch.zeros(b), response_length=torch.as_tensor(lens[c] // 2),
             total_length=torch.as_tensor(lens[c]), prompts=c.tolist(),  # ids, to check
             labels=[""] * b,
-            info={"kl": torch.zeros(b), "turns": [1] * b},
+            info={**{key: torch.zeros(b) for key in _INFO_FLOAT_KEYS},
+                  "response_clip_ratio": torch.zeros(b, dtype=torch.bool),
+                  "response_length": torch.as_tensor(lens[c] // 2)},
         ))  # fmt: skip
     return out
+
+
+#: The per-sample float tensors OpenRLHF's experience maker puts in ``info`` (besides a
+#: bool clip flag and the response length): each is merged into a list of 0-d tensors,
+#: one object per sample, on both sides.
+_INFO_FLOAT_KEYS = ("reward", "score", "kl", "logprobs_diff", "group_reward_std", "return")
 
 
 def check_experience_gather(exp_mod, c_orlhf, lens: np.ndarray, dp: int) -> None:
@@ -185,10 +193,17 @@ def check_experience_gather(exp_mod, c_orlhf, lens: np.ndarray, dp: int) -> None
             assert a == b, where
 
     def batches():  # rows of 2,048 tokens in the odd batches, 64 in the even ones
-        out = experiences(exp_mod, lens)
-        wide = experiences(exp_mod, lens, width=EXPERIENCE_WIDTH_WIDE)
-        return [w if i % 2 else e for i, (e, w) in enumerate(zip(out, wide))]
+        out = [experiences(exp_mod, lens[c], batches=1,
+                           width=EXPERIENCE_WIDTH_WIDE if i % 2 else EXPERIENCE_WIDTH)[0]
+               for i, c in enumerate(np.array_split(np.arange(lens.shape[0]), 8))]  # fmt: skip
+        for b, c in zip(out, np.array_split(np.arange(lens.shape[0]), 8)):
+            b.prompts = c.tolist()  # global ids
+        return out
 
+    from seqbalance.compat import _experience_rows
+
+    # Else both calls below would split and merge, and the check would test nothing.
+    assert _experience_rows.layout(batches(), exp_mod) is not None
     saved = c_orlhf.GATHER_ROWS
     try:
         c_orlhf.GATHER_ROWS = False

@@ -39,8 +39,9 @@ __all__ = ["RowLayout", "layout"]
 
 
 def _rows_of(value: Any) -> int | None:
-    """Rows of a tensor with at least one dimension, else None."""
-    if not is_tensor(value) or value.dim() < 1:
+    """Rows of a dense (strided) tensor with at least one dimension, else None (sparse
+    tensors merge into dense ones through the pad and stack, not through a gather)."""
+    if not is_tensor(value) or value.dim() < 1 or str(value.layout) != "torch.strided":
         return None
     return int(value.shape[0])
 
@@ -78,12 +79,14 @@ class RowLayout:
         for members in groups:
             blocks = self._blocks(np.asarray(members, dtype=np.int64))
             idx = [(b, torch.from_numpy(np.ascontiguousarray(r))) for b, r in blocks]
-            kwargs = {name: self._field(name, kind, blocks, idx, torch)
+            kwargs = {name: self._field(name, kind, blocks, idx)
                       for name, kind in self.kinds.items()}  # fmt: skip
             out.append(self.cls(**kwargs))
         return out
 
-    def _field(self, name: str, kind: str, blocks: list, idx: list, torch: Any) -> Any:
+    def _field(self, name: str, kind: str, blocks: list, idx: list) -> Any:
+        import torch
+
         if kind == "none":
             return None
         vals = [getattr(self.batches[b], name) for b, _ in blocks]
@@ -174,8 +177,8 @@ def _dict_ok(vals: list[dict], sizes: list[int]) -> bool:
 def layout(batches: Sequence[Any], module: Any) -> RowLayout | None:
     """A :class:`RowLayout` when every batch is ``module.Experience`` (OpenRLHF's
     dataclass with "step" / "episode" tensor fields) and holds only what merges as a
-    plain gather; else None (split and merge instead). Sets each batch's ``index`` to None
-    when it returns a layout, as OpenRLHF's split does."""
+    plain gather; else None (split and merge instead). ``index`` is not read: OpenRLHF's
+    split sets it to None first (the caller does the same)."""
     cls = getattr(module, "Experience", None)
     if cls is None or not dataclasses.is_dataclass(cls) or not batches:
         return None
@@ -206,6 +209,4 @@ def layout(batches: Sequence[Any], module: Any) -> RowLayout | None:
             kinds[name] = "dict"
         else:
             return None
-    for b in batches:
-        b.index = None
     return RowLayout(cls, batches, sizes, kinds)

@@ -210,18 +210,20 @@ def balance_experiences(experiences: list[Any], args: Any) -> list[Any]:
         return []
     split, make = _experience_helpers(experiences[0])
     module = sys.modules[type(experiences[0]).__module__]
-    rows = _row_layout(experiences, module) if GATHER_ROWS else None
-    if rows is not None:
-        lens = rows.lengths()
+    gatherable = _row_layout(experiences, module) if GATHER_ROWS else None
+    if gatherable is not None:
+        for batch in experiences:
+            batch.index = None  # as OpenRLHF's split does to every batch it splits
+        lens = gatherable.lengths()
         groups = _balanced_groups(lens, min(_rank_count(args), lens.shape[0]))
-        return rows.gather([np.sort(np.asarray(g, dtype=np.int64)) for g in groups])
+        return gatherable.gather([np.asarray(g, dtype=np.int64) for g in groups])
     items: list[Any] = []
     per_batch = []
     for batch in experiences:
-        rows_in = _batch_rows(getattr(batch, "total_length", None))  # a copy, before split
+        field = _batch_rows(getattr(batch, "total_length", None))  # a copy, before split
         got = split(batch)
         items.extend(got)
-        per_batch.append(_item_lengths(rows_in, got))
+        per_batch.append(_item_lengths(field, got))
     if not items:
         return []
     lens = np.concatenate(per_batch)
