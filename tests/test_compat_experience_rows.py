@@ -268,15 +268,15 @@ def test_anything_else_is_split_and_merged(mutate, monkeypatch):
 
 
 def test_gather_known_batches_and_index_reset():
-    """Two batches, widths 2 and 3, two actors: exact tensors; ``index`` reset on the
-    inputs as split resets it."""
+    """Two batches, widths 2 and 3, two actors: exact tensors and info entries;
+    ``index`` reset on the inputs as split resets it."""
     a = Experience(sequences=torch.tensor([[1, 1], [2, 2]]),
                    action_mask=torch.tensor([[True], [True]]),
                    total_length=torch.tensor([10, 1]), index=[0, 1], prompts=["a", "b"],
-                   info={"n": [1, 2]})  # fmt: skip
+                   info={"n": [1, 2], "kl": torch.tensor([0.5, 1.5])})  # fmt: skip
     b = Experience(sequences=torch.tensor([[3, 3, 3]]), action_mask=torch.tensor([[False, True]]),
                    total_length=torch.tensor([8]), index=[2], prompts=["c"],
-                   info={"n": [3]})  # fmt: skip
+                   info={"n": [3], "kl": torch.tensor([2.5])})  # fmt: skip
     out = openrlhf.balance_experiences([a, b], _args(2))
     assert a.index is None and b.index is None
     # Tokens 10 | 1 + 8: the heavier actor holds sample "a" alone, the other "b" and "c".
@@ -287,3 +287,6 @@ def test_gather_known_batches_and_index_reset():
     assert torch.equal(out[1].total_length, torch.tensor([1, 8]))
     assert out[1].rewards is None and out[1].index is None and out[1].labels == []
     assert torch.equal(out[1].info["n"], torch.tensor([2, 3]))
+    # A tensor in info becomes a list of 0-d tensors (copies here, views in OpenRLHF).
+    kl = out[1].info["kl"]
+    assert [t.dim() for t in kl] == [0, 0] and [float(t) for t in kl] == [1.5, 2.5]
