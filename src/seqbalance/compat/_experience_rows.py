@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ._inputs import is_tensor
+from ._inputs import is_tensor, to_numpy
 
 __all__ = ["RowLayout", "layout"]
 
@@ -57,9 +57,7 @@ class RowLayout:
 
     def lengths(self) -> np.ndarray:
         """Each sample's ``total_length``, batches end to end (float64)."""
-        return np.concatenate(
-            [b.total_length.detach().cpu().numpy().astype(np.float64) for b in self.batches]
-        )
+        return np.concatenate([to_numpy(b.total_length).astype(np.float64) for b in self.batches])
 
     def _blocks(self, members: np.ndarray) -> list[tuple[int, np.ndarray]]:
         """(batch, rows within it) of ascending global sample ids, batch by batch."""
