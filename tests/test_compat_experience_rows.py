@@ -290,3 +290,23 @@ def test_gather_known_batches_and_index_reset():
     # A tensor in info becomes a list of 0-d tensors (copies here, views in OpenRLHF).
     kl = out[1].info["kl"]
     assert [t.dim() for t in kl] == [0, 0] and [float(t) for t in kl] == [1.5, 2.5]
+
+
+@pytest.mark.parametrize("gather", [True, False])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float8_e4m3fn"])
+def test_narrow_float_total_length(gather, dtype, monkeypatch):
+    """``total_length`` in a float type numpy lacks (bf16, fp8) balances as its values do:
+    tokens 10, 1, 6, 3 into two actors of two samples: 10 + 1 | 6 + 3 is the only split
+    with no actor above 11 (all exact in these types), on both paths."""
+    if not hasattr(torch, dtype):
+        pytest.skip(f"torch has no {dtype}")
+    monkeypatch.setattr(openrlhf, "GATHER_ROWS", gather)
+    a = Experience(sequences=torch.tensor([[1], [2]]),
+                   total_length=torch.tensor([10.0, 1.0]).to(getattr(torch, dtype)),
+                   prompts=["a", "b"])  # fmt: skip
+    b = Experience(sequences=torch.tensor([[3], [4]]),
+                   total_length=torch.tensor([6.0, 3.0]).to(getattr(torch, dtype)),
+                   prompts=["c", "d"])  # fmt: skip
+    out = openrlhf.balance_experiences([a, b], _args(2))
+    assert [o.prompts for o in out] == [["a", "b"], ["c", "d"]]
+    assert [o.total_length.dtype for o in out] == [getattr(torch, dtype)] * 2
