@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -112,3 +113,52 @@ def test_small_parts_python_path_makes_the_numpy_paths_choices(weights, k, size,
     with mock.patch.object(_refine, "_SMALL_PAIR", 1 << 30):
         python = refine_labels(w, start, k, size)
     assert python.tolist() == vectorised.tolist()
+
+
+def _steepest_reference(w: np.ndarray, lab: np.ndarray, k: int) -> np.ndarray:
+    """steepest_swaps from its contract, pair by pair: the swap (a in the heaviest part,
+    b elsewhere, w_a > w_b) leaving max(L_h - d, L_p + d) lowest, first a then first b on
+    ties, while that is below L_h; loads kept up to date step by step."""
+    lab = lab.copy()
+    loads = np.bincount(lab, weights=w, minlength=k).astype(np.float64)
+    for _ in range(100 * k):
+        h = int(np.argmax(loads))
+        top, pick = loads[h], None
+        best = top
+        for a in np.flatnonzero(lab == h):
+            for b in np.flatnonzero(lab != h):
+                d = w[a] - w[b]
+                if d > 0 and max(top - d, loads[lab[b]] + d) < best:
+                    best, pick = max(top - d, loads[lab[b]] + d), (a, b)
+        if pick is None:
+            break
+        a, b = pick
+        p, d = lab[b], w[a] - w[b]
+        loads[h] -= d
+        loads[p] += d
+        lab[a], lab[b] = p, h
+    return lab
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 60), min_size=3, max_size=40),
+    st.integers(2, 6),
+    st.sampled_from(["ints", "floats", "huge"]),
+    st.sampled_from(["kk", "greedy"]),
+)
+def test_steepest_swaps_matches_the_pair_by_pair_definition(weights, k, scale, start):
+    """The binary-search step (forced here on small inputs) makes exactly the swaps of the
+    pair-by-pair definition, ties included; also on floats near 2**60, where rounding
+    moves the turn and the step must fall back to its scan."""
+    w = np.asarray(weights, dtype=np.float64)
+    if scale == "floats":
+        w = w / 7.0 + 0.1
+    elif scale == "huge":
+        w = 2.0**60 + w * 64.0  # spacing 256 there: sums and halves round
+    lab = kk_labels(w, k) if start == "kk" else lpt_labels(w, k, "balanced")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(_refine, "STEEPEST_SCAN_PAIRS", -1)
+        got = _refine.steepest_swaps(w, lab, k)
+    assert np.array_equal(got, _steepest_reference(w, lab, k))
+    assert np.array_equal(np.bincount(got, minlength=k), np.bincount(lab, minlength=k))
