@@ -362,6 +362,10 @@ def steepest_swaps(w: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
     w_sorted = w[by_weight]
     rank = np.empty(m, dtype=np.int64)
     rank[by_weight] = np.arange(m, dtype=np.int64)
+    lighter = np.searchsorted(w_sorted, w)  # units lighter than each unit
+    counts = np.bincount(lab, minlength=k)  # swaps keep them
+    ends = np.cumsum(counts)
+    key = lab * m + rank  # units by part, then by weight (ties by index): all distinct
     for _ in range(100 * k):
         h = int(np.argmax(loads))
         top = loads[h]
@@ -371,7 +375,7 @@ def steepest_swaps(w: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
             break
         pair = None
         if ia.size * (m - ia.size) > STEEPEST_SCAN_PAIRS:
-            pair = _steepest_pair(w, lab, loads, h, ia, rank, w_sorted, m)
+            pair = _steepest_pair(w, lab, key, loads, h, ia, counts, ends, lighter, w_sorted)
         if pair is None:
             pair = _steepest_pair_scan(w, lab, loads, h, ia, np.flatnonzero(~in_h))
         a, b, after = pair
@@ -382,6 +386,7 @@ def steepest_swaps(w: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
         loads[h] -= d
         loads[p] += d
         lab[a], lab[b] = p, h
+        key[a], key[b] = p * m + rank[a], h * m + rank[b]
     return lab
 
 
@@ -397,18 +402,16 @@ def _steepest_pair_scan(
 
 
 def _steepest_pair(
-    w: np.ndarray, lab: np.ndarray, loads: np.ndarray, h: int, ia: np.ndarray,
-    rank: np.ndarray, w_sorted: np.ndarray, m: int,
+    w: np.ndarray, lab: np.ndarray, key: np.ndarray, loads: np.ndarray, h: int,
+    ia: np.ndarray, counts: np.ndarray, ends: np.ndarray, lighter: np.ndarray, w_sorted: np.ndarray,
 ) -> tuple[int, int, float] | None:
     """The best swap of :func:`steepest_swaps` from two candidates per (unit of ``h``,
     other part); None where float rounding leaves the candidates in doubt."""
     top = loads[h]
-    key = lab * m + rank  # units by part, then by weight (ties by index): all distinct
-    order = np.argsort(key)
+    m = int(w.shape[0])
+    order = np.argsort(key)  # ``key``: part * m + rank by weight, as in steepest_swaps
     skey = key[order]
     w_at = np.concatenate(([0.0], w[order], [0.0]))  # w_at[j + 1]: weight at j (-1..m)
-    counts = np.bincount(lab, minlength=loads.shape[0])
-    ends = np.cumsum(counts)
     parts = np.flatnonzero(counts)
     parts = parts[parts != h]
     lp = loads[parts][None, :]  # (1, P)
@@ -416,7 +419,7 @@ def _steepest_pair(
     wa = w[ia][:, None]  # (c, 1)
     # First member of p at or above the turn w_a - (L_h - L_p) / 2; last one below w_a.
     turn = np.searchsorted(skey, parts * m + np.searchsorted(w_sorted, wa - (top - lp) / 2))
-    below_a = np.searchsorted(skey, parts * m + np.searchsorted(w_sorted, wa)) - 1
+    below_a = np.searchsorted(skey, parts * m + lighter[ia][:, None]) - 1
     d0, d1 = wa - w_at[turn], wa - w_at[turn + 1]
     rise0, fall0, rise1, fall1 = top - d0, lp + d0, top - d1, lp + d1
     # Rounding check (a safety net: never seen to fire where it mattered): below the turn
