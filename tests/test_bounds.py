@@ -41,6 +41,10 @@ def brute_optimum(units: list[float], k: int, size: str) -> float:
         ([], 3, "free", 0.0),
         ([0, 0, 0], 2, "balanced", 0.0),
         ([3, 1], 5, "free", 3.0),  # fewer items than parts
+        # The five units alone: with both 11s alone the rest make 18, else an 11 shares
+        # a part with at least 4: 15 (sum / k gives 14, the two of the top four 14).
+        ([11, 11, 8, 6, 4], 3, "free", 15.0),
+        ([11, 11, 8, 6, 4, 0, 0, 0], 3, "free", 15.0),
     ],
 )
 def test_hand_values(weights: list[int], k: int, size: str, expected: float) -> None:
@@ -129,3 +133,32 @@ def test_grouped_bound_below_brute_force(pairs: list[tuple[int, int]], k: int, s
 def test_errors(kwargs: dict, match: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError, match=match):
         lower_bound(**kwargs)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 60), min_size=3, max_size=7),
+    st.integers(2, 3),
+    st.sampled_from([1.0, 7.0]),
+)
+def test_heaviest_units_term_stays_below_the_optimum(weights, k, scale) -> None:
+    """Term 4 (the optimum of the heaviest units alone) on integer and non-exact float
+    weights: never above the brute-forced optimum, never below the other terms."""
+    from seqbalance.partitioning.bounds import bound_of_units
+
+    w = np.sort(np.asarray(weights, dtype=np.float64) / scale)[::-1]
+    b = bound_of_units(w, k, "free")
+    assert bound_of_units(w, k, "free", heaviest=False) <= b <= brute_optimum(w.tolist(), k,
+                                                                              "free")
+
+
+def test_heaviest_units_term_ignores_unproven_searches(monkeypatch) -> None:
+    """Only a proven optimum of the heaviest units is a bound: with the search made to
+    return longest-first unproven (3 | 3, then 2s: 7 | 5 for [3, 3, 2, 2, 2]; optimum 6),
+    the bound stays 6."""
+    from seqbalance.partitioning import kway
+    from seqbalance.partitioning._greedy import lpt_labels
+
+    monkeypatch.setattr(kway, "_solve", lambda units, k, size, *a, **kw: (
+        lpt_labels(units, k, size), "greedy", False))  # fmt: skip
+    assert lower_bound([3, 3, 2, 2, 2], 2) == 6.0 == brute_optimum([3, 3, 2, 2, 2], 2, "free")

@@ -262,6 +262,7 @@ def partition_arrays(
     *,
     fit: float | None = None,
     fold: bool = False,
+    heaviest: bool = True,
 ) -> Partition:
     """:func:`partition` on validated inputs (float64 weights, int64 dense group labels).
 
@@ -272,14 +273,16 @@ def partition_arrays(
     cannot (or by its progress forecast will not) get there stops early; the result is
     then any partition within ``fit``, not the lightest found, or one above it.
     ``fold``: allow the folded start (see :data:`FOLD_MAX_PARTS`); :func:`partition`
-    does, the planner does not.
+    does, the planner does not. ``heaviest``: the bound includes its heaviest-units term
+    (:func:`.bounds.bound_of_units`; False inside that term's own search).
     """
     units = w
     if labels_of_groups is not None:
         units = np.bincount(labels_of_groups, weights=w, minlength=0).astype(np.float64)
     rule = check_size(rule, units.shape[0], k, grouped=labels_of_groups is not None)
 
-    bound = bound_of_units(units, k, rule, items=None if labels_of_groups is None else w)
+    bound = bound_of_units(units, k, rule, items=None if labels_of_groups is None else w,
+                           heaviest=heaviest)  # fmt: skip
     if units.shape[0] <= k:
         # One unit per part, heaviest first, is optimal (the heaviest part is the largest
         # unit, which every partition holds somewhere) and is what KK and LPT give;
