@@ -139,14 +139,17 @@ def test_errors(kwargs: dict, match: str) -> None:  # type: ignore[type-arg]
 @given(
     st.lists(st.integers(0, 60), min_size=3, max_size=7),
     st.integers(2, 3),
-    st.sampled_from([1.0, 7.0]),
+    st.sampled_from(["ints", "sevenths", "halves"]),
 )
 def test_heaviest_units_term_stays_below_the_optimum(weights, k, scale) -> None:
-    """Term 4 (the optimum of the heaviest units alone) on integer and non-exact float
-    weights: never above the brute-forced optimum, never below the other terms."""
+    """Term 4 (the optimum of the heaviest units alone) on integer, non-exact float and
+    large half-integer weights (exact sums, but not integers: the search's tolerance
+    applies): never above the brute-forced optimum, never below the other terms."""
     from seqbalance.partitioning.bounds import bound_of_units
 
-    w = np.sort(np.asarray(weights, dtype=np.float64) / scale)[::-1]
+    w = np.asarray(weights, dtype=np.float64)
+    w = {"ints": w, "sevenths": w / 7.0, "halves": 2.0**45 + w / 2.0}[scale]
+    w = np.sort(w)[::-1]
     b = bound_of_units(w, k, "free")
     assert bound_of_units(w, k, "free", heaviest=False) <= b <= brute_optimum(w.tolist(), k,
                                                                               "free")

@@ -157,8 +157,19 @@ def test_steepest_swaps_matches_the_pair_by_pair_definition(weights, k, scale, s
     elif scale == "huge":
         w = 2.0**60 + w * 64.0  # spacing 256 there: sums and halves round
     lab = kk_labels(w, k) if start == "kk" else lpt_labels(w, k, "balanced")
+    answered: list[bool] = []
+    fast = _refine._steepest_pair
+
+    def counted(*args):
+        pair = fast(*args)
+        answered.append(pair is not None)
+        return pair
+
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(_refine, "STEEPEST_SCAN_PAIRS", -1)
+        mp.setattr(_refine, "_steepest_pair", counted)
         got = _refine.steepest_swaps(w, lab, k)
     assert np.array_equal(got, _steepest_reference(w, lab, k))
+    if scale == "ints":  # exact arithmetic: the binary searches answer every step
+        assert all(answered)
     assert np.array_equal(np.bincount(got, minlength=k), np.bincount(lab, minlength=k))

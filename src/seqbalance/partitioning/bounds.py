@@ -54,8 +54,8 @@ def lower_bound(weights: Any, k: int, *, size: str = "free", groups: Any = None)
        least the ``r*(c+1)`` lightest units, so one of them weighs at least that sum / ``r``.
     4. For ``k < t <= 12``: the optimum of the ``t`` heaviest units alone, without count
        rules (every partition, restricted to them, is one of them). Searched exactly
-       (up to ~12 ms on adversarial inputs: a dozen near-equal units dominating the
-       total) only where longest-first on those units exceeds terms 1-3: when a
+       (up to ~12 ms per bound on adversarial inputs: a dozen near-equal units dominating
+       the total) only where longest-first on those units exceeds terms 1-3: when a
        few units dominate, e.g. 1,028 long-context lengths with quadratic costs into 8
        parts, where it lifts the bound by 7%.
 
@@ -65,7 +65,9 @@ def lower_bound(weights: Any, k: int, *, size: str = "free", groups: Any = None)
     every part's load is one; otherwise the sums in 1-3 are lowered by a rounding allowance
     of ``2 (m+1) eps * total`` (``n`` items in place of ``m`` units with groups), so the
     bound stays valid in floating point (term 2 with ``j = c = 0``, the largest unit, is
-    exact without groups).
+    exact without groups). Term 4 counts only optima its search proves; unless the
+    weights are integers, it is lowered by the search's tolerance (4e-12 relative) and the
+    same allowance, then rounded up as above.
 
     Examples
     --------
@@ -126,41 +128,49 @@ def bound_of_units(
     largest = float(s[0]) if items is None or unit is not None else float(s[0]) - slack
     best = float(max(best, largest, 0.0))
     if heaviest:
-        best = _heaviest_units_term(s, k, best, exact=unit is not None, slack=slack)
+        best = _heaviest_units_term(s, k, best, unit, slack)
     return best
 
 
-def _heaviest_units_term(s: np.ndarray, k: int, best: float, exact: bool,
-                         slack: float) -> float:  # fmt: skip
-    """``best`` raised to the optimum of the ``t`` heaviest units alone, for each
-    ``k < t <= HEAVIEST_UNITS`` where that can exceed it (term 4 of :func:`lower_bound`).
+def _heaviest_units_term(
+    s: np.ndarray, k: int, best: float, unit: float | None, slack: float
+) -> float:
+    """``best`` raised to the proven optimum of the heaviest units alone (term 4 of
+    :func:`lower_bound`); ``s``: the unit weights, descending.
 
-    ``s``: the unit weights, descending. Longest-first on the ``t`` heaviest units gives
-    an upper bound on their optimum for every ``t`` in one pass; only where it exceeds
-    ``best`` is the optimum searched (``partition`` "auto", free, on at most 12 units,
-    whose exact searches prove it; an unproven result is not used). Non-exact sums: the
-    proven optimum
-    is lowered by the search's tolerance and the rounding allowance ``slack``.
+    Both the optimum of the ``t`` heaviest units and longest-first's result on them (an
+    upper bound on it) only grow with ``t``: longest-first adds each further unit to a
+    part. So when longest-first on the ``t_max = min(m, HEAVIEST_UNITS)`` heaviest does not
+    exceed ``best``, no ``t`` helps; otherwise ``t_max`` is searched (``partition``
+    "auto", free), and fewer units only while a search leaves its optimum unproven. The
+    searches prove optima exactly on integers; on other weights only to within their
+    tolerance (``REL_TOL``), so there the optimum is lowered by that and by the rounding
+    allowance ``slack``, then rounded up to ``unit`` (every part's load is a multiple).
     """
     t_max = min(int(s.shape[0]), HEAVIEST_UNITS)
-    if t_max <= k:
-        return best
-    from ._exact import REL_TOL
+    if k == 1 or t_max <= k:
+        return best  # one part: the total (term 1) is the optimum already
+    from ._exact import REL_TOL, exactness
     from .kway import partition_arrays  # kway imports this module
 
-    # Longest first over the t heaviest units, t = k, k + 1, ...: the k heaviest open the
-    # parts, then each further unit goes to the lightest.
+    # Longest first: the k heaviest open the parts, each further unit to the lightest.
     loads = s[:k].tolist()
+    lpt = {}
     for t in range(k + 1, t_max + 1):
         j = loads.index(min(loads))
         loads[j] += float(s[t - 1])
-        if max(loads) <= best:
-            continue  # the optimum of these t units is no heavier
+        lpt[t] = max(loads)
+    for t in range(t_max, k, -1):
+        if lpt[t] <= best:
+            break  # the optimum of these t units (and of fewer) is no heavier
         got = partition_arrays(s[:t], k, "free", "auto", None, heaviest=False)
-        if not got.optimal:
-            continue
-        top = got.max_load if exact else got.max_load * (1.0 - 4 * REL_TOL) - slack
-        best = max(best, top)
+        if got.optimal:
+            top = got.max_load
+            if not exactness(s[:t])[0]:
+                top = top * (1.0 - 4 * REL_TOL) - slack
+                if unit is not None:
+                    top = float(np.ceil(top / unit) * unit)
+            return max(best, top)
     return best
 
 

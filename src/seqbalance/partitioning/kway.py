@@ -45,7 +45,8 @@ METHODS: tuple[str, ...] = ("auto", "kk", "greedy")
 
 #: In "free" mode, ``method="auto"`` skips its second candidate and classic Karmarkar–Karp
 #: when the first is already provably within this relative gap of optimal
-#: (``max_load <= (1 + AUTO_RTOL) * bound``), and on float weights the exact searches too.
+#: (``max_load <= (1 + AUTO_RTOL) * bound``), and on float weights with more than 32 units
+#: the exact searches too.
 AUTO_RTOL = 1e-5
 
 #: In "free" mode, ``method="auto"`` also tries classic Karmarkar–Karp (no count limits)
@@ -379,7 +380,7 @@ def _solve(
         return close() and not exactness(units)[0]
 
     # Classic KK (O(m k) Python merges: 16 ms at m = 1,024, k = 8) proves nothing, so it
-    # is skipped within AUTO_RTOL whatever the weights (since 2026-11-23, eighth session).
+    # is skipped within AUTO_RTOL whatever the weights.
     if (size == "free" and k > 1 and m <= KK_FREE_MAX_UNITS and best[0] > enough
             and not close()):  # fmt: skip
         labels = refine_labels(units, kk_free_labels(units, k), k, size, target=enough,
