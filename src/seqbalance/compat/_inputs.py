@@ -14,6 +14,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._validate import to_numpy as _core_to_numpy
+
 __all__ = [
     "CompatAssertionError",
     "CompatRuntimeError",
@@ -37,10 +39,6 @@ class CompatRuntimeError(ValueError, RuntimeError):
     """Bad input where the original framework raised RuntimeError (AReaL's allocators)."""
 
 
-#: Floating tensor types with a numpy counterpart; other ones are widened on conversion.
-_NUMPY_FLOATS = ("torch.float16", "torch.float32", "torch.float64")
-
-
 def is_tensor(x: Any) -> bool:
     """True for a torch tensor, without importing torch."""
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
@@ -48,13 +46,11 @@ def is_tensor(x: Any) -> bool:
 
 def to_numpy(values: Any) -> np.ndarray:
     """A 1-D (or n-D) numpy array of ``values``: tensors detached and moved to CPU first,
-    object arrays of numbers turned numeric, ids left as objects. Floating tensors numpy
-    cannot hold (bfloat16, float8) are widened to float64 first, which is exact."""
+    object arrays of numbers turned numeric, ids left as objects. Tensors go through the
+    core's conversion: floats (bfloat16 and float8 included) widened to float64, integers
+    to int64, complex ones refused."""
     if is_tensor(values):
-        t = values.detach().cpu()
-        if t.is_floating_point() and str(t.dtype) not in _NUMPY_FLOATS:
-            t = t.double()
-        return t.numpy()
+        return np.asarray(_core_to_numpy(values, "values"))
     if isinstance(values, np.ndarray) and values.dtype == object:
         items = values.tolist()
         try:
