@@ -341,7 +341,9 @@ STEEPEST_MAX_UNITS = 1448
 STEEPEST_SCAN_PAIRS = 24576
 
 
-def steepest_swaps(w: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
+def steepest_swaps(
+    w: np.ndarray, labels: np.ndarray, k: int, *, by_weight: np.ndarray | None = None
+) -> np.ndarray:
     """Greedy-with-counts' classic finish: best-improvement swaps from the heaviest part.
 
     Each step swaps the pair (unit ``a`` of the heaviest part ``h``, unit ``b`` elsewhere)
@@ -355,12 +357,14 @@ def steepest_swaps(w: np.ndarray, labels: np.ndarray, k: int) -> np.ndarray:
     point (binary searches in the units sorted by part and weight). Where rounding could
     put the turn elsewhere (float weights within a few ulps of it), the step falls back
     to scanning every pair; the result is the same either way. Cost per step:
-    O(m log m + |h| k log m).
+    O(m log m + |h| k log m). ``by_weight``: ``np.argsort(w, kind="stable")`` if the
+    caller has it.
     """
     lab = labels.astype(np.int64, copy=True)
     m = int(w.shape[0])
     loads = np.bincount(lab, weights=w, minlength=k).astype(np.float64)
-    by_weight = np.argsort(w, kind="stable")
+    if by_weight is None:
+        by_weight = np.argsort(w, kind="stable")
     w_sorted = w[by_weight]
     rank = np.empty(m, dtype=np.int64)
     rank[by_weight] = np.arange(m, dtype=np.int64)
@@ -436,17 +440,12 @@ def _steepest_pair(
     row = best.min(axis=1) if best.shape[1] else np.full(ia.shape[0], np.inf)
     i = int(np.argmin(row))
     if not row[i] < np.inf:
+        # No other part holds a unit lighter than any of h's: no swap helps (an "after"
+        # of inf stops steepest_swaps, as the scan's would).
         return int(ia[0]), int(ia[0]), float("inf")
-    # The lowest-index b reaching that value, as the full scan's argmin picks it.
-    a = int(ia[i])
-    ib = np.flatnonzero(lab != h)
-    d = w[a] - w[ib]
-    after = np.maximum(top - d, loads[lab[ib]] + d)
-    after[d <= 0] = np.inf
-    j = int(np.argmin(after))
-    if after[j] != row[i]:  # cannot happen if the candidates are right; then scan
-        return None
-    return a, int(ib[j]), float(after[j])
+    # a's row of the full scan: the lowest-index b reaching that value, as its argmin picks.
+    pair = _steepest_pair_scan(w, lab, loads, h, ia[i : i + 1], np.flatnonzero(lab != h))
+    return pair if pair[2] == row[i] else None  # unequal only if the candidates were wrong
 
 
 #: ``pair_rounds`` handles parts of at most this many units (its arrays hold k c**2 / 2

@@ -354,7 +354,7 @@ def _solve(
     best: tuple[float, np.ndarray, str] | None = None
     for name, labels in starts:
         if steepest:
-            labels = steepest_swaps(units, labels, k)
+            labels = steepest_swaps(units, labels, k, by_weight=by_weight)
         if k > PAIR_MIN_PARTS and _pairable(labels, k, m, size, fit):
             labels = pair_rounds(units, labels, k)
         # A later start stops refining once it can no longer end as light as the best.
