@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from seqbalance.planning.bounds import (
     big_item_slot_bound,
     capacity_step_bound,
+    costliest_slot_bound,
     min_bins,
     min_micro_batches,
 )
@@ -186,3 +187,72 @@ def test_grouped_slot_bound_known_values():
     lens = np.array([10, 7])
     assert big_item_slot_bound(lens.astype(float), lens, 2, 16, np.array([0, 0])) == 17.0
     assert big_item_slot_bound(lens.astype(float), lens, 2, 16) == 10.0
+
+
+# Costs a + b L + c L**2: a > 0 makes short sequences the densest per token, c > 0 long ones.
+_coef = st.tuples(
+    st.sampled_from([0, 1, 7]), st.sampled_from([0, 1, 3]), st.sampled_from([0, 1, 2])
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 16), min_size=1, max_size=7),
+    cap=st.integers(16, 24),
+    dp=st.integers(2, 3),
+    coef=_coef,
+    shift=st.sampled_from([0.0, 0.37]),
+)
+def test_costliest_slot_bound_never_above_the_best_plan(lengths, cap, dp, coef, shift):
+    lens = np.array(lengths, dtype=np.int64)
+    a, b, c = coef
+    costs = a + b * lens + c * lens.astype(float) ** 2 + shift  # shift: the float path
+    opt = _brute_fsdp(lengths, costs.tolist(), dp, cap, 0.0)
+    assert costliest_slot_bound(costs, lens, dp, cap) <= opt * (1 + 1e-12)
+    assert capacity_step_bound(costs, lens, dp, cap, sync="fsdp") <= opt * (1 + 1e-12)
+
+
+def test_costliest_slot_bound_known_values():
+    # One sequence fills its micro-batch (cost 256); the other rank's micro-batch of that
+    # slot takes two of the four 8-token sequences (128), and the two left over cost at
+    # least 128 / 2 in the other slots: 256 + 64 = 320, which the plan {16} {8, 8} | {8}
+    # {8} reaches. The rank bound (256) and the big-sequence bound (256) are below it.
+    lens = np.array([16, 8, 8, 8, 8])
+    costs = lens.astype(float) ** 2
+    assert costliest_slot_bound(costs, lens, 2, 16) == 320.0
+    assert big_item_slot_bound(costs, lens, 2, 16) == 256.0
+    assert capacity_step_bound(costs, lens, 2, 16, sync="fsdp") == 320.0
+    assert capacity_step_bound(costs, lens, 2, 16, sync="ddp") == 256.0
+    assert _brute_fsdp(lens.tolist(), costs.tolist(), 2, 16, 0.0) == 320.0
+    # A fractional fill: room 16 takes the 10 (100) and 6 of the 8 tokens of a 64; left
+    # over 16 + 64 = 80 in cost units, so 256 + 80 / 2 = 296. Integer costs: rounded up.
+    lens = np.array([16, 10, 8, 8])
+    costs = lens.astype(float) ** 2
+    assert costliest_slot_bound(costs, lens, 2, 16) == 296.0
+    lens = np.array([16, 10, 8, 7])   # left over 2/8 * 64 + 49 = 65: 256 + 32.5 -> 289
+    assert costliest_slot_bound(lens.astype(float) ** 2, lens, 2, 16) == 289.0
+    # Floats: never above the exact value, and within rounding of it.
+    got = costliest_slot_bound(lens.astype(float) ** 2 + 0.5, lens, 2, 16)
+    exact = 256.5 + (2 / 8 * 64.5 + 49.5) / 2
+    assert exact * (1 - 1e-14) <= got <= exact
+    # Nothing left over: the bound is the costliest sequence; dp = 1 or one sequence: 0.
+    lens = np.array([16, 4, 4])
+    assert costliest_slot_bound(lens.astype(float), lens, 2, 16) == 16.0
+    assert costliest_slot_bound(lens.astype(float), lens, 1, 16) == 0.0
+    assert costliest_slot_bound(np.array([5.0]), np.array([5]), 2, 16) == 0.0
+
+
+def test_costliest_slot_bound_on_a_long_outlier():
+    # 256 ranks, a 32,768-token sequence among 16,383 short ones: the slot that holds it is
+    # idle on the other ranks (they cannot fill 32,768 tokens with as much work), so the
+    # bound rises well above the busiest rank's share, and stays below a real plan.
+    from seqbalance import plan
+
+    rng = np.random.default_rng(0)
+    lens = np.concatenate(([32768], rng.integers(200, 2600, 16383))).astype(np.int64)
+    costs = 24576.0 * lens + lens.astype(float) ** 2
+    share = costs.sum() / 256
+    got = costliest_slot_bound(costs, lens, 256, 32768)
+    assert got > 1.2 * share
+    p = plan(lens, 256, 32768, cost=costs, sync="fsdp")
+    assert got <= p.simulate().step_time
