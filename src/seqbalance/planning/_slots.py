@@ -356,8 +356,13 @@ def _best_fill(
     ht = np.where(head_ok, np.take_along_axis(t_all, head_idx, axis=1), 0)
     # A subset may only name head sequences the rank has.
     valid = ~(subsets[None, :, :] & ~head_ok[:, None, :]).any(axis=2)
-    c = hc @ subsets.T.astype(np.float64)  # (dp, subsets)
-    t = ht @ subsets.T.astype(np.int64)
+    # Subset sums added one head position at a time, in a fixed order (not a BLAS product,
+    # whose summation order may differ between machines: ranks must agree bit for bit).
+    c = np.zeros((dp, 1 << h))
+    t = np.zeros((dp, 1 << h), dtype=np.int64)
+    for b in range(h):
+        c = c + np.where(subsets[None, :, b], hc[:, b, None], 0.0)
+        t = t + np.where(subsets[None, :, b], ht[:, b, None], 0)
     valid &= (c <= level) & (t <= cap)
     rest = left & ~head_mask
     took = np.zeros((dp, 1 << h, width), dtype=bool)
