@@ -810,9 +810,14 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
 
 
 # Ranks split first, filled to the cap, up to this many sequences (and micro-batches): on
-# 65,536 chat sequences over 1,024 ranks this candidate is 0.9% above the bound where the
-# global packing is 6%, for ~0.2 s of the plan's time.
-_FULL_RANK_MAX_ITEMS = 262_144
+# 65,536 chat sequences over 1,024 ranks this candidate is 0.16% above the bound where the
+# global packing is 6.2%, for ~0.3 s of the plan's time. Above _PIPELINE_MAX_ITEMS it is
+# built only when the plan so far is more than _LEVEL_MIN_GAIN above the step bound, and
+# above _FULL_RANK_LARGE more than _FULL_RANK_LARGE_GAIN: on 1,048,576 sequences over
+# 8,192 ranks it costs ~4 s (chat lengths: 3.9% -> 0.2%; rl-math 0.81% -> 0.68%, left).
+_FULL_RANK_MAX_ITEMS = 2**21
+_FULL_RANK_LARGE = 2**18
+_FULL_RANK_LARGE_GAIN = 0.02
 
 
 def _full_rank_candidates(
@@ -828,7 +833,7 @@ def _full_rank_candidates(
     micro-batches first, then slack-filled. Free size, no groups, packed, no pipeline,
     at most ``_FULL_RANK_MAX_ITEMS`` sequences; above ``_PIPELINE_MAX_ITEMS`` only when
     the fastest of ``found`` at ``m_best`` is more than ``_LEVEL_MIN_GAIN`` above the
-    step bound (the candidate then costs ~0.2-0.5 s on 65,536 sequences).
+    step bound (``_FULL_RANK_LARGE_GAIN`` above ``_FULL_RANK_LARGE``).
     """
     if (req.sync != "fsdp" or req.dp < 2 or req.padded or req.size != "free"
             or req.groups is not None or req.pp is not None or req.extra or m_best is None
@@ -840,7 +845,8 @@ def _full_rank_candidates(
                       for p in found if p.num_micro_batches == m_best)  # fmt: skip
         bound = capacity_step_bound(req.costs, req.lens, req.dp, req.cap, sync="fsdp",
                                     per_microbatch=req.c0, min_micro_batches_given=m_best)
-        if fastest <= bound * (1.0 + _LEVEL_MIN_GAIN):
+        large = req.n > _FULL_RANK_LARGE or req.dp * m_best > _FULL_RANK_LARGE
+        if fastest <= bound * (1.0 + (_FULL_RANK_LARGE_GAIN if large else _LEVEL_MIN_GAIN)):
             return []
     out: list[Plan] = []
     seen: list[list[list[int]]] = []
