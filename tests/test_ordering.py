@@ -188,3 +188,30 @@ def test_oversized_alone_note_kept_with_pipelines():
             assert not (long & set(mb)) or len(mb) == 1  # a long sequence runs alone
     assert any("oversized='alone'" in n for n in p.notes)
     assert sorted(i for r in p.micro_batches for mb in r for i in mb) == list(range(len(lengths)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 40), min_size=6, max_size=24),
+    st.integers(2, 3),
+    st.sampled_from(["fsdp", "ddp"]),
+)
+def test_oversized_alone_with_empty_sequences(lens, dp, sync):
+    # Packing sees an oversized sequence as exactly the cap, so an empty sequence used to
+    # be able to join it (fill_slack, the FSDP refill). It is moved to another micro-batch
+    # of its rank; only a rank whose every micro-batch is oversized keeps it there.
+    cap = 32
+    lens = [*lens, 60, 0]
+    costs = np.asarray(lens, dtype=float) ** 2 + 5.0
+    try:
+        p = sb.plan(lens, dp, cap, cost=costs, sync=sync, oversized="alone")
+    except ValueError:
+        return  # too few sequences for dp x m non-empty micro-batches
+    assert sorted(i for r in p.micro_batches for mb in r for i in mb) == list(range(len(lens)))
+    for rank in p.micro_batches:
+        over = [any(lens[i] > cap for i in mb) for mb in rank]
+        for o, mb in zip(over, rank):
+            if o and len(mb) > 1:
+                assert all(over), "an oversized sequence shares a micro-batch"
+            if not o:
+                assert sum(lens[i] for i in mb) <= cap

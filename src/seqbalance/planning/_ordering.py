@@ -22,7 +22,14 @@ from .._validate import as_lengths
 from ..partitioning.kway import partition_arrays
 from ._grouping import bin_totals
 
-__all__ = ["ORDERS", "OVERSIZED", "fixed_count_bins", "inverse_permutation", "order_grid"]
+__all__ = [
+    "ORDERS",
+    "OVERSIZED",
+    "fixed_count_bins",
+    "inverse_permutation",
+    "order_grid",
+    "separate_oversized",
+]
 
 ORDERS = ("heaviest_first", "index", "light_ends")
 OVERSIZED = ("error", "alone")
@@ -128,3 +135,41 @@ def fixed_count_bins(
         f"with {per_bin} sequences per micro-batch a micro-batch needs {worst} tokens, more "
         f"than max_tokens={cap}"
     )
+
+
+def separate_oversized(
+    grid: list[list[list[int]]], true_lens: np.ndarray, cap: int
+) -> list[list[list[int]]]:
+    """``grid`` with every sequence longer than ``cap`` alone in its micro-batch (``grid``
+    itself when nothing moves).
+
+    Packing sees such a sequence as exactly ``cap`` tokens, so only empty (zero-token)
+    sequences can have joined it; each moves to the micro-batch of the same rank with the
+    fewest tokens that holds no oversized sequence and has room (ties: the first). A rank
+    whose every micro-batch holds an oversized sequence keeps its sharers there (nowhere
+    else on the rank to go; moving them to another rank could break a size rule or a
+    group).
+    """
+    out, moved = [], False
+    for rank in grid:
+        over = [any(true_lens[i] > cap for i in mb) for mb in rank]
+        if not any(o and len(mb) > 1 for o, mb in zip(over, rank)):
+            out.append(rank)
+            continue
+        rank = [list(mb) for mb in rank]
+        tokens = [int(sum(int(true_lens[i]) for i in mb)) for mb in rank]
+        for j, mb in enumerate(rank):
+            if not over[j] or len(mb) < 2:
+                continue
+            for i in [i for i in mb if true_lens[i] <= cap]:
+                dest = [d for d in range(len(rank))
+                        if not over[d] and tokens[d] + int(true_lens[i]) <= cap]  # fmt: skip
+                if not dest:
+                    continue
+                d = min(dest, key=lambda d: (tokens[d], d))
+                mb.remove(i)
+                rank[d].append(i)
+                tokens[d] += int(true_lens[i])
+                moved = True
+        out.append([sorted(mb) for mb in rank])
+    return out if moved else grid

@@ -76,7 +76,7 @@ from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
 from ._grouping import bin_totals
-from ._ordering import ORDERS, OVERSIZED, fixed_count_bins, order_grid
+from ._ordering import ORDERS, OVERSIZED, fixed_count_bins, order_grid, separate_oversized
 from ._packing import pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
@@ -1249,6 +1249,10 @@ def plan(
         )
         if grid is not best.micro_batches:
             best = _plan_of(req, grid, best.notes)
-    if req.order is None and not alone_note:
+    grid = best.micro_batches
+    if req.true_lens is not None:
+        # Packing saw each oversized sequence as exactly the cap: empty ones may share it.
+        grid = separate_oversized(grid, req.true_lens, req.cap)
+    if req.order is None and not alone_note and grid is best.micro_batches:
         return best
-    return _with_grid(req, best.micro_batches, [*alone_note, *best.notes])
+    return _with_grid(req, grid, [*alone_note, *best.notes])
