@@ -256,3 +256,29 @@ def test_costliest_slot_bound_on_a_long_outlier():
     assert got > 1.2 * share
     p = plan(lens, 256, 32768, cost=costs, sync="fsdp")
     assert got <= p.simulate().step_time
+
+
+def test_costliest_slot_bound_integer_ratio_ties():
+    # p / 64 and q / 63 differ by less than an ulp, so the float ratios tie and the
+    # stable order takes q's sequence first: a fill 1/4 below the best. Rounded up, that
+    # put the bound 1 above the optimum p + q (every sequence alone: any two exceed 64).
+    k = 2**44
+    p = 64 * k + 63
+    q = (63 * p - 1) // 64
+    assert float(q) / 63 == float(p) / 64
+    lens = np.array([64, 63, 64, 64])
+    costs = np.array([p, q, p, q], dtype=float)
+    assert costliest_slot_bound(costs, lens, 2, 64) <= p + q
+    assert capacity_step_bound(costs, lens, 2, 64, sync="fsdp") <= p + q
+
+
+def test_bounds_with_sequences_above_the_cap():
+    # plan(oversized="alone") runs a sequence longer than the cap alone; the bound counts
+    # it as the cap, so it stays below the plan's step (it was 1450 against 1000).
+    from seqbalance import plan
+
+    for lens, cost in (([100, 100], [1000.0, 999.0]), ([100, 100, 5, 5], None)):
+        p = plan(lens, 2, 10, cost=cost, sync="fsdp", oversized="alone")
+        sim = p.simulate()
+        assert sim.lower_bound <= sim.step_time
+    assert costliest_slot_bound(np.array([1000.0, 999.0]), np.array([100, 100]), 2, 10) == 1000.0

@@ -206,7 +206,7 @@ def fill_to_levels(
         # that does not help there is left.
         probe = _refill(grid, costs, lengths, cap, target, head=1)
         probe_step, _ = _slot_levels(probe, costs)
-        if not probe_step < start * (1.0 - _LEVEL_MIN_GAIN):
+        if not probe_step < start * (1.0 - _LEVEL_ROUND_GAIN):
             continue
         if probe_step < best[0]:
             best = (probe_step, probe)
@@ -217,7 +217,7 @@ def fill_to_levels(
             if not new_step < step:
                 break
             g, step, gain = new, new_step, step - new_step
-            if gain <= _LEVEL_MIN_GAIN * step:
+            if gain <= _LEVEL_ROUND_GAIN * step:
                 break
         if step < best[0]:
             best = (step, g)
@@ -227,7 +227,7 @@ def fill_to_levels(
 # fill_to_levels runs only where the step is more than this far above the FSDP bound of
 # the grid's work, and another round only after a round that gained more than this.
 _LEVEL_MIN_GAP = 5e-3
-_LEVEL_MIN_GAIN = 1e-4
+_LEVEL_ROUND_GAIN = 1e-4
 
 
 def too_big_to_refill(grid: list[list[list[int]]]) -> bool:
@@ -378,7 +378,5 @@ def _best_fill(
     sub = subsets[pick]  # (dp, h)
     chosen[np.repeat(np.arange(dp), h)[(sub & head_ok).ravel()],
            head_idx[sub & head_ok]] = True  # fmt: skip
-    # A rank with no valid subset (even the empty one fails only if nothing is left)
-    # takes nothing here.
-    chosen &= (c.max(axis=1) >= 0.0)[:, None]
+    # (The empty subset is always valid, cost 0 and no tokens: every rank has a pick.)
     return chosen

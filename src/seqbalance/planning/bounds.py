@@ -223,7 +223,8 @@ def costliest_slot_bound(costs: np.ndarray, lengths: np.ndarray, dp: int, cap: i
     Let ``x`` be the costliest sequence (cost ``c``). Take the other sequences by cost per
     token, highest first, until they fill ``(dp - 1) * cap`` tokens, the last one
     fractionally; let ``R`` be the cost of what is left over (the rest of the last one
-    included). The bound is ``c + R / dp``.
+    included). The bound is ``c + R / dp``. A sequence longer than ``cap`` (allowed by
+    ``plan(oversized="alone")``, where it runs alone) counts as ``cap`` tokens.
 
     Proof. Let slot ``j0`` hold ``x``, on rank ``r``. Under FSDP the step is the sum of the
     slot costs ``s_j``, each at least the heaviest micro-batch of its slot, so
@@ -255,7 +256,9 @@ def costliest_slot_bound(costs: np.ndarray, lengths: np.ndarray, dp: int, cap: i
     c_star = float(costs[star])
     others = np.ones(n, dtype=bool)
     others[star] = False
-    c, length = costs[others], lengths[others].astype(np.int64)
+    # A sequence above the cap (plan(oversized="alone")) runs alone: counted as the cap,
+    # it still leaves every micro-batch at most `cap` tokens, as the proof needs.
+    c, length = costs[others], np.minimum(lengths[others].astype(np.int64), cap)
     # Empty sequences take no room: the knapsack holds all of them.
     c, length = c[length > 0], length[length > 0]
     order = np.argsort(-(c / length), kind="stable")
@@ -270,9 +273,13 @@ def costliest_slot_bound(costs: np.ndarray, lengths: np.ndarray, dp: int, cap: i
     tail = c[taken + 1 :]
     integer, _ = exactness(costs)
     if integer:
-        # Integer costs: the step is an integer, so round the exact bound up.
+        # Integer costs: the step is an integer, so round the bound up. The order above
+        # compares float ratios: ratios within an ulp may come out swapped, which can put
+        # up to eps x (total cost) < 2 too much in R (total < 2**53), so that comes off
+        # first.
         whole = int(tail.sum()) * part_den + int(c[taken]) * (used + int(length[taken]) - room)
-        return c_star + float(-(-whole // (part_den * dp)))
+        whole -= -(-int(costs.sum()) * part_den // 2**52)
+        return c_star + float(max(0, -(-whole // (part_den * dp))))
     rest = _exact_sum_down(tail) + part_num / part_den
     # Lowered by the rounding of the last few operations, and of the sum by one ulp.
     bound = c_star + rest * (1.0 - 8.0 * np.finfo(np.float64).eps) / dp

@@ -882,20 +882,27 @@ def _levelled(req: _Request, candidates: list[Plan]) -> list[Plan]:
     """Step 4a (fsdp, packed, no pipeline): each candidate that may still win, its slots
     refilled toward their levels (:func:`._slots.fill_to_levels`) where that is faster.
 
-    Candidates are taken by a floor of what refilling can reach, lowest first: the larger
-    of the busiest rank's total (a sum of slot maxima is at least the largest sum of a
-    rank's micro-batches, and refilling keeps every rank's sequences and ``m``) and the
-    FSDP slot bounds, plus ``m`` per-micro-batch costs. The search stops at the first floor
-    that cannot beat the fastest candidate by ``_LEVEL_MIN_GAIN``. So the cost-balanced
-    rank splits, whose slots are far apart before refilling, get it where the plan is
-    well above the bound, and most candidates are never refilled.
+    Candidates are taken by a floor of what refilling can reach, lowest first: the busiest
+    rank's total plus ``m`` per-micro-batch costs (a sum of slot maxima is at least the
+    largest sum of a rank's micro-batches, and refilling keeps every rank's sequences and
+    ``m``). The search stops at the first floor that cannot beat the fastest candidate by
+    ``_LEVEL_MIN_GAIN``, and skips a candidate whose floor raised to the FSDP slot bounds
+    cannot. So the cost-balanced rank splits, whose slots are far apart before refilling,
+    get it where the plan is well above the bound, and most candidates are never
+    refilled. Steps are compared in the requested micro-batch order (``order="index"``
+    sorts each rank on its own, which can undo what the refill lined up).
     """
     if req.sync != "fsdp" or req.padded or req.pp is not None or req.dp < 2 or not candidates:
         return candidates
     m_min = min(p.num_micro_batches for p in candidates)
     pool = [i for i, p in enumerate(candidates) if req.extra or p.num_micro_batches == m_min]
-    step = {i: _step_time(candidates[i].micro_batches, req.costs, req.c0, False, "fsdp")
-            for i in pool}  # fmt: skip
+
+    def timed(grid: list[list[list[int]]]) -> float:
+        if req.order is not None:
+            grid = order_grid(grid, req.costs, req.c0, False, req.order)
+        return _step_time(grid, req.costs, req.c0, False, "fsdp")
+
+    step = {i: timed(candidates[i].micro_batches) for i in pool}
 
     def busiest(i: int) -> float:
         grid = candidates[i].micro_batches
@@ -920,7 +927,7 @@ def _levelled(req: _Request, candidates: list[Plan]) -> list[Plan]:
         grid = fill_to_levels(candidates[i].micro_batches, req.costs, req.lens, req.cap)
         if grid is candidates[i].micro_batches:
             continue
-        t = _step_time(grid, req.costs, req.c0, False, "fsdp")
+        t = timed(grid)
         if t < step[i]:
             out[i] = _plan_of(req, grid, [*candidates[i].notes, _LEVELLED_NOTE])
             best = min(best, t)
