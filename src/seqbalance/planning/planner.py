@@ -885,12 +885,14 @@ def _levelled(req: _Request, candidates: list[Plan]) -> list[Plan]:
     Candidates are taken by a floor of what refilling can reach, lowest first: the busiest
     rank's total plus ``m`` per-micro-batch costs (a sum of slot maxima is at least the
     largest sum of a rank's micro-batches, and refilling keeps every rank's sequences and
-    ``m``). The search stops at the first floor that cannot beat the fastest candidate by
-    ``_LEVEL_MIN_GAIN``, and skips a candidate whose floor raised to the FSDP slot bounds
-    cannot. So the cost-balanced rank splits, whose slots are far apart before refilling,
-    get it where the plan is well above the bound, and most candidates are never
-    refilled. Steps are compared in the requested micro-batch order (``order="index"``
-    sorts each rank on its own, which can undo what the refill lined up).
+    ``m``). The search stops at the first floor that cannot beat the fastest step found,
+    and skips a candidate whose floor, or the FSDP slot bounds, leave it less than
+    ``_LEVEL_MIN_GAIN`` to gain. Both tests keep the pick a function of each candidate
+    alone (more candidates never make it worse). So the cost-balanced rank splits, whose
+    slots are far apart before refilling, get it where the plan is well above the bound,
+    and most candidates are never refilled. Steps are compared in the requested
+    micro-batch order (``order="index"`` sorts each rank on its own, which can undo what
+    the refill lined up).
     """
     if req.sync != "fsdp" or req.padded or req.pp is not None or req.dp < 2 or not candidates:
         return candidates
@@ -914,15 +916,19 @@ def _levelled(req: _Request, candidates: list[Plan]) -> list[Plan]:
     best = min(step.values())
     out = list(candidates)
     for i in sorted(pool, key=lambda i: (floors[i], i)):
-        if floors[i] >= best * (1.0 - _LEVEL_MIN_GAIN):
-            break
+        if floors[i] >= best:
+            break  # no refill of this or a later candidate can beat the best step
+        # Each candidate on its own: refilled only if it could gain _LEVEL_MIN_GAIN. (Not
+        # relative to the best step: then more candidates could make the pick worse.)
+        if floors[i] >= step[i] * (1.0 - _LEVEL_MIN_GAIN):
+            continue
         if too_big_to_refill(candidates[i].micro_batches):
             continue
         if slots is None:
             slots = max(big_item_slot_bound(req.costs, req.lens, req.dp, req.cap),
                         costliest_slot_bound(req.costs, req.lens, req.dp, req.cap))
         m = candidates[i].num_micro_batches
-        if max(floors[i], slots + m * req.c0) >= best * (1.0 - _LEVEL_MIN_GAIN):
+        if slots + m * req.c0 >= step[i] * (1.0 - _LEVEL_MIN_GAIN):
             continue
         grid = fill_to_levels(candidates[i].micro_batches, req.costs, req.lens, req.cap)
         if grid is candidates[i].micro_batches:
@@ -957,7 +963,12 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
 
     def key(p: Plan) -> tuple[float, ...]:
         if req.pp is None:
-            t = _step_time(p.micro_batches, req.costs, req.c0, req.padded, req.sync)
+            # In the order the plan will be returned in (order="index" sorts each rank on
+            # its own, which can break the slots a candidate lined up).
+            grid = p.micro_batches
+            if req.order is not None:
+                grid = order_grid(grid, req.costs, req.c0, req.padded, req.order)
+            t = _step_time(grid, req.costs, req.c0, req.padded, req.sync)
         else:  # the pipeline step, in the best starting order (finish_plan searches more)
             args = (req.costs, req.c0, req.lens, req.padded, req.sync, req.pp)
             t = pipeline_step_time(pipeline_order_grid(p.micro_batches, *args, quick=True), *args)
@@ -1120,7 +1131,9 @@ def plan(
         ``"heaviest_first"`` and ``"light_ends"`` (lightest slots at both ends, the heaviest
         in the middle: short pipeline warm-up and cool-down) permute slots the same way on
         every rank, so the step time is unchanged; ``"index"`` sorts each rank's
-        micro-batches by their first sequence index.
+        micro-batches by their first sequence index, which under ``fsdp`` can misalign
+        slots, so the planner then picks among its candidates by their step in that order
+        (the micro-batches may differ from ``order=None``'s).
     oversized : {"error", "alone"}
         What a sequence longer than ``max_tokens`` does: raise ValueError (default), or run
         alone in its own micro-batch (it then breaks the capacity, and ``plan.notes`` and
