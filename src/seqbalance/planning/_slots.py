@@ -269,7 +269,7 @@ def _water_levels(
     """
     dp, m = len(grid), len(grid[0])
     items = np.fromiter((i for rank in grid for mb in rank for i in mb), dtype=np.int64)
-    totals = np.array([sum(float(costs[i]) for mb in rank for i in mb) for rank in grid])
+    totals = bin_totals([[i for mb in rank for i in mb] for rank in grid], costs)
     big = np.sort(costs[items[2 * lengths[items] > cap]])[::-1][::dp][:m]
     floor = np.zeros(m)
     floor[: big.size] = big
@@ -300,6 +300,7 @@ def _refill(
     grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int,
     level: np.ndarray, head: int,
 ) -> list[list[list[int]]]:
+    """One pass of :func:`fill_to_levels` toward the targets ``level``, all ranks at once."""
     dp, m = len(grid), len(grid[0])
     # Each rank's sequences, costliest first (index breaks ties), in a padded matrix.
     sizes = np.array([sum(len(mb) for mb in rank) for rank in grid], dtype=np.int64)
