@@ -140,8 +140,9 @@ def get_minimum_num_micro_batch_size(
     return good
 
 
-def _experience_helpers(item: Any) -> tuple[Any, Any]:
-    """``split_experience_batch`` and ``make_experience_batch`` beside the item's class."""
+def _experience_helpers(item: Any) -> tuple[Any, Any, Any]:
+    """The module defining the item's class, and its ``split_experience_batch`` and
+    ``make_experience_batch``."""
     mod = sys.modules.get(type(item).__module__)
     split = getattr(mod, "split_experience_batch", None)
     make = getattr(mod, "make_experience_batch", None)
@@ -151,7 +152,7 @@ def _experience_helpers(item: Any) -> tuple[Any, Any]:
             f"comes from {type(item).__module__!r}, which has no split_experience_batch / "
             "make_experience_batch"
         )
-    return split, make
+    return mod, split, make
 
 
 def _batch_rows(whole: Any) -> np.ndarray | None:
@@ -208,8 +209,7 @@ def balance_experiences(experiences: list[Any], args: Any) -> list[Any]:
     """
     if not experiences:
         return []
-    split, make = _experience_helpers(experiences[0])
-    module = sys.modules[type(experiences[0]).__module__]
+    module, split, make = _experience_helpers(experiences[0])
     gatherable = _row_layout(experiences, module) if GATHER_ROWS else None
     if gatherable is not None:
         for batch in experiences:
