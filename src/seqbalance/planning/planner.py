@@ -149,6 +149,14 @@ def _step_time(
     return step_time_of(microbatch_costs(grid, costs, per_microbatch=c0, padded=padded), sync)
 
 
+def _step_in_order(req: _Request, grid: list[list[list[int]]]) -> float:
+    """The simulated step of ``grid`` in the micro-batch order the plan is returned in
+    (``order="index"`` sorts each rank on its own, which can misalign FSDP slots)."""
+    if req.order is not None:
+        grid = order_grid(grid, req.costs, req.c0, req.padded, req.order)
+    return _step_time(grid, req.costs, req.c0, req.padded, req.sync)
+
+
 def _global_bins(
     lengths: np.ndarray, costs: np.ndarray, nbins: int, cap: int, padded: bool,
     full: bool = False,
@@ -898,13 +906,7 @@ def _levelled(req: _Request, candidates: list[Plan]) -> list[Plan]:
         return candidates
     m_min = min(p.num_micro_batches for p in candidates)
     pool = [i for i, p in enumerate(candidates) if req.extra or p.num_micro_batches == m_min]
-
-    def timed(grid: list[list[list[int]]]) -> float:
-        if req.order is not None:
-            grid = order_grid(grid, req.costs, req.c0, False, req.order)
-        return _step_time(grid, req.costs, req.c0, False, "fsdp")
-
-    step = {i: timed(candidates[i].micro_batches) for i in pool}
+    step = {i: _step_in_order(req, candidates[i].micro_batches) for i in pool}
 
     def busiest(i: int) -> float:
         grid = candidates[i].micro_batches
@@ -933,15 +935,15 @@ def _levelled(req: _Request, candidates: list[Plan]) -> list[Plan]:
         grid = fill_to_levels(candidates[i].micro_batches, req.costs, req.lens, req.cap)
         if grid is candidates[i].micro_batches:
             continue
-        t = timed(grid)
+        t = _step_in_order(req, grid)
         if t < step[i]:
             out[i] = _plan_of(req, grid, [*candidates[i].notes, _LEVELLED_NOTE])
             best = min(best, t)
     return out
 
 
-# Refill a candidate only if its floor is this far below the fastest step: the refill
-# costs up to ~0.1 s per candidate on 16,384 sequences over 256 ranks.
+# Refill a candidate only if its floor is this far below its own step: the refill costs
+# up to ~0.1 s per candidate on 16,384 sequences over 256 ranks.
 _LEVEL_MIN_GAIN = 5e-3
 _LEVELLED_NOTE = "its micro-batches were then refilled toward each slot's level (fsdp)"
 
@@ -963,12 +965,7 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
 
     def key(p: Plan) -> tuple[float, ...]:
         if req.pp is None:
-            # In the order the plan will be returned in (order="index" sorts each rank on
-            # its own, which can break the slots a candidate lined up).
-            grid = p.micro_batches
-            if req.order is not None:
-                grid = order_grid(grid, req.costs, req.c0, req.padded, req.order)
-            t = _step_time(grid, req.costs, req.c0, req.padded, req.sync)
+            t = _step_in_order(req, p.micro_batches)
         else:  # the pipeline step, in the best starting order (finish_plan searches more)
             args = (req.costs, req.c0, req.lens, req.padded, req.sync, req.pp)
             t = pipeline_step_time(pipeline_order_grid(p.micro_batches, *args, quick=True), *args)
