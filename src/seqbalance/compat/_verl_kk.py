@@ -18,7 +18,8 @@ The rules, as verl 0.9 applies them (all comparisons are descending):
 The first item of a subset never changes (merging appends the other state's items), and
 indices are unique, so these keys never tie and the order of merges is fully determined.
 Equal to verl's partition whenever the sums are exact, i.e. integer-valued weights whose
-total stays below 2**53 (checked against verl 0.9.1 in ``bench/verl_kk_check.py``); with
+total stays below 2**53 (checked against verl 0.9.1, and slime's and OpenRLHF's copies of
+the function, in ``bench/verl_kk_check.py``); with
 fractional weights verl adds item by item and the two can round apart on ties.
 """
 
