@@ -83,9 +83,9 @@ def test_drop_in_never_heavier_than_verls_partition(k, rounds, data):
     assert max(w[p].sum() for p in parts) <= theirs
 
 
-def test_extra_start_is_a_ceiling():
+def test_verls_start_is_a_ceiling():
     # On 8,192 rl-math workloads verl's differencing ends 2 above the lower bound (measured
-    # with verl 0.9.1); seqbalance's own starts ended 6 above before verl's was added.
+    # with verl 0.9.1); seqbalance's own differencing start, refined, ended 6 above.
     lens = np.minimum(sb.workloads.lengths("rl-math", 8192, seed=0), 32768).astype(np.int64)
     w = (24576 * lens + lens**2).astype(np.float64)
     bound = -(-int(w.sum()) // 8)

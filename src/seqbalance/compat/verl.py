@@ -98,11 +98,9 @@ def _balanced(values: Any, k: int, equal_size: bool, method: str) -> list[list[i
             f"{w.shape[0]} % {k} != 0"
         )
     if equal_size and method == "auto":
-        # verl's own partition is a further start: never heavier than verl's.
-        parts = partition_arrays(
-            as_weights(w, "seqlen_list"), k, "equal", "auto", None, fold=True,
-            extra_start=("verl-kk", verl_equal_kk_labels),
-        )
+        # verl's own differencing as the start: never heavier than verl's.
+        parts = partition_arrays(as_weights(w, "seqlen_list"), k, "equal", "auto", None,
+                                 fold=True, kk_start=verl_equal_kk_labels)  # fmt: skip
     else:
         parts = partition(w, k, size="equal" if equal_size else "free", method=method)
     return _by_load_desc([list(p) for p in parts], w)
@@ -115,10 +113,10 @@ def karmarkar_karp(seqlen_list: Any, k_partitions: int, equal_size: bool) -> lis
     ``n / k`` items. seqbalance's ``partition(method="auto")``: differencing and greedy,
     each refined, so the heaviest part is never heavier than plain differencing's (with
     token-count-like integer weights and many items a part, a refined sorted deal first,
-    kept only when it meets the lower bound). With ``equal_size=True``, unless those reach
-    the lower bound, verl's own partition (its tie rules, :mod:`._verl_kk`) is refined as
-    a further start, so the heaviest part is never heavier than verl's (exactly so for
-    integer weights summing below 2**53).
+    kept only when it meets the lower bound). With ``equal_size=True`` the differencing
+    start is verl's own (its merge order and tie rules, :mod:`._verl_kk`), so the heaviest
+    part is never heavier than verl's (exactly so for integer weights summing below
+    2**53).
     """
     return _balanced(seqlen_list, k_partitions, equal_size, "auto")
 

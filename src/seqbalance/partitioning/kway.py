@@ -264,7 +264,7 @@ def partition_arrays(
     fit: float | None = None,
     fold: bool = False,
     heaviest: bool = True,
-    extra_start: tuple[str, Callable[[np.ndarray, int], np.ndarray]] | None = None,
+    kk_start: Callable[[np.ndarray, int], np.ndarray] | None = None,
 ) -> Partition:
     """:func:`partition` on validated inputs (float64 weights, int64 dense group labels).
 
@@ -277,11 +277,11 @@ def partition_arrays(
     ``fold``: allow the folded start (see :data:`FOLD_MAX_PARTS`); :func:`partition`
     does, the planner does not. ``heaviest``: the bound includes its heaviest-units term
     (:func:`.bounds.bound_of_units`; False inside that term's own search).
-    ``extra_start``: ``(name, labels_of(units, k))``, one more start for ``"auto"``, unless
-    the usual starts already reached the bound (or ``fit``): when it is lighter than the
-    best so far it is refined and kept. Refinement never makes a start heavier, so the
-    result is never heavier than that start: the compat drop-in for verl passes verl's own
-    partition.
+    ``kk_start``: ``labels_of(units, k)``, used by ``"auto"`` in place of its differencing
+    start (not by the folded start, which is kept only at the bound). ``"auto"`` keeps the
+    lightest of its refined starts and refinement never makes a start heavier, so the
+    result is never heavier than this start: the compat drop-in for verl passes verl's own
+    differencing.
     """
     units = w
     if labels_of_groups is not None:
@@ -298,7 +298,7 @@ def partition_arrays(
         unit_labels[np.argsort(-units, kind="stable")] = np.arange(units.shape[0])
         used, proven = {"auto": "kk+refine"}.get(how, how), True
     else:
-        unit_labels, used, proven = _solve(units, k, rule, how, bound, fit, fold, extra_start)
+        unit_labels, used, proven = _solve(units, k, rule, how, bound, fit, fold, kk_start)
     item_labels = unit_labels if labels_of_groups is None else unit_labels[labels_of_groups]
     loads = np.bincount(item_labels, weights=w, minlength=k).astype(np.float64)
     counts = np.bincount(item_labels, minlength=k)
@@ -331,8 +331,7 @@ def _gc_paused(k: int) -> Iterator[None]:
 
 def _solve(
     units: np.ndarray, k: int, size: str, method: str, bound: float, fit: float | None = None,
-    fold: bool = False,
-    extra_start: tuple[str, Callable[[np.ndarray, int], np.ndarray]] | None = None,
+    fold: bool = False, kk_start: Callable[[np.ndarray, int], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, str, bool]:
     """Labels per unit, the name of the algorithm that produced them, and proven optimality."""
     if method == "kk":
@@ -353,7 +352,8 @@ def _solve(
     # Under a size rule, small problems first get steepest-descent swaps, so there "auto"
     # is never worse than greedy-with-counts followed by best-improvement swaps.
     steepest = size != "free" and m <= STEEPEST_MAX_UNITS
-    starts = [("kk", kk_labels(units, k)), ("greedy", lpt_labels(units, k, size))]
+    kk = kk_labels(units, k) if kk_start is None else kk_start(units, k)
+    starts = [("kk", kk), ("greedy", lpt_labels(units, k, size))]
     # Refine the lighter start first: it usually needs fewer steps, and may end the search.
     tops = [float(np.bincount(lab, weights=units, minlength=k).max()) for _, lab in starts]
     if tops[1] < tops[0]:
@@ -374,14 +374,6 @@ def _solve(
         if best[0] <= max(enough, bound * (1.0 + (AUTO_RTOL if size == "free" else 0.0))):
             break  # optimal (or, in free mode, within AUTO_RTOL of it), or fits
     assert best is not None
-    if extra_start is not None and best[0] > enough:
-        name, start_of = extra_start
-        labels = start_of(units, k)
-        if float(np.bincount(labels, weights=units, minlength=k).max()) < best[0]:
-            labels = refine_labels(units, labels, k, size, target=enough,
-                                   by_weight=by_weight, beat=best[0])  # fmt: skip
-            best = _lighter(best, units, labels, k, name + "+refine")
-
     # Free mode, within AUTO_RTOL of the bound: a further search could shave off less
     # than that. With ``fit`` the caller needs to know whether the cap can be met, so
     # search anyway.
