@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
-from seqbalance.compat import verl
-from seqbalance.compat._verl_kk import verl_equal_kk_labels
+from seqbalance.compat import areal, verl
+from seqbalance.compat._verl_kk import equal_partition, verl_equal_kk_labels
 
 
 def _reference(w, k):
@@ -93,3 +93,23 @@ def test_verls_start_is_a_ceiling():
     assert theirs - bound == 2
     parts = verl.get_seqlen_balanced_partitions(w, 8, True)
     assert max(w[p].sum() for p in parts) - bound <= 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 5), st.integers(2, 10), st.data())
+def test_areal_equal_size_never_heavier_than_its_differencing(k, rounds, data):
+    # AReaL's _kk_partition applies verl's rules (the same set and state comparisons).
+    w = data.draw(st.lists(st.integers(1, 30), min_size=k * rounds, max_size=k * rounds))
+    w = np.asarray(w, dtype=np.int64) ** 2 + 24_577 * np.asarray(w, dtype=np.int64)
+    theirs = np.bincount(verl_equal_kk_labels(w.astype(np.float64), k), weights=w,
+                         minlength=k).max()  # fmt: skip
+    for parts in (areal._kk_partition(w, k, equal_size=True),
+                  areal.kk_allocate(w.tolist(), int(w.sum()), k, equal_size=True)):  # fmt: skip
+        assert sorted(len(p) for p in parts) == [rounds] * k
+        assert max(w[p].sum() for p in parts) <= theirs
+
+
+def test_equal_partition_refuses_uneven_counts():
+    with pytest.raises(ValueError, match="equal"):
+        equal_partition([1, 2, 3], 2)
+    assert equal_partition([], 2) == [[], []]

@@ -1,4 +1,5 @@
-"""verl's equal-count differencing, reproduced with its tie rules.
+"""verl's equal-count differencing, reproduced with its tie rules (AReaL's ``_kk_partition``,
+slime's and OpenRLHF's copies follow the same rules).
 
 ``verl.utils.seqlen_balancing.karmarkar_karp(equal_size=True)`` sorts the values ascending
 by ``(value, index)``, cuts them into consecutive blocks of ``k`` and merges block states,
@@ -26,10 +27,26 @@ fractional weights verl adds item by item and the two can round apart on ties.
 from __future__ import annotations
 
 import heapq
+from typing import Any
 
 import numpy as np
 
-__all__ = ["verl_equal_kk_labels"]
+from .._validate import as_weights
+from ..partitioning.kway import Partition, partition_arrays
+
+__all__ = ["equal_partition", "verl_equal_kk_labels"]
+
+
+def equal_partition(values: Any, k: int, name: str = "values") -> Partition:
+    """``partition(values, k, size="equal")``, its differencing start being verl's own.
+
+    ``"auto"`` keeps the lightest of its refined starts, and refinement never raises the
+    heaviest part, so the result is never heavier than the frameworks' equal-size
+    differencing (verl, AReaL, slime, OpenRLHF). Raises ValueError for invalid weights or
+    when ``len(values) % k != 0``.
+    """
+    return partition_arrays(as_weights(values, name), k, "equal", "auto", None, fold=True,
+                            kk_start=verl_equal_kk_labels)  # fmt: skip
 
 
 def verl_equal_kk_labels(w: np.ndarray, k: int) -> np.ndarray:

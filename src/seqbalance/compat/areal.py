@@ -20,6 +20,7 @@ import numpy as np
 from ..partitioning import partition
 from ..planning import plan
 from ._inputs import CompatRuntimeError, Patcher, grow_to, to_numpy
+from ._verl_kk import equal_partition
 
 __all__ = [
     "PACKING_ALGORITHMS",
@@ -122,7 +123,7 @@ def kk_allocate(
         raise CompatRuntimeError(
             f"equal_size=True requires len(values) ({n}) to be divisible by k ({k})"
         )
-    parts = partition(v, k, size="equal")
+    parts = equal_partition(v, k)  # never heavier than AReaL's own differencing
     if parts.max_load > capacity:
         raise CompatRuntimeError(
             f"equal_size=True: {k} groups of {n // k} items cannot stay under capacity {capacity}"
@@ -135,7 +136,9 @@ def _kk_partition(values: Any, k: int, equal_size: bool = False) -> list[list[in
     v = to_numpy(values).astype(np.float64)
     if equal_size and v.shape[0] % k:
         raise CompatRuntimeError(f"{v.shape[0]} % {k} != 0")
-    return [list(p) for p in partition(v, k, size="equal" if equal_size else "free")]
+    if equal_size:
+        return [list(p) for p in equal_partition(v, k)]  # never heavier than AReaL's
+    return [list(p) for p in partition(v, k, size="free")]
 
 
 def get_allocate_fn(algorithm: str = PACKING_ALGORITHM_FFD) -> Any:

@@ -22,10 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_weights
 from ..partitioning import partition
 from ..partitioning._kk import kk_free_labels
-from ..partitioning.kway import partition_arrays
 from ..planning import inverse_permutation, plan
 from ._inputs import (
     CompatAssertionError,
@@ -35,7 +33,7 @@ from ._inputs import (
     to_numpy,
     to_python_list,
 )
-from ._verl_kk import verl_equal_kk_labels
+from ._verl_kk import equal_partition
 
 __all__ = [
     "calculate_workload",
@@ -98,9 +96,7 @@ def _balanced(values: Any, k: int, equal_size: bool, method: str) -> list[list[i
             f"{w.shape[0]} % {k} != 0"
         )
     if equal_size and method == "auto":
-        # verl's own differencing as the start: never heavier than verl's.
-        parts = partition_arrays(as_weights(w, "seqlen_list"), k, "equal", "auto", None,
-                                 fold=True, kk_start=verl_equal_kk_labels)  # fmt: skip
+        parts = equal_partition(w, k, "seqlen_list")  # never heavier than verl's
     else:
         parts = partition(w, k, size="equal" if equal_size else "free", method=method)
     return _by_load_desc([list(p) for p in parts], w)
