@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from .._validate import as_weights
+from ..partitioning._kk import resolve_roots
 from ..partitioning.kway import Partition, partition_arrays
 
 __all__ = ["equal_partition", "verl_equal_kk_labels"]
@@ -96,15 +97,11 @@ def verl_equal_kk_labels(w: np.ndarray, k: int) -> np.ndarray:
                               -merged[0][1], a))  # fmt: skip
     final = states[heap[0][4]]
     assert final is not None
-    # Each item points at the first item of the subset that absorbed its own; following
-    # the pointers to the end (pointer jumping) gives its final subset.
-    root = np.arange(n, dtype=np.int64)
-    root[np.asarray(absorbed, dtype=np.int64)] = np.asarray(into, dtype=np.int64)
-    while True:
-        up = root[root]
-        if np.array_equal(up, root):
-            break
-        root = up
+    # Each item points at the first item of the subset that absorbed its own; the end of
+    # its chain is the first item of its final subset.
+    parent = np.arange(n, dtype=np.int64)
+    parent[np.asarray(absorbed, dtype=np.int64)] = np.asarray(into, dtype=np.int64)
+    root = resolve_roots(parent)
     part_of_first = np.full(n, -1, dtype=np.int64)
     part_of_first[[f for _, f in final]] = np.arange(k, dtype=np.int64)
     return part_of_first[root]

@@ -21,7 +21,18 @@ import heapq
 
 import numpy as np
 
-__all__ = ["kk_free_labels", "kk_labels"]
+__all__ = ["kk_free_labels", "kk_labels", "resolve_roots"]
+
+
+def resolve_roots(parent: np.ndarray) -> np.ndarray:
+    """The root of every node of a forest given as parent pointers (roots point to
+    themselves), by pointer jumping: O(log depth) vectorised passes."""
+    root = parent
+    while True:
+        up = root[root]
+        if np.array_equal(up, root):
+            return root
+        root = up
 
 
 def kk_labels(w: np.ndarray, k: int) -> np.ndarray:
@@ -51,12 +62,7 @@ def kk_labels(w: np.ndarray, k: int) -> np.ndarray:
         tup_ids.append(ia[o])  # type: ignore[index]
         heapq.heappush(heap, (-(float(merged[0]) - float(merged[-1])), len(tup_vals) - 1))
     final = tup_ids[heap[0][1]]
-    root = parent
-    while True:  # pointer jumping: O(log depth) passes
-        up = root[root]
-        if np.array_equal(up, root):
-            break
-        root = up
+    root = resolve_roots(parent)
     part_of_root = np.full(slots, -1, dtype=np.int64)
     part_of_root[final] = np.arange(k, dtype=np.int64)
     return part_of_root[root[:m]]
@@ -147,12 +153,7 @@ def kk_free_labels(w: np.ndarray, k: int) -> np.ndarray:
     else:  # a single unit
         final = np.full(k, -1, dtype=np.int64)
         final[0] = ids[0]
-    root = parent
-    while True:
-        up = root[root]
-        if np.array_equal(up, root):
-            break
-        root = up
+    root = resolve_roots(parent)
     part_of_root = np.full(m, -1, dtype=np.int64)
     have = final >= 0
     part_of_root[final[have]] = np.flatnonzero(have)
