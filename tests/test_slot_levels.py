@@ -9,7 +9,7 @@ from seqbalance.planner import plan
 
 from seqbalance import workloads
 from seqbalance.costs import load_cost
-from seqbalance.planning._slots import fill_slack, fill_to_levels
+from seqbalance.planning._slots import _refill, fill_slack, fill_to_levels
 
 
 def _fsdp_step(grid, costs):
@@ -99,6 +99,30 @@ def test_fsdp_plan_near_the_bound_on_bimodal_lengths():
     assert p.num_micro_batches == 2
     assert not any(p.violations().values())
     assert p.simulate().gap < 0.005
+
+
+def test_refill_looks_ahead_over_the_last_two_slots():
+    # Targets 10, 6, 6 for a rank holding costs 6, 9, 2, 2 (a token each). The fullest first
+    # micro-batch, {6, 2, 2} = 10, leaves the 9 to two slots of target 6: one of them empty
+    # (so the rank would keep its micro-batches) or 3 over. The look-ahead takes {9} first
+    # instead: then {6} and {2, 2} fit their targets.
+    costs = np.array([6.0, 9.0, 2.0, 2.0])
+    lens = np.ones(4, dtype=np.int64)
+    grid = [[[0], [1], [2, 3]]]
+    out = _refill(grid, costs, lens, 100, np.array([10.0, 6.0, 6.0]), head=6)
+    assert out == [[[1], [0], [2, 3]]]
+
+
+def test_fsdp_plan_near_the_bound_on_rl_math_over_256_ranks():
+    # 16 sequences a rank in 3 slots, 191 of them above cap / 2: without the look-ahead the
+    # rest of many ranks could not split under the last two slots' levels (1.31% above the
+    # bound).
+    lens = workloads.load("rl-math", 4096, seed=0).lengths
+    costs = load_cost("Qwen2.5-7B")(lens)
+    p = plan(lens, 256, 32768, cost=costs, sync="fsdp")
+    assert p.num_micro_batches == 3
+    assert not any(p.violations().values())
+    assert p.simulate().gap < 0.01
 
 
 def test_refill_judged_in_the_requested_order():
