@@ -372,7 +372,12 @@ def _fill_ahead(
         rest = left & ~mask
         nxt = _best_fill(c_all, t_all, rest, float(levels[1]), cap, head)
         last = rest & ~nxt
-        excess = np.maximum((c_all * last).sum(axis=1) - float(levels[2]), 0.0)
+        # Summed position by position in a fixed order (as in _best_fill): ranks that plan
+        # independently must pick the same candidate on near-ties.
+        cost_last = np.zeros(dp)
+        for k in range(c_all.shape[1]):
+            cost_last = cost_last + np.where(last[:, k], c_all[:, k], 0.0)
+        excess = np.maximum(cost_last - float(levels[2]), 0.0)
         # Invalid, over the cap, or leaving a micro-batch empty (the rank would keep its old
         # micro-batches).
         bad = (c[rows, ranked[:, q]] < 0) | ((t_all * last).sum(axis=1) > cap)
