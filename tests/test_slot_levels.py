@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from seqbalance.planner import plan
@@ -89,16 +90,26 @@ def test_refill_keeps_ranks_and_capacity_and_never_slows(lengths, dp, m, quad, s
     assert _fsdp_step(out, costs) <= _fsdp_step(grid, costs)
 
 
-def test_fsdp_plan_near_the_bound_on_bimodal_lengths():
-    # 64 ranks, two micro-batches each; one 18,945-token sequence sets slot 0's level.
-    # Before slots were refilled the plan was 3.6% above the bound: the ranks whose work
-    # was evened out could not move two sequences into slot 0 for one.
-    lens = workloads.lengths("bimodal", 1024, seed=0)
+@pytest.mark.parametrize(
+    ("workload", "n", "dp", "m", "gap"),
+    [
+        # 64 ranks, two micro-batches each; one 18,945-token sequence sets slot 0's level.
+        # Before slots were refilled the plan was 3.6% above the bound: the ranks whose
+        # work was evened out could not move two sequences into slot 0 for one.
+        ("bimodal", 1024, 64, 2, 0.005),
+        # 16 sequences a rank in 3 slots, 191 of them above cap / 2: without the look-ahead
+        # the rest of many ranks could not split under the last two slots' levels (1.31%
+        # above the bound).
+        ("rl-math", 4096, 256, 3, 0.01),
+    ],
+)
+def test_fsdp_plan_near_the_bound(workload, n, dp, m, gap):
+    lens = workloads.load(workload, n, seed=0).lengths
     costs = load_cost("Qwen2.5-7B")(lens)
-    p = plan(lens, 64, 32768, cost=costs, sync="fsdp")
-    assert p.num_micro_batches == 2
+    p = plan(lens, dp, 32768, cost=costs, sync="fsdp")
+    assert p.num_micro_batches == m
     assert not any(p.violations().values())
-    assert p.simulate().gap < 0.005
+    assert p.simulate().gap < gap
 
 
 def test_refill_looks_ahead_over_the_last_two_slots():
@@ -111,18 +122,6 @@ def test_refill_looks_ahead_over_the_last_two_slots():
     grid = [[[0], [1], [2, 3]]]
     out = _refill(grid, costs, lens, 100, np.array([10.0, 6.0, 6.0]), head=6)
     assert out == [[[1], [0], [2, 3]]]
-
-
-def test_fsdp_plan_near_the_bound_on_rl_math_over_256_ranks():
-    # 16 sequences a rank in 3 slots, 191 of them above cap / 2: without the look-ahead the
-    # rest of many ranks could not split under the last two slots' levels (1.31% above the
-    # bound).
-    lens = workloads.load("rl-math", 4096, seed=0).lengths
-    costs = load_cost("Qwen2.5-7B")(lens)
-    p = plan(lens, 256, 32768, cost=costs, sync="fsdp")
-    assert p.num_micro_batches == 3
-    assert not any(p.violations().values())
-    assert p.simulate().gap < 0.01
 
 
 def test_refill_judged_in_the_requested_order():

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._grouping import bin_totals
-from .bounds import big_item_slot_bound, costliest_slot_bound
+from .bounds import fsdp_slot_bound
 
 __all__ = ["fill_slack", "fill_to_levels", "too_big_to_refill"]
 
@@ -169,7 +169,8 @@ _LEVEL_MAX_WORK = 5e5
 
 
 def fill_to_levels(
-    grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int
+    grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int,
+    slot_bound: float | None = None,
 ) -> list[list[list[int]]]:
     """Repack every rank's sequences so each slot is filled up to a target level.
 
@@ -191,7 +192,8 @@ def fill_to_levels(
 
     Packed micro-batches only; every rank keeps its sequences (a size rule and groups stay
     met). Returns ``grid`` itself when nothing improves, or when ``dp`` x sequences per
-    rank x (slots - 1) exceeds ``_LEVEL_MAX_WORK``.
+    rank x (slots - 1) exceeds ``_LEVEL_MAX_WORK``. ``slot_bound``: the grid's
+    :func:`.bounds.fsdp_slot_bound` if the caller has it (computed here otherwise).
     """
     dp = len(grid)
     m = len(grid[0]) if dp else 0
@@ -201,7 +203,7 @@ def fill_to_levels(
         return grid
     width = max(sum(len(mb) for mb in rank) for rank in grid)
     start, level = _slot_levels(grid, costs)
-    if not _worth_levelling(grid, costs, lengths, cap, start):
+    if not _worth_levelling(grid, costs, lengths, cap, start, slot_bound):
         return grid
     head = int(np.clip(np.floor(np.log2(_LEVEL_WORK / (dp * width * (m - 1)))), 1, _LEVEL_HEAD))
     best = (start, grid)
@@ -245,17 +247,20 @@ def too_big_to_refill(grid: list[list[list[int]]]) -> bool:
 
 def _worth_levelling(
     grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int,
-    step: float,
+    step: float, slot_bound: float | None,
 ) -> bool:
     """Whether ``step`` is more than ``_LEVEL_MIN_GAP`` above a bound no packing of the
-    grid's sequences beats (the cheap one first; the costlier FSDP terms only if needed)."""
+    grid's sequences beats (the cheap one first; the costlier FSDP terms, ``slot_bound``
+    unless given, only if needed)."""
     dp = len(grid)
     items = np.fromiter((i for rank in grid for mb in rank for i in mb), dtype=np.int64)
     c, t = costs[items], lengths[items]
     floor = max(float(c.sum()) / dp, float(c.max(initial=0.0)))
     if step <= floor * (1.0 + _LEVEL_MIN_GAP):
         return False
-    floor = max(floor, big_item_slot_bound(c, t, dp, cap), costliest_slot_bound(c, t, dp, cap))
+    if slot_bound is None:
+        slot_bound = fsdp_slot_bound(c, t, dp, cap)
+    floor = max(floor, slot_bound)
     return step > floor * (1.0 + _LEVEL_MIN_GAP)
 
 

@@ -24,6 +24,7 @@ __all__ = [
     "big_item_slot_bound",
     "capacity_step_bound",
     "costliest_slot_bound",
+    "fsdp_slot_bound",
     "min_bins",
     "min_micro_batches",
     "min_padded_bins",
@@ -286,6 +287,24 @@ def costliest_slot_bound(costs: np.ndarray, lengths: np.ndarray, dp: int, cap: i
     return float(np.nextafter(bound, 0.0))
 
 
+def fsdp_slot_bound(
+    costs: np.ndarray, lengths: np.ndarray, dp: int, cap: int,
+    labels: np.ndarray | None = None,
+) -> float:
+    """FSDP only: the larger of :func:`big_item_slot_bound` (``labels``: dense group ids,
+    or None) and :func:`costliest_slot_bound`, a bound on the sum of slot maxima without
+    per-micro-batch costs (the ``S`` of :func:`capacity_step_bound`).
+
+    Examples
+    --------
+    >>> lens = np.array([16, 8, 8, 8, 8])
+    >>> fsdp_slot_bound(lens.astype(float) ** 2, lens, 2, 16)   # costliest slot: 256 + 64
+    320.0
+    """
+    return max(big_item_slot_bound(costs, lengths, dp, cap, labels),
+               costliest_slot_bound(costs, lengths, dp, cap))  # fmt: skip
+
+
 def capacity_step_bound(
     costs: np.ndarray,
     lengths: np.ndarray,
@@ -322,9 +341,6 @@ def capacity_step_bound(
         return float(min_micro_batches_given * per_microbatch)
     p = lower_bound(costs, dp, size=size, groups=groups)
     labels = None if groups is None else as_groups(groups, costs.shape[0])
-    s = 0.0
-    if sync == "fsdp":
-        s = max(big_item_slot_bound(costs, lengths, dp, cap, labels),
-                costliest_slot_bound(costs, lengths, dp, cap))  # fmt: skip
+    s = fsdp_slot_bound(costs, lengths, dp, cap, labels) if sync == "fsdp" else 0.0
     m = max(min_micro_batches_given, min_micro_batches(lengths, dp, cap))
     return max(p, s) + m * per_microbatch

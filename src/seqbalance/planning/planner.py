@@ -83,9 +83,8 @@ from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
 from .baselines import BASELINES, _equalize
 from .bounds import (
-    big_item_slot_bound,
     capacity_step_bound,
-    costliest_slot_bound,
+    fsdp_slot_bound,
     min_bins,
     min_micro_batches,
     min_padded_bins,
@@ -927,12 +926,12 @@ def _levelled(req: _Request, candidates: list[Plan]) -> list[Plan]:
         if too_big_to_refill(candidates[i].micro_batches):
             continue
         if slots is None:
-            slots = max(big_item_slot_bound(req.costs, req.lens, req.dp, req.cap),
-                        costliest_slot_bound(req.costs, req.lens, req.dp, req.cap))
+            slots = fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap)
         m = candidates[i].num_micro_batches
         if slots + m * req.c0 >= step[i] * (1.0 - _LEVEL_MIN_GAIN):
             continue
-        grid = fill_to_levels(candidates[i].micro_batches, req.costs, req.lens, req.cap)
+        grid = fill_to_levels(candidates[i].micro_batches, req.costs, req.lens, req.cap,
+                              slot_bound=slots)  # fmt: skip
         if grid is candidates[i].micro_batches:
             continue
         t = _step_in_order(req, grid)
