@@ -1,5 +1,5 @@
-"""verl's equal-count differencing reproduced (compat._verl_kk), and the drop-in never
-heavier than it."""
+"""verl's differencing, equal-count and count-free, reproduced (compat._verl_kk), and the
+drop-ins never heavier than it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 
 import seqbalance as sb
 from seqbalance.compat import areal, verl
-from seqbalance.compat._verl_kk import equal_partition, verl_equal_kk_labels
+from seqbalance.compat._verl_kk import (
+    equal_partition,
+    free_partition,
+    verl_equal_kk_labels,
+    verl_free_kk_labels,
+)
 
 
 def _reference(w, k):
@@ -113,3 +118,111 @@ def test_equal_partition_refuses_uneven_counts():
     with pytest.raises(ValueError, match="equal"):
         equal_partition([1, 2, 3], 2)
     assert equal_partition([], 2) == [[], []]
+
+
+def _free_reference(w, k):
+    """verl's count-free rules applied literally: every item a state of k subsets
+    [sum, items] (one holding it), subsets ordered by (sum, number of items, items),
+    states by (spread, heaviest subset); the next state found by a linear scan."""
+
+    def order(subsets):
+        return sorted(subsets, key=lambda s: (s[0], len(s[1]), s[1]), reverse=True)
+
+    states = [order([[x, [i]]] + [[0, []] for _ in range(k - 1)]) for i, x in enumerate(w)]
+
+    def key(state):  # larger pops first
+        top = state[0]
+        return (state[0][0] - state[-1][0], top[0], len(top[1]), top[1])
+
+    while len(states) > 1:
+        a = max(states, key=key)
+        states.remove(a)
+        b = max(states, key=key)
+        states.remove(b)
+        states.append(order([[x[0] + y[0], x[1] + y[1]] for x, y in zip(a, reversed(b))]))
+    labels = np.full(len(w), -1, dtype=np.int64)
+    for part, (_, members) in enumerate(states[0] if states else []):
+        labels[members] = part
+    return labels
+
+
+def test_free_hand_values():
+    # Items pop largest first (ties: larger index): {5@0} and {4@1} make [5 | 4]
+    # (spread 1); then 3@3 before 3@2 (equal spreads, the larger first item), making
+    # [3@3 | 3@2] (spread 0). Merging the spread-1 state with it: 5 + 3@2, 4 + 3@3.
+    assert verl_free_kk_labels(np.array([5.0, 4, 3, 3]), 2).tolist() == [0, 1, 0, 1]
+    # k = 3, all ones: [1@3 | 1@2 | -] goes before the single 1@1 (equal spreads, its
+    # heaviest subset has the larger first item), giving [1@3 | 1@2 | 1@1], spread 0.
+    # The single 1@0 (spread 1) goes first and takes the lightest subset, {1}: 1@0 heads
+    # it, and of the two others 1@3 outranks 1@2.
+    assert verl_free_kk_labels(np.ones(4), 3).tolist() == [0, 0, 2, 1]
+    # Fewer items than parts: the last parts stay empty, as verl's do.
+    assert verl_free_kk_labels(np.array([2.0, 7]), 4).tolist() == [1, 0]
+    assert verl_free_kk_labels(np.array([2.0, 7]), 1).tolist() == [0, 0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.data())
+def test_free_matches_the_literal_rules(k, data):
+    w = data.draw(st.lists(st.sampled_from([0, 1, 2, 3, 5, 8, 13, 40]), max_size=24))
+    w = np.asarray(w, dtype=np.float64)
+    got = verl_free_kk_labels(w, k)
+    assert np.array_equal(got, _free_reference(w.tolist(), k))
+    loads = np.bincount(got, weights=w, minlength=k)
+    assert np.all(np.diff(loads) <= 0)  # part 0 heaviest, as verl lists them
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 6), st.data())
+def test_free_stops_exactly_when_the_cap_breaks(k, data):
+    # Subsets only grow, so stopping at the first subset over the cap answers the same
+    # question as the full partition: does a part break the cap?
+    n = data.draw(st.integers(0, 30))
+    w = np.asarray(data.draw(st.lists(st.integers(0, 50), min_size=n, max_size=n)), float)
+    size = np.asarray(data.draw(st.lists(st.integers(1, 9), min_size=n, max_size=n)), float)
+    cap = data.draw(st.integers(1, 40))
+    full = verl_free_kk_labels(w, k)
+    capped = verl_free_kk_labels(w, k, size, cap)
+    breaks = n > 0 and np.bincount(full, weights=size, minlength=k).max() > cap
+    assert (capped is None) == breaks
+    if capped is not None:
+        assert np.array_equal(capped, full)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 7), st.data())
+def test_free_drop_ins_never_heavier_than_the_differencing(k, data):
+    lens = np.asarray(data.draw(st.lists(st.integers(1, 60), min_size=1, max_size=40)))
+    w = (24_577 * lens + lens**2).astype(np.float64)
+    theirs = np.bincount(verl_free_kk_labels(w, k), weights=w, minlength=k).max()
+    results = [free_partition(w, k), verl.karmarkar_karp(w, k, False),
+               areal._kk_partition(w.astype(np.int64), k, equal_size=False)]  # fmt: skip
+    if len(w) >= k:
+        results.append(verl.get_seqlen_balanced_partitions(w, k, False))
+    for parts in results:
+        assert sorted(i for p in parts for i in p) == list(range(len(w)))
+        assert max(w[p].sum() if p else 0.0 for p in parts) <= theirs
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_match_framework_count_is_verls_loop(data):
+    # verl's loop: from ceil(tokens / cap) micro-batches up, until its count-free
+    # differencing of the workloads holds the cap (and, in verl, leaves none empty).
+    n = data.draw(st.integers(1, 40))
+    lens = np.asarray(data.draw(st.lists(st.integers(1, 300), min_size=n, max_size=n)))
+    cap = int(lens.max()) + data.draw(st.integers(0, 400))
+    w = (24_576 * lens + lens**2).astype(np.float64)
+    m = -(-int(lens.sum()) // cap)
+    while True:
+        labels = _free_reference(w.tolist(), m)
+        tokens = np.bincount(labels[labels >= 0], weights=lens[labels >= 0], minlength=m)
+        if tokens.max() <= cap and (labels >= 0).all() and tokens.min() > 0:
+            break
+        m += 1
+    got = verl.micro_batches_of_lengths(lens, cap, match_framework_count=True)
+    assert len(got) == m
+    assert sorted(i for p in got for i in p) == list(range(n))
+    assert max(int(lens[p].sum()) for p in got) <= cap
+    heaviest = np.bincount(labels, weights=w, minlength=m).max()
+    assert max(w[p].sum() for p in got) <= heaviest

@@ -1,5 +1,5 @@
-"""verl's equal-count differencing, reproduced with its tie rules (AReaL's ``_kk_partition``,
-slime's and OpenRLHF's copies follow the same rules).
+"""verl's differencing, equal-count and count-free, reproduced with its tie rules (AReaL's
+``_kk_partition``, slime's and OpenRLHF's copies follow the same rules).
 
 ``verl.utils.seqlen_balancing.karmarkar_karp(equal_size=True)`` sorts the values ascending
 by ``(value, index)``, cuts them into consecutive blocks of ``k`` and merges block states,
@@ -8,20 +8,23 @@ other. Which state goes first on equal spreads, and how subsets of equal sum are
 inside a state, changes the result: on 8,192 rl-math workloads verl lands 2 above the lower
 bound and seqbalance's own differencing (other tie rules) 6 above. Starting the refinement
 from verl's own partition makes "never heavier than verl's" hold by construction.
+``equal_size=False`` starts from one state per item instead; verl's micro-batching raises
+the count until that partition holds the token cap, so reproducing it gives verl's count.
 
 The rules, as verl 0.9 applies them (all comparisons are descending):
 
-- subsets inside a state: by sum, then by the index of the subset's first item (every
-  subset of a state holds the same number of items, so verl's length rule never decides);
+- subsets inside a state: by sum, then number of items, then the index of the subset's
+  first item (an empty subset comes last; with equal counts the length rule never
+  decides);
 - states: by spread (largest sum minus smallest), then by their heaviest subset's sum, its
   number of items, and the index of its first item.
 
 The first item of a subset never changes (merging appends the other state's items), and
 indices are unique, so these keys never tie and the order of merges is fully determined.
 Equal to verl's partition whenever the sums are exact, i.e. integer-valued weights whose
-total stays below 2**53 (checked against verl 0.9.1, and slime's and OpenRLHF's copies of
-the function, in ``bench/verl_kk_check.py``); with
-fractional weights verl adds item by item and the two can round apart on ties.
+total stays below 2**53 (checked against verl 0.9.1, AReaL 1.0.4, and slime's and
+OpenRLHF's copies of the function, in ``bench/verl_kk_check.py``); with fractional
+weights verl adds item by item and the two can round apart on ties.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from .._validate import as_weights
 from ..partitioning._kk import resolve_roots
 from ..partitioning.kway import Partition, partition_arrays
 
-__all__ = ["equal_partition", "verl_equal_kk_labels"]
+__all__ = ["equal_partition", "free_partition", "verl_equal_kk_labels", "verl_free_kk_labels"]
 
 
 def equal_partition(values: Any, k: int, name: str = "values") -> Partition:
@@ -48,6 +51,23 @@ def equal_partition(values: Any, k: int, name: str = "values") -> Partition:
     """
     return partition_arrays(as_weights(values, name), k, "equal", "auto", None, fold=True,
                             kk_start=verl_equal_kk_labels)  # fmt: skip
+
+
+def free_partition(values: Any, k: int, name: str = "values") -> Partition:
+    """``partition(values, k, size="free")``, its differencing start being verl's own
+    count-free differencing (:func:`verl_free_kk_labels`), so the heaviest part is never
+    heavier than that of verl's, AReaL's, slime's or OpenRLHF's
+    ``karmarkar_karp(equal_size=False)``. Parts may be empty. Raises ValueError for
+    invalid weights or ``k < 1``.
+    """
+    return partition_arrays(as_weights(values, name), k, "free", "auto", None,
+                            kk_start=_free_labels)  # fmt: skip
+
+
+def _free_labels(w: np.ndarray, k: int) -> np.ndarray:
+    labels = verl_free_kk_labels(w, k)
+    assert labels is not None  # no size cap given
+    return labels
 
 
 def verl_equal_kk_labels(w: np.ndarray, k: int) -> np.ndarray:
@@ -104,4 +124,126 @@ def verl_equal_kk_labels(w: np.ndarray, k: int) -> np.ndarray:
     root = resolve_roots(parent)
     part_of_first = np.full(n, -1, dtype=np.int64)
     part_of_first[[f for _, f in final]] = np.arange(k, dtype=np.int64)
+    return part_of_first[root]
+
+
+def verl_free_kk_labels(
+    w: np.ndarray, k: int, size: np.ndarray | None = None, size_cap: float | None = None
+) -> np.ndarray | None:
+    """A part label in ``0..k-1`` per item: verl's differencing of ``w`` without count
+    limits (``karmarkar_karp(equal_size=False)``).
+
+    Every item starts as a state of one non-empty subset and ``k - 1`` empty ones. verl's
+    rules (descending): subsets by sum, then number of items, then first item's index (an
+    empty subset is lighter than any other); states by spread, then by their heaviest
+    subset. Merging pairs the i-th heaviest subset of the first state with the i-th
+    lightest of the second. Only the non-empty subsets are stored, on a min-heap per state,
+    and a merge touches only the smaller state's non-empty subsets and as many of the
+    larger's lightest, so most merges (a state absorbing one item) cost O(log k) instead of
+    verl's O(k log k).
+
+    Parameters
+    ----------
+    w : numpy.ndarray
+        Validated float64 weights (non-negative).
+    k : int
+        Number of parts (at least 1).
+    size, size_cap : numpy.ndarray and float, optional
+        With both given, stop and return None as soon as a subset's total ``size`` exceeds
+        ``size_cap``: subsets only grow, so the final partition would break it too.
+
+    Returns
+    -------
+    numpy.ndarray or None
+        int64 labels (part 0 the heaviest at the end, as verl's first partition; parts may
+        be empty), or None when stopped by ``size_cap``.
+    """
+    n = int(w.shape[0])
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    if k == 1 or n == 0:
+        if k == 1 and size is not None and size_cap is not None and float(size.sum()) > size_cap:
+            return None
+        return np.zeros(n, dtype=np.int64)
+    vals = w.tolist()
+    sizes = None
+    if size is not None and size_cap is not None:
+        if float(size.max()) > size_cap:  # an item alone breaks it
+            return None
+        sizes = size.tolist()
+    # Items pop as one-item states: largest value first, then larger index.
+    order = np.lexsort((-np.arange(n), -w)).tolist()
+    # A state: [heap of its non-empty subsets as (sum, items, first item), heaviest one].
+    states: dict[int, tuple[list[tuple[Any, int, int]], tuple[Any, int, int]]] = {}
+    heap: list[tuple[Any, Any, int, int, int]] = []  # (-spread, -top sum, -items, -first, id)
+    parent = np.arange(n, dtype=np.int64)
+    into: list[int] = []  # first items that absorb ...
+    absorbed: list[int] = []  # ... these subsets' first items
+    nxt = 0
+
+    def pop() -> tuple[list[tuple[Any, int, int]], tuple[Any, int, int]]:
+        nonlocal nxt
+        if nxt < n:
+            i = order[nxt]
+            key = (-vals[i], -vals[i], -1, -i)
+            if not heap or key < heap[0][:4]:
+                nxt += 1
+                one = (vals[i], 1, i)
+                return [one], one
+        return states.pop(heapq.heappop(heap)[4])
+
+    sid = 0
+    while (n - nxt) + len(heap) > 1:
+        h0, top0 = pop()
+        h1, top1 = pop()
+        first_is_small = len(h0) < len(h1)
+        big, small, top = (h1, h0, top1) if first_is_small else (h0, h1, top0)
+        empties = k - len(big)
+        if len(small) == 1:  # the usual merge: one subset into the lightest (O(log k))
+            d = small[0]
+            if empties:
+                heapq.heappush(big, d)
+                new = d
+            else:
+                b = big[0]
+                keep, gone = (d[2], b[2]) if first_is_small else (b[2], d[2])
+                new = (b[0] + d[0], b[1] + d[1], keep)
+                heapq.heapreplace(big, new)
+                into.append(keep)
+                absorbed.append(gone)
+                if sizes is not None:
+                    sizes[keep] += sizes[gone]
+                    if sizes[keep] > size_cap:  # type: ignore[operator]
+                        return None
+            if new > top:
+                top = new
+        else:
+            pairs = sorted(small, reverse=True)  # the small state's subsets, heaviest first
+            lightest = [heapq.heappop(big) for _ in range(max(0, len(pairs) - empties))]
+            for j, d in enumerate(pairs):
+                if j < empties:  # paired with an empty subset: moves over unchanged
+                    new = d
+                else:
+                    b = lightest[j - empties]
+                    keep, gone = (d[2], b[2]) if first_is_small else (b[2], d[2])
+                    new = (b[0] + d[0], b[1] + d[1], keep)
+                    into.append(keep)
+                    absorbed.append(gone)
+                    if sizes is not None:
+                        sizes[keep] += sizes[gone]
+                        if sizes[keep] > size_cap:  # type: ignore[operator]
+                            return None
+                heapq.heappush(big, new)
+                if new > top:
+                    top = new
+        low = big[0][0] if len(big) == k else 0
+        states[sid] = (big, top)
+        heapq.heappush(heap, (low - top[0], -top[0], -top[1], -top[2], sid))
+        sid += 1
+    final_heap = states[heap[0][4]][0] if heap else [(vals[order[0]], 1, order[0])]
+    parent[np.asarray(absorbed, dtype=np.int64)] = np.asarray(into, dtype=np.int64)
+    root = resolve_roots(parent)
+    part_of_first = np.full(n, -1, dtype=np.int64)
+    firsts = [f for _, _, f in sorted(final_heap, reverse=True)]
+    part_of_first[firsts] = np.arange(len(firsts), dtype=np.int64)
     return part_of_first[root]

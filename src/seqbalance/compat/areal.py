@@ -20,7 +20,7 @@ import numpy as np
 from ..partitioning import partition
 from ..planning import plan
 from ._inputs import CompatRuntimeError, Patcher, grow_to, to_numpy
-from ._verl_kk import equal_partition
+from ._verl_kk import equal_partition, free_partition
 
 __all__ = [
     "PACKING_ALGORITHMS",
@@ -136,9 +136,8 @@ def _kk_partition(values: Any, k: int, equal_size: bool = False) -> list[list[in
     v = to_numpy(values).astype(np.float64)
     if equal_size and v.shape[0] % k:
         raise CompatRuntimeError(f"{v.shape[0]} % {k} != 0")
-    if equal_size:
-        return [list(p) for p in equal_partition(v, k)]  # never heavier than AReaL's
-    return [list(p) for p in partition(v, k, size="free")]
+    # Either way never heavier than AReaL's own differencing (verl's rules, reproduced).
+    return [list(p) for p in (equal_partition if equal_size else free_partition)(v, k)]
 
 
 def get_allocate_fn(algorithm: str = PACKING_ALGORITHM_FFD) -> Any:

@@ -23,7 +23,6 @@ from typing import Any
 import numpy as np
 
 from ..partitioning import partition
-from ..partitioning._kk import kk_free_labels
 from ..planning import inverse_permutation, plan
 from ._inputs import (
     CompatAssertionError,
@@ -33,7 +32,7 @@ from ._inputs import (
     to_numpy,
     to_python_list,
 )
-from ._verl_kk import equal_partition
+from ._verl_kk import equal_partition, free_partition, verl_free_kk_labels
 
 __all__ = [
     "calculate_workload",
@@ -95,8 +94,8 @@ def _balanced(values: Any, k: int, equal_size: bool, method: str) -> list[list[i
             f"equal_size=True needs len(seqlen_list) divisible by k_partitions: "
             f"{w.shape[0]} % {k} != 0"
         )
-    if equal_size and method == "auto":
-        parts = equal_partition(w, k, "seqlen_list")  # never heavier than verl's
+    if method == "auto":  # never heavier than verl's differencing
+        parts = (equal_partition if equal_size else free_partition)(w, k, "seqlen_list")
     else:
         parts = partition(w, k, size="equal" if equal_size else "free", method=method)
     return _by_load_desc([list(p) for p in parts], w)
@@ -105,14 +104,13 @@ def _balanced(values: Any, k: int, equal_size: bool, method: str) -> list[list[i
 def karmarkar_karp(seqlen_list: Any, k_partitions: int, equal_size: bool) -> list[list[int]]:
     """``k_partitions`` lists of indices with balanced sums (heaviest first).
 
-    ``equal_size=False`` leaves counts free (verl's free mode), ``True`` gives every part
-    ``n / k`` items. seqbalance's ``partition(method="auto")``: differencing and greedy,
-    each refined, so the heaviest part is never heavier than plain differencing's (with
+    ``equal_size=False`` leaves counts free (verl's free mode; a part may stay empty, as in
+    verl), ``True`` gives every part ``n / k`` items. seqbalance's
+    ``partition(method="auto")``: differencing and greedy, each refined (with
     token-count-like integer weights and many items a part, a refined sorted deal first,
-    kept only when it meets the lower bound). With ``equal_size=True`` the differencing
-    start is verl's own (its merge order and tie rules, :mod:`._verl_kk`), so the heaviest
-    part is never heavier than verl's (exactly so for integer weights summing below
-    2**53).
+    kept only when it meets the lower bound). The differencing start is verl's own, in
+    either mode (its merge order and tie rules, :mod:`._verl_kk`), so the heaviest part
+    is never heavier than verl's (exactly so for integer weights summing below 2**53).
     """
     return _balanced(seqlen_list, k_partitions, equal_size, "auto")
 
@@ -294,9 +292,13 @@ def _plan_parts(lens: Any, work: Any, cap: int, m: int, step: int, order: str) -
 
 
 def _kk_fit(r: _Rank, m: int, cap: int) -> list[list[int]] | None:
-    """verl's test at ``m``: the workloads split by plain differencing (Karmarkar-Karp, free
-    counts); the parts if each is non-empty and within the cap, else None."""
-    labels = kk_free_labels(r.work, m)
+    """verl's test at ``m``: the workloads split by verl's own count-free differencing
+    (:func:`._verl_kk.verl_free_kk_labels`, its tie rules reproduced); the parts if each is
+    non-empty and within the cap, else None. The differencing stops as soon as a subset
+    breaks the cap (subsets only grow), which most failing counts do early."""
+    labels = verl_free_kk_labels(r.work, m, r.lens.astype(np.float64), float(cap))
+    if labels is None:
+        return None
     tokens = np.bincount(labels, weights=r.lens.astype(np.float64), minlength=m)
     sizes = np.bincount(labels, minlength=m)
     if (tokens > cap).any() or (sizes == 0).any():
@@ -434,9 +436,11 @@ def rearrange_micro_batches(
     there, or set ``min_num_micro_batch``.) ``match_framework_count=True`` gives verl's own
     count: its start ``min(rows, ceil(tokens / max_token_len))`` (at least
     ``min_num_micro_batch``), the max over the DP group, rounded up to a multiple of
-    ``num_batches_divided_by``, then raised by that step until the plain Karmarkar-Karp
-    split of the workloads fits the cap on every rank. The micro-batches at that count
-    are the lightest of seqbalance's and that split, so never heavier than verl's.
+    ``num_batches_divided_by``, then raised by that step until verl's count-free
+    Karmarkar-Karp split of the workloads (its tie rules reproduced, :mod:`._verl_kk`)
+    fits the cap on every rank; where that split leaves a micro-batch empty (verl raises
+    an AssertionError) the count goes one step further. The micro-batches at that count
+    are the lightest of seqbalance's and verl's split, so never heavier than verl's.
 
     With a ``dp_group`` (and torch.distributed initialised) every rank of the group must
     call this, even with ``same_micro_num_in_dp=False``: one all-gather
