@@ -7,6 +7,7 @@ loop: the same count, and a heaviest micro-batch never heavier.
 
     pip install --no-deps --target /work/ext9 verl==0.9.1 areal==1.0.4
     python bench/verl_kk_check.py --ext /work/ext9 [--slime DIR --openrlhf DIR] [--cases 400]
+        [--time]
 
 verl's and AReaL's modules are imported from ``--ext``, slime's and OpenRLHF's from source
 checkouts, with their heavy imports stubbed (as in ``bench/compat.py``). Inputs: verl's workloads
@@ -16,7 +17,8 @@ Python steps) and small integers drawn from a few values (many ties: where the t
 decide). For each: whether the reproduced partition is the original's (same index sets
 in the same order), and the heaviest part of the original, of the reproduction and of
 the drop-in, minus the lower bound ``ceil(total / k)``. Micro-batching: one rank of
-n = 16-512 lengths, caps 4,096-32,768. Prints summary tables and writes JSON (default
+n = 16-512 lengths, caps 4,096-32,768. ``--time``: verl's count-free differencing against
+the drop-in's on 8,192 workloads (8 and 1,224 parts). Prints summary tables and writes JSON (default
 bench/results/verl_kk_check.json); exits 1 if any check fails.
 """
 
@@ -31,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import machine_info, print_table, write_json
+from _common import best_time, machine_info, print_table, write_json
 from compat import load_originals, load_slime_openrlhf, verl_dynamic
 
 import seqbalance as sb
@@ -75,6 +77,9 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=400)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default="bench/results/verl_kk_check.json")
+    ap.add_argument("--time", action="store_true",
+                    help="also time verl's count-free karmarkar_karp against the drop-in's "
+                    "(8,192 workloads into 8 and 1,224 parts; verl takes ~15 s a call at 1,224)")
     args = ap.parse_args()
     v_orig, a_orig = load_originals(args.ext)
     # Each framework's differencing and the drop-in's, as f(values, k, equal_size).
@@ -139,8 +144,30 @@ def main() -> None:
     bad += [r for r in micro if r["verl_count"] is not None
             and (not r["same_count"] or r["heavier"])]  # fmt: skip
     print("all reproduced, never heavier" if not bad else f"{len(bad)} FAILED: {bad[:3]}")
-    write_json(args.json, {"machine": machine_info(), "cases": records, "micro_batches": micro})
+    timing = free_timing(v_orig) if args.time else []
+    if timing:
+        print_table(timing, list(timing[0]))
+    write_json(args.json, {"machine": machine_info(), "cases": records, "micro_batches": micro,
+                           "free_timing": timing})  # fmt: skip
     sys.exit(1 if bad else 0)
+
+
+def free_timing(orig) -> list[dict]:
+    """verl's ``karmarkar_karp(equal_size=False)`` against the drop-in's on 8,192 workloads
+    (best of 3 for the drop-in, one call of verl's; the two side by side in one run)."""
+    out = []
+    for wl in ("rl-math", "sft-chat", "long-mix"):
+        lens = np.minimum(sb.workloads.lengths(wl, 8192, seed=0), 32768).astype(np.int64)
+        w = 24576 * lens + lens * lens
+        values = w.tolist()  # verl takes a list
+        for k in (8, 1224):
+            t_verl, theirs = best_time(lambda k=k, v=values: orig.karmarkar_karp(v, k, False), 1)
+            t_ours, parts = best_time(lambda k=k, w=w: verl_drop_in.karmarkar_karp(w, k, False), 3)
+            out.append({"workload": wl, "n": 8192, "k": k, "t_verl_s": t_verl,
+                        "t_drop_in_s": t_ours, "speedup": t_verl / t_ours,
+                        "heaviest drop-in/verl": max(int(w[p].sum()) for p in parts)
+                        / max(int(w[p].sum()) for p in theirs)})  # fmt: skip
+    return out
 
 
 def micro_batch_checks(orig, count: int, seed: int) -> list[dict]:

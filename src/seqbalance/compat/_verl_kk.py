@@ -54,14 +54,18 @@ def equal_partition(values: Any, k: int, name: str = "values") -> Partition:
 
 
 def free_partition(values: Any, k: int, name: str = "values") -> Partition:
-    """``partition(values, k, size="free")``, its differencing start being verl's own
-    count-free differencing (:func:`verl_free_kk_labels`), so the heaviest part is never
-    heavier than that of verl's, AReaL's, slime's or OpenRLHF's
-    ``karmarkar_karp(equal_size=False)``. Parts may be empty. Raises ValueError for
-    invalid weights or ``k < 1``.
+    """``partition(values, k, size="free")``, with verl's own count-free differencing
+    (:func:`verl_free_kk_labels`) as a floor: where it is lighter than seqbalance's
+    partition it is refined and returned instead. So the heaviest part is never heavier
+    than that of verl's, AReaL's, slime's or OpenRLHF's ``karmarkar_karp(equal_size=False)``,
+    nor than ``partition``'s. Parts may be empty. Raises ValueError for invalid weights or
+    ``k < 1``.
     """
+    # A floor, not the start: seqbalance's own starts reach cap-fitting partitions that a
+    # search from verl's start misses (OpenRLHF's count search on 8,192 rl-math lengths
+    # needed 1,225 micro-batches instead of 1,224 that way).
     return partition_arrays(as_weights(values, name), k, "free", "auto", None,
-                            kk_start=_free_labels)  # fmt: skip
+                            floor=_free_labels)  # fmt: skip
 
 
 def _free_labels(w: np.ndarray, k: int) -> np.ndarray:

@@ -99,8 +99,9 @@ class Partition(list):  # type: ignore[type-arg]
         The algorithm that produced it: ``"kk"``, ``"greedy"``, or for ``method="auto"``
         the winning candidate, ``"kk+refine"``, ``"greedy+refine"``, ``"kkfree+refine"``
         (free mode, classic Karmarkar–Karp), ``"folded+refine"`` (a size rule, integer
-        weights, many units a part: the sorted fold met the bound) or ``"exact"`` (the
-        exact search improved on the heuristics).
+        weights, many units a part: the sorted fold met the bound), ``"exact"`` (the
+        exact search improved on the heuristics) or ``"floor+refine"`` (a caller's floor
+        partition was lighter; the compat drop-ins pass their framework's differencing).
     """
 
     loads: np.ndarray
@@ -265,6 +266,7 @@ def partition_arrays(
     fold: bool = False,
     heaviest: bool = True,
     kk_start: Callable[[np.ndarray, int], np.ndarray] | None = None,
+    floor: Callable[[np.ndarray, int], np.ndarray] | None = None,
 ) -> Partition:
     """:func:`partition` on validated inputs (float64 weights, int64 dense group labels).
 
@@ -281,7 +283,10 @@ def partition_arrays(
     start (not by the folded start, which is kept only at the bound). ``"auto"`` keeps the
     lightest of its refined starts and refinement never makes a start heavier, so the
     result is never heavier than this start: the compat drop-in for verl passes verl's own
-    differencing.
+    differencing. ``floor``: ``labels_of(units, k)``, computed after the search; when its
+    partition is lighter than the result, it is refined and returned instead. The result
+    is then never heavier than it nor than the search's own (the count-free drop-ins pass
+    the framework's differencing: a replaced start there lost cap fits the search found).
     """
     units = w
     if labels_of_groups is not None:
@@ -299,6 +304,9 @@ def partition_arrays(
         used, proven = {"auto": "kk+refine"}.get(how, how), True
     else:
         unit_labels, used, proven = _solve(units, k, rule, how, bound, fit, fold, kk_start)
+        if floor is not None and not proven:
+            unit_labels, used, proven = _at_most_floor(units, k, rule, bound, fit,
+                                                       unit_labels, used, floor)  # fmt: skip
     item_labels = unit_labels if labels_of_groups is None else unit_labels[labels_of_groups]
     loads = np.bincount(item_labels, weights=w, minlength=k).astype(np.float64)
     counts = np.bincount(item_labels, minlength=k)
@@ -310,6 +318,22 @@ def partition_arrays(
             parts[p] = order[int(ends[p] - counts[p]) : int(ends[p])]
         # k = 1: the only partition is optimal, so its load is the bound and the gap is 0.
         return Partition(parts, loads, bound, used, optimal=proven or k == 1)
+
+
+def _at_most_floor(
+    units: np.ndarray, k: int, size: str, bound: float, fit: float | None,
+    labels: np.ndarray, used: str, floor: Callable[[np.ndarray, int], np.ndarray],
+) -> tuple[np.ndarray, str, bool]:
+    """``labels`` unless the ``floor`` partition is lighter; then that one, refined."""
+    top = float(np.bincount(labels, weights=units, minlength=k).max())
+    below = floor(units, k)
+    if float(np.bincount(below, weights=units, minlength=k).max()) >= top:
+        return labels, used, False
+    enough = bound if fit is None else max(bound, fit)
+    below = refine_labels(units, below, k, size, target=enough,
+                          by_weight=np.argsort(units, kind="stable"))  # fmt: skip
+    proven = float(np.bincount(below, weights=units, minlength=k).max()) <= bound
+    return below, "floor+refine", proven
 
 
 @contextlib.contextmanager
