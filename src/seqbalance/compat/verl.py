@@ -108,9 +108,10 @@ def karmarkar_karp(seqlen_list: Any, k_partitions: int, equal_size: bool) -> lis
     verl), ``True`` gives every part ``n / k`` items. seqbalance's
     ``partition(method="auto")``: differencing and greedy, each refined (with
     token-count-like integer weights and many items a part, a refined sorted deal first,
-    kept only when it meets the lower bound). The differencing start is verl's own, in
-    either mode (its merge order and tie rules, :mod:`._verl_kk`), so the heaviest part
-    is never heavier than verl's (exactly so for integer weights summing below 2**53).
+    kept only when it meets the lower bound). verl's own differencing (its merge order and
+    tie rules, :mod:`._verl_kk`) is the start with ``equal_size=True`` and a floor without
+    (taken, refined, where lighter), so the heaviest part is never heavier than verl's
+    (exactly so for integer weights summing below 2**53).
     """
     return _balanced(seqlen_list, k_partitions, equal_size, "auto")
 
