@@ -228,6 +228,12 @@ def test_match_framework_count_is_verls_loop(data):
     assert max(int(lens[p].sum()) for p in got) <= cap
     heaviest = np.bincount(labels, weights=w, minlength=m).max()
     assert max(w[p].sum() for p in got) <= heaviest
+    # By default the count is the fewest that hold the cap; where that is verl's count
+    # too, the micro-batches are never heavier than verl's either.
+    default = verl.micro_batches_of_lengths(lens, cap)
+    assert len(default) <= m
+    if len(default) == m:
+        assert max(w[p].sum() for p in default) <= heaviest
 
 
 def test_free_floor_taken_where_verl_is_lighter():

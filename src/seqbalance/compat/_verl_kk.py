@@ -196,6 +196,19 @@ def verl_free_kk_labels(
                 return [one], one
         return states.pop(heapq.heappop(heap)[4])
 
+    def join(b: tuple[Any, int, int], d: tuple[Any, int, int], d_first: bool
+             ) -> tuple[Any, int, int] | None:
+        """Subsets ``b`` and ``d`` (of the other state) as one, headed by the first state's
+        first item; None if that breaks the size cap."""
+        keep, gone = (d[2], b[2]) if d_first else (b[2], d[2])
+        into.append(keep)
+        absorbed.append(gone)
+        if sizes is not None:
+            sizes[keep] += sizes[gone]
+            if sizes[keep] > size_cap:  # type: ignore[operator]
+                return None
+        return (b[0] + d[0], b[1] + d[1], keep)
+
     sid = 0
     while (n - nxt) + len(heap) > 1:
         h0, top0 = pop()
@@ -209,16 +222,10 @@ def verl_free_kk_labels(
                 heapq.heappush(big, d)
                 new = d
             else:
-                b = big[0]
-                keep, gone = (d[2], b[2]) if first_is_small else (b[2], d[2])
-                new = (b[0] + d[0], b[1] + d[1], keep)
+                new = join(big[0], d, first_is_small)
+                if new is None:
+                    return None
                 heapq.heapreplace(big, new)
-                into.append(keep)
-                absorbed.append(gone)
-                if sizes is not None:
-                    sizes[keep] += sizes[gone]
-                    if sizes[keep] > size_cap:  # type: ignore[operator]
-                        return None
             if new > top:
                 top = new
         else:
@@ -228,15 +235,9 @@ def verl_free_kk_labels(
                 if j < empties:  # paired with an empty subset: moves over unchanged
                     new = d
                 else:
-                    b = lightest[j - empties]
-                    keep, gone = (d[2], b[2]) if first_is_small else (b[2], d[2])
-                    new = (b[0] + d[0], b[1] + d[1], keep)
-                    into.append(keep)
-                    absorbed.append(gone)
-                    if sizes is not None:
-                        sizes[keep] += sizes[gone]
-                        if sizes[keep] > size_cap:  # type: ignore[operator]
-                            return None
+                    new = join(lightest[j - empties], d, first_is_small)
+                    if new is None:
+                        return None
                 heapq.heappush(big, new)
                 if new > top:
                     top = new

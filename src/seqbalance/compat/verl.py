@@ -347,7 +347,14 @@ def _framework_count(
 
 def _parts_at(r: _Rank, m: int, cap: int, order: str, verl_parts: Any) -> list[list[int]]:
     """Exactly ``m`` micro-batches within the cap, the lightest heaviest one among the
-    candidates; never raises (the count is agreed, so a rank must not fail alone)."""
+    candidates; never raises (the count is agreed, so a rank must not fail alone).
+    verl's own split at ``m`` is one of them whenever it fits, so where verl would use
+    ``m`` micro-batches too the result is never heavier than verl's."""
+    if verl_parts is None:
+        try:
+            verl_parts = _kk_fit(r, m, cap)
+        except Exception:  # any type: only a candidate
+            pass
     candidates = [] if verl_parts is None else [verl_parts]
     if r.parts is not None and len(r.parts) == m:
         candidates.append(r.parts)
