@@ -173,8 +173,8 @@ def free_timing(orig) -> list[dict]:
 def micro_batch_checks(orig, count: int, seed: int) -> list[dict]:
     """verl's micro-batching loop (``verl_dynamic``: from ``ceil(tokens / cap)`` micro-batches
     up until verl's count-free differencing holds the cap) against the drop-in asked for
-    verl's count. verl raises when its differencing leaves a micro-batch empty (the
-    drop-in then tries the next count): such calls are recorded and not compared."""
+    verl's count. Should verl raise (its differencing leaving a micro-batch empty, which
+    with n >= m it cannot), the call is recorded and not compared."""
     rng = np.random.default_rng(seed + 1)
     out = []
     for c in range(count):
