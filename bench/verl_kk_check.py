@@ -18,8 +18,9 @@ decide). For each: whether the reproduced partition is the original's (same inde
 in the same order), and the heaviest part of the original, of the reproduction and of
 the drop-in, minus the lower bound ``ceil(total / k)``. Micro-batching: one rank of
 n = 16-512 lengths, caps 4,096-32,768. ``--time``: verl's count-free differencing against
-the drop-in's on 8,192 workloads (8 and 1,224 parts). Prints summary tables and writes JSON (default
-bench/results/verl_kk_check.json); exits 1 if any check fails.
+the drop-in's on 8,192 workloads (8 and 1,224 parts), and both modes on tiny inputs.
+Prints summary tables and writes JSON (default bench/results/verl_kk_check.json); exits 1
+if any check fails.
 """
 
 from __future__ import annotations
@@ -145,10 +146,12 @@ def main() -> None:
             and (not r["same_count"] or r["heavier"])]  # fmt: skip
     print("all reproduced, never heavier" if not bad else f"{len(bad)} FAILED: {bad[:3]}")
     timing = free_timing(v_orig) if args.time else []
+    small = small_timing(v_orig) if args.time else []
     if timing:
         print_table(timing, list(timing[0]))
+        print_table(small, list(small[0]))
     write_json(args.json, {"machine": machine_info(), "cases": records, "micro_batches": micro,
-                           "free_timing": timing})  # fmt: skip
+                           "free_timing": timing, "small_timing": small})  # fmt: skip
     sys.exit(1 if bad else 0)
 
 
@@ -167,6 +170,33 @@ def free_timing(orig) -> list[dict]:
                         "t_drop_in_s": t_ours, "speedup": t_verl / t_ours,
                         "heaviest drop-in/verl": max(int(w[p].sum()) for p in parts)
                         / max(int(w[p].sum()) for p in theirs)})  # fmt: skip
+    return out
+
+
+def small_timing(orig) -> list[dict]:
+    """Tiny inputs (n = 32-64, 4-16 parts), where the drop-in's exact search spends its
+    node budget: per workload and mode, the slowest drop-in call against verl's, and the
+    range of heaviest-part ratios (drop-in / verl)."""
+    out = []
+    for equal in (True, False):
+        for wl in WORKLOADS:
+            t_ours, t_verl, ratios = [], [], []
+            for n, k in ((32, 4), (48, 12), (64, 8), (64, 16)):
+                lens = np.minimum(sb.workloads.lengths(wl, n, seed=1), 32768).astype(np.int64)
+                w = 24576 * lens + lens * lens
+                values = w.tolist()
+                t1, theirs = best_time(lambda v=values, k=k, e=equal: orig.karmarkar_karp(v, k, e))
+                t2, parts = best_time(
+                    lambda w=w, k=k, e=equal: verl_drop_in.karmarkar_karp(w, k, e), 1
+                )
+                t_verl.append(t1)
+                t_ours.append(t2)
+                ratios.append(max(int(w[p].sum()) for p in parts)
+                              / max(int(w[p].sum()) for p in theirs))  # fmt: skip
+            out.append({"mode": "equal" if equal else "free", "workload": wl,
+                        "slowest drop-in s": max(t_ours), "slowest verl s": max(t_verl),
+                        "heaviest drop-in/verl": f"{min(ratios):.3f}-{max(ratios):.3f}",
+                        })  # fmt: skip
     return out
 
 
