@@ -283,8 +283,9 @@ def partition_arrays(
     start (not by the folded start, which is kept only at the bound). ``"auto"`` keeps the
     lightest of its refined starts and refinement never makes a start heavier, so the
     result is never heavier than this start: the compat drop-in for verl passes verl's own
-    differencing. ``floor``: ``labels_of(units, k)``, computed after the search; when its
-    partition is lighter than the result, it is refined and returned instead. The result
+    differencing. ``floor``: ``labels_of(units, k)`` (meeting the size rule), computed
+    after the search unless that proved its optimum; when its partition is lighter than
+    the result, it is refined and returned instead. The result
     is then never heavier than it nor than the search's own (the count-free drop-ins pass
     the framework's differencing: a replaced start there lost cap fits the search found).
     """
