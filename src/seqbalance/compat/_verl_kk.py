@@ -121,14 +121,19 @@ def verl_equal_kk_labels(w: np.ndarray, k: int) -> np.ndarray:
                               -merged[0][1], a))  # fmt: skip
     final = states[heap[0][4]]
     assert final is not None
+    return _labels(n, into, absorbed, [f for _, f in final])
+
+
+def _labels(n: int, into: list[int], absorbed: list[int], firsts: list[int]) -> np.ndarray:
+    """Part labels from the merges: subset ``absorbed[i]`` (named by its first item) went
+    into ``into[i]``; ``firsts`` names the final subsets, part 0 first."""
     # Each item points at the first item of the subset that absorbed its own; the end of
     # its chain is the first item of its final subset.
     parent = np.arange(n, dtype=np.int64)
     parent[np.asarray(absorbed, dtype=np.int64)] = np.asarray(into, dtype=np.int64)
-    root = resolve_roots(parent)
     part_of_first = np.full(n, -1, dtype=np.int64)
-    part_of_first[[f for _, f in final]] = np.arange(k, dtype=np.int64)
-    return part_of_first[root]
+    part_of_first[firsts] = np.arange(len(firsts), dtype=np.int64)
+    return part_of_first[resolve_roots(parent)]
 
 
 def verl_free_kk_labels(
@@ -180,7 +185,6 @@ def verl_free_kk_labels(
     # A state: [heap of its non-empty subsets as (sum, items, first item), heaviest one].
     states: dict[int, tuple[list[tuple[Any, int, int]], tuple[Any, int, int]]] = {}
     heap: list[tuple[Any, Any, int, int, int]] = []  # (-spread, -top sum, -items, -first, id)
-    parent = np.arange(n, dtype=np.int64)
     into: list[int] = []  # first items that absorb ...
     absorbed: list[int] = []  # ... these subsets' first items
     nxt = 0
@@ -246,9 +250,4 @@ def verl_free_kk_labels(
         heapq.heappush(heap, (low - top[0], -top[0], -top[1], -top[2], sid))
         sid += 1
     final_heap = states[heap[0][4]][0] if heap else [(vals[order[0]], 1, order[0])]
-    parent[np.asarray(absorbed, dtype=np.int64)] = np.asarray(into, dtype=np.int64)
-    root = resolve_roots(parent)
-    part_of_first = np.full(n, -1, dtype=np.int64)
-    firsts = [f for _, _, f in sorted(final_heap, reverse=True)]
-    part_of_first[firsts] = np.arange(len(firsts), dtype=np.int64)
-    return part_of_first[root]
+    return _labels(n, into, absorbed, [f for _, _, f in sorted(final_heap, reverse=True)])
