@@ -3,7 +3,8 @@
 The core needs only numpy:
 
 - :func:`partition`, :func:`lower_bound`, :func:`balance_stats`: k-way balanced partitioning
-  with size rules and groups, and the evidence (bounds, gaps).
+  with size rules and groups, and the evidence (bounds, gaps); :func:`exact_searches`
+  turns its small-problem exact searches off for a block of code where milliseconds matter.
 - Cost models (:class:`TokenCost`, :class:`QuadraticCost`, :class:`FlopsCost`,
   :func:`fit_cost`, :func:`load_cost`): what a sequence of L tokens costs;
   :class:`TimingRecorder` checks a cost against measured times and refits it.
@@ -38,7 +39,16 @@ from .costs import (
     fit_cost,
     load_cost,
 )
-from .partitioning import Partition, balance_stats, bounds, lower_bound, partition, stats
+from .partitioning import (
+    Partition,
+    balance_stats,
+    bounds,
+    exact_searches,
+    exact_searches_enabled,
+    lower_bound,
+    partition,
+    stats,
+)
 from .planning import (
     BASELINES,
     Plan,
@@ -87,6 +97,8 @@ __all__ = [
     "TokenCost",
     "__version__",
     "balance_stats",
+    "exact_searches",
+    "exact_searches_enabled",
     "fit_cost",
     "inverse_permutation",
     "load_cost",

@@ -81,7 +81,7 @@ def grow_to(parts: list[list[int]], m: int, weights: np.ndarray) -> list[list[in
     a rank must end with the agreed count and must not raise alone; needs ``m`` at most the
     number of items.
     """
-    from ..partitioning import partition
+    from ._core import partition
 
     out = [list(p) for p in parts if p]
     if m > sum(len(p) for p in out):

@@ -36,7 +36,8 @@ import numpy as np
 
 from .._validate import as_weights
 from ..partitioning._kk import resolve_roots
-from ..partitioning.kway import Partition, partition_arrays
+from ..partitioning.kway import Partition
+from ._core import partition_arrays
 
 __all__ = ["equal_partition", "free_partition", "verl_equal_kk_labels", "verl_free_kk_labels"]
 

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from ..partitioning import partition
 from . import verl as _verl
+from ._core import partition
 from ._experience_rows import layout as _row_layout
 from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, unpatch_all
 

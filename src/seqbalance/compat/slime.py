@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..planning import plan
 from . import verl as _verl
+from ._core import plan
 from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, unpatch_all
 
 __all__ = [

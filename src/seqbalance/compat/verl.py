@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from ..partitioning import partition
-from ..planning import inverse_permutation, plan
+from ..planning import inverse_permutation
+from ._core import partition, plan
 from ._inputs import (
     CompatAssertionError,
     Patcher,

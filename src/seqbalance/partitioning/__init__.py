@@ -4,6 +4,8 @@ Knows nothing of transformers or micro-batches: weights in, ``k`` index lists ou
 
 - :mod:`.kway`: :func:`partition` and its result :class:`Partition`.
 - :mod:`.bounds`: :func:`lower_bound`, a weight no partition's heaviest part can go below.
+- :mod:`.searches`: :func:`exact_searches`, switching the small-problem exact searches off
+  (or on) for a block of code.
 - :mod:`.stats`: :func:`balance_stats` and the one gap helper, :func:`relative_gap`.
 - ``_kk``, ``_greedy``, ``_refine``, ``_rules``: the algorithms (Karmarkar–Karp, longest
   processing time first, local moves and swaps) and the size rules they respect. They take
@@ -14,6 +16,15 @@ from __future__ import annotations
 
 from .bounds import lower_bound
 from .kway import Partition, partition
+from .searches import exact_searches, exact_searches_enabled
 from .stats import balance_stats, relative_gap
 
-__all__ = ["Partition", "balance_stats", "lower_bound", "partition", "relative_gap"]
+__all__ = [
+    "Partition",
+    "balance_stats",
+    "exact_searches",
+    "exact_searches_enabled",
+    "lower_bound",
+    "partition",
+    "relative_gap",
+]

@@ -150,6 +150,10 @@ def _heaviest_units_term(
     t_max = min(int(s.shape[0]), HEAVIEST_UNITS)
     if k == 1 or t_max <= k:
         return best  # one part: the total (term 1) is the optimum already
+    from .searches import exact_searches_enabled
+
+    if not exact_searches_enabled():
+        return best  # this term is proven by the exact searches the caller switched off
     from ._exact import REL_TOL, exactness
     from .kway import partition_arrays  # kway imports this module
 

@@ -26,11 +26,20 @@ from typing import Sequence
 
 import numpy as np
 
+from ..partitioning.searches import exact_searches_enabled
 from .bounds import min_bins
 
-__all__ = ["NODE_LIMIT", "pack_exact", "pack_ranked_exact"]
+__all__ = ["FAST_NODE_LIMIT", "NODE_LIMIT", "pack_exact", "pack_ranked_exact"]
 
 NODE_LIMIT = 200_000  # search nodes per call: a few tenths of a second in the worst case
+#: Inside ``exact_searches(False)`` (:mod:`seqbalance.partitioning.searches`) a call gets at
+#: most this many nodes (~20 ms): packings that exist are mostly found within it, while
+#: proofs that none exists, which need the whole tree, are given up.
+FAST_NODE_LIMIT = 10_000
+
+
+def _limit(node_limit: int) -> int:
+    return node_limit if exact_searches_enabled() else min(node_limit, FAST_NODE_LIMIT)
 
 
 class _OutOfBudget(Exception):
@@ -181,7 +190,7 @@ def pack_exact(
         return None, "infeasible"  # the bin-packing bound already rules it out
     try:
         search = _dfs_bins if padded else _bin_completion_any
-        bins = search(order, t, nbins, cap, padded, _Budget(node_limit))
+        bins = search(order, t, nbins, cap, padded, _Budget(_limit(node_limit)))
     except _OutOfBudget:
         return None, "limit"
     return (bins, "found") if bins is not None else (None, "infeasible")
@@ -206,7 +215,7 @@ def pack_ranked_exact(
     items must fit ``m`` bins of ``cap``. Returns ``(ranks, status)`` with
     ``ranks[r][j]`` the positions in rank ``r``'s bin ``j``.
     """
-    budget = _Budget(node_limit)
+    budget = _Budget(_limit(node_limit))
     tok = [sum(int(t[i]) for i in u) for u in units]
     order = sorted(range(len(units)), key=lambda u: (-tok[u], -len(units[u]), u))
     suffix = [0] * (len(order) + 1)

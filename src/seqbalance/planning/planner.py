@@ -1179,6 +1179,14 @@ def plan(
         ``min_micro_batches``, ``micro_batch_multiple``, ``extra_micro_batches`` or (with
         ``allow_empty``) ``dp_size x m`` above ``n + 2**16``; costs whose sum overflows.
 
+    Notes
+    -----
+    On small inputs (at most 64 sequences in a partition or a packing question) the plan
+    runs exact searches that may take up to about a second in all; inside
+    ``with seqbalance.exact_searches(False):`` it keeps to milliseconds, with partitions
+    from the refined heuristics and a smaller budget for the micro-batch count search
+    (:mod:`seqbalance.partitioning.searches`).
+
     Examples
     --------
     >>> p = plan([900, 100, 500, 500, 300, 700], dp_size=2, max_tokens=1000)

@@ -1,0 +1,105 @@
+"""Turn the small-problem exact searches of :func:`~seqbalance.partition` off or on.
+
+On problems of at most 64 units, ``partition(method="auto")`` follows its refined
+heuristic starts with exact searches (a meet-in-the-middle split into two parts, an
+enumeration of the heaviest part, a branch and bound, a bisection of the capacity) that
+prove, or come closer to, the optimum. They are bounded by work budgets, not by time, and
+can take up to about a second in pure Python, where the heuristic result takes a few
+milliseconds and is usually within a fraction of a per cent of it. A caller that
+partitions a few dozen sequences inside every training step may prefer the milliseconds:
+:func:`exact_searches` switches the searches off (or back on) for a block of code,
+including the partitions :func:`~seqbalance.plan` makes, without threading an argument
+through every call. Only the two-part split on at most :data:`FAST_TWO_WAY_MAX_UNITS`
+units stays on: it takes under a millisecond there.
+
+The setting is a :class:`contextvars.ContextVar`: it holds for the current thread (or
+asyncio task) inside the ``with`` block only, and a new thread starts from the default.
+With the searches off, results stay deterministic (the same input gives the same output),
+``Partition.optimal`` is True only when the heaviest part meets the lower bound (or the
+two-part split proved it), and the lower bound omits its heaviest-units term (that term
+is proven by the same searches), so it may be weaker. The planner's micro-batch count
+search ("do these sequences fit into ``m`` micro-batches?") keeps its exact packing
+search, with 10,000 nodes instead of 200,000 (``FAST_NODE_LIMIT`` in
+:mod:`seqbalance.planning._exact`): packings that exist are mostly found within that, and
+what is given up is the proof that none exists, which needs the whole tree.
+
+Measured on the 1,836 small calls of ``bench/compat_small.py`` (the compat drop-ins on
+8-128 sequences, both settings side by side): the same micro-batch counts in all;
+heaviest parts 0.06% heavier on average and 4.5% at most; 2.4 s in all against 64 s, the
+slowest call 31 ms against 1.8 s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from typing import Iterator
+
+import numpy as np
+
+__all__ = ["FAST_TWO_WAY_MAX_UNITS", "exact_searches", "exact_searches_enabled"]
+
+#: With the searches off, the two-part meet-in-the-middle split still runs on at most this
+#: many units: there it takes under a millisecond (0.4 ms at 24, 12 ms at 32) and proves the
+#: optimum, which the heuristics miss by up to a few per cent on so few units.
+FAST_TWO_WAY_MAX_UNITS = 24
+
+# None: nobody chose; the core reads that as on, the compat drop-ins as off.
+_EXACT_SEARCHES: ContextVar[bool | None] = ContextVar("seqbalance_exact_searches", default=None)
+
+
+def exact_searches_enabled() -> bool:
+    """Whether :func:`~seqbalance.partition` runs its small-problem exact searches here.
+
+    Returns
+    -------
+    bool
+        False inside ``with exact_searches(False)`` (or a compat drop-in called outside any
+        such block), True otherwise.
+    """
+    return _EXACT_SEARCHES.get() is not False
+
+
+@contextlib.contextmanager
+def exact_searches(enabled: bool = True) -> Iterator[None]:
+    """Run the enclosed block with ``partition``'s exact searches on or off.
+
+    Parameters
+    ----------
+    enabled : bool, default True
+        False: ``partition`` (and ``plan``, through it) keeps its refined heuristic result
+        on small problems instead of searching for the optimum. True: the searches run, as
+        by default; inside the :mod:`seqbalance.compat` drop-ins, which otherwise leave
+        them off to stay about as fast as the code they replace.
+
+    Examples
+    --------
+    >>> import seqbalance as sb
+    >>> with sb.exact_searches(False):
+    ...     p = sb.partition([8, 7, 6, 5, 4, 3, 2, 1], 3)
+    >>> sorted(len(part) for part in p), p.max_load >= p.lower_bound
+    ([2, 3, 3], True)
+    >>> sb.exact_searches_enabled()
+    True
+    """
+    if not isinstance(enabled, (bool, np.bool_)):
+        raise ValueError(f"exact_searches takes True or False, got {enabled!r}")
+    token = _EXACT_SEARCHES.set(bool(enabled))
+    try:
+        yield
+    finally:
+        _EXACT_SEARCHES.reset(token)
+
+
+@contextlib.contextmanager
+def exact_searches_unless_chosen(enabled: bool) -> Iterator[None]:
+    """Like :func:`exact_searches`, but only where no enclosing block chose already (the
+    compat drop-ins' default, which a user's ``with exact_searches(True)`` overrides)."""
+    if _EXACT_SEARCHES.get() is not None:
+        yield
+        return
+    token = _EXACT_SEARCHES.set(enabled)
+    try:
+        yield
+    finally:
+        _EXACT_SEARCHES.reset(token)
