@@ -19,7 +19,7 @@ import numpy as np
 
 from ._core import partition, plan
 from ._inputs import CompatRuntimeError, Patcher, grow_to, to_numpy
-from ._verl_kk import equal_partition, free_partition
+from ._verl_kk import equal_partition, free_partition, verl_free_kk_labels
 
 __all__ = [
     "PACKING_ALGORITHMS",
@@ -134,17 +134,23 @@ def kk_allocate(
 def _no_heavier_than_kk(
     v: np.ndarray, capacity: int, k: int, groups: list[list[int]]
 ) -> list[list[int]]:
-    """``groups``, or at AReaL's own count ``k`` a partition never heavier than AReaL's
-    differencing where that one is lighter and fits: the planner balances its cost model,
+    """``groups``, or AReaL's own differencing where that holds the capacity at AReaL's
+    count ``k``, has ``k`` groups too and is lighter: the planner balances its cost model,
     AReaL's differencing the raw values, and on a few dozen values the two can differ by a
     few tokens the planner's way (e.g. 13,820 against 13,816)."""
     if len(groups) != k:
         return groups  # fewer groups than AReaL, which needs k (or falls back to FFD)
-    top = max(int(v[g].sum()) for g in groups)
-    kk = free_partition(v, k)  # never heavier than AReaL's own differencing
-    if kk.max_load < top and kk.max_load <= capacity and all(kk):
-        return [list(p) for p in kk]
-    return groups
+    w = v.astype(np.float64)
+    # Reproduced with its tie rules; stops at the first subset over the capacity, where
+    # AReaL falls back to first-fit decreasing instead (cheap when it does not fit).
+    labels = verl_free_kk_labels(w, k, size=w, size_cap=float(capacity))
+    if labels is None:
+        return groups
+    sums, counts = np.bincount(labels, weights=w, minlength=k), np.bincount(labels, minlength=k)
+    if sums.max() >= max(float(w[g].sum()) for g in groups) or not counts.all():
+        return groups
+    order = np.argsort(labels, kind="stable")
+    return [g.tolist() for g in np.split(order, np.cumsum(counts)[:-1])]
 
 
 def _kk_partition(values: Any, k: int, equal_size: bool = False) -> list[list[int]]:
