@@ -281,7 +281,25 @@ def _read_rank(
     if match:
         return _Rank(group_lens, group_work, step, count, None)
     parts = _plan_parts(group_lens, group_work, cap, count, step, order)
-    return _Rank(group_lens, group_work, step, len(parts), parts)
+    r = _Rank(group_lens, group_work, step, len(parts), parts)
+    if n <= VERL_CHECK_MAX and len(parts) > count:
+        # verl's own count, cheap on a few dozen groups: where it is lower (the planner's
+        # budgeted exact packing can miss a fit there), take that count, with verl's split
+        # among the candidates, so the drop-in never uses more micro-batches than verl.
+        try:
+            m, fit = _framework_count(r, count, n, cap, None)
+        except Exception:  # any type: only a check; the planner's parts stand
+            m, fit = len(parts), None
+        if m < len(parts):
+            r = _Rank(group_lens, group_work, step, m, _parts_at(r, m, cap, order, fit))
+    return r
+
+
+#: Up to this many (forced groups of) sequences on a rank, the default micro-batching also
+#: runs verl's own count search (each try one differencing of a few dozen items) and never
+#: uses more micro-batches than it. Above, the planner's exact packing does not run (it
+#: takes at most 64 sequences) and no measured call used more (``bench/compat.py``).
+VERL_CHECK_MAX = 64
 
 
 def _plan_parts(lens: Any, work: Any, cap: int, m: int, step: int, order: str) -> list[list[int]]:
