@@ -150,12 +150,9 @@ def _heaviest_units_term(
     t_max = min(int(s.shape[0]), HEAVIEST_UNITS)
     if k == 1 or t_max <= k:
         return best  # one part: the total (term 1) is the optimum already
-    from .searches import exact_searches_enabled
-
-    if not exact_searches_enabled():
-        return best  # this term is proven by the exact searches the caller switched off
     from ._exact import REL_TOL, exactness
     from .kway import partition_arrays  # kway imports this module
+    from .searches import exact_searches
 
     # Longest first: the k heaviest open the parts, each further unit to the lightest.
     loads = s[:k].tolist()
@@ -167,7 +164,10 @@ def _heaviest_units_term(
     for t in range(t_max, k, -1):
         if lpt[t] <= best:
             break  # the optimum of these t units (and of fewer) is no heavier
-        got = partition_arrays(s[:t], k, "free", "auto", None, heaviest=False)
+        # At most 12 units: the searches settle them in milliseconds, so the bound is the
+        # same whether or not the caller switched them off (searches.exact_searches).
+        with exact_searches(True):
+            got = partition_arrays(s[:t], k, "free", "auto", None, heaviest=False)
         if got.optimal:
             top = got.max_load
             if not exactness(s[:t])[0]:

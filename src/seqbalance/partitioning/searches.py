@@ -16,8 +16,11 @@ The setting is a :class:`contextvars.ContextVar`: it holds for the current threa
 asyncio task) inside the ``with`` block only, and a new thread starts from the default.
 With the searches off, results stay deterministic (the same input gives the same output),
 ``Partition.optimal`` is True only when the heaviest part meets the lower bound (or the
-two-part split proved it), and the lower bound omits its heaviest-units term (that term
-is proven by the same searches), so it may be weaker. The planner's micro-batch count
+two-part split proved it), and the lower bound is the same as with the searches on (its
+heaviest-units term searches at most 12 units, whatever the setting: milliseconds). A
+generator that yields inside the ``with`` block lends the setting to its caller until it
+resumes (context variables follow the thread, not the generator's frame): leave the block
+before yielding. The planner's micro-batch count
 search ("do these sequences fit into ``m`` micro-batches?") keeps its exact packing
 search, with 10,000 nodes instead of 200,000 (``FAST_NODE_LIMIT`` in
 :mod:`seqbalance.planning._exact`): packings that exist are mostly found within that, and
