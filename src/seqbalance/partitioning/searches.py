@@ -28,8 +28,8 @@ what is given up is the proof that none exists, which needs the whole tree.
 
 Measured on the 1,836 small calls of ``bench/compat_small.py`` (the compat drop-ins on
 8-128 sequences, both settings side by side): the same micro-batch counts in all;
-heaviest parts 0.05% heavier on average and 4.5% at most; 2.3 s in all against 57 s, the
-slowest call 31 ms against 1.2 s.
+heaviest parts 0.05% heavier on average and 4.5% at most; 2.3 s in all against 56 s, the
+slowest call 30 ms against 1.2 s.
 """
 
 from __future__ import annotations
