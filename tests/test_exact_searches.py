@@ -168,7 +168,7 @@ def test_plan_follows_the_switch(search_calls):
         assert not any(p.violations().values())
 
 
-def test_areal_kk_allocate_no_heavier_than_arealss_differencing_hand_case():
+def test_areal_kk_allocate_no_heavier_than_areals_differencing_hand_case():
     # AReaL 1.0.4's own kk_allocate on these 16 lengths (cap 16,384): 2 groups, the heavier
     # holding 8,425 tokens (the drop-in's planner split gave 8,430 before it compared).
     values = [1978, 1819, 1456, 1430, 1382, 1250, 1152, 1130, 1113, 1074, 823, 680, 494, 468,

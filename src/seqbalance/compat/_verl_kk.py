@@ -39,7 +39,13 @@ from ..partitioning._kk import resolve_roots
 from ..partitioning.kway import Partition
 from ._core import partition_arrays
 
-__all__ = ["equal_partition", "free_partition", "verl_equal_kk_labels", "verl_free_kk_labels"]
+__all__ = [
+    "equal_partition",
+    "free_partition",
+    "parts_of_labels",
+    "verl_equal_kk_labels",
+    "verl_free_kk_labels",
+]
 
 
 def equal_partition(values: Any, k: int, name: str = "values") -> Partition:
@@ -67,6 +73,13 @@ def free_partition(values: Any, k: int, name: str = "values") -> Partition:
     # needed 1,225 micro-batches instead of 1,224 that way).
     return partition_arrays(as_weights(values, name), k, "free", "auto", None,
                             floor=_free_labels)  # fmt: skip
+
+
+def parts_of_labels(labels: np.ndarray, k: int) -> list[list[int]]:
+    """``k`` ascending index lists from one part label per item (a part may be empty)."""
+    counts = np.bincount(labels, minlength=k)
+    order = np.argsort(labels, kind="stable")
+    return [p.tolist() for p in np.split(order, np.cumsum(counts)[:-1])]
 
 
 def _free_labels(w: np.ndarray, k: int) -> np.ndarray:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ._core import partition, plan
 from ._inputs import CompatRuntimeError, Patcher, grow_to, to_numpy
-from ._verl_kk import equal_partition, free_partition, verl_free_kk_labels
+from ._verl_kk import equal_partition, free_partition, parts_of_labels, verl_free_kk_labels
 
 __all__ = [
     "PACKING_ALGORITHMS",
@@ -91,8 +91,7 @@ def ffd_allocate(
     v = _values(values)
     _check(v, capacity, min_groups, f"Values {v.tolist()} is larger than capacity {capacity}")
     groups = _allocate(v, int(capacity), int(min_groups), int(n_groups_divisor))
-    return _no_worse_than(groups, v, lambda: _areal_ffd(v, int(capacity), int(min_groups),
-                                                        int(n_groups_divisor)))  # fmt: skip
+    return _no_worse_than_ffd(groups, v, int(capacity), int(min_groups), int(n_groups_divisor))
 
 
 def kk_allocate(
@@ -123,16 +122,17 @@ def kk_allocate(
     k = min(k, n)  # AReaL's count
     if not equal_size:
         groups = _allocate(v, int(capacity), int(min_groups), int(n_groups_divisor))
-        groups = _no_heavier_than_kk(v, int(capacity), k, groups)
-
-        def arealss() -> list[list[int]] | None:  # kk_allocate's own: its split, else FFD
-            labels = verl_free_kk_labels(v.astype(np.float64), k, size=v.astype(np.float64),
-                                         size_cap=float(capacity))  # fmt: skip
-            if labels is None:
-                return _areal_ffd(v, int(capacity), int(min_groups), int(n_groups_divisor))
-            return _groups_of(labels, k)
-
-        return _no_worse_than(groups, v, arealss)
+        # AReaL's own answer: its differencing at its count where that holds the capacity
+        # (reproduced; it stops at the first group over the capacity, where AReaL falls back
+        # to first-fit decreasing). The planner balances its cost model, AReaL the raw
+        # values, and on a few dozen values the two can differ by a few tokens the
+        # planner's way (e.g. 13,820 against 13,816).
+        w = v.astype(np.float64)
+        labels = verl_free_kk_labels(w, k, size=w, size_cap=float(capacity))
+        if labels is not None:
+            return _no_worse_than(groups, v, parts_of_labels(labels, k))
+        return _no_worse_than_ffd(groups, v, int(capacity), int(min_groups),
+                                  int(n_groups_divisor))  # fmt: skip
     if n % k:
         raise CompatRuntimeError(
             f"equal_size=True requires len(values) ({n}) to be divisible by k ({k})"
@@ -145,54 +145,37 @@ def kk_allocate(
     return [list(p) for p in parts]
 
 
-def _no_heavier_than_kk(
-    v: np.ndarray, capacity: int, k: int, groups: list[list[int]]
-) -> list[list[int]]:
-    """``groups``, or AReaL's own differencing where that holds the capacity at AReaL's
-    count ``k``, has ``k`` groups too and is lighter: the planner balances its cost model,
-    AReaL's differencing the raw values, and on a few dozen values the two can differ by a
-    few tokens the planner's way (e.g. 13,820 against 13,816)."""
-    if len(groups) != k:
-        return groups  # fewer groups than AReaL, which needs k (or falls back to FFD)
-    w = v.astype(np.float64)
-    # Reproduced with its tie rules; stops at the first subset over the capacity, where
-    # AReaL falls back to first-fit decreasing instead (cheap when it does not fit).
-    labels = verl_free_kk_labels(w, k, size=w, size_cap=float(capacity))
-    if labels is None:
-        return groups
-    sums, counts = np.bincount(labels, weights=w, minlength=k), np.bincount(labels, minlength=k)
-    if sums.max() >= max(float(w[g].sum()) for g in groups) or not counts.all():
-        return groups
-    return _groups_of(labels, k)
-
-
-def _groups_of(labels: np.ndarray, k: int) -> list[list[int]]:
-    counts = np.bincount(labels, minlength=k)
-    order = np.argsort(labels, kind="stable")
-    return [g.tolist() for g in np.split(order, np.cumsum(counts)[:-1])]
-
-
-#: Up to this many values the allocators also compute AReaL's own answer (reproduced;
-#: ~1 ms here) and return it where it has fewer groups, or as many and a lighter heaviest
-#: one: "never more groups, never heavier at an equal count" by construction. Above, the
-#: planner's count search is not budgeted (its exact packing runs on <= 64 values only) and
-#: every measured call held both (``bench/compat.py``), but AReaL's first-fit decreasing is
-#: O(n x groups) Python (145 ms at 8,192 values), too slow to run alongside.
+#: Up to this many values the allocators also compute AReaL's first-fit decreasing
+#: (reproduced; ~1 ms here), its answer or kk_allocate's fallback, and return it where it
+#: has fewer groups, or as many and a lighter heaviest one: "never more groups, never
+#: heavier at an equal count" by construction. Above, the planner's count search is not
+#: budgeted (its exact packing runs on <= 64 values only) and every measured call held both
+#: (``bench/compat.py``), but AReaL's first-fit decreasing is O(n x groups) Python (145 ms
+#: at 8,192 values), too slow to run alongside.
 AREAL_CHECK_MAX = 256
 
 
-def _no_worse_than(groups: list[list[int]], v: np.ndarray, theirs: Any) -> list[list[int]]:
+def _no_worse_than(
+    groups: list[list[int]], v: np.ndarray, theirs: list[list[int]] | None
+) -> list[list[int]]:
+    """``theirs`` (AReaL's answer) where it has fewer groups than ``groups``, or as many
+    and a lighter heaviest one; else ``groups``."""
+    if theirs is None:
+        return groups
+    if len(theirs) < len(groups) or (
+        len(theirs) == len(groups)
+        and max(int(v[g].sum()) for g in theirs) < max(int(v[g].sum()) for g in groups)
+    ):
+        return theirs
+    return groups
+
+
+def _no_worse_than_ffd(
+    groups: list[list[int]], v: np.ndarray, capacity: int, min_groups: int, divisor: int
+) -> list[list[int]]:
     if v.shape[0] > AREAL_CHECK_MAX:
         return groups
-    other = theirs()
-    if other is None:
-        return groups
-    if len(other) < len(groups) or (
-        len(other) == len(groups)
-        and max(int(v[g].sum()) for g in other) < max(int(v[g].sum()) for g in groups)
-    ):
-        return [[int(i) for i in g] for g in other]
-    return groups
+    return _no_worse_than(groups, v, _areal_ffd(v, capacity, min_groups, divisor))
 
 
 def _areal_ffd(

@@ -32,7 +32,7 @@ from ._inputs import (
     to_numpy,
     to_python_list,
 )
-from ._verl_kk import equal_partition, free_partition, verl_free_kk_labels
+from ._verl_kk import equal_partition, free_partition, parts_of_labels, verl_free_kk_labels
 
 __all__ = [
     "calculate_workload",
@@ -323,8 +323,7 @@ def _kk_fit(r: _Rank, m: int, cap: int) -> list[list[int]] | None:
     # min(m, items) subsets non-empty), and the differencing checked the cap.
     if (sizes == 0).any():
         return None
-    order = np.argsort(labels, kind="stable")
-    return [p.tolist() for p in np.split(order, np.cumsum(sizes)[:-1])]
+    return parts_of_labels(labels, m)
 
 
 def _too_few(m: int, fewest: int) -> ValueError:

@@ -101,8 +101,5 @@ def exact_searches_unless_chosen(enabled: bool) -> Iterator[None]:
     if _EXACT_SEARCHES.get() is not None:
         yield
         return
-    token = _EXACT_SEARCHES.set(enabled)
-    try:
+    with exact_searches(enabled):
         yield
-    finally:
-        _EXACT_SEARCHES.reset(token)
