@@ -115,6 +115,14 @@ def s_different_pad_values(rank, world):
     rebalance(batch, lens, max_tokens=8, pad_values={"x": 0.0} if rank == 1 else None)
 
 
+def s_exact_searches_on_one_rank(rank, world):
+    import seqbalance
+
+    batch, lens = _batch(rank)
+    with seqbalance.exact_searches(rank != 1):
+        rebalance(batch, lens, max_tokens=8)
+
+
 def s_different_method(rank, world):
     batch, lens = _batch(rank)
     rebalance(batch, lens, max_tokens=8, method="p2p" if rank == 0 else "all_to_all")
@@ -233,6 +241,13 @@ def s_sampler_bad_lengths_on_rank_0(rank, world):
     _sampler(rank, world, lengths=[5, 1, 4, -4, 3, 2, 6, 1] if rank == 0 else [1] * 8)
 
 
+def s_sampler_exact_searches_on_one_rank(rank, world):
+    import seqbalance
+
+    with seqbalance.exact_searches(rank == 0):
+        _sampler(rank, world)
+
+
 def s_sampler_different_plan_option(rank, world):
     _sampler(rank, world, min_micro_batches=1 + (rank == 1))
 
@@ -285,6 +300,10 @@ SCENARIOS = {
     "rebalance: cost array on rank 0 only": (s_cost_array_on_some_ranks, ["cost", "rank 0"]),
     "rebalance: different pad_values": (s_different_pad_values, ["pad_values", "rank 1"]),
     "rebalance: different method": (s_different_method, ["method", "rank 0"]),
+    "rebalance: exact_searches off on one rank": (
+        s_exact_searches_on_one_rank,
+        ["exact_searches", "rank 1"],
+    ),
     "rebalance: packed on rank 0, padded elsewhere": (s_packed_on_one_rank, ["layout"]),
     "rebalance: different token_keys": (s_different_token_keys, ["token_keys", "rank 0"]),
     "rebalance: sequence longer than max_tokens": (s_sequence_too_long_on_rank_0, ["max_tokens"]),
@@ -327,6 +346,10 @@ SCENARIOS = {
     "sampler: different max_tokens": (s_sampler_different_max_tokens, ["max_tokens"]),
     "sampler: different lengths": (s_sampler_different_lengths, ["lengths", "rank 0"]),
     "sampler: negative length on rank 0": (s_sampler_bad_lengths_on_rank_0, ["rank 0", "lengths"]),
+    "sampler: exact_searches on one rank only": (
+        s_sampler_exact_searches_on_one_rank,
+        ["exact_searches", "rank 0"],
+    ),
     "sampler: different planner option": (
         s_sampler_different_plan_option,
         ["min_micro_batches", "rank 1"],

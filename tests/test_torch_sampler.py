@@ -226,3 +226,44 @@ def test_sampler_in_process_group():
     assert len({len(r[2]) for r in results}) == 1
     used = sorted(i for r in results for mb in r[2] for i in mb)
     assert used == list(range(50))
+
+
+def test_sampler_plans_under_the_exact_searches_setting_it_was_built_with(monkeypatch):
+    # Steps are planned lazily; a step first planned inside another setting must still use
+    # the one the ranks agreed on at construction.
+    import seqbalance
+    from seqbalance.planning import planner
+
+    seen = []
+    real = planner.plan
+
+    def spy(*args, **kwargs):
+        seen.append(seqbalance.exact_searches_enabled())
+        return real(*args, **kwargs)
+
+    lengths = [5, 1, 4, 4, 3, 2, 6, 1] * 4
+    with seqbalance.exact_searches(False):
+        off = BalancedDistributedSampler(
+            lengths, 8, max_tokens=8, num_replicas=2, rank=0, check_ranks=False
+        )
+    on = BalancedDistributedSampler(lengths, 8, max_tokens=8, num_replicas=2, rank=0,
+                                    check_ranks=False)
+    assert off._fingerprint()["exact_searches"] is False
+    assert on._fingerprint()["exact_searches"] is True
+    monkeypatch.setattr(planner, "plan", spy)
+    with seqbalance.exact_searches(True):
+        steps_off = list(off.steps())
+    assert seen and not any(seen)
+    seen.clear()
+    with seqbalance.exact_searches(False):
+        steps_on = list(on.steps())
+    assert seen and all(seen)
+    # Built again under the same setting, the other ranks' samplers yield the rest.
+    for setting, steps in ((False, steps_off), (True, steps_on)):
+        with seqbalance.exact_searches(setting):
+            other = BalancedDistributedSampler(
+                lengths, 8, max_tokens=8, num_replicas=2, rank=1, check_ranks=False
+            )
+        held = [i for st in (steps, list(other.steps())) for step in st for mb in step
+                for i in mb]
+        assert sorted(held) == list(range(len(lengths)))

@@ -20,7 +20,10 @@ two-part split proved it), and the lower bound is the same as with the searches 
 heaviest-units term searches at most 12 units, whatever the setting: milliseconds). A
 generator that yields inside the ``with`` block lends the setting to its caller until it
 resumes (context variables follow the thread, not the generator's frame): leave the block
-before yielding. The planner's micro-batch count
+before yielding. Ranks that plan the same global layout on their own must use the same
+setting: :func:`seqbalance.torch.rebalance` and
+:class:`~seqbalance.torch.BalancedDistributedSampler` check it across ranks with their other
+arguments (the sampler keeps the setting it was built under for every step it plans). The planner's micro-batch count
 search ("do these sequences fit into ``m`` micro-batches?") keeps its exact packing
 search, with 10,000 nodes instead of 200,000 (``FAST_NODE_LIMIT`` in
 :mod:`seqbalance.planning._exact`): packings that exist are mostly found within that, and

@@ -62,6 +62,7 @@ from .._validate import (
     group_ids,
     is_array_like,
 )
+from ..partitioning.searches import exact_searches_enabled
 from ._transport import METHODS, Spec, from_rows, group_info, move, to_rows
 from .agreement import agree, canonical, describe_cost
 
@@ -487,6 +488,9 @@ def rebalance(
         agreed = {
             k: v for k, v in bound.arguments.items() if k not in ("lengths", "cost", "groups")
         }
+        # Every rank plans the same global layout on its own; a rank inside
+        # exact_searches(True) among ranks outside it could plan another one.
+        agreed["exact_searches"] = exact_searches_enabled()
         return agreed
 
     def layout(

@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from .._validate import as_lengths, as_weights, check_max_tokens, check_positive_int, is_array_like
+from ..partitioning.searches import exact_searches, exact_searches_enabled
 
 __all__ = ["BalancedDistributedSampler"]
 
@@ -88,7 +89,8 @@ class BalancedDistributedSampler:
         ValueError naming the ranks and the argument, instead of yielding plans that do not
         match. Every process of ``group`` must then construct the sampler; pass False to
         build one without communicating. ``set_epoch`` must still be called alike on every
-        rank.
+        rank. The :func:`seqbalance.exact_searches` setting in force at construction is part
+        of the check, and every step is planned under it, wherever it is iterated.
     group : ProcessGroup, optional
         The group for that check (default: the world).
     **plan_options
@@ -158,6 +160,7 @@ class BalancedDistributedSampler:
             "shuffle": self.shuffle,
             "seed": self.seed,
             "drop_last": self.drop_last,
+            "exact_searches": self._exact_searches,
             **{f"plan option {k}": v for k, v in self.plan_options.items()},
         }
 
@@ -205,6 +208,10 @@ class BalancedDistributedSampler:
         self.seed = int(seed)
         self.drop_last = bool(drop_last)
         self.plan_options = dict(plan_options)
+        # Plans are made lazily (per step, per epoch), maybe under another exact_searches
+        # setting than at construction; pinning it keeps every step and every rank on the
+        # setting the ranks agreed on here.
+        self._exact_searches = exact_searches_enabled()
         self.epoch = 0
         self._cache_epoch: int | None = None
         self._cache: dict[int, tuple[np.ndarray, Any]] = {}
@@ -328,11 +335,12 @@ class BalancedDistributedSampler:
         if last_partial:
             options.setdefault("allow_empty", True)
         cost = self._cost_array[idx] if self._cost_array is not None else self.cost
-        return plan(
-            self.lengths[idx],
-            self.num_replicas,
-            self.max_tokens,
-            cost=cost,
-            sync=self.sync,
-            **options,
-        )
+        with exact_searches(self._exact_searches):
+            return plan(
+                self.lengths[idx],
+                self.num_replicas,
+                self.max_tokens,
+                cost=cost,
+                sync=self.sync,
+                **options,
+            )
