@@ -123,6 +123,24 @@ def s_exact_searches_on_one_rank(rank, world):
         rebalance(batch, lens, max_tokens=8)
 
 
+def s_nan_pad_for_integer_rows(rank, world):
+    # Only the narrower ranks pad; a pad value int64 cannot hold must fail on every rank
+    # before the exchange, not on those ranks alone while the others wait.
+    width = 3 + 2 * (rank % 2)
+    b = {"input_ids": torch.full((2, width), 7, dtype=torch.long)}
+    rebalance(b, [width, width], max_tokens=100, pad_values={"input_ids": float("nan")})
+
+
+def s_pad_for_a_missing_key(rank, world):
+    batch, lens = _batch(rank)
+    rebalance(batch, lens, max_tokens=8, pad_values={"input_id": 0})
+
+
+def s_float_cu_seqlens(rank, world):
+    batch = {"tok": torch.arange(10), "cu_seqlens": torch.tensor([0.0, 2.5, 10.0])}
+    rebalance(batch, None, max_tokens=16)
+
+
 def s_different_method(rank, world):
     batch, lens = _batch(rank)
     rebalance(batch, lens, max_tokens=8, method="p2p" if rank == 0 else "all_to_all")
@@ -300,6 +318,15 @@ SCENARIOS = {
     "rebalance: cost array on rank 0 only": (s_cost_array_on_some_ranks, ["cost", "rank 0"]),
     "rebalance: different pad_values": (s_different_pad_values, ["pad_values", "rank 1"]),
     "rebalance: different method": (s_different_method, ["method", "rank 0"]),
+    "rebalance: NaN pad for int64 rows": (
+        s_nan_pad_for_integer_rows,
+        ["pad_values['input_ids']", "torch.int64"],
+    ),
+    "rebalance: pad for a key not in the batch": (
+        s_pad_for_a_missing_key,
+        ["'input_id'", "not a key"],
+    ),
+    "rebalance: float cu_seqlens": (s_float_cu_seqlens, ["integer tensor", "torch.float32"]),
     "rebalance: exact_searches off on one rank": (
         s_exact_searches_on_one_rank,
         ["exact_searches", "rank 1"],

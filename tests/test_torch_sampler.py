@@ -267,3 +267,37 @@ def test_sampler_plans_under_the_exact_searches_setting_it_was_built_with(monkey
         held = [i for st in (steps, list(other.steps())) for step in st for mb in step
                 for i in mb]
         assert sorted(held) == list(range(len(lengths)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"drop_last": "False"}, ["drop_last", "True or False"]),
+        ({"shuffle": "no"}, ["shuffle", "True or False"]),
+        ({"seed": 1.7}, ["seed", "integer"]),
+        ({"seed": -1}, ["seed", ">= 0"]),
+        ({"seed": None}, ["seed"]),
+        ({"bogus_option": 3}, ["planner option", "bogus_option"]),
+        # Shuffling can put the long item in any step: refused when built, not mid-epoch.
+        ({"lengths": [1, 1, 1, 1, 1, 1000]}, ["item 5", "1000 tokens", "max_tokens=10"]),
+        # 5 % 4 leaves one sample for two ranks in the last step.
+        ({"allow_empty": False}, ["last step", "1 samples", "drop_last=True"]),
+    ],
+)
+def test_sampler_refuses_bad_arguments_when_built(kwargs, words):
+    args = {"lengths": [1] * 5, "global_batch_size": 4, "max_tokens": 10,
+            "num_replicas": 2, "rank": 0}
+    args.update(kwargs)
+    with pytest.raises(ValueError) as err:
+        BalancedDistributedSampler(**args)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_sampler_oversized_alone_is_accepted_when_built():
+    mbs = []
+    for rank in (0, 1):
+        mbs += list(BalancedDistributedSampler([1, 1, 1, 1000], 4, max_tokens=10,
+                                               num_replicas=2, rank=rank, oversized="alone"))
+    assert [3] in mbs  # the long item runs alone
+    assert sorted(i for mb in mbs for i in mb) == [0, 1, 2, 3]

@@ -23,9 +23,10 @@ resumes (context variables follow the thread, not the generator's frame): leave 
 before yielding. Ranks that plan the same global layout on their own must use the same
 setting: :func:`seqbalance.torch.rebalance` and
 :class:`~seqbalance.torch.BalancedDistributedSampler` check it across ranks with their other
-arguments (the sampler keeps the setting it was built under for every step it plans). The planner's micro-batch count
-search ("do these sequences fit into ``m`` micro-batches?") keeps its exact packing
-search, with 10,000 nodes instead of 200,000 (``FAST_NODE_LIMIT`` in
+arguments (the sampler keeps the setting it was built under for every step it plans).
+
+The planner's micro-batch count search ("do these sequences fit into ``m``
+micro-batches?") keeps its exact packing search, with 10,000 nodes instead of 200,000 (``FAST_NODE_LIMIT`` in
 :mod:`seqbalance.planning._exact`): packings that exist are mostly found within that, and
 what is given up is the proof that none exists, which needs the whole tree.
 

@@ -187,6 +187,42 @@ def _resolve(
     return specs
 
 
+def _check_pad_values(pad_values: Any, tensors: Mapping[str, Any], what: str) -> None:
+    """Refuse, before the first collective, a pad value that ``_pad`` could not write.
+
+    Padding happens after the ranks agreed, and only on the ranks whose rows are narrower:
+    a value that fails there would leave the other ranks waiting in the exchange.
+    """
+    if pad_values is None:
+        return
+    if not isinstance(pad_values, Mapping):
+        raise ValueError(
+            f"pad_values must be a dict of key -> number, got {type(pad_values).__name__}"
+        )
+    for key, value in pad_values.items():
+        if key not in tensors:
+            raise ValueError(
+                f"pad_values names {key!r}, which is not a key of the {what} (keys: "
+                f"{sorted(map(str, tensors))}); fix the name or leave it out"
+            )
+        t = tensors[key]
+        dtype = t.dtype if isinstance(t, torch.Tensor) else None
+        ok = isinstance(value, (int, float, np.integer, np.floating))
+        if ok and dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+            v = float(value)
+            if dtype == torch.bool:
+                ok = v in (0.0, 1.0)
+            else:
+                info = torch.iinfo(dtype)
+                ok = bool(np.isfinite(v)) and v == int(v) and info.min <= int(value) <= info.max
+        if not ok:
+            raise ValueError(
+                f"pad_values[{key!r}] = {value!r} cannot pad a tensor of dtype {dtype}: give "
+                "a number the dtype holds exactly (an integer in its range for integer "
+                "tensors, 0 or 1 for bool)"
+            )
+
+
 def _pad(t: torch.Tensor, spec: Spec, value: float | None) -> torch.Tensor:
     extra = spec.trailing[0] - t.shape[1] if t.dim() >= 2 else 0
     if extra <= 0 or value is None:
@@ -613,6 +649,11 @@ def _rebalance(
                 raise ValueError(
                     f"batch[{cu_seqlens_key!r}] must be a 1-D tensor of n + 1 offsets"
                 )
+            if cu.dtype.is_floating_point or cu.dtype.is_complex or cu.dtype == torch.bool:
+                raise ValueError(
+                    f"batch[{cu_seqlens_key!r}] must be an integer tensor of offsets, got "
+                    f"{cu.dtype}; offsets in another dtype would be truncated"
+                )
             cu_dtype = cu.dtype
             cu_np = cu.detach().cpu().numpy().astype(np.int64)
             if cu_np[0] != 0 or (np.diff(cu_np) < 0).any():
@@ -641,6 +682,7 @@ def _rebalance(
             tokens = None
             if token_keys:
                 raise ValueError("token_keys applies to packed batches (with cu_seqlens) only")
+        _check_pad_values(pad_values, tensors, "batch")
         meta["keys"] = _describe(tensors, len(lens), tokens, lens, token_keys, "batch")
         meta["lengths"] = lens
         meta["costs"] = _local_costs(cost, len(lens))

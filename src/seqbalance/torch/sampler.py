@@ -9,11 +9,20 @@ mistake on any rank raises the same ValueError on every rank ("no hang from bad 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from .._validate import as_lengths, as_weights, check_max_tokens, check_positive_int, is_array_like
+from .._validate import (
+    as_lengths,
+    as_weights,
+    check_bool,
+    check_max_tokens,
+    check_nonnegative_int,
+    check_positive_int,
+    is_array_like,
+)
 from ..partitioning.searches import exact_searches, exact_searches_enabled
 
 __all__ = ["BalancedDistributedSampler"]
@@ -204,9 +213,10 @@ class BalancedDistributedSampler:
         self.rank = int(rank)
         self._store_cost(cost)
         self.sync = sync
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.drop_last = bool(drop_last)
+        self.shuffle = check_bool(shuffle, "shuffle")
+        # numpy's default_rng(seed + epoch) needs a non-negative integer.
+        self.seed = check_nonnegative_int(seed, "seed")
+        self.drop_last = check_bool(drop_last, "drop_last")
         self.plan_options = dict(plan_options)
         # Plans are made lazily (per step, per epoch), maybe under another exact_searches
         # setting than at construction; pinning it keeps every step and every rank on the
@@ -232,10 +242,45 @@ class BalancedDistributedSampler:
             self.cost, self._cost_array = None, arr
 
     def _check_options(self) -> None:
-        # Plan one step now so bad options (cost name, sync...) fail here, not mid-epoch.
-        first = np.arange(min(len(self.lengths), self.global_batch_size), dtype=np.int64)
-        if len(first):
-            self._step_plan(first, last_partial=len(first) < self.global_batch_size)
+        # Everything that could fail mid-epoch fails here instead: an unknown option, a
+        # sequence over the cap anywhere in the dataset (shuffling can put it in any
+        # step), and the short last step (planned with fewer sequences, maybe than ranks).
+        from seqbalance.planning.planner import plan
+
+        try:
+            inspect.signature(plan).bind(
+                self.lengths[:0], self.num_replicas, self.max_tokens, cost=self.cost,
+                sync=self.sync, **self.plan_options,
+            )  # fmt: skip
+        except TypeError as exc:
+            raise ValueError(f"BalancedDistributedSampler: bad planner option: {exc}") from None
+        if self.plan_options.get("oversized", "error") == "error":
+            over = np.flatnonzero(self.lengths > self.max_tokens)
+            if over.size:
+                i = int(over[0])
+                more = f" (and {over.size - 1} more)" if over.size > 1 else ""
+                raise ValueError(
+                    f"dataset item {i} has {int(self.lengths[i])} tokens, more than "
+                    f"max_tokens={self.max_tokens}{more}; raise max_tokens, split or drop "
+                    "such items, or pass oversized='alone'"
+                )
+        n, b = len(self.lengths), self.global_batch_size
+        sizes = {min(n, b)}
+        if not self.drop_last and n > b and n % b:
+            sizes.add(n % b)
+        for size in sorted(sizes):
+            if not size:
+                continue
+            try:
+                self._step_plan(np.arange(size, dtype=np.int64), last_partial=size < b)
+            except ValueError as exc:
+                if size == min(n, b):
+                    raise
+                raise ValueError(
+                    f"the last step of every epoch has {size} samples ({n} % "
+                    f"global_batch_size={b}) and cannot be planned: {exc}. Pass "
+                    "drop_last=True to skip those samples, or change the options"
+                ) from None
 
     def set_cost(self, cost: Any) -> None:
         """Plan with ``cost`` from the next step not yet planned on (e.g. a refitted cost).
