@@ -26,9 +26,10 @@ setting: :func:`seqbalance.torch.rebalance` and
 arguments (the sampler keeps the setting it was built under for every step it plans).
 
 The planner's micro-batch count search ("do these sequences fit into ``m``
-micro-batches?") keeps its exact packing search, with 10,000 nodes instead of 200,000 (``FAST_NODE_LIMIT`` in
-:mod:`seqbalance.planning._exact`): packings that exist are mostly found within that, and
-what is given up is the proof that none exists, which needs the whole tree.
+micro-batches?") keeps its exact packing search, with 10,000 nodes instead of 200,000
+(``FAST_NODE_LIMIT`` in :mod:`seqbalance.planning._exact`): packings that exist are
+mostly found within that, and what is given up is the proof that none exists, which needs
+the whole tree.
 
 Measured on the 1,836 small calls of ``bench/compat_small.py`` (the compat drop-ins on
 8-128 sequences, both settings side by side): the same micro-batch counts in all;
