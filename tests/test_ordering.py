@@ -29,6 +29,11 @@ def test_inverse_permutation_rejects(bad):
         sb.inverse_permutation(bad)
 
 
+def test_inverse_permutation_names_perm_for_negative_entries():
+    with pytest.raises(ValueError, match=r"perm\[1\] = -1 is negative; perm must be >= 0"):
+        sb.inverse_permutation([0, -1, 1])
+
+
 def test_inverse_permutation_empty():
     assert sb.inverse_permutation([]).tolist() == []
 

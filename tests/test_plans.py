@@ -28,6 +28,21 @@ def test_inverse_order_restores_input_order(lengths, dp, seed):
     np.testing.assert_array_equal(flat, p.order())
 
 
+@pytest.mark.parametrize(
+    ("micro_batches", "words"),
+    [
+        ([[[0], [0]]], ["1 missing", "[1]", "1 repeated", "[0]"]),  # was [1, -1]: garbage
+        ([[[0]]], ["1 missing", "[1]"]),  # was an IndexError
+    ],
+)
+def test_inverse_order_refuses_plans_without_each_sequence_once(micro_batches, words):
+    p = Plan(micro_batches, [1, 2], max_tokens=10)
+    with pytest.raises(ValueError, match="exactly once") as err:
+        p.inverse_order()
+    for w in words:
+        assert w in str(err.value)
+
+
 def test_json_round_trip(tmp_path):
     w = workloads.load("rl-math", 512, seed=2)
     cost = w.lengths + w.lengths.astype(float) ** 2 / 7e4  # non-integer floats must survive

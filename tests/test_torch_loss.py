@@ -125,3 +125,33 @@ def test_helpers_without_process_group():
         global_token_count(torch.tensor(2.5))
     with pytest.raises(ValueError, match="whole number"):
         global_token_count(2.5)
+
+
+@pytest.mark.parametrize(
+    ("count", "kwargs", "words"),
+    [
+        (3, {"world_size": 0}, "world_size"),  # was a silently zero loss
+        (3, {"world_size": -1}, "world_size"),
+        (3, {"world_size": 2.5}, "world_size"),
+        (3, {"world_size": True}, "world_size"),
+        (3, {"averaged_gradients": "yes"}, "averaged_gradients"),
+        (2.5, {}, "whole number"),
+        (float("inf"), {}, "whole number"),
+        (float("nan"), {}, "whole number"),
+        (True, {}, "whole number"),
+        ("4", {}, "whole number"),
+        (2**70, {}, "2\\*\\*63"),
+        (torch.tensor(2.5), {}, "whole number"),
+        (torch.tensor([1, 2]), {}, "shape"),
+        (torch.tensor(0), {}, ">= 1"),
+    ],
+)
+def test_token_mean_loss_refuses_bad_counts(count, kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        token_mean_loss(torch.tensor(6.0), count, **kwargs)
+
+
+def test_token_mean_loss_whole_number_kinds_agree():
+    # int, whole float, numpy and tensor counts all give 6 * 2 / 4.
+    for count in (4, 4.0, np.int64(4), np.float32(4), torch.tensor(4), torch.tensor(4.0)):
+        assert float(token_mean_loss(torch.tensor(6.0), count, world_size=2)) == 3.0

@@ -211,7 +211,7 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
     neg = arr < 0  # before the cast, which would wrap values below -2**63
     if neg.any():
         i = int(np.flatnonzero(neg)[0])
-        raise ValueError(f"{name}[{i}] = {int(arr[i].item())} is negative; lengths must be >= 0")
+        raise ValueError(f"{name}[{i}] = {int(arr[i].item())} is negative; {name} must be >= 0")
     return arr.astype(np.int64)
 
 

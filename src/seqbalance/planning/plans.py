@@ -213,8 +213,21 @@ class Plan:
     def inverse_order(self) -> np.ndarray:
         """Inverse of :meth:`order`: ``reordered[plan.inverse_order()]`` restores input order."""
         order = self.order()
-        inv = np.empty_like(order)
-        inv[order] = np.arange(order.shape[0], dtype=np.int64)
+        n = self.num_sequences
+        seen = np.bincount(order[(order >= 0) & (order < n)], minlength=n)
+        if order.shape[0] != n or (seen != 1).any():
+            # A hand-made or edited plan: an inverse of it would silently read wrong rows.
+            missing = np.flatnonzero(seen == 0)
+            repeated = np.flatnonzero(seen > 1)
+            raise ValueError(
+                f"the plan does not hold each of its {n} sequences exactly once "
+                f"({missing.size} missing, e.g. {missing[:3].tolist()}; {repeated.size} "
+                f"repeated, e.g. {repeated[:3].tolist()}; "
+                f"{int(((order < 0) | (order >= n)).sum())} out of range), so it has no "
+                "inverse; see violations()"
+            )
+        inv = np.empty(n, dtype=np.int64)
+        inv[order] = np.arange(n, dtype=np.int64)
         return inv
 
     # ---- tokens and checks -------------------------------------------------------------

@@ -17,10 +17,13 @@ rank's loss must also be multiplied by ``W``::
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from .._validate import check_bool, check_positive_int
 
 __all__ = ["global_token_count", "token_mean_loss"]
 
@@ -100,11 +103,44 @@ def token_mean_loss(
     >>> float(token_mean_loss(torch.tensor(6.0), 4, world_size=2))
     3.0
     """
-    count = global_count if isinstance(global_count, torch.Tensor) else torch.tensor(global_count)
-    if int(count) <= 0:
-        raise ValueError(f"global_count must be >= 1, got {int(count)}")
+    count = _as_count(global_count)
     if world_size is None:
         initialised = dist.is_available() and dist.is_initialized()
         world_size = dist.get_world_size() if initialised else 1
-    scale = world_size if averaged_gradients else 1
+    world_size = check_positive_int(world_size, "world_size")
+    scale = world_size if check_bool(averaged_gradients, "averaged_gradients") else 1
     return loss_sum * scale / count.to(device=loss_sum.device, dtype=loss_sum.dtype)
+
+
+def _as_count(global_count: Any) -> torch.Tensor:
+    """``global_count`` as a tensor holding a whole number >= 1, or a ValueError.
+
+    A wrong count (0, negative, fractional, NaN) would silently scale every gradient.
+    """
+    count = global_count
+    if isinstance(count, torch.Tensor):
+        if count.numel() != 1 or count.dtype == torch.bool or count.is_complex():
+            raise ValueError(
+                "global_count must be one whole number of tokens, got a tensor of shape "
+                f"{tuple(count.shape)} and dtype {count.dtype}"
+            )
+        value: Any = count.item()
+    else:
+        if isinstance(count, bool) or not isinstance(count, numbers.Real):
+            raise ValueError(f"global_count must be a whole number of tokens, got {count!r}")
+        value = count
+        try:
+            count = torch.tensor(float(count) if isinstance(count, float) else int(count))
+        except (ValueError, OverflowError, RuntimeError):
+            raise ValueError(
+                f"global_count must be a whole number of tokens below 2**63, got {count!r}"
+            ) from None
+    try:
+        whole = float(value) == int(value)
+    except (TypeError, ValueError, OverflowError):
+        whole = False
+    if not whole:
+        raise ValueError(f"global_count must be a whole number of tokens, got {value!r}")
+    if int(value) < 1:
+        raise ValueError(f"global_count must be >= 1, got {int(value)}")
+    return count
