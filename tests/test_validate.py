@@ -45,3 +45,33 @@ def test_groups_numbered_by_first_appearance():
         as_groups([1, "1"], 2)
     with pytest.raises(ValueError, match="groups has 1 entries but there are 2 items"):
         as_groups([1], 2)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        # Each of these ran out of memory or time before the limit (review).
+        ({"cp_size": 2**40}, "cp_size=1099511627776 is beyond"),
+        ({"pp_size": 10**9}, "pp_size=1000000000 is beyond"),
+        ({"pp_size": 2, "schedule": "interleaved", "virtual_stages": 10**9}, "virtual_stages"),
+        ({"pp_size": 512, "schedule": "interleaved", "virtual_stages": 64},
+         "pp_size \\* virtual_stages=32768"),
+        # cp_size=True and a bad cp= were read as no context parallelism.
+        ({"cp_size": True}, "cp_size must be a positive integer"),
+        ({"cp_size": 1.0}, "cp_size must be a positive integer"),
+        ({"cp": "x"}, "cp must be one of"),
+    ],
+)
+def test_plan_refuses_absurd_parallel_degrees(kwargs, words):
+    import seqbalance as sb
+
+    with pytest.raises(ValueError, match=words):
+        sb.plan([100] * 8, 2, 1000, **kwargs)
+
+
+def test_parallel_degree_limit_is_inclusive():
+    from seqbalance._validate import MAX_PARALLEL_DEGREE, check_degree
+
+    assert check_degree(MAX_PARALLEL_DEGREE, "x") == MAX_PARALLEL_DEGREE
+    with pytest.raises(ValueError, match="x=16385"):
+        check_degree(MAX_PARALLEL_DEGREE + 1, "x")

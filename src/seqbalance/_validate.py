@@ -340,6 +340,22 @@ def check_max_tokens(value: Any, name: str = "max_tokens") -> int:
     return out
 
 
+#: Parallel degrees beyond any real machine; above them planning would only run out of
+#: memory or time (a pipeline simulation grows with stages x chunks, CP tables with cp_size).
+MAX_PARALLEL_DEGREE = 2**14
+
+
+def check_degree(value: Any, name: str, limit: int = MAX_PARALLEL_DEGREE) -> int:
+    """Return ``value`` as an int in ``1..limit``, or raise a ValueError naming ``name``."""
+    out = _as_int(value, name, 1)
+    if out > limit:
+        raise ValueError(
+            f"{name}={out} is beyond any real parallel layout (at most {limit}); pass the "
+            "number of GPUs (or model chunks) it really has"
+        )
+    return out
+
+
 def check_size_limit(
     value: int, name: str, n: int, unit: str = "parts", limit: int = MAX_EMPTY
 ) -> int:

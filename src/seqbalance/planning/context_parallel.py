@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_lengths, check_choice, check_positive_int
+from .._validate import as_lengths, check_choice, check_degree, check_positive_int
 from ..costs.context_parallel import ContextParallelCost, balanced_layout
 from ._slots import fill_slack
 from .cp_plans import CP_MODES, CPPlan, Pieces, _powers, degree_tables, simulate_pieces
@@ -126,7 +126,7 @@ def _validate(
     lens = as_lengths(lengths)
     dp = check_positive_int(dp_size, "dp_size")
     cap = check_positive_int(max_tokens, "max_tokens")
-    c = check_positive_int(cp_size, "cp_size")
+    c = check_degree(cp_size, "cp_size")
     if c & (c - 1):
         raise ValueError(
             f"cp_size must be a power of two (CP degrees are), got {cp_size}; use "

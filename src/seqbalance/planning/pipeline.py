@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_weights, check_choice, check_positive_int
+from .._validate import as_weights, check_choice, check_degree, check_positive_int
 from ..partitioning.stats import relative_gap
 
 __all__ = [
@@ -108,9 +108,10 @@ class PipelineSpec:
 
 def check_pipeline(pp_size: Any, schedule: Any = "1f1b", virtual_stages: Any = 1) -> PipelineSpec:
     """Validate a pipeline layout; raises ValueError naming the bad argument and the fix."""
-    p = check_positive_int(pp_size, "pp_size")
+    p = check_degree(pp_size, "pp_size")
     check_choice(schedule, "schedule", SCHEDULES)
-    v = check_positive_int(virtual_stages, "virtual_stages")
+    v = check_degree(virtual_stages, "virtual_stages")
+    check_degree(p * v, "pp_size * virtual_stages")  # the simulation grows with both
     if schedule == "interleaved" and v < 2:
         raise ValueError(
             f"schedule='interleaved' needs virtual_stages >= 2, got {v}; pass the number of "

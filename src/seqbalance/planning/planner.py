@@ -63,6 +63,7 @@ from .._validate import (
     as_lengths,
     check_bool,
     check_choice,
+    check_degree,
     check_max_tokens,
     check_nonnegative_int,
     check_positive_int,
@@ -72,6 +73,7 @@ from ..partitioning._rules import SIZES
 from ..partitioning.bounds import lower_bound
 from ..partitioning.kway import AUTO_RTOL, partition_arrays
 from ._costing import sequence_costs
+from .cp_plans import CP_MODES
 from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
@@ -1195,8 +1197,10 @@ def plan(
     >>> sorted(len(mb) for rank in p.micro_batches for mb in rank)
     [1, 1, 2, 2]
     """
-    if cp_size != 1:
+    # Checked here too, so cp_size=True or a bad cp= is refused rather than read as 1.
+    if check_degree(cp_size, "cp_size") != 1:
         return _plan_cp_hook(**locals())
+    check_choice(cp, "cp", CP_MODES)
     req = _validate_request(
         lengths,
         dp_size,
