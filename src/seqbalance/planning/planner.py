@@ -73,7 +73,6 @@ from ..partitioning._rules import SIZES
 from ..partitioning.bounds import lower_bound
 from ..partitioning.kway import AUTO_RTOL, partition_arrays
 from ._costing import sequence_costs
-from .cp_plans import CP_MODES
 from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
@@ -91,6 +90,7 @@ from .bounds import (
     min_micro_batches,
     min_padded_bins,
 )
+from .cp_plans import CP_MODES
 from .pipeline_orders import largest_first
 from .pipeline_plans import (
     PipelineSetup,
