@@ -107,6 +107,17 @@ def test_too_long_sequence_names_it(tmp_path, capsys):
     assert "sequence 1 has 50 tokens" in line and "--max-tokens=40" in line
 
 
+def test_too_long_sequences_named_before_the_count_checks(tmp_path, capsys):
+    # 1,000 tokens over a cap of 100 also "need" 10 micro-batches that 4 sequences cannot
+    # fill; the message must name the real problem, not suggest --allow-empty.
+    f = tmp_path / "l.txt"
+    f.write_text("100\n200\n300\n400\n")
+    assert main(["plan", str(f), "--dp", "1", "--max-tokens", "100"]) == 2
+    line = _error_line(capsys)
+    assert "sequence 1 has 200 tokens" in line and "(and 2 more)" in line
+    assert "--allow-empty" not in line
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
