@@ -159,6 +159,20 @@ def test_null_and_nested_values_are_refused(tmp_path):
         read_lengths(_write(tmp_path / "d.jsonl", '{"a": 1}\n{oops\n'))
 
 
+def test_values_the_python_api_refuses_are_refused_here_too(tmp_path):
+    # Read as numpy would, true became length 1, 1 and "1" one group, an empty cell a
+    # group named "" (review): each is an error in the Python API.
+    with pytest.raises(ValueError, match="value 1 is True, not a number"):
+        read_lengths(_write(tmp_path / "a.jsonl", '{"n": 3}\n{"n": true}\n'), "n")
+    with pytest.raises(ValueError, match="mix numbers and strings"):
+        read_column(_write(tmp_path / "b.json", '[1, "1", 2]'), what="group ids")
+    with pytest.raises(ValueError, match="group ids value 1 is missing"):
+        read_column(_write(tmp_path / "c.csv", "n,g\n3,a\n4,\n5,b\n"), "g", what="group ids")
+    # One kind each is fine, floats and ints together too.
+    assert read_column(_write(tmp_path / "d.json", "[1, 2.5, 3]")).tolist() == [1, 2.5, 3]
+    assert read_column(_write(tmp_path / "e.json", '["1", "x"]')).tolist() == ["1", "x"]
+
+
 def test_missing_file_is_oserror(tmp_path):
     with pytest.raises(OSError):
         read_lengths(tmp_path / "absent.txt")

@@ -233,9 +233,22 @@ def read_column(
         values = _read_parquet(p, column, what)
     if any(isinstance(v, (list, dict)) for v in values):
         raise ValueError(f"{p}: the {what} must be single values, found a nested list or object")
-    if any(v is None for v in values):
-        i = next(i for i, v in enumerate(values) if v is None)
-        raise ValueError(f"{p}: {what} value {i} is missing (null); fill or drop such rows")
+    if any(v is None or (fmt == "csv" and v == "") for v in values):
+        i = next(i for i, v in enumerate(values) if v is None or (fmt == "csv" and v == ""))
+        raise ValueError(f"{p}: {what} value {i} is missing (empty); fill or drop such rows")
+    # numpy would read true as 1, and make one kind of 1 and "1" (two groups for the
+    # Python API, which refuses such a mix): refuse both here too.
+    if any(isinstance(v, (bool, np.bool_)) for v in values):
+        i = next(i for i, v in enumerate(values) if isinstance(v, (bool, np.bool_)))
+        raise ValueError(f"{p}: {what} value {i} is {values[i]!r}, not a number or label")
+    kinds = {isinstance(v, str) for v in values}
+    if len(kinds) > 1:
+        first = isinstance(values[0], str)
+        i = next(i for i, v in enumerate(values) if isinstance(v, str) != first)
+        raise ValueError(
+            f"{p}: the {what} mix numbers and strings (value 0 is {values[0]!r}, value {i} is "
+            f"{values[i]!r}); use one kind, so that 1 and \"1\" cannot be read as one"
+        )
     return np.asarray(values) if values else np.zeros(0, dtype=np.int64)
 
 
