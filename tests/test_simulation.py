@@ -37,8 +37,8 @@ def test_per_microbatch_cost_and_padding():
 
 
 def test_empty_microbatch_pays_fixed_cost():
-    sim = simulate([[[0], []]], COSTS, sync="fsdp", per_microbatch=2.0)
-    np.testing.assert_array_equal(sim.mb_costs, [[6.0, 2.0]])
+    sim = simulate([[[0, 1, 2, 3, 4], []]], COSTS, sync="fsdp", per_microbatch=2.0)
+    np.testing.assert_array_equal(sim.mb_costs, [[17.0, 2.0]])
 
 
 def test_gap_against_default_bound():
@@ -50,7 +50,47 @@ def test_gap_against_default_bound():
 
 def test_unequal_counts_rejected():
     with pytest.raises(ValueError, match="different numbers of micro-batches"):
-        simulate([[[0], [1]], [[2]]], COSTS)
+        simulate([[[0], [1, 2]], [[3, 4]]], COSTS)
+
+
+@pytest.mark.parametrize(
+    ("mbs", "kwargs", "words"),
+    [
+        # Each was accepted before the review: a -33% gap, an index 1.5, a gap of +inf...
+        ([[[0, 1, 2, 3], [0, 4]]], {}, "1 repeated"),
+        ([[[0, 1, 2], [3]]], {}, "1 missing"),
+        ([[[0, 1, 2, 3], [4.5]]], {}, "integer sequence indices"),
+        ([[[0, 1, 2, 3], [7]]], {}, "index 7, outside 0..4"),
+        ([[0, 1, 2, 3, 4]], {}, "nested lists"),
+        (None, {}, "nested lists"),
+        (MBS, {"per_microbatch": -1.0}, "per_microbatch"),
+        (MBS, {"per_microbatch": float("nan")}, "per_microbatch"),
+        (MBS, {"padded": "no"}, "padded must be True or False"),
+        (MBS, {"lower_bound": float("nan")}, "lower_bound"),
+        (MBS, {"lower_bound": -1.0}, "lower_bound"),
+    ],
+)
+def test_simulate_refuses_bad_layouts_and_numbers(mbs, kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        simulate(mbs, COSTS, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"lengths": [1, 2], "max_tokens": 10}, "lengths has 2 entries but costs has 5"),
+        ({"lengths": [1, 2, 3, 4, 5], "max_tokens": 0}, "max_tokens"),
+        ({"lengths": [1, 2, 3, 4, 5]}, "together"),
+        ({"lengths": [1, -2, 3, 4, 5], "max_tokens": 10}, "negative"),
+        ({"sync": "x"}, "sync"),
+        ({"per_microbatch": -5.0}, "per_microbatch"),
+        ({"per_microbatch": float("nan")}, "per_microbatch"),
+        ({"min_micro_batches": -1}, "min_micro_batches"),
+    ],
+)
+def test_step_time_lower_bound_refuses_bad_arguments(kwargs, words):
+    with pytest.raises(ValueError, match=words):
+        step_time_lower_bound(COSTS, 2, **kwargs)
 
 
 def test_bad_sync_rejected():

@@ -26,7 +26,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._validate import as_weights, check_choice
+from .._validate import (
+    as_lengths,
+    as_weights,
+    check_bool,
+    check_choice,
+    check_max_tokens,
+    check_nonnegative_int,
+    check_positive_int,
+)
 from ..partitioning.bounds import lower_bound
 from ..partitioning.stats import relative_gap
 from ._grouping import bin_totals
@@ -160,10 +168,25 @@ def step_time_lower_bound(
     ``ceil(total_tokens / (dp * max_tokens))``).
     """
     costs = as_weights(costs, "costs")
+    dp_size = check_positive_int(dp_size, "dp_size")
+    min_micro_batches = check_nonnegative_int(min_micro_batches, "min_micro_batches")
+    per_microbatch = check_overhead(per_microbatch)
+    if sync is not None:
+        check_choice(sync, "sync", SYNC_MODELS)
+    if (lengths is None) != (max_tokens is None):
+        raise ValueError(
+            "pass lengths and max_tokens together (the capacity bound needs both), or neither"
+        )
     if lengths is not None and max_tokens is not None:
         from .bounds import capacity_step_bound  # imports only partitioning
 
-        lens = np.asarray(lengths, dtype=np.int64)
+        lens = as_lengths(lengths, "lengths")
+        if lens.shape != costs.shape:
+            raise ValueError(
+                f"lengths has {lens.shape[0]} entries but costs has {costs.shape[0]}; give "
+                "one length per cost"
+            )
+        max_tokens = check_max_tokens(max_tokens)
         return capacity_step_bound(
             costs,
             lens,
@@ -179,6 +202,45 @@ def step_time_lower_bound(
         return float(min_micro_batches * per_microbatch)
     bound = lower_bound(costs, dp_size, size=size, groups=groups)
     return bound + min_micro_batches * per_microbatch
+
+
+def check_overhead(value: Any, name: str = "per_microbatch") -> float:
+    """``value`` as a finite float >= 0 (a per-micro-batch cost), or a ValueError."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number >= 0, got {value!r}") from None
+    if isinstance(value, bool) or not np.isfinite(out) or out < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return out
+
+
+def _check_layout(micro_batches: Any, n: int) -> None:
+    """Every rank a list of micro-batches of integer indices, each of ``0..n-1`` once."""
+    try:
+        flat = [i for rank in micro_batches for mb in rank for i in mb]
+    except TypeError:
+        raise ValueError(
+            "micro_batches must be nested lists [rank][micro-batch] of sequence indices"
+        ) from None
+    arr = np.asarray(flat) if flat else np.zeros(0, dtype=np.int64)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise ValueError(
+            "micro_batches must hold integer sequence indices, got "
+            f"{arr.dtype if arr.ndim == 1 else 'nested values'}"
+        )
+    if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= n):
+        bad = int(arr[(arr < 0) | (arr >= n)][0])
+        raise ValueError(f"micro_batches hold index {bad}, outside 0..{n - 1} ({n} costs)")
+    seen = np.bincount(arr, minlength=n)
+    if (seen != 1).any():
+        # A sequence run twice, or not at all, has no meaningful step time or gap.
+        missing, repeated = np.flatnonzero(seen == 0), np.flatnonzero(seen > 1)
+        raise ValueError(
+            f"micro_batches must hold each of the {n} sequences exactly once: "
+            f"{missing.size} missing (e.g. {missing[:3].tolist()}), {repeated.size} repeated "
+            f"(e.g. {repeated[:3].tolist()})"
+        )
 
 
 def check_equal_counts(mb: np.ndarray, holders: Sequence[Sequence[Any]], who: str) -> None:
@@ -241,13 +303,11 @@ def simulate(
     """
     check_choice(sync, "sync", SYNC_MODELS)
     costs = as_weights(costs, "costs")
-    n = costs.shape[0]
-    for r, rank in enumerate(micro_batches):
-        for j, mb in enumerate(rank):
-            if any(not 0 <= i < n for i in mb):
-                raise ValueError(
-                    f"micro_batches[{r}][{j}] holds an index outside 0..{n - 1} ({n} costs)"
-                )
+    per_microbatch = check_overhead(per_microbatch)
+    padded = check_bool(padded, "padded")
+    if lower_bound is not None:
+        lower_bound = check_overhead(lower_bound, "lower_bound")
+    _check_layout(micro_batches, costs.shape[0])
     mb = microbatch_costs(micro_batches, costs, per_microbatch=per_microbatch, padded=padded)
     check_equal_counts(mb, micro_batches, "ranks")
     dp, m = mb.shape
