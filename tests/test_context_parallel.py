@@ -361,3 +361,12 @@ def test_same_inputs_same_plan():
     lengths = sb.workloads.lengths("long-context", 500, seed=7)
     kw = dict(cost="qwen2.5-7b", cp_size=8, cp="dynamic", cp_cost={"bandwidth": 1e11})
     assert sb.plan(lengths, 2, 32768, **kw).to_json() == sb.plan(lengths, 2, 32768, **kw).to_json()
+
+
+def test_cp_plan_of_empty_sequences_has_no_gap():
+    # 0 against a bound of 0 is no gap, as for plans without CP (it was NaN).
+    import seqbalance as sb
+
+    for lengths, kw in (([0], {}), ([], {"allow_empty": True})):
+        sim = sb.plan(lengths, 1, 20, cp_size=2, **kw).simulate()
+        assert sim.step_time == 0.0 and sim.lower_bound == 0.0 and sim.gap == 0.0

@@ -197,7 +197,8 @@ def simulate_pieces(
         rank_busy=busy,
         rank_idle=idle,
         lower_bound=bound,
-        gap=float(relative_gap(step, bound)) if bound > 0 else float("nan"),
+        # Without a bound there is no gap (NaN); with one, an empty step is 0 from 0.
+        gap=float("nan") if lower_bound is None else float(relative_gap(step, bound)),
         idle_fraction=float(idle.sum() / (world * step)) if world and step > 0 else 0.0,
     )
 
