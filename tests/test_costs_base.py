@@ -186,3 +186,17 @@ def test_empty_microbatch_pays_the_fixed_cost_like_the_simulator():
     assert cost.microbatch_cost([]) == 100.0
     sim = simulate([[[0]], [[]]], cost([5]), per_microbatch=cost.per_microbatch)
     assert sim.mb_costs.tolist() == [[cost.microbatch_cost([5])], [cost.microbatch_cost([])]]
+
+
+def test_quadratic_cost_refuses_what_it_could_not_save_or_use():
+    # Each raised a raw OverflowError / AttributeError / TypeError (the last at to_json()).
+    with pytest.raises(ValueError, match="per_token = 1000"):
+        QuadraticCost(10**400, 0)
+    with pytest.raises(ValueError, match="dict of coefficients, got list"):
+        QuadraticCost.from_dict([1, 2])
+    with pytest.raises(ValueError, match="meta must hold JSON values"):
+        QuadraticCost(1.0, 0.0, meta={"x": object()})
+    with pytest.raises(ValueError, match="meta must hold JSON values"):
+        QuadraticCost(1.0, 0.0, meta={"x": float("nan")})
+    kept = QuadraticCost(1.0, 0.0, meta={"x": [1, "a", {"y": 2.5}]})
+    assert QuadraticCost.from_dict(json.loads(kept.to_json())) == kept

@@ -124,7 +124,10 @@ _RATIOS = ("backward_matmul", "backward_attention")
 def _coefficient(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name} must be a real number >= 0, got {value!r}")
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # a Python int beyond float range
+        out = math.inf
     if not math.isfinite(out) or out < 0:
         raise ValueError(
             f"{name} = {value!r} is invalid; cost coefficients must be finite and >= 0 "
@@ -178,6 +181,12 @@ class QuadraticCost(CostModel):
         if meta is not None and not isinstance(meta, Mapping):
             raise ValueError(f"meta must be a mapping or None, got {type(meta).__name__}")
         self.meta: dict[str, Any] = dict(meta or {})
+        try:  # saved with the cost: fail here, not at to_json() after a long fit
+            json.dumps(self.meta, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"meta must hold JSON values (str, finite number, list, dict): {exc}"
+            ) from None
         if report is not None and not isinstance(report, FitReport):
             raise ValueError(f"report must be a FitReport or None, got {type(report).__name__}")
         self.report = report
@@ -201,6 +210,10 @@ class QuadraticCost(CostModel):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> QuadraticCost:
         """Inverse of :meth:`to_dict`; missing coefficients other than ``per_token`` are 0."""
+        if not isinstance(data, Mapping):
+            raise ValueError(
+                f"a quadratic cost is a dict of coefficients, got {type(data).__name__}"
+            )
         if data.get("kind", "quadratic") != "quadratic":
             raise ValueError(f"expected a cost of kind 'quadratic', got {data.get('kind')!r}")
         if "per_token" not in data or "per_token_sq" not in data:
