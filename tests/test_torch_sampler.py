@@ -301,3 +301,19 @@ def test_sampler_oversized_alone_is_accepted_when_built():
                                                num_replicas=2, rank=rank, oversized="alone"))
     assert [3] in mbs  # the long item runs alone
     assert sorted(i for mb in mbs for i in mb) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "words"),
+    [
+        (torch.int8, "more than torch.int8 offsets can hold"),  # 200 wrapped to -56
+        (torch.float16, "integer torch dtype"),  # 2049 rounded to 2048
+        (torch.bool, "integer torch dtype"),
+        ("int32", "integer torch dtype"),
+    ],
+)
+def test_pack_collate_refuses_offsets_its_dtype_cannot_hold(dtype, words):
+    with pytest.raises(ValueError, match=words):
+        pack_collate([[1] * 100, [2] * 100], cu_seqlens_dtype=dtype)
+    ok = pack_collate([[1] * 100, [2] * 100], cu_seqlens_dtype=torch.int16)
+    assert ok["cu_seqlens"].tolist() == [0, 100, 200]

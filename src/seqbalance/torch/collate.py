@@ -105,10 +105,28 @@ def pack_collate(
                 out[k] = vals  # strings, ragged metadata: leave as a list
     cu = np.zeros(len(lens) + 1, dtype=np.int64)
     np.cumsum(lens, out=cu[1:])
-    out["cu_seqlens"] = torch.as_tensor(cu, dtype=cu_seqlens_dtype)
+    out["cu_seqlens"] = _offsets(cu, cu_seqlens_dtype)
     if "position_ids" not in out:
         starts = np.repeat(cu[:-1], lens)
         out["position_ids"] = torch.as_tensor(np.arange(int(cu[-1])) - starts, dtype=torch.int64)
     out.setdefault("lengths", torch.as_tensor(lens, dtype=torch.int64))
     out["max_seqlen"] = int(lens.max()) if len(lens) else 0
     return out
+
+
+def _offsets(cu: np.ndarray, dtype: Any) -> torch.Tensor:
+    """``cu`` as an integer tensor of ``dtype``, refusing a dtype that would wrap or round it."""
+    if not isinstance(dtype, torch.dtype) or dtype.is_floating_point or dtype.is_complex or (
+        dtype == torch.bool
+    ):
+        raise ValueError(
+            f"cu_seqlens_dtype must be an integer torch dtype (torch.int32 for flash-attention, "
+            f"or torch.int64), got {dtype!r}"
+        )
+    top = int(cu[-1]) if cu.size else 0
+    if top > torch.iinfo(dtype).max:
+        raise ValueError(
+            f"the batch holds {top} tokens, more than {dtype} offsets can hold "
+            f"({torch.iinfo(dtype).max}); pass cu_seqlens_dtype=torch.int64"
+        )
+    return torch.as_tensor(cu, dtype=dtype)
