@@ -216,3 +216,10 @@ def test_gpipe_step_is_the_flow_shop_formula_for_every_order(p, m, seed):
         sim = simulate_pipeline(f[o], b[o], p, schedule="gpipe")
         assert sim.step_time == pytest.approx(expected, rel=1e-12)
         assert sim.lower_bound == pytest.approx(expected, rel=1e-12)
+
+
+def test_pipeline_lower_bound_checks_the_schedule_with_one_micro_batch():
+    from seqbalance.planning.pipeline import pipeline_lower_bound
+
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        pipeline_lower_bound([1.0], [2.0], 2, schedule="x")  # was accepted: m == 1 shortcut

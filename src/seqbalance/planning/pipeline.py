@@ -571,6 +571,8 @@ def pipeline_lower_bound(
     """
     p = check_positive_int(pp_size, "pp_size")
     v = check_positive_int(virtual_stages, "virtual_stages")
+    if schedule is not None:  # checked before the one-micro-batch shortcut below
+        check_choice(schedule, "schedule", SCHEDULES)
     f, b, c = _phase_arrays(forward, backward, comm)
     m = f.shape[0]
     if m == 0:
