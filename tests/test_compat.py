@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqbalance.compat import areal, verl
+from seqbalance.compat import areal, openrlhf, slime, verl
 
 weights_st = st.lists(st.integers(0, 1000), min_size=1, max_size=9)
 
@@ -147,12 +147,61 @@ def test_areal_allocators(values, min_groups, divisor, algo):
         with pytest.raises(RuntimeError, match="smaller than min_groups"):
             fn(values, cap, min_groups, divisor)
         return
-    groups = fn(values, cap, min_groups, divisor)
+    from seqbalance.compat.areal import _areal_ffd
+
+    # AReaL's first-fit decreasing (reproduced) finds a multiple of the divisor or raises.
+    theirs = _areal_ffd(np.asarray(values), cap, need, divisor)
+    try:
+        groups = fn(values, cap, min_groups, divisor)
+    except RuntimeError as exc:
+        # Only where AReaL raises too (its kk_allocate falls back to that FFD), and never
+        # for a count the divisor does not divide (it used to return one).
+        assert "Cannot allocate" in str(exc) and theirs is None
+        return
     assert sorted(i for g in groups for i in g) == list(range(len(values)))
     assert all(sum(values[i] for i in g) <= cap for g in groups)
     assert len(groups) >= min(need, len(values))
-    assert len(groups) % divisor == 0 or len(groups) == len(values) or len(groups) < divisor * 2
+    if algo == "ffd" or len(groups) != len(values):
+        assert len(groups) % divisor == 0  # kk: AReaL's own clamp to n is the exception
+    if theirs is not None:
+        assert len(groups) <= len(theirs)
     assert all(groups)
+
+
+def test_areal_ffd_raises_where_no_multiple_of_the_divisor_fits():
+    # 4 values need 4 groups of 800; the next multiple of 3 is 6 > 4 values. AReaL 1.0.4
+    # raises RuntimeError("Cannot allocate values ..."); the drop-in returned 4 groups.
+    with pytest.raises(RuntimeError, match="Cannot allocate values"):
+        areal.ffd_allocate([391, 410, 410, 410], 800, 1, 3)
+    with pytest.raises(RuntimeError, match="Cannot allocate values"):
+        areal.ffd_allocate([1, 1, 1], 1, 2, 2)
+    # kk_allocate: AReaL's differencing on its count clamped to n holds the cap: kept.
+    assert sorted(map(sorted, areal.kk_allocate([1, 1, 1], 1, 2, 2))) == [[0], [1], [2]]
+
+
+def test_areal_kk_equal_size_falls_back_like_areal_where_equal_sizes_break_the_cap():
+    # AReaL 1.0.4 logs and falls back to first-fit decreasing (5 groups here); the drop-in
+    # raised. Now: a capacity-bounded allocation, never heavier or more groups than FFD.
+    values = [71, 28, 58, 24, 43, 77, 13, 77]
+    groups = areal.kk_allocate(values, 98, 2, 1, True)
+    assert sorted(i for g in groups for i in g) == list(range(8))
+    assert max(sum(values[i] for i in g) for g in groups) <= 98
+    assert len(groups) <= 5
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: areal.ffd_allocate([0.5, 0.6, 0.7], 1, 1),  # cut to 0s: one group of 1.8
+        lambda: areal.kk_allocate([1.5, 0.2], 1, 1),
+        lambda: slime.first_fit_pack([0.5, 0.6, 0.7], 1),
+        lambda: openrlhf.get_minimum_num_micro_batch_size([0.5, 0.6, 0.7], 1, 1, 1),
+        lambda: verl.log_seqlen_unbalance([1.5, 2], [[0], [1]], "x"),
+    ],
+)
+def test_fractional_token_counts_are_refused_not_truncated(call):
+    with pytest.raises(ValueError, match="not a whole number of tokens"):
+        call()
 
 
 def test_areal_errors_and_metrics():

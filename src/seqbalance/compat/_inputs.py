@@ -24,6 +24,7 @@ __all__ = [
     "is_tensor",
     "to_numpy",
     "to_python_list",
+    "token_counts",
 ]
 
 
@@ -61,6 +62,29 @@ def to_numpy(values: Any) -> np.ndarray:
     if isinstance(values, (list, tuple)) and values and is_tensor(values[0]):
         return np.asarray([float(v) if v.is_floating_point() else int(v) for v in values])
     return np.asarray(values)
+
+
+def token_counts(values: Any, name: str = "lengths", error: type = ValueError) -> np.ndarray:
+    """``values`` (token counts) as int64, refusing fractions instead of truncating them.
+
+    The originals pack whatever numbers they are given; cut to integers, 0.5 + 0.6 + 0.7
+    tokens would fit a capacity of 1 and break it. Whole floats (3.0) are fine.
+    """
+    x = to_numpy(values)
+    if x.dtype.kind in "fc" or x.dtype == object:
+        try:
+            f = x.astype(np.float64)
+        except (TypeError, ValueError):
+            raise error(f"{name} must be numbers (token counts), got {x[:5].tolist()}") from None
+        bad = ~np.isfinite(f) | (f != np.floor(f))
+        if bad.any():
+            i = int(np.flatnonzero(bad.reshape(-1))[0])
+            raise error(
+                f"{name}[{i}] = {float(f.reshape(-1)[i])!r} is not a whole number of tokens; the "
+                "drop-in packs token counts (round them first, or pass integers)"
+            )
+        x = f
+    return x.astype(np.int64)
 
 
 def to_python_list(values: Any) -> list[Any]:

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import logging
 from typing import Any
 
 import numpy as np
 
 from ._core import partition, plan
-from ._inputs import CompatRuntimeError, Patcher, grow_to, to_numpy
+from ._inputs import CompatRuntimeError, Patcher, grow_to, to_numpy, token_counts
 from ._verl_kk import equal_partition, free_partition, parts_of_labels, verl_free_kk_labels
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "PACKING_ALGORITHMS",
@@ -50,7 +53,7 @@ def flat2d(arr: list[list[Any]]) -> list[Any]:
 
 
 def _values(values: Any) -> np.ndarray:
-    return to_numpy(values).astype(np.int64)
+    return token_counts(values, "values", CompatRuntimeError)
 
 
 def _check(v: np.ndarray, capacity: int, min_groups: int, message: str) -> None:
@@ -63,14 +66,22 @@ def _check(v: np.ndarray, capacity: int, min_groups: int, message: str) -> None:
 
 
 def _allocate(v: np.ndarray, capacity: int, min_groups: int, divisor: int) -> list[list[int]]:
-    """Fewest groups (>= min_groups, a multiple of divisor, at most n) under the capacity."""
+    """Fewest groups (>= min_groups, a multiple of divisor, at most n) under the capacity.
+
+    Raises :class:`CompatRuntimeError`, as AReaL's first-fit decreasing does, where no
+    multiple of the divisor can hold the capacity with every group non-empty (a count
+    that is not one would not fit the pipeline schedule the divisor is for).
+    """
     n = v.shape[0]
     count = min(max(min_groups, 1), n)
     try:
         p = plan(v, 1, capacity, min_micro_batches=count, micro_batch_multiple=max(divisor, 1),
-                 baselines=False)
-    except ValueError:  # no multiple of divisor keeps every group non-empty: clamp, as AReaL
-        p = plan(v, 1, capacity, min_micro_batches=count, baselines=False)
+                 baselines=False)  # fmt: skip
+    except ValueError:
+        raise CompatRuntimeError(
+            f"Cannot allocate values {v.tolist()} that satisfies capacity {capacity}, "
+            f"min_groups {min_groups} and n_groups_divisor {divisor}."
+        ) from None
     return [list(mb) for mb in p.micro_batches[0]]
 
 
@@ -121,7 +132,12 @@ def kk_allocate(
         k = -(-k // n_groups_divisor) * n_groups_divisor
     k = min(k, n)  # AReaL's count
     if not equal_size:
-        groups = _allocate(v, int(capacity), int(min_groups), int(n_groups_divisor))
+        try:
+            groups: list[list[int]] | None = _allocate(
+                v, int(capacity), int(min_groups), int(n_groups_divisor)
+            )
+        except CompatRuntimeError:
+            groups = None  # AReaL's differencing below may still succeed at its clamped count
         # AReaL's own answer: its differencing at its count where that holds the capacity
         # (reproduced; it stops at the first group over the capacity, where AReaL falls back
         # to first-fit decreasing). The planner balances its cost model, AReaL the raw
@@ -130,7 +146,10 @@ def kk_allocate(
         w = v.astype(np.float64)
         labels = verl_free_kk_labels(w, k, size=w, size_cap=float(capacity))
         if labels is not None:
-            return _no_worse_than(groups, v, parts_of_labels(labels, k))
+            theirs = parts_of_labels(labels, k)
+            return theirs if groups is None else _no_worse_than(groups, v, theirs)
+        if groups is None:  # AReaL's fallback, first-fit decreasing, raises here too
+            return _allocate(v, int(capacity), int(min_groups), int(n_groups_divisor))
         return _no_worse_than_ffd(groups, v, int(capacity), int(min_groups),
                                   int(n_groups_divisor))  # fmt: skip
     if n % k:
@@ -139,9 +158,16 @@ def kk_allocate(
         )
     parts = equal_partition(v, k)  # never heavier than AReaL's own differencing
     if parts.max_load > capacity:
-        raise CompatRuntimeError(
-            f"equal_size=True: {k} groups of {n // k} items cannot stay under capacity {capacity}"
-        )
+        # As AReaL: the capacity (memory) wins over equal sizes; it logs and falls back to
+        # first-fit decreasing, the drop-in to its own capacity-bounded allocation.
+        logger.warning(
+            "equal_size=True: %d groups of %d items cannot stay under capacity %d "
+            "(heaviest %d); allocating without equal sizes",
+            k, n // k, capacity, int(parts.max_load),
+        )  # fmt: skip
+        groups = _allocate(v, int(capacity), int(min_groups), int(n_groups_divisor))
+        return _no_worse_than_ffd(groups, v, int(capacity), int(min_groups),
+                                  int(n_groups_divisor))  # fmt: skip
     return [list(p) for p in parts]
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from . import verl as _verl
 from ._core import partition
 from ._experience_rows import layout as _row_layout
-from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, unpatch_all
+from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, token_counts, unpatch_all
 
 __all__ = [
     "balance_experiences",
@@ -92,7 +92,7 @@ def get_minimum_num_micro_batch_size(
     :func:`get_seqlen_balanced_partitions` on these lengths holds the cap, a sample longer
     than the capacity alone in its part. 0 for no samples.
     """
-    lens = to_numpy(total_lengths).astype(np.int64).reshape(-1)
+    lens = token_counts(total_lengths, "total_lengths").reshape(-1)
     cap = int(max_tokens_per_gpu) * int(ring_attn_size) * int(ds_tensor_parallel_size)
     if cap < 1:
         raise CompatAssertionError(

@@ -25,7 +25,7 @@ import numpy as np
 
 from . import verl as _verl
 from ._core import plan
-from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, unpatch_all
+from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, token_counts, unpatch_all
 
 __all__ = [
     "build_dp_schedule",
@@ -196,7 +196,7 @@ def _lengths(values: Any, name: str) -> np.ndarray:
     x = to_numpy(values)
     if x.ndim != 1:
         raise CompatAssertionError(f"{name} must be 1-D, got shape {x.shape}")
-    return x.astype(np.int64)
+    return token_counts(x, name)
 
 
 def first_fit_pack(total_lengths: Any, max_tokens_per_bin: int) -> list[list[int]]:

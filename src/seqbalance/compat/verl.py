@@ -31,6 +31,7 @@ from ._inputs import (
     is_tensor,
     to_numpy,
     to_python_list,
+    token_counts,
 )
 from ._verl_kk import equal_partition, free_partition, parts_of_labels, verl_free_kk_labels
 
@@ -161,7 +162,7 @@ def log_seqlen_unbalance(seqlen_list: Any, partitions: Any, prefix: str) -> dict
     Keys ``{prefix}/min``, ``/max``, ``/minmax_diff`` (chunks of ``n // k`` in input
     order), ``/balanced_min``, ``/balanced_max`` (the partitions) and ``/mean``.
     """
-    x = to_numpy(seqlen_list).astype(np.int64).tolist()
+    x = token_counts(seqlen_list, "seqlen_list").tolist()
     k = len(partitions)
     size = max(1, len(x) // k)
     chunks = [sum(x[o : o + size]) for o in range(0, len(x), size)]
@@ -528,7 +529,7 @@ def micro_batches_of_lengths(
     """The index lists :func:`rearrange_micro_batches` makes on one rank, from lengths alone
     (no tensors, no DP group): for benchmarks and for callers without a TensorDict.
     ``match_framework_count`` as there."""
-    lens = to_numpy(seqlens).astype(np.int64)
+    lens = token_counts(seqlens, "seqlens")
 
     def read() -> _Rank:
         return _read_rank(
@@ -601,7 +602,7 @@ def get_group_balanced_partitions(
 
     Rows with the same uid are grouped wherever they sit (verl groups consecutive runs).
     """
-    lens = to_numpy(seqlen_list).astype(np.int64)
+    lens = token_counts(seqlen_list, "seqlen_list")
     uids = to_python_list(uid_list)
     if len(uids) != lens.shape[0]:
         raise CompatAssertionError("seqlen_list and uid_list must have same length")
