@@ -622,3 +622,12 @@ def test_verl_match_framework_count_gloo(world):
         for r, o in enumerate(out):
             assert o[j][2] == list(range(len(rank_lens[r])))
     assert larger  # the inputs are ones where verl's loop needs more micro-batches
+
+
+def test_verl_all_padding_rows_give_one_micro_batch_in_both_modes():
+    # verl 0.9.1 fails with an IndexError here; match_framework_count raised
+    # "k must be at least 1, got 0" while the default returned one micro-batch.
+    for match in (False, True):
+        assert verl.micro_batches_of_lengths([0, 0, 0], 10, match_framework_count=match) == [
+            [0, 1, 2]
+        ]

@@ -341,7 +341,9 @@ def _framework_count(
     """verl's own count: from ``start`` (rounded up to the step) in steps of ``step`` until the
     differencing partition of the workloads fits the cap (on every rank of ``group`` when
     one is given: one all-gather of a bool per try, as verl all-reduces one per try)."""
-    m = roundup_divisible(start, r.step)
+    # At least one: all-padding rows give a token bound of 0 (verl then fails with an
+    # IndexError; the default mode returns one micro-batch, and so does this).
+    m = roundup_divisible(max(start, 1), r.step)
     while True:
         if m > fewest:
             raise _too_few(m, fewest)
