@@ -631,3 +631,13 @@ def test_verl_all_padding_rows_give_one_micro_batch_in_both_modes():
         assert verl.micro_batches_of_lengths([0, 0, 0], 10, match_framework_count=match) == [
             [0, 1, 2]
         ]
+
+
+def test_areal_assertions_stay_assertion_errors():
+    # AReaL asserts here; framework code that catches AssertionError must still catch it.
+    with pytest.raises(AssertionError, match="5 % 2 != 0"):
+        areal._kk_partition([1, 2, 3, 4, 5], 2, equal_size=True)
+    spec = types.SimpleNamespace(n_mbs=1, granularity=1, max_tokens_per_mb=None,
+                                 n_mbs_divisor=1, packing_algorithm="ffd")
+    with pytest.raises(AssertionError, match="max_tokens_per_mb"):
+        areal.allocate_balanced_mbs(spec, [1, 2, 3])

@@ -195,6 +195,9 @@ def test_schedule_errors():
     with pytest.raises(AssertionError, match="static path"):
         slime.build_dp_schedule(_args(micro_batch_size=2), _tp(2), [3] * 6,
                                 global_batch_size=6, rollout_indices=list(range(6)))  # fmt: skip
+    with pytest.raises(AssertionError, match="micro_batch_size must be set"):  # slime asserts
+        slime.build_dp_schedule(_args(micro_batch_size=None), _tp(2), [3] * 4,
+                                global_batch_size=4, rollout_indices=list(range(4)))  # fmt: skip
     with pytest.raises(ValueError):  # the same errors are ValueErrors too
         slime.build_dp_schedule(dyn, _tp(2, vpp=2, group=2), [3] * 3, global_batch_size=3,
                                 rollout_indices=[0, 1, 2])  # fmt: skip

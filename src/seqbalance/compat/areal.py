@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 
 from ._core import partition, plan
-from ._inputs import CompatRuntimeError, Patcher, grow_to, to_numpy, token_counts
+from ._inputs import (
+    CompatAssertionError,
+    CompatRuntimeError,
+    Patcher,
+    grow_to,
+    to_numpy,
+    token_counts,
+)
 from ._verl_kk import equal_partition, free_partition, parts_of_labels, verl_free_kk_labels
 
 logger = logging.getLogger(__name__)
@@ -243,7 +250,7 @@ def _kk_partition(values: Any, k: int, equal_size: bool = False) -> list[list[in
     """``k`` index lists with balanced sums (uncapacitated); equal counts if asked."""
     v = to_numpy(values).astype(np.float64)
     if equal_size and v.shape[0] % k:
-        raise CompatRuntimeError(f"{v.shape[0]} % {k} != 0")
+        raise CompatAssertionError(f"{v.shape[0]} % {k} != 0")  # AReaL asserts
     # Either way never heavier than AReaL's own differencing (verl's rules, reproduced).
     return [list(p) for p in (equal_partition if equal_size else free_partition)(v, k)]
 
@@ -322,7 +329,7 @@ def allocate_balanced_mbs(mb_spec: Any, lens: Any) -> list[list[int]]:
     """Micro-batches for ``lens`` under ``mb_spec`` (max_tokens_per_mb, n_mbs,
     n_mbs_divisor, packing_algorithm); sorted lists of sorted indices."""
     if mb_spec.max_tokens_per_mb is None:
-        raise CompatRuntimeError("mb_spec.max_tokens_per_mb must be set")
+        raise CompatAssertionError("mb_spec.max_tokens_per_mb must be set")  # AReaL asserts
     fn = get_allocate_fn(getattr(mb_spec, "packing_algorithm", "ffd"))
     groups = fn(
         lens,

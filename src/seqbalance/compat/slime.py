@@ -288,6 +288,8 @@ def _step_plan(
                 f"dynamic path: step {step} has {n} samples, too few for {dp} ranks x a "
                 f"multiple of {group} micro-batches under the token cap ({exc})"
             ) from exc
+    if getattr(args, "micro_batch_size", None) is None:  # slime asserts
+        raise CompatAssertionError("micro_batch_size must be set without dynamic batch size")
     per_mb = int(args.micro_batch_size)
     k = -(-n // per_mb)
     if k % (dp * group):
