@@ -26,6 +26,7 @@ import numpy as np
 from . import verl as _verl
 from ._core import plan
 from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, token_counts, unpatch_all
+from ._verl_kk import verl_equal_kk_labels
 
 __all__ = [
     "build_dp_schedule",
@@ -304,6 +305,94 @@ def _step_plan(
                 sequences_per_micro_batch=per_mb, order="index", baselines=False)  # fmt: skip
 
 
+#: Steps of up to this many samples also get slime's own schedule (reproduced), which is
+#: returned where it has fewer micro-batches per rank, or as many and a lighter heaviest
+#: rank: "never more micro-batches, never heavier" by construction there. slime's first
+#: fit is O(samples x bins) Python (~0.1 s at 8,192 samples), too slow to run alongside on
+#: large steps; the static path (fixed micro_batch_size) is cheap and always compared.
+SLIME_CHECK_MAX = 256
+
+
+def _slime_first_fit(lens: np.ndarray, cap: int) -> list[list[int]]:
+    """slime's first fit: each sample, in index order, into the first bin with room."""
+    bins: list[list[int]] = []
+    sums: list[int] = []
+    for i, x in enumerate(lens.tolist()):
+        for j, total in enumerate(sums):
+            if total + x <= cap:
+                bins[j].append(i)
+                sums[j] += x
+                break
+        else:
+            bins.append([i])
+            sums.append(x)
+    return bins
+
+
+def _slime_expand(bins: list[list[int]], target: int, lens: np.ndarray) -> None:
+    """slime's growth to ``target`` bins: split the heaviest multi-sample bin (ties: the
+    last) into two halves, longest samples first, each to the lighter half (ties: first)."""
+    x = lens.tolist()
+    while len(bins) < target:
+        multi = [(sum(x[i] for i in b), j) for j, b in enumerate(bins) if len(b) > 1]
+        if not multi:
+            return
+        _, j = max(multi)
+        halves: list[list[int]] = [[], []]
+        sums = [0, 0]
+        for i in sorted(bins[j], key=lambda i: -x[i]):
+            h = 0 if sums[0] <= sums[1] else 1
+            halves[h].append(i)
+            sums[h] += x[i]
+        bins[j] = halves[0]
+        bins.append(halves[1])
+
+
+def _slime_grid(
+    lens: np.ndarray, cost: Any, args: Any, dp: int, cap: int | None, group: int
+) -> list[list[list[int]]] | None:
+    """slime's own schedule of one step (reproduced) as ``grid[rank][mb]``, or None where
+    it is not a valid answer here (``balance_by_flops`` ignores the cap; slime would
+    raise) or too costly to compute (see :data:`SLIME_CHECK_MAX`)."""
+    n, align = lens.shape[0], dp * group
+    if cap is not None:
+        if getattr(args, "balance_by_flops", False) or n > SLIME_CHECK_MAX:
+            return None
+        bins = _slime_first_fit(lens, cap)
+        _slime_expand(bins, max(-(-len(bins) // align) * align, align), lens)
+        if len(bins) % align:
+            return None
+    else:
+        per = int(args.micro_batch_size)
+        bins = [list(range(i, min(i + per, n))) for i in range(0, n, per)]
+        if len(bins) % align:
+            return None
+    if getattr(args, "balance_data", False):  # KK of whole bins over ranks, by FLOPs
+        w = np.array([float(np.asarray(cost)[b].sum()) for b in bins])
+        labels = verl_equal_kk_labels(w, dp)
+        return [[bins[j] for j in np.flatnonzero(labels == r)] for r in range(dp)]
+    return [[bins[j] for j in range(r, len(bins), dp)] for r in range(dp)]
+
+
+def _no_worse_than_slime(
+    grid: Any, theirs: list[list[list[int]]] | None, lens: np.ndarray, cost: Any
+) -> Any:
+    """``theirs`` (in the drop-in's layout: micro-batches by first index, indices
+    ascending) where it has fewer micro-batches per rank than ``grid``, or as many and a
+    lighter heaviest rank (by FLOPs, or tokens without ``balance_data``); else ``grid``."""
+    if theirs is None:
+        return grid
+    w = lens.astype(np.float64) if cost is None else np.asarray(cost, dtype=np.float64)
+
+    def heaviest(g: Any) -> float:
+        return max(float(w[[i for mb in rank for i in mb]].sum()) for rank in g)
+
+    m_ours, m_theirs = len(grid[0]), len(theirs[0])
+    if m_theirs < m_ours or (m_theirs == m_ours and heaviest(theirs) < heaviest(grid)):
+        return [sorted((sorted(mb) for mb in rank), key=lambda mb: mb[0]) for rank in theirs]
+    return grid
+
+
 def _heaviest_rank_first(grid: Any, lens: np.ndarray, cost: Any) -> list[Any]:
     """Ranks by descending load (ties: smallest sample index first), slime's rank order
     (its partitions come heaviest first); relabelling ranks leaves the step time alone."""
@@ -378,8 +467,11 @@ def build_dp_schedule(
         lens = lens_all[positions]
         cost = sequence_fwd_flops(lens, args) if by_flops else None
         p = _step_plan(s, lens, cost, args, dp, cap, group)
-        counts.append(p.num_micro_batches)
-        for r, rank in enumerate(_heaviest_rank_first(p.micro_batches, lens, cost)):
+        grid = _no_worse_than_slime(
+            p.micro_batches, _slime_grid(lens, cost, args, dp, cap, group), lens, cost
+        )
+        counts.append(len(grid[0]))
+        for r, rank in enumerate(_heaviest_rank_first(grid, lens, cost)):
             for mb in rank:
                 start = len(partitions[r])
                 partitions[r].extend(positions[j] for j in mb)
