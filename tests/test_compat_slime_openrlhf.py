@@ -494,3 +494,16 @@ def test_schedule_never_heavier_than_slimes_own_on_the_reviews_counterexamples()
     for r, rank in enumerate(mbi):
         for mb in rank:
             assert sum(lens[parts[r][j]] for j in mb) <= 337
+
+
+def test_rollout_ids_are_kept_as_given():
+    # 1 and "1" are two rollouts for slime (a dict of the ids); numpy made them one, and
+    # tuple ids failed ("unhashable type: 'list'").
+    args = _args(micro_batch_size=1)
+    parts, _, nmb, gbs = slime.build_dp_schedule(
+        args, _tp(1), [3, 4, 5, 6], global_batch_size=1, rollout_indices=[1, 1, "1", "1"])
+    assert len(nmb) == 2 and gbs == [1, 1]  # two steps of one rollout each
+    assert parts == [[0, 1, 2, 3]]
+    parts, _, nmb, _ = slime.build_dp_schedule(
+        args, _tp(1), [3, 4], global_batch_size=1, rollout_indices=[(0, 1), (0, 2)])
+    assert len(nmb) == 2 and parts == [[0, 1]]

@@ -25,7 +25,15 @@ import numpy as np
 
 from . import verl as _verl
 from ._core import plan
-from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, token_counts, unpatch_all
+from ._inputs import (
+    CompatAssertionError,
+    Patcher,
+    patch_all,
+    to_numpy,
+    to_python_list,
+    token_counts,
+    unpatch_all,
+)
 from ._verl_kk import verl_equal_kk_labels
 
 __all__ = [
@@ -250,7 +258,9 @@ def _rollout_steps(rollout_indices: Any, global_batch_size: int) -> list[list[in
     """Sample positions of each training step: rollouts in first-seen order, their samples
     kept together, ``global_batch_size`` rollouts a step, trailing rollouts dropped."""
     by_rollout: dict[Any, list[int]] = {}
-    for pos, rid in enumerate(to_numpy(rollout_indices).tolist()):
+    # As slime, ids as given (a list keeps 1 and "1" apart, and tuples hashable; numpy
+    # would merge the first and split the second).
+    for pos, rid in enumerate(to_python_list(rollout_indices)):
         by_rollout.setdefault(rid, []).append(pos)
     rollouts = list(by_rollout.values())
     steps = len(rollouts) // global_batch_size
