@@ -641,3 +641,15 @@ def test_areal_assertions_stay_assertion_errors():
                                  n_mbs_divisor=1, packing_algorithm="ffd")
     with pytest.raises(AssertionError, match="max_tokens_per_mb"):
         areal.allocate_balanced_mbs(spec, [1, 2, 3])
+
+
+def test_verl_greedy_partition_never_heavier_than_verls_greedy():
+    # verl 0.9.1's output here is [[0, 2, 3, 5], [1, 4]] (heaviest 108,298,995); the
+    # drop-in's refined longest-first greedy gave 110,565,562 (review).
+    w = [9965025, 59052105, 41548432, 14153257, 47956081, 42632281]
+    parts = verl.greedy_partition(w, 2, False)
+    assert max(sum(w[i] for i in p) for p in parts) <= 108298995
+    # The reproduction of verl's greedy: items in order to the lightest part (first on
+    # ties); equal_size fills by count first.
+    assert verl._verl_greedy(np.array(w, float), 2, False) == [[0, 2, 3, 5], [1, 4]]
+    assert verl._verl_greedy(np.array([5.0, 1, 1, 1]), 2, True) == [[0, 3], [1, 2]]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import heapq
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,9 +98,28 @@ def _balanced(values: Any, k: int, equal_size: bool, method: str) -> list[list[i
         )
     if method == "auto":  # never heavier than verl's differencing
         parts = (equal_partition if equal_size else free_partition)(w, k, "seqlen_list")
-    else:
-        parts = partition(w, k, size="equal" if equal_size else "free", method=method)
-    return _by_load_desc([list(p) for p in parts], w)
+        return _by_load_desc([list(p) for p in parts], w)
+    out = [list(p) for p in partition(w, k, size="equal" if equal_size else "free",
+                                       method=method)]  # fmt: skip
+    if method == "greedy":  # never heavier than verl's own greedy, which is cheap to run
+        theirs = _verl_greedy(w, k, equal_size)
+        if max(float(w[p].sum()) for p in theirs) < max(float(w[p].sum()) for p in out):
+            out = [sorted(p) for p in theirs]
+    return _by_load_desc(out, w)
+
+
+def _verl_greedy(w: np.ndarray, k: int, equal_size: bool) -> list[list[int]]:
+    """verl's ``greedy_partition``, reproduced: items in input order, each to the part
+    with the smallest sum (the first on ties); with ``equal_size`` every item also weighs
+    ``sum + 1`` more, so parts fill by count first."""
+    bias = float(w.sum()) + 1.0 if equal_size else 0.0
+    heap = [(0.0, j) for j in range(k)]
+    parts: list[list[int]] = [[] for _ in range(k)]
+    for i, x in enumerate(w.tolist()):
+        total, j = heapq.heappop(heap)
+        parts[j].append(i)
+        heapq.heappush(heap, (total + x + bias, j))
+    return parts
 
 
 def karmarkar_karp(seqlen_list: Any, k_partitions: int, equal_size: bool) -> list[list[int]]:
