@@ -61,6 +61,9 @@ def test_fwd_flops_known_values_moe_and_mla():
     all_moe.moe_shared_expert_intermediate_size = None
     per_tok = 2 * (1536 + 512 + 6 * 16 * 16) + 1024
     assert slime.calculate_fwd_flops([1], all_moe) == per_tok + 64
+    # slime never reads ffn_hidden_size without dense layers: None is fine there (review).
+    all_moe.ffn_hidden_size = None
+    assert slime.calculate_fwd_flops([1], all_moe) == per_tok + 64
     # Multi-latent attention, low-rank Q and KV: q 2*4*(16 + 2*(8+2)) = 288,
     # kv 2*(4*(16 + 2*(8+6)) + 16*2) = 416; attention 2*(8+2) + 2*6 = 32 per L**2.
     mla = NS(**{**TINY, "multi_latent_attention": True, "q_lora_rank": 4, "kv_lora_rank": 4,

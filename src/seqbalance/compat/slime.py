@@ -172,7 +172,10 @@ def _coefficients(args: Any) -> tuple[int, int]:
     h, heads, groups = args.hidden_size, args.num_attention_heads, args.num_query_groups
     dense, moe, moe_ffn = _layer_counts(args)
     per_layer = _qkv_per_token(args, h, heads, groups) + 2 * h * h  # width-free part
-    lin = (dense + moe) * per_layer + 6 * h * (dense * args.ffn_hidden_size + moe * moe_ffn)
+    # As slime, the dense width is read only where dense layers exist (all-MoE configs
+    # may leave ffn_hidden_size None).
+    dense_mlp = dense * args.ffn_hidden_size if dense else 0
+    lin = (dense + moe) * per_layer + 6 * h * (dense_mlp + moe * moe_ffn)
     lin += 2 * h * args.vocab_size  # LM head
     quad = (dense + moe) * _attention_per_token_squared(args, heads)
     return int(lin), int(quad)
