@@ -356,6 +356,19 @@ def check_degree(value: Any, name: str, limit: int = MAX_PARALLEL_DEGREE) -> int
     return out
 
 
+def too_long(
+    lengths: np.ndarray, cap: int, item: str = "sequence", flag: str = "max_tokens"
+) -> str:
+    """The start of a message naming the first length above ``cap`` (and how many more),
+    or "" when all fit; each caller adds its own fix."""
+    over = np.flatnonzero(lengths > cap)
+    if not over.size:
+        return ""
+    i = int(over[0])
+    more = f" (and {over.size - 1} more)" if over.size > 1 else ""
+    return f"{item} {i} has {int(lengths[i])} tokens, more than {flag}={cap}{more}"
+
+
 def check_size_limit(
     value: int, name: str, n: int, unit: str = "parts", limit: int = MAX_EMPTY
 ) -> int:

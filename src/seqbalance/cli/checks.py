@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import unwritable
+from .._validate import too_long, unwritable
 
 __all__ = [
     "INT_FLAGS",
@@ -115,16 +115,11 @@ def check_sizes(
     holds all ``dp * m`` of them, empty or not.
     """
     n = int(lengths.shape[0])
-    over = np.flatnonzero(lengths > max_tokens)
-    if over.size:
+    problem = too_long(lengths, max_tokens, flag="--max-tokens")
+    if problem:
         # First: a sequence that fits nowhere also inflates the counts checked below, whose
         # messages would point at the wrong flags.
-        i = int(over[0])
-        more = f" (and {over.size - 1} more)" if over.size > 1 else ""
-        raise UserError(
-            f"sequence {i} has {int(lengths[i])} tokens, more than --max-tokens={max_tokens}"
-            f"{more}: raise --max-tokens, or split or truncate such sequences"
-        )
+        raise UserError(f"{problem}: raise --max-tokens, or split or truncate such sequences")
     total = int(lengths.sum()) if n else 0
     m_cap = max(1, math.ceil(total / (dp * max_tokens)))
     m = _round_up(max(m_cap, min_micro_batches), micro_batch_multiple)

@@ -68,6 +68,7 @@ from .._validate import (
     check_nonnegative_int,
     check_positive_int,
     check_size_limit,
+    too_long,
 )
 from ..partitioning._rules import SIZES
 from ..partitioning.bounds import lower_bound
@@ -114,13 +115,10 @@ def _round_up(x: int, multiple: int) -> int:
 
 
 def _check_fits(lengths: np.ndarray, max_tokens: int) -> None:
-    over = np.flatnonzero(lengths > max_tokens)
-    if over.size:
-        i = int(over[0])
-        more = f" (and {over.size - 1} more)" if over.size > 1 else ""
+    problem = too_long(lengths, max_tokens)
+    if problem:
         raise ValueError(
-            f"sequence {i} has {int(lengths[i])} tokens, more than max_tokens={max_tokens}{more}; "
-            "raise max_tokens, or split or truncate such sequences before planning"
+            f"{problem}; raise max_tokens, or split or truncate such sequences before planning"
         )
 
 

@@ -22,6 +22,7 @@ from .._validate import (
     check_nonnegative_int,
     check_positive_int,
     is_array_like,
+    too_long,
 )
 from ..partitioning.searches import exact_searches, exact_searches_enabled
 
@@ -255,14 +256,11 @@ class BalancedDistributedSampler:
         except TypeError as exc:
             raise ValueError(f"BalancedDistributedSampler: bad planner option: {exc}") from None
         if self.plan_options.get("oversized", "error") == "error":
-            over = np.flatnonzero(self.lengths > self.max_tokens)
-            if over.size:
-                i = int(over[0])
-                more = f" (and {over.size - 1} more)" if over.size > 1 else ""
+            problem = too_long(self.lengths, self.max_tokens, item="dataset item")
+            if problem:
                 raise ValueError(
-                    f"dataset item {i} has {int(self.lengths[i])} tokens, more than "
-                    f"max_tokens={self.max_tokens}{more}; raise max_tokens, split or drop "
-                    "such items, or pass oversized='alone'"
+                    f"{problem}; raise max_tokens, split or drop such items, or pass "
+                    "oversized='alone'"
                 )
         n, b = len(self.lengths), self.global_batch_size
         sizes = {min(n, b)}
