@@ -7,6 +7,7 @@ argument, the first offending value and how to fix it.
 
 from __future__ import annotations
 
+import math
 import operator
 import os
 from collections.abc import Mapping
@@ -182,6 +183,12 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
 MAX_LENGTH = 2**40  # a trillion tokens: anything longer is a unit mix-up, and sums stay in int64
 
 
+def first_not_whole(arr: np.ndarray) -> int | None:
+    """Flat index of the first entry of a float array that is not a finite whole number."""
+    bad = ~np.isfinite(arr) | (arr != np.round(arr))
+    return int(np.flatnonzero(bad.reshape(-1))[0]) if bad.any() else None
+
+
 def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
     """Return ``values`` as an int64 1-D array of non-negative integer token counts.
 
@@ -196,9 +203,8 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
     """
     arr = _as_1d(values, name)
     if arr.dtype.kind == "f":
-        bad = ~np.isfinite(arr) | (arr != np.round(arr))
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
+        i = first_not_whole(arr)
+        if i is not None:
             raise ValueError(f"{name}[{i}] = {arr[i].item()!r} is not a whole number of tokens")
     if arr.size:
         big = arr >= MAX_LENGTH
@@ -243,6 +249,24 @@ def check_bool(value: Any, name: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{name} must be True or False, got {value!r}")
     return bool(value)
+
+
+def check_nonnegative_real(
+    value: Any, name: str, *, upper: float | None = None, why: str = ""
+) -> float:
+    """Return ``value`` as a finite float in ``[0, upper]``, or raise a ValueError naming
+    ``name`` (``why`` is appended to the range message). Bools and non-numbers are refused;
+    a Python int beyond float range counts as infinite."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a real number >= 0, got {value!r}")
+    try:
+        out = float(value)
+    except OverflowError:
+        out = math.inf
+    if not math.isfinite(out) or out < 0 or (upper is not None and out > upper):
+        rng = f"in [0, {upper:g}]" if upper is not None else "finite and >= 0"
+        raise ValueError(f"{name} = {value!r} is invalid; it must be {rng}{why}")
+    return out
 
 
 def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:

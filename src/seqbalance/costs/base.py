@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import abc
 import json
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
-from .._validate import as_lengths
+from .._validate import as_lengths, check_nonnegative_real
 from .phases import BACKWARD_ATTENTION, BACKWARD_MATMUL, check_ratio
 from .report import COEFFICIENTS, FitReport
 
@@ -122,18 +121,10 @@ _RATIOS = ("backward_matmul", "backward_attention")
 
 
 def _coefficient(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a real number >= 0, got {value!r}")
-    try:
-        out = float(value)
-    except OverflowError:  # a Python int beyond float range
-        out = math.inf
-    if not math.isfinite(out) or out < 0:
-        raise ValueError(
-            f"{name} = {value!r} is invalid; cost coefficients must be finite and >= 0 "
-            "(a negative term would make some sequences cost less than nothing)"
-        )
-    return out
+    return check_nonnegative_real(
+        value, name, why=" (a negative cost coefficient would make some sequences cost less "
+        "than nothing)"
+    )
 
 
 class QuadraticCost(CostModel):

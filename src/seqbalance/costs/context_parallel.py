@@ -53,11 +53,11 @@ True
 
 from __future__ import annotations
 
-import math
 from typing import Any, Sequence
 
 import numpy as np
 
+from .._validate import check_nonnegative_real
 from .base import CostModel
 
 __all__ = ["ContextParallelCost", "balanced_layout", "kv_bytes_per_token"]
@@ -121,16 +121,6 @@ def kv_bytes_per_token(cost: Any, dtype_bytes: int = 2) -> float:
 _kv_bytes_of = kv_bytes_per_token  # the constructor's argument shadows the function's name
 
 
-def _nonneg(value: Any, name: str, *, upper: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    out = float(value)
-    if not math.isfinite(out) or out < 0 or (upper is not None and out > upper):
-        rng = f"in [0, {upper:g}]" if upper is not None else "finite and >= 0"
-        raise ValueError(f"{name} = {value!r} is invalid; it must be {rng}")
-    return out
-
-
 class ContextParallelCost:
     """Cost of CP pieces: the sequence cost split over ``d`` GPUs plus exposed communication.
 
@@ -181,12 +171,14 @@ class ContextParallelCost:
             float(b),
             float(c),
         )
-        self.bandwidth = None if bandwidth is None else _nonneg(bandwidth, "bandwidth")
+        self.bandwidth = (
+            None if bandwidth is None else check_nonnegative_real(bandwidth, "bandwidth")
+        )
         if self.bandwidth == 0:
             raise ValueError("bandwidth must be > 0 bytes/s (or None for free communication)")
-        self.cost_per_second = _nonneg(cost_per_second, "cost_per_second")
-        self.overlap = _nonneg(overlap, "overlap", upper=1.0)
-        self.comm_passes = _nonneg(comm_passes, "comm_passes")
+        self.cost_per_second = check_nonnegative_real(cost_per_second, "cost_per_second")
+        self.overlap = check_nonnegative_real(overlap, "overlap", upper=1.0)
+        self.comm_passes = check_nonnegative_real(comm_passes, "comm_passes")
         if kv_bytes_per_token is None and self.bandwidth is not None:
             if getattr(cost, "architecture", None) is None:
                 raise ValueError(
@@ -195,7 +187,9 @@ class ContextParallelCost:
                 )
             kv_bytes_per_token = _kv_bytes_of(cost)
         self.kv_bytes_per_token = (
-            0.0 if kv_bytes_per_token is None else _nonneg(kv_bytes_per_token, "kv_bytes_per_token")
+            0.0
+            if kv_bytes_per_token is None
+            else check_nonnegative_real(kv_bytes_per_token, "kv_bytes_per_token")
         )
 
     # ---- scalar form ----------------------------------------------------------------

@@ -27,7 +27,7 @@ from ..partitioning._rules import SIZES, min_count
 from ._costing import sequence_costs
 from ._grouping import bin_totals
 from .bounds import min_micro_batches
-from .simulation import SYNC_MODELS, Simulation, simulate, step_time_lower_bound
+from .simulation import SYNC_MODELS, Simulation, check_layout, simulate, step_time_lower_bound
 
 __all__ = ["FORMAT", "Plan"]
 
@@ -212,20 +212,11 @@ class Plan:
 
     def inverse_order(self) -> np.ndarray:
         """Inverse of :meth:`order`: ``reordered[plan.inverse_order()]`` restores input order."""
-        order = self.order()
         n = self.num_sequences
-        seen = np.bincount(order[(order >= 0) & (order < n)], minlength=n)
-        if order.shape[0] != n or (seen != 1).any():
-            # A hand-made or edited plan: an inverse of it would silently read wrong rows.
-            missing = np.flatnonzero(seen == 0)
-            repeated = np.flatnonzero(seen > 1)
-            raise ValueError(
-                f"the plan does not hold each of its {n} sequences exactly once "
-                f"({missing.size} missing, e.g. {missing[:3].tolist()}; {repeated.size} "
-                f"repeated, e.g. {repeated[:3].tolist()}; "
-                f"{int(((order < 0) | (order >= n)).sum())} out of range), so it has no "
-                "inverse; see violations()"
-            )
+        order = self.order()  # each sequence once where whole (CP plans: at its first GPU)
+        # A hand-made or edited plan without each sequence once has no inverse; one
+        # computed anyway would silently read wrong rows.
+        check_layout([[order]], n)
         inv = np.empty(n, dtype=np.int64)
         inv[order] = np.arange(n, dtype=np.int64)
         return inv

@@ -33,6 +33,7 @@ from .._validate import (
     check_choice,
     check_max_tokens,
     check_nonnegative_int,
+    check_nonnegative_real,
     check_positive_int,
 )
 from ..partitioning.bounds import lower_bound
@@ -170,7 +171,7 @@ def step_time_lower_bound(
     costs = as_weights(costs, "costs")
     dp_size = check_positive_int(dp_size, "dp_size")
     min_micro_batches = check_nonnegative_int(min_micro_batches, "min_micro_batches")
-    per_microbatch = check_overhead(per_microbatch)
+    per_microbatch = check_nonnegative_real(per_microbatch, "per_microbatch")
     if sync is not None:
         check_choice(sync, "sync", SYNC_MODELS)
     if (lengths is None) != (max_tokens is None):
@@ -204,18 +205,7 @@ def step_time_lower_bound(
     return bound + min_micro_batches * per_microbatch
 
 
-def check_overhead(value: Any, name: str = "per_microbatch") -> float:
-    """``value`` as a finite float >= 0 (a per-micro-batch cost), or a ValueError."""
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a number >= 0, got {value!r}") from None
-    if isinstance(value, bool) or not np.isfinite(out) or out < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return out
-
-
-def _check_layout(micro_batches: Any, n: int) -> None:
+def check_layout(micro_batches: Any, n: int) -> None:
     """Every rank a list of micro-batches of integer indices, each of ``0..n-1`` once."""
     try:
         flat = [i for rank in micro_batches for mb in rank for i in mb]
@@ -303,11 +293,11 @@ def simulate(
     """
     check_choice(sync, "sync", SYNC_MODELS)
     costs = as_weights(costs, "costs")
-    per_microbatch = check_overhead(per_microbatch)
+    per_microbatch = check_nonnegative_real(per_microbatch, "per_microbatch")
     padded = check_bool(padded, "padded")
     if lower_bound is not None:
-        lower_bound = check_overhead(lower_bound, "lower_bound")
-    _check_layout(micro_batches, costs.shape[0])
+        lower_bound = check_nonnegative_real(lower_bound, "lower_bound")
+    check_layout(micro_batches, costs.shape[0])
     mb = microbatch_costs(micro_batches, costs, per_microbatch=per_microbatch, padded=padded)
     check_equal_counts(mb, micro_batches, "ranks")
     dp, m = mb.shape

@@ -114,11 +114,17 @@ def pack_collate(
     return out
 
 
+def is_integer_dtype(dtype: Any) -> bool:
+    """True for torch's integer dtypes: offsets in any other (float, complex, bool) would be
+    rounded or truncated."""
+    return isinstance(dtype, torch.dtype) and not (
+        dtype.is_floating_point or dtype.is_complex or dtype == torch.bool
+    )
+
+
 def _offsets(cu: np.ndarray, dtype: Any) -> torch.Tensor:
     """``cu`` as an integer tensor of ``dtype``, refusing a dtype that would wrap or round it."""
-    if not isinstance(dtype, torch.dtype) or dtype.is_floating_point or dtype.is_complex or (
-        dtype == torch.bool
-    ):
+    if not is_integer_dtype(dtype):
         raise ValueError(
             f"cu_seqlens_dtype must be an integer torch dtype (torch.int32 for flash-attention, "
             f"or torch.int64), got {dtype!r}"

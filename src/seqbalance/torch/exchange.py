@@ -65,6 +65,7 @@ from .._validate import (
 from ..partitioning.searches import exact_searches_enabled
 from ._transport import METHODS, Spec, from_rows, group_info, move, to_rows
 from .agreement import agree, canonical, describe_cost
+from .collate import is_integer_dtype
 
 __all__ = ["RebalanceHandle", "rebalance"]
 
@@ -649,7 +650,7 @@ def _rebalance(
                 raise ValueError(
                     f"batch[{cu_seqlens_key!r}] must be a 1-D tensor of n + 1 offsets"
                 )
-            if cu.dtype.is_floating_point or cu.dtype.is_complex or cu.dtype == torch.bool:
+            if not is_integer_dtype(cu.dtype):
                 raise ValueError(
                     f"batch[{cu_seqlens_key!r}] must be an integer tensor of offsets, got "
                     f"{cu.dtype}; offsets in another dtype would be truncated"
