@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from .._validate import first_not_whole
 from .._validate import to_numpy as _core_to_numpy
 
 __all__ = [
@@ -76,9 +77,8 @@ def token_counts(values: Any, name: str = "lengths", error: type = ValueError) -
             f = x.astype(np.float64)
         except (TypeError, ValueError):
             raise error(f"{name} must be numbers (token counts), got {x[:5].tolist()}") from None
-        bad = ~np.isfinite(f) | (f != np.floor(f))
-        if bad.any():
-            i = int(np.flatnonzero(bad.reshape(-1))[0])
+        i = first_not_whole(f)
+        if i is not None:
             raise error(
                 f"{name}[{i}] = {float(f.reshape(-1)[i])!r} is not a whole number of tokens; the "
                 "drop-in packs token counts (round them first, or pass integers)"

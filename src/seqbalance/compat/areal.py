@@ -139,12 +139,13 @@ def kk_allocate(
         k = -(-k // n_groups_divisor) * n_groups_divisor
     k = min(k, n)  # AReaL's count
     if not equal_size:
+        failed: CompatRuntimeError | None = None
         try:
             groups: list[list[int]] | None = _allocate(
                 v, int(capacity), int(min_groups), int(n_groups_divisor)
             )
-        except CompatRuntimeError:
-            groups = None  # AReaL's differencing below may still succeed at its clamped count
+        except CompatRuntimeError as exc:
+            groups, failed = None, exc  # AReaL's differencing may still fit its clamped count
         # AReaL's own answer: its differencing at its count where that holds the capacity
         # (reproduced; it stops at the first group over the capacity, where AReaL falls back
         # to first-fit decreasing). The planner balances its cost model, AReaL the raw
@@ -155,8 +156,8 @@ def kk_allocate(
         if labels is not None:
             theirs = parts_of_labels(labels, k)
             return theirs if groups is None else _no_worse_than(groups, v, theirs)
-        if groups is None:  # AReaL's fallback, first-fit decreasing, raises here too
-            return _allocate(v, int(capacity), int(min_groups), int(n_groups_divisor))
+        if failed is not None:  # AReaL's fallback, first-fit decreasing, raises here too
+            raise failed
         return _no_worse_than_ffd(groups, v, int(capacity), int(min_groups),
                                   int(n_groups_divisor))  # fmt: skip
     if n % k:

@@ -381,7 +381,8 @@ def _slime_grid(
         if len(bins) % align:
             return None
     if getattr(args, "balance_data", False):  # KK of whole bins over ranks, by FLOPs
-        w = np.array([float(np.asarray(cost)[b].sum()) for b in bins])
+        c = np.asarray(cost, dtype=np.float64)
+        w = np.array([float(c[b].sum()) for b in bins])
         labels = verl_equal_kk_labels(w, dp)
         return [[bins[j] for j in np.flatnonzero(labels == r)] for r in range(dp)]
     return [[bins[j] for j in range(r, len(bins), dp)] for r in range(dp)]
