@@ -248,6 +248,32 @@ def test_cp_size_one_is_todays_plan_byte_for_byte():
         assert type(b) is sb.Plan and a.to_json() == b.to_json()
 
 
+def test_cp_size_one_checks_cp_cost_and_uses_the_cost_inside_it():
+    lengths = [900, 100, 500, 500, 300, 700, 50, 2000]
+    quad = QuadraticCost(per_token=1.0, per_token_sq=1e-3)
+    inside = sb.plan(lengths, 2, 4000, cp_cost=ContextParallelCost(quad))
+    direct = sb.plan(lengths, 2, 4000, cost=quad)
+    tokens = sb.plan(lengths, 2, 4000)
+    # The cost given inside cp_cost is the one planned with, as it is at cp_size > 1.
+    np.testing.assert_array_equal(inside.costs, quad(np.asarray(lengths, dtype=float)))
+    assert inside.to_json() == direct.to_json() != tokens.to_json()
+    for bad, match in (
+        ({"bogus": 1}, "unknown key"),
+        ({"bandwidth": -1.0}, "bandwidth"),
+        (3, "cp_cost must be None, a ContextParallelCost or a dict"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            sb.plan(lengths, 2, 4000, cp_cost=bad)
+    with pytest.raises(ValueError, match="either as cost= or inside cp_cost="):
+        sb.plan(lengths, 2, 4000, cost=quad, cp_cost=ContextParallelCost(quad))
+    # Per-sequence costs stay allowed at degree 1 next to a dict of CP arguments.
+    costs = np.arange(1.0, 9.0)
+    with_dict = sb.plan(lengths, 2, 4000, cost=costs, cp_cost={"bandwidth": 1e9})
+    assert with_dict.to_json() == sb.plan(lengths, 2, 4000, cost=costs).to_json()
+    with pytest.raises(ValueError, match=r"unknown keys \['bogus'\]"):
+        sb.plan(lengths, 2, 4000, cost=costs, cp_cost={"bogus": 1})
+
+
 def test_too_long_sequence_is_named():
     with pytest.raises(
         ValueError, match=r"sequence 2 has 40000 tokens.*cp_size=4.*max_tokens=8192"

@@ -39,18 +39,25 @@ serve it.
 from __future__ import annotations
 
 import heapq
+import inspect
 import math
 from typing import Any
 
 import numpy as np
 
-from .._validate import as_lengths, check_choice, check_degree, check_positive_int
+from .._validate import (
+    as_lengths,
+    check_choice,
+    check_degree,
+    check_positive_int,
+    is_array_like,
+)
 from ..costs.context_parallel import ContextParallelCost, balanced_layout
 from ._slots import fill_slack
 from .cp_plans import CP_MODES, CPPlan, Pieces, _powers, degree_tables, simulate_pieces
 from .simulation import SYNC_MODELS
 
-__all__ = ["make_cp_cost", "plan_cp"]
+__all__ = ["cost_without_cp", "make_cp_cost", "plan_cp"]
 
 
 def make_cp_cost(cost: Any, cp_cost: Any) -> ContextParallelCost:
@@ -83,6 +90,30 @@ def make_cp_cost(cost: Any, cp_cost: Any) -> ContextParallelCost:
         return ContextParallelCost(model, **cp_cost)
     except TypeError as exc:
         raise ValueError(f"cp_cost has an unknown key ({exc})") from None
+
+
+def cost_without_cp(cost: Any, cp_cost: Any) -> Any:
+    """The sequence cost ``plan`` uses at ``cp_size=1``, given ``cost`` and ``cp_cost``.
+
+    Nothing is communicated at degree 1, but ``cp_cost`` is still checked (a config that
+    is wrong should fail whatever its CP degree), and a sequence cost given inside a
+    :class:`ContextParallelCost` is the one planned with, as it is at ``cp_size > 1``.
+    """
+    if cp_cost is None:
+        return cost
+    if isinstance(cp_cost, ContextParallelCost):
+        make_cp_cost(cost, cp_cost)  # refuses a second sequence cost
+        return cp_cost.cost
+    if not is_array_like(cost):
+        make_cp_cost(cost, cp_cost)  # checks the dict against the model it prices
+    elif not isinstance(cp_cost, dict):  # per-sequence costs: no model to price with
+        make_cp_cost(None, cp_cost)  # raises the type error
+    else:
+        known = set(inspect.signature(ContextParallelCost).parameters) - {"cost"}
+        unknown = sorted(set(map(str, cp_cost)) - known)
+        if unknown:
+            raise ValueError(f"cp_cost has unknown keys {unknown}; known: {sorted(known)}")
+    return cost
 
 
 def _round_up(x: int, k: int) -> int:

@@ -1149,7 +1149,9 @@ def plan(
         ``cp="dynamic"`` picks a power-of-two degree per sequence; ``cp_cost`` prices the
         communication. ``cp_size > 1`` returns a
         :class:`~seqbalance.planning.cp_plans.CPPlan`; see
-        :func:`seqbalance.planning.context_parallel.plan_cp`.
+        :func:`seqbalance.planning.context_parallel.plan_cp`. At ``cp_size=1`` a
+        ``cp_cost`` is still checked, and a sequence cost inside a ``ContextParallelCost``
+        is the one planned with.
     pp_size : int
         Pipeline stages per data-parallel replica (``dp_size`` counts replicas). Above 1,
         the plan orders each replica's micro-batches (``fsdp``: the slots) for the pipeline
@@ -1199,6 +1201,10 @@ def plan(
     if check_degree(cp_size, "cp_size") != 1:
         return _plan_cp_hook(**locals())
     check_choice(cp, "cp", CP_MODES)
+    if cp_cost is not None:
+        from .context_parallel import cost_without_cp
+
+        cost = cost_without_cp(cost, cp_cost)
     req = _validate_request(
         lengths,
         dp_size,
