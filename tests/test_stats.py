@@ -63,6 +63,9 @@ def test_accepts_numpy_parts() -> None:
         ([1, 2, 3], [[0, 1.5], [2]], "integer item indices"),
         ([1, 2, 3], ["012"], "list of item indices"),
         ([1, -2, 3], [[0, 1, 2]], "negative"),
+        # A flag is not an index, even where numpy would read True as 1.
+        ([1, 2, 3], [[True, 0], [2]], "integer item indices"),
+        ([1, 2, 3], [np.array([False, True]), [2]], "integer item indices"),
     ],
 )
 def test_errors(weights: list, parts: list, match: str) -> None:  # type: ignore[type-arg]
@@ -75,3 +78,5 @@ def test_parts_and_bound_are_checked():
         balance_stats([1.0, 2.0], 3)
     with pytest.raises(ValueError, match="bound must be a finite number >= 0"):
         balance_stats([1.0, 2.0], [[0, 1]], bound=-1.0)
+    with pytest.raises(ValueError, match="bound must be a finite number >= 0"):
+        balance_stats([1.0, 2.0], [[0, 1]], bound=True)

@@ -27,8 +27,15 @@ def part_labels(parts: Sequence[Any], n: int) -> np.ndarray:
         idx = np.asarray(members)
         if idx.size == 0:
             continue
-        if idx.ndim != 1 or idx.dtype.kind not in "iu":
+        # True is not index 1 (numpy reads [True, 0] as integers).
+        flags = idx.dtype.kind == "b" or (
+            not isinstance(members, np.ndarray)
+            and any(isinstance(v, (bool, np.bool_)) for v in members)
+        )
+        if flags or idx.ndim != 1 or idx.dtype.kind not in "iu":
             try:  # accept plain sequences of Python ints of any container type
+                if flags:
+                    raise TypeError
                 idx = np.array([operator.index(v) for v in members], dtype=np.int64)
             except TypeError:
                 raise ValueError(
@@ -148,6 +155,6 @@ def balance_stats(
         bound = bound_of_units(units, k, rule, items=None if groups is None else w)
         if k == 1:  # the only partition is optimal: its load is the bound, gap 0
             bound = float(loads[0])
-    elif not (np.isfinite(bound) and bound >= 0):
+    elif isinstance(bound, (bool, np.bool_)) or not (np.isfinite(bound) and bound >= 0):
         raise ValueError(f"bound must be a finite number >= 0, got {bound!r}")
     return stats_from_loads(loads, counts, float(bound))
