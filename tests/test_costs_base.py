@@ -47,6 +47,20 @@ def test_quadratic_no_int_overflow():
     assert cost(big)[0] == 9e12
 
 
+@pytest.mark.filterwarnings("error")  # the ValueError, not a numpy RuntimeWarning first
+def test_cost_that_overflows_float64_is_named():
+    quad = QuadraticCost(per_token=1.0, per_token_sq=1e300)
+    with pytest.raises(ValueError, match="sequence of 1000000 tokens overflows float64"):
+        quad([10, 10**6])
+    # A config whose FLOPs would leave float range is refused when read (it raised an
+    # OverflowError from int-to-float conversion).
+    huge = {"hidden_size": 10**170, "num_hidden_layers": 2, "num_attention_heads": 1,
+            "intermediate_size": 8, "vocab_size": 10}  # fmt: skip
+    with pytest.raises(ValueError, match=r"'hidden_size' = 1000.* is more than 9007199254740992"):
+        FlopsCost.from_hf_config(huge)
+    np.testing.assert_array_equal(quad([0, 1]), [0.0, 1.0 + 1e300])
+
+
 @pytest.mark.parametrize(
     "kwargs, name",
     [

@@ -83,7 +83,13 @@ def test_missing_intermediate_size():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("hidden_size", 0), ("hidden_size", "64"), ("num_hidden_layers", 2.5), ("vocab_size", True)],
+    [
+        ("hidden_size", 0),
+        ("hidden_size", "64"),
+        ("num_hidden_layers", 2.5),
+        ("vocab_size", True),
+        ("num_hidden_layers", 10**30),  # an OverflowError from building the layer list
+    ],
 )
 def test_malformed_fields(field, value):
     with pytest.raises(ValueError, match=field):

@@ -252,6 +252,11 @@ def text_model_config(cfg: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
+MAX_LAYERS = 1 << 16  # far above any model's depth; a list of this many layers is cheap
+# Any integer field: exact in float64, and products of a few of them stay in float range.
+MAX_FIELD = 1 << 53
+
+
 class _Reader:
     """Reads integer fields from a config, collecting every missing one for one error."""
 
@@ -260,7 +265,7 @@ class _Reader:
         self.model_type = model_type
         self.missing: list[str] = []
 
-    def _check(self, key: str, value: Any, minimum: int) -> int:
+    def _check(self, key: str, value: Any, minimum: int, maximum: int | None = None) -> int:
         ok = not isinstance(value, bool) and isinstance(value, (int, float))
         if ok and isinstance(value, float):
             ok = value.is_integer()
@@ -269,14 +274,19 @@ class _Reader:
                 f"config field {key!r} = {value!r} must be an integer >= {minimum}; "
                 "fix the config.json"
             )
+        maximum = MAX_FIELD if maximum is None else maximum
+        if value > maximum:
+            raise ValueError(
+                f"config field {key!r} = {value!r} is more than {maximum}; fix the config.json"
+            )
         return int(value)
 
-    def req(self, key: str, minimum: int = 1) -> int:
+    def req(self, key: str, minimum: int = 1, maximum: int | None = None) -> int:
         value = self.cfg.get(key)
         if value is None:
             self.missing.append(key)
             return 1  # placeholder; done() raises before it is used
-        return self._check(key, value, minimum)
+        return self._check(key, value, minimum, maximum)
 
     def opt(self, key: str, default: int | None, minimum: int = 1) -> int | None:
         value = self.cfg.get(key)
@@ -378,7 +388,7 @@ def parse_config(config: Any) -> Architecture:
     r = _Reader(cfg, model_type)
 
     h = r.req("hidden_size")
-    n = r.req("num_hidden_layers")
+    n = r.req("num_hidden_layers", maximum=MAX_LAYERS)  # one entry per layer is built
     heads = r.req("num_attention_heads")
     vocab = r.req("vocab_size")
 

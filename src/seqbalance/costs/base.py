@@ -34,6 +34,19 @@ from .report import COEFFICIENTS, FitReport
 __all__ = ["CostModel", "QuadraticCost", "TokenCost"]
 
 
+def finite_costs(costs: np.ndarray, lengths: np.ndarray, model: Any) -> np.ndarray:
+    """``costs`` of ``lengths`` under ``model``, or a ValueError naming the first that
+    overflows float64 (only ratios of costs matter, so a rescaled model plans alike)."""
+    bad = ~np.isfinite(costs)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"the cost of a sequence of {lengths[i]:.0f} tokens overflows float64 under "
+            f"{model!r}; rescale the cost model (only ratios of costs matter)"
+        )
+    return costs
+
+
 class CostModel(abc.ABC):
     """Interface of a cost model: per-sequence costs plus the polynomial form."""
 
@@ -184,7 +197,9 @@ class QuadraticCost(CostModel):
 
     def __call__(self, lengths: Any) -> np.ndarray:
         x = as_lengths(lengths).astype(np.float64)
-        return self.per_sequence + x * (self.per_token + self.per_token_sq * x)
+        with np.errstate(over="ignore", invalid="ignore"):  # the check below says it
+            out = self.per_sequence + x * (self.per_token + self.per_token_sq * x)
+        return finite_costs(out, x, self)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"kind": "quadratic"}

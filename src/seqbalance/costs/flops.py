@@ -47,7 +47,7 @@ import numpy as np
 
 from .._validate import as_lengths
 from .architecture import ARCH_KEYS, Architecture, parse_config, read_config, text_model_config
-from .base import CostModel
+from .base import CostModel, finite_costs
 
 __all__ = ["SHIPPED", "FlopsCost", "shipped_config"]
 
@@ -184,14 +184,18 @@ class FlopsCost(CostModel):
     def forward_flops(self, lengths: Any) -> np.ndarray:
         """Forward FLOPs per sequence (float64), sliding windows counted exactly."""
         x = as_lengths(lengths).astype(np.float64)
-        out = 2.0 * float(self.matmul_params) * x
-        for (width, window), count in self._attention_kinds:
-            out += (2.0 * count * width) * _pairs(x, window)
-        return out
+        with np.errstate(over="ignore", invalid="ignore"):  # finite_costs says it
+            out = 2.0 * float(self.matmul_params) * x
+            for (width, window), count in self._attention_kinds:
+                out += (2.0 * count * width) * _pairs(x, window)
+        return finite_costs(out, x, self)
 
     def training_flops(self, lengths: Any, recompute: bool = False) -> np.ndarray:
         """Forward + backward FLOPs per sequence: 3× forward, 4× with full recompute."""
-        return (4.0 if recompute else 3.0) * self.forward_flops(lengths)
+        x = as_lengths(lengths)
+        with np.errstate(over="ignore"):
+            out = (4.0 if recompute else 3.0) * self.forward_flops(x)
+        return finite_costs(out, x, self)
 
     def __call__(self, lengths: Any) -> np.ndarray:
         return self.training_flops(lengths, recompute=self.recompute)
