@@ -154,6 +154,9 @@ _DESCRIPTIONS = {
 }
 
 
+MAX_SEQUENCES = 10**9  # 8 GB of int64 lengths before any temporaries
+
+
 def describe(name: str) -> str:
     """Return a one-line description of the workload ``name``."""
     _check_name(name)
@@ -186,6 +189,11 @@ def load(name: str, n: int, seed: int = 0) -> Workload:
     """
     _check_name(name)
     n = check_nonnegative_int(n, "n")
+    if n > MAX_SEQUENCES:
+        raise ValueError(
+            f"n = {n} sequences is more than {MAX_SEQUENCES:,} (several GB of lengths); "
+            "generate a smaller batch, or several with different seeds"
+        )
     # An explicit integer seed: None would silently give different data on every call.
     seed = check_nonnegative_int(seed, "seed")
     rng = np.random.default_rng(seed)
