@@ -38,6 +38,14 @@ def test_json_list_and_objects(tmp_path):
     assert read_lengths(p, "n").tolist() == LENGTHS
 
 
+def test_npy_that_numpy_cannot_read_plainly_names_the_file(tmp_path):
+    np.save(tmp_path / "obj.npy", np.array([1, "a", None], dtype=object))
+    (tmp_path / "bin.npy").write_bytes(b"\x93NUMPY not a header")
+    for name, why in (("obj.npy", "Object arrays"), ("bin.npy", "")):
+        with pytest.raises(ValueError, match=rf"{name}: not a plain \.npy array \({why}"):
+            read_lengths(tmp_path / name)
+
+
 def test_npy_plain_and_structured(tmp_path):
     np.save(tmp_path / "a.npy", np.asarray(LENGTHS, dtype=np.int32))
     out = read_lengths(tmp_path / "a.npy")

@@ -169,7 +169,13 @@ def _read_csv(path: Path, column: str | None, what: str) -> list[Any]:
 
 
 def _read_npy(path: Path, column: str | None, what: str) -> np.ndarray:
-    arr = np.load(path, allow_pickle=False)
+    try:
+        arr = np.load(path, allow_pickle=False)  # never unpickle a file given on a command line
+    except (ValueError, OSError, EOFError) as exc:
+        raise ValueError(
+            f"{path}: not a plain .npy array ({exc}); save the values with "
+            "numpy.save(path, values) from an array of numbers or strings (not objects)"
+        ) from None
     if arr.dtype.names:
         return arr[_pick(list(arr.dtype.names), column, path, what)]
     _no_column(column, path, "a plain array")
