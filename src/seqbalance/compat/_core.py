@@ -12,14 +12,16 @@ or a candidate, and the planner's micro-batch count search stays exact.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
+
+import numpy as np
 
 from ..partitioning import kway
 from ..partitioning import partition as _partition
 from ..partitioning.searches import exact_searches_unless_chosen
 from ..planning import plan as _plan
 
-__all__ = ["partition", "partition_arrays", "plan"]
+__all__ = ["framework_is_better", "partition", "partition_arrays", "plan"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -36,3 +38,19 @@ def _searches_off_by_default(fn: _F) -> _F:
 partition = _searches_off_by_default(_partition)
 plan = _searches_off_by_default(_plan)
 partition_arrays = _searches_off_by_default(kway.partition_arrays)
+
+
+def framework_is_better(
+    theirs: Sequence[Sequence[int]],
+    ours: Sequence[Sequence[int]],
+    w: np.ndarray,
+    counts: tuple[int, int] | None = None,
+) -> bool:
+    """Whether the framework's parts ``theirs`` beat the drop-in's ``ours``: fewer parts,
+    or as many and a strictly lighter heaviest one (``w`` summed over a part's indices;
+    ties keep ours). ``counts`` (theirs, ours) replaces ``len`` where a part is not what
+    is counted (slime: a rank's indices, counted in micro-batches)."""
+    m_theirs, m_ours = counts if counts is not None else (len(theirs), len(ours))
+    if m_theirs != m_ours:
+        return m_theirs < m_ours
+    return max(w[list(p)].sum() for p in theirs) < max(w[list(p)].sum() for p in ours)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from ._core import partition, plan
+from ._core import framework_is_better, partition, plan
 from ._inputs import (
     CompatAssertionError,
     CompatRuntimeError,
@@ -194,12 +194,7 @@ def _no_worse_than(
 ) -> list[list[int]]:
     """``theirs`` (AReaL's answer) where it has fewer groups than ``groups``, or as many
     and a lighter heaviest one; else ``groups``."""
-    if theirs is None:
-        return groups
-    if len(theirs) < len(groups) or (
-        len(theirs) == len(groups)
-        and max(int(v[g].sum()) for g in theirs) < max(int(v[g].sum()) for g in groups)
-    ):
+    if theirs is not None and framework_is_better(theirs, groups, v):
         return theirs
     return groups
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import verl as _verl
-from ._core import plan
+from ._core import framework_is_better, plan
 from ._inputs import (
     CompatAssertionError,
     Patcher,
@@ -398,11 +398,10 @@ def _no_worse_than_slime(
         return grid
     w = lens.astype(np.float64) if cost is None else np.asarray(cost, dtype=np.float64)
 
-    def heaviest(g: Any) -> float:
-        return max(float(w[[i for mb in rank for i in mb]].sum()) for rank in g)
+    def flat(g: Any) -> list[list[int]]:
+        return [[i for mb in rank for i in mb] for rank in g]
 
-    m_ours, m_theirs = len(grid[0]), len(theirs[0])
-    if m_theirs < m_ours or (m_theirs == m_ours and heaviest(theirs) < heaviest(grid)):
+    if framework_is_better(flat(theirs), flat(grid), w, (len(theirs[0]), len(grid[0]))):
         return [sorted((sorted(mb) for mb in rank), key=lambda mb: mb[0]) for rank in theirs]
     return grid
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..planning import inverse_permutation
-from ._core import partition, plan
+from ._core import framework_is_better, partition, plan
 from ._inputs import (
     CompatAssertionError,
     Patcher,
@@ -103,7 +103,7 @@ def _balanced(values: Any, k: int, equal_size: bool, method: str) -> list[list[i
                                        method=method)]  # fmt: skip
     if method == "greedy":  # never heavier than verl's own greedy, which is cheap to run
         theirs = _verl_greedy(w, k, equal_size)
-        if max(float(w[p].sum()) for p in theirs) < max(float(w[p].sum()) for p in out):
+        if framework_is_better(theirs, out, w):
             out = [sorted(p) for p in theirs]
     return _by_load_desc(out, w)
 
