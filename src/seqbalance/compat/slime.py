@@ -222,8 +222,18 @@ def first_fit_pack(total_lengths: Any, max_tokens_per_bin: int) -> list[list[int
     lens = _lengths(total_lengths, "total_lengths")
     if lens.shape[0] == 0:
         return []
-    p = plan(lens, 1, int(max_tokens_per_bin), oversized="alone", order="index", baselines=False)
-    return [list(mb) for mb in p.micro_batches[0]]
+    cap = int(max_tokens_per_bin)
+    p = plan(lens, 1, cap, oversized="alone", order="index", baselines=False)
+    bins = [list(mb) for mb in p.micro_batches[0]]
+    # The planner lets an empty sample share an oversized one's micro-batch where every
+    # micro-batch holds one (it never adds a micro-batch for no tokens); slime's contract
+    # is "alone", so such samples get a bin of their own here, as first fit gives them.
+    sharers = [i for b in bins if len(b) > 1 and lens[b].max() > cap for i in b if lens[i] <= cap]
+    if sharers:
+        moved = set(sharers)
+        bins = [[i for i in b if i not in moved] for b in bins] + [sharers]
+        bins.sort(key=lambda b: b[0])
+    return bins
 
 
 def expand_bins_by_splitting(bins: list[list[int]], target_count: int, lengths: Any) -> None:
@@ -406,6 +416,60 @@ def _no_worse_than_slime(
     return grid
 
 
+def _oversized_alone(
+    p: Any, lens: np.ndarray, cost: Any, dp: int, cap: int, group: int, step: int
+) -> Any:
+    """The micro-batches of the dynamic plan ``p`` with every oversized sample alone:
+    empty samples beside one move elsewhere (:func:`_empty_sharers_moved`); where every
+    micro-batch holds an oversized sample, ranks get ``group`` more micro-batches (slime's
+    first fit opens a bin for them too) until one is free. Where the samples are too few
+    for that, slime raises, and so does this."""
+    grid = _empty_sharers_moved(p.micro_batches, lens, cap)
+    m = len(grid[0])
+    while _sharers(grid, lens, cap):
+        m += group
+        if lens.shape[0] < dp * m:
+            raise CompatAssertionError(
+                f"dynamic path: step {step} has {lens.shape[0]} samples, too few for {dp} "
+                f"ranks x {m} micro-batches, which every sample above the token cap "
+                f"({cap}) needs to run alone beside the empty samples"
+            )
+        p = plan(lens, dp, cap, cost=cost, sync="ddp", min_micro_batches=m,
+                 micro_batch_multiple=group, oversized="alone", order="index",
+                 baselines=False)  # fmt: skip
+        grid = _empty_sharers_moved(p.micro_batches, lens, cap)
+    return grid
+
+
+def _sharers(grid: Any, lens: np.ndarray, cap: int) -> list[int]:
+    """Samples within ``cap`` in a micro-batch that holds a sample above it."""
+    return [
+        i for rank in grid for mb in rank if len(mb) > 1 and lens[mb].max() > cap
+        for i in mb if lens[i] <= cap
+    ]  # fmt: skip
+
+
+def _empty_sharers_moved(grid: Any, lens: np.ndarray, cap: int) -> Any:
+    """``grid`` with every empty sample that shares an oversized sample's micro-batch
+    moved to the micro-batch, on any rank, with the fewest tokens among those without an
+    oversized sample (ties: lowest rank, then first), so oversized samples run alone as
+    slime's contract says. The planner keeps such samples on their rank, where every
+    micro-batch holds an oversized one; an empty sample adds no tokens and no FLOPs, so
+    moving it changes no load. Left where no micro-batch anywhere is free of oversized
+    samples."""
+    over = [[bool((lens[mb] > cap).any()) for mb in rank] for rank in grid]
+    sharers = _sharers(grid, lens, cap)
+    free = [(int(lens[mb].sum()), r, j) for r, flags in enumerate(over)
+            for j, (mb, o) in enumerate(zip(grid[r], flags)) if not o]  # fmt: skip
+    if not sharers or not free:
+        return grid
+    _, r, j = min(free)
+    moved = set(sharers)
+    out = [[[i for i in mb if i not in moved] for mb in rank] for rank in grid]
+    out[r][j] = sorted(out[r][j] + sharers)
+    return [sorted(rank, key=lambda mb: mb[0]) for rank in out]
+
+
 def _heaviest_rank_first(grid: Any, lens: np.ndarray, cost: Any) -> list[Any]:
     """Ranks by descending load (ties: smallest sample index first), slime's rank order
     (its partitions come heaviest first); relabelling ranks leaves the step time alone."""
@@ -480,8 +544,10 @@ def build_dp_schedule(
         lens = lens_all[positions]
         cost = sequence_fwd_flops(lens, args) if by_flops else None
         p = _step_plan(s, lens, cost, args, dp, cap, group)
+        mine = p.micro_batches if cap is None else _oversized_alone(p, lens, cost, dp, cap,
+                                                                    group, s)  # fmt: skip
         grid = _no_worse_than_slime(
-            p.micro_batches, _slime_grid(lens, cost, args, dp, cap, group), lens, cost
+            mine, _slime_grid(lens, cost, args, dp, cap, group), lens, cost
         )
         counts.append(len(grid[0]))
         for r, rank in enumerate(_heaviest_rank_first(grid, lens, cost)):
