@@ -47,6 +47,21 @@ def test_fwd_flops_known_values_dense():
     assert slime.calculate_embedding_flops(10, 16) == 320
 
 
+def test_layer_flops_broadcast_over_arrays_and_tensors_as_slime():
+    # slime's per-layer helpers are plain arithmetic, so callers pass arrays of lengths;
+    # the drop-in's attention term used float(), which refuses more than one value.
+    a = NS(**TINY)
+    lens = [0, 10, 3000]
+    one = [slime.calculate_layer_flops(a, n, 16, 2, 2, 64) for n in lens]
+    assert one[1] == 10 * 8192 + 32 * 100  # per layer: 8192 L + 32 L**2 (the dense test)
+    arr = slime.calculate_layer_flops(a, np.array(lens), 16, 2, 2, 64)
+    assert arr.dtype == np.float64 and arr.tolist() == one
+    assert slime.calculate_attention_flops(a, np.array(lens), 2).tolist() == [0.0, 3200.0, 2.88e8]
+    torch = pytest.importorskip("torch")
+    t = slime.calculate_layer_flops(a, torch.tensor(lens), 16, 2, 2, 64)
+    assert t.is_floating_point() and t.tolist() == pytest.approx(one, rel=1e-6)  # float32
+
+
 def test_fwd_flops_known_values_moe_and_mla():
     # MoE FFN width 8 * top-2 + shared 4 = 20. Pattern [0, 1]: one dense, one MoE layer:
     # 2 * (1536 + 512) + 6*16*(64 + 20) + 1024 = 13184 per token, 64 per L**2.

@@ -117,9 +117,11 @@ def _attention_per_token_squared(args: Any, heads: Any) -> Any:
     return 2 * heads * args.kv_channels
 
 
-def calculate_attention_flops(args: Any, seqlen: Any, num_attention_heads: Any) -> float:
-    """Score and value products of one layer (causal): a float, as slime returns it."""
-    return float(seqlen * seqlen * _attention_per_token_squared(args, num_attention_heads))
+def calculate_attention_flops(args: Any, seqlen: Any, num_attention_heads: Any) -> Any:
+    """Score and value products of one layer (causal). Like slime's: a float for an
+    integer ``seqlen``, and elementwise (float) for a numpy array or a torch tensor."""
+    # True division, as slime's "/ 2": a float, a float64 array or a float tensor.
+    return seqlen * seqlen * _attention_per_token_squared(args, num_attention_heads) / 1
 
 
 def calculate_output_flops(seqlen: Any, hidden_size: Any) -> Any:
@@ -139,8 +141,9 @@ def calculate_layer_flops(
     num_attention_heads: Any,
     num_query_groups: Any,
     ffn_hidden_size: Any,
-) -> float:
-    """One transformer layer: projections, attention, output projection and MLP."""
+) -> Any:
+    """One transformer layer: projections, attention, output projection and MLP (a float,
+    or elementwise over an array or tensor ``seqlen``, as slime's)."""
     return (
         calculate_qkv_projection_flops(
             args, seqlen, hidden_size, num_attention_heads, num_query_groups
