@@ -231,7 +231,7 @@ def first_fit_pack(total_lengths: Any, max_tokens_per_bin: int) -> list[list[int
     # The planner lets an empty sample share an oversized one's micro-batch where every
     # micro-batch holds one (it never adds a micro-batch for no tokens); slime's contract
     # is "alone", so such samples get a bin of their own here, as first fit gives them.
-    sharers = [i for b in bins if len(b) > 1 and lens[b].max() > cap for i in b if lens[i] <= cap]
+    sharers = _sharers([bins], lens, cap)
     if sharers:
         moved = set(sharers)
         bins = [[i for i in b if i not in moved] for b in bins] + [sharers]
@@ -379,14 +379,16 @@ def _slime_grid(
 ) -> list[list[list[int]]] | None:
     """slime's own schedule of one step (reproduced) as ``grid[rank][mb]``, or None where
     it is not a valid answer here (``balance_by_flops`` ignores the cap; slime would
-    raise) or too costly to compute (see :data:`SLIME_CHECK_MAX`)."""
+    raise; an empty micro-batch) or too costly to compute (see :data:`SLIME_CHECK_MAX`)."""
     n, align = lens.shape[0], dp * group
     if cap is not None:
         if getattr(args, "balance_by_flops", False) or n > SLIME_CHECK_MAX:
             return None
         bins = _slime_first_fit(lens, cap)
         _slime_expand(bins, max(-(-len(bins) // align) * align, align), lens)
-        if len(bins) % align:
+        # Splitting a bin of empty samples can leave slime an empty micro-batch, which
+        # the drop-in never returns.
+        if len(bins) % align or not all(bins):
             return None
     else:
         per = int(args.micro_batch_size)
@@ -420,23 +422,19 @@ def _no_worse_than_slime(
 
 
 def _oversized_alone(
-    p: Any, lens: np.ndarray, cost: Any, dp: int, cap: int, group: int, step: int
+    p: Any, lens: np.ndarray, cost: Any, dp: int, cap: int, group: int
 ) -> Any:
-    """The micro-batches of the dynamic plan ``p`` with every oversized sample alone:
-    empty samples beside one move elsewhere (:func:`_empty_sharers_moved`); where every
-    micro-batch holds an oversized sample, ranks get ``group`` more micro-batches (slime's
-    first fit opens a bin for them too) until one is free. Where the samples are too few
-    for that, slime raises, and so does this."""
+    """The micro-batches of the dynamic plan ``p`` with every oversized sample alone where
+    the samples allow: empty samples beside one move elsewhere
+    (:func:`_empty_sharers_moved`); where every micro-batch holds an oversized sample,
+    ranks get ``group`` more micro-batches (slime's first fit opens a bin for them too)
+    until one is free. Where the samples are too few for that, they stay beside it (no
+    tokens added); slime then returns empty micro-batches or raises."""
     grid = _empty_sharers_moved(p.micro_batches, lens, cap)
-    m = len(grid[0])
     while _sharers(grid, lens, cap):
-        m += group
-        if lens.shape[0] < dp * m:
-            raise CompatAssertionError(
-                f"dynamic path: step {step} has {lens.shape[0]} samples, too few for {dp} "
-                f"ranks x {m} micro-batches, which every sample above the token cap "
-                f"({cap}) needs to run alone beside the empty samples"
-            )
+        m = len(grid[0]) + group
+        if lens.shape[0] < dp * m:  # every micro-batch needs a sample
+            return grid
         p = plan(lens, dp, cap, cost=cost, sync="ddp", min_micro_batches=m,
                  micro_batch_multiple=group, oversized="alone", order="index",
                  baselines=False)  # fmt: skip
@@ -445,11 +443,15 @@ def _oversized_alone(
 
 
 def _sharers(grid: Any, lens: np.ndarray, cap: int) -> list[int]:
-    """Samples within ``cap`` in a micro-batch that holds a sample above it."""
-    return [
+    """Samples within ``cap`` in a micro-batch that holds a sample above it (empty ones:
+    the planner counts an oversized sample as ``cap`` tokens, so nothing else fits)."""
+    out = [
         i for rank in grid for mb in rank if len(mb) > 1 and lens[mb].max() > cap
         for i in mb if lens[i] <= cap
     ]  # fmt: skip
+    if lens[out].any():
+        raise AssertionError(f"samples with tokens beside an oversized one: {out}")
+    return out
 
 
 def _empty_sharers_moved(grid: Any, lens: np.ndarray, cap: int) -> Any:
@@ -547,8 +549,7 @@ def build_dp_schedule(
         lens = lens_all[positions]
         cost = sequence_fwd_flops(lens, args) if by_flops else None
         p = _step_plan(s, lens, cost, args, dp, cap, group)
-        mine = p.micro_batches if cap is None else _oversized_alone(p, lens, cost, dp, cap,
-                                                                    group, s)  # fmt: skip
+        mine = p.micro_batches if cap is None else _oversized_alone(p, lens, cost, dp, cap, group)
         grid = _no_worse_than_slime(
             mine, _slime_grid(lens, cost, args, dp, cap, group), lens, cost
         )
