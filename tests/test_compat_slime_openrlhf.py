@@ -57,6 +57,9 @@ def test_layer_flops_broadcast_over_arrays_and_tensors_as_slime():
     arr = slime.calculate_layer_flops(a, np.array(lens), 16, 2, 2, 64)
     assert arr.dtype == np.float64 and arr.tolist() == one
     assert slime.calculate_attention_flops(a, np.array(lens), 2).tolist() == [0.0, 3200.0, 2.88e8]
+    # int32 lengths (cu_seqlens often are) do not wrap when squared.
+    wide = slime.calculate_attention_flops(a, np.array([30_000], dtype=np.int32), 2)
+    assert wide.tolist() == [32 * 30_000**2]
     torch = pytest.importorskip("torch")
     t = slime.calculate_layer_flops(a, torch.tensor(lens), 16, 2, 2, 64)
     assert t.is_floating_point() and t.tolist() == pytest.approx(one, rel=1e-6)  # float32

@@ -270,8 +270,10 @@ def test_cp_size_one_checks_cp_cost_and_uses_the_cost_inside_it():
     costs = np.arange(1.0, 9.0)
     with_dict = sb.plan(lengths, 2, 4000, cost=costs, cp_cost={"bandwidth": 1e9})
     assert with_dict.to_json() == sb.plan(lengths, 2, 4000, cost=costs).to_json()
-    with pytest.raises(ValueError, match=r"unknown keys \['bogus'\]"):
-        sb.plan(lengths, 2, 4000, cost=costs, cp_cost={"bogus": 1})
+    for bad, match in (({"bogus": 1}, "unknown key"), ({"bandwidth": -1.0}, "bandwidth"),
+                       ({"overlap": 5.0}, "overlap")):  # fmt: skip
+        with pytest.raises(ValueError, match=match):
+            sb.plan(lengths, 2, 4000, cost=costs, cp_cost=bad)
 
 
 def test_too_long_sequence_is_named():

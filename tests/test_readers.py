@@ -41,9 +41,19 @@ def test_json_list_and_objects(tmp_path):
 def test_npy_that_numpy_cannot_read_plainly_names_the_file(tmp_path):
     np.save(tmp_path / "obj.npy", np.array([1, "a", None], dtype=object))
     (tmp_path / "bin.npy").write_bytes(b"\x93NUMPY not a header")
-    for name, why in (("obj.npy", "Object arrays"), ("bin.npy", "")):
-        with pytest.raises(ValueError, match=rf"{name}: not a plain \.npy array \({why}"):
+    with open(tmp_path / "huge.npy", "wb") as f:  # a header promising 80 GB, 8 bytes of data
+        header = {"descr": "<i8", "fortran_order": False, "shape": (10**10,)}
+        np.lib.format.write_array_header_1_0(f, header)
+        f.write(b"\0" * 8)
+    for name in ("obj.npy", "bin.npy", "huge.npy"):
+        with pytest.raises(ValueError, match=rf"{name}: not a plain \.npy array \("):
             read_lengths(tmp_path / name)
+    with open(tmp_path / "arch.npy", "wb") as f:
+        np.savez(f, a=np.arange(3))
+    with pytest.raises(ValueError, match=r"arch\.npy: an \.npz archive"):
+        read_lengths(tmp_path / "arch.npy")
+    with pytest.raises(OSError):  # as for every format: not a content error
+        read_lengths(tmp_path / "missing.npy")
 
 
 def test_npy_plain_and_structured(tmp_path):

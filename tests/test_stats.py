@@ -66,11 +66,19 @@ def test_accepts_numpy_parts() -> None:
         # A flag is not an index, even where numpy would read True as 1.
         ([1, 2, 3], [[True, 0], [2]], "integer item indices"),
         ([1, 2, 3], [np.array([False, True]), [2]], "integer item indices"),
+        ([1, 2, 3], [np.array([True, 0], dtype=object), [2]], "integer item indices"),
+        ([1, 2, 3], [0, 1, 2], "integer item indices"),  # a part is a list, not an index
+        ([1, 2, 3], [np.int64(0), [1, 2]], "integer item indices"),
     ],
 )
 def test_errors(weights: list, parts: list, match: str) -> None:  # type: ignore[type-arg]
     with pytest.raises(ValueError, match=match):
         balance_stats(weights, parts)
+
+
+def test_parts_may_be_any_container_read_once():
+    parts = [(i for i in (0, 1)), range(2, 3), np.array([3, 4], dtype=np.uint8), []]
+    assert balance_stats([1, 2, 3, 4, 5], parts)["counts"] == [2, 1, 2, 0]
 
 
 def test_parts_and_bound_are_checked():

@@ -48,7 +48,7 @@ def test_shapes_match_the_documentation():
         (("uniform", -1), "n must be >= 0"),
         (("uniform", 2.5), "n must be an integer"),
         (("uniform", 10, None), "seed must be an integer"),
-        (("rl-math", 10**13), "n = 10000000000000 sequences is more than 1,000,000,000"),
+        (("rl-math", 10**13), "n = 10000000000000 sequences is more than 100,000,000"),
     ],
 )
 def test_bad_arguments(args, match):

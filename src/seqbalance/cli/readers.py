@@ -170,12 +170,17 @@ def _read_csv(path: Path, column: str | None, what: str) -> list[Any]:
 
 def _read_npy(path: Path, column: str | None, what: str) -> np.ndarray:
     try:
-        arr = np.load(path, allow_pickle=False)  # never unpickle a file given on a command line
-    except (ValueError, OSError, EOFError) as exc:
+        # Never unpickle a file given on a command line; the memory map checks the header's
+        # shape against the file size before anything is allocated.
+        arr = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, EOFError) as exc:  # OSError (no such file) passes as for any format
         raise ValueError(
             f"{path}: not a plain .npy array ({exc}); save the values with "
             "numpy.save(path, values) from an array of numbers or strings (not objects)"
         ) from None
+    if not isinstance(arr, np.ndarray):  # np.load opens an .npz archive whatever its name
+        raise ValueError(f"{path}: an .npz archive, not a .npy array; save it with numpy.save")
+    arr = np.array(arr)  # off the memory map
     if arr.dtype.names:
         return arr[_pick(list(arr.dtype.names), column, path, what)]
     _no_column(column, path, "a plain array")

@@ -46,10 +46,24 @@ def framework_is_better(
     w: np.ndarray,
     counts: tuple[int, int] | None = None,
 ) -> bool:
-    """Whether the framework's parts ``theirs`` beat the drop-in's ``ours``: fewer parts,
-    or as many and a strictly lighter heaviest one (``w`` summed over a part's indices;
-    ties keep ours). ``counts`` (theirs, ours) replaces ``len`` where a part is not what
-    is counted (slime: a rank's indices, counted in micro-batches)."""
+    """Whether the framework's parts beat the drop-in's.
+
+    Parameters
+    ----------
+    theirs, ours : sequence of sequences of int
+        The framework's and the drop-in's parts, as item indices.
+    w : np.ndarray
+        Weight per item; a part weighs the sum over its indices.
+    counts : (int, int), optional
+        The part counts (theirs, ours) to compare, where a part is not what is counted
+        (slime: a rank's indices, counted in micro-batches); default the lengths.
+
+    Returns
+    -------
+    bool
+        True for fewer parts, or as many and a strictly lighter heaviest one (ties keep
+        the drop-in's).
+    """
     m_theirs, m_ours = counts if counts is not None else (len(theirs), len(ours))
     if m_theirs != m_ours:
         return m_theirs < m_ours

@@ -120,8 +120,9 @@ def _attention_per_token_squared(args: Any, heads: Any) -> Any:
 def calculate_attention_flops(args: Any, seqlen: Any, num_attention_heads: Any) -> Any:
     """Score and value products of one layer (causal). Like slime's: a float for an
     integer ``seqlen``, and elementwise (float) for a numpy array or a torch tensor."""
-    # True division, as slime's "/ 2": a float, a float64 array or a float tensor.
-    return seqlen * seqlen * _attention_per_token_squared(args, num_attention_heads) / 1
+    # Floats first (true division, as slime's "/ 2": a float, a float64 array or a float
+    # tensor), so int32 lengths do not wrap when squared.
+    return seqlen / 1 * seqlen * _attention_per_token_squared(args, num_attention_heads)
 
 
 def calculate_output_flops(seqlen: Any, hidden_size: Any) -> Any:

@@ -277,7 +277,8 @@ class _Reader:
         maximum = MAX_FIELD if maximum is None else maximum
         if value > maximum:
             raise ValueError(
-                f"config field {key!r} = {value!r} is more than {maximum}; fix the config.json"
+                f"config field {key!r} = {value!r} is more than 2**{maximum.bit_length() - 1}; "
+                "fix the config.json"
             )
         return int(value)
 

@@ -14,6 +14,13 @@ from .bounds import bound_of_units
 __all__ = ["balance_stats"]
 
 
+def _index(v: Any) -> int:
+    """``v`` as an item index; a TypeError for a flag (True is not index 1) or a non-integer."""
+    if isinstance(v, (bool, np.bool_)):
+        raise TypeError("a bool is not an index")
+    return operator.index(v)
+
+
 def part_labels(parts: Sequence[Any], n: int) -> np.ndarray:
     """Map ``parts`` (lists of indices) to one part label per item, checking exact cover.
 
@@ -24,23 +31,22 @@ def part_labels(parts: Sequence[Any], n: int) -> np.ndarray:
     for p, members in enumerate(parts):
         if isinstance(members, (str, bytes)):
             raise ValueError(f"parts[{p}] must be a list of item indices, got {members!r}")
-        idx = np.asarray(members)
+        # Arrays and tensors as they are (a bool or float dtype is refused below); other
+        # containers value by value, read once (they may be iterators).
+        arr = np.asarray(members) if hasattr(members, "__array__") else None
+        try:
+            if arr is not None and arr.dtype.kind != "O":
+                if arr.size and (arr.ndim != 1 or arr.dtype.kind not in "iu"):
+                    raise TypeError
+                idx = arr.reshape(-1)
+            else:
+                idx = np.array([_index(v) for v in members], dtype=np.int64)
+        except TypeError:
+            raise ValueError(
+                f"parts[{p}] must be a flat list of integer item indices, got {members!r}"
+            ) from None
         if idx.size == 0:
             continue
-        # True is not index 1 (numpy reads [True, 0] as integers).
-        flags = idx.dtype.kind == "b" or (
-            not isinstance(members, np.ndarray)
-            and any(isinstance(v, (bool, np.bool_)) for v in members)
-        )
-        if flags or idx.ndim != 1 or idx.dtype.kind not in "iu":
-            try:  # accept plain sequences of Python ints of any container type
-                if flags:
-                    raise TypeError
-                idx = np.array([operator.index(v) for v in members], dtype=np.int64)
-            except TypeError:
-                raise ValueError(
-                    f"parts[{p}] must be a flat list of integer item indices, got {members!r}"
-                ) from None
         idx = idx.astype(np.int64, copy=False)
         bad = (idx < 0) | (idx >= n)
         if bad.any():

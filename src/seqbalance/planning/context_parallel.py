@@ -39,7 +39,6 @@ serve it.
 from __future__ import annotations
 
 import heapq
-import inspect
 import math
 from typing import Any
 
@@ -106,13 +105,10 @@ def cost_without_cp(cost: Any, cp_cost: Any) -> Any:
         return cp_cost.cost
     if not is_array_like(cost):
         make_cp_cost(cost, cp_cost)  # checks the dict against the model it prices
-    elif not isinstance(cp_cost, dict):  # per-sequence costs: no model to price with
+    elif not isinstance(cp_cost, dict):
         make_cp_cost(None, cp_cost)  # raises the type error
-    else:
-        known = set(inspect.signature(ContextParallelCost).parameters) - {"cost"}
-        unknown = sorted(set(map(str, cp_cost)) - known)
-        if unknown:
-            raise ValueError(f"cp_cost has unknown keys {unknown}; known: {sorted(known)}")
+    else:  # per-sequence costs: no model to derive the KV bytes from, so a stand-in
+        make_cp_cost(None, {"kv_bytes_per_token": 1.0, **cp_cost})
     return cost
 
 
