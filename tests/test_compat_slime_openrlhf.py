@@ -9,7 +9,7 @@ from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from seqbalance.compat import openrlhf, slime
@@ -162,22 +162,25 @@ def _check_schedule(out, lens, dp, kept, cap=None):
         assert [i for mb in mbi[r] for i in mb] == list(range(len(parts[r])))
         assert seen.isdisjoint(parts[r])
         seen.update(parts[r])
-        for mb in mbi[r]:
+        for j, mb in enumerate(mbi[r]):
             tokens = sum(lens[parts[r][i]] for i in mb)
-            assert cap is None or tokens <= cap or len(mb) == 1 or _no_room(out, lens, cap, r, mb)
+            assert cap is None or tokens <= cap or len(mb) == 1 or _no_room(out, lens, cap, r, j)
     assert seen == set(kept)
 
 
-def _no_room(out, lens, cap, r, mb):
-    """An oversized sample may keep empty samples beside it only where no micro-batch of
-    the step is free of oversized samples and the step is too small for more micro-batches
-    (single-step schedules; slime returns empty micro-batches or raises there)."""
+def _no_room(out, lens, cap, r, j):
+    """An oversized sample may keep empty samples beside it (micro-batch ``j`` of rank
+    ``r``) only where no micro-batch of its step is free of oversized samples and the step
+    is too small for more micro-batches (slime returns empty micro-batches or raises)."""
     parts, mbi, nmb, _ = out
-    if len(nmb) != 1 or sorted(lens[parts[r][i]] for i in mb)[-2] != 0:
+    if sorted(lens[parts[r][i]] for i in mbi[r][j])[-2] != 0:
         return False
-    dp = len(parts)
-    every = all(max(lens[parts[q][i]] for i in m) > cap for q in range(dp) for m in mbi[q])
-    return every and sum(map(len, parts)) < dp * (nmb[0] + 2)  # groups of at most 2 here
+    starts = np.cumsum([0, *nmb])
+    s = int(np.searchsorted(starts, j, side="right")) - 1  # the step of micro-batch j
+    step = [[parts[q][i] for i in mb] for q in range(len(parts))
+            for mb in mbi[q][starts[s] : starts[s + 1]]]  # fmt: skip
+    every = all(max(lens[i] for i in mb) > cap for mb in step)
+    return every and sum(map(len, step)) < len(parts) * (nmb[s] + 2)  # groups of <= 2 here
 
 
 # Lengths above the cap of 200 run alone; empty samples (0) must not join them.
@@ -187,6 +190,8 @@ _SAMPLE = st.one_of(st.integers(1, 300), st.just(0), st.integers(201, 300))
 @settings(max_examples=150, deadline=None)
 @given(st.lists(_SAMPLE, min_size=8, max_size=40), st.integers(1, 3),
        st.sampled_from([1, 2]), st.booleans(), st.booleans())  # fmt: skip
+# Step 0 (3 oversized, 1 empty, 3 ranks) is too small to free a micro-batch; step 1 is not.
+@example([201, 201, 201, 0, 0, 0, 0, 0], 3, 1, False, True)
 def test_dynamic_schedule_invariants(lens, dp, group, balance, two_steps):
     n = len(lens)
     gbs = n // 2 if two_steps else n
