@@ -446,6 +446,8 @@ def _oversized_alone(
 def _sharers(grid: Any, lens: np.ndarray, cap: int) -> list[int]:
     """Samples within ``cap`` in a micro-batch that holds a sample above it (empty ones:
     the planner counts an oversized sample as ``cap`` tokens, so nothing else fits)."""
+    if lens.all() or not (lens > cap).any():  # the usual step: no empty or no oversized one
+        return []
     out = [
         i for rank in grid for mb in rank if len(mb) > 1 and lens[mb].max() > cap
         for i in mb if lens[i] <= cap
@@ -463,11 +465,12 @@ def _empty_sharers_moved(grid: Any, lens: np.ndarray, cap: int) -> Any:
     micro-batch holds an oversized one; an empty sample adds no tokens and no FLOPs, so
     moving it changes no load. Left where no micro-batch anywhere is free of oversized
     samples."""
-    over = [[bool((lens[mb] > cap).any()) for mb in rank] for rank in grid]
     sharers = _sharers(grid, lens, cap)
-    free = [(int(lens[mb].sum()), r, j) for r, flags in enumerate(over)
-            for j, (mb, o) in enumerate(zip(grid[r], flags)) if not o]  # fmt: skip
-    if not sharers or not free:
+    if not sharers:
+        return grid
+    free = [(int(lens[mb].sum()), r, j) for r, rank in enumerate(grid)
+            for j, mb in enumerate(rank) if lens[mb].max() <= cap]  # fmt: skip
+    if not free:
         return grid
     _, r, j = min(free)
     moved = set(sharers)
