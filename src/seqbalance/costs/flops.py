@@ -184,18 +184,20 @@ class FlopsCost(CostModel):
     def forward_flops(self, lengths: Any) -> np.ndarray:
         """Forward FLOPs per sequence (float64), sliding windows counted exactly."""
         x = as_lengths(lengths).astype(np.float64)
+        return finite_costs(self._forward(x, 1.0), x, self)
+
+    def training_flops(self, lengths: Any, recompute: bool = False) -> np.ndarray:
+        """Forward + backward FLOPs per sequence: 3× forward, 4× with full recompute."""
+        x = as_lengths(lengths).astype(np.float64)
+        return finite_costs(self._forward(x, 4.0 if recompute else 3.0), x, self)
+
+    def _forward(self, x: np.ndarray, factor: float) -> np.ndarray:
+        """``factor`` × forward FLOPs of float lengths ``x``, unchecked (callers check once)."""
         with np.errstate(over="ignore", invalid="ignore"):  # finite_costs says it
             out = 2.0 * float(self.matmul_params) * x
             for (width, window), count in self._attention_kinds:
                 out += (2.0 * count * width) * _pairs(x, window)
-        return finite_costs(out, x, self)
-
-    def training_flops(self, lengths: Any, recompute: bool = False) -> np.ndarray:
-        """Forward + backward FLOPs per sequence: 3× forward, 4× with full recompute."""
-        x = as_lengths(lengths)
-        with np.errstate(over="ignore"):
-            out = (4.0 if recompute else 3.0) * self.forward_flops(x)
-        return finite_costs(out, x, self)
+            return factor * out if factor != 1.0 else out
 
     def __call__(self, lengths: Any) -> np.ndarray:
         return self.training_flops(lengths, recompute=self.recompute)
