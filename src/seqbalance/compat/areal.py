@@ -108,8 +108,7 @@ def ffd_allocate(
         min_groups = n_groups_divisor
     v = _values(values)
     _check(v, capacity, min_groups, f"Values {v.tolist()} is larger than capacity {capacity}")
-    groups = _allocate(v, int(capacity), int(min_groups), int(n_groups_divisor))
-    return _no_worse_than_ffd(groups, v, int(capacity), int(min_groups), int(n_groups_divisor))
+    return _allocate_no_worse(v, int(capacity), int(min_groups), int(n_groups_divisor))
 
 
 def kk_allocate(
@@ -173,9 +172,7 @@ def kk_allocate(
             "(heaviest %d); allocating without equal sizes",
             k, n // k, capacity, int(parts.max_load),
         )  # fmt: skip
-        groups = _allocate(v, int(capacity), int(min_groups), int(n_groups_divisor))
-        return _no_worse_than_ffd(groups, v, int(capacity), int(min_groups),
-                                  int(n_groups_divisor))  # fmt: skip
+        return _allocate_no_worse(v, int(capacity), int(min_groups), int(n_groups_divisor))
     return [list(p) for p in parts]
 
 
@@ -197,6 +194,14 @@ def _no_worse_than(
     if theirs is not None and framework_is_better(theirs, groups, v):
         return theirs
     return groups
+
+
+def _allocate_no_worse(
+    v: np.ndarray, capacity: int, min_groups: int, divisor: int
+) -> list[list[int]]:
+    """:func:`_allocate`, never worse than AReaL's first-fit decreasing (on small inputs)."""
+    groups = _allocate(v, capacity, min_groups, divisor)
+    return _no_worse_than_ffd(groups, v, capacity, min_groups, divisor)
 
 
 def _no_worse_than_ffd(
