@@ -521,6 +521,77 @@ def test_slime_first_fit_and_expansion_reproduced():
     assert bins == [[0], [2, 5], [3], [6], [1, 4, 9], [8, 7]]
 
 
+def _first_fit_plain(lens, cap):
+    """slime's first_fit_pack rule, transcribed plainly: each sample, in index order, into
+    the first bin whose sum stays within ``cap``, else a new bin."""
+    bins, sums = [], []
+    for i, x in enumerate(lens):
+        j = next((j for j, s in enumerate(sums) if s + x <= cap), None)
+        if j is None:
+            bins.append([i])
+            sums.append(x)
+        else:
+            bins[j].append(i)
+            sums[j] += x
+    return bins
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 80), min_size=1, max_size=150), st.integers(1, 70),
+       st.integers(0, 12))  # fmt: skip
+def test_slime_first_fit_and_expansion_match_plain_transcriptions(lens, cap, extra):
+    # Zeros and samples above the cap (alone in a bin, with no room) included. The
+    # reproduction finds the first bin with room by bisection over running room maxima.
+    arr = np.asarray(lens)
+    bins = slime._slime_first_fit(arr, cap)
+    assert bins == _first_fit_plain(lens, cap)
+    # slime's expansion: split the heaviest multi-sample bin (ties: the last), longest
+    # samples first, each to the lighter half (ties: the first half).
+    plain = [list(b) for b in bins]
+    for _ in range(extra):
+        multi = [(sum(lens[i] for i in b), j) for j, b in enumerate(plain) if len(b) > 1]
+        if not multi:
+            break
+        j = max(multi)[1]
+        halves, sums = [[], []], [0, 0]
+        for i in sorted(plain[j], key=lambda i: -lens[i]):
+            h = 0 if sums[0] <= sums[1] else 1
+            halves[h].append(i)
+            sums[h] += lens[i]
+        plain[j] = halves[0]
+        plain.append(halves[1])
+    slime._slime_expand(bins, len(bins) + extra, arr)
+    assert bins == plain
+
+
+def test_schedule_never_heavier_than_slimes_own_above_256_samples(monkeypatch):
+    # 293 samples over 3 ranks: the planner alone is 1e-8 heavier by FLOPs than slime's
+    # schedule at slime's count (55 micro-batches a rank). slime's own schedule is now
+    # computed at every size (it was on <= 256 samples only) and taken there.
+    rng = np.random.default_rng(4804)
+    n, dp, cap = 293, 3, 10720
+    assert (int(rng.integers(257, 600)), int(rng.integers(1, 5)),
+            int(rng.integers(2000, 20000))) == (n, dp, cap)  # fmt: skip
+    lens = rng.integers(1, cap + 1, n).tolist()
+    args = _args7b(use_dynamic_batch_size=True, max_tokens_per_gpu=cap)
+    w = slime.sequence_fwd_flops(lens, args)
+    theirs = slime._slime_grid(np.asarray(lens), w, args, dp, cap, 1)
+
+    def schedule():
+        return slime.build_dp_schedule(args, _tp(dp), lens, global_batch_size=n,
+                                       rollout_indices=list(range(n)))  # fmt: skip
+
+    def heaviest(parts):
+        return max(float(w[list(p)].sum()) for p in parts)
+
+    slime_heaviest = heaviest([[i for mb in rank for i in mb] for rank in theirs])
+    parts, _, nmb, _ = schedule()
+    assert nmb == [len(theirs[0])] and heaviest(parts) <= slime_heaviest
+    monkeypatch.setattr(slime, "_slime_grid", lambda *a: None)  # the planner alone
+    parts, _, nmb, _ = schedule()
+    assert nmb == [len(theirs[0])] and heaviest(parts) > slime_heaviest  # the case bites
+
+
 def test_schedule_never_heavier_than_slimes_own_on_the_reviews_counterexamples():
     # Static path, 4 samples of micro_batch_size 3 over 2 ranks: slime runs chunks [0, 1, 2]
     # and [3]; the drop-in's counts-within-one split (2 + 2) was 1.30x heavier. Now slime's

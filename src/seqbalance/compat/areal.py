@@ -176,14 +176,6 @@ def kk_allocate(
     return [list(p) for p in parts]
 
 
-#: Up to this many values the allocators also compute AReaL's first-fit decreasing
-#: (reproduced; ~1 ms here), its answer or kk_allocate's fallback, and return it where it
-#: has fewer groups, or as many and a lighter heaviest one: "never more groups, never
-#: heavier at an equal count" by construction. Above, the planner's count search is not
-#: budgeted (its exact packing runs on <= 64 values only) and every measured call held both
-#: (``bench/compat.py``), but AReaL's first-fit decreasing is O(n x groups) Python (145 ms
-#: at 8,192 values), too slow to run alongside.
-AREAL_CHECK_MAX = 256
 
 
 def _no_worse_than(
@@ -199,7 +191,7 @@ def _no_worse_than(
 def _allocate_no_worse(
     v: np.ndarray, capacity: int, min_groups: int, divisor: int
 ) -> list[list[int]]:
-    """:func:`_allocate`, never worse than AReaL's first-fit decreasing (on small inputs)."""
+    """:func:`_allocate`, never worse than AReaL's first-fit decreasing."""
     groups = _allocate(v, capacity, min_groups, divisor)
     return _no_worse_than_ffd(groups, v, capacity, min_groups, divisor)
 
@@ -207,8 +199,6 @@ def _allocate_no_worse(
 def _no_worse_than_ffd(
     groups: list[list[int]], v: np.ndarray, capacity: int, min_groups: int, divisor: int
 ) -> list[list[int]]:
-    if v.shape[0] > AREAL_CHECK_MAX:
-        return groups
     return _no_worse_than(groups, v, _areal_ffd(v, capacity, min_groups, divisor))
 
 
@@ -231,19 +221,47 @@ def _areal_ffd(
 
 
 def _areal_ffd_once(v: np.ndarray, capacity: int, min_groups: int) -> list[list[int]]:
-    loads: list[tuple[int, int]] = []  # (load, group), ascending
+    """One pass of AReaL's ``_ffd_allocate``: groups in opening order, values in joining
+    order.
+
+    AReaL scans every group with room for each value (O(values x groups); 0.65 s on 8,192
+    values into 2,000 groups). Here the groups are kept in sets by how many values they
+    hold, each set sorted by (load, group) as AReaL's list is: the first set, fewest values
+    up, whose lightest group has room holds AReaL's choice (the first of the fewest among
+    the groups with room, ties to the lighter, then to the first opened), and no set with
+    room means a new group. A value visits as many sets as there are distinct group sizes
+    (a handful): 4-7 ms for 8,192 values.
+    """
+    x = v.tolist()
+    scale = len(x) + 1  # a group as one int, load * scale + group: sorts as (load, group)
+    by_size: dict[int, list[int]] = {}  # values held -> that set's groups, ascending
+    sizes: list[int] = []  # the keys of by_size, ascending
     groups: list[list[int]] = []
     for i in np.argsort(-v).tolist():  # AReaL's own call: its tie order on equal values
-        x = int(v[i])
-        if len(loads) < min_groups or loads[0][0] + x > capacity:
-            bisect.insort(loads, (x, len(groups)))
+        xi = x[i]
+        members: list[int] | None = None
+        if len(groups) >= min_groups:
+            below = (capacity - xi + 1) * scale  # the groups with room sort below this
+            for size in sizes:
+                if by_size[size][0] < below:
+                    members = by_size[size]
+                    break
+        if members is None:
+            key, size = xi * scale + len(groups), 1
             groups.append([i])
-            continue
-        room = bisect.bisect_right(loads, (capacity - x, v.shape[0]))
-        j = min(range(room), key=lambda a: len(groups[loads[a][1]]))  # first of the fewest
-        load, g = loads.pop(j)
-        bisect.insort(loads, (load + x, g))
-        groups[g].append(i)
+        else:
+            old = members.pop(0)
+            if not members:
+                del by_size[size]
+                sizes.remove(size)
+            groups[old % scale].append(i)
+            key, size = old + xi * scale, size + 1
+        members = by_size.get(size)
+        if members is None:
+            by_size[size] = [key]
+            bisect.insort(sizes, size)
+        else:
+            bisect.insort(members, key)
     return groups
 
 

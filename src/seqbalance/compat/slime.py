@@ -19,6 +19,7 @@ What differs (caps always held, balanced ranks, fewer micro-batches) is listed i
 
 from __future__ import annotations
 
+import bisect
 from typing import Any
 
 import numpy as np
@@ -332,27 +333,35 @@ def _step_plan(
                 sequences_per_micro_batch=per_mb, order="index", baselines=False)  # fmt: skip
 
 
-#: Steps of up to this many samples also get slime's own schedule (reproduced), which is
-#: returned where it has fewer micro-batches per rank, or as many and a lighter heaviest
-#: rank: "never more micro-batches, never heavier" by construction there. slime's first
-#: fit is O(samples x bins) Python (~0.1 s at 8,192 samples), too slow to run alongside on
-#: large steps; the static path (fixed micro_batch_size) is cheap and always compared.
-SLIME_CHECK_MAX = 256
-
-
 def _slime_first_fit(lens: np.ndarray, cap: int) -> list[list[int]]:
-    """slime's first fit: each sample, in index order, into the first bin with room."""
+    """slime's first fit: each sample, in index order, into the first bin with room.
+
+    slime scans the bins one by one (O(samples x bins) Python: 0.1 s on 8,192 samples,
+    0.4 s on 8,192 uniform lengths). Here ``best[t]`` is the largest room among bins
+    ``0..t``; it never decreases along ``t``, so the first bin with room for ``x`` is where
+    a bisection puts ``x``. A bin taking a sample loses room, and ``best`` is mended from
+    it up to the first bin where it no longer changes (1.6-8 ms on 8,192 samples).
+    """
+    room: list[int] = []
+    best: list[int] = []
     bins: list[list[int]] = []
-    sums: list[int] = []
     for i, x in enumerate(lens.tolist()):
-        for j, total in enumerate(sums):
-            if total + x <= cap:
-                bins[j].append(i)
-                sums[j] += x
-                break
-        else:
+        j = bisect.bisect_left(best, x)
+        if j == len(best):  # no bin has room: a new one (an oversized sample's has none)
+            r = cap - x
+            room.append(r)
+            best.append(r if not best or r > best[-1] else best[-1])
             bins.append([i])
-            sums.append(x)
+            continue
+        bins[j].append(i)
+        room[j] -= x
+        top = best[j - 1] if j else room[j]
+        for t in range(j, len(best)):
+            if room[t] > top:
+                top = room[t]
+            if best[t] == top:
+                break
+            best[t] = top
     return bins
 
 
@@ -360,19 +369,21 @@ def _slime_expand(bins: list[list[int]], target: int, lens: np.ndarray) -> None:
     """slime's growth to ``target`` bins: split the heaviest multi-sample bin (ties: the
     last) into two halves, longest samples first, each to the lighter half (ties: first)."""
     x = lens.tolist()
+    sums = [sum(x[i] for i in b) for b in bins]
     while len(bins) < target:
-        multi = [(sum(x[i] for i in b), j) for j, b in enumerate(bins) if len(b) > 1]
+        multi = [(sums[j], j) for j, b in enumerate(bins) if len(b) > 1]
         if not multi:
             return
         _, j = max(multi)
         halves: list[list[int]] = [[], []]
-        sums = [0, 0]
+        half = [0, 0]
         for i in sorted(bins[j], key=lambda i: -x[i]):
-            h = 0 if sums[0] <= sums[1] else 1
+            h = 0 if half[0] <= half[1] else 1
             halves[h].append(i)
-            sums[h] += x[i]
-        bins[j] = halves[0]
+            half[h] += x[i]
+        bins[j], sums[j] = halves[0], half[0]
         bins.append(halves[1])
+        sums.append(half[1])
 
 
 def _slime_grid(
@@ -380,10 +391,10 @@ def _slime_grid(
 ) -> list[list[list[int]]] | None:
     """slime's own schedule of one step (reproduced) as ``grid[rank][mb]``, or None where
     it is not a valid answer here (``balance_by_flops`` ignores the cap; slime would
-    raise; an empty micro-batch) or too costly to compute (see :data:`SLIME_CHECK_MAX`)."""
+    raise; an empty micro-batch). About 4 ms on 8,192 samples."""
     n, align = lens.shape[0], dp * group
     if cap is not None:
-        if getattr(args, "balance_by_flops", False) or n > SLIME_CHECK_MAX:
+        if getattr(args, "balance_by_flops", False):
             return None
         bins = _slime_first_fit(lens, cap)
         _slime_expand(bins, max(-(-len(bins) // align) * align, align), lens)
@@ -397,8 +408,8 @@ def _slime_grid(
         if len(bins) % align:
             return None
     if getattr(args, "balance_data", False):  # KK of whole bins over ranks, by FLOPs
-        c = np.asarray(cost, dtype=np.float64)
-        w = np.array([float(c[b].sum()) for b in bins])
+        c = np.asarray(cost, dtype=np.float64).tolist()
+        w = np.array([sum(c[i] for i in b) for b in bins])  # slime's sums, in its order
         labels = verl_equal_kk_labels(w, dp)
         return [[bins[j] for j in np.flatnonzero(labels == r)] for r in range(dp)]
     return [[bins[j] for j in range(r, len(bins), dp)] for r in range(dp)]
