@@ -222,6 +222,16 @@ def test_areal_allocators_never_worse_than_areal_above_256_values():
         assert len(groups) <= len(theirs) and heaviest(groups) <= heaviest(theirs)
 
 
+def test_areal_allocators_compare_with_areals_order_for_unsigned_values():
+    # AReaL sorts np.argsort(-values) on the array as passed: for uint32 the negation wraps,
+    # the zero goes first, and AReaL 1.0.4's ffd_allocate returns groups of 8, 9 and 10
+    # tokens. The drop-in reproduced the int64 order instead and returned 11, 8, 8.
+    v = np.array([4, 3, 4, 5, 8, 3, 0], dtype=np.uint32)
+    groups = areal.ffd_allocate(v, 11, 1)
+    assert sorted(i for g in groups for i in g) == list(range(7))
+    assert len(groups) <= 3 and max(int(v[g].sum()) for g in groups) <= 10
+
+
 def test_areal_ffd_raises_where_no_multiple_of_the_divisor_fits():
     # 4 values need 4 groups of 800; the next multiple of 3 is 6 > 4 values. AReaL 1.0.4
     # raises RuntimeError("Cannot allocate values ..."); the drop-in returned 4 groups.

@@ -544,7 +544,7 @@ def test_slime_first_fit_and_expansion_match_plain_transcriptions(lens, cap, ext
     # reproduction finds the first bin with room by bisection over running room maxima.
     arr = np.asarray(lens)
     bins = slime._slime_first_fit(arr, cap)
-    assert bins == _first_fit_plain(lens, cap)
+    assert bins == _first_fit_plain(lens, cap) == slime._first_fit_tree(arr, cap)
     # slime's expansion: split the heaviest multi-sample bin (ties: the last), longest
     # samples first, each to the lighter half (ties: the first half).
     plain = [list(b) for b in bins]
@@ -565,9 +565,10 @@ def test_slime_first_fit_and_expansion_match_plain_transcriptions(lens, cap, ext
 
 
 def test_schedule_never_heavier_than_slimes_own_above_256_samples(monkeypatch):
-    # 293 samples over 3 ranks: the planner alone is 1e-8 heavier by FLOPs than slime's
-    # schedule at slime's count (55 micro-batches a rank). slime's own schedule is now
-    # computed at every size (it was on <= 256 samples only) and taken there.
+    # 293 samples over 3 ranks. slime 624b824's own build_dp_schedule gives 55 micro-batches
+    # a rank, its heaviest rank 8,575,653,264,568,320 FLOPs (7B model below); the planner
+    # alone is 1e-8 heavier at that count. slime's schedule is now reproduced and compared
+    # at every step size (it was on <= 256 samples only) and taken there.
     rng = np.random.default_rng(4804)
     n, dp, cap = 293, 3, 10720
     assert (int(rng.integers(257, 600)), int(rng.integers(1, 5)),
@@ -575,7 +576,7 @@ def test_schedule_never_heavier_than_slimes_own_above_256_samples(monkeypatch):
     lens = rng.integers(1, cap + 1, n).tolist()
     args = _args7b(use_dynamic_batch_size=True, max_tokens_per_gpu=cap)
     w = slime.sequence_fwd_flops(lens, args)
-    theirs = slime._slime_grid(np.asarray(lens), w, args, dp, cap, 1)
+    slime_count, slime_heaviest = 55, 8575653264568320.0
 
     def schedule():
         return slime.build_dp_schedule(args, _tp(dp), lens, global_batch_size=n,
@@ -584,12 +585,24 @@ def test_schedule_never_heavier_than_slimes_own_above_256_samples(monkeypatch):
     def heaviest(parts):
         return max(float(w[list(p)].sum()) for p in parts)
 
-    slime_heaviest = heaviest([[i for mb in rank for i in mb] for rank in theirs])
     parts, _, nmb, _ = schedule()
-    assert nmb == [len(theirs[0])] and heaviest(parts) <= slime_heaviest
+    assert sorted(i for p in parts for i in p) == list(range(n))
+    assert nmb == [slime_count] and heaviest(parts) <= slime_heaviest
     monkeypatch.setattr(slime, "_slime_grid", lambda *a: None)  # the planner alone
     parts, _, nmb, _ = schedule()
-    assert nmb == [len(theirs[0])] and heaviest(parts) > slime_heaviest  # the case bites
+    assert nmb == [slime_count] and heaviest(parts) > slime_heaviest  # the case bites
+
+
+def test_slime_first_fit_switches_to_a_tree_on_long_mends():
+    # Bin 0 keeps more room than the 300 full bins after it and takes every later 1-token
+    # sample: each mend of the running maximum would walk all 300 bins. Past the walk
+    # budget the pass restarts on the max-tree; both give slime's bins.
+    cap = 10**6
+    lens = [1] + [cap] * 300 + [1] * 3000
+    plain = _first_fit_plain(lens, cap)
+    assert slime._slime_first_fit(np.asarray(lens), cap) == plain
+    assert slime._first_fit_tree(np.asarray(lens), cap) == plain
+    assert plain[0] == [0, *range(301, 3301)]
 
 
 def test_schedule_never_heavier_than_slimes_own_on_the_reviews_counterexamples():

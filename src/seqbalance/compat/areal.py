@@ -25,6 +25,7 @@ from ._inputs import (
     CompatRuntimeError,
     Patcher,
     grow_to,
+    is_tensor,
     to_numpy,
     token_counts,
 )
@@ -108,7 +109,8 @@ def ffd_allocate(
         min_groups = n_groups_divisor
     v = _values(values)
     _check(v, capacity, min_groups, f"Values {v.tolist()} is larger than capacity {capacity}")
-    return _allocate_no_worse(v, int(capacity), int(min_groups), int(n_groups_divisor))
+    return _allocate_no_worse(v, int(capacity), int(min_groups), int(n_groups_divisor),
+                              _as_areal_sees(values, v))  # fmt: skip
 
 
 def kk_allocate(
@@ -158,7 +160,7 @@ def kk_allocate(
         if failed is not None:  # AReaL's fallback, first-fit decreasing, raises here too
             raise failed
         return _no_worse_than_ffd(groups, v, int(capacity), int(min_groups),
-                                  int(n_groups_divisor))  # fmt: skip
+                                  int(n_groups_divisor), _as_areal_sees(values, v))  # fmt: skip
     if n % k:
         raise CompatRuntimeError(
             f"equal_size=True requires len(values) ({n}) to be divisible by k ({k})"
@@ -172,7 +174,8 @@ def kk_allocate(
             "(heaviest %d); allocating without equal sizes",
             k, n // k, capacity, int(parts.max_load),
         )  # fmt: skip
-        return _allocate_no_worse(v, int(capacity), int(min_groups), int(n_groups_divisor))
+        return _allocate_no_worse(v, int(capacity), int(min_groups), int(n_groups_divisor),
+                                  _as_areal_sees(values, v))  # fmt: skip
     return [list(p) for p in parts]
 
 
@@ -189,17 +192,37 @@ def _no_worse_than(
 
 
 def _allocate_no_worse(
-    v: np.ndarray, capacity: int, min_groups: int, divisor: int
+    v: np.ndarray, capacity: int, min_groups: int, divisor: int, seen: np.ndarray
 ) -> list[list[int]]:
-    """:func:`_allocate`, never worse than AReaL's first-fit decreasing."""
+    """:func:`_allocate`, never worse than AReaL's first-fit decreasing (of ``seen``, the
+    values as AReaL holds them: :func:`_as_areal_sees`)."""
     groups = _allocate(v, capacity, min_groups, divisor)
-    return _no_worse_than_ffd(groups, v, capacity, min_groups, divisor)
+    return _no_worse_than_ffd(groups, v, capacity, min_groups, divisor, seen)
 
 
 def _no_worse_than_ffd(
-    groups: list[list[int]], v: np.ndarray, capacity: int, min_groups: int, divisor: int
+    groups: list[list[int]], v: np.ndarray, capacity: int, min_groups: int, divisor: int,
+    seen: np.ndarray,
 ) -> list[list[int]]:
-    return _no_worse_than(groups, v, _areal_ffd(v, capacity, min_groups, divisor))
+    return _no_worse_than(groups, v, _areal_ffd(seen, capacity, min_groups, divisor))
+
+
+def _as_areal_sees(values: Any, v: np.ndarray) -> np.ndarray:
+    """The int64 token counts ``v`` of ``values`` in the dtype AReaL's ``np.array(values)``
+    gives them where that changes AReaL's answer: unsigned integers, whose negation in
+    AReaL's ``np.argsort(-values)`` wraps (zeros first, then ascending), so its groups
+    differ. Otherwise ``v`` (signed and float values sort as int64 ones do; ties among
+    equal values change no group's load)."""
+    if is_tensor(values):
+        name = str(values.dtype).removeprefix("torch.")
+        kind = np.dtype(name) if name.startswith("uint") else None
+    else:
+        try:
+            dtype = getattr(values, "dtype", None)
+            kind = np.dtype(dtype) if dtype is not None else np.asarray(values).dtype
+        except (TypeError, ValueError):  # not something numpy reads as one dtype
+            kind = None
+    return v.astype(kind) if kind is not None and kind.kind == "u" else v
 
 
 def _areal_ffd(
