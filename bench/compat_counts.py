@@ -166,10 +166,10 @@ def slime_case(s: dict, s_orig, rng: np.random.Generator, case: int, max_n: int)
     check(ours[0], n, arr, float("inf"))
     for part, mbs in zip(ours[0], ours[1]):
         for mb in mbs:
-            toks = int(arr[[part[i] for i in mb]].sum())
+            mb_lens = arr[[part[i] for i in mb]]
             # Over the cap only alone, or beside empty samples where the step has too few
             # samples to move them (docs/migrating.md).
-            assert toks <= cap or toks == int(arr[[part[i] for i in mb]].max()), "cap broken"
+            assert mb_lens.sum() <= cap or mb_lens.sum() == mb_lens.max(), "cap broken"
     w = c_slime.sequence_fwd_flops(arr, a) if a.balance_data else arr.astype(np.float64)
     s["compared"] += 1
     if ours[2][0] != theirs[2][0]:

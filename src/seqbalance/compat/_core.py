@@ -70,7 +70,7 @@ def framework_is_better(
     return _heaviest(theirs, w) < _heaviest(ours, w)
 
 
-def _heaviest(parts: Sequence[Sequence[int]], w: np.ndarray) -> float:
+def _heaviest(parts: Sequence[Sequence[int]], w: np.ndarray) -> int | float:
     """The heaviest part's weight, each part summed in its own order: integer weights as
     Python ints (exact at any size), float ones by one bincount (a numpy sum per part cost
     3.5 ms for two sets of 1,224 groups, this 0.9 ms)."""

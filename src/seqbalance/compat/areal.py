@@ -64,6 +64,14 @@ def _values(values: Any) -> np.ndarray:
     return token_counts(values, "values", CompatRuntimeError)
 
 
+def _values_as_areal_sees(values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The token counts as int64 (:func:`_values`) and as AReaL holds them
+    (:func:`_as_areal_sees`), converting ``values`` once."""
+    raw = values if is_tensor(values) else to_numpy(values)
+    v = _values(raw)
+    return v, _as_areal_sees(raw, v)
+
+
 def _check(v: np.ndarray, capacity: int, min_groups: int, message: str) -> None:
     if (v > capacity).any():
         raise CompatRuntimeError(message)
@@ -107,10 +115,9 @@ def ffd_allocate(
     """
     if min_groups is None or min_groups < n_groups_divisor:
         min_groups = n_groups_divisor
-    v = _values(values)
+    v, seen = _values_as_areal_sees(values)
     _check(v, capacity, min_groups, f"Values {v.tolist()} is larger than capacity {capacity}")
-    return _allocate_no_worse(v, int(capacity), int(min_groups), int(n_groups_divisor),
-                              _as_areal_sees(values, v))  # fmt: skip
+    return _allocate_no_worse(v, int(capacity), int(min_groups), int(n_groups_divisor), seen)
 
 
 def kk_allocate(
@@ -126,7 +133,7 @@ def kk_allocate(
     met with equal counts)."""
     if min_groups is None or min_groups < n_groups_divisor:
         min_groups = n_groups_divisor
-    v = _values(values)
+    v, seen = _values_as_areal_sees(values)
     _check(
         v,
         capacity,
@@ -160,7 +167,7 @@ def kk_allocate(
         if failed is not None:  # AReaL's fallback, first-fit decreasing, raises here too
             raise failed
         return _no_worse_than_ffd(groups, v, int(capacity), int(min_groups),
-                                  int(n_groups_divisor), _as_areal_sees(values, v))  # fmt: skip
+                                  int(n_groups_divisor), seen)  # fmt: skip
     if n % k:
         raise CompatRuntimeError(
             f"equal_size=True requires len(values) ({n}) to be divisible by k ({k})"
@@ -175,10 +182,8 @@ def kk_allocate(
             k, n // k, capacity, int(parts.max_load),
         )  # fmt: skip
         return _allocate_no_worse(v, int(capacity), int(min_groups), int(n_groups_divisor),
-                                  _as_areal_sees(values, v))  # fmt: skip
+                                  seen)  # fmt: skip
     return [list(p) for p in parts]
-
-
 
 
 def _no_worse_than(
@@ -207,21 +212,18 @@ def _no_worse_than_ffd(
     return _no_worse_than(groups, v, _areal_ffd(seen, capacity, min_groups, divisor))
 
 
-def _as_areal_sees(values: Any, v: np.ndarray) -> np.ndarray:
-    """The int64 token counts ``v`` of ``values`` in the dtype AReaL's ``np.array(values)``
-    gives them where that changes AReaL's answer: unsigned integers, whose negation in
-    AReaL's ``np.argsort(-values)`` wraps (zeros first, then ascending), so its groups
-    differ. Otherwise ``v`` (signed and float values sort as int64 ones do; ties among
-    equal values change no group's load)."""
-    if is_tensor(values):
-        name = str(values.dtype).removeprefix("torch.")
+def _as_areal_sees(raw: Any, v: np.ndarray) -> np.ndarray:
+    """The int64 token counts ``v`` of ``raw`` (a tensor, or the numpy array of what the
+    caller passed, as AReaL's ``np.array(values)`` makes it) in ``raw``'s dtype where that
+    changes AReaL's answer: unsigned integers, whose negation in AReaL's
+    ``np.argsort(-values)`` wraps (zeros first, then ascending), so its groups differ.
+    Otherwise ``v`` (signed and float values sort as int64 ones do; ties among equal values
+    change no group's load)."""
+    if is_tensor(raw):
+        name = str(raw.dtype).removeprefix("torch.")
         kind = np.dtype(name) if name.startswith("uint") else None
     else:
-        try:
-            dtype = getattr(values, "dtype", None)
-            kind = np.dtype(dtype) if dtype is not None else np.asarray(values).dtype
-        except (TypeError, ValueError):  # not something numpy reads as one dtype
-            kind = None
+        kind = raw.dtype
     return v.astype(kind) if kind is not None and kind.kind == "u" else v
 
 

@@ -344,7 +344,7 @@ def _slime_first_fit(lens: np.ndarray, cap: int) -> list[list[int]]:
     lognormal or bimodal lengths. An early bin with more room than all later ones that
     keeps taking small samples makes every mend walk to the end; past a budget of
     ``_WALK_BUDGET`` steps a sample, the pass restarts on a max-tree (:func:`_first_fit_tree`,
-    ~10 ms on 8,192 samples, O(log bins) a sample). Both give slime's bins exactly.
+    10-18 ms on 8,192 samples, O(log bins) a sample). Both give slime's bins exactly.
     """
     room: list[int] = []
     best: list[int] = []
@@ -436,7 +436,7 @@ def _slime_grid(
 ) -> list[list[list[int]]] | None:
     """slime's own schedule of one step (reproduced) as ``grid[rank][mb]``, or None where
     it is not a valid answer here (``balance_by_flops`` ignores the cap; slime would
-    raise; an empty micro-batch). About 4 ms on 8,192 samples."""
+    raise; an empty micro-batch). 3-13 ms on 8,192 samples."""
     n, align = lens.shape[0], dp * group
     if cap is not None:
         if getattr(args, "balance_by_flops", False):
