@@ -27,7 +27,7 @@ from ..partitioning._rules import SIZES, min_count
 from ._costing import sequence_costs
 from ._grouping import bin_totals
 from .bounds import min_micro_batches
-from .simulation import SYNC_MODELS, Simulation, check_layout, simulate, step_time_lower_bound
+from .simulation import SYNC_MODELS, Simulation, check_cover, simulate, step_time_lower_bound
 
 __all__ = ["FORMAT", "Plan"]
 
@@ -216,7 +216,7 @@ class Plan:
         order = self.order()  # each sequence once where whole (CP plans: at its first GPU)
         # A hand-made or edited plan without each sequence once has no inverse; one
         # computed anyway would silently read wrong rows.
-        check_layout([[order]], n)
+        check_cover(order, n)
         inv = np.empty(n, dtype=np.int64)
         inv[order] = np.arange(n, dtype=np.int64)
         return inv

@@ -219,6 +219,12 @@ def check_layout(micro_batches: Any, n: int) -> None:
             "micro_batches must hold integer sequence indices, got "
             f"{arr.dtype if arr.ndim == 1 else 'nested values'}"
         )
+    check_cover(arr, n)
+
+
+def check_cover(arr: np.ndarray, n: int) -> None:
+    """The flat integer indices ``arr`` of micro-batches hold each of ``0..n-1`` once
+    (:func:`check_layout` after flattening; an array needs no flattening)."""
     if arr.size and (int(arr.min()) < 0 or int(arr.max()) >= n):
         bad = int(arr[(arr < 0) | (arr >= n)][0])
         raise ValueError(f"micro_batches hold index {bad}, outside 0..{n - 1} ({n} costs)")
