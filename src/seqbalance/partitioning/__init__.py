@@ -10,6 +10,8 @@ Knows nothing of transformers or micro-batches: weights in, ``k`` index lists ou
 - ``_kk``, ``_greedy``, ``_refine``, ``_rules``: the algorithms (Karmarkar–Karp, longest
   processing time first, local moves and swaps) and the size rules they respect. They take
   arrays already validated by :func:`partition`.
+- ``_verl_kk``: verl's own differencing with its tie rules (which AReaL, slime and OpenRLHF
+  copy), for the planner's verl and slime baselines and the compat drop-ins.
 """
 
 from __future__ import annotations

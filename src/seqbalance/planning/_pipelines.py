@@ -18,6 +18,8 @@ from typing import Sequence
 
 import numpy as np
 
+from ..partitioning._verl_kk import parts_of_labels, verl_equal_kk_labels, verl_free_kk_labels
+
 __all__ = [
     "areal_ffd",
     "areal_pipeline",
@@ -29,98 +31,25 @@ __all__ = [
 
 
 # ---- Karmarkar-Karp as verl (and slime, which vendors it) run it -------------------------
-class _Part:
-    __slots__ = ("items", "total")
-
-    def __init__(self) -> None:
-        self.total = 0
-        self.items: list[tuple[int, float]] = []
-
-    def key(self) -> tuple:
-        # Parts order by total, then size, then their (index, value) lists.
-        return (self.total, len(self.items), self.items)
-
-
-class _State:
-    """k parts in decreasing order; states with the widest spread merge first.
-
-    Only the non-empty parts are stored: empty parts all compare equal and sort last, so
-    ``parts`` is the head of the full decreasing list and ``k - len(parts)`` empties follow.
-    """
-
-    __slots__ = ("k", "parts")
-
-    def __init__(self, entries: list[tuple[int, float]], k: int) -> None:
-        self.k = k
-        self.parts = []
-        for i, v in entries:
-            p = _Part()
-            p.items.append((i, v))
-            p.total += v
-            self.parts.append(p)
-        self.parts.sort(key=_Part.key, reverse=True)
-
-    def _last_total(self):
-        return self.parts[-1].total if len(self.parts) == self.k else 0
-
-    def spread(self):
-        return (self.parts[0].total if self.parts else 0) - self._last_total()
-
-    def _first_key(self) -> tuple:
-        return self.parts[0].key() if self.parts else (0, 0, [])
-
-    def __lt__(self, other: _State) -> bool:
-        a, b = self.spread(), other.spread()
-        if a != b:
-            return a > b
-        return self._first_key() > other._first_key()
-
-    def absorb(self, other: _State) -> None:
-        # Part i of the full list takes part k-1-i of the other's full list.
-        k, mine, theirs = self.k, self.parts, other.parts
-        merged = []
-        head = range(len(mine))
-        tail = range(max(len(mine), k - len(theirs)), k)  # where the other's parts land
-        for i in (*head, *tail):
-            j = k - 1 - i
-            a = mine[i] if i < len(mine) else None
-            b = theirs[j] if j < len(theirs) else None
-            if a is None and b is None:
-                continue
-            if a is None:
-                a = _Part()
-            if b is not None:
-                a.items.extend(b.items)
-                a.total += b.total
-            merged.append(a)
-        # Non-empty parts have distinct keys (distinct indices), so sorting them gives the
-        # same order as sorting the full list, empties last.
-        merged.sort(key=_Part.key, reverse=True)
-        self.parts = merged
-
-
 def kk_partition(values: Sequence[float], k: int, equal_size: bool) -> list[list[int]]:
-    """Largest differencing into ``k`` parts, each part's indices ascending.
+    """Largest differencing into ``k`` parts with verl's tie rules, each part's indices
+    ascending, parts in verl's order (heaviest first, empty ones last).
 
     ``equal_size``: ``len(values)`` must be a multiple of ``k``; the sorted values are cut
     into runs of ``k`` that each seed one state, so every part gets one item per run.
+    Integer values are summed exactly. :mod:`seqbalance.partitioning._verl_kk` does the
+    work (a state absorbing one item costs O(log k), not a sort of its ``k`` parts).
     """
-    ranked = sorted((v, i) for i, v in enumerate(values))
-    heap: list[_State] = []
-    if equal_size:
-        for s in range(0, len(ranked), k):
-            heapq.heappush(heap, _State([(i, v) for v, i in ranked[s : s + k]], k))
-    else:
-        for v, i in ranked:
-            heapq.heappush(heap, _State([(i, v)], k))
-    while len(heap) > 1:
-        a = heapq.heappop(heap)
-        b = heapq.heappop(heap)
-        a.absorb(b)
-        heapq.heappush(heap, a)
-    final = heap[0]
-    parts = [sorted(i for i, _ in p.items) for p in final.parts]
-    return parts + [[] for _ in range(k - len(parts))]
+    w = _kk_weights(values)
+    labels = verl_equal_kk_labels(w, k) if equal_size else verl_free_kk_labels(w, k)
+    assert labels is not None  # no size cap given
+    return parts_of_labels(labels, k)
+
+
+def _kk_weights(values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """int64 for integer values (summed exactly as Python ints), else float64."""
+    arr = np.asarray(values)
+    return arr.astype(np.int64 if arr.dtype.kind in "iub" else np.float64, copy=False)
 
 
 def verl_workload(lengths: np.ndarray) -> list[int]:
@@ -166,6 +95,8 @@ def verl_pipeline(
     # rank that failed last is tried first and the rest are skipped (the same result: only
     # the final count's micro-batches are kept, and those are computed for every rank).
     check = list(range(len(ranks)))
+    rank_work = [_kk_weights([work[i] for i in r]) for r in ranks]
+    rank_toks = [np.asarray([toks[i] for i in r], dtype=np.int64) for r in ranks]
     while True:
         if max_count is not None and m > max_count:
             return None
@@ -174,13 +105,19 @@ def verl_pipeline(
         failed = False
         for x in check:
             r = ranks[x]
-            local = kk_partition([work[i] for i in r], min(m, len(r)), False) if r else []
-            got[x] = [[r[j] for j in part] for part in local]
-            if not last and any(sum(toks[i] for i in mb) > cap for mb in got[x]):
+            k = min(m, len(r))
+            # Below the last count a part over the cap fails the count: the split stops
+            # there (None) rather than finishing.
+            labels = verl_free_kk_labels(
+                rank_work[x], k, None if last else rank_toks[x], None if last else cap
+            ) if r else None  # fmt: skip
+            if r and labels is None:
                 check.remove(x)
                 check.insert(0, x)
                 failed = True
                 break
+            local = parts_of_labels(labels, k) if labels is not None else []
+            got[x] = [[r[j] for j in part] for part in local]
         if not failed:
             mbs = [got[x] for x in range(len(ranks))]
             break

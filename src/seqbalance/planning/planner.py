@@ -765,7 +765,6 @@ def _ddp_rank_first_at_bound(
 
 
 _PIPELINE_MAX_ITEMS = 20_000  # the framework pipelines run as candidates up to this size
-_SLIME_MAX_WORK = 2_000_000
 
 
 def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
@@ -782,11 +781,8 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
         return []
     if req.dp * (m_best or 1) > _PIPELINE_MAX_ITEMS:
         return []  # mostly empty slots (allow_empty): the pipelines' cost is per slot
-    k = -(-int(req.lens.sum()) // req.cap)
     grids = {}
     for name, fn in BASELINES.items():
-        if name == "slime-flops" and req.n * k > _SLIME_MAX_WORK:
-            continue  # its KK keeps k parts per state: O(n k log k)
         if name == "verl":
             # verl's loop runs one KK per count until the cap holds; counts above the best
             # plan's are discarded below, so its loop stops there (the same plan otherwise).
