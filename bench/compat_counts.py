@@ -13,7 +13,8 @@ divisor in {1, 2, 3} (AReaL). Compared with the originals' own output:
 - verl: the default ``micro_batches_of_lengths`` against verl 0.9.1's micro-batching loop
   (``bench/compat.py``'s ``verl_dynamic``), heaviest by verl's workload ``24576 L + L**2``;
 - AReaL: ``ffd_allocate`` and ``kk_allocate`` against AReaL 1.0.4's, heaviest by tokens;
-  also AReaL's first-fit decreasing against its reproduction ``compat.areal._areal_ffd_once``
+  also AReaL's first-fit decreasing against its reproduction
+  ``seqbalance.planning._pipelines.areal_ffd_groups``
   (the same groups in the same order).
 
 With ``--max-n`` above 79, AReaL's inputs hold 2 to ``--max-n`` values instead (drawn from a
@@ -45,6 +46,11 @@ from compat import load_originals, load_slime_openrlhf, slime_args, verl_dynamic
 
 from seqbalance.compat import areal as c_areal
 from seqbalance.compat import verl as c_verl
+from seqbalance.planning import _pipelines
+
+# AReaL's first-fit decreasing reproduced (compat.areal._areal_ffd_once from 2026-11-23,
+# moved to the planner's baselines on 2026-11-24; absent before): None skips that check.
+ffd_groups = getattr(_pipelines, "areal_ffd_groups", getattr(c_areal, "_areal_ffd_once", None))
 
 COLUMNS = ["call", "compared", "skipped", "more parts", "fewer parts", "heavier at equal count",
            "reproduction differs"]  # fmt: skip
@@ -112,9 +118,9 @@ def main() -> None:
             ours = getattr(c_areal, name)(arr, cap, mg, div)
             check(ours, n, arr, cap)
             tally(s, ours, theirs, arr)
-        if mg <= n and hasattr(c_areal, "_areal_ffd_once"):  # (absent before 2026-11-23)
+        if mg <= n and ffd_groups is not None:
             ffd = a_orig._ffd_allocate(np.array(vals), cap, mg)
-            if [[int(i) for i in g] for g in ffd] != c_areal._areal_ffd_once(arr, cap, mg):
+            if [[int(i) for i in g] for g in ffd] != ffd_groups(arr, cap, mg):
                 stats["areal ffd_allocate"]["reproduction differs"] += 1
         if s_orig is not None:
             slime_case(stats["slime build_dp_schedule"], s_orig, big, case, args.max_n)

@@ -1,4 +1,5 @@
-"""Check ``compat._verl_kk`` against verl's own differencing, equal-size and count-free,
+"""Check ``partitioning._verl_kk`` (re-exported by ``compat._verl_kk``) against verl's own
+differencing, equal-size and count-free,
 and the drop-ins against verl's heaviest part; the same for AReaL's ``_kk_partition``
 (verl's rules) and, when their checkouts are given, slime's and OpenRLHF's copies of
 ``karmarkar_karp``. Also checks the drop-in's

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqbalance.compat import areal, openrlhf, slime, verl
+from seqbalance.planning._pipelines import areal_ffd_groups
 
 weights_st = st.lists(st.integers(0, 1000), min_size=1, max_size=9)
 
@@ -192,12 +193,13 @@ def _areal_ffd_plain(values, capacity, min_groups):
 @given(st.lists(st.integers(0, 60), min_size=1, max_size=120), st.integers(0, 120),
        st.integers(1, 8))  # fmt: skip
 def test_areal_ffd_reproduction_matches_a_plain_transcription(values, slack, min_groups):
-    # The reproduction keeps groups in sets by size instead of scanning them all; ties
+    # The reproduction (the compat module's and the planner's baseline) keeps groups in
+    # sets by size instead of scanning them all; ties
     # (equal values, equal loads, equal sizes) are frequent with values up to 60.
     cap = max(values) + slack
     if cap == 0 or len(values) < min_groups:
         return
-    assert areal._areal_ffd_once(np.asarray(values), cap, min_groups) == _areal_ffd_plain(
+    assert areal_ffd_groups(np.asarray(values), cap, min_groups) == _areal_ffd_plain(
         values, cap, min_groups
     )
 

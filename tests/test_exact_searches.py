@@ -15,6 +15,7 @@ import seqbalance as sb
 from seqbalance.compat import areal, verl
 from seqbalance.compat._verl_kk import verl_free_kk_labels
 from seqbalance.partitioning import kway
+from seqbalance.planning._pipelines import areal_ffd_groups
 
 # The names of the searches, as Partition.method reports their results (the two-part
 # split, which stays on for a few units, is not among the inputs this is used on).
@@ -212,7 +213,7 @@ AREAL_TIES_FFD = [[0, 3], [2, 6], [5, 1, 4], [7]]  # _ffd_allocate(ties, 500, mi
 
 
 def test_areal_ffd_reproduction_matches_areals_output():
-    assert areal._areal_ffd_once(np.array(AREAL_TIES), 500, 2) == AREAL_TIES_FFD
+    assert areal_ffd_groups(np.array(AREAL_TIES), 500, 2) == AREAL_TIES_FFD
     assert areal._areal_ffd(np.array(AREAL_TIES), 500, 1, 2) == AREAL_TIES_FFD
 
 

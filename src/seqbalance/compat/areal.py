@@ -12,13 +12,13 @@ differences are listed in ``docs/migrating.md``.
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import logging
 from typing import Any
 
 import numpy as np
 
+from ..planning._pipelines import areal_ffd_groups
 from ._core import framework_is_better, partition, plan
 from ._inputs import (
     CompatAssertionError,
@@ -237,57 +237,12 @@ def _areal_ffd(
     until the count is a multiple of it. Inputs already checked (no value above the
     capacity, at least ``min_groups`` values)."""
     while True:
-        groups = _areal_ffd_once(v, capacity, min_groups)
+        groups = areal_ffd_groups(v, capacity, min_groups)
         min_groups += divisor - min_groups % divisor if divisor > 0 else 0
         if divisor <= 0 or len(groups) % divisor == 0:
             return groups
         if v.shape[0] < min_groups:
             return None  # AReaL raises here; the caller keeps its own groups
-
-
-def _areal_ffd_once(v: np.ndarray, capacity: int, min_groups: int) -> list[list[int]]:
-    """One pass of AReaL's ``_ffd_allocate``: groups in opening order, values in joining
-    order.
-
-    AReaL scans every group with room for each value (O(values x groups); 0.65 s on 8,192
-    values into 2,000 groups). Here the groups are kept in sets by how many values they
-    hold, each set sorted by (load, group) as AReaL's list is: the first set, fewest values
-    up, whose lightest group has room holds AReaL's choice (the first of the fewest among
-    the groups with room, ties to the lighter, then to the first opened), and no set with
-    room means a new group. A value visits as many sets as there are distinct group sizes
-    (a handful): 4-7 ms for 8,192 values.
-    """
-    x = v.tolist()
-    scale = len(x) + 1  # a group as one int, load * scale + group: sorts as (load, group)
-    by_size: dict[int, list[int]] = {}  # values held -> that set's groups, ascending
-    sizes: list[int] = []  # the keys of by_size, ascending
-    groups: list[list[int]] = []
-    for i in np.argsort(-v).tolist():  # AReaL's own call: its tie order on equal values
-        xi = x[i]
-        members: list[int] | None = None
-        if len(groups) >= min_groups:
-            below = (capacity - xi + 1) * scale  # the groups with room sort below this
-            for size in sizes:
-                if by_size[size][0] < below:
-                    members = by_size[size]
-                    break
-        if members is None:
-            key, size = xi * scale + len(groups), 1
-            groups.append([i])
-        else:
-            old = members.pop(0)
-            if not members:
-                del by_size[size]
-                sizes.remove(size)
-            groups[old % scale].append(i)
-            key, size = old + xi * scale, size + 1
-        members = by_size.get(size)
-        if members is None:
-            by_size[size] = [key]
-            bisect.insort(sizes, size)
-        else:
-            bisect.insort(members, key)
-    return groups
 
 
 def _kk_partition(values: Any, k: int, equal_size: bool = False) -> list[list[int]]:

@@ -22,6 +22,7 @@ from ..partitioning._verl_kk import parts_of_labels, verl_equal_kk_labels, verl_
 
 __all__ = [
     "areal_ffd",
+    "areal_ffd_groups",
     "areal_pipeline",
     "kk_partition",
     "slime_flops_pipeline",
@@ -139,25 +140,57 @@ def areal_ffd(values: Sequence[int], cap: int, min_groups: int) -> list[list[int
     Values in decreasing order (numpy's default argsort of the negated values); a new group
     opens while there are fewer than ``min_groups`` or the lightest group cannot take the
     value; otherwise, among the groups with room, the one holding the fewest items (ties:
-    the lighter). Groups come back sorted by their smallest index, indices ascending.
+    the lighter). Groups come back sorted by their smallest index, indices ascending
+    (:func:`areal_ffd_groups` keeps AReaL's own order).
     """
-    vals = np.asarray(values, dtype=np.int64)
-    order = np.argsort(-vals).tolist()
-    groups: list[list[int]] = []
-    by_load: list[tuple[float, int]] = []  # (load, group) ascending
-    big = len(vals)
-    for i in order:
-        v = int(vals[i])
-        if len(by_load) < min_groups or by_load[0][0] + v > cap:
-            bisect.insort(by_load, (float(v), len(groups)))
-            groups.append([i])
-            continue
-        fit = bisect.bisect_right(by_load, (cap - v, big))
-        j = min(range(fit), key=lambda x: (len(groups[by_load[x][1]]), x))
-        load, g = by_load.pop(j)
-        bisect.insort(by_load, (float(load + v), g))
-        groups[g].append(i)
+    groups = areal_ffd_groups(np.asarray(values, dtype=np.int64), cap, min_groups)
     return sorted(sorted(g) for g in groups)
+
+
+def areal_ffd_groups(v: np.ndarray, capacity: int, min_groups: int) -> list[list[int]]:
+    """AReaL's first-fit decreasing (one pass of its ``_ffd_allocate``): groups in opening
+    order, values in joining order. ``v``: the values as AReaL holds them (an unsigned
+    array's negation wraps in AReaL's ``np.argsort(-values)``, and here too).
+
+    AReaL scans every group with room for each value (O(values x groups); 0.65 s on 8,192
+    values into 2,000 groups). Here the groups are kept in sets by how many values they
+    hold, each set sorted by (load, group) as AReaL's list is: the first set, fewest values
+    up, whose lightest group has room holds AReaL's choice (the first of the fewest among
+    the groups with room, ties to the lighter, then to the first opened), and no set with
+    room means a new group. A value visits as many sets as there are distinct group sizes
+    (a handful): 4-7 ms for 8,192 values.
+    """
+    x = v.tolist()
+    scale = len(x) + 1  # a group as one int, load * scale + group: sorts as (load, group)
+    by_size: dict[int, list[int]] = {}  # values held -> that set's groups, ascending
+    sizes: list[int] = []  # the keys of by_size, ascending
+    groups: list[list[int]] = []
+    for i in np.argsort(-v).tolist():  # AReaL's own call: its tie order on equal values
+        xi = x[i]
+        members: list[int] | None = None
+        if len(groups) >= min_groups:
+            below = (capacity - xi + 1) * scale  # the groups with room sort below this
+            for size in sizes:
+                if by_size[size][0] < below:
+                    members = by_size[size]
+                    break
+        if members is None:
+            key, size = xi * scale + len(groups), 1
+            groups.append([i])
+        else:
+            old = members.pop(0)
+            if not members:
+                del by_size[size]
+                sizes.remove(size)
+            groups[old % scale].append(i)
+            key, size = old + xi * scale, size + 1
+        members = by_size.get(size)
+        if members is None:
+            by_size[size] = [key]
+            bisect.insort(sizes, size)
+        else:
+            bisect.insort(members, key)
+    return groups
 
 
 def _areal_dp_split(tokens: list[int], dp: int) -> list[list[int]]:
