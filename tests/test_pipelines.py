@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -166,3 +167,31 @@ def test_plan_is_never_worse_than_a_baseline_that_runs(lengths, dp, cap, sync, q
         assert ours.num_micro_batches <= b.num_micro_batches, name
         if b.num_micro_batches == ours.num_micro_batches:
             assert t <= b.simulate().step_time * (1 + 1e-12), name
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.integers(1, 3000), min_size=2, max_size=120),
+    dp=st.integers(2, 5),
+    cap=st.integers(3000, 9000),
+    c0=st.sampled_from([0.0, 500.0]),
+    quad=st.booleans(),
+)
+def test_dropping_baselines_below_their_floor_changes_no_plan(lengths, dp, cap, c0, quad):
+    # The planner skips slack-filling a baseline whose busiest rank alone is slower than
+    # the best plan found: it could never be picked. The same plans come out without it.
+    from seqbalance.costs import QuadraticCost
+    from seqbalance.planning import planner
+
+    lens = np.array(lengths, dtype=np.int64)
+    cost = QuadraticCost(1.0, 1e-3 if quad else 0.0, per_microbatch=c0)
+    try:
+        skipped = plan(lens, dp, cap, cost=cost)
+    except ValueError:
+        return
+    full = planner._pipeline_candidates
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(planner, "_pipeline_candidates", lambda req, m, best=None: full(req, m))
+        kept = plan(lens, dp, cap, cost=cost)
+    assert skipped.micro_batches == kept.micro_batches
+    assert skipped.notes == kept.notes

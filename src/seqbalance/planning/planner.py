@@ -767,7 +767,9 @@ def _ddp_rank_first_at_bound(
 _PIPELINE_MAX_ITEMS = 20_000  # the framework pipelines run as candidates up to this size
 
 
-def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
+def _pipeline_candidates(
+    req: _Request, m_best: int | None, best_step: float | None = None
+) -> list[Plan]:
     """Step 3b: every baseline as a candidate, so plan is never worse than one that runs.
 
     The plans of :data:`seqbalance.planning.baselines.BASELINES` (AReaL's, verl's and
@@ -776,6 +778,12 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
     micro-batch (unless allowed), the count rules, the size rule and groups, and no more
     micro-batches than the best plan found. Under FSDP their slots are then slack-filled
     (inside ranks, so the rules hold). Packed mode, inputs up to ``_PIPELINE_MAX_ITEMS``.
+
+    ``best_step``: the fastest step (:func:`_step_in_order`) among the plans found with
+    ``m_best`` micro-batches. A baseline with as many whose floor (:func:`_busiest_floor`,
+    which neither slack filling nor the later refill can go below) is above it could
+    never be picked: it is dropped before its slack filling (0.47 s of a 0.9 s plan of
+    8,192 rl-math sequences over 8 ranks), which changes no pick (see :func:`_levelled`).
     """
     if req.padded or req.n > _PIPELINE_MAX_ITEMS or req.n == 0:
         return []
@@ -800,6 +808,14 @@ def _pipeline_candidates(req: _Request, m_best: int | None) -> list[Plan]:
         if not req.allow_empty and any(not mb for r in grid for mb in r):
             continue
         if int(microbatch_costs(grid, req.lens.astype(np.float64)).max()) > req.cap:
+            continue
+        if (
+            best_step is not None
+            and req.sync == "fsdp"
+            and req.pp is None
+            and m == m_best
+            and _busiest_floor(req, grid) > best_step * (1.0 + 1e-9)  # (float sums)
+        ):
             continue
         cand = _plan_of(  # req.padded is False here (checked on entry)
             req,
@@ -881,6 +897,14 @@ def _full_rank_candidates(
     return out
 
 
+def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
+    """The busiest rank's total plus ``m`` per-micro-batch costs: a floor of the FSDP step of
+    any grid with these rank contents and ``m`` (a sum of slot maxima is at least the
+    largest sum of a rank's micro-batches)."""
+    loads = bin_totals([[s for mb in rank for s in mb] for rank in grid], req.costs)
+    return float(loads.max()) + len(grid[0]) * req.c0
+
+
 def _levelled(req: _Request, candidates: list[Plan]) -> list[Plan]:
     """Step 4a (fsdp, packed, no pipeline): each candidate that may still win, its slots
     refilled toward their levels (:func:`._slots.fill_to_levels`) where that is faster.
@@ -903,12 +927,7 @@ def _levelled(req: _Request, candidates: list[Plan]) -> list[Plan]:
     pool = [i for i, p in enumerate(candidates) if req.extra or p.num_micro_batches == m_min]
     step = {i: _step_in_order(req, candidates[i].micro_batches) for i in pool}
 
-    def busiest(i: int) -> float:
-        grid = candidates[i].micro_batches
-        loads = bin_totals([[s for mb in rank for s in mb] for rank in grid], req.costs)
-        return float(loads.max()) + len(grid[0]) * req.c0
-
-    floors = {i: busiest(i) for i in pool}
+    floors = {i: _busiest_floor(req, candidates[i].micro_batches) for i in pool}
     slots: float | None = None  # the FSDP slot bounds, computed once if needed
     best = min(step.values())
     out = list(candidates)
@@ -1256,7 +1275,12 @@ def plan(
     m_best = min((p.num_micro_batches for p in candidates), default=None)
     candidates.extend(_full_rank_candidates(req, m_best, candidates))
     if not req.extra and use_baselines:
-        candidates.extend(_pipeline_candidates(req, m_best))
+        best_step = min(
+            (_step_in_order(req, p.micro_batches) for p in candidates
+             if p.num_micro_batches == m_best),
+            default=None,
+        )  # fmt: skip
+        candidates.extend(_pipeline_candidates(req, m_best, best_step))
     best = _pick(req, _levelled(req, candidates), problems, len(splits))
     alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
     if pp is not None:
