@@ -49,6 +49,7 @@ def fill_slack(
     for b, x in enumerate(items):
         where[np.asarray(x, dtype=np.int64)] = b
     placed = np.flatnonzero(where >= 0)
+    dests: dict[int, np.ndarray] = {}  # bin -> the bins its sequences may move to
     swap_budget = _SWAP_BUDGET  # elements of (top-bin items x sequences) left to scan
     tiny = 1e-12 * max(float(cost.max()), 1e-300)
     # Nothing to gain once the step is within 1e-4 of the simple bound max(sum/dp, max).
@@ -64,8 +65,11 @@ def fill_slack(
         room = cap - tok
         step = None
         for j in np.lexsort((np.arange(m), -level)).tolist():
+            b = int(top[j])
+            if b not in dests:  # same-slot moves are the packer's job
+                dests[b] = np.flatnonzero((slot != slot[b]) & (rank == rank[b]))
             step = _best_move(
-                items, int(top[j]), second[j], slot, rank, cost, slack, room, costs, lengths, tiny
+                items, b, second[j], dests[b], cost, slack, room, costs, lengths, tiny
             )
             if step is None and swap_budget > 0:
                 swap_budget -= (len(items[int(top[j])]) + 8) * placed.size
@@ -112,20 +116,21 @@ def _shift(items, cost, tok, where, costs, lengths, i: int, src: int, dst: int) 
     where[i] = dst
 
 
-def _best_move(items, b, second, slot, rank, cost, slack, room, costs, lengths, tiny):
-    """Move one sequence off top bin ``b`` into a bin of another slot with slack and room."""
+def _best_move(items, b, second, dests, cost, slack, room, costs, lengths, tiny):
+    """Move one sequence off top bin ``b`` into one of ``dests`` (the bins of other slots,
+    of the same rank if asked, ascending) with slack and room."""
     if len(items[b]) < 2:  # a micro-batch must keep one sequence
         return None
     ib = np.asarray(items[b], dtype=np.int64)
     w, t = costs[ib], lengths[ib]
-    ok = (slack[None, :] >= w[:, None]) & (room[None, :] >= t[:, None])
-    ok[:, (slot == slot[b]) | (rank != rank[b])] = False  # same-slot moves: the packer's job
+    slack_d = slack[dests]
+    ok = (slack_d[None, :] >= w[:, None]) & (room[dests][None, :] >= t[:, None])
     gain = np.where(ok.any(axis=1), np.minimum(w, cost[b] - second), 0.0)
     x = int(np.argmax(gain))
     if gain[x] <= tiny:
         return None
-    left = np.where(ok[x], slack - w[x], np.inf)  # best fit: least slack left over
-    return b, int(ib[x]), int(np.argmin(left)), -1
+    left = np.where(ok[x], slack_d - w[x], np.inf)  # best fit: least slack left over
+    return b, int(ib[x]), int(dests[int(np.argmin(left))]), -1
 
 
 def _best_swap(
