@@ -260,14 +260,18 @@ def slime_flops_pipeline(
     else:
         mbs = kk_partition(flops, k, equal_size=False)
     target = max(-(-len(mbs) // dp) * dp, dp)
-    while len(mbs) < target:
-        multi = [(sum(toks[i] for i in mb), j) for j, mb in enumerate(mbs) if len(mb) > 1]
-        if not multi:
-            break
-        _, j = max(multi)
+    # The multi-sequence micro-batches by (tokens, position), largest first: each split
+    # takes the top one (ties: the later) and puts back its halves that still hold two.
+    multi = [(-sum(toks[i] for i in mb), -j) for j, mb in enumerate(mbs) if len(mb) > 1]
+    heapq.heapify(multi)
+    while len(mbs) < target and multi:
+        j = -heapq.heappop(multi)[1]
         left, right = _split_halves(mbs[j], toks)
         mbs[j] = left
         mbs.append(right)
+        for at, half in ((j, left), (len(mbs) - 1, right)):
+            if len(half) > 1:
+                heapq.heappush(multi, (-sum(toks[i] for i in half), -at))
     weights = _pad_to_multiple([sum(flops[i] for i in mb) for mb in mbs], dp)
     parts = kk_partition(weights, dp, equal_size=True)
     return [[mbs[j] for j in p if j < len(mbs)] for p in parts]
