@@ -9,18 +9,20 @@ is recognised by its methods.
 from __future__ import annotations
 
 import importlib
+import operator
 import sys
 from typing import Any, Callable
 
 import numpy as np
 
-from .._validate import first_not_whole
+from .._validate import MAX_LENGTH, first_not_whole
 from .._validate import to_numpy as _core_to_numpy
 
 __all__ = [
     "CompatAssertionError",
     "CompatRuntimeError",
     "Patcher",
+    "count_arg",
     "grow_to",
     "is_tensor",
     "to_numpy",
@@ -69,7 +71,9 @@ def token_counts(values: Any, name: str = "lengths", error: type = ValueError) -
     """``values`` (token counts) as int64, refusing fractions instead of truncating them.
 
     The originals pack whatever numbers they are given; cut to integers, 0.5 + 0.6 + 0.7
-    tokens would fit a capacity of 1 and break it. Whole floats (3.0) are fine.
+    tokens would fit a capacity of 1 and break it. Whole floats (3.0) are fine. Negative
+    counts and counts of ``2**40`` or more (a unit mix-up; uint64 and floats above
+    ``2**63`` would wrap in the cast) raise ``error`` too, naming the first one.
     """
     x = to_numpy(values)
     if x.dtype.kind in "fc" or x.dtype == object:
@@ -84,7 +88,49 @@ def token_counts(values: Any, name: str = "lengths", error: type = ValueError) -
                 "drop-in packs token counts (round them first, or pass integers)"
             )
         x = f
+    if x.size:
+        # Before the cast: uint64 and floats of 2**63 or more would wrap to negatives.
+        big = x >= MAX_LENGTH
+        if big.any():
+            i = int(np.flatnonzero(big.reshape(-1))[0])
+            raise error(
+                f"{name}[{i}] = {x.reshape(-1)[i].item()!r} is too large for a token count "
+                "(limit 2**40); check the units"
+            )
+        neg = x < 0
+        if neg.any():
+            i = int(np.flatnonzero(neg.reshape(-1))[0])
+            raise error(
+                f"{name}[{i}] = {x.reshape(-1)[i].item()!r} is negative; token counts must "
+                "be >= 0"
+            )
     return x.astype(np.int64)
+
+
+def count_arg(
+    value: Any, name: str, error: type = CompatAssertionError, minimum: int = 1,
+    maximum: int | None = None,
+) -> int:
+    """``value`` (a count, a capacity) as an int in ``[minimum, maximum]``, else ``error``.
+
+    Whole floats (``2.0``) and numpy or tensor integers pass; ``2.9``, ``"2"``, bools and
+    None raise, naming ``name``, where ``int()`` would truncate, a division by zero or
+    an allocation of ``k`` lists would follow.
+    """
+    v = value.item() if is_tensor(value) and value.numel() == 1 else value
+    if isinstance(v, (float, np.floating)) and float(v).is_integer():
+        v = int(v)
+    try:
+        if isinstance(v, (bool, np.bool_)):
+            raise TypeError
+        out = operator.index(v)
+    except TypeError:
+        raise error(f"{name} must be an integer >= {minimum}, got {value!r}") from None
+    if out < minimum:
+        raise error(f"{name} must be >= {minimum}, got {out}")
+    if maximum is not None and out > maximum:
+        raise error(f"{name} = {out} is above {maximum:,}, the most this call can use")
+    return int(out)
 
 
 def to_python_list(values: Any) -> list[Any]:

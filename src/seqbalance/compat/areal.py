@@ -18,12 +18,14 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import MAX_EMPTY
 from ..planning._pipelines import areal_ffd_groups
 from ._core import framework_is_better, partition, plan
 from ._inputs import (
     CompatAssertionError,
     CompatRuntimeError,
     Patcher,
+    count_arg,
     grow_to,
     is_tensor,
     to_numpy,
@@ -113,11 +115,22 @@ def ffd_allocate(
     RuntimeError (a :class:`CompatRuntimeError`, also a ValueError)
         A value above ``capacity``, or fewer values than ``min_groups``.
     """
-    if min_groups is None or min_groups < n_groups_divisor:
-        min_groups = n_groups_divisor
+    capacity, min_groups, n_groups_divisor = _counts(capacity, min_groups, n_groups_divisor)
     v, seen = _values_as_areal_sees(values)
     _check(v, capacity, min_groups, f"Values {v.tolist()} is larger than capacity {capacity}")
     return _allocate_no_worse(v, int(capacity), int(min_groups), int(n_groups_divisor), seen)
+
+
+def _counts(capacity: Any, min_groups: Any, divisor: Any) -> tuple[int, int, int]:
+    """The allocators' numbers as ints (CompatRuntimeError naming a bad one); ``min_groups``
+    None or below the divisor is raised to the divisor, as AReaL does."""
+    capacity = count_arg(capacity, "capacity", CompatRuntimeError)
+    divisor = count_arg(divisor, "n_groups_divisor", CompatRuntimeError, minimum=0)
+    if min_groups is not None:
+        min_groups = count_arg(min_groups, "min_groups", CompatRuntimeError, minimum=0)
+    if min_groups is None or min_groups < divisor:
+        min_groups = divisor
+    return capacity, min_groups, divisor
 
 
 def kk_allocate(
@@ -129,10 +142,10 @@ def kk_allocate(
 ) -> list[list[int]]:
     """Like :func:`ffd_allocate` (same guarantees); ``equal_size=True`` gives every group
     ``n / k`` items with ``k = max(min_groups, ceil(total / capacity))`` rounded up to the
-    divisor and clamped to ``n`` (RuntimeError if ``n % k != 0`` or the capacity cannot be
-    met with equal counts)."""
-    if min_groups is None or min_groups < n_groups_divisor:
-        min_groups = n_groups_divisor
+    divisor and clamped to ``n`` (RuntimeError if ``n % k != 0``). Where equal counts
+    cannot meet the capacity it logs a warning and returns :func:`ffd_allocate`'s groups,
+    of unequal sizes, as AReaL falls back to first-fit decreasing."""
+    capacity, min_groups, n_groups_divisor = _counts(capacity, min_groups, n_groups_divisor)
     v, seen = _values_as_areal_sees(values)
     _check(
         v,
@@ -248,6 +261,7 @@ def _areal_ffd(
 def _kk_partition(values: Any, k: int, equal_size: bool = False) -> list[list[int]]:
     """``k`` index lists with balanced sums (uncapacitated); equal counts if asked."""
     v = to_numpy(values).astype(np.float64)
+    k = count_arg(k, "k", maximum=v.shape[0] + MAX_EMPTY)  # empty parts: up to 2**20
     if equal_size and v.shape[0] % k:
         raise CompatAssertionError(f"{v.shape[0]} % {k} != 0")  # AReaL asserts
     # Either way never heavier than AReaL's own differencing (verl's rules, reproduced).
@@ -272,6 +286,13 @@ def _compute_packing_metrics(values: Any, partitions: Any, capacity: int) -> dic
     Keys: n_groups, group_sums, max_load, min_load, mean_load, spread, imbalance_ratio,
     std_dev, cv, max_load_ratio, utilization, wasted_tokens.
     """
+    n = len(values)
+    for p, g in enumerate(partitions):
+        for i in g:
+            if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < n:
+                raise ValueError(
+                    f"partitions[{p}] holds {i!r}, not an index into the {n} values"
+                )
     sums = [sum(values[i] for i in g) for g in partitions]
     k = len(sums)
     if k == 0:
@@ -314,6 +335,7 @@ def balanced_greedy_partition(nums: Any, K: int) -> list[list[int]]:
     """
     v = to_numpy(nums).astype(np.float64) if len(nums) else np.zeros(0)
     n = v.shape[0]
+    K = count_arg(K, "K", ValueError)
     if n < K:
         raise ValueError(f"Number of items ({n}) must be >= K ({K}).")
     if n % K:

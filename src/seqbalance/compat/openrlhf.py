@@ -24,7 +24,15 @@ import numpy as np
 from . import verl as _verl
 from ._core import partition
 from ._experience_rows import layout as _row_layout
-from ._inputs import CompatAssertionError, Patcher, patch_all, to_numpy, token_counts, unpatch_all
+from ._inputs import (
+    CompatAssertionError,
+    Patcher,
+    count_arg,
+    patch_all,
+    to_numpy,
+    token_counts,
+    unpatch_all,
+)
 
 __all__ = [
     "balance_experiences",
@@ -93,12 +101,11 @@ def get_minimum_num_micro_batch_size(
     than the capacity alone in its part. 0 for no samples.
     """
     lens = token_counts(total_lengths, "total_lengths").reshape(-1)
-    cap = int(max_tokens_per_gpu) * int(ring_attn_size) * int(ds_tensor_parallel_size)
-    if cap < 1:
-        raise CompatAssertionError(
-            f"max_tokens_per_gpu * ring_attn_size * ds_tensor_parallel_size must be >= 1, "
-            f"got {cap}"
-        )
+    cap = (
+        count_arg(max_tokens_per_gpu, "max_tokens_per_gpu")
+        * count_arg(ring_attn_size, "ring_attn_size")
+        * count_arg(ds_tensor_parallel_size, "ds_tensor_parallel_size")
+    )
     n = lens.shape[0]
     if n == 0:
         return 0

@@ -29,6 +29,7 @@ from ._core import framework_is_better, plan
 from ._inputs import (
     CompatAssertionError,
     Patcher,
+    count_arg,
     patch_all,
     to_numpy,
     to_python_list,
@@ -188,9 +189,10 @@ def _coefficients(args: Any) -> tuple[int, int]:
 
 def sequence_fwd_flops(seqlens: Any, args: Any) -> np.ndarray:
     """Forward FLOPs of each sequence (float64 array): ``calculate_fwd_flops([L], args)``
-    for every ``L`` at once, the per-sample weights of :func:`build_dp_schedule`."""
+    for every ``L`` at once, the per-sample weights of :func:`build_dp_schedule`.
+    ValueError for a negative, fractional or absurdly large length."""
+    x = token_counts(seqlens, "seqlens").astype(np.float64)
     lin, quad = _coefficients(args)
-    x = to_numpy(seqlens).astype(np.float64)
     return lin * x + quad * x * x
 
 
@@ -198,8 +200,9 @@ def calculate_fwd_flops(seqlens: Any, args: Any) -> float:
     """Total forward FLOPs of ``seqlens`` (a list of sequence lengths) for the model that
     Megatron-style ``args`` describe (dense, MoE with ``moe_layer_freq``, multi-latent
     attention). Evaluated exactly in integers, returned as a float (0 for no sequences).
+    ValueError for a negative, fractional or absurdly large length.
     """
-    lens = [int(s) for s in to_numpy(seqlens).reshape(-1).tolist()]
+    lens = token_counts(seqlens, "seqlens").reshape(-1).tolist()  # whole, >= 0
     if not lens:
         return 0
     lin, quad = _coefficients(args)
@@ -225,9 +228,9 @@ def first_fit_pack(total_lengths: Any, max_tokens_per_bin: int) -> list[list[int
     feasible one and the bins are balanced by tokens.
     """
     lens = _lengths(total_lengths, "total_lengths")
+    cap = count_arg(max_tokens_per_bin, "max_tokens_per_bin")
     if lens.shape[0] == 0:
         return []
-    cap = int(max_tokens_per_bin)
     p = plan(lens, 1, cap, oversized="alone", order="index", baselines=False)
     bins = [list(mb) for mb in p.micro_batches[0]]
     # The planner lets an empty sample share an oversized one's micro-batch where every
@@ -250,9 +253,11 @@ def expand_bins_by_splitting(bins: list[list[int]], target_count: int, lengths: 
     heaviest bin again and again). With too few items every item ends alone in its own
     bin, as in slime; with no multi-sample bin there is nothing to split.
     """
+    target_count = count_arg(target_count, "target_count", minimum=0)
     if len(bins) >= target_count:
         return
     lens = _lengths(lengths, "lengths")
+    _check_bins(bins, lens.shape[0])
     multi = [b for b in bins if len(b) > 1]
     if not multi:
         return
@@ -267,6 +272,22 @@ def expand_bins_by_splitting(bins: list[list[int]], target_count: int, lengths: 
                  baselines=False)
         new = [[rest[j] for j in mb] for mb in p.micro_batches[0]]
     bins[:] = sorted(alone + new, key=lambda b: b[0])
+
+
+def _check_bins(bins: list[list[int]], n: int) -> None:
+    """Each bin a list of sample indices into ``n`` lengths, no index twice."""
+    seen: set[int] = set()
+    for b, members in enumerate(bins):
+        for i in members:
+            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+                raise CompatAssertionError(f"bins[{b}] holds {i!r}, not a sample index")
+            if not 0 <= i < n:
+                raise CompatAssertionError(
+                    f"bins[{b}] holds index {i}, outside the {n} lengths given"
+                )
+            if i in seen:
+                raise CompatAssertionError(f"sample {i} is in more than one bin (bins[{b}])")
+            seen.add(int(i))
 
 
 # ---- DP schedule (slime.utils.dp_schedule) --------------------------------------------
@@ -319,7 +340,7 @@ def _step_plan(
             ) from exc
     if getattr(args, "micro_batch_size", None) is None:  # slime asserts
         raise CompatAssertionError("micro_batch_size must be set without dynamic batch size")
-    per_mb = int(args.micro_batch_size)
+    per_mb = count_arg(args.micro_batch_size, "micro_batch_size")
     k = -(-n // per_mb)
     if k % (dp * group):
         raise CompatAssertionError(
@@ -590,14 +611,25 @@ def build_dp_schedule(
     run in index order.
     """
     tp = train_parallel_config
-    dp, cp = int(tp["dp_size"]), int(tp["cp_size"])
-    group = int(tp["microbatch_group_size_per_vp_stage"]) if tp["vpp_size"] > 1 else 1
+    dp, cp = count_arg(tp["dp_size"], "dp_size"), count_arg(tp["cp_size"], "cp_size")
+    vpp = count_arg(tp["vpp_size"], "vpp_size")
+    group = 1
+    if vpp > 1:
+        group = count_arg(tp["microbatch_group_size_per_vp_stage"],
+                          "microbatch_group_size_per_vp_stage")  # fmt: skip
+    global_batch_size = count_arg(global_batch_size, "global_batch_size")
     cap = None
     if args.use_dynamic_batch_size:
         if args.max_tokens_per_gpu is None:
             raise CompatAssertionError("use_dynamic_batch_size needs max_tokens_per_gpu")
-        cap = int(args.max_tokens_per_gpu) * cp
+        cap = count_arg(args.max_tokens_per_gpu, "max_tokens_per_gpu") * cp
     lens_all = _lengths(total_lengths, "total_lengths")
+    ids = to_python_list(rollout_indices)
+    if len(ids) != lens_all.shape[0]:  # slime would drop (or index past) the samples left over
+        raise CompatAssertionError(
+            f"rollout_indices has {len(ids)} entries for {lens_all.shape[0]} samples in "
+            "total_lengths; give every sample its rollout id"
+        )
     by_flops = bool(getattr(args, "balance_data", False)) or bool(
         getattr(args, "balance_by_flops", False)
     )
@@ -605,7 +637,7 @@ def build_dp_schedule(
     partitions: list[list[int]] = [[] for _ in range(dp)]
     mb_indices: list[list[list[int]]] = [[] for _ in range(dp)]
     counts: list[int] = []
-    for s, positions in enumerate(_rollout_steps(rollout_indices, int(global_batch_size))):
+    for s, positions in enumerate(_rollout_steps(ids, global_batch_size)):
         lens = lens_all[positions]
         cost = sequence_fwd_flops(lens, args) if by_flops else None
         p = _step_plan(s, lens, cost, args, dp, cap, group)
@@ -619,7 +651,7 @@ def build_dp_schedule(
                 start = len(partitions[r])
                 partitions[r].extend(positions[j] for j in mb)
                 mb_indices[r].append(list(range(start, start + len(mb))))
-    return partitions, mb_indices, counts, [int(global_batch_size)] * len(counts)
+    return partitions, mb_indices, counts, [global_batch_size] * len(counts)
 
 
 # ---- patching ---------------------------------------------------------------------------

@@ -23,11 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import MAX_EMPTY
 from ..planning import inverse_permutation
 from ._core import framework_is_better, partition, plan
 from ._inputs import (
     CompatAssertionError,
     Patcher,
+    count_arg,
     grow_to,
     is_tensor,
     to_numpy,
@@ -63,13 +65,39 @@ def calculate_workload(seqlen_list: Any) -> Any:
 
     Integer inputs are widened to int64 first (int32 lengths overflow at L ~ 46k); a tensor
     comes back as a tensor on the same device, anything else as an int64 numpy array.
+
+    Raises
+    ------
+    ValueError
+        For a negative integer length, or one above ``3,036,988,212``, where the int64
+        workload would wrap (a token count that large is a unit mix-up).
     """
     if is_tensor(seqlen_list):
         x = seqlen_list if seqlen_list.is_floating_point() else seqlen_list.long()
+        if not x.is_floating_point() and x.numel():
+            _check_workload_range(int(x.min()), int(x.max()))
         return _LINEAR * x + x * x
     x = to_numpy(seqlen_list)
+    if x.dtype.kind != "f" and x.size:
+        if x.dtype.kind not in "iub":
+            raise ValueError(f"seqlen_list must be numbers, got {x.reshape(-1)[:5].tolist()}")
+        _check_workload_range(int(x.min()), int(x.max()))  # before a uint64 cast could wrap
     x = x.astype(np.float64 if x.dtype.kind == "f" else np.int64)
     return _LINEAR * x + x * x
+
+
+_WORKLOAD_MAX_LENGTH = 3_036_988_212  # the largest L with 24576 L + L**2 < 2**63
+
+
+def _check_workload_range(low: int, high: int) -> None:
+    if low < 0:
+        raise ValueError(f"seqlen_list holds a negative length ({low}); lengths must be >= 0")
+    if high > _WORKLOAD_MAX_LENGTH:
+        raise ValueError(
+            f"seqlen_list holds a length of {high}: its int64 workload 24576 L + L**2 would "
+            f"wrap above {_WORKLOAD_MAX_LENGTH:,} tokens; lengths are token counts (check "
+            "the units, or pass floats)"
+        )
 
 
 def _weights(values: Any, name: str) -> np.ndarray:
@@ -88,9 +116,8 @@ def _by_load_desc(parts: list[list[int]], w: np.ndarray) -> list[list[int]]:
 
 def _balanced(values: Any, k: int, equal_size: bool, method: str) -> list[list[int]]:
     w = _weights(values, "seqlen_list")
-    k = int(k)
-    if k < 1:
-        raise CompatAssertionError(f"k_partitions must be >= 1, got {k}")
+    # Count-free parts beyond the items stay empty: up to 2**20 of them, as partition.
+    k = count_arg(k, "k_partitions", maximum=w.shape[0] + MAX_EMPTY)
     if equal_size and w.shape[0] % k:
         raise CompatAssertionError(
             f"equal_size=True needs len(seqlen_list) divisible by k_partitions: "
@@ -167,6 +194,7 @@ def get_seqlen_balanced_partitions(
         If there are fewer items than partitions, or ``equal_size`` and ``n % k != 0``.
     """
     w = _weights(seqlen_list, "seqlen_list")
+    k_partitions = count_arg(k_partitions, "k_partitions")
     if w.shape[0] < k_partitions:
         raise CompatAssertionError(
             f"number of items:[{w.shape[0]}] < k_partitions:[{k_partitions}]"
@@ -184,6 +212,18 @@ def log_seqlen_unbalance(seqlen_list: Any, partitions: Any, prefix: str) -> dict
     """
     x = token_counts(seqlen_list, "seqlen_list").tolist()
     k = len(partitions)
+    if k == 0 or not x:
+        raise CompatAssertionError(
+            f"nothing to measure: {len(x)} lengths in {k} partitions; pass both"
+        )
+    for p, members in enumerate(partitions):
+        for i in members:
+            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+                raise CompatAssertionError(f"partitions[{p}] holds {i!r}, not an index")
+            if not 0 <= i < len(x):
+                raise CompatAssertionError(
+                    f"partitions[{p}] holds index {i}, outside the {len(x)} lengths"
+                )
     size = max(1, len(x) // k)
     chunks = [sum(x[o : o + size]) for o in range(0, len(x), size)]
     balanced = [sum(x[i] for i in p) for p in partitions]
@@ -208,7 +248,8 @@ def roundup_divisible(a: int, b: int) -> int:
 
 
 def get_reverse_idx(idx_map: Any) -> Any:
-    """The inverse permutation of ``idx_map``, in the same container type.
+    """The inverse permutation of ``idx_map``: a tensor (same dtype and device) for a
+    tensor, a numpy array (same dtype) for an array, a list for anything else.
 
     Raises ValueError if ``idx_map`` is not a permutation of ``0..n-1`` (verl's version
     silently returns a wrong map then).
@@ -280,9 +321,8 @@ def _read_rank(
     lens: np.ndarray, cap: int, step_arg: Any, min_num: Any, g: int, order: str, match: bool
 ) -> _Rank:
     """Validate one rank's lengths and plan it locally (no communication)."""
-    step = int(step_arg or 1)
-    if step < 1:
-        raise ValueError(f"num_batches_divided_by must be >= 1, got {step_arg!r}")
+    cap = count_arg(cap, "max_token_len", ValueError)
+    step = count_arg(step_arg or 1, "num_batches_divided_by", ValueError)
     if g < 1 or lens.shape[0] % g:
         raise CompatAssertionError(
             f"Batch size {lens.shape[0]} must be divisible by force_group_size {g}"
@@ -293,7 +333,7 @@ def _read_rank(
     # verl's starting count: the token total over the cap, at most one per forced group.
     count = min(n, ceildiv(int(lens.sum()), cap))
     if min_num is not None:
-        count = max(int(min_num), count)
+        count = max(count_arg(min_num, "min_num_micro_batch", ValueError), count)
     if n and int(group_lens.max()) > cap:  # verl's message (the width check comes first)
         raise ValueError(
             "A forced group exceeds max_token_len and cannot be split. Got "
@@ -513,6 +553,7 @@ def rearrange_micro_batches(
     # would leave the others waiting.
     def read() -> _Rank:
         lens, width = _effective_lengths(batch)
+        count_arg(cap, "max_token_len", ValueError)
         if cap < width:
             raise CompatAssertionError(
                 "max_token_len must be greater than the sequence length. "
@@ -629,6 +670,7 @@ def get_group_balanced_partitions(
     if len(uids) != lens.shape[0]:
         raise CompatAssertionError("seqlen_list and uid_list must have same length")
     n_groups = len(dict.fromkeys(uids))
+    k_partitions = count_arg(k_partitions, "k_partitions")
     if n_groups < k_partitions:
         raise CompatAssertionError(
             f"Number of uid groups ({n_groups}) must be >= k_partitions ({k_partitions}). "
