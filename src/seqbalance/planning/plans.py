@@ -278,7 +278,10 @@ class Plan:
         """Fewest micro-batches per rank that the token capacity allows (a lower bound).
 
         A bin-packing bound (:func:`seqbalance.planning.bounds.min_micro_batches`), at least
-        ``ceil(total tokens / (dp * max_tokens))``.
+        ``ceil(total tokens / (dp * max_tokens))`` where every sequence fits ``max_tokens``.
+        A sequence longer than ``max_tokens`` (``plan(oversized="alone")``) runs alone, so it
+        counts as one full micro-batch: ``k`` of them and the others' bin-packing bound
+        ``B`` give ``ceil((k + B) / dp)``.
         """
         if self.dp_size < 1:
             return 0
