@@ -70,3 +70,10 @@ def test_baseline_bad_input():
         sequential([1, 2], 0, 10)
     with pytest.raises(ValueError, match=r"lengths\[0\] = -1"):
         token_ffd(np.array([-1]), 1, 10)
+
+
+@pytest.mark.parametrize("name", sorted(BASELINES))
+def test_baselines_refuse_the_capacities_plan_refuses(name):
+    # sequential and token_ffd raised OverflowError on a capacity of 2**63.
+    with pytest.raises(ValueError, match=r"max_tokens=9223372036854775808 .*below 2\*\*62"):
+        BASELINES[name]([5, 3, 8, 1], 2, 2**63)

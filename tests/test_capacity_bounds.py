@@ -6,6 +6,7 @@ import itertools
 from functools import cache
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -30,11 +31,18 @@ def _set_partitions(items):
         yield [[first], *part]
 
 
+def _fits(lengths, cap, block):
+    """A micro-batch within ``cap`` tokens, or one sequence longer than ``cap`` alone
+    beside only empty ones (``plan(oversized="alone")``; for lengths ``<= cap`` this is
+    just the first condition)."""
+    return sum(lengths[i] for i in block) <= cap or sum(lengths[i] > 0 for i in block) == 1
+
+
 def _brute_min_bins(lengths, cap):
     return min(
         len(p)
         for p in _set_partitions(list(range(len(lengths))))
-        if all(sum(lengths[i] for i in b) <= cap for b in p)
+        if all(_fits(lengths, cap, b) for b in p)
     )
 
 
@@ -43,7 +51,7 @@ def _brute_fsdp(lengths, costs, dp, cap, c0):
     best slotting (sorted costs, ``dp`` per slot, which minimises a sum of slot maxima)."""
     best = np.inf
     for p in _set_partitions(list(range(len(lengths)))):
-        if any(sum(lengths[i] for i in b) > cap for b in p):
+        if not all(_fits(lengths, cap, b) for b in p):
             continue
         c = sorted((sum(costs[i] for i in b) for b in p), reverse=True)
         best = min(best, sum(c[::dp]) + c0 * -(-len(c) // dp))
@@ -282,3 +290,118 @@ def test_bounds_with_sequences_above_the_cap():
         sim = p.simulate()
         assert sim.lower_bound <= sim.step_time
     assert costliest_slot_bound(np.array([1000.0, 999.0]), np.array([100, 100]), 2, 10) == 1000.0
+
+
+# ---- sequences longer than the cap (plan(oversized="alone")) ------------------------------
+# Each runs alone (only empty sequences may join it); the brute-force helpers above allow
+# exactly that (_fits), so they give the true optimum of such inputs.
+
+
+def test_bounds_with_oversized_sequences_known_values():
+    # {95} alone and {1, 1}: 2 micro-batches, not ceil(97 / 8) = 13.
+    assert min_bins(np.array([95, 1, 1]), 8) == 2
+    assert min_micro_batches(np.array([95, 1, 1]), 1, 8) == 2
+    # One sequence of 1,020 tokens under a cap of 1,000 takes one micro-batch, not two.
+    assert min_micro_batches(np.array([1020]), 1, 1000) == 1
+    # Two oversized ones, and 6 + 5 > 10: four micro-batches, two per rank on two ranks.
+    assert min_bins(np.array([20, 30, 6, 5]), 10) == 4
+    assert min_micro_batches(np.array([20, 30, 6, 5]), 2, 10) == 2
+    # An empty sequence may join an oversized one.
+    assert min_bins(np.array([20, 0, 0]), 10) == 1
+    # No two of them share a micro-batch (6 + 5 > 10): two slots of two on two ranks,
+    # {30, 20} and {6, 5}, and FSDP pays each slot's heaviest: 30 + 6.
+    lens = np.array([20, 30, 6, 5])
+    assert big_item_slot_bound(lens.astype(float), lens, 2, 10) == 36.0
+    assert capacity_step_bound(lens.astype(float), lens, 2, 10, sync="fsdp") == 36.0
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=7),
+    cap=st.integers(8, 14),
+    dp=st.integers(1, 3),
+)
+def test_count_bounds_with_oversized_sequences_never_above_the_optimum(lengths, cap, dp):
+    lens = np.array(lengths, dtype=np.int64)
+    opt = _brute_min_bins(lengths, cap)
+    assert min_bins(lens, cap) <= opt
+    assert min_bins(lens, cap) >= sum(n > cap for n in lengths)  # each alone
+    assert min_micro_batches(lens, dp, cap) <= max(1, -(-opt // dp))
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 30), min_size=1, max_size=6),
+    cap=st.integers(8, 14),
+    dp=st.integers(1, 3),
+    c0=st.sampled_from([0.0, 3.0]),
+    coef=st.tuples(
+        st.sampled_from([0.0, 2.0]), st.sampled_from([0.0, 1.0]), st.sampled_from([0.0, 0.05])
+    ),
+)
+def test_step_bound_with_oversized_sequences_never_above_the_best_plan(
+    lengths, cap, dp, c0, coef
+):
+    lens = np.array(lengths, dtype=np.int64)
+    a, b, c = coef
+    costs = a + b * lens + c * lens.astype(float) ** 2
+    for sync, brute in (("fsdp", _brute_fsdp), ("ddp", _brute_ddp)):
+        opt = brute(lengths, costs.tolist(), dp, cap, c0)
+        lb = capacity_step_bound(costs, lens, dp, cap, sync=sync, per_microbatch=c0)
+        assert lb <= opt * (1 + 1e-12) + 1e-12
+
+
+def test_plan_with_an_oversized_sequence_never_beats_its_bounds():
+    # The reports: the count bound was 13 (97 tokens over a cap of 8) against the plan's 2
+    # micro-batches, and the step bound 180 against a step of 125.
+    from seqbalance import QuadraticCost, plan
+
+    cost = QuadraticCost(per_token=1.0, per_token_sq=1e-3, per_sequence=3.0, per_microbatch=5.0)
+    p = plan([95, 1, 1], 1, 8, oversized="alone", cost=cost)
+    assert p.num_micro_batches == 2  # {95} alone, {1, 1}
+    assert p.min_micro_batches_bound() == 2
+    sim = p.simulate()
+    # One rank: every sequence's cost plus 5 per micro-batch, and the bound is the same sum.
+    step = (95 + 95**2 * 1e-3 + 3) + 2 * (1 + 1e-3 + 3) + 2 * 5
+    assert sim.step_time == pytest.approx(step)
+    assert sim.lower_bound == pytest.approx(step)
+    assert sim.gap >= -1e-12
+    for sync in ("ddp", "fsdp"):
+        p = plan([1020], 1, 1000, sync=sync, oversized="alone", cost=cost)
+        assert p.num_micro_batches == p.min_micro_batches_bound() == 1
+        assert p.simulate().gap >= -1e-12
+        assert p.simulate().lower_bound == pytest.approx(1020 + 1020**2 * 1e-3 + 3 + 5)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=9),
+    cap=st.integers(8, 16),
+    dp=st.integers(1, 3),
+    sync=st.sampled_from(["fsdp", "ddp"]),
+    params=st.tuples(
+        st.sampled_from([0.0, 0.5, 1.0]),  # per_token
+        st.sampled_from([0.0, 1e-3, 0.05]),  # per_token_sq
+        st.sampled_from([0.0, 3.0]),  # per_sequence
+        st.sampled_from([0.0, 0.7, 5.0, 40.0]),  # per_microbatch
+    ),
+    padded=st.booleans(),
+)
+def test_plans_with_oversized_sequences_never_beat_their_bounds(
+    lengths, cap, dp, sync, params, padded
+):
+    from seqbalance import QuadraticCost, plan
+
+    a, b, c, d = params
+    cost = QuadraticCost(per_token=a, per_token_sq=b, per_sequence=c, per_microbatch=d)
+    p = plan(lengths, dp, cap, sync=sync, cost=cost, oversized="alone", padded=padded,
+             allow_empty=True)  # fmt: skip
+    assert p.min_micro_batches_bound() <= p.num_micro_batches
+    for s in ("fsdp", "ddp"):
+        sim = p.simulate(sync=s)
+        assert sim.lower_bound <= sim.step_time * (1 + 1e-9) + 1e-9
+        assert sim.gap >= -1e-9
+    if len(lengths) <= 6:
+        # The count bound against the fewest micro-batches of any plan (brute force).
+        best = _brute_min_bins(lengths, cap)
+        assert p.min_micro_batches_bound() <= max(1, -(-best // dp))

@@ -6,6 +6,7 @@ The hard constraints are checked by code written here from the definitions (not 
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -298,6 +299,62 @@ def test_too_long_sequence_is_named():
 def test_bad_cp_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         sb.plan([100, 200, 300, 400], 2, 1000, **kwargs)
+
+
+@pytest.mark.parametrize("cp", ["static", "dynamic"])
+def test_cp_plan_refuses_the_capacities_plan_refuses(cp):
+    # The dynamic planner overflowed int64 (OverflowError) on a capacity of 2**63.
+    with pytest.raises(ValueError, match=r"max_tokens=9223372036854775808 .*below 2\*\*62"):
+        sb.plan([5, 3, 8, 1], 1, 2**63, cp_size=2, cp=cp)
+
+
+def _cp_document():
+    lengths = [5, 3, 8, 1, 9, 2, 2, 12, 14, 6]  # 12 and 14 need both GPUs of a replica
+    d = sb.plan(lengths, 2, 8, cp_size=2, cp="dynamic").to_dict()
+    assert d["world_size"] == 4 and d["dp_size"] == 2 and d["cp_size"] == 2
+    return d
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        ("cp_cost", None, r"cp_cost: .*object with a 'cost'.*got NoneType"),
+        ("cp_cost", {}, r"cp_cost: .*object with a 'cost'.*got keys \[\]"),
+        ("cp_cost", [], r"cp_cost: .*got list"),
+        ("cp_cost", {"cost": None}, r"cp_cost: a cost JSON must be an object"),
+        ("cp_cost", {"cost": {"kind": "tokens"}, "overlap": 2.0}, r"cp_cost: overlap = 2.0"),
+        ("pieces", [], r"pieces has no GPU"),
+        ("pieces", None, r"pieces must be nested lists"),
+        # cp_size: what plan(cp_size=...) accepts (a power of two up to 2**14), and
+        # dp_size x cp_size GPUs (2**40 made simulate() run for ever).
+        ("cp_size", 2**40, r"cp_size=1099511627776 is beyond .*at most 16384"),
+        ("cp_size", 3, r"cp_size must be a power of two"),
+        ("cp_size", 0, r"cp_size must be >= 1"),
+        ("cp_size", "2", r"cp_size must be a positive integer"),
+        ("cp_size", 4, r"dp_size=2 x cp_size=4 = 8 GPUs, but pieces has 4"),
+        ("dp_size", 3, r"dp_size=3 x cp_size=2 = 6 GPUs, but pieces has 4"),
+        ("world_size", 7, r"world_size=7 but pieces has 4 GPUs"),
+        ("max_tokens", 2**63, r"max_tokens=9223372036854775808 .*below 2\*\*62"),
+        ("notes", None, r"notes must be a list of strings"),
+        ("notes", 5, r"notes must be a list of strings"),
+        ("strategy", 5, r"strategy must be a string"),
+    ],
+)
+def test_cp_from_dict_refuses_bad_fields(key, value, match):
+    d = _cp_document()
+    assert isinstance(sb.Plan.from_dict(d), CPPlan)  # unedited: loads
+    d[key] = value
+    with pytest.raises(ValueError, match=match):
+        sb.Plan.from_dict(d)
+    with pytest.raises(ValueError, match=match):
+        sb.Plan.from_json(json.dumps(d))
+
+
+def test_cp_from_dict_refuses_pieces_that_are_not_ranges():
+    d = _cp_document()
+    d["pieces"][0][0][0] = [0, 0]  # two values, not (sequence, start, end)
+    with pytest.raises(ValueError, match=r"pieces\[0\]\[0\] holds \[0, 0\]"):
+        sb.Plan.from_dict(d)
 
 
 def test_json_round_trip_and_schema(tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -149,3 +151,38 @@ def test_bad_plans_are_rejected(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         Plan(args.pop("micro_batches"), args.pop("lengths"), **args)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "match"),
+    [
+        # plan() refuses capacities from 2**62 on; a document must not smuggle one in (it
+        # overflowed int64 later, in simulate() and stats()).
+        ("max_tokens", 2**63, r"max_tokens=9223372036854775808 .*below 2\*\*62"),
+        ("max_tokens", 2**62, r"max_tokens=4611686018427387904 .*below 2\*\*62"),
+        ("notes", None, r"notes must be a list of strings.*got None"),
+        ("notes", 3, r"notes must be a list of strings.*got 3"),
+        ("notes", "one note", r"notes must be a list of strings.*got 'one note'"),
+        ("notes", ["fine", 7], r"notes\[1\] must be a string, got 7"),
+        ("strategy", None, r"strategy must be a string, got None"),
+    ],
+)
+def test_from_dict_refuses_bad_fields(key, value, match):
+    d = plan([5, 3, 8, 1, 0, 9, 2, 2], 2, 10).to_dict()
+    d[key] = value
+    with pytest.raises(ValueError, match=match):
+        Plan.from_dict(d)
+    with pytest.raises(ValueError, match=match):
+        Plan.from_json(json.dumps(d))
+
+
+@pytest.mark.parametrize("value", [None, 3, 2.5, {"format": "seqbalance.plan/1"}, ["x"]])
+def test_from_json_refuses_what_is_neither_text_nor_a_path(value):
+    with pytest.raises(ValueError, match="text_or_path must be the plan's JSON text"):
+        Plan.from_json(value)
+
+
+def test_plan_refuses_notes_that_are_not_a_list_of_strings():
+    with pytest.raises(ValueError, match="notes must be a list of strings"):
+        Plan([[[0]]], [1], max_tokens=4, notes="abc")  # not one note per character
+    assert Plan([[[0]]], [1], max_tokens=4, notes=("a", "b")).notes == ("a", "b")

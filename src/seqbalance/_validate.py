@@ -27,8 +27,10 @@ __all__ = [
     "check_choice",
     "check_max_tokens",
     "check_nonnegative_int",
+    "check_notes",
     "check_positive_int",
     "check_size_limit",
+    "check_text",
     "group_ids",
     "is_array_like",
     "to_numpy",
@@ -274,6 +276,32 @@ def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     if value not in choices:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
     return str(value)
+
+
+def check_text(value: Any, name: str) -> str:
+    """Return ``value`` if it is a ``str``, else raise a ValueError naming ``name``."""
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def check_notes(value: Any, name: str = "notes") -> tuple[str, ...]:
+    """Return ``value``, a list or tuple of strings, as a tuple, or raise a ValueError.
+
+    A bare string is refused too: it would otherwise become one note per character.
+    """
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(
+            f"{name} must be a list of strings (one per note; [] for none), got {value!r} "
+            f"({type(value).__name__})"
+        )
+    for i, note in enumerate(value):
+        if not isinstance(note, str):
+            raise ValueError(
+                f"{name}[{i}] must be a string, got {note!r} ({type(note).__name__}); "
+                f"{name} is a list of strings"
+            )
+    return tuple(value)
 
 
 def group_ids(groups: Any, name: str = "groups") -> np.ndarray:

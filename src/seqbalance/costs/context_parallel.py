@@ -53,6 +53,7 @@ True
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import numpy as np
@@ -246,9 +247,21 @@ class ContextParallelCost:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ContextParallelCost:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`.
+
+        Raises
+        ------
+        ValueError
+            ``data`` is not a dict with a ``"cost"``, or a parameter is invalid.
+        """
         from .load import cost_from_dict
 
+        if not isinstance(data, Mapping) or "cost" not in data:
+            got = f"keys {sorted(data)}" if isinstance(data, Mapping) else type(data).__name__
+            raise ValueError(
+                "a ContextParallelCost document is an object with a 'cost' (the sequence "
+                f"cost's to_dict()) and optional bandwidth, overlap, ...; got {got}"
+            )
         return cls(
             cost_from_dict(data["cost"]),
             bandwidth=data.get("bandwidth"),

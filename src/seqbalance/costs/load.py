@@ -22,6 +22,11 @@ def cost_from_dict(data: Mapping[str, Any]) -> CostModel:
     >>> cost_from_dict({"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.5})
     QuadraticCost(per_microbatch=0, per_sequence=0, per_token=1, per_token_sq=0.5)
     """
+    if not isinstance(data, Mapping):
+        raise ValueError(
+            "a cost JSON must be an object with a 'kind' ('tokens', 'quadratic' or 'flops'), "
+            f"got {type(data).__name__}"
+        )
     kind = data.get("kind")
     if kind == "tokens":
         return TokenCost()

@@ -56,7 +56,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._validate import as_lengths, check_choice, check_positive_int
+from .._validate import as_lengths, check_choice, check_max_tokens, check_positive_int
 from ._costing import sequence_costs
 from ._packing import first_fit
 from ._pipelines import areal_pipeline, slime_flops_pipeline, verl_pipeline
@@ -117,7 +117,7 @@ def _prepare(
 ) -> tuple[np.ndarray, int, int, np.ndarray, float]:
     lens = as_lengths(lengths)
     dp = check_positive_int(dp_size, "dp_size")
-    cap = check_positive_int(max_tokens, "max_tokens")
+    cap = check_max_tokens(max_tokens, "max_tokens")
     check_choice(sync, "sync", SYNC_MODELS)
     costs, c0 = sequence_costs(lens, cost)
     return lens, dp, cap, costs, c0

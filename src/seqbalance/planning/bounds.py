@@ -8,6 +8,17 @@ against exhaustive enumeration of every plan on small inputs.
 Padded micro-batches (``count * longest <= capacity``) use at least as many tokens as packed
 ones (``count * longest >= sum``) and cost at least as much, so every bound below holds for
 them too.
+
+Sequences longer than the capacity (``plan(oversized="alone")``) run alone: their
+micro-batch holds no other sequence with a token (only empty ones may join it). Every
+function here first clips each length to the capacity (:func:`clip_to_capacity`). Proof
+that this keeps every bound valid: in such a plan, clipping changes only the micro-batches
+of oversized sequences, which then hold exactly ``cap`` tokens, so the plan's micro-batches
+are also a packing of the clipped lengths under the capacity (same sequences, same costs).
+Every proof below uses only that each micro-batch holds at most ``cap`` tokens of the
+lengths it is given, and treats the costs as arbitrary per-sequence numbers, so each bound
+computed on the clipped lengths holds for the plan. Clipping a length ``<= cap`` changes
+nothing.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ from ..partitioning.bounds import lower_bound
 __all__ = [
     "big_item_slot_bound",
     "capacity_step_bound",
+    "clip_to_capacity",
     "costliest_slot_bound",
     "fsdp_slot_bound",
     "min_bins",
@@ -31,10 +43,33 @@ __all__ = [
 ]
 
 
+def clip_to_capacity(lengths: np.ndarray, cap: int) -> np.ndarray:
+    """``lengths`` as int64 with every length above ``cap`` lowered to ``cap``.
+
+    A sequence longer than the capacity (``plan(oversized="alone")``) runs alone, so for
+    every capacity bound it fills its micro-batch exactly: see the module docstring for why
+    the bounds stay valid. Returns ``lengths`` itself (as int64) when nothing is above ``cap``.
+
+    Examples
+    --------
+    >>> clip_to_capacity(np.array([95, 1, 1]), 8).tolist()
+    [8, 1, 1]
+    """
+    lens = np.asarray(lengths, dtype=np.int64)
+    if lens.size and int(lens.max()) > cap:
+        return np.minimum(lens, cap)
+    return lens
+
+
 def min_bins(lengths: np.ndarray, cap: int) -> int:
-    """Fewest bins of ``cap`` tokens that can hold ``lengths`` (each ``<= cap``): a lower bound.
+    """Fewest bins of ``cap`` tokens that can hold ``lengths``: a lower bound.
 
     The bound of Martello and Toth (1990), ``L2``, which is at least ``ceil(sum / cap)``.
+    A length above ``cap`` (a sequence that runs alone, ``plan(oversized="alone")``) counts
+    as ``cap``: it fills one bin by itself (module docstring). For ``k`` such lengths the
+    result is then exactly ``k`` plus the bound of the others (a full bin leaves no room:
+    ``ceil(sum / cap)`` and each ``L2`` term below gain exactly ``k``), or ``k`` when all the
+    others are empty (they may join an oversized one).
 
     Proof. Fix an integer ``a`` with ``0 <= a <= cap / 2`` and split the items into
     ``J1 = {L > cap - a}``, ``J2 = {cap/2 < L <= cap - a}``, ``J3 = {a <= L <= cap/2}``
@@ -56,7 +91,7 @@ def min_bins(lengths: np.ndarray, cap: int) -> int:
     n = int(lengths.shape[0])
     if n == 0:
         return 0
-    w = np.sort(lengths.astype(np.int64))
+    w = np.sort(clip_to_capacity(lengths, cap))
     pre = np.concatenate(([0], np.cumsum(w)))  # pre[i] = sum of the i smallest
     total = int(pre[-1])
     l1 = -(-total // cap)
@@ -80,11 +115,12 @@ def min_bins(lengths: np.ndarray, cap: int) -> int:
 
 
 def min_padded_bins(lengths: np.ndarray, cap: int) -> int:
-    """Fewest padded bins of ``cap`` tokens that hold ``lengths`` (each ``<= cap``): exact.
+    """Fewest padded bins of ``cap`` tokens that hold ``lengths``: exact.
 
     A padded bin costs its count times its longest sequence, so a bin whose longest
     sequence has ``L`` tokens holds at most ``cap // L`` sequences. Taking the sequences
-    longest first, as many as fit into each bin, needs the fewest bins.
+    longest first, as many as fit into each bin, needs the fewest bins. A length above
+    ``cap`` (it runs alone) takes a bin of its own.
 
     Proof (exchange). In any packing, let the longest sequence be in bin ``B``. If ``B``
     holds a sequence ``x`` while a longer ``y`` sits in another bin ``C``, swapping them
@@ -114,6 +150,19 @@ def min_micro_batches(lengths: np.ndarray, dp: int, cap: int) -> int:
 
     Every rank runs the same number ``m`` of micro-batches, so a plan has ``dp * m`` of them,
     and they must hold every sequence: ``dp * m >= min_bins(lengths, cap)``.
+
+    With ``k`` sequences longer than ``cap`` (``plan(oversized="alone")``), each alone in a
+    micro-batch, :func:`min_bins` is ``k`` plus the bin-packing bound ``B`` of the others
+    (``B = 0`` when those hold no token), so the bound is ``ceil((k + B) / dp)``. Proof: the
+    ``k`` oversized sequences occupy ``k`` distinct micro-batches that hold no other token,
+    so the others' tokens lie in the remaining ``dp * m - k`` micro-batches, at least ``B``
+    of them: ``dp * m >= k + B``. (It is at least ``ceil(k / dp)``, the count the oversized
+    sequences force by themselves.)
+
+    Examples
+    --------
+    >>> min_micro_batches(np.array([95, 1, 1]), 1, 8)   # {95} alone, {1, 1}
+    2
     """
     return max(1, math.ceil(min_bins(lengths, cap) / dp))
 
@@ -185,6 +234,7 @@ def big_item_slot_bound(
     >>> big_item_slot_bound(lens.astype(float), lens, 4, 16, np.array([0, 0, 0, 1, 1]))
     30.0
     """
+    lengths = clip_to_capacity(lengths, cap)  # oversized ones run alone: module docstring
     clique = _clique_order(lengths, cap)
     if clique.size == 0:
         return 0.0
@@ -336,9 +386,14 @@ def capacity_step_bound(
     ``m >= M`` slots (a slot's heaviest micro-batch pays it once), see
     :func:`big_item_slot_bound` and :func:`costliest_slot_bound` for ``S``.
     ``sync=None`` gives the bound valid for both.
+
+    Lengths above ``cap`` (sequences that run alone, ``plan(oversized="alone")``) count as
+    ``cap`` in ``S`` and ``M`` (module docstring: why that keeps the bound valid); ``P``
+    does not look at lengths.
     """
     if costs.size == 0:
         return float(min_micro_batches_given * per_microbatch)
+    lengths = clip_to_capacity(lengths, cap)  # oversized ones run alone: module docstring
     p = lower_bound(costs, dp, size=size, groups=groups)
     labels = None if groups is None else as_groups(groups, costs.shape[0])
     s = fsdp_slot_bound(costs, lengths, dp, cap, labels) if sync == "fsdp" else 0.0

@@ -47,13 +47,21 @@ import numpy as np
 from .._validate import (
     as_lengths,
     check_choice,
-    check_degree,
+    check_max_tokens,
     check_positive_int,
     is_array_like,
 )
 from ..costs.context_parallel import ContextParallelCost, balanced_layout
 from ._slots import fill_slack
-from .cp_plans import CP_MODES, CPPlan, Pieces, _powers, degree_tables, simulate_pieces
+from .cp_plans import (
+    CP_MODES,
+    CPPlan,
+    Pieces,
+    _powers,
+    check_cp_size,
+    degree_tables,
+    simulate_pieces,
+)
 from .simulation import SYNC_MODELS
 
 __all__ = ["cost_without_cp", "make_cp_cost", "plan_cp"]
@@ -152,13 +160,8 @@ def _validate(
 ) -> _Request:
     lens = as_lengths(lengths)
     dp = check_positive_int(dp_size, "dp_size")
-    cap = check_positive_int(max_tokens, "max_tokens")
-    c = check_degree(cp_size, "cp_size")
-    if c & (c - 1):
-        raise ValueError(
-            f"cp_size must be a power of two (CP degrees are), got {cp_size}; use "
-            f"{1 << (c.bit_length() - 1)} or {1 << c.bit_length()}"
-        )
+    cap = check_max_tokens(max_tokens, "max_tokens")
+    c = check_cp_size(cp_size, "cp_size")
     check_choice(cp, "cp", CP_MODES)
     check_choice(sync, "sync", SYNC_MODELS)
     cpc = make_cp_cost(cost, cp_cost)

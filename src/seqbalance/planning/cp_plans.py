@@ -37,21 +37,51 @@ CP).
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Sequence
 
 import numpy as np
 
-from .._validate import as_lengths, check_choice, check_positive_int
+from .._validate import (
+    as_lengths,
+    check_choice,
+    check_degree,
+    check_max_tokens,
+    check_notes,
+    check_positive_int,
+    check_text,
+)
 from ..costs.context_parallel import ContextParallelCost
 from ..partitioning.stats import relative_gap
 from .plans import FORMAT, Plan
 from .simulation import SYNC_MODELS, Simulation, check_equal_counts, lockstep_timeline
 
-__all__ = ["CP_MODES", "CPPlan", "cp_lower_bound", "piece_costs", "simulate_pieces"]
+__all__ = [
+    "CP_MODES",
+    "CPPlan",
+    "check_cp_size",
+    "cp_lower_bound",
+    "piece_costs",
+    "simulate_pieces",
+]
 
 CP_MODES = ("static", "dynamic")
 
 Pieces = list[list[list[tuple[int, int, int]]]]
+
+
+def check_cp_size(value: Any, name: str = "cp_size") -> int:
+    """Return ``value`` as a CP degree: a power of two in ``1..2**14``
+    (:data:`seqbalance._validate.MAX_PARALLEL_DEGREE`), or raise a ValueError naming
+    ``name``. The limit :func:`seqbalance.plan` puts on ``cp_size``, and the one a loaded
+    :class:`CPPlan` meets."""
+    c = check_degree(value, name)
+    if c & (c - 1):
+        raise ValueError(
+            f"{name} must be a power of two (CP degrees are), got {value}; use "
+            f"{1 << (c.bit_length() - 1)} or {1 << c.bit_length()}"
+        )
+    return c
 
 
 def _powers(cp_size: int) -> list[int]:
@@ -310,11 +340,15 @@ class CPPlan(Plan):
                 for j, slot in enumerate(gpu):
                     ranges = []
                     for p in slot:
-                        i, s, e = (int(v) for v in p)
+                        try:
+                            i, s, e = (operator.index(v) for v in p)
+                        except ValueError:  # not three values
+                            i = s = e = -1
                         if not (0 <= i < n and 0 <= s <= e <= lens[i]):
                             raise ValueError(
-                                f"pieces[{g}][{j}] holds {(i, s, e)}: want 0 <= sequence < {n} "
-                                "and 0 <= start <= end <= its length"
+                                f"pieces[{g}][{j}] holds {p!r}: want (sequence, start, end) "
+                                f"integers with 0 <= sequence < {n} and 0 <= start <= end <= "
+                                "its length"
                             )
                         ranges.append((i, s, e))
                     rows.append(ranges)
@@ -323,11 +357,30 @@ class CPPlan(Plan):
             raise ValueError(
                 "pieces must be nested lists [gpu][slot] of (sequence, start, end)"
             ) from None
-        cp_size = check_positive_int(cp_size, "cp_size")
+        cp_size = check_cp_size(cp_size, "cp_size")
         world = len(clean)
-        replicas = world // cp_size if dp_size is None else check_positive_int(dp_size, "dp_size")
+        if world == 0:
+            raise ValueError(
+                "pieces has no GPU: it must hold one list of slots per GPU (dp_size x cp_size "
+                "of them)"
+            )
+        if dp_size is None:
+            if world % cp_size:
+                raise ValueError(
+                    f"pieces has {world} GPUs, not a multiple of cp_size={cp_size}: the mesh "
+                    "has dp_size x cp_size GPUs; give one list of slots per GPU"
+                )
+            replicas = world // cp_size
+        else:
+            replicas = check_positive_int(dp_size, "dp_size")
+            if replicas * cp_size != world:
+                raise ValueError(
+                    f"dp_size={replicas} x cp_size={cp_size} = {replicas * cp_size} GPUs, but "
+                    f"pieces has {world}; give one list of slots per GPU, or fix dp_size or "
+                    "cp_size"
+                )
         self._init_fields(clean, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy)
-        self.notes = tuple(str(x) for x in notes)
+        self.notes = check_notes(notes, "notes")
 
     def _init_fields(
         self, pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy
@@ -341,10 +394,10 @@ class CPPlan(Plan):
         self.micro_batches = [[sorted({p[0] for p in slot}) for slot in gpu] for gpu in pieces]
         self.costs = np.asarray(cp_cost.cost(lens), dtype=np.float64)
         self.per_microbatch = cp_cost.per_microbatch
-        self.max_tokens = check_positive_int(max_tokens, "max_tokens")
+        self.max_tokens = check_max_tokens(max_tokens, "max_tokens")
         self.padded = False
         self.sync = check_choice(sync, "sync", SYNC_MODELS)
-        self.strategy = str(strategy)
+        self.strategy = check_text(strategy, "strategy")
         self.size = "free"
         self.groups = None
 
@@ -566,7 +619,20 @@ class CPPlan(Plan):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> CPPlan:
-        """Rebuild a CP plan from :meth:`to_dict` output."""
+        """Rebuild a CP plan from :meth:`to_dict` output.
+
+        Every field is checked as :class:`CPPlan` checks its arguments, with the limits
+        :func:`seqbalance.plan` puts on them: ``pieces`` one list of slots per GPU,
+        ``dp_size x cp_size`` of them (``world_size``, if given, their number), ``cp_size``
+        a power of two up to ``2**14``, ``max_tokens`` below ``2**62``, ``cp_cost`` what
+        :meth:`ContextParallelCost.to_dict` writes, ``notes`` a list of strings.
+
+        Raises
+        ------
+        ValueError
+            The document is not a plan, lacks a required key, or has a bad field (the
+            message names the key).
+        """
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"not a seqbalance plan: format is {found!r}, want {FORMAT!r}")
@@ -575,15 +641,27 @@ class CPPlan(Plan):
         ]
         if missing:
             raise ValueError(f"CP plan document lacks {', '.join(missing)}")
-        return cls(
+        try:
+            cp_cost = ContextParallelCost.from_dict(data["cp_cost"])
+        except ValueError as exc:
+            raise ValueError(f"cp_cost: {exc}") from None
+        out = cls(
             data["pieces"],
             data["lengths"],
             max_tokens=data["max_tokens"],
             cp_size=data["cp_size"],
             cp=data.get("cp", "dynamic"),
-            cp_cost=ContextParallelCost.from_dict(data["cp_cost"]),
+            cp_cost=cp_cost,
             dp_size=data.get("dp_size"),
             sync=data.get("sync", "fsdp"),
             strategy=data.get("strategy", "seqbalance"),
             notes=data.get("notes", ()),
         )
+        if data.get("world_size") is not None:
+            world = check_positive_int(data["world_size"], "world_size")
+            if world != out.world_size:
+                raise ValueError(
+                    f"world_size={world} but pieces has {out.world_size} GPUs; world_size must "
+                    "be the number of GPUs (dp_size x cp_size)"
+                )
+        return out

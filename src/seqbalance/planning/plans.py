@@ -21,7 +21,9 @@ from .._validate import (
     as_weights,
     check_bool,
     check_choice,
-    check_positive_int,
+    check_max_tokens,
+    check_notes,
+    check_text,
 )
 from ..partitioning._rules import SIZES, min_count
 from ._costing import sequence_costs
@@ -118,11 +120,11 @@ class Plan:
         if self.costs.shape[0] != n:
             raise ValueError(f"costs has {self.costs.shape[0]} entries but there are {n} lengths")
         self.per_microbatch = float(as_weights([per_microbatch], "per_microbatch")[0])
-        self.max_tokens = check_positive_int(max_tokens, "max_tokens")
+        self.max_tokens = check_max_tokens(max_tokens, "max_tokens")
         self.padded = check_bool(padded, "padded")
         self.sync = check_choice(sync, "sync", SYNC_MODELS)
-        self.strategy = str(strategy)
-        self.notes = tuple(str(x) for x in notes)
+        self.strategy = check_text(strategy, "strategy")
+        self.notes = check_notes(notes, "notes")
         self.size = check_choice(size, "size", SIZES)
         self.groups = None if groups is None else as_groups(groups, n)
         self.pipeline = _pipeline(pipeline, n, self.num_micro_batches)
@@ -278,7 +280,10 @@ class Plan:
         """Fewest micro-batches per rank that the token capacity allows (a lower bound).
 
         A bin-packing bound (:func:`seqbalance.planning.bounds.min_micro_batches`), at least
-        ``ceil(total tokens / (dp * max_tokens))``.
+        ``ceil(total tokens / (dp * max_tokens))`` where every sequence fits ``max_tokens``.
+        A sequence longer than ``max_tokens`` (``plan(oversized="alone")``) runs alone, so it
+        counts as one full micro-batch: ``k`` of them and the others' bin-packing bound
+        ``B`` give ``ceil((k + B) / dp)``.
         """
         if self.dp_size < 1:
             return 0
@@ -437,7 +442,18 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:
-        """Rebuild a plan from :meth:`to_dict` output."""
+        """Rebuild a plan from :meth:`to_dict` output.
+
+        Every field is checked as :class:`Plan` checks its arguments (``max_tokens`` below
+        ``2**62`` as :func:`seqbalance.plan` requires, ``notes`` a list of strings, ...);
+        a document with ``pieces`` is a :class:`~seqbalance.planning.cp_plans.CPPlan`.
+
+        Raises
+        ------
+        ValueError
+            The document is not a plan, lacks a required key, or has a bad field (the
+            message names the key).
+        """
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"not a seqbalance plan: format is {found!r}, want {FORMAT!r}")
@@ -468,8 +484,23 @@ class Plan:
         """Rebuild a plan from a JSON string, or from a path to a JSON file.
 
         A string (or bytes) whose first non-blank character is ``{``, ``[`` or ``"`` is
-        JSON text; anything else is a path.
+        JSON text; any other string, bytes or ``os.PathLike`` is a path. Anything else
+        (None, a number, a dict) raises a ValueError: pass a dict to :meth:`from_dict`.
+
+        Raises
+        ------
+        ValueError
+            ``text_or_path`` is of another type, empty, JSON that does not parse or is not
+            a plan document, or a plan document with a bad field.
+        FileNotFoundError
+            ``text_or_path`` is not JSON text and names no existing file.
         """
+        if not isinstance(text_or_path, (str, bytes, bytearray, os.PathLike)):
+            hint = " (a dict goes to Plan.from_dict)" if isinstance(text_or_path, dict) else ""
+            raise ValueError(
+                "text_or_path must be the plan's JSON text (str or bytes) or a path to a JSON "
+                f"file, got {type(text_or_path).__name__}{hint}"
+            )
         if isinstance(text_or_path, (bytes, bytearray)):
             text_or_path = bytes(text_or_path).decode("utf-8")
         if isinstance(text_or_path, str) and not text_or_path.strip():

@@ -154,6 +154,8 @@ def step_time_lower_bound(
     :func:`seqbalance.planning.bounds.capacity_step_bound` (fewest micro-batches by a
     bin-packing bound, and under ``sync="fsdp"`` the sequences longer than half the
     capacity, which cannot share a micro-batch). This is the bound every reported gap uses.
+    A length above ``max_tokens`` (a sequence that runs alone, ``plan(oversized="alone")``)
+    counts as ``max_tokens`` there: it fills its micro-batch by itself.
 
     ``lower_bound(costs, dp_size, size=size, groups=groups) + min_micro_batches *
     per_microbatch``, where :func:`seqbalance.partitioning.lower_bound` bounds the busiest
