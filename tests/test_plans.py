@@ -186,3 +186,10 @@ def test_plan_refuses_notes_that_are_not_a_list_of_strings():
     with pytest.raises(ValueError, match="notes must be a list of strings"):
         Plan([[[0]]], [1], max_tokens=4, notes="abc")  # not one note per character
     assert Plan([[[0]]], [1], max_tokens=4, notes=("a", "b")).notes == ("a", "b")
+
+
+@pytest.mark.parametrize("rank", [1.0, None, "0", True, -1, 2])
+def test_rank_indices_refuses_what_is_not_a_rank(rank):
+    p = plan([5, 3, 8, 1, 0, 9, 2, 2], 2, 10)
+    with pytest.raises(ValueError, match="rank must be"):
+        p.rank_indices(rank)

@@ -199,6 +199,8 @@ class Plan:
     # ---- reordering --------------------------------------------------------------------
     def rank_indices(self, rank: int) -> np.ndarray:
         """Indices of rank ``rank``'s sequences, micro-batch after micro-batch (int64)."""
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
+            raise ValueError(f"rank must be an integer in [0, {self.dp_size}), got {rank!r}")
         if not 0 <= rank < self.dp_size:
             raise ValueError(f"rank must be in [0, {self.dp_size}), got {rank}")
         flat = [i for mb in self.micro_batches[rank] for i in mb]
