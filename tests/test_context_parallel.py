@@ -455,3 +455,23 @@ def test_cp_plan_of_empty_sequences_has_no_gap():
     for lengths, kw in (([0], {}), ([], {"allow_empty": True})):
         sim = sb.plan(lengths, 1, 20, cp_size=2, **kw).simulate()
         assert sim.step_time == 0.0 and sim.lower_bound == 0.0 and sim.gap == 0.0
+
+
+def test_simulate_refuses_pieces_that_miss_or_repeat_tokens():
+    # A hand-edited document: one piece of sequence 6 dropped, or one piece listed twice.
+    # violations() counts it; simulate() and stats() must not report a step for other work.
+    p = sb.plan([30, 5, 9, 17, 2, 8, 32, 3], 2, 16, cp_size=2)
+    assert p.simulate().gap >= 0
+    d = p.to_dict()
+    gone = json.loads(json.dumps(d))
+    first = gone["pieces"][0][0]
+    first.remove(first[0])
+    repeated = json.loads(json.dumps(d))
+    repeated["pieces"][0][0].append(repeated["pieces"][0][0][0])
+    for doc, word in ((gone, "1 sequences miss"), (repeated, "1 have tokens in two")):
+        bad = CPPlan.from_dict(doc)
+        assert bad.violations()["missing"] + bad.violations()["duplicated"] == 1
+        with pytest.raises(ValueError, match=word):
+            bad.simulate()
+        with pytest.raises(ValueError, match=word):
+            bad.stats()

@@ -547,8 +547,22 @@ class CPPlan(Plan):
             f"plan's own), got {type(cost).__name__}"
         )
 
+    def _check_cover(self) -> None:
+        """Refuse pieces that miss or repeat a token (a hand-edited plan): its step time and
+        gap would describe other work than the batch's."""
+        v = self.violations()
+        if v["missing"] or v["duplicated"]:
+            raise ValueError(
+                f"the pieces must hold every token of each of the {self.num_sequences} "
+                f"sequences exactly once: {v['missing']} sequences miss tokens, "
+                f"{v['duplicated']} have tokens in two pieces"
+            )
+
     def simulate(self, cost: Any = None, sync: str | None = None) -> Simulation:
-        """Simulate one step (module docstring: the rules); gap against :func:`cp_lower_bound`."""
+        """Simulate one step (module docstring: the rules); gap against :func:`cp_lower_bound`.
+
+        Raises ValueError when the pieces miss or repeat a sequence's tokens."""
+        self._check_cover()
         cpc = self._cp_cost(cost)
         bound = cp_lower_bound(self.lengths, self.world_size, self.cp_size, self.max_tokens, cpc)
         return simulate_pieces(
@@ -566,6 +580,7 @@ class CPPlan(Plan):
 
     def stats(self, cost: Any = None) -> dict[str, Any]:
         """As :meth:`Plan.stats`, per GPU, plus the CP degree histogram."""
+        self._check_cover()
         cpc = self._cp_cost(cost)
         bound = cp_lower_bound(self.lengths, self.world_size, self.cp_size, self.max_tokens, cpc)
         ddp = simulate_pieces(self.pieces, self.lengths, cpc, sync="ddp", lower_bound=bound)
