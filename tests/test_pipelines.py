@@ -195,3 +195,11 @@ def test_dropping_baselines_below_their_floor_changes_no_plan(lengths, dp, cap, 
         kept = plan(lens, dp, cap, cost=cost)
     assert skipped.micro_batches == kept.micro_batches
     assert skipped.notes == kept.notes
+
+
+def test_verl_workload_does_not_wrap_on_huge_lengths():
+    # 24576 L + L**2 passes 2**63 above L = 3,036,988,212: worked in Python ints there.
+    lens = np.array([3_100_000_000, 5, 3_036_988_212])
+    assert P.verl_workload(lens) == [24576 * 3_100_000_000 + 3_100_000_000**2, 24576 * 5 + 25,
+                                     24576 * 3_036_988_212 + 3_036_988_212**2]  # fmt: skip
+    assert min(P.verl_workload(lens)) > 0

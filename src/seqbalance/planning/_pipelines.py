@@ -56,6 +56,8 @@ def _kk_weights(values: Sequence[float] | np.ndarray) -> np.ndarray:
 def verl_workload(lengths: np.ndarray) -> list[int]:
     """verl's attention-aware weight of a sequence: ``24576 L + L**2`` (a 7B-model rule)."""
     lens = lengths.astype(np.int64)
+    if lens.size and int(lens.max()) > 3_036_988_212:  # int64 would wrap: Python ints
+        return [24576 * x + x * x for x in lens.tolist()]
     return (24576 * lens + lens * lens).tolist()
 
 
