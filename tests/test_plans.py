@@ -193,3 +193,12 @@ def test_rank_indices_refuses_what_is_not_a_rank(rank):
     p = plan([5, 3, 8, 1, 0, 9, 2, 2], 2, 10)
     with pytest.raises(ValueError, match="rank must be"):
         p.rank_indices(rank)
+
+
+def test_stats_with_a_sequence_above_the_cap():
+    # 95 runs alone, the two 1s share: micro-batches of 95 and 2 tokens under a cap of 8.
+    # Room left: 0 + 6; tokens above the cap: 87; utilisation 97 / 16 (above 1: over cap).
+    s = plan([95, 1, 1], 1, 8, oversized="alone").stats()
+    assert s["unused_tokens"] == 6
+    assert s["over_capacity_tokens"] == 87
+    assert s["capacity_utilisation"] == 97 / 16

@@ -589,7 +589,8 @@ class CPPlan(Plan):
         ranks = mb.sum(axis=1)
         mean = float(ranks.mean()) if ranks.size else 0.0
         capacity = self.world_size * self.num_micro_batches * self.max_tokens
-        used = int(self.microbatch_tokens().sum())
+        tokens = self.microbatch_tokens()
+        used = int(tokens.sum())
         deg = self.degrees()
         values, counts = np.unique(deg, return_counts=True)
         return {
@@ -608,7 +609,8 @@ class CPPlan(Plan):
             "mean": mean,
             "imbalance": float(ranks.max() / mean - 1.0) if mean > 0 else 0.0,
             "capacity_utilisation": used / capacity if capacity else 0.0,
-            "unused_tokens": capacity - used,
+            "unused_tokens": int(np.maximum(self.max_tokens - tokens, 0).sum()),
+            "over_capacity_tokens": int(np.maximum(tokens - self.max_tokens, 0).sum()),
             "lower_bound": bound,
             "gap_ddp": ddp.gap,
             "gap_fsdp": fsdp.gap,

@@ -364,8 +364,11 @@ class Plan:
 
         Returns a dict with per-rank loads (``rank_loads``), per-micro-batch loads
         (``mb_loads``, ``(dp, m)`` nested list), their spread, cv and imbalance
-        (max/mean - 1), capacity utilisation (tokens used / ``dp * m * max_tokens``),
-        unused tokens, the capacity-aware step-time lower bound of the plan's sync model
+        (max/mean - 1), capacity utilisation (tokens used / ``dp * m * max_tokens``; above
+        1 only when micro-batches break the capacity), unused tokens (room left under
+        ``max_tokens``, summed over micro-batches) and ``over_capacity_tokens`` (tokens
+        above it: sequences run alone with ``oversized="alone"``, or a baseline that
+        breaks the cap), the capacity-aware step-time lower bound of the plan's sync model
         (``lower_bound``; per model ``lower_bound_ddp`` and ``lower_bound_fsdp``), and the gap
         to it under both sync models.
         """
@@ -377,7 +380,8 @@ class Plan:
         ranks = mb.sum(axis=1)
         mean = float(ranks.mean()) if ranks.size else 0.0
         capacity = self.dp_size * self.num_micro_batches * self.max_tokens
-        used = int(self.microbatch_tokens().sum())
+        tokens = self.microbatch_tokens()
+        used = int(tokens.sum())
         return {
             "strategy": self.strategy,
             "dp_size": self.dp_size,
@@ -393,7 +397,8 @@ class Plan:
             "imbalance": float(ranks.max() / mean - 1.0) if mean > 0 else 0.0,
             "mb_spread": float(mb.max() - mb.min()) if mb.size else 0.0,
             "capacity_utilisation": used / capacity if capacity else 0.0,
-            "unused_tokens": capacity - used,
+            "unused_tokens": int(np.maximum(self.max_tokens - tokens, 0).sum()),
+            "over_capacity_tokens": int(np.maximum(tokens - self.max_tokens, 0).sum()),
             "lower_bound": bound,
             "lower_bound_ddp": ddp.lower_bound,
             "lower_bound_fsdp": fsdp.lower_bound,
