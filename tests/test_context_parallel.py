@@ -475,3 +475,11 @@ def test_simulate_refuses_pieces_that_miss_or_repeat_tokens():
             bad.simulate()
         with pytest.raises(ValueError, match=word):
             bad.stats()
+
+
+def test_cp_from_dict_refuses_a_num_micro_batches_that_disagrees():
+    d = sb.plan([30, 5, 9, 17, 2, 8, 32, 3], 2, 16, cp_size=2).to_dict()
+    assert CPPlan.from_dict(d).num_micro_batches == d["num_micro_batches"]
+    d["num_micro_batches"] += 1
+    with pytest.raises(ValueError, match="num_micro_batches is"):
+        CPPlan.from_dict(d)

@@ -202,3 +202,13 @@ def test_stats_with_a_sequence_above_the_cap():
     assert s["unused_tokens"] == 6
     assert s["over_capacity_tokens"] == 87
     assert s["capacity_utilisation"] == 97 / 16
+
+
+@pytest.mark.parametrize("key, value", [("dp_size", 4), ("num_micro_batches", 9)])
+def test_from_dict_refuses_derived_fields_that_disagree(key, value):
+    # Both follow from micro_batches; an edited value would silently do nothing.
+    d = plan([5, 3, 8, 1, 0, 9, 2, 2], 2, 10).to_dict()
+    assert Plan.from_dict(d).to_dict() == d
+    d[key] = value
+    with pytest.raises(ValueError, match=f"{key} is {value}"):
+        Plan.from_dict(d)

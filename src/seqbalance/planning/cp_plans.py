@@ -53,7 +53,7 @@ from .._validate import (
 )
 from ..costs.context_parallel import ContextParallelCost
 from ..partitioning.stats import relative_gap
-from .plans import FORMAT, Plan
+from .plans import FORMAT, Plan, check_derived
 from .simulation import SYNC_MODELS, Simulation, check_equal_counts, lockstep_timeline
 
 __all__ = [
@@ -674,6 +674,7 @@ class CPPlan(Plan):
             strategy=data.get("strategy", "seqbalance"),
             notes=data.get("notes", ()),
         )
+        check_derived(data, out, ("num_micro_batches",))
         if data.get("world_size") is not None:
             world = check_positive_int(data["world_size"], "world_size")
             if world != out.world_size:

@@ -43,6 +43,17 @@ def capacity_min_micro_batches(lengths: np.ndarray, dp_size: int, max_tokens: in
     return max(1, math.ceil(int(lengths.sum()) / (dp_size * max_tokens)))
 
 
+def check_derived(data: dict[str, Any], plan: Any, keys: tuple[str, ...]) -> None:
+    """Refuse a document whose derived fields (``keys``, written by ``to_dict`` but not
+    read back) disagree with the plan rebuilt from it: an edit there would do nothing."""
+    for key in keys:
+        if data.get(key) is not None and data[key] != getattr(plan, key):
+            raise ValueError(
+                f"{key} is {data[key]!r} but the plan's micro-batches give "
+                f"{getattr(plan, key)!r}; {key} follows from them (edit those instead)"
+            )
+
+
 class Plan:
     """A micro-batch schedule for every data-parallel rank.
 
@@ -471,7 +482,7 @@ class Plan:
         missing = [k for k in ("micro_batches", "lengths", "max_tokens") if k not in data]
         if missing:
             raise ValueError(f"plan document lacks {', '.join(missing)}")
-        return cls(
+        out = cls(
             data["micro_batches"],
             data["lengths"],
             max_tokens=data["max_tokens"],
@@ -485,6 +496,8 @@ class Plan:
             groups=data.get("groups"),
             pipeline=data.get("pipeline"),
         )
+        check_derived(data, out, ("dp_size", "num_micro_batches"))
+        return out
 
     @classmethod
     def from_json(cls, text_or_path: str | bytes | os.PathLike[str]) -> Plan:
