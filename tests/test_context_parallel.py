@@ -483,3 +483,13 @@ def test_cp_from_dict_refuses_a_num_micro_batches_that_disagrees():
     d["num_micro_batches"] += 1
     with pytest.raises(ValueError, match="num_micro_batches is"):
         CPPlan.from_dict(d)
+
+
+def test_cp_pieces_refuse_bools():
+    # True and False pass operator.index as 1 and 0; in a piece they are a typo, not a range.
+    d = sb.plan([30, 5, 9, 17, 2, 8, 32, 3], 2, 16, cp_size=2).to_dict()
+    seq, start, end = d["pieces"][0][0][0]
+    assert start == 0  # the first piece of a sequence starts at its first token
+    d["pieces"][0][0][0] = [seq, False, end]
+    with pytest.raises(ValueError, match="want \\(sequence, start, end\\) integers"):
+        CPPlan.from_dict(d)

@@ -341,8 +341,10 @@ class CPPlan(Plan):
                     ranges = []
                     for p in slot:
                         try:
+                            if any(isinstance(v, (bool, np.bool_)) for v in p):
+                                raise ValueError  # True is an int to operator.index
                             i, s, e = (operator.index(v) for v in p)
-                        except ValueError:  # not three values
+                        except ValueError:  # not three values, or a bool among them
                             i = s = e = -1
                         if not (0 <= i < n and 0 <= s <= e <= lens[i]):
                             raise ValueError(
