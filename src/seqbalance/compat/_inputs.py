@@ -9,19 +9,19 @@ is recognised by its methods.
 from __future__ import annotations
 
 import importlib
-import operator
 import sys
 from typing import Any, Callable
 
 import numpy as np
 
-from .._validate import MAX_LENGTH, first_not_whole
+from .._validate import MAX_LENGTH, check_nonnegative_int, check_positive_int, first_not_whole
 from .._validate import to_numpy as _core_to_numpy
 
 __all__ = [
     "CompatAssertionError",
     "CompatRuntimeError",
     "Patcher",
+    "check_index_lists",
     "count_arg",
     "grow_to",
     "is_tensor",
@@ -120,17 +120,33 @@ def count_arg(
     v = value.item() if is_tensor(value) and value.numel() == 1 else value
     if isinstance(v, (float, np.floating)) and float(v).is_integer():
         v = int(v)
-    try:
-        if isinstance(v, (bool, np.bool_)):
-            raise TypeError
-        out = operator.index(v)
-    except TypeError:
-        raise error(f"{name} must be an integer >= {minimum}, got {value!r}") from None
-    if out < minimum:
-        raise error(f"{name} must be >= {minimum}, got {out}")
+    try:  # the core's check (bools and non-integers refused, the minimum), in our type
+        out = (check_positive_int if minimum == 1 else check_nonnegative_int)(v, name)
+    except ValueError as exc:
+        raise error(str(exc)) from None
     if maximum is not None and out > maximum:
         raise error(f"{name} = {out} is above {maximum:,}, the most this call can use")
-    return int(out)
+    return out
+
+
+def check_index_lists(
+    parts: Any, n: int, name: str, error: type = CompatAssertionError, part: str = "part",
+    distinct: bool = False,
+) -> None:
+    """Each of ``parts`` a list of integer indices into ``n`` items, else ``error`` naming
+    the first bad one (``distinct``: no index in two places either). Framework metrics and
+    splitting helpers index with them, where a bad one raised IndexError or was copied."""
+    seen: set[int] = set()
+    for p, members in enumerate(parts):
+        for i in members:
+            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
+                raise error(f"{name}[{p}] holds {i!r}, not an index")
+            if not 0 <= i < n:
+                raise error(f"{name}[{p}] holds index {i}, outside the {n} items (0..{n - 1})")
+            if distinct:
+                if i in seen:
+                    raise error(f"index {i} is in more than one {part} ({name}[{p}])")
+                seen.add(int(i))
 
 
 def to_python_list(values: Any) -> list[Any]:

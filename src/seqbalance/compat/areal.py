@@ -25,6 +25,7 @@ from ._inputs import (
     CompatAssertionError,
     CompatRuntimeError,
     Patcher,
+    check_index_lists,
     count_arg,
     grow_to,
     is_tensor,
@@ -286,13 +287,7 @@ def _compute_packing_metrics(values: Any, partitions: Any, capacity: int) -> dic
     Keys: n_groups, group_sums, max_load, min_load, mean_load, spread, imbalance_ratio,
     std_dev, cv, max_load_ratio, utilization, wasted_tokens.
     """
-    n = len(values)
-    for p, g in enumerate(partitions):
-        for i in g:
-            if not isinstance(i, (int, np.integer)) or isinstance(i, bool) or not 0 <= i < n:
-                raise ValueError(
-                    f"partitions[{p}] holds {i!r}, not an index into the {n} values"
-                )
+    check_index_lists(partitions, len(values), "partitions", ValueError)
     sums = [sum(values[i] for i in g) for g in partitions]
     k = len(sums)
     if k == 0:

@@ -29,6 +29,7 @@ from ._core import framework_is_better, plan
 from ._inputs import (
     CompatAssertionError,
     Patcher,
+    check_index_lists,
     count_arg,
     patch_all,
     to_numpy,
@@ -257,7 +258,7 @@ def expand_bins_by_splitting(bins: list[list[int]], target_count: int, lengths: 
     if len(bins) >= target_count:
         return
     lens = _lengths(lengths, "lengths")
-    _check_bins(bins, lens.shape[0])
+    check_index_lists(bins, lens.shape[0], "bins", part="bin", distinct=True)
     multi = [b for b in bins if len(b) > 1]
     if not multi:
         return
@@ -272,22 +273,6 @@ def expand_bins_by_splitting(bins: list[list[int]], target_count: int, lengths: 
                  baselines=False)
         new = [[rest[j] for j in mb] for mb in p.micro_batches[0]]
     bins[:] = sorted(alone + new, key=lambda b: b[0])
-
-
-def _check_bins(bins: list[list[int]], n: int) -> None:
-    """Each bin a list of sample indices into ``n`` lengths, no index twice."""
-    seen: set[int] = set()
-    for b, members in enumerate(bins):
-        for i in members:
-            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-                raise CompatAssertionError(f"bins[{b}] holds {i!r}, not a sample index")
-            if not 0 <= i < n:
-                raise CompatAssertionError(
-                    f"bins[{b}] holds index {i}, outside the {n} lengths given"
-                )
-            if i in seen:
-                raise CompatAssertionError(f"sample {i} is in more than one bin (bins[{b}])")
-            seen.add(int(i))
 
 
 # ---- DP schedule (slime.utils.dp_schedule) --------------------------------------------

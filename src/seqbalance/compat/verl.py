@@ -29,6 +29,7 @@ from ._core import framework_is_better, partition, plan
 from ._inputs import (
     CompatAssertionError,
     Patcher,
+    check_index_lists,
     count_arg,
     grow_to,
     is_tensor,
@@ -216,14 +217,7 @@ def log_seqlen_unbalance(seqlen_list: Any, partitions: Any, prefix: str) -> dict
         raise CompatAssertionError(
             f"nothing to measure: {len(x)} lengths in {k} partitions; pass both"
         )
-    for p, members in enumerate(partitions):
-        for i in members:
-            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-                raise CompatAssertionError(f"partitions[{p}] holds {i!r}, not an index")
-            if not 0 <= i < len(x):
-                raise CompatAssertionError(
-                    f"partitions[{p}] holds index {i}, outside the {len(x)} lengths"
-                )
+    check_index_lists(partitions, len(x), "partitions")
     size = max(1, len(x) // k)
     chunks = [sum(x[o : o + size]) for o in range(0, len(x), size)]
     balanced = [sum(x[i] for i in p) for p in partitions]
