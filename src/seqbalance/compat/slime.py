@@ -278,13 +278,14 @@ def expand_bins_by_splitting(bins: list[list[int]], target_count: int, lengths: 
 # ---- DP schedule (slime.utils.dp_schedule) --------------------------------------------
 
 
-def _rollout_steps(rollout_indices: Any, global_batch_size: int) -> list[list[int]]:
+def _rollout_steps(ids: list[Any], global_batch_size: int) -> list[list[int]]:
     """Sample positions of each training step: rollouts in first-seen order, their samples
-    kept together, ``global_batch_size`` rollouts a step, trailing rollouts dropped."""
+    kept together, ``global_batch_size`` rollouts a step, trailing rollouts dropped.
+    ``ids``: one rollout id per sample, a plain list (:func:`to_python_list`)."""
     by_rollout: dict[Any, list[int]] = {}
     # As slime, ids as given (a list keeps 1 and "1" apart, and tuples hashable; numpy
     # would merge the first and split the second).
-    for pos, rid in enumerate(to_python_list(rollout_indices)):
+    for pos, rid in enumerate(ids):
         by_rollout.setdefault(rid, []).append(pos)
     rollouts = list(by_rollout.values())
     steps = len(rollouts) // global_batch_size
