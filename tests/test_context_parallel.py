@@ -485,6 +485,40 @@ def test_cp_from_dict_refuses_a_num_micro_batches_that_disagrees():
         CPPlan.from_dict(d)
 
 
+@pytest.mark.parametrize(
+    "key, edit",
+    [
+        ("micro_batches", lambda v: [[[*slot[::-1], 0] for slot in gpu] for gpu in v]),
+        ("costs", lambda v: [c * 2 for c in v]),
+        ("per_microbatch", lambda v: v + 1.0),
+        ("padded", lambda v: True),
+        ("size", lambda v: "balanced"),
+        ("groups", lambda v: [0] * 8),
+        ("pipeline", lambda v: {"pp_size": 2}),
+    ],
+)
+def test_cp_from_dict_refuses_derived_fields_that_disagree(key, edit):
+    # A CP plan takes these from pieces, lengths and cp_cost; an edit would do nothing.
+    d = sb.plan([30, 5, 9, 17, 2, 8, 32, 3], 2, 16, cp_size=2).to_dict()
+    assert CPPlan.from_dict(d).to_dict() == d
+    d[key] = edit(d.get(key))
+    with pytest.raises(ValueError, match=f"{key} is .* but pieces, lengths and cp_cost give"):
+        CPPlan.from_dict(d)
+
+
+def test_cp_from_dict_takes_derived_fields_left_out_or_in_other_containers():
+    p = sb.plan([30, 5, 9, 17, 2, 8, 32, 3], 2, 16, cp_size=2)
+    d = p.to_dict()
+    derived = ("micro_batches", "costs", "per_microbatch", "padded", "size", "groups")
+    bare = {k: v for k, v in d.items() if k not in (*derived, "num_micro_batches")}
+    assert CPPlan.from_dict(bare).to_dict() == d
+    # Built in Python: tuples and numpy arrays where JSON has lists; costs off by one ulp.
+    typed = dict(d)
+    typed["micro_batches"] = [tuple(tuple(s) for s in gpu) for gpu in d["micro_batches"]]
+    typed["costs"] = np.nextafter(np.asarray(d["costs"]), np.inf)
+    assert CPPlan.from_dict(typed).to_dict() == d
+
+
 def test_cp_pieces_refuse_bools():
     # True and False pass operator.index as 1 and 0; in a piece they are a typo, not a range.
     d = sb.plan([30, 5, 9, 17, 2, 8, 32, 3], 2, 16, cp_size=2).to_dict()

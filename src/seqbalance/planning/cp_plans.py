@@ -676,7 +676,23 @@ class CPPlan(Plan):
             strategy=data.get("strategy", "seqbalance"),
             notes=data.get("notes", ()),
         )
-        check_derived(data, out, ("num_micro_batches",))
+        # Written by to_dict for a Plan's readers, but CP plans derive them from pieces,
+        # lengths and cp_cost: an edited one would silently do nothing.
+        check_derived(
+            data,
+            out,
+            (
+                "num_micro_batches",
+                "micro_batches",
+                "costs",
+                "per_microbatch",
+                "padded",
+                "size",
+                "groups",
+                "pipeline",
+            ),
+            source="pieces, lengths and cp_cost",
+        )
         if data.get("world_size") is not None:
             world = check_positive_int(data["world_size"], "world_size")
             if world != out.world_size:

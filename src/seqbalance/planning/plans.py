@@ -43,15 +43,57 @@ def capacity_min_micro_batches(lengths: np.ndarray, dp_size: int, max_tokens: in
     return max(1, math.ceil(int(lengths.sum()) / (dp_size * max_tokens)))
 
 
-def check_derived(data: dict[str, Any], plan: Any, keys: tuple[str, ...]) -> None:
+def _plain(value: Any) -> Any:
+    """``value`` as JSON would give it back: tuples and arrays as lists, numpy scalars as
+    Python numbers (so a document built in Python compares equal to one read from JSON)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def check_derived(
+    data: dict[str, Any],
+    plan: Any,
+    keys: tuple[str, ...],
+    source: str = "the plan's micro-batches",
+) -> None:
     """Refuse a document whose derived fields (``keys``, written by ``to_dict`` but not
-    read back) disagree with the plan rebuilt from it: an edit there would do nothing."""
+    read back) disagree with the plan rebuilt from it: an edit there would do nothing.
+
+    ``source`` names what those fields follow from, for the message."""
+    written = plan.to_dict()
     for key in keys:
-        if data.get(key) is not None and data[key] != getattr(plan, key):
+        if data.get(key) is None and written.get(key) is not None:
+            continue  # absent: nothing was edited
+        if not _same(_plain(data.get(key)), _plain(written.get(key))):
             raise ValueError(
-                f"{key} is {data[key]!r} but the plan's micro-batches give "
-                f"{getattr(plan, key)!r}; {key} follows from them (edit those instead)"
+                f"{key} is {_short(data[key])} but {source} give {_short(written.get(key))}; {key} "
+                "follows from them (edit those instead, or leave it out)"
             )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, or numbers (lists of them) equal to 1e-9 relative: a cost written by another
+    version of the arithmetic is not an edit."""
+    if a == b:
+        return True
+    if isinstance(a, bool) or isinstance(b, bool):
+        return False
+    try:
+        x = np.asarray(a, dtype=np.float64)
+        y = np.asarray(b, dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    return x.shape == y.shape and bool(np.allclose(x, y, rtol=1e-9, atol=0.0))
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class Plan:
