@@ -99,6 +99,45 @@ def test_tree_packers_match_a_plain_scan(t, cap, nbins, decreasing):
     assert best_fit(order, arr, cap, nbins) == _best_fit_scan(order, t, cap, nbins)
 
 
+def _first_fit_alone_scan(order, t, cap, nbins):
+    # Bins open left to right; an item above the cap opens the next one and leaves it
+    # with negative room, so nothing (not even an empty item) joins it.
+    room, bins = [], []
+    for i in order:
+        b = next((b for b in range(len(room)) if room[b] >= t[i]), None)
+        if b is None:
+            if len(room) == nbins:
+                return None
+            room.append(cap)
+            bins.append([])
+            b = len(room) - 1
+        room[b] -= t[i]
+        bins[b].append(i)
+    return bins + [[] for _ in range(nbins - len(bins))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    t=st.lists(st.integers(0, 90), min_size=0, max_size=40),
+    cap=st.integers(1, 60),
+    nbins=st.integers(1, 45),
+)
+def test_first_fit_with_items_above_the_cap_alone_matches_a_plain_scan(t, cap, nbins):
+    arr = np.array(t, dtype=np.int64)
+    order = list(range(len(t)))
+    got = first_fit(order, arr, cap, nbins, alone_above_cap=True)
+    assert got == _first_fit_alone_scan(order, t, cap, nbins)
+    if got is not None:
+        for b in got:
+            assert sum(t[i] for i in b) <= cap or len(b) == 1
+
+
+def test_first_fit_keeps_an_empty_item_out_of_an_oversized_bin():
+    t = np.array([95, 0, 3], dtype=np.int64)
+    assert first_fit([0, 1, 2], t, 8, 3, alone_above_cap=True) == [[0], [1, 2], []]
+    assert first_fit([0, 1, 2], t, 8, 3) is None  # without the option 95 fits nowhere
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     w=st.lists(st.integers(1, 100), min_size=4, max_size=12),

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -155,34 +155,47 @@ def _padded_bins(
     return bins
 
 
-def first_fit(order: list[int], t: np.ndarray, cap: int, nbins: int) -> list[list[int]] | None:
+def first_fit(
+    order: Sequence[int], t: np.ndarray, cap: int, nbins: int, *, alone_above_cap: bool = False
+) -> list[list[int]] | None:
     """Packed first fit: each item, in ``order``, into the first of ``nbins`` bins with room.
 
     Returns all ``nbins`` bins (trailing ones may be empty), or None if an item fits nowhere.
     ``O(n log nbins)``: a max-tree over the bins' free room finds the leftmost bin with
     room for an item by one walk from the root (go left whenever the left subtree has a
     bin with room), and an update walks back up, stopping where a maximum is unchanged.
+
+    With ``alone_above_cap`` an item longer than ``cap`` goes into the first bin never
+    used, which keeps its negative room: no later item joins it, not even an empty one.
+    (Bins are used left to right, so that is the count of bins used so far.)
     """
     if nbins < 1:
         return None if len(order) else []
     size = 1 << (nbins - 1).bit_length()
-    tree = [0] * (2 * size)  # tree[k] = most free room among the bins under node k
+    tree = [-1] * (2 * size)  # tree[k] = most free room among the bins under node k
     tree[size : size + nbins] = [int(cap)] * nbins
     for k in range(size - 1, 0, -1):
         tree[k] = max(tree[2 * k], tree[2 * k + 1])
     items: list[list[int]] = [[] for _ in range(nbins)]
+    used = 0
     tl = t.tolist()
     for i in order:
         x = tl[i]
-        if tree[1] < x:
+        if tree[1] >= x:
+            k = 1
+            while k < size:
+                k <<= 1
+                if tree[k] < x:
+                    k += 1
+        elif alone_above_cap and x > cap and used < nbins:
+            k = size + used
+        else:
             return None
-        k = 1
-        while k < size:
-            k <<= 1
-            if tree[k] < x:
-                k += 1
         tree[k] -= x
-        items[k - size].append(i)
+        b = k - size
+        items[b].append(i)
+        if b == used:
+            used += 1
         k >>= 1
         while k:
             left, right = tree[2 * k], tree[2 * k + 1]

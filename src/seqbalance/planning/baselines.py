@@ -104,10 +104,10 @@ def _first_fit(items: list[int], lengths: np.ndarray, cap: int) -> list[list[int
 
     A sequence longer than ``cap`` gets a micro-batch of its own (a reported violation).
     """
-    # Over-long sequences open (and fill) their own bin. Only these items' lengths: a
-    # rank's slice of a large batch must not cost a pass over the whole batch.
-    t = np.minimum(lengths[np.asarray(items, dtype=np.int64)], cap)
-    bins = first_fit(list(range(len(items))), t, cap, nbins=len(items))
+    # Only these items' lengths: a rank's slice of a large batch must not cost a pass
+    # over the whole batch.
+    t = lengths[np.asarray(items, dtype=np.int64)]
+    bins = first_fit(list(range(len(items))), t, cap, nbins=len(items), alone_above_cap=True)
     assert bins is not None  # one bin per item always suffices
     return [[items[p] for p in b] for b in bins if b]
 
