@@ -905,7 +905,9 @@ def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
     return float(loads.max()) + len(grid[0]) * req.c0
 
 
-def _levelled(req: _Request, candidates: list[Plan]) -> list[Plan]:
+def _levelled(
+    req: _Request, candidates: list[Plan], known: dict[int, float] | None = None
+) -> list[Plan]:
     """Step 4a (fsdp, packed, no pipeline): each candidate that may still win, its slots
     refilled toward their levels (:func:`._slots.fill_to_levels`) where that is faster.
 
@@ -919,13 +921,17 @@ def _levelled(req: _Request, candidates: list[Plan]) -> list[Plan]:
     slots are far apart before refilling, get it where the plan is well above the bound,
     and most candidates are never refilled. Steps are compared in the requested
     micro-batch order (``order="index"`` sorts each rank on its own, which can undo what
-    the refill lined up).
+    the refill lined up). ``known`` maps ``id(plan)`` to steps already computed.
     """
     if req.sync != "fsdp" or req.padded or req.pp is not None or req.dp < 2 or not candidates:
         return candidates
     m_min = min(p.num_micro_batches for p in candidates)
     pool = [i for i, p in enumerate(candidates) if req.extra or p.num_micro_batches == m_min]
-    step = {i: _step_in_order(req, candidates[i].micro_batches) for i in pool}
+    known = known or {}
+    step = {}
+    for i in pool:
+        c = candidates[i]
+        step[i] = known[id(c)] if id(c) in known else _step_in_order(req, c.micro_batches)
 
     floors = {i: _busiest_floor(req, candidates[i].micro_batches) for i in pool}
     slots: float | None = None  # the FSDP slot bounds, computed once if needed
@@ -1274,14 +1280,13 @@ def plan(
             candidates.extend(found)
     m_best = min((p.num_micro_batches for p in candidates), default=None)
     candidates.extend(_full_rank_candidates(req, m_best, candidates))
+    known: dict[int, float] = {}  # id(plan) -> step in order, for _levelled
     if not req.extra and use_baselines:
-        best_step = min(
-            (_step_in_order(req, p.micro_batches) for p in candidates
-             if p.num_micro_batches == m_best),
-            default=None,
-        )  # fmt: skip
+        known = {id(p): _step_in_order(req, p.micro_batches) for p in candidates
+                 if p.num_micro_batches == m_best}  # fmt: skip
+        best_step = min(known.values(), default=None)
         candidates.extend(_pipeline_candidates(req, m_best, best_step))
-    best = _pick(req, _levelled(req, candidates), problems, len(splits))
+    best = _pick(req, _levelled(req, candidates, known), problems, len(splits))
     alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
     if pp is not None:
         # Packings were compared in their best starting order; search the winner's order.
