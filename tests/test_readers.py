@@ -296,3 +296,12 @@ def test_non_utf8_file_names_the_file_and_the_fix(tmp_path, name):
     p.write_bytes("n\n5\n".encode("utf-16"))
     with pytest.raises(ValueError, match=rf"{name}: not UTF-8 text.*save it as UTF-8"):
         read_lengths(p)
+
+
+def test_parquet_duplicate_column_names_are_refused(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([1, 2]), pa.array([3, 4])], ["n", "n"]), p)
+    with pytest.raises(ValueError, match="column 'n' appears 2 times"):
+        read_lengths(p, "n")

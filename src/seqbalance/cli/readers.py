@@ -74,6 +74,17 @@ def _pick(columns: Sequence[str], column: str | None, path: Path, what: str) -> 
     return column
 
 
+def _unique(columns: Sequence[str], key: str, path: Path) -> str:
+    """``key``, refused when several columns bear that name (which one is meant?)."""
+    count = list(columns).count(key)
+    if count > 1:
+        raise ValueError(
+            f"{path}: column {key!r} appears {count} times in the header; rename the "
+            "columns so that each name is used once"
+        )
+    return key
+
+
 def _number(text: str, where: str) -> int | float:
     s = text.strip()
     try:
@@ -186,12 +197,7 @@ def _read_csv(path: Path, column: str | None, what: str) -> list[Any]:
         if header is None:
             raise ValueError(f"{path} is empty; a CSV file needs a header row naming its columns")
         header = [h.strip() for h in header]
-        key = _pick(header, column, path, what)
-        if header.count(key) > 1:  # index() would silently take the first
-            raise ValueError(
-                f"{path}: column {key!r} appears {header.count(key)} times in the header; "
-                "rename the columns so that each name is used once"
-            )
+        key = _unique(header, _pick(header, column, path, what), path)
         k = header.index(key)
         out = []
         for rowno, row in enumerate(reader, start=2):
@@ -241,7 +247,7 @@ def _read_parquet(path: Path, column: str | None, what: str) -> list[Any]:
             "seqbalance checkout) or pip install pyarrow"
         ) from None
     names = list(pq.read_schema(path).names)
-    key = _pick(names, column, path, what)
+    key = _unique(names, _pick(names, column, path, what), path)
     return pq.read_table(path, columns=[key]).column(key).to_pylist()
 
 
