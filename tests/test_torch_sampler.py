@@ -135,6 +135,9 @@ def test_property_exact_cover(lengths, world, batch, drop_last, seed):
                       drop_last=drop_last)
         steps = [per_step(s) for s in ss]
     except ValueError as exc:
+        if drop_last and n < batch:  # no step at all: refused
+            assert "drop_last=False" in str(exc)
+            return
         # Without allow_empty a step needs a sequence in each of its world x m micro-batches,
         # where m is forced by the capacity: ceil(min bins / world) per rank.
         assert "allow_empty" in str(exc)
@@ -374,3 +377,23 @@ def test_pack_collate_keeps_dtype_with_an_empty_sample():
     assert b["labels"].dtype == torch.int64
     assert b["cu_seqlens"].tolist() == [0, 0, 2]
     assert pack_collate([[], []])["input_ids"].dtype == torch.int64
+
+
+def test_drop_last_with_fewer_samples_than_a_batch_is_refused():
+    # Every sample was dropped every epoch: len(sampler) == 0 and training did nothing.
+    with pytest.raises(ValueError, match=r"3 items.*global_batch_size=4.*drop_last=False"):
+        BalancedDistributedSampler([1, 2, 3], 4, 8, num_replicas=2, rank=0, drop_last=True)
+    ss = samplers([1, 2, 3, 4], 2, global_batch_size=4, max_tokens=8, drop_last=True)
+    assert sorted(i for s in ss for mb in s for i in mb) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"sync": "bogus"}, "sync"), ({"cost": "no-such-model"}, "unknown cost")],
+)
+def test_empty_dataset_still_checks_the_options(options, match):
+    # With no step to plan, nothing looked at the options.
+    with pytest.raises(ValueError, match=match):
+        BalancedDistributedSampler([], 4, 8, num_replicas=2, rank=0, **options)
+    s = BalancedDistributedSampler([], 4, 8, num_replicas=2, rank=0)
+    assert len(s) == 0 and list(s) == []
