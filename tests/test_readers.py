@@ -229,3 +229,79 @@ def test_docstring_examples():
 
     result = doctest.testmod(seqbalance.cli.readers)
     assert result.attempted > 0 and result.failed == 0
+
+
+# ---- byte-order marks, ragged rows, duplicate names, encodings ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "column"),
+    [
+        ("a.txt", "120\n4096\n7\n0\n32768\n", None),
+        ("a.csv", "n\n120\n4096\n7\n0\n32768\n", "n"),
+        ("a.tsv", "id\tn\na\t120\nb\t4096\nc\t7\nd\t0\ne\t32768\n", "n"),
+        ("a.json", json.dumps(LENGTHS), None),
+        ("a.jsonl", "".join(json.dumps({"n": x}) + "\n" for x in LENGTHS), "n"),
+    ],
+)
+def test_utf8_byte_order_mark_is_skipped(tmp_path, name, text, column):
+    """Spreadsheet exports (Excel's "CSV UTF-8") start with a BOM: it is not part of the
+    first value or column name."""
+    p = tmp_path / name
+    p.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert read_lengths(p, column).tolist() == LENGTHS
+
+
+def test_csv_row_with_more_cells_than_header_is_refused(tmp_path):
+    # "1,200" is one length written with a thousands separator, or a shifted row: reading
+    # the first cell alone would silently give 1.
+    p = _write(tmp_path / "a.csv", "n\n5\n1,200\n7\n")
+    with pytest.raises(ValueError, match=r"a.csv:3: row has 2 cells but the header names 1"):
+        read_lengths(p)
+
+
+def test_csv_row_with_fewer_cells_than_header_is_refused(tmp_path):
+    # With a cell missing, the cells after it have shifted into the wrong columns.
+    p = _write(tmp_path / "a.csv", "id,n,label\na,5,x\nb,7\n")
+    with pytest.raises(ValueError, match=r"a.csv:3: row has 2 cells but the header names 3"):
+        read_lengths(p, "n")
+
+
+def test_csv_trailing_empty_cells_are_fine(tmp_path):
+    p = _write(tmp_path / "a.csv", "id,n\na,5,\nb,7,,\n")
+    assert read_lengths(p, "n").tolist() == [5, 7]
+
+
+@pytest.mark.parametrize("header", ["n,n", "n, n ", "id,n,n"])
+def test_csv_duplicate_column_names_are_refused(tmp_path, header):
+    cells = len(header.split(","))
+    p = _write(tmp_path / "a.csv", f"{header}\n" + ",".join(["1"] * cells) + "\n")
+    with pytest.raises(ValueError, match="column 'n' appears 2 times"):
+        read_lengths(p, "n")
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("a.json", '[{"n": 1, "n": 2}]'), ("a.jsonl", '{"n": 1}\n{"n": 2, "n": 3}\n')],
+)
+def test_json_duplicate_keys_are_refused(tmp_path, name, text):
+    # json keeps the last of two equal keys without a word; which one is meant is unknown.
+    with pytest.raises(ValueError, match="field 'n' appears twice"):
+        read_lengths(_write(tmp_path / name, text), "n")
+
+
+@pytest.mark.parametrize("name", ["a.txt", "a.csv", "a.json", "a.jsonl"])
+def test_non_utf8_file_names_the_file_and_the_fix(tmp_path, name):
+    p = tmp_path / name
+    p.write_bytes("n\n5\n".encode("utf-16"))
+    with pytest.raises(ValueError, match=rf"{name}: not UTF-8 text.*save it as UTF-8"):
+        read_lengths(p)
+
+
+def test_parquet_duplicate_column_names_are_refused(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    p = tmp_path / "a.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([1, 2]), pa.array([3, 4])], ["n", "n"]), p)
+    with pytest.raises(ValueError, match="column 'n' appears 2 times"):
+        read_lengths(p, "n")

@@ -150,3 +150,62 @@ def test_restore_errors_reach_every_rank(kind, expected):
     assert {name for name, _ in out} == {"RankAgreementError"}
     assert len({msg for _, msg in out}) == 1
     assert expected in out[0][1]
+
+
+@pytest.mark.parametrize(
+    ("cu", "expected"),
+    [
+        ([2, 6, 12], "start at 0"),  # per-token tensors then matched no key and were dropped
+        ([0.0, 4.0, 10.0], "integer tensor"),
+        ([[0, 4, 10]], "1-D"),
+    ],
+)
+def test_shard_refuses_malformed_cu_seqlens(cu, expected):
+    p = sb.plan([4, 6], 1, 8, cp_size=2, cp="dynamic")
+    batch = {"input_ids": torch.arange(10), "cu_seqlens": torch.tensor(cu)}
+    with pytest.raises(ValueError, match=expected):
+        cp_shard(batch, p, 0)
+
+
+@pytest.mark.parametrize("rank", [1.7, True, "1", np.float64(1.0)])
+def test_shard_refuses_a_rank_that_is_not_an_integer(rank):
+    # int(1.7) silently took GPU 1's pieces.
+    lengths, p = case(2, 4, 2)
+    with pytest.raises(ValueError, match="rank must be an integer"):
+        cp_shard(packed(lengths, 0), p, rank)
+
+
+def test_shard_accepts_numpy_and_tensor_ranks():
+    lengths, p = case(2, 4, 2)
+    batch = packed(lengths, 0)
+    for rank in (np.int64(1), torch.tensor(1)):
+        mbs, handle = cp_shard(batch, p, rank)
+        check_shard(mbs, p, 1, lengths)
+        assert handle.rank == 1
+
+
+def test_shard_refuses_token_keys_as_a_string():
+    lengths, p = case(2, 4, 2)
+    with pytest.raises(ValueError, match=r"token_keys must be a collection.*\['input_ids'\]"):
+        cp_shard(packed(lengths, 0), p, 0, token_keys="input_ids")
+
+
+def _restore_swapped(rank: int, world: int):
+    lengths, p = case(3, world, 2)
+    batch = packed(lengths, 3)
+    gpu = world - 1 - rank  # this process shards as another plan GPU than its group rank
+    mbs, handle = cp_shard(batch, p, gpu)
+    try:
+        handle.restore([mb["payload"] for mb in mbs])
+    except ValueError as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+def test_restore_refuses_a_plan_gpu_other_than_the_group_rank():
+    """restore puts what group rank g sends where plan GPU g's tokens go: a process that
+    sharded as another GPU got every other GPU's outputs in the wrong places."""
+    out = run_distributed(_restore_swapped, 2, timeout=TIMEOUT, collective_timeout=30)
+    assert {name for name, _ in out} == {"RankAgreementError"}
+    assert len({msg for _, msg in out}) == 1
+    assert "rank 0 in the group but GPU 1 of the plan" in out[0][1]

@@ -305,3 +305,32 @@ def test_errors_raise_on_every_rank(world):
     assert "rank 0" in first[5] and "dict of tensors" in first[5]
     assert "rank 0" in first[6] and "micro-batches" in first[6] and "restore" in first[6]
     assert first[7] == "ok"
+
+
+def worker_token_keys_string(rank: int, world: int) -> list[str]:
+    msgs = []
+    batch = {
+        "input_ids": torch.arange(5),
+        "ids": torch.arange(2),  # per sequence; "ids" in "input_ids" is True for a string
+        "cu_seqlens": torch.tensor([0, 2, 5], dtype=torch.int32),
+    }
+    try:
+        rebalance(batch, max_tokens=8, token_keys="input_ids")
+        msgs.append("no error")
+    except ValueError as exc:
+        msgs.append(str(exc))
+    mbs, h = rebalance(batch, max_tokens=8, token_keys=["input_ids"])
+    try:
+        h.restore({"logp": torch.cat([mb["input_ids"] for mb in mbs])}, token_keys="logp")
+        msgs.append("no error")
+    except ValueError as exc:
+        msgs.append(str(exc))
+    return msgs
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_token_keys_given_as_a_string_is_refused_on_every_rank():
+    results = run_distributed(worker_token_keys_string, 2, timeout=TIMEOUT - 10)
+    for msgs in results:
+        assert msgs == results[0]
+        assert all("token_keys must be a collection of key names" in m for m in msgs)

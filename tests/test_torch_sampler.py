@@ -135,6 +135,9 @@ def test_property_exact_cover(lengths, world, batch, drop_last, seed):
                       drop_last=drop_last)
         steps = [per_step(s) for s in ss]
     except ValueError as exc:
+        if drop_last and n < batch:  # no step at all: refused
+            assert "drop_last=False" in str(exc)
+            return
         # Without allow_empty a step needs a sequence in each of its world x m micro-batches,
         # where m is forced by the capacity: ceil(min bins / world) per rank.
         assert "allow_empty" in str(exc)
@@ -317,3 +320,80 @@ def test_pack_collate_refuses_offsets_its_dtype_cannot_hold(dtype, words):
         pack_collate([[1] * 100, [2] * 100], cu_seqlens_dtype=dtype)
     ok = pack_collate([[1] * 100, [2] * 100], cu_seqlens_dtype=torch.int16)
     assert ok["cu_seqlens"].tolist() == [0, 100, 200]
+
+
+@pytest.mark.parametrize(
+    "label",
+    [lambda i: torch.tensor(i), lambda i: np.array(i), lambda i: np.int64(i)],
+    ids=["0-d tensor", "0-d array", "numpy scalar"],
+)
+def test_pack_collate_stacks_scalar_tensors(label):
+    # A 0-d tensor has __len__ but len() raises: a scalar label per sample crashed.
+    b = pack_collate([{"input_ids": [1, 2], "y": label(7)}, {"input_ids": [3], "y": label(9)}])
+    assert b["y"].tolist() == [7, 9]
+    assert b["input_ids"].tolist() == [1, 2, 3]
+
+
+def test_pack_collate_position_ids_given_by_samples_are_per_token():
+    samples = [{"input_ids": [1, 2, 3], "position_ids": [4, 5, 6]},
+               {"input_ids": [7], "position_ids": [0]}]
+    assert pack_collate(samples)["position_ids"].tolist() == [4, 5, 6, 0]
+    # Listed token_keys leave position_ids out, yet they are still per token.
+    assert pack_collate(samples, token_keys=())["position_ids"].tolist() == [4, 5, 6, 0]
+    # Positions that do not cover the tokens were returned stacked, [n, 2], as position_ids.
+    bad = [{"input_ids": [1, 2, 3], "position_ids": [0, 1]},
+           {"input_ids": [4], "position_ids": [0, 1]}]
+    with pytest.raises(ValueError, match=r"samples\[0\]\['position_ids'\] has 2 rows but 3"):
+        pack_collate(bad)
+
+
+@pytest.mark.parametrize("key", ["cu_seqlens", "max_seqlen"])
+def test_pack_collate_refuses_sample_keys_it_would_overwrite(key):
+    with pytest.raises(ValueError, match=rf"'{key}'.*rename"):
+        pack_collate([{"input_ids": [1, 2, 3], key: [0, 3]}])
+
+
+def test_pack_collate_lengths_key_must_be_the_token_counts():
+    same = pack_collate([{"input_ids": [1, 2, 3], "lengths": 3}, {"input_ids": [4], "lengths": 1}])
+    assert same["lengths"].tolist() == [3, 1]
+    with pytest.raises(ValueError, match=r"'lengths'.*\[3, 1\].*rename"):
+        pack_collate([{"input_ids": [1, 2, 3], "lengths": 7}, {"input_ids": [4], "lengths": 1}])
+
+
+def test_pack_collate_token_keys_must_be_a_collection_of_existing_keys():
+    samples = [{"input_ids": [1, 2], "ids": [5, 6], "labels": [1, 1]}]
+    # A string is a collection of characters: "ids" in "input_ids" matched by substring.
+    with pytest.raises(ValueError, match="token_keys must be a collection of key names"):
+        pack_collate(samples, token_keys="input_ids")
+    with pytest.raises(ValueError, match=r"token_keys names \['label'\].*labels"):
+        pack_collate(samples, token_keys=["label"])
+    assert pack_collate([], token_keys=["label"])["input_ids"].tolist() == []
+
+
+def test_pack_collate_keeps_dtype_with_an_empty_sample():
+    # torch.as_tensor([]) is float32: concatenated with int64 ids it made the ids float.
+    b = pack_collate([{"input_ids": [], "labels": []}, {"input_ids": [1, 2], "labels": [3, 4]}])
+    assert b["input_ids"].dtype == torch.int64 and b["input_ids"].tolist() == [1, 2]
+    assert b["labels"].dtype == torch.int64
+    assert b["cu_seqlens"].tolist() == [0, 0, 2]
+    assert pack_collate([[], []])["input_ids"].dtype == torch.int64
+
+
+def test_drop_last_with_fewer_samples_than_a_batch_is_refused():
+    # Every sample was dropped every epoch: len(sampler) == 0 and training did nothing.
+    with pytest.raises(ValueError, match=r"3 items.*global_batch_size=4.*drop_last=False"):
+        BalancedDistributedSampler([1, 2, 3], 4, 8, num_replicas=2, rank=0, drop_last=True)
+    ss = samplers([1, 2, 3, 4], 2, global_batch_size=4, max_tokens=8, drop_last=True)
+    assert sorted(i for s in ss for mb in s for i in mb) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [({"sync": "bogus"}, "sync"), ({"cost": "no-such-model"}, "unknown cost")],
+)
+def test_empty_dataset_still_checks_the_options(options, match):
+    # With no step to plan, nothing looked at the options.
+    with pytest.raises(ValueError, match=match):
+        BalancedDistributedSampler([], 4, 8, num_replicas=2, rank=0, **options)
+    s = BalancedDistributedSampler([], 4, 8, num_replicas=2, rank=0)
+    assert len(s) == 0 and list(s) == []

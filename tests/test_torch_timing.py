@@ -163,3 +163,40 @@ def test_sampler_set_cost_applies_from_the_next_step():
     with pytest.raises(ValueError):
         s.set_cost(np.ones(5))
     assert s.cost is QUAD
+
+
+def test_end_step_refuses_a_plan_for_another_number_of_ranks_alone():
+    # One process (rank 0 of 1) given a plan of 2 ranks: rank 1's micro-batches would never
+    # be timed, and the message blamed the count of timed micro-batches.
+    timer = MicroBatchTimer(device="cpu", clock="thread")
+    p = plan([1, 2, 3], 2, 8)
+    for _ in p.micro_batches[0]:
+        with timer.time():
+            pass
+    with pytest.raises(ValueError, match="plan is for 2 ranks but the group has 1"):
+        timer.end_step(p)
+    assert timer.step == 0
+
+
+def _end_step_wrong_world(rank: int, world: int, planned: int):
+    timer = MicroBatchTimer(device="cpu", clock="thread")
+    p = plan(list(range(1, 7)), planned, 8)
+    mine = p.micro_batches[rank] if rank < planned else [[0]]
+    for _ in mine:
+        with timer.time():
+            pass
+    try:
+        timer.end_step(p)
+    except ValueError as exc:
+        return str(exc)
+    return "ok"
+
+
+@pytest.mark.parametrize("planned", [1, 3])
+def test_end_step_refuses_a_plan_for_another_world_on_every_rank(planned):
+    """A plan of 1 rank in a world of 2 raised IndexError on rank 1 alone (rank 0 waited in
+    the all-gather); a plan of 3 ranks silently left out rank 2's records."""
+    out = run_distributed(
+        _end_step_wrong_world, 2, planned, timeout=TIMEOUT - 10, collective_timeout=20
+    )
+    assert all(f"plan is for {planned} ranks but the group has 2" in msg for msg in out)

@@ -15,7 +15,9 @@ Supported formats, chosen by the file extension:
 ``.parquet``, ``.pq``
     A Parquet table (needs pyarrow: ``pip install ".[parquet]"`` in a checkout).
 
-For tables, ``column`` may be omitted when the table has exactly one column.
+For tables, ``column`` may be omitted when the table has exactly one column. Text formats
+are UTF-8 (a byte-order mark is skipped). A CSV row must have one cell per header column
+(trailing empty cells aside), and a column or JSON field may be named only once.
 """
 
 from __future__ import annotations
@@ -72,6 +74,17 @@ def _pick(columns: Sequence[str], column: str | None, path: Path, what: str) -> 
     return column
 
 
+def _unique(columns: Sequence[str], key: str, path: Path) -> str:
+    """``key``, refused when several columns bear that name (which one is meant?)."""
+    count = list(columns).count(key)
+    if count > 1:
+        raise ValueError(
+            f"{path}: column {key!r} appears {count} times in the header; rename the "
+            "columns so that each name is used once"
+        )
+    return key
+
+
 def _number(text: str, where: str) -> int | float:
     s = text.strip()
     try:
@@ -82,6 +95,30 @@ def _number(text: str, where: str) -> int | float:
         return float(s)
     except ValueError:
         raise ValueError(f"{where}: {text!r} is not a number") from None
+
+
+def _open(path: Path) -> Any:
+    """``path`` opened for reading text.
+
+    ``utf-8-sig`` drops a byte-order mark (spreadsheets write one), which would otherwise
+    stick to the first value or column name.
+    """
+    return open(path, encoding="utf-8-sig", newline="")
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` for json: refuse an object naming a field twice (json would
+    keep the last value without a word)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(f"field {key!r} appears twice in one object; keep one of them")
+        out[key] = value
+    return out
 
 
 def _no_column(column: str | None, path: Path, kind: str) -> None:
@@ -95,7 +132,7 @@ def _no_column(column: str | None, path: Path, kind: str) -> None:
 def _read_text(path: Path, column: str | None) -> list[Any]:
     _no_column(column, path, "a plain list (one value per line)")
     out: list[Any] = []
-    with open(path, encoding="utf-8") as fh:
+    with _open(path) as fh:
         for lineno, line in enumerate(fh, start=1):
             s = line.strip()
             if s and not s.startswith("#"):
@@ -123,11 +160,13 @@ def _records_column(
 
 
 def _read_json(path: Path, column: str | None, what: str) -> list[Any]:
-    with open(path, encoding="utf-8") as fh:
+    with _open(path) as fh:
         try:
-            data = json.load(fh)
+            data = json.load(fh, object_pairs_hook=_no_duplicate_keys)
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path}: not valid JSON ({exc})") from None
+        except _DuplicateKey as exc:
+            raise ValueError(f"{path}: {exc}") from None
     if not isinstance(data, list):
         raise ValueError(
             f"{path}: expected a JSON list of numbers (or of objects), got {type(data).__name__}"
@@ -137,33 +176,45 @@ def _read_json(path: Path, column: str | None, what: str) -> list[Any]:
 
 def _read_jsonl(path: Path, column: str | None, what: str) -> list[Any]:
     records = []
-    with open(path, encoding="utf-8") as fh:
+    with _open(path) as fh:
         for lineno, line in enumerate(fh, start=1):
             if not line.strip():
                 continue
             try:
-                records.append(json.loads(line))
+                records.append(json.loads(line, object_pairs_hook=_no_duplicate_keys))
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({exc})") from None
+            except _DuplicateKey as exc:
+                raise ValueError(f"{path}:{lineno}: {exc}") from None
     return _records_column(records, column, path, what, "record")
 
 
 def _read_csv(path: Path, column: str | None, what: str) -> list[Any]:
     delimiter = "\t" if path.suffix.lower() == ".tsv" else ","
-    with open(path, encoding="utf-8", newline="") as fh:
+    with _open(path) as fh:
         reader = csv.reader(fh, delimiter=delimiter)
         header = next(reader, None)
         if header is None:
             raise ValueError(f"{path} is empty; a CSV file needs a header row naming its columns")
         header = [h.strip() for h in header]
-        key = _pick(header, column, path, what)
+        key = _unique(header, _pick(header, column, path, what), path)
         k = header.index(key)
         out = []
         for rowno, row in enumerate(reader, start=2):
             if not row or all(not c.strip() for c in row):
                 continue
-            if k >= len(row):
-                raise ValueError(f"{path}:{rowno}: row has no value for column {key!r}")
+            # Trailing empty cells (a trailing delimiter) are harmless; any other count
+            # means cells shifted between columns, or a value holding the delimiter
+            # ("1,200"), and the cell read would be the wrong one.
+            cells = len(row)
+            while cells > len(header) and not row[cells - 1].strip():
+                cells -= 1
+            if cells != len(header):
+                raise ValueError(
+                    f"{path}:{rowno}: row has {cells} cells but the header names "
+                    f"{len(header)} columns; quote values that contain the delimiter "
+                    f"({delimiter!r}) and give every row one cell per column"
+                )
             out.append(row[k].strip())
     return out
 
@@ -196,7 +247,7 @@ def _read_parquet(path: Path, column: str | None, what: str) -> list[Any]:
             "seqbalance checkout) or pip install pyarrow"
         ) from None
     names = list(pq.read_schema(path).names)
-    key = _pick(names, column, path, what)
+    key = _unique(names, _pick(names, column, path, what), path)
     return pq.read_table(path, columns=[key]).column(key).to_pylist()
 
 
@@ -232,16 +283,22 @@ def read_column(
     fmt = _format_of(p)
     if fmt == "npy":
         return np.asarray(_read_npy(p, column, what))
-    if fmt == "text":
-        values = _read_text(p, column)
-    elif fmt == "json":
-        values = _read_json(p, column, what)
-    elif fmt == "jsonl":
-        values = _read_jsonl(p, column, what)
-    elif fmt == "csv":
-        values = _read_csv(p, column, what)
-    else:
-        values = _read_parquet(p, column, what)
+    try:
+        if fmt == "text":
+            values = _read_text(p, column)
+        elif fmt == "json":
+            values = _read_json(p, column, what)
+        elif fmt == "jsonl":
+            values = _read_jsonl(p, column, what)
+        elif fmt == "csv":
+            values = _read_csv(p, column, what)
+        else:
+            values = _read_parquet(p, column, what)
+    except UnicodeDecodeError as exc:  # its message names neither the file nor the fix
+        raise ValueError(
+            f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start}); save it as UTF-8 "
+            "(e.g. UTF-16 files from some spreadsheet tools must be converted)"
+        ) from None
     if any(isinstance(v, (list, dict)) for v in values):
         raise ValueError(f"{p}: the {what} must be single values, found a nested list or object")
     if any(v is None or (fmt == "csv" and v == "") for v in values):

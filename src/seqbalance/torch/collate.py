@@ -21,6 +21,21 @@ def _tensor(value: Any, name: str) -> torch.Tensor:
         raise ValueError(f"{name} cannot be made a tensor ({exc})") from None
 
 
+def _rows(value: Any) -> int | None:
+    """First-dimension size of a per-token candidate, or None for scalars and strings
+    (a 0-d tensor or array has ``__len__`` but ``len`` raises on it)."""
+    if isinstance(value, (str, bytes, Mapping)):
+        return None
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        return int(shape[0]) if len(shape) else None
+    return len(value) if hasattr(value, "__len__") else None
+
+
+#: Keys pack_collate writes itself; a sample's own would be overwritten.
+_WRITTEN = ("cu_seqlens", "max_seqlen")
+
+
 def pack_collate(
     samples: Sequence[Any],
     *,
@@ -41,6 +56,8 @@ def pack_collate(
         Keys concatenated along tokens. Default: ``token_key`` and every key whose value has
         ``len == len(sample[token_key])`` in every sample of this batch. Other tensor-like
         values are stacked (one row per sample); anything else is returned as a list.
+        A sample's ``position_ids`` are always per token. Must name keys the samples have
+        (a string is refused: write ``["labels"]``).
     cu_seqlens_dtype : torch.dtype, optional
         dtype of ``cu_seqlens`` (int32 is what flash-attention kernels take).
 
@@ -51,12 +68,25 @@ def pack_collate(
         ``position_ids`` (0..L-1 within each sample, int64, unless a sample provides them),
         ``lengths`` ([n], int64) and ``max_seqlen`` (int).
 
+    Raises
+    ------
+    ValueError
+        Samples with other keys than the first, non-1-D token ids, per-token values whose
+        rows differ from the tokens, a sample key ``cu_seqlens`` or ``max_seqlen`` (they
+        would be overwritten) or ``lengths`` other than the token counts.
+
     Examples
     --------
     >>> b = pack_collate([[5, 6, 7], [8, 9]])
     >>> b["input_ids"].tolist(), b["cu_seqlens"].tolist(), b["position_ids"].tolist()
     ([5, 6, 7, 8, 9], [0, 3, 5], [0, 1, 2, 0, 1])
     """
+    if isinstance(token_keys, (str, bytes)):
+        # `k in "input_ids"` would match substrings ("ids", "put").
+        raise ValueError(
+            f"token_keys must be a collection of key names, got the string {token_keys!r}; "
+            f"write token_keys=[{token_keys!r}]"
+        )
     items = [s if isinstance(s, Mapping) else {token_key: s} for s in samples]
     for i, s in enumerate(items):
         if token_key not in s:
@@ -75,13 +105,26 @@ def pack_collate(
         if list(s) != keys:
             raise ValueError(f"samples[{i}] has keys {list(s)} but samples[0] has {keys}")
 
+    for k in _WRITTEN:
+        if k in keys:
+            raise ValueError(
+                f"samples have a {k!r} key, which pack_collate writes itself (it would be "
+                "overwritten); rename or drop that key"
+            )
+    if token_keys is not None and items:
+        unknown = sorted(str(k) for k in token_keys if k not in keys)
+        if unknown:
+            raise ValueError(
+                f"token_keys names {unknown}, which the samples do not have (keys: {keys}); "
+                "fix the names"
+            )
+
     def per_token(k: str) -> bool:
+        if k in (token_key, "position_ids"):  # positions given by samples are per token
+            return True
         if token_keys is not None:
-            return k == token_key or k in token_keys
-        return all(
-            hasattr(s[k], "__len__") and not isinstance(s[k], (str, bytes)) and len(s[k]) == n
-            for s, n in zip(items, lens)
-        )
+            return k in token_keys
+        return all(_rows(s[k]) == n for s, n in zip(items, lens))
 
     out: dict[str, Any] = {}
     for k in keys:
@@ -94,7 +137,13 @@ def pack_collate(
                         raise ValueError(
                             f"samples[{i}][{k!r}] has {v.shape[0]} rows but {n} tokens"
                         )
-                out[k] = torch.cat(vals)
+                # An empty list becomes a float32 tensor, which torch.cat would promote
+                # the other samples' ids to: leave such empty pieces out.
+                full = [
+                    v for v, s in zip(vals, items)
+                    if v.shape[0] or isinstance(s[k], (torch.Tensor, np.ndarray))
+                ]  # fmt: skip
+                out[k] = torch.cat(full) if full else torch.zeros(0, dtype=torch.int64)
             else:
                 out[k] = torch.zeros(0, dtype=torch.int64)
         else:
@@ -109,7 +158,21 @@ def pack_collate(
     if "position_ids" not in out:
         starts = np.repeat(cu[:-1], lens)
         out["position_ids"] = torch.as_tensor(np.arange(int(cu[-1])) - starts, dtype=torch.int64)
-    out.setdefault("lengths", torch.as_tensor(lens, dtype=torch.int64))
+    counts = torch.as_tensor(lens, dtype=torch.int64)
+    if "lengths" in out:  # the samples' own: kept, as long as they are the token counts
+        given = out["lengths"]
+        if not (
+            isinstance(given, torch.Tensor)
+            and tuple(given.shape) == (len(lens),)
+            and bool((given == counts).all())
+        ):
+            shown = given.tolist() if isinstance(given, torch.Tensor) else given
+            raise ValueError(
+                f"samples have a 'lengths' key ({shown}) that is not their token counts "
+                f"({lens.tolist()}); pack_collate returns the token counts as 'lengths': "
+                "rename that key"
+            )
+    out["lengths"] = counts
     out["max_seqlen"] = int(lens.max()) if len(lens) else 0
     return out
 

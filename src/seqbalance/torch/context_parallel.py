@@ -29,6 +29,7 @@ Example (every GPU of the ``dp x cp`` mesh runs this)::
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
@@ -94,7 +95,8 @@ class CPShardHandle:
             tokens) or one tensor of all of them in slot order. Trailing shape and dtype
             must be the same on every GPU.
         group : ProcessGroup, optional
-            The group of the plan's ``world_size`` GPUs (default: the whole world).
+            The group of the plan's ``world_size`` GPUs (default: the whole world), in
+            plan order: group rank ``g`` is the plan's GPU ``g`` (checked).
         """
         from .agreement import agree_on
 
@@ -110,6 +112,14 @@ class CPShardHandle:
             if size != self.world_size:
                 raise ValueError(
                     f"the process group has {size} ranks but the plan has {self.world_size} GPUs"
+                )
+            # Group rank g's outputs are put where plan GPU g's tokens go.
+            me = dist.get_rank(group)
+            if me != self.rank:
+                raise ValueError(
+                    f"this process is rank {me} in the group but GPU {self.rank} of the plan; "
+                    "call cp_shard with the process's rank in the group (or build the group "
+                    "in plan GPU order)"
                 )
             fingerprint = {
                 "plan (tokens per GPU)": np.array([idx.size for idx in self._indices]),
@@ -134,6 +144,48 @@ class CPShardHandle:
         return out
 
 
+def _check_rank(rank: Any, world_size: int) -> int:
+    """``rank`` as an int in ``[0, world_size)``; floats and bools are refused (``int(1.7)``
+    would silently pick GPU 1)."""
+    bad = isinstance(rank, (bool, np.bool_)) or (
+        isinstance(rank, torch.Tensor) and rank.dtype == torch.bool
+    )
+    try:
+        value = None if bad else operator.index(rank)
+    except TypeError:
+        value = None
+    if value is None:
+        raise ValueError(f"rank must be an integer (this GPU's index in the plan), got {rank!r}")
+    if not 0 <= value < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {value}")
+    return value
+
+
+def _offsets(cu_seqlens: Any) -> np.ndarray:
+    """``cu_seqlens`` as int64 offsets: 1-D, integer, from 0, never decreasing.
+
+    Offsets not from 0 match no tensor's row count, so every per-token tensor would be
+    silently left out; float offsets would be truncated.
+    """
+    cu = torch.as_tensor(cu_seqlens)
+    if cu.dim() != 1 or cu.shape[0] < 1:
+        raise ValueError(
+            f"batch['cu_seqlens'] must be a 1-D tensor of n + 1 offsets, got shape "
+            f"{tuple(cu.shape)}"
+        )
+    if cu.dtype.is_floating_point or cu.dtype.is_complex or cu.dtype == torch.bool:
+        raise ValueError(
+            f"batch['cu_seqlens'] must be an integer tensor of offsets, got {cu.dtype}"
+        )
+    out = cu.detach().cpu().numpy().astype(np.int64)
+    if out[0] != 0 or (np.diff(out) < 0).any():
+        raise ValueError(
+            f"batch['cu_seqlens'] must start at 0 and never decrease, got "
+            f"{out[:8].tolist()}{'...' if out.size > 8 else ''}"
+        )
+    return out
+
+
 def cp_shard(
     batch: Mapping[str, Any],
     plan: Any,
@@ -152,7 +204,8 @@ def cp_shard(
         From ``seqbalance.plan(..., cp_size=...)`` (or a plain :class:`Plan`: every
         sequence whole).
     rank : int
-        This GPU's index in the plan (``0 .. world_size - 1``).
+        This GPU's index in the plan (``0 .. world_size - 1``); for
+        :meth:`CPShardHandle.restore`, also its rank in the group passed there.
     token_keys : collection of str, optional
         Keys to cut; default every tensor whose first dimension is the token count.
 
@@ -166,11 +219,15 @@ def cp_shard(
         raise ValueError(
             f"plan must be a CPPlan (seqbalance.plan(..., cp_size=N)), got {type(plan).__name__}"
         )
-    if not 0 <= int(rank) < plan.world_size:
-        raise ValueError(f"rank must be in [0, {plan.world_size}), got {rank}")
+    rank = _check_rank(rank, plan.world_size)
+    if isinstance(token_keys, (str, bytes)):  # `k in "input_ids"` would match substrings
+        raise ValueError(
+            f"token_keys must be a collection of key names, got the string {token_keys!r}; "
+            f"write token_keys=[{token_keys!r}]"
+        )
     if "cu_seqlens" not in batch:
         raise ValueError("batch needs 'cu_seqlens' (a packed batch, e.g. from pack_collate)")
-    cu = torch.as_tensor(batch["cu_seqlens"]).cpu().numpy().astype(np.int64)
+    cu = _offsets(batch["cu_seqlens"])
     lens = np.diff(cu)
     if lens.shape[0] != plan.num_sequences or not np.array_equal(lens, plan.lengths):
         bad = (
@@ -196,7 +253,6 @@ def cp_shard(
         missing = [k for k in token_keys if k not in keys]
         if missing:
             raise ValueError(f"token_keys {missing} are not per-token tensors of the batch")
-    rank = int(rank)
     deg = {}
     for g, gpu in enumerate(plan.pieces):
         for j, slot in enumerate(gpu):

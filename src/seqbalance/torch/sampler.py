@@ -90,7 +90,8 @@ class BalancedDistributedSampler:
         micro-batches (yielded as ``[]``; :func:`pack_collate` turns them into empty
         tensors, and the rank must still run forward/backward for the collectives).
         ``True``: they are skipped this epoch (with shuffling, different ones each epoch),
-        and every step has exactly ``global_batch_size`` samples.
+        and every step has exactly ``global_batch_size`` samples (a dataset smaller than
+        one global batch is refused: it would have no step at all).
     check_ranks : bool, optional
         When torch.distributed is initialised (default True): the constructor makes one
         all-gather over ``group`` so that every rank checks that all ranks were built with
@@ -263,12 +264,21 @@ class BalancedDistributedSampler:
                     "oversized='alone'"
                 )
         n, b = len(self.lengths), self.global_batch_size
+        if self.drop_last and 0 < n < b:
+            raise ValueError(
+                f"the dataset has {n} items, fewer than global_batch_size={b}: with "
+                f"drop_last=True every epoch would drop all of them and have no step; lower "
+                "global_batch_size or pass drop_last=False"
+            )
+        if not n:
+            # No step to plan: plan an empty one so that a bad sync, cost or option fails
+            # here rather than never.
+            self._step_plan(self.lengths[:0], last_partial=True)
+            return
         sizes = {min(n, b)}
         if not self.drop_last and n > b and n % b:
             sizes.add(n % b)
         for size in sorted(sizes):
-            if not size:
-                continue
             try:
                 self._step_plan(np.arange(size, dtype=np.int64), last_partial=size < b)
             except ValueError as exc:

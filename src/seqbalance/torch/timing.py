@@ -195,14 +195,25 @@ class MicroBatchTimer:
         Raises
         ------
         ValueError
-            When this rank timed a different number of micro-batches than the plan gives
-            it, or (without a plan) a micro-batch was timed without its lengths.
+            When the plan is for another number of ranks than the group, this rank timed a
+            different number of micro-batches than the plan gives it, or (without a plan)
+            a micro-batch was timed without its lengths.
         """
         t0 = self._now()
         step = self.step if step is None else int(step)
         secs = self._seconds()
         rank, world = _group_info(self.group)
         if plan is not None:
+            planned = len(plan.micro_batches)
+            if planned != world:
+                # Checked before the gather: the plan is the same on every rank, so every
+                # rank raises here (indexing it would fail on the extra ranks alone and
+                # leave the others waiting; extra planned ranks would go unrecorded).
+                self._pending.clear()
+                raise ValueError(
+                    f"the plan is for {planned} ranks but the group has {world}; pass the "
+                    "plan of this group's step (or the group the plan was made for)"
+                )
             mine = plan.micro_batches[rank]
             m = plan.num_micro_batches
             # m times, then a flag: 1 when this rank timed as many micro-batches as the plan
