@@ -42,8 +42,11 @@ CASES = {
     "slime flops fraction": (lambda: slime.sequence_fwd_flops([1.5], _slime_args()), "whole"),
     # Counts and capacities: zero, fractional, None, absurd.
     "areal capacity 0": (lambda: areal.kk_allocate([0, 0], 0, 1, 1), "capacity"),
-    "areal capacity 5.5": (lambda: areal.kk_allocate([5], 5.5, None, 0, equal_size=True),
-                           "capacity"),
+    "areal capacity nan": (lambda: areal.kk_allocate([5], float("nan"), 1), "capacity"),
+    "areal capacity -1.5": (lambda: areal.ffd_allocate([5], -1.5, 1), "capacity"),
+    "areal capacity '500'": (lambda: areal.ffd_allocate([5], "500", 1), "capacity"),
+    "areal capacity True": (lambda: areal.ffd_allocate([0], True, 1), "capacity"),
+    "areal capacity 0.5": (lambda: areal.ffd_allocate([1], 0.5, 1), "larger than capacity 0.5"),
     "areal divisor None": (lambda: areal.ffd_allocate([3], 10, None, None), "n_groups_divisor"),
     "areal K 0": (lambda: areal.balanced_greedy_partition([1, 2], 0), "K"),
     "areal kk k 0": (lambda: areal._kk_partition([0], 0), "k must"),
@@ -114,6 +117,33 @@ def test_whole_float_counts_still_work():
     # 2.0 parts and a 10.0-token capacity are whole numbers: accepted, not truncated.
     assert len(verl.karmarkar_karp([1, 2, 3, 4], 2.0, False)) == 2
     assert areal.ffd_allocate([3, 4, 5], 10.0, 1) == areal.ffd_allocate([3, 4, 5], 10, 1)
+
+
+def test_areal_capacity_is_any_real_number_as_in_areal():
+    # AReaL compares integer sums with its capacity: 500.5 holds what 500 holds, and inf
+    # (or 1e18, sys.maxsize: AReaL's docs suggest a very large capacity to ignore it) what
+    # the total holds. A floor of -1 or 0 groups is raised to the divisor, as AReaL does.
+    vals = [100, 200, 300, 150, 250]
+    for fn in (areal.ffd_allocate, areal.kk_allocate):
+        assert fn(vals, 500.5, 2) == fn(vals, 500, 2)
+        for huge in (float("inf"), 1e18, 2**63 - 1, 2**80, np.float32(np.inf)):
+            assert fn(vals, huge, 2) == fn(vals, sum(vals), 2)
+        assert fn(vals, 500, -1) == fn(vals, 500, 1) == fn(vals, 500, 0)
+    assert areal.ffd_allocate([0, 0], 0.5, 1) == [[0, 1]]  # nothing above 0.5 tokens
+    # min_groups and divisor 0 with no tokens: AReaL divides by zero; one group here.
+    assert areal.kk_allocate([0, 0], 10, 0, 0) == [[0, 1]]
+    assert areal.kk_allocate([], 10, 0, 0) == []
+
+
+def test_verl_min_num_micro_batch_is_a_floor_of_any_integer():
+    # verl takes max(min_num_micro_batch, count): 0 and -1 ("unset") leave the count alone.
+    lens = [4, 6, 3, 9]
+    base = verl.micro_batches_of_lengths(lens, 10)
+    for floor in (0, -1, None):
+        assert verl.micro_batches_of_lengths(lens, 10, min_num_micro_batch=floor) == base
+    assert len(verl.micro_batches_of_lengths(lens, 10, min_num_micro_batch=4)) == 4
+    with pytest.raises(ValueError, match="min_num_micro_batch"):
+        verl.micro_batches_of_lengths(lens, 10, min_num_micro_batch=1.5)
 
 
 def test_largest_workload_length_is_exact():

@@ -108,20 +108,28 @@ def token_counts(values: Any, name: str = "lengths", error: type = ValueError) -
 
 
 def count_arg(
-    value: Any, name: str, error: type = CompatAssertionError, minimum: int = 1,
+    value: Any, name: str, error: type = CompatAssertionError, minimum: int | None = 1,
     maximum: int | None = None,
 ) -> int:
     """``value`` (a count, a capacity) as an int in ``[minimum, maximum]``, else ``error``.
 
-    Whole floats (``2.0``) and numpy or tensor integers pass; ``2.9``, ``"2"``, bools and
-    None raise, naming ``name``, where ``int()`` would truncate, a division by zero or
-    an allocation of ``k`` lists would follow.
+    ``minimum`` is 1, 0 or None (any integer: a floor the framework takes with ``max()``,
+    where -1 may mean "none"). Whole floats (``2.0``) and numpy or tensor integers pass;
+    ``2.9``, ``"2"``, bools and None raise, naming ``name``, where ``int()`` would
+    truncate, a division by zero or an allocation of ``k`` lists would follow.
     """
+    if minimum not in (0, 1, None):
+        raise ValueError(f"count_arg: minimum must be 0, 1 or None, got {minimum!r}")
     v = value.item() if is_tensor(value) and value.numel() == 1 else value
     if isinstance(v, (float, np.floating)) and float(v).is_integer():
         v = int(v)
     try:  # the core's check (bools and non-integers refused, the minimum), in our type
-        out = (check_positive_int if minimum == 1 else check_nonnegative_int)(v, name)
+        if minimum is None:  # its sign ignored, so any integer passes
+            plain_int = isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+            check_nonnegative_int(abs(v) if plain_int else v, name)
+            out = int(v)
+        else:
+            out = (check_positive_int if minimum == 1 else check_nonnegative_int)(v, name)
     except ValueError as exc:
         raise error(str(exc)) from None
     if maximum is not None and out > maximum:

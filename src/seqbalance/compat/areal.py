@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 from typing import Any
 
 import numpy as np
@@ -116,22 +117,52 @@ def ffd_allocate(
     RuntimeError (a :class:`CompatRuntimeError`, also a ValueError)
         A value above ``capacity``, or fewer values than ``min_groups``.
     """
+    shown = capacity
     capacity, min_groups, n_groups_divisor = _counts(capacity, min_groups, n_groups_divisor)
     v, seen = _values_as_areal_sees(values)
-    _check(v, capacity, min_groups, f"Values {v.tolist()} is larger than capacity {capacity}")
-    return _allocate_no_worse(v, int(capacity), int(min_groups), int(n_groups_divisor), seen)
+    _check(v, capacity, min_groups, f"Values {v.tolist()} is larger than capacity {shown}")
+    capacity = _within_total(capacity, v)
+    return _allocate_no_worse(v, capacity, int(min_groups), int(n_groups_divisor), seen)
 
 
 def _counts(capacity: Any, min_groups: Any, divisor: Any) -> tuple[int, int, int]:
-    """The allocators' numbers as ints (CompatRuntimeError naming a bad one); ``min_groups``
-    None or below the divisor is raised to the divisor, as AReaL does."""
-    capacity = count_arg(capacity, "capacity", CompatRuntimeError)
+    """The allocators' numbers as ints (CompatRuntimeError naming a bad one): the capacity
+    by :func:`_capacity`; ``min_groups`` None or below the divisor (-1 included) is raised
+    to the divisor, as AReaL does."""
+    capacity = _capacity(capacity)
     divisor = count_arg(divisor, "n_groups_divisor", CompatRuntimeError, minimum=0)
     if min_groups is not None:
-        min_groups = count_arg(min_groups, "min_groups", CompatRuntimeError, minimum=0)
+        min_groups = count_arg(min_groups, "min_groups", CompatRuntimeError, minimum=None)
     if min_groups is None or min_groups < divisor:
         min_groups = divisor
     return capacity, min_groups, divisor
+
+
+def _capacity(value: Any) -> int:
+    """AReaL's ``capacity`` as a whole number of tokens: any real number > 0, as AReaL
+    compares sums with it. Token counts are integers, so a sum fits ``500.5`` exactly
+    when it fits 500 (the floor); ``inf`` (AReaL's docs suggest a very large capacity to
+    ignore it) becomes 2**62, which :func:`_within_total` brings down to the total.
+    NaN, zero, negative numbers, bools and non-numbers raise CompatRuntimeError."""
+    v = value.item() if is_tensor(value) and value.numel() == 1 else value
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        raise CompatRuntimeError(f"capacity must be a number > 0, got {value!r}")
+    if isinstance(v, (int, np.integer)):
+        whole = int(v)  # exact, however large
+    elif math.isnan(v):
+        whole = -1
+    else:
+        whole = 2**62 if float(v) >= 2.0**62 else math.floor(v)
+    if whole < 0 or v == 0:
+        raise CompatRuntimeError(f"capacity must be a number > 0, got {value!r}")
+    return min(whole, 2**62)
+
+
+def _within_total(capacity: int, v: np.ndarray) -> int:
+    """``capacity`` at most the values' total (at least 1): no group can hold more, so
+    the groups, their count and AReaL's ``ceil(total / capacity)`` are the same, and the
+    planner gets a cap it accepts (below 2**62)."""
+    return max(1, min(capacity, int(v.sum())))
 
 
 def kk_allocate(
@@ -146,20 +177,28 @@ def kk_allocate(
     divisor and clamped to ``n`` (RuntimeError if ``n % k != 0``). Where equal counts
     cannot meet the capacity it logs a warning and returns :func:`ffd_allocate`'s groups,
     of unequal sizes, as AReaL falls back to first-fit decreasing."""
+    shown = capacity
     capacity, min_groups, n_groups_divisor = _counts(capacity, min_groups, n_groups_divisor)
     v, seen = _values_as_areal_sees(values)
     _check(
         v,
         capacity,
         min_groups,
-        f"Some values exceed capacity {capacity}. "
+        f"Some values exceed capacity {shown}. "
         "Cannot pack a single item that is larger than the bin.",
     )
+    capacity = _within_total(capacity, v)
     n = v.shape[0]
     k = max(min_groups, -(-int(v.sum()) // capacity))
     if n_groups_divisor > 1:  # as AReaL: a divisor of 0 or 1 leaves the count alone
         k = -(-k // n_groups_divisor) * n_groups_divisor
     k = min(k, n)  # AReaL's count
+    if k == 0:
+        # min_groups and the divisor 0, and no tokens: AReaL fails dividing by 0; one
+        # group holds them all (no group for no values).
+        if n == 0:
+            return []
+        k = 1
     if not equal_size:
         failed: CompatRuntimeError | None = None
         try:

@@ -327,7 +327,7 @@ def _read_rank(
     # verl's starting count: the token total over the cap, at most one per forced group.
     count = min(n, ceildiv(int(lens.sum()), cap))
     if min_num is not None:
-        count = max(count_arg(min_num, "min_num_micro_batch", ValueError), count)
+        count = max(count_arg(min_num, "min_num_micro_batch", ValueError, minimum=None), count)
     if n and int(group_lens.max()) > cap:  # verl's message (the width check comes first)
         raise ValueError(
             "A forced group exceeds max_token_len and cannot be split. Got "
