@@ -226,7 +226,7 @@ class QuadraticCost(CostModel):
             raise ValueError(
                 f"a quadratic cost needs 'per_token' and 'per_token_sq'; got keys {sorted(data)}"
             )
-        fit = data.get("fit")
+        fit = data.get("fit")  # null or absent: no report; anything else must be one
         return cls(
             data["per_token"],
             data["per_token_sq"],
@@ -234,7 +234,7 @@ class QuadraticCost(CostModel):
             data.get("per_microbatch", 0.0),
             **{k: data[k] for k in _RATIOS if k in data},
             meta=data.get("meta"),
-            report=FitReport.from_dict(fit) if fit else None,
+            report=FitReport.from_dict(fit) if fit is not None else None,
         )
 
     def __eq__(self, other: object) -> bool:

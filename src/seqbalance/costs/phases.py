@@ -53,7 +53,10 @@ def check_ratio(value: Any, name: str) -> float:
     """A backward / forward ratio: a finite real number > 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name} must be a real number > 0 (backward / forward), got {value!r}")
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # a Python int beyond float range
+        out = math.inf
     if not math.isfinite(out) or out <= 0:
         raise ValueError(
             f"{name} = {value!r} is invalid; a backward / forward cost ratio must be finite "
