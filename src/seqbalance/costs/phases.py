@@ -79,14 +79,24 @@ def split_costs(
     totals : array-like of float
         Training cost (forward + backward) per item, >= 0.
     quadratic : array-like of float, optional
-        The part of each total that is attention (the ``c·L²`` term); default none.
+        The part of each total that is attention (the ``c·L²`` term), one per total;
+        default none. A part above its total is capped at the total.
     r_mm, r_attn : float
         Backward / forward ratios of the linear and the quadratic parts.
     """
     t = as_weights(totals, "totals")
     r_mm = check_ratio(r_mm, "r_mm")
     r_attn = check_ratio(r_attn, "r_attn")
-    q = np.zeros_like(t) if quadratic is None else np.minimum(as_weights(quadratic, "quadratic"), t)
+    if quadratic is None:
+        q = np.zeros_like(t)
+    else:
+        q = as_weights(quadratic, "quadratic")
+        if q.shape != t.shape:  # np.minimum would broadcast one part over every total
+            raise ValueError(
+                f"quadratic has {q.shape[0]} entries but totals has {t.shape[0]}; pass one "
+                "attention part per total"
+            )
+        q = np.minimum(q, t)
     lin = t - q
     fwd = lin / (1.0 + r_mm) + q / (1.0 + r_attn)
     return fwd, t - fwd
