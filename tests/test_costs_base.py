@@ -271,3 +271,30 @@ def test_backward_ratio_beyond_float_range():
             {"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.0,
              "backward_attention": 10**400}
         )
+
+
+@pytest.mark.parametrize(
+    "data, typo",
+    [
+        ({"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.0, "per_seqence": 5.0},
+         "per_seqence"),
+        ({"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.0, "backward_matmull": 3},
+         "backward_matmull"),
+        ({"kind": "tokens", "per_token": 5.0}, "per_token"),
+        ({"kind": "flops", "name": "llama-3-8b", "recomptue": True}, "recomptue"),
+    ],
+)
+def test_cost_json_with_an_unknown_key(data, typo):
+    # A misspelt coefficient was dropped without a word: the cost silently lost a term.
+    with pytest.raises(ValueError, match=typo):
+        cost_from_dict(data)
+
+
+def test_context_parallel_json_with_an_unknown_key():
+    from seqbalance.costs import ContextParallelCost
+
+    with pytest.raises(ValueError, match="bandwith"):
+        ContextParallelCost.from_dict({"cost": {"kind": "tokens"}, "bandwith": 1e9})
+    cp = ContextParallelCost(TokenCost(), bandwidth=1e9, kv_bytes_per_token=10.0)
+    back = ContextParallelCost.from_dict(json.loads(json.dumps(cp.to_dict())))
+    assert back.to_dict() == cp.to_dict()

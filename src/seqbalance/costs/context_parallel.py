@@ -64,7 +64,7 @@ from .._validate import (
     check_nonnegative_int,
     check_nonnegative_real,
 )
-from .base import CostModel
+from .base import CostModel, check_keys
 
 __all__ = ["ContextParallelCost", "balanced_layout", "kv_bytes_per_token"]
 
@@ -147,6 +147,8 @@ def kv_bytes_per_token(cost: Any, dtype_bytes: int = 2) -> float:
     ]
     return float(sum(per_layer) * bytes_each)
 
+
+_CP_KEYS = ("cost", "bandwidth", "cost_per_second", "overlap", "kv_bytes_per_token", "comm_passes")
 
 _kv_bytes_of = kv_bytes_per_token  # the constructor's argument shadows the function's name
 
@@ -326,6 +328,7 @@ class ContextParallelCost:
                 "a ContextParallelCost document is an object with a 'cost' (the sequence "
                 f"cost's to_dict()) and optional bandwidth, overlap, ...; got {got}"
             )
+        check_keys(data, _CP_KEYS, "a ContextParallelCost document")
         return cls(
             cost_from_dict(data["cost"]),
             bandwidth=data.get("bandwidth"),

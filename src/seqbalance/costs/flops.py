@@ -48,7 +48,7 @@ import numpy as np
 
 from .._validate import as_lengths
 from .architecture import ARCH_KEYS, Architecture, parse_config, read_config, text_model_config
-from .base import CostModel, finite_costs
+from .base import CostModel, check_keys, finite_costs
 
 __all__ = ["SHIPPED", "FlopsCost", "shipped_config"]
 
@@ -231,6 +231,7 @@ class FlopsCost(CostModel):
             raise ValueError(
                 f"a flops cost is an object with a 'config' or a 'name', got {type(data).__name__}"
             )
+        check_keys(data, ("kind", "name", "recompute", "config"), "a flops cost")
         # Not bool(...): bool("false") is True, and would count 4x forward without a word.
         recompute = data.get("recompute", False)
         if not isinstance(recompute, bool):
