@@ -281,3 +281,16 @@ def test_layer_lists_as_tuples():
     types = ("full_attention", "full_attention", "sliding_attention")
     cfg = {**TINY, "sliding_window": 8, "layer_types": types}
     assert _windows(cfg) == [None, None, 8]
+
+
+@pytest.mark.parametrize("model_type", [["gpt_neox"], 5, {"name": "phi"}])
+def test_model_type_must_be_a_string(model_type):
+    # str(["gpt_neox"]) matched no family: the MLP was counted gated (3 matrices, not 2).
+    with pytest.raises(ValueError, match="model_type"):
+        parse_config({**TINY, "model_type": model_type})
+
+
+def test_model_type_missing_is_generic():
+    cfg = {k: v for k, v in TINY.items() if k != "model_type"}
+    assert parse_config(cfg).model_type == "unknown"
+    assert parse_config({**cfg, "model_type": None}).model_type == "unknown"

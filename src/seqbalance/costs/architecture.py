@@ -415,7 +415,12 @@ def parse_config(config: Any) -> Architecture:
     (2, 16, 6400)
     """
     cfg = text_model_config(read_config(config))
-    model_type = str(cfg.get("model_type") or "unknown")
+    model_type = cfg.get("model_type") or "unknown"
+    if not isinstance(model_type, str):  # str() of a list would match no family, silently
+        raise ValueError(
+            f"config field 'model_type' = {model_type!r} must be a string such as 'llama'; "
+            "fix the config.json"
+        )
     family = "gemma3" if model_type == "gemma3_text" else model_type
     r = _Reader(cfg, model_type)
 
