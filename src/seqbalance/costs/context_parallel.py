@@ -124,7 +124,7 @@ def _layout_arrays(lengths: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]
     return tokens, sq
 
 
-def kv_bytes_per_token(cost: Any, dtype_bytes: int = 2) -> float:
+def kv_bytes_per_token(cost: Any, dtype_bytes: float = 2) -> float:
     """Bytes of K and V one token contributes over all layers, from a :class:`FlopsCost`.
 
     ``sum over layers of kv_heads * (qk_head_dim + v_head_dim) * dtype_bytes``; for a config
