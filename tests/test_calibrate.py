@@ -238,3 +238,29 @@ def test_progress_rich_bar_runs(capsys):
     with cal._progress(3, False, "timing") as tick:
         tick()
     assert np.isfinite(1.0)  # the bar drew without error
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_tokens": 0}, "max_tokens"),  # read as "the default" (1024) before
+        ({"repeats": 0}, "repeats"),  # likewise (3)
+        ({"max_tokens": False}, "max_tokens"),
+        ({"holdout": True}, "holdout"),
+        ({"holdout": False}, "holdout"),  # taken as 0
+        ({"include_head": "no"}, "include_head"),  # truthy: the head was timed
+        ({"progress": "no"}, "progress"),
+        ({"seed": -1}, "seed"),
+        ({"seed": 1.5}, "seed"),
+    ],
+)
+def test_calibrate_refuses_arguments_it_would_misread(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cal.calibrate(TINY, **kwargs)
+
+
+def test_cli_max_tokens_zero_exits_2(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(json.dumps(TINY))
+    argv = ["calibrate", "--model", str(tmp_path), "--max-tokens", "0", "--no-progress"]
+    assert _cli(argv) == 2
+    assert "max_tokens" in capsys.readouterr().err

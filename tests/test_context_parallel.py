@@ -527,3 +527,90 @@ def test_cp_pieces_refuse_bools():
     d["pieces"][0][0][0] = [seq, False, end]
     with pytest.raises(ValueError, match="want \\(sequence, start, end\\) integers"):
         CPPlan.from_dict(d)
+
+
+# ---- bad arguments to the piece-cost functions ---------------------------------------------
+
+_CP = ContextParallelCost(QuadraticCost(per_token=1.0, per_token_sq=0.01, per_sequence=4.0))
+
+
+@pytest.mark.parametrize(
+    "length, d, match",
+    [
+        (8, 0, "d"),  # ZeroDivisionError
+        (8, -1, "d"),  # [] (no ranks)
+        (8, True, "d"),  # taken as d = 1
+        (8, 2.5, "d"),  # TypeError
+        (8, 2**20, "d"),  # 2**21 cuts for 8 tokens
+        (-5, 2, "length"),  # ranges running backwards
+        (8.7, 2, "length"),  # cut as if 8 tokens
+        (True, 1, "length"),
+    ],
+)
+def test_balanced_layout_bad_arguments(length, d, match):
+    with pytest.raises(ValueError, match=match):
+        balanced_layout(length, d)
+
+
+@pytest.mark.parametrize(
+    "lengths, d, match",
+    [
+        ([8], 0, "d"),  # ZeroDivisionError
+        ([8], -2, "d"),  # empty (n, 0) tables
+        ([8], 2.0, "d"),  # IndexError
+        ([8], True, "d"),  # taken as d = 1
+        ([8], 2**30, "d"),  # allocated n x 2**31 int64 cuts
+        ([-8], 2, "lengths"),  # negative tokens and costs
+        ([8.7], 2, "lengths"),  # truncated to 8
+        ([2**62], 2, "lengths"),  # k * L overflowed int64: negative tokens
+        ([[8]], 2, "lengths"),  # IndexError
+    ],
+)
+def test_rank_costs_bad_arguments(lengths, d, match):
+    with pytest.raises(ValueError, match=match):
+        _CP.rank_costs(lengths, d)
+    with pytest.raises(ValueError, match=match):
+        _CP.piece_times(lengths, d)
+
+
+@pytest.mark.parametrize(
+    "length, ranges, d, match",
+    [
+        (8, [(0, 8)], 0, "d"),  # inf, with a numpy warning
+        (8, [(6, 2)], 2, "range"),  # a backwards range: cost -2.32
+        (8, [(0, 100)], 2, "range"),  # past the end of the sequence
+        (8, [(-4, 2)], 2, "range"),
+        (8, [(0, 2.5)], 2, "range"),
+        (8, [(0, True)], 2, "range"),
+        (8, [(0, 2, 3)], 2, "range"),
+        (-8, [(0, 8)], 1, "length"),
+        (8.5, [(0, 8)], 1, "length"),
+    ],
+)
+def test_piece_cost_bad_arguments(length, ranges, d, match):
+    with pytest.raises(ValueError, match=match):
+        _CP.piece_cost(length, ranges, d)
+
+
+def test_piece_cost_that_overflows_is_named():
+    # Tiny bandwidth x huge kv bytes: the communication term overflowed to inf silently.
+    cp = ContextParallelCost(
+        QuadraticCost(1.0, 0.0), bandwidth=1e-300, kv_bytes_per_token=1e300, cost_per_second=1e10
+    )
+    with pytest.raises(ValueError, match="overflows"):
+        cp.rank_costs([8], 2)
+    with pytest.raises(ValueError, match="overflows"):
+        cp.piece_cost(8, [(0, 2), (6, 8)], 2)
+    assert cp.piece_cost(8, [(0, 8)], 1) == 8.0  # one GPU: no communication
+
+
+@pytest.mark.parametrize("dtype_bytes", [0, -2, True, "2", float("nan"), float("inf")])
+def test_kv_bytes_bad_dtype_bytes(dtype_bytes):
+    # "2" repeated a string 65536 times and read it as inf; -2 gave negative bytes.
+    with pytest.raises(ValueError, match="dtype_bytes"):
+        kv_bytes_per_token(FlopsCost.from_name("qwen2.5-7b"), dtype_bytes)
+
+
+def test_kv_bytes_fractional_dtype():
+    # 4-bit K/V: half a byte per value
+    assert kv_bytes_per_token(FlopsCost.from_name("qwen2.5-7b"), 0.5) == 4 * 128 * 2 * 28 * 0.5

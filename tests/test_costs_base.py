@@ -214,3 +214,87 @@ def test_quadratic_cost_refuses_what_it_could_not_save_or_use():
         QuadraticCost(1.0, 0.0, meta={"x": float("nan")})
     kept = QuadraticCost(1.0, 0.0, meta={"x": [1, "a", {"y": 2.5}]})
     assert QuadraticCost.from_dict(json.loads(kept.to_json())) == kept
+
+
+GOOD_FIT = {
+    "r2": 0.9,
+    "max_rel_error": 0.2,
+    "median_rel_error": 0.1,
+    "n_samples": 9,
+    "coefficients": {"per_microbatch": 0, "per_sequence": 0, "per_token": 1, "per_token_sq": 0},
+}
+
+
+@pytest.mark.parametrize(
+    "fit",
+    [
+        [1],
+        "x",
+        0,
+        {},
+        {**GOOD_FIT, "holdout": [1]},
+        {**GOOD_FIT, "holdout": "x"},
+        {**GOOD_FIT, "n_samples": 1.7},
+        {**GOOD_FIT, "n_samples": -3},
+        {**GOOD_FIT, "n_samples": True},
+        {**GOOD_FIT, "r2": "0.9"},
+        {**GOOD_FIT, "max_rel_error": -1},
+        {**GOOD_FIT, "median_rel_error": True},
+        {**GOOD_FIT, "coefficients": {**GOOD_FIT["coefficients"], "per_token": "1"}},
+        {**GOOD_FIT, "coefficients": {**GOOD_FIT["coefficients"], "per_token": -1}},
+    ],
+)
+def test_malformed_fit_report_in_a_cost_json(fit):
+    # A list or a string raised AttributeError; 1.7 samples became 1, 0 / {} were dropped.
+    data = {"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.0, "fit": fit}
+    with pytest.raises(ValueError, match="fit report"):
+        cost_from_dict(data)
+
+
+def test_fit_report_from_dict_accepts_what_to_dict_writes():
+    back = cost_from_dict(
+        {"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.0,
+         "fit": {**GOOD_FIT, "r2": None, "n_samples": 9.0, "holdout": {**GOOD_FIT}}}
+    )
+    assert back.report is not None and back.report.n_samples == 9
+    assert math.isnan(back.report.r2) and back.report.holdout.r2 == 0.9
+    with pytest.raises(ValueError, match="fit report"):
+        FitReport.from_dict([GOOD_FIT])
+
+
+def test_backward_ratio_beyond_float_range():
+    # float(10**400) raised a raw OverflowError.
+    with pytest.raises(ValueError, match="backward_matmul"):
+        QuadraticCost(1.0, 0.0, backward_matmul=10**400)
+    with pytest.raises(ValueError, match="backward_attention"):
+        cost_from_dict(
+            {"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.0,
+             "backward_attention": 10**400}
+        )
+
+
+@pytest.mark.parametrize(
+    "data, typo",
+    [
+        ({"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.0, "per_seqence": 5.0},
+         "per_seqence"),
+        ({"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.0, "backward_matmull": 3},
+         "backward_matmull"),
+        ({"kind": "tokens", "per_token": 5.0}, "per_token"),
+        ({"kind": "flops", "name": "llama-3-8b", "recomptue": True}, "recomptue"),
+    ],
+)
+def test_cost_json_with_an_unknown_key(data, typo):
+    # A misspelt coefficient was dropped without a word: the cost silently lost a term.
+    with pytest.raises(ValueError, match=typo):
+        cost_from_dict(data)
+
+
+def test_context_parallel_json_with_an_unknown_key():
+    from seqbalance.costs import ContextParallelCost
+
+    with pytest.raises(ValueError, match="bandwith"):
+        ContextParallelCost.from_dict({"cost": {"kind": "tokens"}, "bandwith": 1e9})
+    cp = ContextParallelCost(TokenCost(), bandwidth=1e9, kv_bytes_per_token=10.0)
+    back = ContextParallelCost.from_dict(json.loads(json.dumps(cp.to_dict())))
+    assert back.to_dict() == cp.to_dict()

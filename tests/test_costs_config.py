@@ -241,3 +241,56 @@ def test_json_round_trip(tmp_path):
         np.testing.assert_array_equal(back(x), cost(x))
     rec = load_cost(json.loads(FlopsCost.from_name("llama-3-8b", recompute=True).to_json()))
     assert rec.recompute and rec.name == "llama-3-8b"
+
+
+@pytest.mark.parametrize("flag", ["false", "False", 0, 1, "no", [False]])
+def test_use_sliding_window_must_be_a_bool(flag):
+    # "false" and 0 are not False: they used to leave the window on without a word.
+    with pytest.raises(ValueError, match="use_sliding_window"):
+        parse_config({**TINY, "sliding_window": 8, "use_sliding_window": flag})
+
+
+def test_use_sliding_window_bools_and_null():
+    cfg = {**TINY, "sliding_window": 8}
+    assert not parse_config({**cfg, "use_sliding_window": False}).has_window
+    assert parse_config({**cfg, "use_sliding_window": np.True_}).has_window
+    # null is an absent field: the family's rule (on for llama) applies.
+    assert parse_config({**cfg, "use_sliding_window": None}).has_window
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("layer_types", 3),
+        ("layer_types", {"full_attention", "sliding_attention", "sliding_attention "}),
+        ("layer_types", {"a": 1, "b": 2, "c": 3}),
+        ("layer_types", "full_attention"),
+        ("mlp_only_layers", 2),
+        ("mlp_only_layers", {0, 1}),
+        ("mlp_only_layers", "0"),
+    ],
+)
+def test_layer_lists_must_be_lists(key, value):
+    # An int raised a TypeError; a set was read in hash order (a different plan per run).
+    cfg = {**TINY, "sliding_window": 8, "num_local_experts": 4, "num_experts_per_tok": 2}
+    with pytest.raises(ValueError, match=key):
+        parse_config({**cfg, key: value})
+
+
+def test_layer_lists_as_tuples():
+    types = ("full_attention", "full_attention", "sliding_attention")
+    cfg = {**TINY, "sliding_window": 8, "layer_types": types}
+    assert _windows(cfg) == [None, None, 8]
+
+
+@pytest.mark.parametrize("model_type", [["gpt_neox"], 5, {"name": "phi"}])
+def test_model_type_must_be_a_string(model_type):
+    # str(["gpt_neox"]) matched no family: the MLP was counted gated (3 matrices, not 2).
+    with pytest.raises(ValueError, match="model_type"):
+        parse_config({**TINY, "model_type": model_type})
+
+
+def test_model_type_missing_is_generic():
+    cfg = {k: v for k, v in TINY.items() if k != "model_type"}
+    assert parse_config(cfg).model_type == "unknown"
+    assert parse_config({**cfg, "model_type": None}).model_type == "unknown"

@@ -268,3 +268,41 @@ def test_name_is_case_insensitive():
     assert (
         FlopsCost.from_name("Qwen2.5-7B").per_token == FlopsCost.from_name("qwen2.5-7b").per_token
     )
+
+
+@pytest.mark.parametrize("flag", ["false", "no", 0, 1, None])
+def test_recompute_from_dict_must_be_a_bool(flag):
+    # bool("false") is True: a JSON cost with "recompute": "false" counted 4x forward.
+    from seqbalance.costs import cost_from_dict
+
+    with pytest.raises(ValueError, match="recompute"):
+        cost_from_dict({"kind": "flops", "name": "llama-3-8b", "recompute": flag})
+
+
+def test_recompute_from_dict_default_and_bools():
+    from seqbalance.costs import cost_from_dict
+
+    plain = FlopsCost.from_name("llama-3-8b")
+    assert cost_from_dict({"kind": "flops", "name": "llama-3-8b"}).recompute is False
+    full = cost_from_dict({"kind": "flops", "name": "llama-3-8b", "recompute": True})
+    assert full.per_token == pytest.approx(4 / 3 * plain.per_token, rel=1e-15)
+
+
+@pytest.mark.parametrize("flag", ["no", 0, 1, None])
+def test_training_flops_recompute_must_be_a_bool(flag):
+    # "no" is truthy: training_flops(recompute="no") counted 4x forward.
+    with pytest.raises(ValueError, match="recompute"):
+        FlopsCost.from_name("llama-3-8b").training_flops([10], recompute=flag)
+
+
+@pytest.mark.parametrize(
+    "data, match",
+    [
+        ([1], "object"),
+        ({"kind": "flops", "name": 5}, "name"),
+        ({"kind": "flops", "config": {"model_type": "llama"}, "name": [1]}, "name"),
+    ],
+)
+def test_flops_from_dict_malformed(data, match):
+    with pytest.raises(ValueError, match=match):
+        FlopsCost.from_dict(data)

@@ -256,3 +256,50 @@ def test_records_from_plan():
     assert {r[1] for r in recs} == {4}
     with pytest.raises(ValueError, match="seconds\\[0\\] has 0 times"):
         records_from_plan(p.micro_batches, p.lengths, [[], []], step=0)
+
+
+@pytest.mark.parametrize("seconds", [True, "1.0", b"1", [1.0], None])
+def test_record_seconds_must_be_a_number(seconds):
+    # True was recorded as 1 s and "1.0" as 1.0 s.
+    with pytest.raises(ValueError, match="seconds"):
+        TimingRecorder().record(0, 0, 0, [5], seconds)
+
+
+def test_record_seconds_numpy_scalars():
+    rec = TimingRecorder()
+    rec.record(0, 0, 0, [5], np.float32(0.5))
+    rec.record(0, 1, 0, [5], np.int64(2))
+    assert [r.seconds for r in rec.records] == [0.5, 2.0]
+
+
+@pytest.mark.parametrize("flag", ["per_rank", "robust", "per_microbatch", "per_sequence"])
+def test_refit_flags_must_be_bools(flag):
+    rec = _simulated_run(0, steps=2)
+    with pytest.raises(ValueError, match=flag):
+        rec.refit(**{flag: "no"})
+
+
+@pytest.mark.parametrize("bad", [(0, 0, 0), "abcde", 5, (0, 0, 0, [1], 1.0, 7)])
+def test_extend_malformed_record(bad):
+    # A short tuple raised TypeError from record(*r); a 5-letter string became 5 arguments.
+    with pytest.raises(ValueError, match="record"):
+        TimingRecorder().extend([bad])
+
+
+@pytest.mark.parametrize("index", [-1, 1.7, True, 9, "0"])
+def test_records_from_plan_refuses_bad_indices(index):
+    # -1 silently took the last sequence, 1.7 sequence 1, True sequence 1; 9 an IndexError.
+    with pytest.raises(ValueError, match="micro_batches"):
+        records_from_plan([[[index]]], [5, 6], [[0.5]], step=0)
+
+
+def test_records_from_plan_refuses_missing_ranks_in_seconds():
+    with pytest.raises(ValueError, match="seconds"):
+        records_from_plan([[[0]], [[1]]], [5, 6], [[0.5]], step=0)
+    with pytest.raises(ValueError, match="seconds"):
+        records_from_plan([[[0]]], [5, 6], 0.5, step=0)
+
+
+def test_records_from_plan_takes_arrays():
+    recs = records_from_plan([[np.array([1, 0])], [[]]], [5, 6], np.array([[0.5], [0.25]]), 2)
+    assert [(r[0], r[3].tolist(), r[4]) for r in recs] == [(0, [6, 5], 0.5), (1, [], 0.25)]

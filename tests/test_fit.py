@@ -186,3 +186,28 @@ def test_nnls_errors():
         nnls(np.ones(3), np.ones(3))
     with pytest.raises(ValueError, match="12 columns"):
         nnls(np.ones((20, 13)), np.ones(20))
+
+
+@pytest.mark.parametrize("flag", ["per_microbatch", "per_sequence", "robust"])
+@pytest.mark.parametrize("value", ["False", "no", None, 0, 1])
+def test_fit_flags_must_be_bools(flag, value):
+    # per_microbatch="False" is truthy (c0 was fitted), per_sequence=None falsy (a pinned).
+    mbs = _sft_grid(3, 20)
+    t = [TRUTH.microbatch_cost(mb) for mb in mbs]
+    with pytest.raises(ValueError, match=flag):
+        fit_cost(mbs, t, **{flag: value})
+
+
+def test_fit_flags_take_numpy_bools():
+    mbs = _sft_grid(3, 20)
+    t = [TRUTH.microbatch_cost(mb) for mb in mbs]
+    cost = fit_cost(mbs, t, per_microbatch=np.False_, per_sequence=np.True_, robust=np.False_)
+    assert cost.per_microbatch == 0.0
+
+
+def test_evaluate_cost_takes_a_cost_model_or_a_name():
+    # A name raised AttributeError ('str' object has no attribute 'microbatch_cost').
+    rep = evaluate_cost("tokens", [[1], [2], [4]], [1.0, 2.0, 5.0])
+    assert rep.max_rel_error == pytest.approx(0.2) and rep.coefficients["per_token"] == 1.0
+    with pytest.raises(ValueError, match="cost"):
+        evaluate_cost(3.5, [[1], [2], [4]], [1.0, 2.0, 5.0])

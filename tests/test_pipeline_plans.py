@@ -328,3 +328,16 @@ def test_plan_order_is_the_brute_force_optimum_for_its_micro_batches(sync, layou
 def test_pipelines_do_not_combine_with_context_parallelism():
     with pytest.raises(ValueError, match="pp_size=2 is not supported with cp_size > 1"):
         sb.plan(LENS, 2, 32768, cp_size=2, pp_size=2)
+
+
+@pytest.mark.parametrize("quadratic", [[1.0], [1.0, 0.5, 0.25]])
+def test_split_costs_quadratic_must_match_totals(quadratic):
+    # One quadratic part for two totals was broadcast: both taken as all attention.
+    with pytest.raises(ValueError, match="quadratic"):
+        split_costs([1.0, 2.0], quadratic=quadratic)
+
+
+def test_split_costs_quadratic_above_total_is_capped():
+    # Documented: the attention part of a total is at most the total.
+    f, b = split_costs([3.5], quadratic=[10.0], r_attn=2.5)
+    assert (float(f[0]), float(b[0])) == (1.0, 2.5)

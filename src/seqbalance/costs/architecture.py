@@ -49,6 +49,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "ARCH_KEYS",
     "MLP",
@@ -301,13 +303,44 @@ class _Reader:
             )
 
 
+def _use_sliding_window(cfg: Mapping[str, Any]) -> bool:
+    """``use_sliding_window`` (default true); only a bool: a string "false" or a 0 would
+    otherwise count as true (it is not False) and silently turn the window on."""
+    value = cfg.get("use_sliding_window")
+    if value is None:
+        return True
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(
+            f"config field 'use_sliding_window' = {value!r} must be true or false; "
+            "fix the config.json"
+        )
+    return bool(value)
+
+
+def _index_list(cfg: Mapping[str, Any], key: str) -> list[Any] | None:
+    """``cfg[key]`` as a list when it is a JSON array (list or tuple), None when absent.
+
+    Sets and dicts are refused too: their order is not the layers' order.
+    """
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(
+            f"config field {key!r} must be a list, got {value!r} ({type(value).__name__}); "
+            "fix the config.json"
+        )
+    return list(value)
+
+
 def _windows(cfg: Mapping[str, Any], family: str, r: _Reader, n: int) -> list[int | None]:
     """The sliding window of each layer (None: full causal attention)."""
     window = r.opt("sliding_window", None)
-    enabled = window is not None and cfg.get("use_sliding_window", True) is not False
-    layer_types = cfg.get("layer_types")
+    use = _use_sliding_window(cfg)
+    enabled = window is not None and use
+    layer_types = _index_list(cfg, "layer_types")
     if layer_types is not None:
-        if isinstance(layer_types, (str, bytes)) or len(layer_types) != n:
+        if len(layer_types) != n:
             raise ValueError(
                 f"config field 'layer_types' must list one type per layer ({n}), "
                 f"got {layer_types!r}"
@@ -319,7 +352,7 @@ def _windows(cfg: Mapping[str, Any], family: str, r: _Reader, n: int) -> list[in
                     f"only {', '.join(map(repr, _LAYER_TYPES))} are"
                 )
         sliding = [t == "sliding_attention" for t in layer_types]
-        if any(sliding) and window is None and cfg.get("use_sliding_window", True) is not False:
+        if any(sliding) and window is None and use:
             raise ValueError(
                 "config field 'layer_types' marks sliding layers but 'sliding_window' is "
                 "missing; add the window size to the config.json"
@@ -343,10 +376,8 @@ def _windows(cfg: Mapping[str, Any], family: str, r: _Reader, n: int) -> list[in
 
 def _moe_layers(cfg: Mapping[str, Any], r: _Reader, n: int) -> list[bool]:
     """Which layers are mixture-of-experts layers (given the config has experts)."""
-    only = cfg.get("mlp_only_layers") or []
-    if isinstance(only, (str, bytes)) or not all(
-        isinstance(i, int) and not isinstance(i, bool) for i in only
-    ):
+    only = _index_list(cfg, "mlp_only_layers") or []
+    if not all(isinstance(i, int) and not isinstance(i, bool) for i in only):
         raise ValueError(
             f"config field 'mlp_only_layers' must be a list of layer indices, got {only!r}"
         )
@@ -384,7 +415,12 @@ def parse_config(config: Any) -> Architecture:
     (2, 16, 6400)
     """
     cfg = text_model_config(read_config(config))
-    model_type = str(cfg.get("model_type") or "unknown")
+    model_type = cfg.get("model_type") or "unknown"
+    if not isinstance(model_type, str):  # str() of a list would match no family, silently
+        raise ValueError(
+            f"config field 'model_type' = {model_type!r} must be a string such as 'llama'; "
+            "fix the config.json"
+        )
     family = "gemma3" if model_type == "gemma3_text" else model_type
     r = _Reader(cfg, model_type)
 

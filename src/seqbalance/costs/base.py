@@ -47,6 +47,17 @@ def finite_costs(costs: np.ndarray, lengths: np.ndarray, model: Any) -> np.ndarr
     return costs
 
 
+def check_keys(data: Mapping[str, Any], allowed: tuple[str, ...], what: str) -> None:
+    """Refuse keys of a cost document outside ``allowed``: a misspelt optional key (say
+    ``per_seqence``) would otherwise be dropped, and the cost silently lose a term."""
+    unknown = sorted(str(k) for k in data if k not in allowed)
+    if unknown:
+        raise ValueError(
+            f"{what} has unknown key(s) {', '.join(map(repr, unknown))}; the keys are "
+            f"{', '.join(map(repr, allowed))} (check the spelling)"
+        )
+
+
 class CostModel(abc.ABC):
     """Interface of a cost model: per-sequence costs plus the polynomial form."""
 
@@ -222,11 +233,12 @@ class QuadraticCost(CostModel):
             )
         if data.get("kind", "quadratic") != "quadratic":
             raise ValueError(f"expected a cost of kind 'quadratic', got {data.get('kind')!r}")
+        check_keys(data, ("kind", *COEFFICIENTS, *_RATIOS, "meta", "fit"), "a quadratic cost")
         if "per_token" not in data or "per_token_sq" not in data:
             raise ValueError(
                 f"a quadratic cost needs 'per_token' and 'per_token_sq'; got keys {sorted(data)}"
             )
-        fit = data.get("fit")
+        fit = data.get("fit")  # null or absent: no report; anything else must be one
         return cls(
             data["per_token"],
             data["per_token_sq"],
@@ -234,7 +246,7 @@ class QuadraticCost(CostModel):
             data.get("per_microbatch", 0.0),
             **{k: data[k] for k in _RATIOS if k in data},
             meta=data.get("meta"),
-            report=FitReport.from_dict(fit) if fit else None,
+            report=FitReport.from_dict(fit) if fit is not None else None,
         )
 
     def __eq__(self, other: object) -> bool:

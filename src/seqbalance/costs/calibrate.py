@@ -50,7 +50,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._validate import as_lengths, check_choice, check_positive_int, unwritable
+from .._validate import (
+    as_lengths,
+    check_bool,
+    check_choice,
+    check_nonnegative_int,
+    check_positive_int,
+    unwritable,
+)
 from .architecture import (
     Architecture,
     Attention,
@@ -422,8 +429,16 @@ def calibrate(
     layers = check_positive_int(layers, "layers")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup must be an integer >= 0, got {warmup!r}")
-    if not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
+    if isinstance(holdout, bool) or not (isinstance(holdout, (int, float)) and 0 <= holdout < 1):
         raise ValueError(f"holdout must be a fraction in [0, 1), got {holdout!r}")
+    include_head = check_bool(include_head, "include_head")
+    progress = check_bool(progress, "progress")
+    seed = check_nonnegative_int(seed, "seed")
+    # None means the device's default; 0 must not (`0 or default` took it as unset).
+    if max_tokens is not None:
+        max_tokens = check_positive_int(max_tokens, "max_tokens")
+    if repeats is not None:
+        repeats = check_positive_int(repeats, "repeats")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("device 'cuda' was asked for but torch sees no CUDA GPU; use --device cpu")
     dtype_name = check_choice(
@@ -431,7 +446,8 @@ def calibrate(
         "dtype",
         ("float32", "bfloat16", "float16"),
     )
-    repeats = check_positive_int(repeats or (5 if device == "cuda" else 3), "repeats")
+    if repeats is None:
+        repeats = 5 if device == "cuda" else 3
     cfg, label = _resolve(config)
     arch = parse_config(cfg)
     if layers > arch.num_layers:
@@ -440,7 +456,8 @@ def calibrate(
             f"<= {arch.num_layers}"
         )
     if grid is None:
-        max_tokens = max_tokens or (16384 if device == "cuda" else 1024)
+        if max_tokens is None:
+            max_tokens = 16384 if device == "cuda" else 1024
         mbs = calibration_grid(max_tokens, seed)
     else:
         mbs = [as_lengths(mb, f"grid[{i}]").tolist() for i, mb in enumerate(grid)]

@@ -58,8 +58,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._validate import check_nonnegative_real
-from .base import CostModel
+from .._validate import (
+    as_lengths,
+    check_degree,
+    check_nonnegative_int,
+    check_nonnegative_real,
+)
+from .base import CostModel, check_keys
 
 __all__ = ["ContextParallelCost", "balanced_layout", "kv_bytes_per_token"]
 
@@ -76,10 +81,30 @@ def balanced_layout(length: int, d: int) -> list[list[tuple[int, int]]]:
     >>> balanced_layout(10, 2)
     [[(0, 2), (7, 10)], [(2, 5), (5, 7)]]
     """
+    length = _length(length, "length")
+    d = check_degree(d, "d")
     if d == 1:
-        return [[(0, int(length))]]
-    cuts = [(k * int(length)) // (2 * d) for k in range(2 * d + 1)]
+        return [[(0, length)]]
+    cuts = [(k * length) // (2 * d) for k in range(2 * d + 1)]
     return [[(cuts[r], cuts[r + 1]), (cuts[2 * d - 1 - r], cuts[2 * d - r])] for r in range(d)]
+
+
+def _length(value: Any, name: str) -> int:
+    """A token count: an int (not a bool) in ``0 .. 2**40 - 1``, as :func:`as_lengths`."""
+    return int(as_lengths([check_nonnegative_int(value, name)], name)[0])
+
+
+def _finite(costs: np.ndarray, lengths: np.ndarray, cp: ContextParallelCost) -> np.ndarray:
+    """``costs`` (one row per sequence), or a ValueError naming the first sequence whose
+    piece cost overflows float64 (a huge bandwidth ratio or coefficient)."""
+    bad = ~np.isfinite(costs)
+    if bad.any():
+        i = int(np.flatnonzero(bad.reshape(bad.shape[0], -1).any(axis=1))[0])
+        raise ValueError(
+            f"the CP piece cost of a sequence of {int(lengths[i])} tokens overflows float64 "
+            f"under {cp!r}; rescale the cost model or cost_per_second (only ratios matter)"
+        )
+    return costs
 
 
 def _layout_arrays(lengths: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
@@ -99,13 +124,17 @@ def _layout_arrays(lengths: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]
     return tokens, sq
 
 
-def kv_bytes_per_token(cost: Any, dtype_bytes: int = 2) -> float:
+def kv_bytes_per_token(cost: Any, dtype_bytes: float = 2) -> float:
     """Bytes of K and V one token contributes over all layers, from a :class:`FlopsCost`.
 
     ``sum over layers of kv_heads * (qk_head_dim + v_head_dim) * dtype_bytes``; for a config
     with one ``head_dim`` that is ``2 * kv_heads * head_dim * dtype_bytes * layers``.
-    MLA layers count the K/V heads they materialise (the same formula).
+    MLA layers count the K/V heads they materialise (the same formula). ``dtype_bytes``
+    is a finite number > 0 (2 for bf16, 1 for fp8, 0.5 for 4-bit).
     """
+    bytes_each = check_nonnegative_real(dtype_bytes, "dtype_bytes")
+    if bytes_each == 0:
+        raise ValueError("dtype_bytes must be > 0 (bytes per K/V value: 2 for bf16)")
     arch = getattr(cost, "architecture", None)
     if arch is None:
         raise ValueError(
@@ -116,8 +145,10 @@ def kv_bytes_per_token(cost: Any, dtype_bytes: int = 2) -> float:
         layer.attention.kv_heads * (layer.attention.qk_head_dim + layer.attention.v_head_dim)
         for layer in arch.layers
     ]
-    return float(sum(per_layer) * dtype_bytes)
+    return float(sum(per_layer) * bytes_each)
 
+
+_CP_KEYS = ("cost", "bandwidth", "cost_per_second", "overlap", "kv_bytes_per_token", "comm_passes")
 
 _kv_bytes_of = kv_bytes_per_token  # the constructor's argument shadows the function's name
 
@@ -195,11 +226,37 @@ class ContextParallelCost:
 
     # ---- scalar form ----------------------------------------------------------------
     def piece_cost(self, length: int, ranges: Sequence[tuple[int, int]], d: int) -> float:
-        """Cost of one GPU holding query ``ranges`` of a sequence of ``length`` split ``d`` ways."""
-        tok = sum(e - s for s, e in ranges)
-        sq = sum(float(e) * e - float(s) * s for s, e in ranges)
-        out = self._cost(np.float64(length), np.float64(tok), np.float64(sq), np.float64(d))
-        return float(np.asarray(out).reshape(()))
+        """Cost of one GPU holding query ``ranges`` of a sequence of ``length`` split ``d`` ways.
+
+        Raises
+        ------
+        ValueError
+            ``length`` is not a token count, ``d`` not a CP degree, a range is not a pair
+            of integers ``0 <= start <= end <= length``, or the cost overflows float64.
+        """
+        length = _length(length, "length")
+        d = check_degree(d, "d")
+        if isinstance(ranges, (str, bytes)) or not hasattr(ranges, "__iter__"):
+            raise ValueError(f"ranges must be a list of (start, end) pairs, got {ranges!r}")
+        tok, sq = 0, 0.0
+        for k, rng in enumerate(ranges):
+            # A backwards or out-of-sequence range would price negative or phantom tokens.
+            ok = isinstance(rng, (tuple, list)) and len(rng) == 2 and all(
+                not isinstance(v, (bool, np.bool_)) and isinstance(v, (int, np.integer))
+                for v in rng
+            )
+            if not ok or not 0 <= rng[0] <= rng[1] <= length:
+                raise ValueError(
+                    f"ranges[{k}] = {rng!r} is not a token range (start, end) with "
+                    f"0 <= start <= end <= length = {length}"
+                )
+            s, e = int(rng[0]), int(rng[1])
+            tok += e - s
+            sq += float(e) * e - float(s) * s
+        with np.errstate(over="ignore", invalid="ignore"):  # _finite says it
+            out = self._cost(np.float64(length), np.float64(tok), np.float64(sq), np.float64(d))
+        arr = np.asarray(out, dtype=np.float64).reshape(1, 1)
+        return float(_finite(arr, np.array([length]), self)[0, 0])
 
     def _cost(self, length: Any, tok: Any, sq: Any, d: Any) -> Any:
         """The formula on arrays (``d`` may be an array too); a whole sequence on one GPU
@@ -223,11 +280,20 @@ class ContextParallelCost:
 
     # ---- vectorised over sequences ----------------------------------------------------
     def rank_costs(self, lengths: Any, d: int) -> tuple[np.ndarray, np.ndarray]:
-        """Per-rank piece costs and tokens of the balanced layout, each of shape ``(n, d)``."""
-        lens = np.asarray(lengths, dtype=np.int64)
+        """Per-rank piece costs and tokens of the balanced layout, each of shape ``(n, d)``.
+
+        Raises
+        ------
+        ValueError
+            ``lengths`` are not token counts (:func:`~seqbalance._validate.as_lengths`),
+            ``d`` is not a CP degree (an int in ``1 .. 2**14``), or a cost overflows.
+        """
+        lens = as_lengths(lengths)
+        d = check_degree(d, "d")
         tokens, sq = _layout_arrays(lens, d)
-        costs = self._cost(lens.astype(np.float64)[:, None], tokens.astype(np.float64), sq, d)
-        return np.asarray(costs, dtype=np.float64), tokens
+        with np.errstate(over="ignore", invalid="ignore"):  # _finite says it
+            costs = self._cost(lens.astype(np.float64)[:, None], tokens.astype(np.float64), sq, d)
+        return _finite(np.asarray(costs, dtype=np.float64), lens, self), tokens
 
     def piece_times(self, lengths: Any, d: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each sequence split ``d`` ways: (slowest rank's cost, summed work, most tokens)."""
@@ -262,6 +328,7 @@ class ContextParallelCost:
                 "a ContextParallelCost document is an object with a 'cost' (the sequence "
                 f"cost's to_dict()) and optional bandwidth, overlap, ...; got {got}"
             )
+        check_keys(data, _CP_KEYS, "a ContextParallelCost document")
         return cls(
             cost_from_dict(data["cost"]),
             bandwidth=data.get("bandwidth"),

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_lengths, check_choice, check_positive_int
+from .._validate import as_lengths, check_bool, check_choice, check_positive_int
 from .base import CostModel, TokenCost
 from .fit import UnidentifiableCostWarning, _fit, unidentified_message
 
@@ -271,6 +271,8 @@ class TimingRecorder:
         step = _nonneg_int(step, "step")
         slot = _nonneg_int(slot, "slot")
         lens = as_lengths(lengths, "lengths")
+        if isinstance(seconds, (bool, np.bool_, str, bytes)):  # float() takes True and "1.0"
+            raise ValueError(f"seconds must be a number, got {seconds!r}")
         try:
             secs = float(seconds)
         except (TypeError, ValueError):
@@ -293,11 +295,16 @@ class TimingRecorder:
     def extend(self, records: Iterable[Any]) -> None:
         """Add many records: :class:`Timing` objects or ``(rank, step, slot, lengths,
         seconds)`` tuples."""
-        for r in records:
+        for i, r in enumerate(records):
             if isinstance(r, Timing):
                 self.record(r.rank, r.step, r.slot, r.lengths, r.seconds)
-            else:
+            elif isinstance(r, (tuple, list)) and len(r) == 5:
                 self.record(*r)
+            else:
+                raise ValueError(
+                    f"records[{i}] = {r!r} is not a Timing or a (rank, step, slot, lengths, "
+                    "seconds) record"
+                )
 
     def clear(self) -> None:
         """Forget every record (e.g. after switching the plan's cost)."""
@@ -451,6 +458,10 @@ class TimingRecorder:
         UnidentifiableCostWarning
             When the previous cost is kept.
         """
+        per_rank = check_bool(per_rank, "per_rank")
+        robust = check_bool(robust, "robust")
+        per_microbatch = check_bool(per_microbatch, "per_microbatch")
+        per_sequence = check_bool(per_sequence, "per_sequence")
         recs = [r for r in self.records if r.lengths.size > 0]
         need = 2 + int(per_microbatch) + int(per_sequence)
         if len(recs) < need:
@@ -513,8 +524,15 @@ def records_from_plan(
     """
     lens = as_lengths(lengths, "lengths")
     out = []
-    if isinstance(seconds, Mapping):
-        raise ValueError("seconds must be nested [rank][slot] numbers, not a mapping")
+    if isinstance(seconds, (Mapping, str, bytes)) or not hasattr(seconds, "__len__"):
+        raise ValueError(
+            f"seconds must be nested [rank][slot] numbers, got {type(seconds).__name__}"
+        )
+    if len(seconds) != len(micro_batches):
+        raise ValueError(
+            f"seconds has {len(seconds)} ranks but micro_batches has {len(micro_batches)}; "
+            "pass one row of times per rank"
+        )
     for r, rank in enumerate(micro_batches):
         row = seconds[r]
         if len(row) != len(rank):
@@ -522,5 +540,21 @@ def records_from_plan(
                 f"seconds[{r}] has {len(row)} times but rank {r} has {len(rank)} micro-batches"
             )
         for j, mb in enumerate(rank):
-            out.append((r, step, j, lens[np.asarray(mb, dtype=np.int64)], float(row[j])))
+            idx = _indices(mb, lens.size, f"micro_batches[{r}][{j}]")
+            out.append((r, step, j, lens[idx], float(row[j])))
     return out
+
+
+def _indices(mb: Any, n: int, name: str) -> np.ndarray:
+    """Sequence indices of one micro-batch as int64, each in ``0..n-1``: numpy would take
+    -1 as the last sequence and 1.7 or True as sequence 1."""
+    arr = np.asarray(mb)
+    if arr.ndim != 1 or (arr.size and (arr.dtype.kind not in "iu")):
+        raise ValueError(f"{name} = {mb!r} must be a list of integer sequence indices")
+    bad = (arr < 0) | (arr >= n)
+    if bad.any():
+        raise ValueError(
+            f"{name} holds index {arr[bad][0].item()}, outside 0..{n - 1} (there are {n} "
+            "lengths)"
+        )
+    return arr.astype(np.int64)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_lengths, as_weights, check_choice
+from .._validate import as_lengths, as_weights, check_bool, check_choice
 from .base import CostModel, QuadraticCost
 from .report import COEFFICIENTS, FitReport
 
@@ -194,8 +194,11 @@ def _seconds(seconds: Any, n: int) -> np.ndarray:
     return t
 
 
-def evaluate_cost(cost: CostModel, microbatches: Sequence[Any], seconds: Any) -> FitReport:
+def evaluate_cost(cost: Any, microbatches: Sequence[Any], seconds: Any) -> FitReport:
     """Compare ``cost.microbatch_cost`` with measured ``seconds``, one per micro-batch.
+
+    ``cost`` is a cost model or anything :func:`seqbalance.costs.load_cost` accepts (a
+    shipped name, a path, a cost dict).
 
     Examples
     --------
@@ -203,6 +206,10 @@ def evaluate_cost(cost: CostModel, microbatches: Sequence[Any], seconds: Any) ->
     >>> evaluate_cost(cost, [[1], [2], [4]], [1.0, 2.0, 5.0]).max_rel_error
     0.2
     """
+    if not isinstance(cost, CostModel):
+        from .load import load_cost  # load imports flops, which imports base: not at the top
+
+        cost = load_cost(cost)
     mbs = _microbatches(microbatches)
     t = _seconds(seconds, len(mbs))
     if not mbs:
@@ -321,6 +328,10 @@ def _fit(
 ) -> tuple[QuadraticCost, tuple[str, ...], str]:
     """fit_cost's work; also returns the unidentified coefficients and a hint why."""
     check_choice(weighting, "weighting", ("relative", "absolute"))
+    # Flags as bools only: per_microbatch="False" is truthy and would fit c0 regardless.
+    per_microbatch = check_bool(per_microbatch, "per_microbatch")
+    per_sequence = check_bool(per_sequence, "per_sequence")
+    robust = check_bool(robust, "robust")
     mbs = _microbatches(microbatches)
     a = design_matrix(mbs)
     t = _seconds(seconds, a.shape[0])

@@ -40,6 +40,7 @@ model always gives the exact, windowed count.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ import numpy as np
 
 from .._validate import as_lengths
 from .architecture import ARCH_KEYS, Architecture, parse_config, read_config, text_model_config
-from .base import CostModel, finite_costs
+from .base import CostModel, check_keys, finite_costs
 
 __all__ = ["SHIPPED", "FlopsCost", "shipped_config"]
 
@@ -128,6 +129,8 @@ class FlopsCost(CostModel):
             )
         if not isinstance(recompute, bool):
             raise ValueError(f"recompute must be True or False, got {recompute!r}")
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name must be a string or None, got {name!r}")
         self.architecture = architecture
         self.recompute = recompute
         self.name = name
@@ -156,7 +159,8 @@ class FlopsCost(CostModel):
         data = text_model_config(read_config(config))
         arch = parse_config(data)
         kept = {k: data[k] for k in ARCH_KEYS if k in data}
-        name = data.get("_name_or_path") or None
+        name = data.get("_name_or_path")
+        name = name if isinstance(name, str) and name else None  # a label only
         return cls(arch, recompute=recompute, name=name, config=kept)
 
     @classmethod
@@ -188,6 +192,8 @@ class FlopsCost(CostModel):
 
     def training_flops(self, lengths: Any, recompute: bool = False) -> np.ndarray:
         """Forward + backward FLOPs per sequence: 3× forward, 4× with full recompute."""
+        if not isinstance(recompute, bool):  # "no" is truthy: it would count 4x
+            raise ValueError(f"recompute must be True or False, got {recompute!r}")
         x = as_lengths(lengths).astype(np.float64)
         return finite_costs(self._forward(x, 4.0 if recompute else 3.0), x, self)
 
@@ -212,12 +218,32 @@ class FlopsCost(CostModel):
         return out
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> FlopsCost:
-        """Inverse of :meth:`to_dict`: from ``config`` when present, else the shipped ``name``."""
-        recompute = bool(data.get("recompute", False))
+    def from_dict(cls, data: Mapping[str, Any]) -> FlopsCost:
+        """Inverse of :meth:`to_dict`: from ``config`` when present, else the shipped ``name``.
+
+        Raises
+        ------
+        ValueError
+            ``data`` is not a mapping, ``recompute`` is not a bool, ``name`` is not a
+            string, or neither a config nor a shipped name is given.
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(
+                f"a flops cost is an object with a 'config' or a 'name', got {type(data).__name__}"
+            )
+        check_keys(data, ("kind", "name", "recompute", "config"), "a flops cost")
+        # Not bool(...): bool("false") is True, and would count 4x forward without a word.
+        recompute = data.get("recompute", False)
+        if not isinstance(recompute, bool):
+            raise ValueError(
+                f"a flops cost's 'recompute' must be true or false, got {recompute!r}"
+            )
+        name = data.get("name")
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"a flops cost's 'name' must be a string, got {name!r}")
         if data.get("config") is not None:
             out = cls.from_hf_config(data["config"], recompute=recompute)
-            out.name = data.get("name")
+            out.name = name
             return out
         if data.get("name"):
             return cls.from_name(data["name"], recompute=recompute)

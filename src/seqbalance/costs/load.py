@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .base import CostModel, QuadraticCost, TokenCost
+from .base import CostModel, QuadraticCost, TokenCost, check_keys
 from .flops import SHIPPED, FlopsCost
 
 __all__ = ["cost_from_dict", "load_cost"]
@@ -29,6 +29,7 @@ def cost_from_dict(data: Mapping[str, Any]) -> CostModel:
         )
     kind = data.get("kind")
     if kind == "tokens":
+        check_keys(data, ("kind",), "a token cost")
         return TokenCost()
     if kind == "quadratic":
         return QuadraticCost.from_dict(data)

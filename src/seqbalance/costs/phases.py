@@ -53,7 +53,10 @@ def check_ratio(value: Any, name: str) -> float:
     """A backward / forward ratio: a finite real number > 0."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"{name} must be a real number > 0 (backward / forward), got {value!r}")
-    out = float(value)
+    try:
+        out = float(value)
+    except OverflowError:  # a Python int beyond float range
+        out = math.inf
     if not math.isfinite(out) or out <= 0:
         raise ValueError(
             f"{name} = {value!r} is invalid; a backward / forward cost ratio must be finite "
@@ -76,14 +79,24 @@ def split_costs(
     totals : array-like of float
         Training cost (forward + backward) per item, >= 0.
     quadratic : array-like of float, optional
-        The part of each total that is attention (the ``c·L²`` term); default none.
+        The part of each total that is attention (the ``c·L²`` term), one per total;
+        default none. A part above its total is capped at the total.
     r_mm, r_attn : float
         Backward / forward ratios of the linear and the quadratic parts.
     """
     t = as_weights(totals, "totals")
     r_mm = check_ratio(r_mm, "r_mm")
     r_attn = check_ratio(r_attn, "r_attn")
-    q = np.zeros_like(t) if quadratic is None else np.minimum(as_weights(quadratic, "quadratic"), t)
+    if quadratic is None:
+        q = np.zeros_like(t)
+    else:
+        q = as_weights(quadratic, "quadratic")
+        if q.shape != t.shape:  # np.minimum would broadcast one part over every total
+            raise ValueError(
+                f"quadratic has {q.shape[0]} entries but totals has {t.shape[0]}; pass one "
+                "attention part per total"
+            )
+        q = np.minimum(q, t)
     lin = t - q
     fwd = lin / (1.0 + r_mm) + q / (1.0 + r_attn)
     return fwd, t - fwd

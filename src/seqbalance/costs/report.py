@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 __all__ = ["COEFFICIENTS", "FitReport"]
 
 # The polynomial form, in the order c0, a, b, c.
@@ -72,16 +74,34 @@ class FitReport:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FitReport:
-        """Inverse of :meth:`to_dict`."""
+        """Inverse of :meth:`to_dict`.
+
+        Raises
+        ------
+        ValueError
+            ``data`` is not a mapping, misses a key, or holds a value of the wrong type or
+            range (statistics are numbers or null, relative errors >= 0, ``n_samples`` a
+            whole number >= 0, coefficients finite and >= 0, ``holdout`` a report or null).
+        """
+        if not isinstance(data, Mapping):
+            raise ValueError(
+                f"malformed fit report {data!r}: expected an object with r2, max_rel_error, "
+                "median_rel_error, n_samples and coefficients"
+            )
         try:
             hold = data.get("holdout")
+            if hold is not None and not isinstance(hold, Mapping):
+                raise ValueError(f"'holdout' must be a fit report or null, got {hold!r}")
+            coefs = data["coefficients"]
+            if not isinstance(coefs, Mapping):
+                raise ValueError(f"'coefficients' must be an object, got {coefs!r}")
             return cls(
-                r2=_nan_if_none(data["r2"]),
-                max_rel_error=_nan_if_none(data["max_rel_error"]),
-                median_rel_error=_nan_if_none(data["median_rel_error"]),
-                n_samples=int(data["n_samples"]),
-                coefficients={k: float(data["coefficients"][k]) for k in COEFFICIENTS},
-                holdout=cls.from_dict(hold) if hold else None,
+                r2=_statistic(data["r2"], "r2"),
+                max_rel_error=_statistic(data["max_rel_error"], "max_rel_error", True),
+                median_rel_error=_statistic(data["median_rel_error"], "median_rel_error", True),
+                n_samples=_count(data["n_samples"]),
+                coefficients={k: _coefficient(coefs[k], k) for k in COEFFICIENTS},
+                holdout=cls.from_dict(hold) if hold is not None else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed fit report {dict(data)!r} ({exc!r})") from exc
@@ -92,5 +112,35 @@ def _finite_or_none(x: float) -> float | None:
     return float(x) if math.isfinite(x) else None
 
 
-def _nan_if_none(x: Any) -> float:
-    return math.nan if x is None else float(x)
+def _number(x: Any, name: str) -> float:
+    # Not float(x): it takes "0.9" and True, which no to_dict writes.
+    if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name!r} must be a number, got {x!r}")
+    try:
+        return float(x)
+    except OverflowError:
+        raise ValueError(f"{name!r} = {x!r} is beyond the float64 range") from None
+
+
+def _statistic(x: Any, name: str, nonnegative: bool = False) -> float:
+    """A statistic as written by to_dict: a number, or null for an undefined one (NaN)."""
+    if x is None:
+        return math.nan
+    out = _number(x, name)
+    if nonnegative and out < 0:
+        raise ValueError(f"{name!r} = {x!r} is negative; a relative error is >= 0")
+    return out
+
+
+def _count(x: Any) -> int:
+    out = _number(x, "n_samples")
+    if not (math.isfinite(out) and out.is_integer() and out >= 0):
+        raise ValueError(f"'n_samples' = {x!r} must be a whole number >= 0")
+    return int(out)
+
+
+def _coefficient(x: Any, name: str) -> float:
+    out = _number(x, name)
+    if not (math.isfinite(out) and out >= 0):
+        raise ValueError(f"coefficient {name!r} = {x!r} must be finite and >= 0")
+    return out
