@@ -77,3 +77,13 @@ def test_baselines_refuse_the_capacities_plan_refuses(name):
     # sequential and token_ffd raised OverflowError on a capacity of 2**63.
     with pytest.raises(ValueError, match=r"max_tokens=9223372036854775808 .*below 2\*\*62"):
         BASELINES[name]([5, 3, 8, 1], 2, 2**63)
+
+
+@pytest.mark.parametrize("name", sorted(BASELINES))
+def test_every_baseline_plans_an_empty_batch(name):
+    # verl's and slime's rules start from an equal-count differencing, which has no
+    # states to merge on no sequences (verl itself raises IndexError there).
+    p = BASELINES[name]([], 3, 10)
+    assert p.dp_size == 3
+    assert [i for r in p.micro_batches for mb in r for i in mb] == []
+    assert p.violations()["over_capacity"] == p.violations()["missing"] == 0

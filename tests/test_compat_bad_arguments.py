@@ -37,6 +37,9 @@ CASES = {
         "18446744073709551615 is too large",
     ),
     "workload overflow": (lambda: verl.calculate_workload([2**53, 1]), "would wrap"),
+    # Python ints beyond int64: numpy makes objects, or floats beside small ones.
+    "workload 2**70": (lambda: verl.calculate_workload([1, 2**70]), "would wrap"),
+    "workload 2**63+1": (lambda: verl.calculate_workload([1, 2**63 + 1]), "would wrap"),
     "workload negative": (lambda: verl.calculate_workload(np.array([-1, 2])), "negative"),
     "slime flops negative": (lambda: slime.calculate_fwd_flops([-5], _slime_args()), "negative"),
     "slime flops fraction": (lambda: slime.sequence_fwd_flops([1.5], _slime_args()), "whole"),
@@ -144,6 +147,28 @@ def test_verl_min_num_micro_batch_is_a_floor_of_any_integer():
     assert len(verl.micro_batches_of_lengths(lens, 10, min_num_micro_batch=4)) == 4
     with pytest.raises(ValueError, match="min_num_micro_batch"):
         verl.micro_batches_of_lengths(lens, 10, min_num_micro_batch=1.5)
+
+
+def test_index_lists_take_what_the_frameworks_index_with():
+    # Rows of an integer tensor or array, torch.chunk pieces and numpy integers index the
+    # values in verl and AReaL: the metrics take them; bools and floats are refused.
+    torch = pytest.importorskip("torch")
+    lens = [5, 3, 7, 2]
+    plain = [[0, 1], [2, 3]]
+    for parts in (list(torch.tensor(plain)), list(torch.arange(4).chunk(2)), np.array(plain),
+                  [[np.int32(0), torch.tensor(1)], (2, 3)]):  # fmt: skip
+        assert verl.log_seqlen_unbalance(lens, parts, "x") == verl.log_seqlen_unbalance(
+            lens, plain, "x"
+        )
+        assert areal._compute_packing_metrics(lens, parts, 10) == (
+            areal._compute_packing_metrics(lens, plain, 10)
+        )
+    for bad, shown in (([[0, True], [2, 3]], "True"), ([[0, 1.0], [2, 3]], "1.0"),
+                       ([torch.tensor([0.0, 1.0]), [2, 3]], "tensor")):  # fmt: skip
+        with pytest.raises(ValueError, match=f"partitions\\[0\\] holds {shown}"):
+            verl.log_seqlen_unbalance(lens, bad, "x")
+    with pytest.raises(ValueError, match="index 1 is in more than one"):
+        slime.expand_bins_by_splitting([np.array([0, 1]), [1]], 3, [1, 2])
 
 
 def test_largest_workload_length_is_exact():

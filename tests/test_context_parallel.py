@@ -524,9 +524,11 @@ def test_cp_pieces_refuse_bools():
     d = sb.plan([30, 5, 9, 17, 2, 8, 32, 3], 2, 16, cp_size=2).to_dict()
     seq, start, end = d["pieces"][0][0][0]
     assert start == 0  # the first piece of a sequence starts at its first token
-    d["pieces"][0][0][0] = [seq, False, end]
-    with pytest.raises(ValueError, match="want \\(sequence, start, end\\) integers"):
-        CPPlan.from_dict(d)
+    for bad in ([seq, False, end], [seq, 0.0, end], "x", 5):
+        d["pieces"][0][0][0] = bad
+        # The message names the piece (a float or a string got a generic one).
+        with pytest.raises(ValueError, match=r"pieces\[0\]\[0\] holds .* want \(sequence"):
+            CPPlan.from_dict(d)
 
 
 # ---- bad arguments to the piece-cost functions ---------------------------------------------

@@ -139,6 +139,9 @@ def test_from_json_accepts_paths_and_rejects_incomplete_documents(tmp_path):
         ({"micro_batches": [[[0, -1]]]}, r"micro_batches\[0\]\[0\] holds index -1"),
         ({"micro_batches": [[[0, 2]]]}, "holds index 2, outside 0..1"),
         ({"micro_batches": [[[0.5]]]}, "integer indices"),
+        # True is 1 to operator.index: as an index it is a typo (CP pieces refuse it too).
+        ({"micro_batches": [[[0, True]]]}, r"integer indices \(not bools\)"),
+        ({"micro_batches": [[[np.False_, 1]]]}, "integer indices"),
         ({"costs": [1.0]}, "costs has 1 entries but there are 2 lengths"),
         ({"costs": [1.0, float("nan")]}, "not finite"),
         ({"max_tokens": 0}, "max_tokens must be >= 1"),

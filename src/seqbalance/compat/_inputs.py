@@ -9,6 +9,7 @@ is recognised by its methods.
 from __future__ import annotations
 
 import importlib
+import operator
 import sys
 from typing import Any, Callable
 
@@ -141,20 +142,69 @@ def check_index_lists(
     parts: Any, n: int, name: str, error: type = CompatAssertionError, part: str = "part",
     distinct: bool = False,
 ) -> None:
-    """Each of ``parts`` a list of integer indices into ``n`` items, else ``error`` naming
-    the first bad one (``distinct``: no index in two places either). Framework metrics and
-    splitting helpers index with them, where a bad one raised IndexError or was copied."""
-    seen: set[int] = set()
+    """Each of ``parts`` a list (array, tensor) of integer indices into ``n`` items, else
+    ``error`` naming the first bad one (``distinct``: no index in two places either).
+    Framework metrics and splitting helpers index with them, where a bad one raised
+    IndexError or was copied. Bools and floats are refused; integer tensors, arrays and
+    their 0-d elements pass, as the frameworks index with them."""
+    arrays = []
     for p, members in enumerate(parts):
-        for i in members:
-            if isinstance(i, (bool, np.bool_)) or not isinstance(i, (int, np.integer)):
-                raise error(f"{name}[{p}] holds {i!r}, not an index")
-            if not 0 <= i < n:
-                raise error(f"{name}[{p}] holds index {i}, outside the {n} items (0..{n - 1})")
-            if distinct:
-                if i in seen:
-                    raise error(f"index {i} is in more than one {part} ({name}[{p}])")
-                seen.add(int(i))
+        idx = _indices(members)
+        if idx is None:  # name the first value that is not an index
+            for i in members:
+                if _index_of(i) is None:
+                    raise error(f"{name}[{p}] holds {i!r}, not an index")
+            raise error(f"{name}[{p}] is not a flat list of indices")
+        if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
+            i = int(idx[(idx < 0) | (idx >= n)][0])
+            raise error(f"{name}[{p}] holds index {i}, outside the {n} items (0..{n - 1})")
+        arrays.append(idx)
+    if distinct and arrays:
+        flat = np.concatenate(arrays)
+        if flat.size and int(np.bincount(flat, minlength=n).max()) > 1:
+            seen: set[int] = set()
+            for p, idx in enumerate(arrays):
+                for i in idx.tolist():
+                    if i in seen:
+                        raise error(f"index {i} is in more than one {part} ({name}[{p}])")
+                    seen.add(i)
+
+
+def _index_of(value: Any) -> int | None:
+    """``value`` as an index (a Python, numpy or 0-d tensor integer), else None."""
+    if isinstance(value, (bool, np.bool_)) or (is_tensor(value) and not _integer_tensor(value)):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
+def _integer_tensor(t: Any) -> bool:
+    return not (t.dtype.is_floating_point or t.dtype.is_complex) and str(t.dtype) != "torch.bool"
+
+
+def _indices(members: Any) -> np.ndarray | None:
+    """``members`` as a 1-D int64 array, or None where one is not an index. Python ints
+    go through numpy at once (their types read in C); anything else value by value."""
+    if is_tensor(members):
+        if members.dim() != 1 or not _integer_tensor(members):
+            return None
+        return members.detach().cpu().numpy().astype(np.int64, copy=False)
+    if isinstance(members, np.ndarray):
+        if members.ndim != 1 or members.dtype.kind not in "iu":
+            return None if members.size or members.ndim != 1 else np.zeros(0, np.int64)
+        return members.astype(np.int64, copy=False)
+    if isinstance(members, (str, bytes)) or not hasattr(members, "__iter__"):
+        return None
+    if not hasattr(members, "__len__"):
+        members = list(members)  # an iterator: read once
+    if set(map(type, members)) <= {int}:  # bools are of type bool: they go the slow way
+        return np.array(members, dtype=np.int64) if len(members) else np.zeros(0, np.int64)
+    out = [_index_of(v) for v in members]
+    if any(v is None for v in out):
+        return None
+    return np.array(out, dtype=np.int64) if out else np.zeros(0, np.int64)
 
 
 def to_python_list(values: Any) -> list[Any]:

@@ -79,6 +79,13 @@ def calculate_workload(seqlen_list: Any) -> Any:
             _check_workload_range(int(x.min()), int(x.max()))
         return _LINEAR * x + x * x
     x = to_numpy(seqlen_list)
+    if x.size and (x.dtype.kind == "O" or (x.dtype.kind == "f" and float(abs(x).max()) >= 2**63)):
+        # Python ints beyond int64 make numpy choose objects, or floats when mixed with
+        # small ones: name the length, as for int64 input.
+        given = seqlen_list if isinstance(seqlen_list, (list, tuple)) else x.reshape(-1).tolist()
+        ints = [v for v in given if isinstance(v, int) and not isinstance(v, bool)]
+        if ints:
+            _check_workload_range(min(ints), max(ints))
     if x.dtype.kind != "f" and x.size:
         if x.dtype.kind not in "iub":
             raise ValueError(f"seqlen_list must be numbers, got {x.reshape(-1)[:5].tolist()}")

@@ -42,6 +42,8 @@ def kk_partition(values: Sequence[float], k: int, equal_size: bool) -> list[list
     work (a state absorbing one item costs O(log k), not a sort of its ``k`` parts).
     """
     w = _kk_weights(values)
+    if w.size == 0:
+        return [[] for _ in range(k)]  # nothing to split (verl's own raises IndexError)
     labels = verl_equal_kk_labels(w, k) if equal_size else verl_free_kk_labels(w, k)
     assert labels is not None  # no size cap given
     return parts_of_labels(labels, k)

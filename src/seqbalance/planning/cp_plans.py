@@ -344,7 +344,7 @@ class CPPlan(Plan):
                             if any(isinstance(v, (bool, np.bool_)) for v in p):
                                 raise ValueError  # True is an int to operator.index
                             i, s, e = (operator.index(v) for v in p)
-                        except ValueError:  # not three values, or a bool among them
+                        except (ValueError, TypeError):  # not three integers, or a bool
                             i = s = e = -1
                         if not (0 <= i < n and 0 <= s <= e <= lens[i]):
                             raise ValueError(
@@ -495,6 +495,28 @@ class CPPlan(Plan):
         m = self.num_micro_batches
         _, slot, seq, s, e = _flatten(self.pieces)
         n = self.num_sequences
+        missing, dup = self._coverage(seq, s, e)
+        pairs = np.unique(seq * max(m, 1) + slot)  # one entry per (sequence, slot)
+        split = np.bincount(pairs // max(m, 1), minlength=n) > 1
+        deg = self.degrees()
+        held = deg > 0
+        pow2 = (deg & (deg - 1)) == 0
+        return {
+            "over_capacity": int((self.microbatch_tokens() > self.max_tokens).sum()),
+            "empty": sum(1 for g in self.pieces for sl in g if not sl),
+            "unequal_counts": sum(1 for g in self.pieces if len(g) != m),
+            "missing": int(missing.sum()),
+            "duplicated": int(dup.sum()),
+            "split_slots": int(split.sum()),
+            "bad_degree": int((held & (~pow2 | (deg > self.cp_size))).sum()),
+        }
+
+    def _coverage(
+        self, seq: np.ndarray, s: np.ndarray, e: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Masks of the sequences with a token in no piece (or in no piece at all) and
+        with a token in two pieces, from the flattened ranges."""
+        n = self.num_sequences
         keep = e > s
         order = np.lexsort((s[keep], seq[keep]))
         qs, ss, es = seq[keep][order], s[keep][order], e[keep][order]
@@ -513,20 +535,8 @@ class CPPlan(Plan):
             missing[qs[last & (es < self.lengths[qs])]] = True
         missing |= (covered < self.lengths) & ~dup
         missing[self.lengths == 0] = False
-        pairs = np.unique(seq * max(m, 1) + slot)  # one entry per (sequence, slot)
-        split = np.bincount(pairs // max(m, 1), minlength=n) > 1
-        deg = self.degrees()
-        held = deg > 0
-        pow2 = (deg & (deg - 1)) == 0
-        return {
-            "over_capacity": int((self.microbatch_tokens() > self.max_tokens).sum()),
-            "empty": sum(1 for g in self.pieces for sl in g if not sl),
-            "unequal_counts": sum(1 for g in self.pieces if len(g) != m),
-            "missing": int((missing | ~held).sum()),
-            "duplicated": int(dup.sum()),
-            "split_slots": int(split.sum()),
-            "bad_degree": int((held & (~pow2 | (deg > self.cp_size))).sum()),
-        }
+        missing |= np.bincount(seq, minlength=n) == 0  # in no piece, even an empty one
+        return missing, dup
 
     # ---- evidence ----------------------------------------------------------------------
     def min_micro_batches_bound(self) -> int:
@@ -552,12 +562,13 @@ class CPPlan(Plan):
     def _check_cover(self) -> None:
         """Refuse pieces that miss or repeat a token (a hand-edited plan): its step time and
         gap would describe other work than the batch's."""
-        v = self.violations()
-        if v["missing"] or v["duplicated"]:
+        _, _, seq, s, e = _flatten(self.pieces)
+        missing, dup = self._coverage(seq, s, e)
+        if missing.any() or dup.any():
             raise ValueError(
                 f"the pieces must hold every token of each of the {self.num_sequences} "
-                f"sequences exactly once: {v['missing']} sequences miss tokens, "
-                f"{v['duplicated']} have tokens in two pieces"
+                f"sequences exactly once: {int(missing.sum())} sequences miss tokens, "
+                f"{int(dup.sum())} have tokens in two pieces"
             )
 
     def simulate(self, cost: Any = None, sync: str | None = None) -> Simulation:

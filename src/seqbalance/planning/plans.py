@@ -43,6 +43,10 @@ def capacity_min_micro_batches(lengths: np.ndarray, dp_size: int, max_tokens: in
     return max(1, math.ceil(int(lengths.sum()) / (dp_size * max_tokens)))
 
 
+def _no_bool(value: bool) -> int:
+    raise TypeError(f"{value!r} is not a sequence index")
+
+
 def _plain(value: Any) -> Any:
     """``value`` as JSON would give it back: tuples and arrays as lists, numpy scalars as
     Python numbers (so a document built in Python compares equal to one read from JSON)."""
@@ -65,13 +69,15 @@ def check_derived(
     read back) disagree with the plan rebuilt from it: an edit there would do nothing.
 
     ``source`` names what those fields follow from, for the message."""
-    written = plan.to_dict()
     for key in keys:
-        if data.get(key) is None and written.get(key) is not None:
+        # What to_dict writes: the attribute as plain data (a pipeline as its dict).
+        value = getattr(plan, key, None)
+        written = value.to_dict() if hasattr(value, "to_dict") else _plain(value)
+        if data.get(key) is None and written is not None:
             continue  # absent: nothing was edited
-        if not _same(_plain(data.get(key)), _plain(written.get(key))):
+        if not _same(_plain(data.get(key)), written):
             raise ValueError(
-                f"{key} is {_short(data[key])} but {source} give {_short(written.get(key))}; {key} "
+                f"{key} is {_short(data[key])} but {source} give {_short(written)}; {key} "
                 "follows from them (edit those instead, or leave it out)"
             )
 
@@ -152,12 +158,16 @@ class Plan:
         self.lengths = as_lengths(lengths)
         n = self.num_sequences
         try:
+            # True and False pass operator.index as 1 and 0; as an index they are a typo.
             self.micro_batches = [
-                [sorted(operator.index(i) for i in mb) for mb in rank] for rank in micro_batches
-            ]
+                [sorted(operator.index(i) if type(i) is not bool else _no_bool(i) for i in mb)
+                 for mb in rank]
+                for rank in micro_batches
+            ]  # fmt: skip
         except TypeError:
             raise ValueError(
-                "micro_batches must be nested lists [rank][micro-batch] of integer indices"
+                "micro_batches must be nested lists [rank][micro-batch] of integer indices "
+                "(not bools)"
             ) from None
         for r, rank in enumerate(self.micro_batches):
             for j, mb in enumerate(rank):
