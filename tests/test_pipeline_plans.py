@@ -341,3 +341,17 @@ def test_split_costs_quadratic_above_total_is_capped():
     # Documented: the attention part of a total is at most the total.
     f, b = split_costs([3.5], quadratic=[10.0], r_attn=2.5)
     assert (float(f[0]), float(b[0])) == (1.0, 2.5)
+
+
+@pytest.mark.parametrize("sync", ["ddp", "fsdp"])
+def test_oversized_alone_runs_alone_with_pipelines(sync):
+    # oversized="alone" promises the long sequence its own micro-batch; with pp_size > 1
+    # the empty sequences packing let share it (it sees the long one as exactly the cap)
+    # must move out too, as they do without pipelines.
+    lens = [200, 0, 5, 50, 50]
+    for pp in (1, 2):
+        p = sb.plan(lens, dp_size=1, max_tokens=100, oversized="alone", pp_size=pp, sync=sync)
+        (rank,) = p.micro_batches
+        assert sorted(i for mb in rank for i in mb) == list(range(5))
+        assert [0] in rank, (pp, rank)
+        assert p.violations()["over_capacity"] == 1

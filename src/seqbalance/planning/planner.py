@@ -1289,6 +1289,11 @@ def plan(
     best = _pick(req, _levelled(req, candidates, known), problems, len(splits))
     alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
     if pp is not None:
+        if req.true_lens is not None:
+            # As below: packing let empty sequences share an oversized one's micro-batch.
+            grid = separate_oversized(best.micro_batches, req.true_lens, req.cap)
+            if grid is not best.micro_batches:
+                best = _plan_of(req, grid, best.notes)
         # Packings were compared in their best starting order; search the winner's order.
         best = finish_plan(best, pp, user_mult)
         best.notes = (*alone_note, *best.notes)
