@@ -616,3 +616,30 @@ def test_kv_bytes_bad_dtype_bytes(dtype_bytes):
 def test_kv_bytes_fractional_dtype():
     # 4-bit K/V: half a byte per value
     assert kv_bytes_per_token(FlopsCost.from_name("qwen2.5-7b"), 0.5) == 4 * 128 * 2 * 28 * 0.5
+
+
+@pytest.mark.parametrize("sync", ["fsdp", "ddp"])
+@pytest.mark.parametrize(
+    "lengths, dp, cp_size, m_min, mult",
+    [
+        ([0, 3], 1, 2, 3, 1),
+        ([0, 3], 1, 2, 1, 2),
+        ([700, 150, 3, 3, 64, 150, 20, 0, 300], 3, 4, 3, 1),
+        ([700, 150, 3, 3, 64, 150, 20, 0, 300], 1, 4, 1, 4),
+    ],
+)
+def test_dynamic_cp_keeps_min_micro_batches_and_multiple(sync, lengths, dp, cp_size, m_min, mult):
+    # The Megatron-style candidate packs greedily into as few slots as it can; the plan
+    # must still have at least min_micro_batches slots, a multiple of micro_batch_multiple
+    # (or refuse, naming the remedy), as the static and the dynamic builders do.
+    kw = dict(dp_size=dp, max_tokens=200, cp_size=cp_size, cp="dynamic", sync=sync,
+              min_micro_batches=m_min, micro_batch_multiple=mult)  # fmt: skip
+    for allow_empty in (False, True):
+        try:
+            p = sb.plan(lengths, allow_empty=allow_empty, **kw)
+        except ValueError as exc:
+            assert not allow_empty and "allow_empty" in str(exc)
+            continue
+        m = p.num_micro_batches
+        assert m >= m_min and m % mult == 0, (allow_empty, m)
+        assert all(len(gpu) == m for gpu in p.pieces)

@@ -584,7 +584,10 @@ def _dynamic(req: _Request) -> CPPlan:
         skipped.append("the Megatron-style layout (its bound is no lower)")
     else:
         p = megatron_cp_plan(req)
-        if req.allow_empty or all(sl for gpu in p.pieces for sl in gpu):
+        m = p.num_micro_batches
+        # Megatron packs into as few slots as it can: it knows no min_micro_batches/multiple.
+        keeps_count = m >= req.m_min and m % req.mult == 0
+        if keeps_count and (req.allow_empty or all(sl for gpu in p.pieces for sl in gpu)):
             tried.append(("the Megatron-style layout", p, _step(p, req.sync)))
     if not tried:
         raise ValueError(
