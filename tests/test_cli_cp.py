@@ -63,3 +63,35 @@ def test_demo_cp_runs(capsys):
     assert main(["compare", "--demo", "--cp-size", "8"]) == 0
     text = capsys.readouterr().out
     assert text.count("static-cp") == 3 and "long-context" in text and "long-mix" in text
+
+
+def test_cp_options_without_cp_size_are_refused(tmp_path, capsys):
+    # --cp-* options only act with --cp-size > 1; without it they used to be dropped silently.
+    src = tmp_path / "lengths.txt"
+    src.write_text("100\n200\n300\n")
+    base = ["compare", str(src), "--dp", "1", "--max-tokens", "1000"]
+    for extra in (["--cp-bandwidth", "1e9"], ["--cp", "static"], ["--cp-overlap", "0.3"],
+                  ["--cost-per-second", "3"]):  # fmt: skip
+        assert main(base + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {extra[0]}") and "--cp-size" in err, err
+        assert "Traceback" not in err
+
+
+def test_compare_cp_refuses_or_honours_the_plan_options(tmp_path, capsys):
+    src = tmp_path / "lengths.txt"
+    src.write_text("\n".join(["3000", "100", "200", "50", "700", "20"]) + "\n")
+    base = ["compare", str(src), "--dp", "1", "--max-tokens", "1000", "--cp-size", "4"]
+    # plan(cp_size > 1) does not take these: refused, as --padded is, not ignored.
+    for extra in (["--size", "equal"], ["--extra-micro-batches", "2"]):
+        assert main(base + extra) == 2, extra
+        err = capsys.readouterr().err
+        assert err.startswith("error: compare --cp-size does not take " + extra[0]), err
+    # These it does take: seqbalance's row keeps them.
+    out = tmp_path / "cp.json"
+    args = [*base, "--min-micro-batches", "3", "--micro-batch-multiple", "2", "--json", str(out)]
+    assert main(args) == 0
+    capsys.readouterr()
+    rows = {r["strategy"]: r for r in json.loads(out.read_text())["setups"][0]["results"]}
+    slots = rows["seqbalance"]["slots"]
+    assert slots >= 3 and slots % 2 == 0, slots

@@ -444,6 +444,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             raise UserError(f"compare LENGTHS needs {' and '.join(missing)}")
     check_numbers(args)
     check_outputs(args)
+    if args.cp_size == 1:
+        from .cp_compare import stray_cp_options
+
+        stray = stray_cp_options(args)
+        if stray:
+            raise UserError(
+                f"{', '.join(stray)} only apply with --cp-size > 1 (context parallelism); "
+                "pass --cp-size C, or drop them"
+            )
     if args.cp_size != 1:  # context parallelism: its own strategies and table
         if _pp_kwargs(args):
             raise UserError(

@@ -87,6 +87,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def stray_cp_options(args: argparse.Namespace) -> list[str]:
+    """The ``--cp-*`` options set away from their defaults (they act with ``--cp-size > 1``
+    only, so ``compare`` refuses them without it rather than drop them)."""
+    return [
+        flag
+        for flag, used in (
+            ("--cp", args.cp != "dynamic"),
+            ("--cp-bandwidth", args.cp_bandwidth is not None),
+            ("--cp-overlap", args.cp_overlap != 0.5),
+            ("--cost-per-second", args.cost_per_second is not None),
+        )
+        if used
+    ]
+
+
 def _cp_cost(args: argparse.Namespace, unit: str, bandwidth: float | None) -> dict[str, Any]:
     cps = args.cost_per_second
     if cps is None:
@@ -125,7 +140,18 @@ def _compare_one(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str, Any]
         "cp_cost": _cp_cost(args, cost.unit, bandwidth),
         "sync": args.sync,
     }
-    plans = {"seqbalance": plan_cp(lengths, dp, cap, cp=args.cp, allow_empty=True, **kw)}
+    plans = {
+        "seqbalance": plan_cp(
+            lengths,
+            dp,
+            cap,
+            cp=args.cp,
+            allow_empty=True,
+            min_micro_batches=args.min_micro_batches,
+            micro_batch_multiple=args.micro_batch_multiple,
+            **kw,
+        )
+    }
     for name, fn in CP_BASELINES.items():
         plans[name] = fn(lengths, dp, cap, **kw)
     ref = {name: p.simulate().step_time for name, p in plans.items()}
@@ -168,8 +194,14 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     """``compare`` with ``--cp-size > 1`` (module docstring)."""
     from .commands import UserError, _demo_cost, _load_cost, _read_inputs
 
-    if args.padded:
-        raise UserError("compare --cp-size does not take --padded")
+    # plan(cp_size > 1) refuses these too: say so rather than plan without them.
+    for flag, used in (
+        ("--padded", args.padded),
+        ("--size", args.size != "free"),
+        ("--extra-micro-batches", args.extra_micro_batches != 0),
+    ):
+        if used:
+            raise UserError(f"compare --cp-size does not take {flag}")
     runs = []
     if args.demo:
         spec = args.model or args.cost
@@ -204,6 +236,16 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             f"{args.lengths}: n={lengths.shape[0]}, dp={args.dp} x cp={args.cp_size}, "
             f"max_tokens={args.max_tokens}/GPU, sync={args.sync}, cost={cost.label}"
         )
+        own = [
+            flag
+            for flag, used in (
+                ("--min-micro-batches", args.min_micro_batches != 1),
+                ("--micro-batch-multiple", args.micro_batch_multiple != 1),
+            )
+            if used
+        ]
+        if own:
+            header += f" ({', '.join(own)} apply to seqbalance only; the baselines ignore them)"
         runs.append(
             (header, lengths, args.dp, args.max_tokens, args.cp_bandwidth, str(args.lengths))
         )
