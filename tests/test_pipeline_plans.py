@@ -355,3 +355,25 @@ def test_oversized_alone_runs_alone_with_pipelines(sync):
         assert sorted(i for mb in rank for i in mb) == list(range(5))
         assert [0] in rank, (pp, rank)
         assert p.violations()["over_capacity"] == 1
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        # a forward above the sequence's training cost leaves a negative backward
+        ("forward_costs", [100.0, 1.0, 1.0, 1.0], r"pipeline\.forward_costs\[0\].*costs\[0\]"),
+        # the forward share of the per-micro-batch cost must lie in [0, per_microbatch]
+        ("forward_per_microbatch", -5.0, r"pipeline\.forward_per_microbatch"),
+        ("forward_per_microbatch", 1.0, r"pipeline\.forward_per_microbatch"),
+        ("comm_per_token", "x", r"pipeline\.comm_per_token"),
+        ("comm_per_token", -1.0, r"pipeline\.comm_per_token"),
+    ],
+)
+def test_plan_json_pipeline_fields_are_checked_on_load(key, value, match):
+    # A hand-edited pipeline object is refused when loaded, naming the field, instead of
+    # simulating other work (or failing later on a derived 'backward[0]').
+    p = sb.plan([10, 20, 30, 40], dp_size=1, max_tokens=50, pp_size=2)
+    data = p.to_dict()
+    data["pipeline"][key] = value
+    with pytest.raises(ValueError, match=match):
+        sb.Plan.from_dict(data)

@@ -82,12 +82,29 @@ class PipelineSetup:
             raise ValueError(
                 f"pipeline.forward_costs has {fwd.shape[0]} entries but the plan has {n} sequences"
             )
-        return cls(
-            spec,
-            fwd,
-            float(data.get("forward_per_microbatch", 0.0)),
-            float(data.get("comm_per_token", 0.0)),
-        )
+        scalars = [
+            float(as_weights([data.get(key, 0.0)], f"pipeline.{key}")[0])
+            for key in ("forward_per_microbatch", "comm_per_token")
+        ]
+        return cls(spec, fwd, *scalars)
+
+    def check_costs(self, costs: np.ndarray, per_microbatch: float) -> None:
+        """Refuse forward costs above the training costs they are part of (the backward,
+        their difference, would be negative), naming the entry."""
+        # A relative slack for the rounding of the forward/backward split.
+        over = self.forward > costs + 1e-9 * np.abs(costs)
+        if over.any():
+            i = int(np.flatnonzero(over)[0])
+            raise ValueError(
+                f"pipeline.forward_costs[{i}] = {float(self.forward[i])!r} exceeds the "
+                f"sequence's training cost costs[{i}] = {float(costs[i])!r}; the forward is "
+                "part of it (backward = cost - forward)"
+            )
+        if self.forward_c0 > per_microbatch * (1 + 1e-9):
+            raise ValueError(
+                f"pipeline.forward_per_microbatch = {self.forward_c0!r} exceeds "
+                f"per_microbatch = {per_microbatch!r}; it is the forward share of it"
+            )
 
 
 def pipeline_setup(

@@ -191,6 +191,8 @@ class Plan:
         self.size = check_choice(size, "size", SIZES)
         self.groups = None if groups is None else as_groups(groups, n)
         self.pipeline = _pipeline(pipeline, n, self.num_micro_batches)
+        if self.pipeline is not None:
+            self.pipeline.check_costs(self.costs, self.per_microbatch)
 
     @classmethod
     def _from_validated(
