@@ -21,6 +21,7 @@ __all__ = [
     "MAX_LENGTH",
     "MAX_TOKENS",
     "as_groups",
+    "as_index",
     "as_lengths",
     "as_weights",
     "check_bool",
@@ -223,12 +224,21 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def as_index(value: Any) -> int:
+    """``value`` as an integer index: a Python or numpy integer, or an integer 0-d tensor.
+
+    Raises TypeError for anything else, bools and bool tensors included: ``True`` passes
+    ``operator.index`` as 1, but as an index or a count it is a typo.
+    """
+    if isinstance(value, (bool, np.bool_)) or str(getattr(value, "dtype", "")) == "torch.bool":
+        raise TypeError(f"{value!r} is a bool, not an index")
+    return operator.index(value)
+
+
 def _as_int(value: Any, name: str, minimum: int) -> int:
     kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-    if isinstance(value, bool):
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
     try:
-        out = operator.index(value)
+        out = as_index(value)
     except TypeError:
         raise ValueError(f"{name} must be {kind}, got {value!r}") from None
     if out < minimum:

@@ -9,13 +9,18 @@ is recognised by its methods.
 from __future__ import annotations
 
 import importlib
-import operator
 import sys
 from typing import Any, Callable
 
 import numpy as np
 
-from .._validate import MAX_LENGTH, check_nonnegative_int, check_positive_int, first_not_whole
+from .._validate import (
+    MAX_LENGTH,
+    as_index,
+    check_nonnegative_int,
+    check_positive_int,
+    first_not_whole,
+)
 from .._validate import to_numpy as _core_to_numpy
 
 __all__ = [
@@ -172,10 +177,8 @@ def check_index_lists(
 
 def _index_of(value: Any) -> int | None:
     """``value`` as an index (a Python, numpy or 0-d tensor integer), else None."""
-    if isinstance(value, (bool, np.bool_)) or (is_tensor(value) and not _integer_tensor(value)):
-        return None
     try:
-        return operator.index(value)
+        return as_index(value)
     except TypeError:
         return None
 

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Sequence
 
 import numpy as np
 
-from .._validate import as_groups, as_weights
+from .._validate import as_groups, as_index, as_weights
 from ._rules import check_size
 from .bounds import bound_of_units
 
 __all__ = ["balance_stats"]
-
-
-def _index(v: Any) -> int:
-    """``v`` as an item index; a TypeError for a flag (True is not index 1) or a non-integer."""
-    if isinstance(v, (bool, np.bool_)):
-        raise TypeError("a bool is not an index")
-    return operator.index(v)
 
 
 def part_labels(parts: Sequence[Any], n: int) -> np.ndarray:
@@ -40,7 +32,7 @@ def part_labels(parts: Sequence[Any], n: int) -> np.ndarray:
                     raise TypeError
                 idx = arr.reshape(-1)
             else:
-                idx = np.array([_index(v) for v in members], dtype=np.int64)
+                idx = np.array([as_index(v) for v in members], dtype=np.int64)
         except TypeError:
             raise ValueError(
                 f"parts[{p}] must be a flat list of integer item indices, got {members!r}"

@@ -37,12 +37,12 @@ CP).
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any, Sequence
 
 import numpy as np
 
 from .._validate import (
+    as_index,
     as_lengths,
     check_choice,
     check_degree,
@@ -341,10 +341,8 @@ class CPPlan(Plan):
                     ranges = []
                     for p in slot:
                         try:
-                            if any(isinstance(v, (bool, np.bool_)) for v in p):
-                                raise ValueError  # True is an int to operator.index
-                            i, s, e = (operator.index(v) for v in p)
-                        except (ValueError, TypeError):  # not three integers, or a bool
+                            i, s, e = (as_index(v) for v in p)
+                        except (ValueError, TypeError):  # not three integers (bools refused)
                             i = s = e = -1
                         if not (0 <= i < n and 0 <= s <= e <= lens[i]):
                             raise ValueError(

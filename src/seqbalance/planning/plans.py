@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import os
 from typing import Any, Sequence
 
@@ -17,6 +16,7 @@ import numpy as np
 
 from .._validate import (
     as_groups,
+    as_index,
     as_lengths,
     as_weights,
     check_bool,
@@ -41,10 +41,6 @@ def capacity_min_micro_batches(lengths: np.ndarray, dp_size: int, max_tokens: in
     if dp_size < 1:
         return 0
     return max(1, math.ceil(int(lengths.sum()) / (dp_size * max_tokens)))
-
-
-def _no_bool(value: bool) -> int:
-    raise TypeError(f"{value!r} is not a sequence index")
 
 
 def _plain(value: Any) -> Any:
@@ -158,12 +154,9 @@ class Plan:
         self.lengths = as_lengths(lengths)
         n = self.num_sequences
         try:
-            # True and False pass operator.index as 1 and 0; as an index they are a typo.
             self.micro_batches = [
-                [sorted(operator.index(i) if type(i) is not bool else _no_bool(i) for i in mb)
-                 for mb in rank]
-                for rank in micro_batches
-            ]  # fmt: skip
+                [sorted(as_index(i) for i in mb) for mb in rank] for rank in micro_batches
+            ]
         except TypeError:
             raise ValueError(
                 "micro_batches must be nested lists [rank][micro-batch] of integer indices "
@@ -264,8 +257,12 @@ class Plan:
     # ---- reordering --------------------------------------------------------------------
     def rank_indices(self, rank: int) -> np.ndarray:
         """Indices of rank ``rank``'s sequences, micro-batch after micro-batch (int64)."""
-        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)):
-            raise ValueError(f"rank must be an integer in [0, {self.dp_size}), got {rank!r}")
+        try:
+            rank = as_index(rank)
+        except TypeError:
+            raise ValueError(
+                f"rank must be an integer in [0, {self.dp_size}), got {rank!r}"
+            ) from None
         if not 0 <= rank < self.dp_size:
             raise ValueError(f"rank must be in [0, {self.dp_size}), got {rank}")
         flat = [i for mb in self.micro_batches[rank] for i in mb]

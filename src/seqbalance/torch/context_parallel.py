@@ -29,12 +29,13 @@ Example (every GPU of the ``dp x cp`` mesh runs this)::
 
 from __future__ import annotations
 
-import operator
 from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from .._validate import as_index
 
 __all__ = ["CPShardHandle", "cp_shard"]
 
@@ -147,15 +148,12 @@ class CPShardHandle:
 def _check_rank(rank: Any, world_size: int) -> int:
     """``rank`` as an int in ``[0, world_size)``; floats and bools are refused (``int(1.7)``
     would silently pick GPU 1)."""
-    bad = isinstance(rank, (bool, np.bool_)) or (
-        isinstance(rank, torch.Tensor) and rank.dtype == torch.bool
-    )
     try:
-        value = None if bad else operator.index(rank)
+        value = as_index(rank)
     except TypeError:
-        value = None
-    if value is None:
-        raise ValueError(f"rank must be an integer (this GPU's index in the plan), got {rank!r}")
+        raise ValueError(
+            f"rank must be an integer (this GPU's index in the plan), got {rank!r}"
+        ) from None
     if not 0 <= value < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {value}")
     return value
