@@ -1288,17 +1288,13 @@ def plan(
         candidates.extend(_pipeline_candidates(req, m_best, best_step))
     best = _pick(req, _levelled(req, candidates, known), problems, len(splits))
     alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
-    if pp is not None:
-        if req.true_lens is not None:
-            # As below: packing let empty sequences share an oversized one's micro-batch.
-            grid = separate_oversized(best.micro_batches, req.true_lens, req.cap)
-            if grid is not best.micro_batches:
-                best = _plan_of(req, grid, best.notes)
-        # Packings were compared in their best starting order; search the winner's order.
-        best = finish_plan(best, pp, user_mult)
-        best.notes = (*alone_note, *best.notes)
-        return best
-    if req.sync == "ddp" and not req.padded and req.groups is None and best is not early:
+    if (
+        pp is None
+        and req.sync == "ddp"
+        and not req.padded
+        and req.groups is None
+        and best is not early
+    ):
         # (the early plan's busiest rank is within AUTO_RTOL of the bound: the exchange
         # could gain at most that)
         grid = exchange_between_ranks(
@@ -1315,6 +1311,13 @@ def plan(
     if req.true_lens is not None:
         # Packing saw each oversized sequence as exactly the cap: empty ones may share it.
         grid = separate_oversized(grid, req.true_lens, req.cap)
+    if pp is not None:
+        if grid is not best.micro_batches:
+            best = _plan_of(req, grid, best.notes)
+        # Packings were compared in their best starting order; search the winner's order.
+        best = finish_plan(best, pp, user_mult)
+        best.notes = (*alone_note, *best.notes)
+        return best
     if req.order is None and not alone_note and grid is best.micro_batches:
         return best
     return _with_grid(req, grid, [*alone_note, *best.notes])
