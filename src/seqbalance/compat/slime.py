@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..planning._packing import first_fit
+from ..planning._packing import first_fit_opening
 from . import verl as _verl
 from ._core import framework_is_better, plan
 from ._inputs import (
@@ -388,12 +388,9 @@ _WALK_BUDGET = 16
 
 
 def _first_fit_tree(lens: np.ndarray, cap: int) -> list[list[int]]:
-    """slime's first fit on the core's max-tree of bin rooms: one bin per sample is
-    enough, bins are used in order, and a sample above the cap gets an unused bin whose
-    negative room no later sample fits (as in slime, where it opens a bin of its own)."""
-    bins = first_fit(range(len(lens)), lens, cap, len(lens), alone_above_cap=True)
-    assert bins is not None  # one bin per sample always suffices
-    return [b for b in bins if b]
+    """slime's first fit on the core's max-tree of bin rooms (a sample above the cap opens
+    a bin of its own, as in slime)."""
+    return first_fit_opening(range(len(lens)), lens, cap)
 
 
 def _slime_expand(bins: list[list[int]], target: int, lens: np.ndarray) -> None:

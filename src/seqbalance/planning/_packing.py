@@ -26,7 +26,7 @@ import numpy as np
 from ..partitioning.kway import partition_arrays
 from ._grouping import bin_totals
 
-__all__ = ["best_fit", "first_fit", "pack"]
+__all__ = ["best_fit", "first_fit", "first_fit_opening", "pack"]
 
 _PARTNERS = 12  # light (or heavy) bins tried per refinement step
 
@@ -205,6 +205,15 @@ def first_fit(
             tree[k] = v
             k >>= 1
     return items
+
+
+def first_fit_opening(order: Sequence[int], t: np.ndarray, cap: int) -> list[list[int]]:
+    """First fit that opens a bin whenever an item fits in none (bins in opening order):
+    the trainers' default packing. An item above ``cap`` opens a bin of its own that no
+    later item joins (:func:`first_fit` with one bin per item and ``alone_above_cap``)."""
+    bins = first_fit(order, t, cap, len(order), alone_above_cap=True)
+    assert bins is not None  # one bin per item always suffices
+    return [b for b in bins if b]
 
 
 def best_fit(order: list[int], t: np.ndarray, cap: int, nbins: int) -> list[list[int]] | None:

@@ -58,7 +58,7 @@ import numpy as np
 
 from .._validate import as_lengths, check_choice, check_max_tokens, check_positive_int
 from ._costing import sequence_costs
-from ._packing import first_fit
+from ._packing import first_fit_opening
 from ._pipelines import areal_pipeline, slime_flops_pipeline, verl_pipeline
 from .cp_baselines import CP_BASELINES, megatron_cp, static_cp
 from .pipeline_orders import ORDERS as PIPELINE_ORDERS
@@ -107,9 +107,7 @@ def _first_fit(items: list[int], lengths: np.ndarray, cap: int) -> list[list[int
     # Only these items' lengths: a rank's slice of a large batch must not cost a pass
     # over the whole batch.
     t = lengths[np.asarray(items, dtype=np.int64)]
-    bins = first_fit(list(range(len(items))), t, cap, nbins=len(items), alone_above_cap=True)
-    assert bins is not None  # one bin per item always suffices
-    return [[items[p] for p in b] for b in bins if b]
+    return [[items[p] for p in b] for b in first_fit_opening(range(len(items)), t, cap)]
 
 
 def _prepare(
