@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_lengths
+from .._validate import as_lengths, check_bool
 from .architecture import ARCH_KEYS, Architecture, parse_config, read_config, text_model_config
 from .base import CostModel, check_keys, finite_costs
 
@@ -127,8 +127,7 @@ class FlopsCost(CostModel):
                 f"architecture must be an Architecture, got {type(architecture).__name__}; "
                 "use FlopsCost.from_hf_config(config) to build one from a config"
             )
-        if not isinstance(recompute, bool):
-            raise ValueError(f"recompute must be True or False, got {recompute!r}")
+        recompute = check_bool(recompute, "recompute")
         if name is not None and not isinstance(name, str):
             raise ValueError(f"name must be a string or None, got {name!r}")
         self.architecture = architecture
@@ -192,8 +191,7 @@ class FlopsCost(CostModel):
 
     def training_flops(self, lengths: Any, recompute: bool = False) -> np.ndarray:
         """Forward + backward FLOPs per sequence: 3× forward, 4× with full recompute."""
-        if not isinstance(recompute, bool):  # "no" is truthy: it would count 4x
-            raise ValueError(f"recompute must be True or False, got {recompute!r}")
+        recompute = check_bool(recompute, "recompute")  # "no" is truthy: it would count 4x
         x = as_lengths(lengths).astype(np.float64)
         return finite_costs(self._forward(x, 4.0 if recompute else 3.0), x, self)
 
