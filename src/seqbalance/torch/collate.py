@@ -32,6 +32,15 @@ def _rows(value: Any) -> int | None:
     return len(value) if hasattr(value, "__len__") else None
 
 
+def check_token_keys(token_keys: Any) -> None:
+    """Refuse a string: ``key in "input_ids"`` would match substrings ("ids", "put")."""
+    if isinstance(token_keys, (str, bytes)):
+        raise ValueError(
+            f"token_keys must be a collection of key names, got the string {token_keys!r}; "
+            f"write token_keys=[{token_keys!r}]"
+        )
+
+
 #: Keys pack_collate writes itself; a sample's own would be overwritten.
 _WRITTEN = ("cu_seqlens", "max_seqlen")
 
@@ -81,12 +90,7 @@ def pack_collate(
     >>> b["input_ids"].tolist(), b["cu_seqlens"].tolist(), b["position_ids"].tolist()
     ([5, 6, 7, 8, 9], [0, 3, 5], [0, 1, 2, 0, 1])
     """
-    if isinstance(token_keys, (str, bytes)):
-        # `k in "input_ids"` would match substrings ("ids", "put").
-        raise ValueError(
-            f"token_keys must be a collection of key names, got the string {token_keys!r}; "
-            f"write token_keys=[{token_keys!r}]"
-        )
+    check_token_keys(token_keys)
     items = [s if isinstance(s, Mapping) else {token_key: s} for s in samples]
     for i, s in enumerate(items):
         if token_key not in s:

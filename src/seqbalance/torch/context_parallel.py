@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .._validate import as_index
+from .collate import check_token_keys
 
 __all__ = ["CPShardHandle", "cp_shard"]
 
@@ -218,11 +219,7 @@ def cp_shard(
             f"plan must be a CPPlan (seqbalance.plan(..., cp_size=N)), got {type(plan).__name__}"
         )
     rank = _check_rank(rank, plan.world_size)
-    if isinstance(token_keys, (str, bytes)):  # `k in "input_ids"` would match substrings
-        raise ValueError(
-            f"token_keys must be a collection of key names, got the string {token_keys!r}; "
-            f"write token_keys=[{token_keys!r}]"
-        )
+    check_token_keys(token_keys)
     if "cu_seqlens" not in batch:
         raise ValueError("batch needs 'cu_seqlens' (a packed batch, e.g. from pack_collate)")
     cu = _offsets(batch["cu_seqlens"])

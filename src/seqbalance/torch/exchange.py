@@ -65,7 +65,7 @@ from .._validate import (
 from ..partitioning.searches import exact_searches_enabled
 from ._transport import METHODS, Spec, from_rows, group_info, move, to_rows
 from .agreement import agree, canonical, describe_cost
-from .collate import is_integer_dtype
+from .collate import check_token_keys, is_integer_dtype
 
 __all__ = ["RebalanceHandle", "rebalance"]
 
@@ -233,15 +233,6 @@ def _pad(t: torch.Tensor, spec: Spec, value: float | None) -> torch.Tensor:
     return F.pad(t, pad, value=value)
 
 
-def _check_token_keys(token_keys: Any) -> None:
-    """Refuse a string: ``key in "input_ids"`` would match substrings ("ids", "put")."""
-    if isinstance(token_keys, (str, bytes)):
-        raise ValueError(
-            f"token_keys must be a collection of key names, got the string {token_keys!r}; "
-            f"write token_keys=[{token_keys!r}]"
-        )
-
-
 def _as_dict(outputs: Any, what: str) -> tuple[dict[str, Any], bool]:
     if isinstance(outputs, torch.Tensor):
         return {_SINGLE: outputs}, True
@@ -397,7 +388,7 @@ class RebalanceHandle:
                 outputs = _concat(outputs)
             tensors, single = _as_dict(outputs, what)
             if not single:  # for a bare tensor any non-empty token_keys marks it per token
-                _check_token_keys(token_keys)
+                check_token_keys(token_keys)
             if single and token_keys:
                 token_keys = {_SINGLE}
             keys = _describe(tensors, len(held), int(lens.sum()), lens, token_keys, what)
@@ -640,7 +631,7 @@ def _rebalance(
     # Local problems of any type are reported through the first all-gather (agree), so
     # every rank raises the same error and none is left waiting in a collective.
     try:
-        _check_token_keys(token_keys)
+        check_token_keys(token_keys)
         agreed.update(
             method=method,
             token_keys=None if token_keys is None else sorted(token_keys),
