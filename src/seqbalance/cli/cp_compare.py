@@ -46,6 +46,16 @@ CP_DEMO_SETUPS: tuple[CPDemoSetup, ...] = (
 )
 
 
+#: Defaults of the CP options that act only with ``--cp-size > 1`` (one place for the
+#: parser and for :func:`stray_cp_options`, which refuses them when set without it).
+_CP_DEFAULTS: dict[str, Any] = {
+    "cp": "dynamic",
+    "cp_bandwidth": None,
+    "cp_overlap": 0.5,
+    "cost_per_second": None,
+}
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The ``--cp-*`` options of ``compare``."""
     g = p.add_argument_group("context parallelism (plans a dp x cp mesh; --max-tokens per GPU)")
@@ -59,13 +69,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--cp",
         choices=CP_MODES,
-        default="dynamic",
+        default=_CP_DEFAULTS["cp"],
         help="seqbalance's CP mode: one degree for all (static) or per sequence (dynamic, default)",
     )
     g.add_argument(
         "--cp-bandwidth",
         type=float,
-        default=None,
+        default=_CP_DEFAULTS["cp_bandwidth"],
         metavar="B",
         help="bytes/s per GPU on the CP ring (e.g. 4e11 NVLink, 2.5e10 inter-node); "
         "default: communication is free (demo: per workload)",
@@ -73,14 +83,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--cp-overlap",
         type=float,
-        default=0.5,
+        default=_CP_DEFAULTS["cp_overlap"],
         metavar="F",
         help="fraction of a ring step's attention that hides its transfer (default 0.5)",
     )
     g.add_argument(
         "--cost-per-second",
         type=float,
-        default=None,
+        default=_CP_DEFAULTS["cost_per_second"],
         metavar="X",
         help="cost units per second: achieved FLOP/s for a FLOP cost (default "
         "4e14), 1 for a cost in seconds",
@@ -91,14 +101,9 @@ def stray_cp_options(args: argparse.Namespace) -> list[str]:
     """The ``--cp-*`` options set away from their defaults (they act with ``--cp-size > 1``
     only, so ``compare`` refuses them without it rather than drop them)."""
     return [
-        flag
-        for flag, used in (
-            ("--cp", args.cp != "dynamic"),
-            ("--cp-bandwidth", args.cp_bandwidth is not None),
-            ("--cp-overlap", args.cp_overlap != 0.5),
-            ("--cost-per-second", args.cost_per_second is not None),
-        )
-        if used
+        "--" + key.replace("_", "-")
+        for key, default in _CP_DEFAULTS.items()
+        if getattr(args, key) != default
     ]
 
 
