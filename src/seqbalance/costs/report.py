@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import check_nonnegative_real
+
 __all__ = ["COEFFICIENTS", "FitReport"]
 
 # The polynomial form, in the order c0, a, b, c.
@@ -100,7 +102,10 @@ class FitReport:
                 max_rel_error=_statistic(data["max_rel_error"], "max_rel_error", True),
                 median_rel_error=_statistic(data["median_rel_error"], "median_rel_error", True),
                 n_samples=_count(data["n_samples"]),
-                coefficients={k: _coefficient(coefs[k], k) for k in COEFFICIENTS},
+                coefficients={
+                    k: check_nonnegative_real(coefs[k], f"coefficient {k!r}")
+                    for k in COEFFICIENTS
+                },
                 holdout=cls.from_dict(hold) if hold is not None else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -139,8 +144,3 @@ def _count(x: Any) -> int:
     return int(out)
 
 
-def _coefficient(x: Any, name: str) -> float:
-    out = _number(x, name)
-    if not (math.isfinite(out) and out >= 0):
-        raise ValueError(f"coefficient {name!r} = {x!r} must be finite and >= 0")
-    return out
