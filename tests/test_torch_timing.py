@@ -200,3 +200,66 @@ def test_end_step_refuses_a_plan_for_another_world_on_every_rank(planned):
         _end_step_wrong_world, 2, planned, timeout=TIMEOUT - 10, collective_timeout=20
     )
     assert all(f"plan is for {planned} ranks but the group has 2" in msg for msg in out)
+
+
+def _end_step_different_plans(rank: int, world: int, case: str):
+    timer = MicroBatchTimer(device="cpu", clock="thread")
+    lengths = [9, 3, 7, 1, 8, 2]
+    if case == "count" and rank == 1:
+        p = plan(lengths, world, 10)  # more micro-batches than rank 0's plan
+    elif case == "content" and rank == 1:
+        p = plan(lengths[::-1], world, 16)  # as many slots, other sequences in them
+    elif case == "world" and rank == 1:
+        p = plan(lengths, world + 1, 16)
+    else:
+        p = plan(lengths, world, 16)
+    mine = p.micro_batches[rank]
+    for _ in mine:
+        with timer.time():
+            pass
+    try:
+        timer.end_step(p)
+    except ValueError as exc:
+        return str(exc), timer.step
+    return "ok", timer.step
+
+
+@pytest.mark.parametrize("case", ["count", "content", "world"])
+def test_end_step_refuses_different_plans_on_every_rank(case):
+    """Rank 1 holding another plan than rank 0: with more micro-batches the ranks gathered
+    rows of different lengths (a hang or an error on some ranks alone); with the same count
+    rank 0 recorded rank 1's times against its own plan's lengths, silently; with a plan for
+    another world size rank 1 raised alone while rank 0 waited in the gather."""
+    ref_a, ref_b = plan([9, 3, 7, 1, 8, 2], 2, 16), plan([9, 3, 7, 1, 8, 2], 2, 10)
+    if case == "count":  # the test's premise: the two plans differ in slot count
+        assert ref_a.num_micro_batches != ref_b.num_micro_batches
+    if case == "content":
+        other = plan([2, 8, 1, 7, 3, 9], 2, 16)
+        assert other.num_micro_batches == ref_a.num_micro_batches
+        assert other.micro_batches != ref_a.micro_batches or not np.array_equal(
+            other.lengths, ref_a.lengths)
+    out = run_distributed(
+        _end_step_different_plans, 2, case, timeout=TIMEOUT - 10, collective_timeout=20
+    )
+    want = "ranks but the group has 2" if case == "world" else "passed a different plan"
+    assert all(want in msg and step == 0 for msg, step in out), out
+
+
+def _end_step_same_plan_twice(rank: int, world: int):
+    timer = MicroBatchTimer(device="cpu", clock="thread")
+    p = plan([9, 3, 7, 1, 8, 2], world, 16)
+    again = plan(np.array([9, 3, 7, 1, 8, 2], dtype=np.int32), world, 16)  # equal plan
+    got = []
+    for q in (p, again):
+        for _ in q.micro_batches[rank]:
+            with timer.time():
+                pass
+        got.append(len(timer.end_step(q)))
+    return got
+
+
+def test_end_step_accepts_equal_plans_built_separately():
+    out = run_distributed(_end_step_same_plan_twice, 2, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    n = sum(len(r) for r in plan([9, 3, 7, 1, 8, 2], 2, 16).micro_batches)
+    assert out == [[n, n], [n, n]]

@@ -11,7 +11,7 @@
         for mb in mbs:
             with timer.time():
                 loss = model(mb).backward()
-        timer.end_step(handle.plan)                 # one all_gather of m floats
+        timer.end_step(handle.plan)                 # two small all_gathers
         log(recorder.metrics() | handle.plan.metrics())
         if step == 10:
             balancer.set_cost(recorder.refit())     # same records on every rank: same cost
@@ -40,6 +40,7 @@ refit also down-weights such outliers).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import time
 from typing import Any, Iterator
 
@@ -180,7 +181,10 @@ class MicroBatchTimer:
         plan : Plan, optional
             The plan every rank ran (``handle.plan`` from :func:`rebalance`, a sampler's
             step plan). Its ``micro_batches`` and ``lengths`` give every record's lengths,
-            so only the times travel: one ``all_gather`` of ``m + 1`` float64 per rank.
+            so only the times travel: one ``all_gather`` of ``m`` float64 per rank, after
+            one of a 6-float header (the plan's rank and slot counts, a digest of it, and
+            whether this rank timed its slots), so ranks holding different plans all raise
+            instead of hanging or pairing times with the wrong lengths.
             Without it, each rank's lengths (given to :meth:`time`) travel too
             (``all_gather_object``).
         step : int, optional
@@ -195,9 +199,10 @@ class MicroBatchTimer:
         Raises
         ------
         ValueError
-            When the plan is for another number of ranks than the group, this rank timed a
-            different number of micro-batches than the plan gives it, or (without a plan)
-            a micro-batch was timed without its lengths.
+            On every rank, when a rank's plan is for another number of ranks than the
+            group, the ranks' plans differ, a rank timed a different number of
+            micro-batches than the plan gives it, or (without a plan) a micro-batch was
+            timed without its lengths.
         """
         t0 = self._now()
         step = self.step if step is None else int(step)
@@ -205,41 +210,47 @@ class MicroBatchTimer:
         rank, world = _group_info(self.group)
         if plan is not None:
             planned = len(plan.micro_batches)
-            if planned != world:
-                # Checked before the gather: the plan is the same on every rank, so every
-                # rank raises here (indexing it would fail on the extra ranks alone and
-                # leave the others waiting; extra planned ranks would go unrecorded).
-                self._pending.clear()
-                raise ValueError(
-                    f"the plan is for {planned} ranks but the group has {world}; pass the "
-                    "plan of this group's step (or the group the plan was made for)"
-                )
-            mine = plan.micro_batches[rank]
             m = plan.num_micro_batches
-            # m times, then a flag: 1 when this rank timed as many micro-batches as the plan
-            # gives it. A mismatch is reported on every rank, so none hangs or goes on alone.
-            row = torch.zeros(m + 1, dtype=torch.float64)
-            ok = len(mine) == len(secs)
-            if ok:
-                row[: len(secs)] = torch.as_tensor(secs, dtype=torch.float64)
-            row[m] = float(ok)
-            row = row.to(self._comm_device())
+            mine = plan.micro_batches[rank] if rank < planned else None
+            ok = mine is not None and len(mine) == len(secs)
+            # A fixed-size header first: ranks whose plans differ (in rank count, slot count
+            # or content) would otherwise gather rows of different lengths, which hangs or
+            # fails on some ranks alone, or silently pair one rank's times with another
+            # plan's lengths. Every rank sees every header, so every rank raises alike.
+            header = np.array([planned, m, *_plan_digest(plan), ok, len(secs)], np.float64)
             g0 = self._now()
-            if world > 1:
-                parts = [torch.empty_like(row) for _ in range(world)]
-                dist.all_gather(parts, row, group=self.group)
-                table = torch.stack(parts).cpu().numpy()
-            else:
-                table = row.cpu().numpy()[None]
+            heads = self._gather(header, world)
             self.gather_overhead += self._now() - g0
-            if not table[:, m].all():
+            if (heads[:, 0] != world).any():
                 self._pending.clear()
-                bad = [r for r in range(world) if not table[r, m]]
+                counts = sorted({int(x) for x in heads[:, 0]})
+                raise ValueError(
+                    f"the plan is for {', '.join(map(str, counts))} ranks but the group has "
+                    f"{world}; pass the plan of this group's step (or the group the plan "
+                    "was made for)"
+                )
+            if (heads[:, :4] != heads[0, :4]).any():
+                self._pending.clear()
+                odd = [r for r in range(world) if (heads[r, :4] != heads[0, :4]).any()]
+                raise ValueError(
+                    f"ranks {odd} passed a different plan than rank 0; every rank must pass "
+                    "the same step's plan (plans computed on each rank agree only when "
+                    "their inputs and options do)"
+                )
+            if not heads[:, 4].all():
+                self._pending.clear()
+                bad = [r for r in range(world) if not heads[r, 4]]
                 raise ValueError(
                     f"ranks {bad} timed a different number of micro-batches than the plan "
-                    f"gives them (this rank: {len(secs)} timed, {len(mine)} planned); time "
-                    "each of the plan's micro-batches exactly once"
+                    f"gives them (this rank: {len(secs)} timed, "
+                    f"{len(plan.micro_batches[rank])} planned); time each of the plan's "
+                    "micro-batches exactly once"
                 )
+            row = np.zeros(m, dtype=np.float64)
+            row[: len(secs)] = secs
+            g0 = self._now()
+            table = self._gather(row, world) if m else np.zeros((world, 0))
+            self.gather_overhead += self._now() - g0
             lengths = plan.lengths
             records = [
                 Timing(r, step, j, lengths[np.asarray(mb, dtype=np.int64)], float(table[r, j]))
@@ -280,6 +291,15 @@ class MicroBatchTimer:
         self.overhead += self._now() - t0
         return records
 
+    def _gather(self, row: np.ndarray, world: int) -> np.ndarray:
+        """Every rank's ``row`` (float64, the same length on every rank), one per line."""
+        if world == 1:
+            return row[None]
+        t = torch.as_tensor(row).to(self._comm_device())
+        parts = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(parts, t, group=self.group)
+        return torch.stack(parts).cpu().numpy()
+
     def _comm_device(self) -> torch.device:
         if dist.is_available() and dist.is_initialized():
             if dist.get_backend(self.group) == "nccl":
@@ -297,6 +317,19 @@ def _group_info(group: Any) -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(group), dist.get_world_size(group)
     return 0, 1
+
+
+def _plan_digest(plan: Any) -> tuple[float, float]:
+    """Two exact float64 integers (48 bits each) from a SHA-256 of the plan's micro-batches
+    and lengths: equal on every process for equal plans, whatever the hash seed."""
+    h = hashlib.sha256(np.asarray(plan.lengths).astype(np.int64).tobytes())
+    for rank_mbs in plan.micro_batches:
+        sizes = [len(mb) for mb in rank_mbs]
+        h.update(np.asarray([len(sizes), *sizes], dtype=np.int64).tobytes())
+        for mb in rank_mbs:
+            h.update(np.asarray(mb, dtype=np.int64).tobytes())
+    d = h.digest()
+    return float(int.from_bytes(d[:6], "big")), float(int.from_bytes(d[6:12], "big"))
 
 
 def _np(values: Any) -> Any:
