@@ -461,6 +461,14 @@ def test_canonical_is_deterministic_and_discriminating():
     assert canonical(np.arange(3)) == canonical(np.arange(3))
     assert canonical(np.arange(3)) != canonical(np.arange(3, dtype=np.int32))
     assert canonical(np.int64(8)) == canonical(8)
+    # Numbers by value: 4096 and 4096.0 (or a numpy float) are the same argument on two
+    # ranks; they used to raise RankAgreementError. Bools stay apart from 1.
+    assert canonical({"max_tokens": 4096}) == canonical({"max_tokens": 4096.0})
+    assert canonical(np.float32(2.0)) == canonical(2) == "2"
+    assert canonical(2.5) != canonical(2)
+    assert canonical(True) != canonical(1) and canonical(1.0) != canonical(True)
+    assert canonical(float("inf")) != canonical(float("-inf"))
+    assert canonical(1e300) == canonical(int(1e300))
     assert canonical(torch.ones(2, dtype=torch.bfloat16)) != canonical(torch.ones(2))
     assert canonical(list(range(1000))).startswith("sha256:")
     assert canonical(object()) == canonical(object())  # no memory address in it

@@ -74,7 +74,8 @@ def canonical(value: Any) -> str:
     """A deterministic short text for ``value``, equal on two processes iff the values are.
 
     Plain values (None, bools, numbers, strings, lists, tuples, dicts with string keys)
-    become canonical JSON (sorted keys, no spaces); numpy arrays and tensors are described by
+    become canonical JSON (sorted keys, no spaces; numbers by value, so ``1`` and ``1.0``
+    agree, while ``True`` and ``1`` do not); numpy arrays and tensors are described by
     dtype, shape and a SHA-256 of their bytes; objects with ``to_dict()`` (cost models) by
     that dict. Long texts are replaced by ``sha256:<hex>`` so the all-gather stays small.
     """
@@ -93,7 +94,10 @@ def _plain(value: Any) -> Any:
         return bool(value)
     if isinstance(value, (float, np.floating)):
         f = float(value)
-        return f if math.isfinite(f) else repr(f)
+        if not math.isfinite(f):
+            return repr(f)
+        # 4096 on one rank and 4096.0 on another are the same argument.
+        return int(f) if f.is_integer() else f
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, (set, frozenset)):
