@@ -17,10 +17,11 @@ from seqbalance.costs import (
     TimingRecorder,
     TokenCost,
     UnidentifiableCostWarning,
+    evaluate_cost,
     fit_cost,
 )
 from seqbalance.costs.feedback import records_from_plan
-from seqbalance.costs.fit import unidentified
+from seqbalance.costs.fit import design_matrix, unidentified
 from seqbalance.planning.planner import plan
 
 # Seconds; b/c = 7,000 tokens, so attention matters for the long rl-math responses.
@@ -193,6 +194,29 @@ def test_unidentified_on_independent_columns():
     assert unidentified(dup, names="xyz")[0] == ("x", "y")
 
 
+@pytest.mark.parametrize("unit", [1e-300, 2.0**-1000, 3e-7, 1.0, 1e250, 1e300])
+@pytest.mark.parametrize("robust", [False, True])
+def test_fit_cost_is_independent_of_the_time_unit(unit, robust):
+    """Timings scaled by any factor give coefficients scaled by it, the same fit statistics
+    and no warning: near 1e300 s the squared residuals overflowed (RuntimeWarning, inf R²
+    terms) and near 1e-300 s the conditioning check underflowed to a false
+    UnidentifiableCostWarning."""
+    mbs = [[100], [200], [50, 50], [400], [25] * 8, [300, 10]]
+    t = np.array([1.0, 2.1, 1.2, 4.5, 2.5, 3.3])  # noisy: a fit with residuals
+    base = fit_cost(mbs, t, robust=robust)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = fit_cost(mbs, t * unit, robust=robust)
+        report = evaluate_cost(got, mbs, t * unit)
+    np.testing.assert_allclose(np.array(got.polynomial) / unit, base.polynomial, rtol=1e-12)
+    assert got.report.r2 == pytest.approx(base.report.r2, rel=1e-12)
+    assert got.report.max_rel_error == pytest.approx(base.report.max_rel_error, rel=1e-12)
+    assert report.r2 == pytest.approx(base.report.r2, rel=1e-9)
+    rows = design_matrix(mbs)
+    names, cond = unidentified(rows, 1.0 / (t * unit))
+    assert names == () and cond == pytest.approx(unidentified(rows, 1.0 / t)[1], rel=1e-9)
+
+
 def test_fit_cost_accepts_a_zero_padded_matrix():
     mbs = [[100], [200, 50], [50, 50, 50], [400], [100, 300], [25] * 8]
     width = max(len(mb) for mb in mbs)
@@ -303,3 +327,18 @@ def test_records_from_plan_refuses_missing_ranks_in_seconds():
 def test_records_from_plan_takes_arrays():
     recs = records_from_plan([[np.array([1, 0])], [[]]], [5, 6], np.array([[0.5], [0.25]]), 2)
     assert [(r[0], r[3].tolist(), r[4]) for r in recs] == [(0, [6, 5], 0.5), (1, [], 0.25)]
+
+
+def test_report_of_a_zero_cost_model_says_nan_where_a_scale_is_needed():
+    """A cost model pricing everything at 0 has no seconds-per-unit scale: the predicted
+    figures are NaN (as documented), the measured ones are exact."""
+    rec = TimingRecorder(QuadraticCost(per_token=0.0, per_token_sq=0.0), sync="ddp")
+    rec.record(0, 0, 0, [5, 3], 0.1)
+    rec.record(1, 0, 0, [4], 0.3)
+    rep = rec.report()
+    assert np.isnan(rep.scale) and np.isnan(rep.step_time_predicted)
+    assert np.isnan(rep.straggler_score) and np.isnan(rep.rank_speed).all()
+    assert rep.model_error == 1.0
+    assert rep.step_time_measured == pytest.approx(0.3)  # ddp: the slower rank
+    assert rep.imbalance_measured == pytest.approx(0.3 / 0.2 - 1.0)
+    assert rep.idle_fraction == pytest.approx(1.0 - 0.4 / 0.6)

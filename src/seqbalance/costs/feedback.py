@@ -157,7 +157,10 @@ class BalanceReport:
     model_error, model_error_p90
         Median and 90th percentile of ``|predicted x scale - measured| / measured``.
     scale
-        Seconds per cost unit (median of measured / predicted).
+        Seconds per cost unit (median of measured / predicted, over the micro-batches the
+        model prices above 0). NaN when it prices every one at 0 (a zero cost model):
+        then ``step_time_predicted``, ``rank_speed`` and ``straggler_score`` are NaN too,
+        ``model_error`` is 1, and the measured figures stay valid.
     slowest_rank, straggler_score
         The rank with the largest speed factor, and that factor / the median rank's.
     samples

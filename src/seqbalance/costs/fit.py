@@ -171,6 +171,9 @@ def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _stats(pred: np.ndarray, seconds: np.ndarray) -> tuple[float, float, float]:
+    # Squares of timings near 1e300 s overflow: in units of a power of two (exact).
+    unit = 2.0 ** int(np.frexp(seconds.max())[1])
+    pred, seconds = pred / unit, seconds / unit
     rel = np.abs(pred - seconds) / seconds
     ss_res = float(((pred - seconds) ** 2).sum())
     ss_tot = float(((seconds - seconds.mean()) ** 2).sum())
@@ -267,7 +270,14 @@ def unidentified(design: np.ndarray, weights: Any = None, names: Sequence[str] =
     """
     a = np.asarray(design, dtype=np.float64)
     if weights is not None:
-        a = a * np.asarray(weights, dtype=np.float64)[:, None]
+        w = np.asarray(weights, dtype=np.float64)
+        # Conditioning ignores a common factor: scaled to at most 1 first, weights of 1/t
+        # with t near 1e-300 s (or 1e300 s) neither overflow nor underflow below.
+        top = float(np.abs(w).max()) if w.size else 0.0
+        a = a * (w / top if top > 0 else w)[:, None]
+    # Each column scaled by its largest entry before the norm, for the same reason.
+    peak = np.abs(a).max(axis=0) if a.shape[0] else np.zeros(a.shape[1])
+    a = a / np.where(peak > 0, peak, 1.0)
     norms = np.linalg.norm(a, axis=0)
     names = tuple(names)
     if a.shape[0] < a.shape[1] or (norms == 0).any():
@@ -342,14 +352,18 @@ def _fit(
             f"fit_cost needs at least {len(cols)} micro-batches to fit {len(cols)} "
             f"coefficients, got {a.shape[0]}; measure more micro-batches"
         )
+    # Fitted in units of a power of two near the longest time (exact scaling, the same
+    # result): timings near 1e300 s or 1e-300 s neither overflow nor underflow inside.
+    unit = 2.0 ** int(np.frexp(t.max())[1])
+    t = t / unit
     w = 1.0 / t if weighting == "relative" else np.ones_like(t)
     bad, _ = unidentified(a[:, cols], w, [COEFFICIENTS[j] for j in cols])
     sol = _weighted_nnls(a[:, cols], t, w, robust)
     coef = np.zeros(4)
     coef[cols] = sol
+    r2, max_rel, med_rel = _stats(a @ coef, t)
+    coef *= unit  # back to seconds
     c0, a_seq, b, c = (float(v) for v in coef)
-    pred = a @ coef
-    r2, max_rel, med_rel = _stats(pred, t)
     coefs = dict(zip(COEFFICIENTS, (c0, a_seq, b, c)))
     report = FitReport(r2, max_rel, med_rel, int(a.shape[0]), coefs)
     meta: dict[str, Any] = {"weighting": weighting}
