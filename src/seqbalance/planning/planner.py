@@ -1181,7 +1181,10 @@ def plan(
     schedule : {"1f1b", "interleaved", "gpipe"}
         Pipeline schedule (:mod:`seqbalance.planning.pipeline`). ``"interleaved"`` needs
         ``virtual_stages >= 2`` and a micro-batch count that is a multiple of ``pp_size``
-        (``micro_batch_multiple`` is raised to a multiple of it).
+        (``micro_batch_multiple`` is raised to a multiple of it). With ``pp_size=1`` it
+        is checked but changes nothing (one stage runs alike under every schedule), so a
+        config may pass its schedule whatever its pipeline size; ``pp_comm`` there is
+        refused (no stage boundaries to cross).
     virtual_stages : int
         Model chunks per stage for ``"interleaved"``.
     pp_comm : float
