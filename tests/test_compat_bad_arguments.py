@@ -169,6 +169,11 @@ def test_index_lists_take_what_the_frameworks_index_with():
             verl.log_seqlen_unbalance(lens, bad, "x")
     with pytest.raises(ValueError, match="index 1 is in more than one"):
         slime.expand_bins_by_splitting([np.array([0, 1]), [1]], 3, [1, 2])
+    # A flat list of indices (or None) where lists were due: "'int' object is not
+    # iterable" (TypeError) came out of the error path itself.
+    for bad, shown in (([0, 1], "0"), ([None, [2, 3]], "None"), (["01", [2, 3]], "'01'")):
+        with pytest.raises(ValueError, match=f"partitions\\[0\\] is {shown}, not a list"):
+            verl.log_seqlen_unbalance(lens, bad, "x")
 
 
 def test_largest_workload_length_is_exact():

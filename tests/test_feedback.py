@@ -315,6 +315,9 @@ def test_records_from_plan_refuses_bad_indices(index):
     # -1 silently took the last sequence, 1.7 sequence 1, True sequence 1; 9 an IndexError.
     with pytest.raises(ValueError, match="micro_batches"):
         records_from_plan([[[index]]], [5, 6], [[0.5]], step=0)
+    # Beside a valid index as well: numpy read [0, True] as the integer array [0, 1].
+    with pytest.raises(ValueError, match="micro_batches"):
+        records_from_plan([[[0, index]]], [5, 6], [[0.5]], step=0)
 
 
 def test_records_from_plan_refuses_missing_ranks_in_seconds():

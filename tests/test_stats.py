@@ -61,7 +61,7 @@ def test_accepts_numpy_parts() -> None:
         ([1, 2, 3], [[0], [2]], "index 1 is in no part"),
         ([1, 2, 3], [], "at least one part"),
         ([1, 2, 3], [[0, 1.5], [2]], "integer item indices"),
-        ([1, 2, 3], ["012"], "list of item indices"),
+        ([1, 2, 3], ["012"], "flat list of integer item indices"),
         ([1, -2, 3], [[0, 1, 2]], "negative"),
         # A flag is not an index, even where numpy would read True as 1.
         ([1, 2, 3], [[True, 0], [2]], "integer item indices"),

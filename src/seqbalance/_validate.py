@@ -235,6 +235,40 @@ def as_index(value: Any) -> int:
     return operator.index(value)
 
 
+def index_array(members: Any) -> np.ndarray | None:
+    """``members`` (a list, iterator, array or tensor of item indices) as a 1-D int64 array,
+    or None where it is not a flat collection of integer indices. Not range-checked.
+
+    Arrays and tensors need an integer dtype (an empty one may have any); other iterables
+    are read once, value by value through :func:`as_index` (so bools, floats and strings
+    give None), except that a list of plain ints goes to numpy at once.
+    """
+    if _is_tensor(members):
+        dtype = members.dtype
+        if dtype.is_floating_point or dtype.is_complex or str(dtype) == "torch.bool":
+            return np.zeros(0, np.int64) if members.numel() == 0 else None
+        members = members.detach().cpu().numpy()
+    if isinstance(members, np.ndarray) and members.dtype != object:
+        if members.size == 0:
+            return np.zeros(0, np.int64)
+        if members.ndim != 1 or members.dtype.kind not in "iu":
+            return None
+        return members.astype(np.int64, copy=False)
+    if isinstance(members, (str, bytes, Mapping)) or not hasattr(members, "__iter__"):
+        return None
+    if not hasattr(members, "__len__"):
+        members = list(members)  # an iterator: read once
+    if set(map(type, members)) <= {int}:  # bools are of type bool: they go the slow way
+        return np.array(members, dtype=np.int64) if len(members) else np.zeros(0, np.int64)
+    out = []
+    for v in members:
+        try:
+            out.append(as_index(v))
+        except TypeError:
+            return None
+    return np.array(out, dtype=np.int64) if out else np.zeros(0, np.int64)
+
+
 def _as_int(value: Any, name: str, minimum: int) -> int:
     kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
     try:

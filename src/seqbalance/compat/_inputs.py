@@ -20,6 +20,7 @@ from .._validate import (
     check_nonnegative_int,
     check_positive_int,
     first_not_whole,
+    index_array,
 )
 from .._validate import to_numpy as _core_to_numpy
 
@@ -154,8 +155,10 @@ def check_index_lists(
     their 0-d elements pass, as the frameworks index with them."""
     arrays = []
     for p, members in enumerate(parts):
-        idx = _indices(members)
+        idx = index_array(members)
         if idx is None:  # name the first value that is not an index
+            if isinstance(members, (str, bytes)) or not hasattr(members, "__iter__"):
+                raise error(f"{name}[{p}] is {members!r}, not a list of indices")
             for i in members:
                 if _index_of(i) is None:
                     raise error(f"{name}[{p}] holds {i!r}, not an index")
@@ -181,33 +184,6 @@ def _index_of(value: Any) -> int | None:
         return as_index(value)
     except TypeError:
         return None
-
-
-def _integer_tensor(t: Any) -> bool:
-    return not (t.dtype.is_floating_point or t.dtype.is_complex) and str(t.dtype) != "torch.bool"
-
-
-def _indices(members: Any) -> np.ndarray | None:
-    """``members`` as a 1-D int64 array, or None where one is not an index. Python ints
-    go through numpy at once (their types read in C); anything else value by value."""
-    if is_tensor(members):
-        if members.dim() != 1 or not _integer_tensor(members):
-            return None
-        return members.detach().cpu().numpy().astype(np.int64, copy=False)
-    if isinstance(members, np.ndarray):
-        if members.ndim != 1 or members.dtype.kind not in "iu":
-            return None if members.size or members.ndim != 1 else np.zeros(0, np.int64)
-        return members.astype(np.int64, copy=False)
-    if isinstance(members, (str, bytes)) or not hasattr(members, "__iter__"):
-        return None
-    if not hasattr(members, "__len__"):
-        members = list(members)  # an iterator: read once
-    if set(map(type, members)) <= {int}:  # bools are of type bool: they go the slow way
-        return np.array(members, dtype=np.int64) if len(members) else np.zeros(0, np.int64)
-    out = [_index_of(v) for v in members]
-    if any(v is None for v in out):
-        return None
-    return np.array(out, dtype=np.int64) if out else np.zeros(0, np.int64)
 
 
 def to_python_list(values: Any) -> list[Any]:

@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_lengths, check_bool, check_choice, check_positive_int
+from .._validate import as_lengths, check_bool, check_choice, check_positive_int, index_array
 from .base import CostModel, TokenCost
 from .fit import UnidentifiableCostWarning, _fit, unidentified_message
 
@@ -551,8 +551,8 @@ def records_from_plan(
 def _indices(mb: Any, n: int, name: str) -> np.ndarray:
     """Sequence indices of one micro-batch as int64, each in ``0..n-1``: numpy would take
     -1 as the last sequence and 1.7 or True as sequence 1."""
-    arr = np.asarray(mb)
-    if arr.ndim != 1 or (arr.size and (arr.dtype.kind not in "iu")):
+    arr = index_array(mb)
+    if arr is None:
         raise ValueError(f"{name} = {mb!r} must be a list of integer sequence indices")
     bad = (arr < 0) | (arr >= n)
     if bad.any():
@@ -560,4 +560,4 @@ def _indices(mb: Any, n: int, name: str) -> np.ndarray:
             f"{name} holds index {arr[bad][0].item()}, outside 0..{n - 1} (there are {n} "
             "lengths)"
         )
-    return arr.astype(np.int64)
+    return arr

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._validate import as_groups, as_index, as_weights
+from .._validate import as_groups, as_weights, index_array
 from ._rules import check_size
 from .bounds import bound_of_units
 
@@ -21,25 +21,13 @@ def part_labels(parts: Sequence[Any], n: int) -> np.ndarray:
     """
     label = np.full(n, -1, dtype=np.int64)
     for p, members in enumerate(parts):
-        if isinstance(members, (str, bytes)):
-            raise ValueError(f"parts[{p}] must be a list of item indices, got {members!r}")
-        # Arrays and tensors as they are (a bool or float dtype is refused below); other
-        # containers value by value, read once (they may be iterators).
-        arr = np.asarray(members) if hasattr(members, "__array__") else None
-        try:
-            if arr is not None and arr.dtype.kind != "O":
-                if arr.size and (arr.ndim != 1 or arr.dtype.kind not in "iu"):
-                    raise TypeError
-                idx = arr.reshape(-1)
-            else:
-                idx = np.array([as_index(v) for v in members], dtype=np.int64)
-        except TypeError:
+        idx = index_array(members)
+        if idx is None:
             raise ValueError(
                 f"parts[{p}] must be a flat list of integer item indices, got {members!r}"
-            ) from None
+            )
         if idx.size == 0:
             continue
-        idx = idx.astype(np.int64, copy=False)
         bad = (idx < 0) | (idx >= n)
         if bad.any():
             i = int(idx[np.flatnonzero(bad)[0]])
