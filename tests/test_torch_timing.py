@@ -263,3 +263,24 @@ def test_end_step_accepts_equal_plans_built_separately():
                           collective_timeout=20)  # fmt: skip
     n = sum(len(r) for r in plan([9, 3, 7, 1, 8, 2], 2, 16).micro_batches)
     assert out == [[n, n], [n, n]]
+
+
+def _end_step_plan_on_one_rank(rank: int, world: int):
+    timer = MicroBatchTimer(device="cpu", clock="thread")
+    p = plan([9, 3, 7, 1, 8, 2], world, 16)
+    for mb in p.micro_batches[rank]:
+        with timer.time([3] * len(mb)):
+            pass
+    try:
+        timer.end_step(p if rank == 0 else None)
+    except ValueError as exc:
+        return str(exc)
+    return "ok"
+
+
+def test_end_step_refuses_a_plan_on_some_ranks_only():
+    """Rank 0 gathering a tensor row while rank 1 gathered Python objects: collectives of
+    different kinds and sizes (a hang, or garbage)."""
+    out = run_distributed(_end_step_plan_on_one_rank, 2, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    assert all("ranks [0] passed a plan to end_step and ranks [1] did not" in m for m in out)

@@ -181,12 +181,12 @@ class MicroBatchTimer:
         plan : Plan, optional
             The plan every rank ran (``handle.plan`` from :func:`rebalance`, a sampler's
             step plan). Its ``micro_batches`` and ``lengths`` give every record's lengths,
-            so only the times travel: one ``all_gather`` of ``m`` float64 per rank, after
-            one of a 6-float header (the plan's rank and slot counts, a digest of it, and
-            whether this rank timed its slots), so ranks holding different plans all raise
-            instead of hanging or pairing times with the wrong lengths.
+            so only the times travel: one ``all_gather`` of ``m`` float64 per rank.
             Without it, each rank's lengths (given to :meth:`time`) travel too
-            (``all_gather_object``).
+            (``all_gather_object``). Either way a 6-float header goes first (whether a
+            plan was given, its rank and slot counts, a digest of it, whether this rank's
+            timing fits), so ranks holding different plans, or a plan on some ranks only,
+            all raise instead of hanging or pairing times with the wrong lengths.
         step : int, optional
             The step to record under (default :attr:`step`).
 
@@ -200,52 +200,37 @@ class MicroBatchTimer:
         ------
         ValueError
             On every rank, when a rank's plan is for another number of ranks than the
-            group, the ranks' plans differ, a rank timed a different number of
-            micro-batches than the plan gives it, or (without a plan) a micro-batch was
-            timed without its lengths.
+            group, the ranks' plans differ, some ranks passed a plan and others not, a
+            rank timed a different number of micro-batches than the plan gives it, or
+            (without a plan) a micro-batch was timed without its lengths.
         """
         t0 = self._now()
         step = self.step if step is None else int(step)
         secs = self._seconds()
         rank, world = _group_info(self.group)
+        # A fixed-size header first, on every rank and in both modes: whether a plan was
+        # given, its rank and slot counts, a digest of it, and whether this rank's timing
+        # fits. Ranks whose plans differ would otherwise gather rows of different lengths
+        # (a hang, or an error on some ranks alone) or silently pair one rank's times with
+        # another plan's lengths; every rank sees every header, so every rank raises alike.
+        missing = any(lens is None for lens, _, _ in self._pending)
         if plan is not None:
             planned = len(plan.micro_batches)
             m = plan.num_micro_batches
             mine = plan.micro_batches[rank] if rank < planned else None
             ok = mine is not None and len(mine) == len(secs)
-            # A fixed-size header first: ranks whose plans differ (in rank count, slot count
-            # or content) would otherwise gather rows of different lengths, which hangs or
-            # fails on some ranks alone, or silently pair one rank's times with another
-            # plan's lengths. Every rank sees every header, so every rank raises alike.
-            header = np.array([planned, m, *_plan_digest(plan), ok, len(secs)], np.float64)
-            g0 = self._now()
-            heads = self._gather(header, world)
-            self.gather_overhead += self._now() - g0
-            if (heads[:, 0] != world).any():
-                self._pending.clear()
-                counts = sorted({int(x) for x in heads[:, 0]})
-                raise ValueError(
-                    f"the plan is for {', '.join(map(str, counts))} ranks but the group has "
-                    f"{world}; pass the plan of this group's step (or the group the plan "
-                    "was made for)"
-                )
-            if (heads[:, :4] != heads[0, :4]).any():
-                self._pending.clear()
-                odd = [r for r in range(world) if (heads[r, :4] != heads[0, :4]).any()]
-                raise ValueError(
-                    f"ranks {odd} passed a different plan than rank 0; every rank must pass "
-                    "the same step's plan (plans computed on each rank agree only when "
-                    "their inputs and options do)"
-                )
-            if not heads[:, 4].all():
-                self._pending.clear()
-                bad = [r for r in range(world) if not heads[r, 4]]
-                raise ValueError(
-                    f"ranks {bad} timed a different number of micro-batches than the plan "
-                    f"gives them (this rank: {len(secs)} timed, "
-                    f"{len(plan.micro_batches[rank])} planned); time each of the plan's "
-                    "micro-batches exactly once"
-                )
+            header = [1, planned, m, *_plan_digest(plan), ok]
+        else:
+            header = [0, 0, 0, 0, 0, not missing]
+        g0 = self._now()
+        heads = self._gather(np.array(header, dtype=np.float64), world)
+        self.gather_overhead += self._now() - g0
+        try:
+            _check_headers(heads, world, len(secs), plan, rank)
+        except ValueError:
+            self._pending.clear()
+            raise
+        if plan is not None:
             row = np.zeros(m, dtype=np.float64)
             row[: len(secs)] = secs
             g0 = self._now()
@@ -258,27 +243,13 @@ class MicroBatchTimer:
                 for j, mb in enumerate(plan.micro_batches[r])
             ]
         else:
-            # A local problem travels in the gather instead of raising before it, so every
-            # rank raises the same error and none waits in the collective.
-            missing = any(lens is None for lens, _, _ in self._pending)
-            mine_obj = (
-                None
-                if missing
-                else [(lens.tolist(), s) for (lens, _, _), s in zip(self._pending, secs)]
-            )
+            mine_obj = [(lens.tolist(), s) for (lens, _, _), s in zip(self._pending, secs)]
             gathered: list[Any] = [mine_obj]
             g0 = self._now()
             if world > 1:
                 gathered = [None] * world
                 dist.all_gather_object(gathered, mine_obj, group=self.group)
             self.gather_overhead += self._now() - g0
-            bad = [r for r, items in enumerate(gathered) if items is None]
-            if bad:
-                self._pending.clear()
-                raise ValueError(
-                    f"ranks {bad} timed a micro-batch without lengths; pass "
-                    "timer.time(lengths) or give end_step the plan"
-                )
             records = [
                 Timing(r, step, j, np.asarray(lens, dtype=np.int64), float(s))
                 for r, items in enumerate(gathered)
@@ -317,6 +288,49 @@ def _group_info(group: Any) -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(group), dist.get_world_size(group)
     return 0, 1
+
+
+def _check_headers(
+    heads: np.ndarray, world: int, timed: int, plan: Any, rank: int
+) -> None:
+    """Raise the same ValueError on every rank when the gathered headers of
+    :meth:`MicroBatchTimer.end_step` disagree (rows: has plan, planned ranks, slots, digest
+    pair, this rank's timing usable)."""
+    with_plan = heads[:, 0] == 1
+    if with_plan.any() and not with_plan.all():
+        raise ValueError(
+            f"ranks {np.flatnonzero(with_plan).tolist()} passed a plan to end_step and ranks "
+            f"{np.flatnonzero(~with_plan).tolist()} did not; pass it on every rank or on none"
+        )
+    ok = heads[:, 5] == 1
+    if not with_plan.any():
+        if not ok.all():
+            raise ValueError(
+                f"ranks {np.flatnonzero(~ok).tolist()} timed a micro-batch without lengths; "
+                "pass timer.time(lengths) or give end_step the plan"
+            )
+        return
+    if (heads[:, 1] != world).any():
+        counts = sorted({int(x) for x in heads[:, 1]})
+        raise ValueError(
+            f"the plan is for {', '.join(map(str, counts))} ranks but the group has "
+            f"{world}; pass the plan of this group's step (or the group the plan was made "
+            "for)"
+        )
+    odd = np.flatnonzero((heads[:, 1:5] != heads[0, 1:5]).any(axis=1)).tolist()
+    if odd:
+        raise ValueError(
+            f"ranks {odd} passed a different plan than rank 0; every rank must pass the same "
+            "step's plan (plans computed on each rank agree only when their inputs and "
+            "options do)"
+        )
+    if not ok.all():
+        raise ValueError(
+            f"ranks {np.flatnonzero(~ok).tolist()} timed a different number of micro-batches "
+            f"than the plan gives them (this rank: {timed} timed, "
+            f"{len(plan.micro_batches[rank])} planned); time each of the plan's "
+            "micro-batches exactly once"
+        )
 
 
 def _plan_digest(plan: Any) -> tuple[float, float]:
