@@ -217,6 +217,27 @@ def test_fit_cost_is_independent_of_the_time_unit(unit, robust):
     assert names == () and cond == pytest.approx(unidentified(rows, 1.0 / t)[1], rel=1e-9)
 
 
+@pytest.mark.parametrize("t", [
+    [0.1, 0.2, 0.1, 0.4, 0.2, 9e307],  # the longest time at or above 2**1023
+    [1e-3, 2e-3, 1e-3, 4e-3, 2e-3, 1e306],  # one outlier 1e309 times the shortest
+    [1e-300, 2e-300, 1.2e-300, 4e-300, 2.5e-300, 1e10],
+])
+@pytest.mark.parametrize("weighting", ["relative", "absolute"])
+def test_fit_cost_survives_times_spanning_the_float_range(t, weighting):
+    """A power-of-two unit taken from the longest time overflowed (2.0 ** 1024,
+    OverflowError) or sent 1 / t to inf (LinAlgError from the SVD): a finite fit now, with
+    a finite R² (the old code gave NaN through overflowing squares)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnidentifiableCostWarning)
+        cost = fit_cost(MBS_SPAN, t, weighting=weighting)
+    assert all(np.isfinite(v) and v >= 0 for v in cost.polynomial)
+    assert np.isfinite(cost.report.r2)
+    assert np.isfinite(evaluate_cost(cost, MBS_SPAN, t).r2)
+
+
+MBS_SPAN = [[100], [200], [50, 50], [400], [25] * 8, [300, 10]]
+
+
 def test_fit_cost_accepts_a_zero_padded_matrix():
     mbs = [[100], [200, 50], [50, 50, 50], [400], [100, 300], [25] * 8]
     width = max(len(mb) for mb in mbs)
@@ -318,6 +339,21 @@ def test_records_from_plan_refuses_bad_indices(index):
     # Beside a valid index as well: numpy read [0, True] as the integer array [0, 1].
     with pytest.raises(ValueError, match="micro_batches"):
         records_from_plan([[[0, index]]], [5, 6], [[0.5]], step=0)
+
+
+@pytest.mark.parametrize("mb", [[2**70], np.array([2**63], dtype=np.uint64),
+                                np.array(1, dtype=object), [[0], [1]]])
+def test_records_from_plan_refuses_indices_beyond_int64_and_nested(mb):
+    # 2**70 raised OverflowError, a 0-d object array TypeError, uint64 2**63 was shown
+    # as a negative index.
+    with pytest.raises(ValueError, match=r"micro_batches.*must be a list of integer"):
+        records_from_plan([[mb]], [5, 6], [[0.5]], step=0)
+
+
+def test_records_from_plan_takes_sets_and_iterators():
+    for mb in ({1, 0}, iter([0, 1]), (i for i in (0, 1)), range(2)):
+        (rec,) = records_from_plan([[mb]], [5, 6], [[0.5]], step=0)
+        assert sorted(rec[3].tolist()) == [5, 6]
 
 
 def test_records_from_plan_refuses_missing_ranks_in_seconds():

@@ -170,11 +170,18 @@ def nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
+def _power_of_two_near(x: float) -> float:
+    """A power of two within a factor 2 of ``x > 0`` that is itself finite: dividing by it
+    is exact, and brings ``x`` to [0.5, 2)."""
+    return float(np.ldexp(1.0, min(int(np.frexp(x)[1]), 1023)))
+
+
 def _stats(pred: np.ndarray, seconds: np.ndarray) -> tuple[float, float, float]:
     # Squares of timings near 1e300 s overflow: in units of a power of two (exact).
-    unit = 2.0 ** int(np.frexp(seconds.max())[1])
+    unit = _power_of_two_near(float(seconds.max()))
     pred, seconds = pred / unit, seconds / unit
-    rel = np.abs(pred - seconds) / seconds
+    with np.errstate(over="ignore"):  # a relative error beyond 1e308 is reported as inf
+        rel = np.abs(pred - seconds) / seconds
     ss_res = float(((pred - seconds) ** 2).sum())
     ss_tot = float(((seconds - seconds.mean()) ** 2).sum())
     if ss_tot > 0:
@@ -352,9 +359,10 @@ def _fit(
             f"fit_cost needs at least {len(cols)} micro-batches to fit {len(cols)} "
             f"coefficients, got {a.shape[0]}; measure more micro-batches"
         )
-    # Fitted in units of a power of two near the longest time (exact scaling, the same
-    # result): timings near 1e300 s or 1e-300 s neither overflow nor underflow inside.
-    unit = 2.0 ** int(np.frexp(t.max())[1])
+    # Fitted in units of a power of two midway (in log scale) between the shortest and
+    # longest time (exact scaling, the same result): timings near 1e300 s or 1e-300 s
+    # neither overflow nor underflow inside, nor does 1 / t (relative weights).
+    unit = _power_of_two_near(float(np.sqrt(t.min()) * np.sqrt(t.max())))
     t = t / unit
     w = 1.0 / t if weighting == "relative" else np.ones_like(t)
     bad, _ = unidentified(a[:, cols], w, [COEFFICIENTS[j] for j in cols])
