@@ -49,6 +49,12 @@ def test_matches_partition_stats() -> None:
 def test_accepts_numpy_parts() -> None:
     s = balance_stats([1, 2, 3], [np.array([2]), np.array([0, 1], dtype=np.int32)])
     assert s["counts"] == [1, 2] and s["max"] == 3.0
+    # Sets, dict views and iterators of indices are parts too (a set raised TypeError
+    # for a while: numpy cannot build an array from one).
+    d = {0: "a", 1: "b"}
+    for parts in ([{0, 1}, {2}], [d.keys(), iter([2])], [range(2), (i for i in [2])]):
+        s = balance_stats([1, 2, 3], parts)
+        assert s["counts"] == [2, 1] and s["max"] == 3.0
 
 
 @pytest.mark.parametrize(

@@ -236,8 +236,9 @@ def as_index(value: Any) -> int:
 
 
 def index_array(members: Any) -> np.ndarray | None:
-    """``members`` (a list, iterator, array or tensor of item indices) as a 1-D int64 array,
-    or None where it is not a flat collection of integer indices. Not range-checked.
+    """``members`` (a list, tuple, set, iterator, array or tensor of item indices) as a 1-D
+    int64 array, or None where it is not a flat collection of integer indices that fit in
+    int64. Not range-checked.
 
     Arrays and tensors need an integer dtype (an empty one may have any); other iterables
     are read once, value by value through :func:`as_index` (so bools, floats and strings
@@ -248,25 +249,32 @@ def index_array(members: Any) -> np.ndarray | None:
         if dtype.is_floating_point or dtype.is_complex or str(dtype) == "torch.bool":
             return np.zeros(0, np.int64) if members.numel() == 0 else None
         members = members.detach().cpu().numpy()
-    if isinstance(members, np.ndarray) and members.dtype != object:
+    if isinstance(members, np.ndarray):
         if members.size == 0:
             return np.zeros(0, np.int64)
-        if members.ndim != 1 or members.dtype.kind not in "iu":
+        if members.ndim != 1:
             return None
-        return members.astype(np.int64, copy=False)
-    if isinstance(members, (str, bytes, Mapping)) or not hasattr(members, "__iter__"):
+        if members.dtype != object:
+            kind = members.dtype.kind
+            if kind not in "iu" or (kind == "u" and int(members.max()) > _INT64_MAX):
+                return None
+            return members.astype(np.int64, copy=False)
+    elif isinstance(members, (str, bytes, Mapping)) or not hasattr(members, "__iter__"):
         return None
-    if not hasattr(members, "__len__"):
-        members = list(members)  # an iterator: read once
-    if set(map(type, members)) <= {int}:  # bools are of type bool: they go the slow way
-        return np.array(members, dtype=np.int64) if len(members) else np.zeros(0, np.int64)
-    out = []
-    for v in members:
+    # Sets, iterators, generators and object arrays: read once, as a list.
+    values = members if isinstance(members, (list, tuple)) else list(members)
+    if not set(map(type, values)) <= {int}:  # bools are of type bool: they go this way
         try:
-            out.append(as_index(v))
+            values = [as_index(v) for v in values]
         except TypeError:
             return None
-    return np.array(out, dtype=np.int64) if out else np.zeros(0, np.int64)
+    try:
+        return np.array(values, dtype=np.int64) if len(values) else np.zeros(0, np.int64)
+    except OverflowError:  # an integer beyond int64: no index of any real batch
+        return None
+
+
+_INT64_MAX = 2**63 - 1
 
 
 def _as_int(value: Any, name: str, minimum: int) -> int:

@@ -160,8 +160,11 @@ def check_index_lists(
             if isinstance(members, (str, bytes)) or not hasattr(members, "__iter__"):
                 raise error(f"{name}[{p}] is {members!r}, not a list of indices")
             for i in members:
-                if _index_of(i) is None:
+                j = _index_of(i)
+                if j is None:
                     raise error(f"{name}[{p}] holds {i!r}, not an index")
+                if not 0 <= j < n:
+                    raise error(f"{name}[{p}] holds index {j}, outside the {n} items (0..{n - 1})")
             raise error(f"{name}[{p}] is not a flat list of indices")
         if idx.size and (int(idx.min()) < 0 or int(idx.max()) >= n):
             i = int(idx[(idx < 0) | (idx >= n)][0])
