@@ -241,7 +241,8 @@ def test_end_step_refuses_different_plans_on_every_rank(case):
     out = run_distributed(
         _end_step_different_plans, 2, case, timeout=TIMEOUT - 10, collective_timeout=20
     )
-    want = "ranks but the group has 2" if case == "world" else "passed a different plan"
+    want = ("the plan is for 3 ranks but the group has 2 on ranks [1]" if case == "world"
+            else "ranks [1] passed a different plan than rank 0")
     assert all(want in msg and step == 0 for msg, step in out), out
 
 
@@ -284,3 +285,22 @@ def test_end_step_refuses_a_plan_on_some_ranks_only():
     out = run_distributed(_end_step_plan_on_one_rank, 2, timeout=TIMEOUT - 10,
                           collective_timeout=20)  # fmt: skip
     assert all("ranks [0] passed a plan to end_step and ranks [1] did not" in m for m in out)
+
+
+def test_plan_digest_tells_apart_plans_that_share_their_bytes():
+    """Without the counts hashed first, lengths [5, 7] with sequence 0 in rank 0's slot
+    and lengths [5, 7, 1] with that slot empty hashed the same bytes: two ranks holding
+    them recorded different things without an error."""
+    from seqbalance.planning.plans import Plan
+    from seqbalance.torch.timing import _plan_digest
+
+    a = Plan([[[0]], [[1]]], [5, 7], max_tokens=16)
+    b = Plan([[[]], [[1]]], [5, 7, 1], max_tokens=16)
+    assert (a.num_micro_batches, len(a.micro_batches)) == (b.num_micro_batches,
+                                                           len(b.micro_batches))
+    assert _plan_digest(a) != _plan_digest(b)
+    # Equal plans from other inputs (int32 lengths, a JSON round trip) agree.
+    p = plan([9, 3, 7, 1, 8, 2], 2, 16)
+    same = plan(np.array([9, 3, 7, 1, 8, 2], dtype=np.int32), 2, 16)
+    assert _plan_digest(p) == _plan_digest(same) == _plan_digest(Plan.from_json(p.to_json()))
+    assert all(d == int(d) and 0 <= d < 2**48 for d in _plan_digest(p))  # exact in float64

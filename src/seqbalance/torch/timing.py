@@ -310,11 +310,12 @@ def _check_headers(
                 "pass timer.time(lengths) or give end_step the plan"
             )
         return
-    if (heads[:, 1] != world).any():
-        counts = sorted({int(x) for x in heads[:, 1]})
+    wrong = np.flatnonzero(heads[:, 1] != world)
+    if wrong.size:
+        where = "" if wrong.size == world else f" on ranks {wrong.tolist()}"
         raise ValueError(
-            f"the plan is for {', '.join(map(str, counts))} ranks but the group has "
-            f"{world}; pass the plan of this group's step (or the group the plan was made "
+            f"the plan is for {int(heads[wrong[0], 1])} ranks but the group has {world}"
+            f"{where}; pass the plan of this group's step (or the group the plan was made "
             "for)"
         )
     odd = np.flatnonzero((heads[:, 1:5] != heads[0, 1:5]).any(axis=1)).tolist()
@@ -336,7 +337,12 @@ def _check_headers(
 def _plan_digest(plan: Any) -> tuple[float, float]:
     """Two exact float64 integers (48 bits each) from a SHA-256 of the plan's micro-batches
     and lengths: equal on every process for equal plans, whatever the hash seed."""
-    h = hashlib.sha256(np.asarray(plan.lengths).astype(np.int64).tobytes())
+    lengths = np.asarray(plan.lengths).astype(np.int64)
+    # Every variable-length run is preceded by its length, so no two plans hash the same
+    # bytes (without the counts, lengths [5, 7, 1] and an empty first slot read alike as
+    # lengths [5, 7] and a slot holding sequence 0).
+    h = hashlib.sha256(np.asarray([lengths.size, len(plan.micro_batches)], np.int64).tobytes())
+    h.update(lengths.tobytes())
     for rank_mbs in plan.micro_batches:
         sizes = [len(mb) for mb in rank_mbs]
         h.update(np.asarray([len(sizes), *sizes], dtype=np.int64).tobytes())
