@@ -25,7 +25,7 @@ torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 pytest.importorskip("torch.distributed")
 
 from seqbalance.torch import BalancedDistributedSampler, rebalance  # noqa: E402
-from seqbalance.torch.agreement import RankAgreementError, canonical  # noqa: E402
+from seqbalance.torch.agreement import RankAgreementError, agree_on, canonical  # noqa: E402
 from seqbalance.torch.testing import run_distributed  # noqa: E402
 
 COLLECTIVE_TIMEOUT = 20  # seconds a rank may wait in one collective before gloo gives up
@@ -270,6 +270,17 @@ def s_sampler_different_plan_option(rank, world):
     _sampler(rank, world, min_micro_batches=1 + (rank == 1))
 
 
+def s_agree_on_another_seqbalance_version(rank, world):
+    import seqbalance
+
+    real = seqbalance.__version__
+    seqbalance.__version__ = "9.9.9" if rank == world - 1 else real
+    try:
+        agree_on(lambda: ({"max_tokens": 16}, rank), None, "compat_call")
+    finally:
+        seqbalance.__version__ = real
+
+
 # ---- scenarios that must succeed ---------------------------------------------------------
 def ok_round_trip_after_errors(rank, world):
     h = _round_trip(rank)
@@ -368,6 +379,10 @@ SCENARIOS = {
     "agree_on: different fingerprints": (
         s_agree_on_different_fingerprint,
         ["max_token_len", "rank 0: 9"],
+    ),
+    "agree_on: another seqbalance version on the last rank": (
+        s_agree_on_another_seqbalance_version,
+        ["different seqbalance versions", "9.9.9", "install the same version"],
     ),
     "sampler: different seed": (s_sampler_different_seed, ["seed", "rank 1"]),
     "sampler: different max_tokens": (s_sampler_different_max_tokens, ["max_tokens"]),

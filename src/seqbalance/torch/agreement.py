@@ -8,7 +8,8 @@ adapters built on it) therefore starts with :func:`agree`:
 
 1. each rank validates its own inputs *without communicating*, catching any exception;
 2. one ``all_gather_object`` carries, per rank, that local error (or None), a fingerprint of
-   the arguments that must agree across ranks, and the payload the function needs
+   the arguments that must agree across ranks (and of seqbalance's version: another release
+   may plan alike inputs differently), and the payload the function needs
    (lengths, costs, shapes...);
 3. every rank receives the same list, so every rank takes the same decision: if any rank
    failed or the fingerprints differ, every rank raises the same :class:`RankAgreementError`
@@ -150,6 +151,15 @@ def describe_error(exc: BaseException) -> str:
     return text if type(exc) is ValueError else f"{type(exc).__name__}: {text}"
 
 
+_VERSION_KEY = "seqbalance version"
+
+
+def _version() -> str:
+    import seqbalance
+
+    return str(seqbalance.__version__)
+
+
 def _ranks(ranks: Sequence[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
@@ -172,7 +182,8 @@ def agree(
     fingerprint : dict of str to value
         The arguments that must be equal on every rank (everything that changes the
         result), by name. Values are compared through :func:`canonical`, so they may be
-        plain values, arrays, tensors or cost models.
+        plain values, arrays, tensors or cost models. seqbalance's own version is always
+        compared too (``"seqbalance version"``).
     payload : any picklable value
         This rank's data (lengths, costs, tensor descriptions...).
     group : ProcessGroup or None
@@ -199,6 +210,9 @@ def agree(
         prints = {str(k): canonical(v) for k, v in fingerprint.items()}
     except Exception as exc:  # an argument that cannot even be described
         prints, local_error = {}, local_error or exc
+    # Another release may plan the same inputs differently (a mixed-version job after a
+    # partial upgrade): then the ranks' plans would disagree, silently or in a hang.
+    prints[_VERSION_KEY] = _version()
     if isinstance(local_error, BaseException):
         local_error = describe_error(local_error)
     if local_error:
@@ -226,6 +240,12 @@ def agree(
             for r, v in enumerate(values):
                 by_value.setdefault(v, []).append(r)
             detail = "; ".join(f"{_ranks(rs)}: {v}" for v, rs in by_value.items())
+            if name == _VERSION_KEY:
+                raise RankAgreementError(
+                    f"{what}: the ranks run different seqbalance versions ({detail}); "
+                    "install the same version on every rank, or ranks would compute "
+                    "different plans"
+                )
             raise RankAgreementError(
                 f"{what}: the ranks passed different {name} ({detail}); it must be the same "
                 "on every rank of the group, or ranks would compute different plans"
