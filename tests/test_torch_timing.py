@@ -178,18 +178,23 @@ def test_end_step_refuses_a_plan_for_another_number_of_ranks_alone():
     assert timer.step == 0
 
 
-def _end_step_wrong_world(rank: int, world: int, planned: int):
+def _timed_step(p, mine) -> tuple[str, int]:
+    """Time ``mine`` (empty regions) and end the step with plan ``p``: the error message
+    (or "ok") and the timer's step after it."""
     timer = MicroBatchTimer(device="cpu", clock="thread")
-    p = plan(list(range(1, 7)), planned, 8)
-    mine = p.micro_batches[rank] if rank < planned else [[0]]
     for _ in mine:
         with timer.time():
             pass
     try:
         timer.end_step(p)
     except ValueError as exc:
-        return str(exc)
-    return "ok"
+        return str(exc), timer.step
+    return "ok", timer.step
+
+
+def _end_step_wrong_world(rank: int, world: int, planned: int):
+    p = plan(list(range(1, 7)), planned, 8)
+    return _timed_step(p, p.micro_batches[rank] if rank < planned else [[0]])[0]
 
 
 @pytest.mark.parametrize("planned", [1, 3])
@@ -203,7 +208,6 @@ def test_end_step_refuses_a_plan_for_another_world_on_every_rank(planned):
 
 
 def _end_step_different_plans(rank: int, world: int, case: str):
-    timer = MicroBatchTimer(device="cpu", clock="thread")
     lengths = [9, 3, 7, 1, 8, 2]
     if case == "count" and rank == 1:
         p = plan(lengths, world, 10)  # more micro-batches than rank 0's plan
@@ -213,15 +217,7 @@ def _end_step_different_plans(rank: int, world: int, case: str):
         p = plan(lengths, world + 1, 16)
     else:
         p = plan(lengths, world, 16)
-    mine = p.micro_batches[rank]
-    for _ in mine:
-        with timer.time():
-            pass
-    try:
-        timer.end_step(p)
-    except ValueError as exc:
-        return str(exc), timer.step
-    return "ok", timer.step
+    return _timed_step(p, p.micro_batches[rank])
 
 
 @pytest.mark.parametrize("case", ["count", "content", "world"])
