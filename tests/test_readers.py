@@ -95,9 +95,19 @@ def test_jsonl_objects_and_numbers(tmp_path):
     assert read_lengths(q).tolist() == LENGTHS
 
 
+def _pyarrow():
+    """pyarrow and pyarrow.parquet, or a skip where they are missing or do not import
+    (pyarrow 26 beside numpy 1.26 raises ImportError, which importorskip lets through)."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        pytest.skip(f"pyarrow does not import here: {exc}")
+    return pa, pq
+
+
 def test_parquet(tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    pa, pq = _pyarrow()
     table = pa.table({"len": LENGTHS, "group": ["a", "a", "b", "b", "c"]})
     pq.write_table(table, tmp_path / "d.parquet")
     assert read_lengths(tmp_path / "d.parquet", "len").tolist() == LENGTHS
@@ -299,8 +309,7 @@ def test_non_utf8_file_names_the_file_and_the_fix(tmp_path, name):
 
 
 def test_parquet_duplicate_column_names_are_refused(tmp_path):
-    pa = pytest.importorskip("pyarrow")
-    pq = pytest.importorskip("pyarrow.parquet")
+    pa, pq = _pyarrow()
     p = tmp_path / "a.parquet"
     pq.write_table(pa.Table.from_arrays([pa.array([1, 2]), pa.array([3, 4])], ["n", "n"]), p)
     with pytest.raises(ValueError, match="column 'n' appears 2 times"):

@@ -14,6 +14,7 @@ import numpy as np
 from .._validate import check_choice, check_positive_int
 from ..planning.plans import Plan
 from ..planning.simulation import SYNC_MODELS
+from .optional import import_optional
 
 __all__ = ["check_plot_path", "plot_timeline"]
 
@@ -38,13 +39,10 @@ def _named(plans: PlanSet) -> list[tuple[str, Plan]]:
 
 
 def _import_pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError:
-        raise ValueError(
-            'plotting needs matplotlib; install it with: pip install ".[cli]" (in a '
-            "seqbalance checkout) or pip install matplotlib"
-        ) from None
+    matplotlib = import_optional(
+        "matplotlib", "plotting",
+        'pip install ".[cli]" (in a seqbalance checkout) or pip install matplotlib',
+    )  # fmt: skip
     matplotlib.use("Agg", force=True)  # files only; never open a window
     import matplotlib.pyplot as plt
 

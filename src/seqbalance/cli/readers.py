@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._validate import as_lengths
+from .optional import import_optional
 
 __all__ = ["FORMATS", "read_column", "read_lengths"]
 
@@ -239,13 +240,10 @@ def _read_npy(path: Path, column: str | None, what: str) -> np.ndarray:
 
 
 def _read_parquet(path: Path, column: str | None, what: str) -> list[Any]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise ValueError(
-            f'reading {path} needs pyarrow; install it with: pip install ".[parquet]" (in a '
-            "seqbalance checkout) or pip install pyarrow"
-        ) from None
+    pq = import_optional(
+        "pyarrow.parquet", f"reading {path}",
+        'pip install ".[parquet]" (in a seqbalance checkout) or pip install pyarrow',
+    )  # fmt: skip
     names = list(pq.read_schema(path).names)
     key = _unique(names, _pick(names, column, path, what), path)
     return pq.read_table(path, columns=[key]).column(key).to_pylist()
