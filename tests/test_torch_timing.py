@@ -300,3 +300,18 @@ def test_plan_digest_tells_apart_plans_that_share_their_bytes():
     same = plan(np.array([9, 3, 7, 1, 8, 2], dtype=np.int32), 2, 16)
     assert _plan_digest(p) == _plan_digest(same) == _plan_digest(Plan.from_json(p.to_json()))
     assert all(d == int(d) and 0 <= d < 2**48 for d in _plan_digest(p))  # exact in float64
+
+
+def _end_step_not_a_plan_on_rank_1(rank: int, world: int):
+    p = plan([9, 3, 7, 1, 8, 2], world, 16)
+    given = p if rank == 0 else {"micro_batches": p.micro_batches}  # a dict, not a Plan
+    return _timed_step(given, p.micro_batches[rank])
+
+
+def test_end_step_reports_an_unreadable_plan_on_every_rank():
+    """A dict where the Plan was due raised AttributeError on that rank alone, before the
+    gather, while rank 0 waited in it."""
+    out = run_distributed(_end_step_not_a_plan_on_rank_1, 2, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    assert all("ranks [1] passed end_step a plan it cannot read" in msg and step == 0
+               for msg, step in out), out

@@ -214,12 +214,16 @@ class MicroBatchTimer:
         # (a hang, or an error on some ranks alone) or silently pair one rank's times with
         # another plan's lengths; every rank sees every header, so every rank raises alike.
         missing = any(lens is None for lens, _, _ in self._pending)
+        unreadable: Exception | None = None
         if plan is not None:
-            planned = len(plan.micro_batches)
-            m = plan.num_micro_batches
-            mine = plan.micro_batches[rank] if rank < planned else None
-            ok = mine is not None and len(mine) == len(secs)
-            header = [1, planned, m, *_plan_digest(plan), ok]
+            try:
+                planned = len(plan.micro_batches)
+                m = plan.num_micro_batches
+                mine = plan.micro_batches[rank] if rank < planned else None
+                ok = mine is not None and len(mine) == len(secs)
+                header = [1, planned, m, *_plan_digest(plan), ok]
+            except Exception as exc:  # not a Plan: reported in the gather, not before it
+                unreadable, header = exc, [1, -1, 0, 0, 0, 0]
         else:
             header = [0, 0, 0, 0, 0, not missing]
         g0 = self._now()
@@ -227,9 +231,9 @@ class MicroBatchTimer:
         self.gather_overhead += self._now() - g0
         try:
             _check_headers(heads, world, len(secs), plan, rank)
-        except ValueError:
+        except ValueError as exc:
             self._pending.clear()
-            raise
+            raise exc from unreadable
         if plan is not None:
             row = np.zeros(m, dtype=np.float64)
             row[: len(secs)] = secs
@@ -303,6 +307,13 @@ def _check_headers(
             f"{np.flatnonzero(~with_plan).tolist()} did not; pass it on every rank or on none"
         )
     ok = heads[:, 5] == 1
+    unreadable = np.flatnonzero(heads[:, 1] == -1).tolist()
+    if unreadable:
+        raise ValueError(
+            f"ranks {unreadable} passed end_step a plan it cannot read (a Plan's "
+            "micro_batches, num_micro_batches and lengths are needed); pass the step's Plan, "
+            "e.g. handle.plan from rebalance"
+        )
     if not with_plan.any():
         if not ok.all():
             raise ValueError(
