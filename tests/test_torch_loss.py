@@ -155,3 +155,31 @@ def test_token_mean_loss_whole_number_kinds_agree():
     # int, whole float, numpy and tensor counts all give 6 * 2 / 4.
     for count in (4, 4.0, np.int64(4), np.float32(4), torch.tensor(4), torch.tensor(4.0)):
         assert float(token_mean_loss(torch.tensor(6.0), count, world_size=2)) == 3.0
+
+
+def _count_with_a_bad_rank(rank: int, world: int, bad):
+    try:
+        return "ok", int(global_token_count(bad if rank == 1 else 10 + rank))
+    except ValueError as exc:
+        return "error", str(exc)
+
+
+@pytest.mark.timeout(TIMEOUT)
+@pytest.mark.parametrize("bad", [-3, 2.5, "many", torch.tensor([1.5])])
+def test_global_token_count_raises_on_every_rank_when_one_count_is_bad(bad):
+    """Rank 1's count was refused before the all-reduce, on rank 1 alone, while the other
+    ranks waited in it (a hang until the collective timeout)."""
+    out = run_distributed(_count_with_a_bad_rank, 3, bad, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    assert [kind for kind, _ in out] == ["error"] * 3, out
+    assert all("invalid on 1 of 3 ranks" in msg for _, msg in out)
+    assert "local_count" in out[1][1] and "this rank's count is valid" in out[0][1]
+
+
+def _good_counts(rank: int, world: int):
+    return [int(global_token_count(rank + 1)), int(global_token_count(torch.tensor([rank, 1])))]
+
+
+def test_global_token_count_sums_ints_and_tensors():
+    out = run_distributed(_good_counts, 3, timeout=TIMEOUT - 10, collective_timeout=20)
+    assert out == [[6, 6]] * 3

@@ -43,13 +43,48 @@ def global_token_count(local_count: Any, group: Any = None) -> torch.Tensor:
     -------
     torch.Tensor
         0-d int64 tensor, identical on every rank (on the device of ``local_count`` when it
-        is a tensor).
+        is a tensor, else on CPU; under NCCL the sum itself runs on the current CUDA
+        device).
+
+    Raises
+    ------
+    ValueError
+        On every rank, when ``local_count`` is not a non-negative integer count on some
+        rank (without a process group: when it is not one here).
 
     Examples
     --------
     >>> int(global_token_count(7))  # no process group: the local count
     7
     """
+    try:
+        count = _local_count(local_count)
+        error: ValueError | None = None
+    except ValueError as exc:
+        count, error = torch.zeros((), dtype=torch.int64), exc
+    if not (dist.is_available() and dist.is_initialized()):
+        if error is not None:
+            raise error
+        return count
+    # The count and a failure flag travel in one all-reduce: a rank whose count is invalid
+    # must not raise before it, or every other rank would wait there until the timeout.
+    home = local_count.device if isinstance(local_count, torch.Tensor) else torch.device("cpu")
+    flag = torch.tensor(int(error is not None), dtype=torch.int64, device=home)
+    packed = torch.stack([count.to(home), flag])
+    packed = packed.to(_comm_device(group, home))
+    dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
+    bad = int(packed[1])
+    if bad:
+        mine = f"this rank: {error}" if error is not None else "this rank's count is valid"
+        raise ValueError(
+            f"global_token_count: local_count is invalid on {bad} of "
+            f"{dist.get_world_size(group)} ranks ({mine}); raised on every rank"
+        ) from error
+    return packed[0].to(home)
+
+
+def _local_count(local_count: Any) -> torch.Tensor:
+    """This rank's count as a 0-d int64 tensor on its own device; ValueError if invalid."""
     if isinstance(local_count, torch.Tensor):
         if local_count.is_floating_point() or local_count.is_complex():
             raise ValueError(
@@ -59,15 +94,21 @@ def global_token_count(local_count: Any, group: Any = None) -> torch.Tensor:
     else:
         try:
             count = torch.tensor(int(local_count), dtype=torch.int64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise ValueError(f"local_count must be an integer, got {local_count!r}") from None
         if count != local_count:
             raise ValueError(f"local_count must be a whole number, got {local_count!r}")
     if int(count) < 0:
         raise ValueError(f"local_count must be >= 0, got {int(count)}")
-    if dist.is_available() and dist.is_initialized():
-        dist.all_reduce(count, op=dist.ReduceOp.SUM, group=group)
     return count
+
+
+def _comm_device(group: Any, home: torch.device) -> torch.device:
+    """Where the all-reduce runs: NCCL takes CUDA tensors only (an int count, or a CPU
+    tensor's sum, goes to the current CUDA device and comes back)."""
+    if home.type == "cpu" and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return home
 
 
 def token_mean_loss(
