@@ -232,7 +232,9 @@ def agree(
             f"{what} failed on {_ranks([r for r, _ in errors])} (raised on every rank, so no "
             f"rank waits for the others): {detail}"
         )
-    names = sorted({k for _, p, _ in out for k in p})
+    # The version first: another release may name or describe its arguments differently,
+    # which would otherwise read as the user's argument mismatch.
+    names = sorted({k for _, p, _ in out for k in p}, key=lambda k: (k != _VERSION_KEY, k))
     for name in names:
         values = [p.get(name, "<not given>") for _, p, _ in out]
         if len(set(values)) > 1:
