@@ -40,6 +40,8 @@ def test_a_missing_package_gets_the_install_hint(monkeypatch, exc):
     ImportError("pyarrow requires NumPy 2.0 or newer, found 1.26.4"),
     # A dependency of the package is what is missing, not the package.
     ModuleNotFoundError("No module named 'kiwisolver'", name="kiwisolver"),
+    # The package's own compiled core (a wheel for another Python): installed, broken.
+    ModuleNotFoundError("No module named 'pyarrow.lib'", name="pyarrow.lib"),
 ])
 def test_an_installed_package_that_does_not_import_says_why(monkeypatch, exc):
     """Both said "install it with: pip install pyarrow" although it was installed."""

@@ -28,13 +28,14 @@ def import_optional(module: str, purpose: str, install: str) -> Any:
         hint alone).
     """
     package = module.split(".")[0]
+    parts = module.split(".")
+    # The module asked for or one of its parents: a module the package itself imports
+    # (pyarrow.lib, its compiled core, built for another Python) means a broken install.
+    wanted = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        missing = isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in (
-            package,
-            "",
-        )
+        missing = isinstance(exc, ModuleNotFoundError) and (exc.name or "") in wanted | {""}
         if missing:
             raise ValueError(f"{purpose} needs {package}; install it with: {install}") from None
         raise ValueError(
