@@ -165,7 +165,7 @@ def _count_with_a_bad_rank(rank: int, world: int, bad):
 
 
 @pytest.mark.timeout(TIMEOUT)
-@pytest.mark.parametrize("bad", [-3, 2.5, "many", torch.tensor([1.5])])
+@pytest.mark.parametrize("bad", [-3, 2.5, "many", torch.tensor([1.5]), np.ma.masked])
 def test_global_token_count_raises_on_every_rank_when_one_count_is_bad(bad):
     """Rank 1's count was refused before the all-reduce, on rank 1 alone, while the other
     ranks waited in it (a hang until the collective timeout)."""
@@ -183,3 +183,27 @@ def _good_counts(rank: int, world: int):
 def test_global_token_count_sums_ints_and_tensors():
     out = run_distributed(_good_counts, 3, timeout=TIMEOUT - 10, collective_timeout=20)
     assert out == [[6, 6]] * 3
+
+
+def _count_outside_the_group(rank: int, world: int):
+    import torch.distributed as dist
+
+    pair = dist.new_group([0, 1])
+    return int(global_token_count(7 + rank, group=pair))
+
+
+def test_global_token_count_on_a_rank_outside_the_group_is_its_own_count():
+    """Rank 2 is not in the group: torch's collectives do nothing there, so the local
+    count comes back (a CPU count raised "Invalid process group specified" for a while)."""
+    out = run_distributed(_count_outside_the_group, 3, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    assert out == [15, 15, 9]
+
+
+def test_global_token_count_takes_numbers_that_equal_their_integer():
+    from fractions import Fraction
+
+    for value in (np.array(5), np.int32(5), Fraction(5, 1), 5.0, torch.tensor(5)):
+        assert int(global_token_count(value)) == 5
+    with pytest.raises(ValueError, match="whole number"):
+        global_token_count(Fraction(9, 2))

@@ -62,7 +62,15 @@ def global_token_count(local_count: Any, group: Any = None) -> torch.Tensor:
         error: ValueError | None = None
     except ValueError as exc:
         count, error = torch.zeros((), dtype=torch.int64), exc
-    if not (dist.is_available() and dist.is_initialized()):
+    except Exception as exc:  # anything int() or a tensor may raise (a masked value...)
+        count = torch.zeros((), dtype=torch.int64)
+        error = ValueError(f"local_count {local_count!r} is not a usable count: {exc}")
+        error.__cause__ = exc
+    # Without a process group, or on a rank outside ``group`` (where torch's collectives
+    # do nothing), the local count is the answer.
+    if not (dist.is_available() and dist.is_initialized()) or (
+        group is not None and dist.get_rank(group) < 0
+    ):
         if error is not None:
             raise error
         return count
@@ -96,7 +104,7 @@ def _local_count(local_count: Any) -> torch.Tensor:
             count = torch.tensor(int(local_count), dtype=torch.int64)
         except (TypeError, ValueError, OverflowError):
             raise ValueError(f"local_count must be an integer, got {local_count!r}") from None
-        if count != local_count:
+        if int(count) != local_count:  # an int: compares with 2.5, Fraction, 0-d arrays
             raise ValueError(f"local_count must be a whole number, got {local_count!r}")
     if int(count) < 0:
         raise ValueError(f"local_count must be >= 0, got {int(count)}")
