@@ -313,5 +313,35 @@ def test_end_step_reports_an_unreadable_plan_on_every_rank():
     gather, while rank 0 waited in it."""
     out = run_distributed(_end_step_not_a_plan_on_rank_1, 2, timeout=TIMEOUT - 10,
                           collective_timeout=20)  # fmt: skip
-    assert all("ranks [1] passed end_step a plan it cannot read" in msg and step == 0
+    assert all("ranks [1] passed end_step arguments it cannot use" in msg and step == 0
                for msg, step in out), out
+    assert "plan must be the step's Plan" in out[1][0] and "this rank's are fine" in out[0][0]
+
+
+def _end_step_odd_arguments(rank: int, world: int, case: str):
+    p = plan([9, 3, 7, 1, 8, 2], world, 16)
+    timer = MicroBatchTimer(device="cpu", clock="thread")
+    for _ in p.micro_batches[rank]:
+        with timer.time():
+            pass
+    if case == "lengths list" and rank == 1:
+        p.lengths = p.lengths.tolist()  # the same values, as a list
+    try:
+        got = timer.end_step(p, step="x" if case == "step" and rank == 1 else None)
+    except ValueError as exc:
+        return "error", str(exc)
+    return "ok", [(r.rank, r.slot, r.lengths.tolist()) for r in got]
+
+
+@pytest.mark.parametrize("case", ["step", "lengths list"])
+def test_end_step_odd_arguments_on_one_rank(case):
+    """step="x" on one rank raised there before the gather (the other waited until the
+    timeout); a plan whose lengths are a list on one rank raised TypeError there after
+    the gathers while the other rank returned its records."""
+    out = run_distributed(_end_step_odd_arguments, 2, case, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    if case == "step":
+        assert all(kind == "error" and "step must be an integer, got 'x'" in out[1][1]
+                   and "ranks [1] passed end_step arguments" in msg for kind, msg in out)
+    else:
+        assert out[0] == out[1] and out[0][0] == "ok"

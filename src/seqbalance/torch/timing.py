@@ -48,7 +48,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .._validate import as_lengths, check_choice
+from .._validate import as_index, as_lengths, check_choice
 from ..costs.feedback import Timing, TimingRecorder
 
 __all__ = ["CLOCKS", "MicroBatchTimer"]
@@ -183,10 +183,11 @@ class MicroBatchTimer:
             step plan). Its ``micro_batches`` and ``lengths`` give every record's lengths,
             so only the times travel: one ``all_gather`` of ``m`` float64 per rank.
             Without it, each rank's lengths (given to :meth:`time`) travel too
-            (``all_gather_object``). Either way a 6-float header goes first (whether a
+            (``all_gather_object``). Either way a 7-float header goes first (whether a
             plan was given, its rank and slot counts, a digest of it, whether this rank's
-            timing fits), so ranks holding different plans, or a plan on some ranks only,
-            all raise instead of hanging or pairing times with the wrong lengths.
+            timing fits and its arguments are usable), so ranks holding different plans,
+            or a plan on some ranks only, all raise instead of hanging or pairing times
+            with the wrong lengths.
         step : int, optional
             The step to record under (default :attr:`step`).
 
@@ -205,7 +206,14 @@ class MicroBatchTimer:
             (without a plan) a micro-batch was timed without its lengths.
         """
         t0 = self._now()
-        step = self.step if step is None else int(step)
+        # A bad argument on one rank is reported in the header gather below, on every rank,
+        # never raised here first (the other ranks would wait in the gather).
+        unusable: Exception | None = None
+        try:
+            step = self.step if step is None else as_index(step)
+        except TypeError as exc:
+            step, unusable = self.step, ValueError(f"step must be an integer, got {step!r}")
+            unusable.__cause__ = exc
         secs = self._seconds()
         rank, world = _group_info(self.group)
         # A fixed-size header first, on every rank and in both modes: whether a plan was
@@ -214,7 +222,6 @@ class MicroBatchTimer:
         # (a hang, or an error on some ranks alone) or silently pair one rank's times with
         # another plan's lengths; every rank sees every header, so every rank raises alike.
         missing = any(lens is None for lens, _, _ in self._pending)
-        unreadable: Exception | None = None
         if plan is not None:
             try:
                 planned = len(plan.micro_batches)
@@ -222,25 +229,30 @@ class MicroBatchTimer:
                 mine = plan.micro_batches[rank] if rank < planned else None
                 ok = mine is not None and len(mine) == len(secs)
                 header = [1, planned, m, *_plan_digest(plan), ok]
-            except Exception as exc:  # not a Plan: reported in the gather, not before it
-                unreadable, header = exc, [1, -1, 0, 0, 0, 0]
+            except Exception as exc:  # not a Plan
+                unusable = unusable or ValueError(
+                    f"plan must be the step's Plan (e.g. handle.plan), got "
+                    f"{type(plan).__name__}: {exc}"
+                )
+                header = [1, 0, 0, 0, 0, 0]
         else:
             header = [0, 0, 0, 0, 0, not missing]
+        header.append(unusable is not None)
         g0 = self._now()
         heads = self._gather(np.array(header, dtype=np.float64), world)
         self.gather_overhead += self._now() - g0
         try:
-            _check_headers(heads, world, len(secs), plan, rank)
+            _check_headers(heads, world, len(secs), plan, rank, unusable)
         except ValueError as exc:
             self._pending.clear()
-            raise exc from unreadable
+            raise exc from unusable
         if plan is not None:
             row = np.zeros(m, dtype=np.float64)
             row[: len(secs)] = secs
             g0 = self._now()
             table = self._gather(row, world) if m else np.zeros((world, 0))
             self.gather_overhead += self._now() - g0
-            lengths = plan.lengths
+            lengths = np.asarray(plan.lengths)
             records = [
                 Timing(r, step, j, lengths[np.asarray(mb, dtype=np.int64)], float(table[r, j]))
                 for r in range(world)
@@ -295,11 +307,19 @@ def _group_info(group: Any) -> tuple[int, int]:
 
 
 def _check_headers(
-    heads: np.ndarray, world: int, timed: int, plan: Any, rank: int
+    heads: np.ndarray, world: int, timed: int, plan: Any, rank: int,
+    unusable: Exception | None,
 ) -> None:
     """Raise the same ValueError on every rank when the gathered headers of
     :meth:`MicroBatchTimer.end_step` disagree (rows: has plan, planned ranks, slots, digest
-    pair, this rank's timing usable)."""
+    pair, this rank's timing usable, this rank's arguments unusable)."""
+    bad_args = np.flatnonzero(heads[:, 6] == 1).tolist()
+    if bad_args:
+        mine = f"this rank: {unusable}" if unusable is not None else "this rank's are fine"
+        raise ValueError(
+            f"ranks {bad_args} passed end_step arguments it cannot use ({mine}); pass the "
+            "step's Plan (e.g. handle.plan) and an integer step, or neither"
+        )
     with_plan = heads[:, 0] == 1
     if with_plan.any() and not with_plan.all():
         raise ValueError(
@@ -307,13 +327,6 @@ def _check_headers(
             f"{np.flatnonzero(~with_plan).tolist()} did not; pass it on every rank or on none"
         )
     ok = heads[:, 5] == 1
-    unreadable = np.flatnonzero(heads[:, 1] == -1).tolist()
-    if unreadable:
-        raise ValueError(
-            f"ranks {unreadable} passed end_step a plan it cannot read (a Plan's "
-            "micro_batches, num_micro_batches and lengths are needed); pass the step's Plan, "
-            "e.g. handle.plan from rebalance"
-        )
     if not with_plan.any():
         if not ok.all():
             raise ValueError(
