@@ -47,6 +47,17 @@ def group_info(group: Any) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def comm_device(group: Any, home: torch.device | None = None) -> torch.device:
+    """The device a collective over ``group`` runs a tensor from ``home`` (default CPU) on:
+    NCCL takes CUDA tensors only, so a CPU tensor goes to the current CUDA device there;
+    otherwise ``home`` itself."""
+    home = torch.device("cpu") if home is None else home
+    if (home.type == "cpu" and dist.is_available() and dist.is_initialized()
+            and dist.get_backend(group) == "nccl"):  # fmt: skip
+        return torch.device("cuda", torch.cuda.current_device())
+    return home
+
+
 def all_gather_checked(obj: dict[str, Any], group: Any, what: str) -> list[dict[str, Any]]:
     """All-gather one small dict per rank; if any rank reported an ``"error"``, raise on all.
 

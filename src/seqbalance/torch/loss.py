@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from .._validate import check_bool, check_positive_int
+from ._transport import comm_device
 
 __all__ = ["global_token_count", "token_mean_loss"]
 
@@ -79,7 +80,7 @@ def global_token_count(local_count: Any, group: Any = None) -> torch.Tensor:
     home = local_count.device if isinstance(local_count, torch.Tensor) else torch.device("cpu")
     flag = torch.tensor(int(error is not None), dtype=torch.int64, device=home)
     packed = torch.stack([count.to(home), flag])
-    packed = packed.to(_comm_device(group, home))
+    packed = packed.to(comm_device(group, home))  # NCCL: a CPU count goes to CUDA and back
     dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=group)
     bad = int(packed[1])
     if bad:
@@ -109,14 +110,6 @@ def _local_count(local_count: Any) -> torch.Tensor:
     if int(count) < 0:
         raise ValueError(f"local_count must be >= 0, got {int(count)}")
     return count
-
-
-def _comm_device(group: Any, home: torch.device) -> torch.device:
-    """Where the all-reduce runs: NCCL takes CUDA tensors only (an int count, or a CPU
-    tensor's sum, goes to the current CUDA device and comes back)."""
-    if home.type == "cpu" and dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return home
 
 
 def token_mean_loss(

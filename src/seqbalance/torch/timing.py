@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from .._validate import as_index, as_lengths, check_choice
 from ..costs.feedback import Timing, TimingRecorder
+from ._transport import comm_device
 
 __all__ = ["CLOCKS", "MicroBatchTimer"]
 
@@ -282,16 +283,10 @@ class MicroBatchTimer:
         """Every rank's ``row`` (float64, the same length on every rank), one per line."""
         if world == 1:
             return row[None]
-        t = torch.as_tensor(row).to(self._comm_device())
+        t = torch.as_tensor(row).to(comm_device(self.group))
         parts = [torch.empty_like(t) for _ in range(world)]
         dist.all_gather(parts, t, group=self.group)
         return torch.stack(parts).cpu().numpy()
-
-    def _comm_device(self) -> torch.device:
-        if dist.is_available() and dist.is_initialized():
-            if dist.get_backend(self.group) == "nccl":
-                return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
 
     def __repr__(self) -> str:
         return (
