@@ -94,6 +94,24 @@ def test_cli_end_to_end_tiny(tmp_path, capsys):
     assert meta["flops_b_over_c"] == pytest.approx(2 * (2 * 36864 + 16384) / (2 * 4 * 32))
 
 
+@pytest.mark.parametrize(("cfg", "warned"), [(TINY, False), (TINY_WINDOW, True)])
+def test_windowed_stand_in_is_warned_about(tmp_path, capsys, cfg, warned):
+    """Without flash_attn a sliding-window model's layers run a stand-in kernel whose
+    fitted c disagreed ~5x with the FLOPs model on an H100: the cost JSON and stderr say
+    so, and a model without windows gets no such warning."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    out = tmp_path / "cost.json"
+    argv = ["calibrate", "--model", str(path), "--out", str(out), "--max-tokens", "128",
+            "--repeats", "1", "--warmup", "0", "--no-progress", "--no-head"]  # fmt: skip
+    assert _cli(argv) == 0
+    err = capsys.readouterr().err
+    meta = load_cost(out).meta
+    assert (cal.WINDOW_WARNING in meta.get("warnings", [])) is warned
+    assert ("sliding-window layers were timed" in err) is warned
+    assert ("sliding windows in masked blocks" in meta["attention"]) is warned
+
+
 def test_cli_prints_json_without_out(tmp_path, capsys):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))
@@ -145,6 +163,39 @@ def test_attention_stays_within_each_sequence(cfg):
         alone.append(model.forward(x[start : start + n], [n], torch.tensor([0, n])))
         start += n
     torch.testing.assert_close(packed, torch.cat(alone), rtol=1e-10, atol=1e-10)
+
+
+def test_attention_runs_on_a_fused_kernel():
+    """Per-sequence attention passed 3-D tensors, which only the math kernel accepts: it
+    stores every sequence's L x L scores in float32 (on an H100 a 24k-token sequence of a
+    7B model asked for 63 GiB) and times a kernel no trainer uses. With the math kernel
+    disabled, the layers must still run."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    model = _model(TINY)
+    lens = [40, 7, 90]
+    x = torch.randn(sum(lens), 64, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    cu = torch.tensor([0, 40, 47, 137], dtype=torch.int32)
+    want = model.forward(x, lens, cu)
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+        got = model.forward(x, lens, cu)
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(
+    ("n", "window"), [(12, 8), (17, 4), (9, 1), (30, 7), (8, 8), (40, 16), (70, 20), (5, 8)]
+)
+def test_windowed_blocks_equal_one_masked_call(n, window):
+    """Sliding-window layers ran one call with an n x n mask, whose time grows as n**2
+    (on an H100 it fitted b/c of ~10k tokens for mistral-7b-v0.1 against the FLOPs model's
+    54k); they now run blocks of `window` queries. Same values as the dense masked call."""
+    model = _model(TINY_WINDOW, layers=[0])
+    g = torch.Generator().manual_seed(n * 100 + window)
+    q, k, v = (torch.randn(1, 3, n, 5, dtype=torch.float64, generator=g) for _ in range(3))
+    i = torch.arange(n)
+    band = (i[:, None] - i[None, :] >= 0) & (i[:, None] - i[None, :] < window)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=band)
+    torch.testing.assert_close(model._windowed(q, k, v, window), want, rtol=1e-12, atol=1e-12)
 
 
 def test_window_covers_exactly_w_keys():

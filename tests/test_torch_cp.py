@@ -53,10 +53,18 @@ def packed(lengths: np.ndarray, seed: int) -> dict:
     }
 
 
+def pieces_of(p, lengths):
+    """A CPPlan's pieces; a plain Plan's sequences whole, one GPU per rank."""
+    if hasattr(p, "pieces"):
+        return p.pieces
+    return [[[(i, 0, int(lengths[i])) for i in mb] for mb in rank] for rank in p.micro_batches]
+
+
 def check_shard(mbs, p, rank, lengths):
     assert len(mbs) == p.num_micro_batches
+    pieces = pieces_of(p, lengths)
     for j, mb in enumerate(mbs):
-        ranges = [(i, s, e) for i, s, e in p.pieces[rank][j] if e > s]
+        ranges = [(i, s, e) for i, s, e in pieces[rank][j] if e > s]
         ids = np.concatenate([i * 1_000_000 + np.arange(s, e) for i, s, e in ranges] or [[]])
         pos = np.concatenate([np.arange(s, e) for _, s, e in ranges] or [[]])
         assert mb["input_ids"].tolist() == ids.astype(np.int64).tolist()
@@ -68,7 +76,7 @@ def check_shard(mbs, p, rank, lengths):
         assert mb["sequence_ids"].tolist() == [i for i, _, _ in ranges]
         assert mb["ranges"].tolist() == [[s, e] for _, s, e in ranges]
         holders = [
-            sum(any(q == i for q, _, _ in p.pieces[g][j]) for g in range(p.world_size))
+            sum(any(q == i for q, _, _ in pieces[g][j]) for g in range(len(pieces)))
             for i, _, _ in ranges
         ]
         assert mb["cp_degree"].tolist() == holders
@@ -94,8 +102,46 @@ def test_shard_errors():
     short = dict(batch, cu_seqlens=batch["cu_seqlens"][:-1])
     with pytest.raises(ValueError, match="does not match the plan"):
         cp_shard(short, p, 0)
-    with pytest.raises(ValueError, match="must be a CPPlan"):
-        cp_shard(batch, sb.plan(lengths[lengths <= 64], 2, 64), 0)
+    with pytest.raises(ValueError, match="does not match the plan"):
+        cp_shard(batch, sb.plan(lengths[lengths <= 64], 2, 64), 0)  # a Plan of other lengths
+    with pytest.raises(ValueError, match=r"must be a CPPlan .* or a Plan, got dict"):
+        cp_shard(batch, {"pieces": p.pieces}, 0)
+
+
+def test_a_plain_plan_shards_whole_sequences():
+    """The docstring promised a plain Plan (cp_size=1: every sequence whole) and cp_shard
+    refused it, so a trainer whose CP size may be 1 needed a second code path."""
+    lengths = np.array([9, 3, 14, 1, 6, 11, 2])
+    p = sb.plan(lengths, 2, 16)
+    assert not isinstance(p, sb.planning.cp_plans.CPPlan)
+    batch = packed(lengths, 5)
+    cu = batch["cu_seqlens"].numpy()
+    for rank in range(2):
+        mbs, handle = cp_shard(batch, p, rank)
+        assert len(mbs) == p.num_micro_batches
+        for j, mb in enumerate(mbs):
+            ids = p.micro_batches[rank][j]
+            want = np.concatenate([np.arange(cu[i], cu[i + 1]) for i in ids])
+            np.testing.assert_array_equal(mb["input_ids"], batch["input_ids"][want])
+            np.testing.assert_array_equal(mb["sequence_ids"], ids)
+            np.testing.assert_array_equal(mb["ranges"], [[0, lengths[i]] for i in ids])
+            np.testing.assert_array_equal(mb["cp_degree"], np.ones(len(ids)))
+            np.testing.assert_array_equal(mb["cu_seqlens"], np.cumsum([0, *lengths[ids]]))
+        assert handle.slot_tokens == [int(lengths[mb].sum()) for mb in p.micro_batches[rank]]
+
+
+def test_built_tensors_follow_the_batch_device():
+    """cu_seqlens, position_ids, sequence_ids, ranges and cp_degree were built on the CPU
+    beside CUDA input_ids, where a varlen attention kernel refuses them. The meta device
+    stands in for CUDA here."""
+    lengths, p = case(6, 4, 2)
+    batch = packed(lengths, 6)
+    on_meta = {k: (v if k == "cu_seqlens" else v.to("meta")) for k, v in batch.items()}
+    for rank in range(p.world_size):
+        mbs, _ = cp_shard(on_meta, p, rank)
+        for mb in mbs:
+            devices = {k: v.device.type for k, v in mb.items() if isinstance(v, torch.Tensor)}
+            assert set(devices.values()) == {"meta"}, devices
 
 
 def _round_trip(rank: int, world: int, seeds: list[int], cp_size: int):
@@ -115,9 +161,12 @@ def _round_trip(rank: int, world: int, seeds: list[int], cp_size: int):
     return out
 
 
-@pytest.mark.parametrize(("world", "cp_size", "seeds"), [(4, 2, [3, 4]), (8, 4, [5])])
+@pytest.mark.parametrize(
+    ("world", "cp_size", "seeds"), [(4, 2, [3, 4]), (8, 4, [5]), (2, 1, [3, 4])]
+)
 def test_restore_is_bit_exact_on_gloo(world, cp_size, seeds):
-    """dp 2 x cp 2 (a static and a dynamic plan) and dp 2 x cp 4 (dynamic)."""
+    """dp 2 x cp 2 (a static and a dynamic plan), dp 2 x cp 4 (dynamic), and dp 2 without
+    CP (a plain Plan)."""
     out = run_distributed(_round_trip, world, seeds, cp_size, timeout=TIMEOUT)
     for k in range(len(seeds)):
         assert all(rank[k][0] and rank[k][1] for rank in out)

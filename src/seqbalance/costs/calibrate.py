@@ -18,7 +18,10 @@ hardware at hand:
    of a real MoE kernel. Treat MoE calibrations as approximate.
 3. Attention: on CUDA with ``flash_attn`` installed (fp16/bf16, equal Q/K and V head
    sizes) one varlen call per layer; otherwise ``scaled_dot_product_attention`` per
-   sequence (which adds a per-sequence launch cost that a varlen kernel would not have).
+   sequence, on batched 4-D inputs so that torch's fused kernels run it (which adds a
+   per-sequence launch cost that a varlen kernel would not have). Sliding-window layers
+   then run in blocks of ``window`` queries with a band mask (linear in the length past
+   the window, like a windowed kernel, but slower per score; calibrate warns).
 4. Time forward + backward of packed micro-batches over a grid of token budgets and
    mixes (see :func:`calibration_grid`), fastest of ``repeats`` runs each, in a seeded
    random order; micro-batches far slower than a first fit predicts are timed again
@@ -93,6 +96,17 @@ _MIN_LEN = 16  # shortest sequence the grid asks for
 # Below this R^2 (on the fit or on the held-out micro-batches) the timings are mostly noise
 # and the fitted cost may rank micro-batches wrongly; calibrate then warns.
 MIN_R2 = 0.9
+
+
+# Without flash_attn, sliding-window layers run a stand-in whose speed differs from a
+# windowed flash kernel's; an H100 (torch 2.11, bf16) fitted b/c of ~9,000-10,000 tokens
+# for mistral-7b-v0.1 and gemma-2-9b where their FLOPs models give ~54,000.
+WINDOW_WARNING = (
+    "sliding-window layers were timed with blocked, masked scaled_dot_product_attention "
+    "(flash_attn is not installed), which runs slower per score than a windowed flash "
+    "kernel: the fitted c may overstate long sequences; install flash-attn and calibrate "
+    "again, or plan with the model's FLOPs cost"
+)
 
 
 class MissingTorchError(ImportError):
@@ -239,8 +253,16 @@ class _Model:
         return flash_attn_varlen_func  # type: ignore[no-any-return]
 
     @property
+    def windowed_stand_in(self) -> bool:
+        """Sliding-window layers timed with blocked, masked attention (no flash_attn)."""
+        return self.flash is None and any(la.attention.window for la, _ in self.layers)
+
+    @property
     def attention_backend(self) -> str:
-        return "flash_attn varlen" if self.flash else "per-sequence scaled_dot_product_attention"
+        if self.flash:
+            return "flash_attn varlen"
+        name = "per-sequence scaled_dot_product_attention"
+        return name + (" (sliding windows in masked blocks)" if self.windowed_stand_in else "")
 
     # -- forward pieces
 
@@ -249,13 +271,49 @@ class _Model:
         scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
         return x * scale.to(x.dtype)
 
-    def _band(self, n: int, window: int) -> Any:
-        key = (n, window)
+    def _band(self, rows: int, cols: int, offset: int, window: int) -> Any:
+        """Mask of query rows ``offset ..`` over keys ``0 .. cols``: causal, the last
+        ``window`` keys."""
+        key = (rows, cols, offset, window)
         if key not in self.masks:
-            i = self.torch.arange(n, device=self.device)
-            diff = i[:, None] - i[None, :]
-            self.masks[key] = (diff >= 0) & (diff < window)  # causal, last `window` keys
+            i = self.torch.arange(offset, offset + rows, device=self.device)
+            j = self.torch.arange(cols, device=self.device)
+            diff = i[:, None] - j[None, :]
+            self.masks[key] = (diff >= 0) & (diff < window)
         return self.masks[key]
+
+    def _windowed(self, q: Any, k: Any, v: Any, window: int) -> Any:
+        """Sliding-window attention over [1, heads, n, dim] in blocks of ``window`` queries,
+        each against its ``2 * window - 1`` nearest keys: about ``2 * window * n`` scores, so
+        the time grows linearly in ``n`` past the window, as a windowed kernel's does (one
+        masked call over the whole sequence would compute all ``n**2``). Every length of a
+        windowed layer runs here, on one kernel, so the timings have no step at ``n = window``
+        where another kernel would take over."""
+        n, outs = q.shape[2], []
+        with self._masked_kernels():
+            for start in range(0, n, window):
+                end = min(start + window, n)
+                first = max(0, start - window + 1)
+                mask = self._band(end - start, end - first, start - first, window)
+                outs.append(
+                    self.F.scaled_dot_product_attention(
+                        q[:, :, start:end], k[:, :, first:end], v[:, :, first:end], attn_mask=mask
+                    )
+                )
+        return self.torch.cat(outs, dim=2)
+
+    def _masked_kernels(self) -> Any:
+        """Keep masked attention off cuDNN's kernel: on an H100 (torch 2.11) it failed on
+        these band masks ("mha_graph.execute ... is_good()" in the backward, or an illegal
+        memory access, with key spans of 8,191 and also of multiples of 16); the
+        memory-efficient kernel runs them."""
+        try:
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+        except ImportError:  # torch < 2.3 has no cuDNN attention to avoid
+            return contextlib.nullcontext()
+        return sdpa_kernel(
+            [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        )
 
     def _attend(self, q: Any, k: Any, v: Any, att: Attention, lens: Sequence[int], cu: Any) -> Any:
         """q [T, H, dqk], k [T, Hkv, dqk], v [T, Hkv, dv] -> [T, H, dv], per sequence."""
@@ -269,15 +327,17 @@ class _Model:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         outs, start = [], 0
         for n in lens:
-            qs, ks, vs = (t[start : start + n].transpose(0, 1) for t in (q, k, v))
+            # [1, heads, n, dim]: the fused kernels (flash, memory-efficient, on CUDA and
+            # CPU) take batched 4-D inputs only; 3-D ones fall back to the math kernel,
+            # which stores the n x n scores in float32 (63 GiB for one 24k-token sequence
+            # of a 7B model) and times a kernel no trainer runs.
+            qs, ks, vs = (t[start : start + n].transpose(0, 1)[None] for t in (q, k, v))
             start += n
-            if att.window is not None and att.window < n:
-                o = self.F.scaled_dot_product_attention(
-                    qs, ks, vs, attn_mask=self._band(n, att.window)
-                )
+            if att.window is not None:
+                o = self._windowed(qs, ks, vs, att.window)
             else:
                 o = self.F.scaled_dot_product_attention(qs, ks, vs, is_causal=True)
-            outs.append(o.transpose(0, 1))
+            outs.append(o[0].transpose(0, 1))
         return torch.cat(outs)
 
     def _attention(
@@ -512,6 +572,7 @@ def calibrate(
         "dtype": dtype_name,
         "torch": str(torch.__version__),
         "attention": model.attention_backend,
+        "attention_warnings": [WINDOW_WARNING] if model.windowed_stand_in else [],
         "layers_timed": idx,
         "num_layers": arch.num_layers,
         "lm_head": include_head,
@@ -715,7 +776,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    warnings = fit_warnings(report)
+    warnings = fit_warnings(report) + list(cost.meta.get("attention_warnings", []))
     if warnings:
         cost.meta["warnings"] = warnings  # travels with the cost JSON; --cost repeats it
     meta = cost.meta

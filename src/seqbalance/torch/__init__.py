@@ -16,7 +16,8 @@ Importing this module imports torch (``import seqbalance`` alone never does).
   ``perf_counter`` after a synchronize) and gather the records at step end into a
   :class:`seqbalance.costs.TimingRecorder`; :class:`Rebalancer`: ``rebalance`` with a cost
   that can be swapped between steps (``set_cost``), as the sampler's ``set_cost``.
-- :func:`seqbalance.torch.testing.run_distributed`: run a function on local gloo processes.
+- :func:`seqbalance.torch.testing.run_distributed`: run a function on local gloo processes
+  (or NCCL ones, one per GPU).
 
 No hang from bad input: every function here that communicates starts with one all-gather
 that carries each rank's local validation result and a fingerprint of the arguments that

@@ -41,6 +41,35 @@ from .collate import check_token_keys
 __all__ = ["CPShardHandle", "cp_shard"]
 
 
+class _Layout:
+    """What sharding reads from a plan: every GPU's (sequence, start, end) ranges per slot.
+
+    A :class:`CPPlan` gives its pieces; a plain :class:`Plan` (no context parallelism, one
+    GPU per data-parallel rank) holds every sequence whole.
+    """
+
+    def __init__(self, plan: Any) -> None:
+        from ..planning.cp_plans import CPPlan  # numpy-only; the planning layer sits below
+        from ..planning.plans import Plan
+
+        if isinstance(plan, CPPlan):
+            self.pieces = plan.pieces
+        elif isinstance(plan, Plan):
+            lens = plan.lengths
+            self.pieces = [
+                [[(int(i), 0, int(lens[i])) for i in mb] for mb in rank]
+                for rank in plan.micro_batches
+            ]
+        else:
+            raise ValueError(
+                "plan must be a CPPlan (seqbalance.plan(..., cp_size=N)) or a Plan, got "
+                f"{type(plan).__name__}"
+            )
+        self.world_size = len(self.pieces)
+        self.lengths = plan.lengths
+        self.num_sequences = int(plan.lengths.shape[0])
+
+
 def _token_indices(plan: Any, cu: np.ndarray, gpu: int) -> list[np.ndarray]:
     """Global token positions of GPU ``gpu``'s ranges, one int64 array per slot."""
     out = []
@@ -199,9 +228,10 @@ def cp_shard(
     batch : mapping
         The packed batch of all the plan's sequences, in index order: ``cu_seqlens``
         (``[n + 1]``, from 0) and per-token tensors (first dimension ``cu_seqlens[-1]``).
-    plan : CPPlan
-        From ``seqbalance.plan(..., cp_size=...)`` (or a plain :class:`Plan`: every
-        sequence whole).
+    plan : CPPlan or Plan
+        From ``seqbalance.plan(..., cp_size=...)``; a plain :class:`Plan` (``cp_size=1``)
+        runs every sequence whole, one GPU per data-parallel rank, so one code path serves
+        every CP size.
     rank : int
         This GPU's index in the plan (``0 .. world_size - 1``); for
         :meth:`CPShardHandle.restore`, also its rank in the group passed there.
@@ -211,13 +241,12 @@ def cp_shard(
     Returns
     -------
     (list of dict, CPShardHandle)
+        One dict per micro-batch slot of this GPU. The tensors it builds (``cu_seqlens``,
+        ``position_ids`` when the batch has none, ``sequence_ids``, ``ranges``,
+        ``cp_degree``) are on the device of the batch's per-token tensors (where an
+        attention kernel reads them), else on the device of ``batch["cu_seqlens"]``.
     """
-    from ..planning.cp_plans import CPPlan  # numpy-only; the planning layer sits below
-
-    if not isinstance(plan, CPPlan):
-        raise ValueError(
-            f"plan must be a CPPlan (seqbalance.plan(..., cp_size=N)), got {type(plan).__name__}"
-        )
+    plan = _Layout(plan)
     rank = _check_rank(rank, plan.world_size)
     check_token_keys(token_keys)
     if "cu_seqlens" not in batch:
@@ -248,6 +277,14 @@ def cp_shard(
         missing = [k for k in token_keys if k not in keys]
         if missing:
             raise ValueError(f"token_keys {missing} are not per-token tensors of the batch")
+    cu_in = batch["cu_seqlens"]
+    device = (
+        batch[keys[0]].device
+        if keys
+        else cu_in.device
+        if isinstance(cu_in, torch.Tensor)
+        else torch.device("cpu")
+    )
     deg = {}
     for g, gpu in enumerate(plan.pieces):
         for j, slot in enumerate(gpu):
@@ -264,18 +301,20 @@ def cp_shard(
             pos = [np.arange(s, e, dtype=np.int64) for _, s, e in ranges]
             mb["position_ids"] = torch.from_numpy(
                 np.concatenate(pos) if pos else np.zeros(0, dtype=np.int64)
-            )
+            ).to(device)
         seg = np.array([e - s for _, s, e in ranges], dtype=np.int64)
         cus = np.zeros(seg.size + 1, dtype=np.int64)
         np.cumsum(seg, out=cus[1:])
-        mb["cu_seqlens"] = torch.as_tensor(cus, dtype=torch.int32)
+        mb["cu_seqlens"] = torch.as_tensor(cus, dtype=torch.int32, device=device)
         mb["max_seqlen"] = int(seg.max()) if seg.size else 0
-        mb["sequence_ids"] = torch.as_tensor([i for i, _, _ in ranges], dtype=torch.int64)
-        mb["ranges"] = torch.as_tensor([[s, e] for _, s, e in ranges], dtype=torch.int64).reshape(
-            -1, 2
+        mb["sequence_ids"] = torch.as_tensor(
+            [i for i, _, _ in ranges], dtype=torch.int64, device=device
         )
+        mb["ranges"] = torch.as_tensor(
+            [[s, e] for _, s, e in ranges], dtype=torch.int64, device=device
+        ).reshape(-1, 2)
         mb["cp_degree"] = torch.as_tensor(
-            [len(deg[(j, i)]) for i, _, _ in ranges], dtype=torch.int64
+            [len(deg[(j, i)]) for i, _, _ in ranges], dtype=torch.int64, device=device
         )
         out.append(mb)
     return out, CPShardHandle(plan, cu, rank)

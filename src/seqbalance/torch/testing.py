@@ -1,10 +1,12 @@
-"""Run a function on several local processes joined by a gloo process group.
+"""Run a function on several local processes joined by a process group.
 
 This is what the project's own multi-process tests use, and it is handy for testing a
 training loop's distributed logic on a laptop: every process gets its rank, a process group
 is initialised from a fresh file store (no fixed port to collide on), every wait has a
 timeout, and an exception on any rank is re-raised in the caller with that rank's
-traceback.
+traceback. The group is gloo (CPU) by default; ``backend="nccl"`` runs one process per
+visible CUDA device, each with its own device current, to test the paths that NCCL
+treats differently (it all-reduces and gathers CUDA tensors only).
 """
 
 from __future__ import annotations
@@ -30,14 +32,17 @@ def _worker(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     results: Any,
+    backend: str = "gloo",
 ) -> None:
     import torch
 
     # Each process gets one thread: the tests run several processes on a couple of cores.
     torch.set_num_threads(1)
     try:
+        if backend == "nccl":
+            torch.cuda.set_device(rank)  # NCCL refuses two ranks on one device
         dist.init_process_group(
-            "gloo",
+            backend,
             init_method=f"file://{init_file}",
             rank=rank,
             world_size=world_size,
@@ -58,6 +63,7 @@ def run_distributed(
     *args: Any,
     timeout: float = 60.0,
     collective_timeout: float | None = None,
+    backend: str = "gloo",
 ) -> list[Any]:
     """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned processes.
 
@@ -78,6 +84,9 @@ def run_distributed(
         The process group's timeout: a collective that waits longer fails with a gloo
         error. Tests of "no hang" set it well below ``timeout``, so that a hang shows up as
         that error instead of as a slow run.
+    backend : {"gloo", "nccl"}, optional
+        The process group's backend. ``"nccl"`` needs a CUDA device per process: rank
+        ``r`` runs on ``cuda:r``.
 
     Returns
     -------
@@ -86,10 +95,26 @@ def run_distributed(
 
     Raises
     ------
+    ValueError
+        If ``backend`` is neither ``"gloo"`` nor ``"nccl"``, or ``"nccl"`` is asked for
+        with fewer CUDA devices than ``world_size`` (or without NCCL).
     RuntimeError
         If a rank raised (its traceback is in the message), or the run did not finish
         within ``timeout`` (the processes are then killed).
     """
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl":
+        import torch
+
+        devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not dist.is_nccl_available() or devices < world_size:
+            raise ValueError(
+                f"backend='nccl' needs NCCL and one CUDA device per process: world_size="
+                f"{world_size}, {devices} CUDA device(s) visible"
+                + ("" if dist.is_nccl_available() else ", and this torch has no NCCL")
+                + "; use backend='gloo' or a smaller world_size"
+            )
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     with tempfile.TemporaryDirectory(prefix="seqbalance-dist-") as tmp:
@@ -97,7 +122,16 @@ def run_distributed(
         procs = [
             ctx.Process(
                 target=_worker,
-                args=(r, world_size, init_file, collective_timeout or timeout, fn, args, results),
+                args=(
+                    r,
+                    world_size,
+                    init_file,
+                    collective_timeout or timeout,
+                    fn,
+                    args,
+                    results,
+                    backend,
+                ),
                 daemon=True,
             )
             for r in range(world_size)
