@@ -112,6 +112,21 @@ def test_windowed_stand_in_is_warned_about(tmp_path, capsys, cfg, warned):
     assert ("sliding windows in masked blocks" in meta["attention"]) is warned
 
 
+def test_stand_in_follows_the_path_each_windowed_layer_takes():
+    """flash_attn installed does not mean it runs: head sizes above 256 (or q/k and v
+    sizes that differ) go per sequence, through the masked blocks, and must be warned
+    about (found by review)."""
+    model = _model(TINY_WINDOW)
+    assert model.windowed_stand_in  # no flash_attn here
+    model.flash = lambda *a, **k: None  # as if flash_attn were installed
+    assert not model.windowed_stand_in and model.attention_backend == "flash_attn varlen"
+    wide = _model({**TINY_WINDOW, "head_dim": 512})
+    wide.flash = model.flash
+    assert wide.windowed_stand_in
+    assert "sliding windows in masked blocks" in wide.attention_backend
+    assert not _model(TINY).windowed_stand_in
+
+
 def test_cli_prints_json_without_out(tmp_path, capsys):
     cfg = tmp_path / "config.json"
     cfg.write_text(json.dumps(TINY))

@@ -142,6 +142,28 @@ def test_built_tensors_follow_the_batch_device():
         for mb in mbs:
             devices = {k: v.device.type for k, v in mb.items() if isinstance(v, torch.Tensor)}
             assert set(devices.values()) == {"meta"}, devices
+    # A per-token tensor left on the CPU whose name sorts first (found by review): the
+    # built tensors still follow input_ids.
+    mixed = dict(on_meta, advantages=torch.zeros(int(batch["cu_seqlens"][-1])))
+    mbs, _ = cp_shard(mixed, p, 0)
+    assert mbs[0]["advantages"].device.type == "cpu"
+    assert {mbs[0][k].device.type for k in ("cu_seqlens", "sequence_ids", "ranges")} == {"meta"}
+
+
+def test_plans_that_miss_or_repeat_a_sequence_are_refused():
+    """restore filled a missing sequence with uninitialised memory, and a sequence held
+    whole on two ranks got cp_degree 2 (found by review)."""
+    lengths = np.array([2, 3, 2])
+    batch = packed(lengths, 1)
+    for micro_batches in ([[[0, 2]], [[2]]], [[[0]], [[2]]]):
+        bad = sb.Plan(micro_batches, lengths, max_tokens=16)
+        with pytest.raises(ValueError, match="exactly once"):
+            cp_shard(batch, bad, 0)
+    lengths, p = case(7, 4, 2)
+    gpu, slot = next((g, j) for g, gpu in enumerate(p.pieces) for j, sl in enumerate(gpu) if sl)
+    p.pieces[gpu][slot] = p.pieces[gpu][slot][1:]  # a hand-edited plan drops a piece
+    with pytest.raises(ValueError, match="exactly once"):
+        cp_shard(packed(lengths, 7), p, 0)
 
 
 def _round_trip(rank: int, world: int, seeds: list[int], cp_size: int):

@@ -252,16 +252,24 @@ class _Model:
             return None
         return flash_attn_varlen_func  # type: ignore[no-any-return]
 
+    def _flash_runs(self, att: Attention) -> bool:
+        """Whether flash_attn's varlen kernel runs this attention (else per sequence)."""
+        return self.flash is not None and att.qk_head_dim == att.v_head_dim <= 256
+
     @property
     def windowed_stand_in(self) -> bool:
-        """Sliding-window layers timed with blocked, masked attention (no flash_attn)."""
-        return self.flash is None and any(la.attention.window for la, _ in self.layers)
+        """Some sliding-window layer is timed with blocked, masked attention (flash_attn
+        missing, or its kernel cannot take the layer's head sizes)."""
+        return any(
+            la.attention.window and not self._flash_runs(la.attention) for la, _ in self.layers
+        )
 
     @property
     def attention_backend(self) -> str:
-        if self.flash:
-            return "flash_attn varlen"
+        flash = [self._flash_runs(la.attention) for la, _ in self.layers]
         name = "per-sequence scaled_dot_product_attention"
+        if any(flash):
+            name = "flash_attn varlen" if all(flash) else "flash_attn varlen and " + name
         return name + (" (sliding windows in masked blocks)" if self.windowed_stand_in else "")
 
     # -- forward pieces
@@ -318,7 +326,7 @@ class _Model:
     def _attend(self, q: Any, k: Any, v: Any, att: Attention, lens: Sequence[int], cu: Any) -> Any:
         """q [T, H, dqk], k [T, Hkv, dqk], v [T, Hkv, dv] -> [T, H, dv], per sequence."""
         torch = self.torch
-        if self.flash is not None and q.shape[-1] == v.shape[-1] <= 256:
+        if self._flash_runs(att):
             win = (att.window - 1, 0) if att.window else (-1, -1)
             top = max(lens)
             return self.flash(q, k, v, cu, cu, top, top, causal=True, window_size=win)

@@ -52,9 +52,18 @@ class _Layout:
         from ..planning.cp_plans import CPPlan  # numpy-only; the planning layer sits below
         from ..planning.plans import Plan
 
+        # A plan that misses or repeats a token would shard fine and then restore
+        # uninitialised memory for it: refuse it here, on every rank alike (no collective).
         if isinstance(plan, CPPlan):
+            plan._check_cover()
             self.pieces = plan.pieces
         elif isinstance(plan, Plan):
+            bad = plan.violations()
+            if bad["missing"] or bad["duplicated"]:
+                raise ValueError(
+                    f"the plan must hold each of its {plan.num_sequences} sequences exactly "
+                    f"once: {bad['missing']} missing, {bad['duplicated']} repeated"
+                )
             lens = plan.lengths
             self.pieces = [
                 [[(int(i), 0, int(lens[i])) for i in mb] for mb in rank]
@@ -124,7 +133,9 @@ class CPShardHandle:
         outputs : tensor or sequence of tensors
             This GPU's per-token outputs: one tensor per micro-batch (first dimension = its
             tokens) or one tensor of all of them in slot order. Trailing shape and dtype
-            must be the same on every GPU.
+            must be the same on every GPU; a GPU with no slots passes an empty tensor of
+            that shape and dtype (``torch.empty(0, *trailing, dtype=...)``), since an
+            empty list carries neither.
         group : ProcessGroup, optional
             The group of the plan's ``world_size`` GPUs (default: the whole world), in
             plan order: group rank ``g`` is the plan's GPU ``g`` (checked).
@@ -243,8 +254,15 @@ def cp_shard(
     (list of dict, CPShardHandle)
         One dict per micro-batch slot of this GPU. The tensors it builds (``cu_seqlens``,
         ``position_ids`` when the batch has none, ``sequence_ids``, ``ranges``,
-        ``cp_degree``) are on the device of the batch's per-token tensors (where an
-        attention kernel reads them), else on the device of ``batch["cu_seqlens"]``.
+        ``cp_degree``) are on the device of ``input_ids`` (else of ``position_ids``, else
+        of another per-token tensor), where an attention kernel reads them; without
+        per-token tensors, on the device of ``batch["cu_seqlens"]``.
+
+    Raises
+    ------
+    ValueError
+        On a plan that misses or repeats a sequence (or, for a CPPlan, a token), a batch
+        that does not match the plan's lengths, a bad rank or ``token_keys``.
     """
     plan = _Layout(plan)
     rank = _check_rank(rank, plan.world_size)
@@ -278,9 +296,12 @@ def cp_shard(
         if missing:
             raise ValueError(f"token_keys {missing} are not per-token tensors of the batch")
     cu_in = batch["cu_seqlens"]
+    # Where the model reads them: input_ids' device, else position_ids', else any
+    # per-token tensor's (not the first key by name: `advantages` may stay on the CPU).
+    home = next((k for k in ("input_ids", "position_ids") if k in keys), keys[0] if keys else None)
     device = (
-        batch[keys[0]].device
-        if keys
+        batch[home].device
+        if home is not None
         else cu_in.device
         if isinstance(cu_in, torch.Tensor)
         else torch.device("cpu")
