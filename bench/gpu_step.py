@@ -129,7 +129,7 @@ def main() -> None:
         "args": vars(args),
         "calibration": {
             "seconds": cal_s,
-            "cost": cal.to_dict() if hasattr(cal, "to_dict") else cal.to_json(),
+            "cost": cal.to_dict(),
             "r2": report.r2,
             "fitted_b_over_c": fit_bc,
             "flops_b_over_c": flops_bc,

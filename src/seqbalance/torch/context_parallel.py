@@ -52,28 +52,28 @@ class _Layout:
         from ..planning.cp_plans import CPPlan  # numpy-only; the planning layer sits below
         from ..planning.plans import Plan
 
+        if not isinstance(plan, Plan):  # a CPPlan is a Plan
+            raise ValueError(
+                "plan must be a CPPlan (seqbalance.plan(..., cp_size=N)) or a Plan, got "
+                f"{type(plan).__name__}"
+            )
         # A plan that misses or repeats a token would shard fine and then restore
         # uninitialised memory for it: refuse it here, on every rank alike (no collective).
+        bad = plan.violations()
+        if bad["missing"] or bad["duplicated"]:
+            raise ValueError(
+                f"the plan must hold every token of each of its {plan.num_sequences} "
+                f"sequences exactly once: {bad['missing']} sequences miss tokens, "
+                f"{bad['duplicated']} have tokens twice"
+            )
         if isinstance(plan, CPPlan):
-            plan._check_cover()
             self.pieces = plan.pieces
-        elif isinstance(plan, Plan):
-            bad = plan.violations()
-            if bad["missing"] or bad["duplicated"]:
-                raise ValueError(
-                    f"the plan must hold each of its {plan.num_sequences} sequences exactly "
-                    f"once: {bad['missing']} missing, {bad['duplicated']} repeated"
-                )
+        else:
             lens = plan.lengths
             self.pieces = [
                 [[(int(i), 0, int(lens[i])) for i in mb] for mb in rank]
                 for rank in plan.micro_batches
             ]
-        else:
-            raise ValueError(
-                "plan must be a CPPlan (seqbalance.plan(..., cp_size=N)) or a Plan, got "
-                f"{type(plan).__name__}"
-            )
         self.world_size = len(self.pieces)
         self.lengths = plan.lengths
         self.num_sequences = int(plan.lengths.shape[0])
