@@ -16,7 +16,7 @@ LENGTHS = [120, 4096, 7, 0, 32768]
 
 
 def _write(path, text):
-    path.write_text(text, encoding="utf-8")
+    path.write_text(text)
     return path
 
 
@@ -163,6 +163,21 @@ def test_invalid_lengths_name_file_and_index(tmp_path, text, pattern):
     with pytest.raises(ValueError, match=pattern) as info:
         read_lengths(p)
     assert str(p) in str(info.value)
+
+
+@pytest.mark.parametrize("cell", ["1_000", "\u0661\u0662", "0x10", "1,000", "12 34"])
+def test_only_plain_decimal_cells_are_numbers(tmp_path, cell):
+    # int() alone took "1_000" as 1000 and Arabic-Indic digits as 12 (a likely bad cell).
+    p = _write(tmp_path / "d.csv", f'len\n5\n"{cell}"\n')
+    with pytest.raises(ValueError, match=r"lengths value 1: .* is not a number \(plain"):
+        read_lengths(p)
+    with pytest.raises(ValueError, match=r"d\.txt:2: .* is not a number"):
+        read_lengths(_write(tmp_path / "d.txt", f"5\n{cell}\n"))
+
+
+def test_decimal_cells_in_every_plain_form_are_read(tmp_path):
+    p = _write(tmp_path / "d.csv", "len\n+7\n 12 \n3.0\n4e2\n.5e1\n")
+    assert read_lengths(p).tolist() == [7, 12, 3, 400, 5]
 
 
 def test_csv_cell_not_a_number(tmp_path):

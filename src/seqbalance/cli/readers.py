@@ -25,6 +25,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -86,16 +87,21 @@ def _unique(columns: Sequence[str], key: str, path: Path) -> str:
     return key
 
 
+# Plain decimal notation only: Python's int()/float() also take "1_000" and non-ASCII
+# digits, which no CSV writer produces for a number and which more likely mark a bad cell.
+_DECIMAL = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|[+-]?(?:inf|infinity|nan)",
+                      re.IGNORECASE | re.ASCII)  # fmt: skip
+
+
 def _number(text: str, where: str) -> int | float:
     s = text.strip()
+    if not _DECIMAL.fullmatch(s):
+        raise ValueError(f"{where}: {text!r} is not a number (plain decimal notation, "
+                         "such as 4096 or 4.5e3, without digit separators)")  # fmt: skip
     try:
         return int(s)
     except ValueError:
-        pass
-    try:
         return float(s)
-    except ValueError:
-        raise ValueError(f"{where}: {text!r} is not a number") from None
 
 
 def _open(path: Path) -> Any:
