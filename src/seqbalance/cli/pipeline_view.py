@@ -94,7 +94,7 @@ def plot_pipeline(
     position in the run order where it fits; idle time hatched; a solid line at the step
     time and a dashed one at the lower bound.
     """
-    from .plotting import _import_pyplot
+    from .plotting import _import_pyplot, rect, save_figure
 
     plt = _import_pyplot()
     from matplotlib.collections import PolyCollection
@@ -122,7 +122,7 @@ def plot_pipeline(
         p = pipe.spec.pp_size
         ax.add_collection(
             PolyCollection(
-                [_rect(0.0, sim.step_time, s) for s in range(p)],
+                [rect(0.0, sim.step_time, s) for s in range(p)],
                 facecolors=_IDLE_FACE,
                 edgecolors=_IDLE_HATCH,
                 hatch="///",
@@ -130,7 +130,7 @@ def plot_pipeline(
             )
         )
         width = pipe.end - pipe.start
-        blocks = [_rect(a, w, s) for a, w, s in zip(pipe.start, width, pipe.stage)]
+        blocks = [rect(a, w, s) for a, w, s in zip(pipe.start, width, pipe.stage)]
         colors = [_FWD if ph == 0 else _BWD for ph in pipe.phase]
         ax.add_collection(
             PolyCollection(blocks, facecolors=colors, edgecolors="white", linewidths=0.4)
@@ -186,13 +186,4 @@ def plot_pipeline(
         frameon=False,
         bbox_to_anchor=(0.5, 1 - (top - 0.35) / fig_h),
     )
-    if title:
-        fig.suptitle(title, fontsize=11, y=1 - 0.04 / fig_h, va="top")
-    fig.tight_layout(rect=(0, 0, 1, 1 - top / fig_h), pad=0.3, h_pad=0.8)
-    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.1)
-    plt.close(fig)
-
-
-def _rect(left: float, width: float, row: float) -> list[tuple[float, float]]:
-    lo, hi = row - 0.4, row + 0.4
-    return [(left, lo), (left + width, lo), (left + width, hi), (left, hi)]
+    save_figure(plt, fig, path, title, top, fig_h)

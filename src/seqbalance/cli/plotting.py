@@ -168,7 +168,7 @@ def plot_timeline(
         over = p.microbatch_tokens() > p.max_tokens
         y = np.arange(len(ranks), dtype=np.float64)
         # Idle first: the whole row up to the step end, hatched; busy blocks cover it.
-        idle = [_rect(0.0, sim.step_time, row) for row in y]
+        idle = [rect(0.0, sim.step_time, row) for row in y]
         ax.add_collection(
             PolyCollection(
                 idle, facecolors=_IDLE_FACE, edgecolors=_IDLE_HATCH, hatch="///", linewidths=0
@@ -177,7 +177,7 @@ def plot_timeline(
         mb = sim.mb_costs[ranks]
         row, j = np.nonzero(np.isfinite(mb) & (mb > 0))
         starts = sim.start[ranks][row, j]
-        busy = [_rect(a, w, r) for a, w, r in zip(starts, mb[row, j], row.astype(float))]
+        busy = [rect(a, w, r) for a, w, r in zip(starts, mb[row, j], row.astype(float))]
         colors = [(_OVER if over[ranks[a], b] else _SHADES)[b % 2] for a, b in zip(row, j)]
         ax.add_collection(
             PolyCollection(busy, facecolors=colors, edgecolors="white", linewidths=0.5)
@@ -225,6 +225,12 @@ def plot_timeline(
         frameon=False,
         bbox_to_anchor=(0.5, 1 - (top - 0.3) / fig_h),
     )
+    save_figure(plt, fig, path, title, top, fig_h)
+
+
+def save_figure(plt: Any, fig: Any, path: Any, title: str | None, top: float,
+                fig_h: float) -> None:  # fmt: skip
+    """Title, layout below a legend band ``top`` inches tall, save, close (both charts)."""
     if title:
         fig.suptitle(title, fontsize=11, y=1 - 0.04 / fig_h, va="top")
     fig.tight_layout(rect=(0, 0, 1, 1 - top / fig_h), pad=0.3, h_pad=0.8)
@@ -232,7 +238,7 @@ def plot_timeline(
     plt.close(fig)
 
 
-def _rect(left: float, width: float, row: float) -> list[tuple[float, float]]:
+def rect(left: float, width: float, row: float) -> list[tuple[float, float]]:
     """Corners of a bar of height 0.8 centred on ``row``."""
     lo, hi = row - 0.4, row + 0.4
     return [(left, lo), (left + width, lo), (left + width, hi), (left, hi)]
