@@ -3,7 +3,8 @@
 The core needs only numpy:
 
 - :func:`partition`, :func:`lower_bound`, :func:`balance_stats`: k-way balanced partitioning
-  with size rules and groups, and the evidence (bounds, gaps); :func:`exact_searches`
+  with size rules and groups, and the evidence (bounds, gaps); :func:`contiguous_partition`
+  cuts an ordered sequence into ``k`` consecutive runs; :func:`exact_searches`
   turns its small-problem exact searches off for a block of code where milliseconds matter.
 - Cost models (:class:`TokenCost`, :class:`QuadraticCost`, :class:`FlopsCost`,
   :func:`fit_cost`, :func:`load_cost`): what a sequence of L tokens costs;
@@ -43,6 +44,7 @@ from .partitioning import (
     Partition,
     balance_stats,
     bounds,
+    contiguous_partition,
     exact_searches,
     exact_searches_enabled,
     lower_bound,
@@ -97,6 +99,7 @@ __all__ = [
     "TokenCost",
     "__version__",
     "balance_stats",
+    "contiguous_partition",
     "exact_searches",
     "exact_searches_enabled",
     "fit_cost",

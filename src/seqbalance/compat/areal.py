@@ -12,6 +12,7 @@ differences are listed in ``docs/migrating.md``.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import math
@@ -19,7 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import MAX_EMPTY
+from .._validate import MAX_EMPTY, as_weights
+from ..partitioning.contiguous import contiguous_partition
 from ..planning._pipelines import areal_ffd_groups
 from ._core import framework_is_better, partition, plan
 from ._inputs import (
@@ -50,7 +52,11 @@ __all__ = [
     "flat2d",
     "get_allocate_fn",
     "kk_allocate",
+    "min_abs_diff_partition",
+    "partition_balanced",
+    "partition_balanced_tuples",
     "patch",
+    "reorder_to_balanced_batches",
     "unpatch",
 ]
 
@@ -377,6 +383,130 @@ def balanced_greedy_partition(nums: Any, K: int) -> list[list[int]]:
     return [list(p) for p in partition(v, K, size="equal")]
 
 
+# ---- contiguous splits and count-capped batches -----------------------------------------
+
+
+def _contiguous_cuts(nums: Any, k: Any, min_size: Any) -> list[int]:
+    v = to_numpy(nums)
+    if v.ndim != 1:
+        raise ValueError(f"The array to be partitioned must be 1D, got shape {v.shape}")
+    k = count_arg(k, "k", ValueError)
+    min_size = count_arg(min_size, "min_size", ValueError, minimum=0)
+    runs = contiguous_partition(as_weights(v, "nums"), k, min_size=min_size)
+    return np.concatenate(([0], np.cumsum([len(r) for r in runs]))).tolist()
+
+
+def partition_balanced(nums: Any, k: int, min_size: int = 1) -> list[int]:
+    """Where to cut ``nums`` into ``k`` consecutive runs of at least ``min_size`` items:
+    ``k + 1`` positions, 0 first and ``len(nums)`` last.
+
+    AReaL's dynamic programme aims at the smallest spread between the runs' sums, keeping
+    one (max, min) pair per state. This is :func:`seqbalance.contiguous_partition`: the
+    heaviest run exactly as light as possible, then the lightest as heavy as possible,
+    so the heaviest run is never heavier than AReaL's.
+
+    Raises
+    ------
+    ValueError
+        For fewer than ``k * min_size`` items (AReaL returns meaningless cuts), ``k < 1``,
+        negative or non-finite values, or input that is not 1-D.
+    """
+    return _contiguous_cuts(nums, k, min_size)
+
+
+def partition_balanced_tuples(nums: Any, k: int, min_size: int = 1) -> list[tuple[int, int]]:
+    """The runs of :func:`partition_balanced` as ``(start, end)`` pairs."""
+    cuts = _contiguous_cuts(nums, k, min_size)
+    return [(cuts[j], cuts[j + 1]) for j in range(len(cuts) - 1)]
+
+
+_HINT = (
+    " This usually means a bug in the dataset code, or a batch too small for the number "
+    "of pipeline micro-batches."
+)
+
+
+def min_abs_diff_partition(arr: Any, k: int, min_size: int = 1) -> list[tuple[int, int]]:
+    """:func:`partition_balanced_tuples`, after AReaL's checks of the input.
+
+    Raises
+    ------
+    ValueError
+        If ``arr`` is not 1-D, has fewer than ``k`` items, or fewer than ``k * min_size``
+        (AReaL's three messages, with its hint), or for the reasons of
+        :func:`partition_balanced`.
+    """
+    v = to_numpy(arr)
+    k_ = count_arg(k, "k", ValueError)
+    size = count_arg(min_size, "min_size", ValueError, minimum=0)
+    if v.ndim != 1:
+        raise ValueError(f"The array to be partitioned must be 1D, got shape {v.shape}." + _HINT)
+    if v.shape[0] < k_:
+        raise ValueError(
+            f"The array to be partitioned must have length >= k (length {v.shape[0]}, "
+            f"k={k_})." + _HINT
+        )
+    if v.shape[0] < k_ * size:
+        raise ValueError(
+            f"Length of the array to be partitioned must be at least k * min_size "
+            f"({k_} * {size}), current length {v.shape[0]}."
+        )
+    return partition_balanced_tuples(v, k_, size)
+
+
+def reorder_to_balanced_batches(seqlens: Any, n_seqs_per_batch: int) -> tuple[np.ndarray, int]:
+    """Order ``seqlens`` as ``ceil(n / n_seqs_per_batch)`` batches of at most
+    ``n_seqs_per_batch`` sequences with balanced token sums, heaviest batch first.
+
+    Returns
+    -------
+    (numpy.ndarray, int)
+        The sequence indices, batch after batch (int64), and the largest difference
+        between two batches' token sums.
+
+    seqbalance's balanced-count partition and AReaL's greedy (longest first into the
+    lightest batch with room, reproduced with exact sums: AReaL sums in int32) are both
+    computed; AReaL's is kept only where its heaviest batch is lighter, so the heaviest
+    batch is never heavier than AReaL's.
+
+    Raises
+    ------
+    ValueError
+        For ``n_seqs_per_batch < 1`` (AReaL divides by zero), or lengths that are
+        negative, fractional or not 1-D.
+    """
+    v = token_counts(seqlens, "seqlens")
+    c = count_arg(n_seqs_per_batch, "n_seqs_per_batch", ValueError)
+    n = v.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.int64), 0
+    bins = -(-n // c)
+    ours = [list(p) for p in partition(v.astype(np.float64), bins,
+                                       size="equal" if n % bins == 0 else "balanced")]  # fmt: skip
+    theirs = _areal_batches(v, c, bins)
+    if framework_is_better(theirs, ours, v):
+        ours = theirs
+    vl = v.tolist()
+    sums = [sum(vl[i] for i in p) for p in ours]
+    order = sorted(range(bins), key=lambda j: (-sums[j], j))
+    idx = np.asarray([i for j in order for i in ours[j]], dtype=np.int64)
+    return idx, max(sums) - min(sums)
+
+
+def _areal_batches(v: np.ndarray, cap: int, bins: int) -> list[list[int]]:
+    """AReaL's greedy: longest first, each into the lightest batch with room (the first
+    on ties). Equal lengths are interchangeable, so any descending order gives its sums."""
+    heap = [(0, j) for j in range(bins)]
+    parts: list[list[int]] = [[] for _ in range(bins)]
+    vl = v.tolist()
+    for i in np.argsort(-v, kind="stable").tolist():
+        total, j = heapq.heappop(heap)
+        parts[j].append(i)
+        if len(parts[j]) < cap:
+            heapq.heappush(heap, (total + vl[i], j))
+    return parts
+
+
 # ---- micro-batch allocation (areal.utils.data) ------------------------------------------
 
 
@@ -465,6 +595,8 @@ _seqpack = Patcher(
         for n in (
             "ffd_allocate", "kk_allocate", "balanced_greedy_partition",
             "_compute_packing_metrics", "_kk_partition", "get_allocate_fn",
+            "partition_balanced", "partition_balanced_tuples", "min_abs_diff_partition",
+            "reorder_to_balanced_batches",
         )
     },
 )  # fmt: skip

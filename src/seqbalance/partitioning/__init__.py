@@ -3,6 +3,8 @@
 Knows nothing of transformers or micro-batches: weights in, ``k`` index lists out.
 
 - :mod:`.kway`: :func:`partition` and its result :class:`Partition`.
+- :mod:`.contiguous`: :func:`contiguous_partition`, cuts of an ordered sequence into ``k``
+  consecutive runs (the heaviest, then the spread, exactly minimal).
 - :mod:`.bounds`: :func:`lower_bound`, a weight no partition's heaviest part can go below.
 - :mod:`.searches`: :func:`exact_searches`, switching the small-problem exact searches off
   (or on) for a block of code.
@@ -17,6 +19,7 @@ Knows nothing of transformers or micro-batches: weights in, ``k`` index lists ou
 from __future__ import annotations
 
 from .bounds import lower_bound
+from .contiguous import contiguous_partition
 from .kway import Partition, partition
 from .searches import exact_searches, exact_searches_enabled
 from .stats import balance_stats, relative_gap
@@ -24,6 +27,7 @@ from .stats import balance_stats, relative_gap
 __all__ = [
     "Partition",
     "balance_stats",
+    "contiguous_partition",
     "exact_searches",
     "exact_searches_enabled",
     "lower_bound",
