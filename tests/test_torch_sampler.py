@@ -120,6 +120,11 @@ def _min_bins(items: list[int], cap: int) -> int:
 
 @settings(max_examples=25, deadline=None)
 @example(lengths=[33, 33, 33, 33, 33, 1], world=4, batch=6, drop_last=False, seed=0)
+# The dataset's first 7 items need 5 micro-batches (2 a rank: 8 > 7), but every step of
+# the shuffled epoch fits one a rank: the construction check planned the first items as a
+# stand-in and refused this (found by hypothesis, 2026-11-24).
+@example(lengths=[1, 1, 31, 34, 34, 34, 34, 1, 1, 1, 1], world=4, batch=7, drop_last=False,
+         seed=1)
 @given(
     lengths=st.lists(st.integers(1, 50), min_size=1, max_size=60),
     world=st.integers(1, 4),

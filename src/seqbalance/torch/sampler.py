@@ -275,14 +275,20 @@ class BalancedDistributedSampler:
             # here rather than never.
             self._step_plan(self.lengths[:0], last_partial=True)
             return
-        sizes = {min(n, b)}
+        # The first step of this epoch and its short last step, as they will be drawn:
+        # whether a step can fill every rank's micro-batches depends on which sequences it
+        # holds, so a stand-in such as the dataset's first items could refuse a dataset
+        # whose steps all plan, or pass one whose first step cannot.
+        order = self.epoch_order()
+        steps = [order[: min(n, b)]]
         if not self.drop_last and n > b and n % b:
-            sizes.add(n % b)
-        for size in sorted(sizes):
+            steps.append(order[n - n % b :])
+        for idx in steps:
+            size = len(idx)
             try:
-                self._step_plan(np.arange(size, dtype=np.int64), last_partial=size < b)
+                self._step_plan(idx, last_partial=size < b)
             except ValueError as exc:
-                if size == min(n, b):
+                if idx is steps[0]:
                     raise
                 raise ValueError(
                     f"the last step of every epoch has {size} samples ({n} % "
