@@ -16,7 +16,7 @@ LENGTHS = [120, 4096, 7, 0, 32768]
 
 
 def _write(path, text):
-    path.write_text(text)
+    path.write_text(text, encoding="utf-8")
     return path
 
 

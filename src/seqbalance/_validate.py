@@ -186,6 +186,29 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
 MAX_LENGTH = 2**40  # a trillion tokens: anything longer is a unit mix-up, and sums stay in int64
 
 
+def exact_numbers(values: Any) -> np.ndarray:
+    """``values`` for exact sums: int64 for integers, an object array of Python ints for
+    integers beyond int64 (which numpy reads as uint64 when all lie in [2**63, 2**64),
+    as float64 when mixed with small ones, and as objects beyond 2**64), else float64.
+    Tensors are read as :func:`to_numpy` reads them. No validation: callers check the
+    values (e.g. with :func:`as_weights`) first."""
+    arr = np.asarray(to_numpy(values, "values") if _is_tensor(values) else values)
+    kind = arr.dtype.kind
+    # The uint64 and float64 readings must not be cast: they are not the values given.
+    maybe_big = (
+        kind == "O"
+        or (kind == "u" and arr.size > 0 and int(arr.max()) >= 2**63)
+        or (kind == "f" and not isinstance(values, np.ndarray) and arr.size > 0
+            and float(np.abs(arr).max()) >= 2.0**63)
+    )  # fmt: skip
+    if maybe_big:
+        vals = arr.reshape(-1).tolist() if isinstance(values, np.ndarray) else list(values)
+        if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+               for v in vals):  # fmt: skip
+            return np.array([int(v) for v in vals], dtype=object)
+    return arr.astype(np.int64 if kind in "iub" else np.float64, copy=False)
+
+
 def first_not_whole(arr: np.ndarray) -> int | None:
     """Flat index of the first entry of a float array that is not a finite whole number."""
     bad = ~np.isfinite(arr) | (arr != np.round(arr))

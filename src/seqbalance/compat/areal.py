@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import MAX_EMPTY, as_weights
+from .._validate import MAX_EMPTY
 from ..partitioning.contiguous import contiguous_partition
 from ..planning._pipelines import areal_ffd_groups
 from ._core import framework_is_better, partition, plan
@@ -392,7 +392,7 @@ def _contiguous_cuts(nums: Any, k: Any, min_size: Any) -> list[int]:
         raise ValueError(f"The array to be partitioned must be 1D, got shape {v.shape}")
     k = count_arg(k, "k", ValueError)
     min_size = count_arg(min_size, "min_size", ValueError, minimum=0)
-    runs = contiguous_partition(as_weights(v, "nums"), k, min_size=min_size)
+    runs = contiguous_partition(v, k, min_size=min_size)  # integers summed exactly
     return np.concatenate(([0], np.cumsum([len(r) for r in runs]))).tolist()
 
 
@@ -433,8 +433,8 @@ def min_abs_diff_partition(arr: Any, k: int, min_size: int = 1) -> list[tuple[in
     ------
     ValueError
         If ``arr`` is not 1-D, has fewer than ``k`` items, or fewer than ``k * min_size``
-        (AReaL's three messages, with its hint), or for the reasons of
-        :func:`partition_balanced`.
+        (AReaL's three cases; the messages begin as AReaL's do but are worded here), or
+        for the reasons of :func:`partition_balanced`.
     """
     v = to_numpy(arr)
     k_ = count_arg(k, "k", ValueError)
@@ -476,6 +476,8 @@ def reorder_to_balanced_batches(seqlens: Any, n_seqs_per_batch: int) -> tuple[np
         negative, fractional or not 1-D.
     """
     v = token_counts(seqlens, "seqlens")
+    if v.ndim != 1:
+        raise ValueError(f"seqlens must be 1-D, got shape {v.shape}")
     c = count_arg(n_seqs_per_batch, "n_seqs_per_batch", ValueError)
     n = v.shape[0]
     if n == 0:

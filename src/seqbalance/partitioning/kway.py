@@ -102,7 +102,8 @@ class Partition(list):  # type: ignore[type-arg]
         (free mode, classic Karmarkar–Karp), ``"folded+refine"`` (a size rule, integer
         weights, many units a part: the sorted fold met the bound), ``"exact"`` (the
         exact search improved on the heuristics) or ``"floor+refine"`` (a caller's floor
-        partition was lighter; the compat drop-ins pass their framework's differencing).
+        partition was lighter; the compat drop-ins pass their framework's differencing);
+        ``"contiguous"`` from :func:`~seqbalance.contiguous_partition`.
     """
 
     loads: np.ndarray

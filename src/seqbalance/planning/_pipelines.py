@@ -18,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .._validate import exact_numbers as _kk_weights
 from ..partitioning._verl_kk import parts_of_labels, verl_equal_kk_labels, verl_free_kk_labels
 
 __all__ = [
@@ -47,28 +48,6 @@ def kk_partition(values: Sequence[float], k: int, equal_size: bool) -> list[list
     labels = verl_equal_kk_labels(w, k) if equal_size else verl_free_kk_labels(w, k)
     assert labels is not None  # no size cap given
     return parts_of_labels(labels, k)
-
-
-def _kk_weights(values: Sequence[float] | np.ndarray) -> np.ndarray:
-    """int64 for integer values (summed exactly as Python ints), else float64; integers
-    beyond int64 (verl's workload of a sequence above ~3.04e9 tokens) as an object array
-    of Python ints, which the differencing sums and compares exactly too."""
-    arr = np.asarray(values)
-    kind = arr.dtype.kind
-    # numpy gives such lists uint64 (all in [2**63, 2**64)), float64 (mixed with small
-    # ones: inexact) or object (beyond 2**64); the first two must not be cast.
-    maybe_big = (
-        kind == "O"
-        or (kind == "u" and arr.size > 0 and int(arr.max()) >= 2**63)
-        or (kind == "f" and not isinstance(values, np.ndarray) and arr.size > 0
-            and float(np.abs(arr).max()) >= 2.0**63)
-    )  # fmt: skip
-    if maybe_big:
-        vals = arr.tolist() if isinstance(values, np.ndarray) else list(values)
-        if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-               for v in vals):  # fmt: skip
-            return np.array([int(v) for v in vals], dtype=object)
-    return arr.astype(np.int64 if kind in "iub" else np.float64, copy=False)
 
 
 def verl_workload(lengths: np.ndarray) -> list[int]:

@@ -244,9 +244,11 @@ class BalancedDistributedSampler:
             self.cost, self._cost_array = None, arr
 
     def _check_options(self) -> None:
-        # Everything that could fail mid-epoch fails here instead: an unknown option, a
+        # What can be known before the first draw fails here: an unknown option, a
         # sequence over the cap anywhere in the dataset (shuffling can put it in any
-        # step), and the short last step (planned with fewer sequences, maybe than ranks).
+        # step), and this epoch's first and short last step. Whether another step fills
+        # every rank's micro-batches depends on the sequences it draws; such a step raises
+        # when it is planned (with allow_empty=True none does).
         from seqbalance.planning.planner import plan
 
         try:
@@ -291,8 +293,8 @@ class BalancedDistributedSampler:
                 if idx is steps[0]:
                     raise
                 raise ValueError(
-                    f"the last step of every epoch has {size} samples ({n} % "
-                    f"global_batch_size={b}) and cannot be planned: {exc}. Pass "
+                    f"the last step of each epoch has {size} samples ({n} % "
+                    f"global_batch_size={b}), and this epoch's cannot be planned: {exc}. Pass "
                     "drop_last=True to skip those samples, or change the options"
                 ) from None
 
