@@ -306,3 +306,15 @@ def test_count_ranges_match_the_exact_count_sets():
 def test_areal_reorder_refuses_0d_input():
     with pytest.raises(ValueError, match="1-D"):
         areal.reorder_to_balanced_batches(np.array(5), 2)
+
+
+def test_exact_pass_decides_where_a_traced_range_fails(monkeypatch):
+    # Were the counts at some position ever not a range, the trace through the ranges
+    # would fail, and the per-position bitmasks would decide: same cuts here.
+    from seqbalance.partitioning import contiguous
+
+    w = sb.workloads.lengths("rl-math", 300, seed=2)
+    want = sb.contiguous_partition(w, 9, min_size=2)
+    monkeypatch.setattr(contiguous, "_trace_ranges", lambda *a: None)
+    got = sb.contiguous_partition(w, 9, min_size=2)
+    assert got.loads.max() == want.loads.max() and got.loads.min() == want.loads.min()
