@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 import types
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
@@ -29,6 +30,16 @@ def _brute(w, k, s):
     return best
 
 
+def _all_keys(w, k, s):
+    """(heaviest, -lightest) of every valid cut set."""
+    n = len(w)
+    for inner in itertools.combinations(range(1, n), k - 1):
+        c = (0, *inner, n)
+        if all(c[j + 1] - c[j] >= s for j in range(k)):
+            loads = [math.fsum(w[c[j] : c[j + 1]]) for j in range(k)]
+            yield max(loads), -min(loads)
+
+
 @st.composite
 def cases(draw):
     n = draw(st.integers(1, 10))
@@ -41,6 +52,7 @@ def cases(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(cases())
+@example(case=([1.0, 13.0, 50.0, 6.884422343322074e-15], 3, 1))
 def test_heaviest_then_lightest_run_are_exact_optima(case):
     w, k, s = case
     p = sb.contiguous_partition(w, k, min_size=s)
@@ -48,8 +60,18 @@ def test_heaviest_then_lightest_run_are_exact_optima(case):
     assert len(p) == k and all(len(run) >= s for run in p)
     heavy, neg_light = _brute(w, k, s)
     assert p.max_load == pytest.approx(heavy, rel=1e-12, abs=1e-12)
-    assert float(p.loads.min()) == pytest.approx(-neg_light, rel=1e-12, abs=1e-12)
     assert p.optimal and p.gap == 0.0 and p.method == "contiguous"
+    if all(float(x).is_integer() for x in w):  # exact sums: the lightest run is exact too
+        assert float(p.loads.min()) == -neg_light
+        return
+    # Float sums are optimised on rounded prefix sums: where two cut sets' heaviest runs
+    # differ only in the last bits, either may win, and the lightest runs then differ
+    # by anything (hypothesis: [1, 13, 50, 6.9e-15] into 3, where 64 + 6.9e-15 rounds to
+    # 64). Elsewhere the lightest run is the best among the cut sets as heavy as ours.
+    tol = 1e-12 * max(1.0, heavy)
+    near = [key for key in _all_keys(w, k, s) if abs(key[0] - p.max_load) <= tol]
+    if all(key[0] == p.max_load for key in near):
+        assert float(p.loads.min()) >= max(-key[1] for key in near) - tol
 
 
 def test_known_cuts():
