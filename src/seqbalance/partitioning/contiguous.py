@@ -235,14 +235,9 @@ def _least(bad: int, good: int, ok: Callable[[int], bool]) -> int:
 
 
 def _most(good: int, bad: int, ok: Callable[[int], bool]) -> int:
-    """The greatest integer in ``[good, bad)`` where ``ok`` holds (``ok`` monotone)."""
-    while bad - good > 1:
-        mid = (bad + good) // 2
-        if ok(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
+    """The greatest integer in ``[good, bad)`` where ``ok`` holds (``ok`` monotone): one
+    below the least where it fails."""
+    return _least(good, bad, lambda m: not ok(m)) - 1
 
 
 # Non-negative float64 values sort as their bit patterns read as int64, so a bisection on
