@@ -35,3 +35,33 @@ def pytest_report_header(config: object) -> str:
     except PackageNotFoundError:  # importable but not installed as a distribution
         found = "(version unknown)"
     return f"seqbalance: torch {found} found; the torch tests run"
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption(
+        "--hypothesis-factor",
+        type=int,
+        default=1,
+        help="run every hypothesis test with this many times its max_examples (a longer "
+        "search for counterexamples than the default run; e.g. 10 takes ~15 min here)",
+    )
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    factor = config.getoption("--hypothesis-factor")
+    if factor <= 1:
+        return
+    from hypothesis import HealthCheck, settings
+
+    done: set[int] = set()
+    for item in items:
+        fn = getattr(item, "obj", None)
+        if getattr(fn, "hypothesis", None) is None or id(fn) in done:
+            continue
+        done.add(id(fn))
+        # hypothesis reads the settings from the collected (outer) function at run time.
+        current = getattr(fn, "_hypothesis_internal_use_settings", None) or settings.default
+        fn._hypothesis_internal_use_settings = settings(
+            current, max_examples=current.max_examples * factor, deadline=None,
+            suppress_health_check=list(HealthCheck),
+        )  # fmt: skip
