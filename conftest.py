@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
     done: set[int] = set()
     for item in items:
-        fn = getattr(item, "obj", None)
+        fn = getattr(getattr(item, "obj", None), "__func__", getattr(item, "obj", None))
         if getattr(fn, "hypothesis", None) is None or id(fn) in done:
             continue
         done.add(id(fn))
