@@ -322,7 +322,7 @@ def _count_sets(w, k, s, lo, hi):
 def test_count_ranges_are_the_exact_count_sets():
     # The O(n) pass keeps the fewest and most runs per position; that is exact because
     # the counts form a range (the proof in _solve_runs). Checked on adversarial weights.
-    from seqbalance.partitioning.contiguous import _count_ranges
+    from seqbalance.partitioning.contiguous import _count_ranges, _windows
 
     rng = np.random.default_rng(4)
     for _ in range(400):
@@ -333,7 +333,7 @@ def test_count_ranges_are_the_exact_count_sets():
         hi = int(rng.integers(lo, pre[-1] + 2))
         s, k = int(rng.integers(1, 4)), n
         sets = _count_sets(w, k, s, lo, hi)
-        ranges = _count_ranges(pre, k, s, lo, hi)
+        ranges = _count_ranges(*_windows(pre, s, lo, hi), k)
         assert (ranges is None) == (k not in sets[-1])
         if ranges is not None:
             for x, counts in enumerate(sets):

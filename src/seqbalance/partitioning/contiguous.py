@@ -120,39 +120,35 @@ def _cuts(prefix: np.ndarray, k: int, s: int) -> list[int]:
     # No run can be lighter than the heaviest item or the mean, nor the lightest heavier.
     bound = max(heaviest, -(-total // k)) if whole else max(float(heaviest), total / k)
 
+    def fits(low: Any, up: Any) -> bool:  # the window pass (exact: counts form a range)
+        return _count_ranges(*_windows(prefix, s, low, up), k) is not None
+
     def fits_upper(u: Any) -> bool:
-        if s == 1:
-            return _fewest_runs(prefix, u, k) <= k
-        return _solve_runs(prefix, k, s, 0, u) is not None
+        return _fewest_runs(prefix, u, k) <= k if s == 1 else fits(0, u)
 
     if whole:
         upper: Any = _least(bound - 1, total, fits_upper)
     else:
         below = float(np.nextafter(bound * (1 - 1e-9), 0.0))  # also below a subnormal bound
         upper = _least_float(below, float(total), fits_upper)
-        if _solve_runs(prefix, k, s, 0.0, upper) is None:
+        if not fits(0.0, upper):
             # The greedy check and the window pass round differently near powers of two.
-            def fits(u: float) -> bool:
-                return _solve_runs(prefix, k, s, 0.0, u) is not None
-
-            upper = _least_float(upper, float(total), fits)
+            upper = _least_float(upper, float(total), lambda u: fits(0.0, u))
 
     def fits_lower(low: Any) -> bool:
-        return _solve_runs(prefix, k, s, low, upper) is not None
+        return fits(low, upper)
 
     if whole:
         lower: Any = _most(0, total // k + 1, fits_lower)
     else:
         above = float(np.nextafter(total / k * (1 + 1e-9), np.inf))
         lower = _most_float(0.0, above, fits_lower)
-    cuts = _solve_runs(prefix, k, s, lower, upper)
-    assert cuts is not None
-    return cuts
+    return _solve_runs(prefix, k, s, lower, upper)
 
 
-def _solve_runs(prefix: np.ndarray, k: int, s: int, lower: Any, upper: Any) -> list[int] | None:
-    """Cuts into exactly ``k`` runs of ``s`` or more items weighing ``lower`` to ``upper``,
-    or None where there are none.
+def _solve_runs(prefix: np.ndarray, k: int, s: int, lower: Any, upper: Any) -> list[int]:
+    """Cuts into exactly ``k`` runs of ``s`` or more items weighing ``lower`` to ``upper``
+    (the bisections have found that there are some).
 
     Why the counts that can cover a prefix form a range: take cut sets ``A`` with ``p``
     runs and ``B`` with ``q > p + 1`` runs of it. Walking ``A``'s runs in order, let
@@ -163,24 +159,24 @@ def _solve_runs(prefix: np.ndarray, k: int, s: int, lower: Any, upper: Any) -> l
     around one of ``B``'s runs (so at least ``lower`` and ``s`` items). ``B`` up to that
     point, the run, then ``A`` make cut sets of ``p + D_{t-1} + 1`` to ``p + D_t`` runs,
     ``p + 1`` among them. (Found by a review helper; also no gap in 34 million
-    brute-forced cases.) So the trace below never fails; it still checks each run.
+    brute-forced cases.) So the bisections ask :func:`_count_ranges` alone, and the trace
+    below never fails; it still checks each run.
     """
-    ranges = _count_ranges(prefix, k, s, lower, upper)
-    if ranges is None:
-        return None
-    cuts = _trace_ranges(prefix, *ranges, k, s, lower, upper)
+    first, last = _windows(prefix, s, lower, upper)
+    ranges = _count_ranges(first, last, k)
+    cuts = None if ranges is None else _trace_ranges(first, last, *ranges, k)
     assert cuts is not None, "contiguous_partition: a count range had a gap"
     return cuts
 
 
 def _count_ranges(
-    prefix: np.ndarray, k: int, s: int, lower: Any, upper: Any
+    first: np.ndarray, last: np.ndarray, k: int
 ) -> tuple[list[int], list[int]] | None:
     """Per position, the fewest and the most runs (at most ``k``) covering the items
-    before it; None when ``k`` is out of range at the end. Sliding-window minimum and
-    maximum with monotone queues (both window ends only move right)."""
-    n = prefix.shape[0] - 1
-    first, last = _windows(prefix, s, lower, upper)
+    before it, the runs ending at ``i`` starting in ``[first[i-1], last[i-1]]``
+    (:func:`_windows`); None when ``k`` is out of range at the end. Sliding-window minimum
+    and maximum with monotone queues (both window ends only move right)."""
+    n = first.shape[0]
     none = k + 1  # marks a position no count reaches
     fewest = [none] * (n + 1)
     most = [-1] * (n + 1)
@@ -209,13 +205,11 @@ def _count_ranges(
 
 
 def _trace_ranges(
-    prefix: np.ndarray, fewest: list[int], most: list[int], k: int, s: int, lower: Any,
-    upper: Any,
+    first: np.ndarray, last: np.ndarray, fewest: list[int], most: list[int], k: int
 ) -> list[int] | None:
     """Cuts from the count ranges: from the end, the latest start whose range holds the
     count still to place; None if a range promised a count that is not there."""
-    first, last = _windows(prefix, s, lower, upper)
-    cuts = [prefix.shape[0] - 1]
+    cuts = [first.shape[0]]
     i, c = cuts[0], k
     while c:
         want = c - 1
