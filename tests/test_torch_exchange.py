@@ -334,3 +334,59 @@ def test_token_keys_given_as_a_string_is_refused_on_every_rank():
     for msgs in results:
         assert msgs == results[0]
         assert all("token_keys must be a collection of key names" in m for m in msgs)
+
+
+# ---- a batch straight from pack_collate --------------------------------------------------
+def _describe_value(v) -> tuple:
+    """(type name, dims, value) of an int or 0-d tensor, as plain picklable values."""
+    if isinstance(v, torch.Tensor):
+        return ("Tensor", v.dim(), int(v))
+    return (type(v).__name__, None, v)
+
+
+def worker_pack_collate(rank: int, world: int) -> list:
+    from seqbalance.torch import pack_collate
+
+    rng = np.random.default_rng(rank)
+    lens = rng.integers(1, 9, size=3 + 2 * rank)
+    samples = [{"input_ids": torch.arange(int(n)) + 100 * i, "reward": float(i)}
+               for i, n in enumerate(lens)]  # fmt: skip
+    batch = pack_collate(samples)  # cu_seqlens, position_ids, lengths and max_seqlen (an int)
+    out = []
+    for as_tensor in (False, True):
+        b = dict(batch, max_seqlen=torch.tensor(batch["max_seqlen"])) if as_tensor else batch
+        mbs, h = rebalance(b, max_tokens=12)
+        out.append([(list(mb), _describe_value(mb["max_seqlen"]), mb["cu_seqlens"].tolist(),
+                     mb["position_ids"].tolist()) for mb in mbs])  # fmt: skip
+        back = h.restore([mb["input_ids"] for mb in mbs])
+        out.append(bool(torch.equal(back, batch["input_ids"])))
+    msgs = []
+    for bad in (1.5, True, torch.tensor([3]), "3"):
+        try:
+            rebalance(dict(batch, max_seqlen=bad if rank == 1 else 3), max_tokens=12)
+            msgs.append("no error")
+        except ValueError as exc:
+            msgs.append(str(exc))
+    out.append(msgs)
+    return out
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_a_pack_collate_batch_rebalances_with_its_own_max_seqlen():
+    results = run_distributed(worker_pack_collate, 2, timeout=TIMEOUT - 10)
+    for res in results:
+        for as_tensor, mbs, restored in ((False, res[0], res[1]), (True, res[2], res[3])):
+            assert restored
+            assert mbs
+            for keys, longest, cu, pos in mbs:
+                assert keys == ["input_ids", "reward", "cu_seqlens", "position_ids",
+                                "lengths", "max_seqlen"]  # fmt: skip
+                seg = np.diff(cu)
+                want = int(seg.max()) if len(seg) else 0
+                assert longest == (("Tensor", 0, want) if as_tensor else ("int", None, want))
+                # positions restart at every sequence of the micro-batch
+                assert pos == [p for n in seg for p in range(n)]
+        msgs = res[4]
+        assert msgs == results[0][4]  # raised on every rank alike
+        assert all("rank 1" in m and "max_seqlen" in m and "int or a 0-d integer tensor" in m
+                   for m in msgs), msgs  # fmt: skip

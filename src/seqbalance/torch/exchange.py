@@ -20,7 +20,10 @@ packed tokens
     is either per token (first dim ``cu_seqlens[-1]``: ``input_ids``, ``position_ids``,
     ``labels``...) or per sequence (first dim ``n``). Which is which is read from the shapes
     (on all ranks together) or given as ``token_keys``. ``lengths`` defaults to
-    ``diff(cu_seqlens)``. Every micro-batch comes back packed with its own ``cu_seqlens``.
+    ``diff(cu_seqlens)``. Every micro-batch comes back packed with its own ``cu_seqlens``,
+    and with its own ``max_seqlen`` where the batch has one (an int, as
+    :func:`~seqbalance.torch.pack_collate` writes it, or a 0-d integer tensor): a batch
+    straight from ``pack_collate`` can be rebalanced as it is.
 
 No hang from bad input
 ----------------------
@@ -72,6 +75,21 @@ __all__ = ["RebalanceHandle", "rebalance"]
 Outputs = Union[torch.Tensor, Mapping[str, torch.Tensor]]
 
 _SINGLE = "\x00output"  # internal key for a bare-tensor output
+_MAX_SEQLEN = "max_seqlen"  # a packed batch's longest sequence: recomputed, not moved
+
+
+def _max_seqlen_kind(value: Any) -> torch.dtype | None:
+    """``None`` for an int ``max_seqlen``, the dtype for a 0-d integer tensor; else a
+    ValueError (the value is recomputed for each micro-batch, so only its type matters)."""
+    if isinstance(value, torch.Tensor) and value.dim() == 0 and is_integer_dtype(value.dtype):
+        return value.dtype
+    if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        return None
+    raise ValueError(
+        f"batch[{_MAX_SEQLEN!r}] must be an int or a 0-d integer tensor (the longest "
+        f"sequence, recomputed for each micro-batch), got {type(value).__name__}"
+        + (f" of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else "")
+    )
 
 
 def _describe(
@@ -628,6 +646,7 @@ def _rebalance(
     agreed: dict[str, Any] = dict(fingerprint or {})
     error: Exception | None = None
     cu_dtype = torch.int32
+    max_seqlen: tuple[torch.dtype | None] | None = None  # (dtype or None for int) if given
     # Local problems of any type are reported through the first all-gather (agree), so
     # every rank raises the same error and none is left waiting in a collective.
     try:
@@ -647,6 +666,8 @@ def _rebalance(
         if not isinstance(batch, Mapping):
             raise ValueError(f"batch must be a dict of tensors, got {type(batch).__name__}")
         tensors = {k: v for k, v in batch.items() if k != cu_seqlens_key}
+        if packed and _MAX_SEQLEN in tensors and _MAX_SEQLEN != cu_seqlens_key:
+            max_seqlen = (_max_seqlen_kind(tensors.pop(_MAX_SEQLEN)),)
         if packed:
             cu = batch[cu_seqlens_key]
             if not isinstance(cu, torch.Tensor) or cu.dim() != 1 or cu.shape[0] < 1:
@@ -754,6 +775,13 @@ def _rebalance(
         if packed:
             cu = np.concatenate([[0], np.cumsum(mb_lens)])
             mb[cu_seqlens_key] = torch.as_tensor(cu, dtype=cu_dtype, device=device)
+            if max_seqlen is not None:
+                longest = int(mb_lens.max()) if len(mb_lens) else 0
+                kind = max_seqlen[0]
+                mb[_MAX_SEQLEN] = (
+                    longest if kind is None
+                    else torch.tensor(longest, dtype=kind, device=device)
+                )  # fmt: skip
             mb = {k: mb[k] for k in batch}  # keep the caller's key order
         out.append(mb)
     return out, handle
