@@ -95,3 +95,28 @@ def test_compare_cp_refuses_or_honours_the_plan_options(tmp_path, capsys):
     rows = {r["strategy"]: r for r in json.loads(out.read_text())["setups"][0]["results"]}
     slots = rows["seqbalance"]["slots"]
     assert slots >= 3 and slots % 2 == 0, slots
+
+
+def test_compare_cp_row_is_the_plan_plan_would_make(tmp_path, capsys):
+    # seqbalance's row is `plan(cp_size=C)` with the same options, --allow-empty included
+    # (it used to allow empty GPU-slots always, so the table and `plan` could disagree).
+    import seqbalance as sb
+
+    lengths = workloads.lengths("long-context", 2048)
+    src = tmp_path / "lengths.txt"
+    src.write_text("".join(f"{x}\n" for x in lengths))
+    cp_cost = {"bandwidth": 4e11, "cost_per_second": 4e14, "overlap": 0.5}
+    for extra in ([], ["--allow-empty"]):
+        out = tmp_path / f"cp{len(extra)}.json"
+        args = ["compare", str(src), "--dp", "4", "--max-tokens", "32768", "--cp-size", "8",
+                "--model", "qwen2.5-7b", "--cp-bandwidth", "4e11", "--json", str(out), *extra]
+        assert main(args) == 0
+        capsys.readouterr()
+        row = next(r for r in json.loads(out.read_text())["setups"][0]["results"]
+                   if r["strategy"] == "seqbalance")  # fmt: skip
+        p = sb.plan(lengths, 4, 32768, cost="qwen2.5-7b", cp_size=8, cp="dynamic",
+                    cp_cost=cp_cost, allow_empty=bool(extra))  # fmt: skip
+        assert row["step_time"] == p.simulate().step_time
+        assert row["empty"] == p.violations()["empty"]
+        if not extra:
+            assert row["empty"] == 0

@@ -287,6 +287,9 @@ def worker_errors(rank: int, world: int) -> list[str]:
     attempt(lambda: h.restore(outs[:-1] if rank == 0 else outs))
     back = h.restore(outs)
     msgs.append("ok" if torch.equal(back, good["y"] * 2) else "bad restore")
+    # One rank holds a sequence above the cap: named by that rank and its own index.
+    attempt(lambda: rebalance(good, np.array([2, 9 if rank == 1 else 2] + [2] * (n - 2)),
+                              max_tokens=8))  # fmt: skip
     return msgs
 
 
@@ -305,6 +308,8 @@ def test_errors_raise_on_every_rank(world):
     assert "rank 0" in first[5] and "dict of tensors" in first[5]
     assert "rank 0" in first[6] and "micro-batches" in first[6] and "restore" in first[6]
     assert first[7] == "ok"
+    assert "rank 1" in first[8] and "this rank's sequence 1 has 9 tokens" in first[8]
+    assert "rank 0" not in first[8]
 
 
 def worker_token_keys_string(rank: int, world: int) -> list[str]:

@@ -151,7 +151,7 @@ def _compare_one(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str, Any]
             dp,
             cap,
             cp=args.cp,
-            allow_empty=True,
+            allow_empty=args.allow_empty,  # as `plan --cp-size` would plan it
             min_micro_batches=args.min_micro_batches,
             micro_batch_multiple=args.micro_batch_multiple,
             **kw,

@@ -64,6 +64,7 @@ from .._validate import (
     check_max_tokens,
     group_ids,
     is_array_like,
+    too_long,
 )
 from ..partitioning.searches import exact_searches_enabled
 from ._transport import METHODS, Spec, from_rows, group_info, move, to_rows
@@ -550,6 +551,18 @@ def rebalance(
         agreed["exact_searches"] = exact_searches_enabled()
         return agreed
 
+    def check_lengths(lens: np.ndarray) -> None:
+        """A sequence above the cap, named by this rank's own index (the planner would name
+        it by its index in the gathered batch, and not say which rank holds it)."""
+        if options.get("oversized", "error") != "error" or options.get("cp_size", 1) != 1:
+            return  # planned alone, or split over CP ranks: the planner decides
+        problem = too_long(lens, max_tokens, item="this rank's sequence")
+        if problem:
+            raise ValueError(
+                f"{problem}; raise max_tokens, split or truncate such sequences, or pass "
+                "oversized='alone'"
+            )
+
     def layout(
         global_lengths: np.ndarray, global_costs: np.ndarray | None, groups: Any = None
     ) -> Any:
@@ -575,6 +588,7 @@ def rebalance(
         cu_seqlens_key=cu_seqlens_key,
         method=method,
         check=check,
+        check_lengths=check_lengths,
     )
 
 
@@ -628,6 +642,7 @@ def _rebalance(
     method: str = "auto",
     groups: Any = None,
     check: Callable[[], Mapping[str, Any]] | None = None,
+    check_lengths: Callable[[np.ndarray], None] | None = None,
     fingerprint: Mapping[str, Any] | None = None,
     what: str = "rebalance",
 ) -> tuple[list[dict[str, torch.Tensor]], RebalanceHandle]:
@@ -637,8 +652,10 @@ def _rebalance(
 
     ``check()`` runs locally before the first collective and returns the arguments that
     must agree across ranks (any exception it raises is reported on every rank);
-    ``fingerprint`` adds more. The exchange's own options (method, token_keys, pad_values,
-    cu_seqlens_key, the cost's identity, whether groups are given) always take part.
+    ``check_lengths(lengths)`` checks this rank's lengths there too, so a problem is named
+    with its rank and local index; ``fingerprint`` adds more. The exchange's own options
+    (method, token_keys, pad_values, cu_seqlens_key, the cost's identity, whether groups
+    are given) always take part.
     """
     rank, world = group_info(group)
     packed = isinstance(batch, Mapping) and cu_seqlens_key in batch
@@ -707,6 +724,8 @@ def _rebalance(
             tokens = None
             if token_keys:
                 raise ValueError("token_keys applies to packed batches (with cu_seqlens) only")
+        if check_lengths is not None:
+            check_lengths(lens)
         _check_pad_values(pad_values, tensors, "batch")
         meta["keys"] = _describe(tensors, len(lens), tokens, lens, token_keys, "batch")
         meta["lengths"] = lens
