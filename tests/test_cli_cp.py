@@ -120,3 +120,38 @@ def test_compare_cp_row_is_the_plan_plan_would_make(tmp_path, capsys):
         assert row["empty"] == p.violations()["empty"]
         if not extra:
             assert row["empty"] == 0
+
+
+def test_plan_cp_writes_the_library_cp_plan(tmp_path, capsys):
+    import seqbalance as sb
+
+    lengths = workloads.lengths("long-context", 300, seed=2)
+    src = tmp_path / "lengths.txt"
+    src.write_text("".join(f"{x}\n" for x in lengths))
+    out = tmp_path / "plan.json"
+    args = ["plan", str(src), "--dp", "2", "--max-tokens", "32768", "--cp-size", "8",
+            "--model", "qwen2.5-7b", "--cp-bandwidth", "2.5e10", "--cp", "static",
+            "--out", str(out)]  # fmt: skip
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "2 replicas x 8 GPUs" in err and "static CP" in err and f"wrote {out}" in err
+    want = sb.plan(lengths, 2, 32768, cost="qwen2.5-7b", cp_size=8, cp="static",
+                   cp_cost={"bandwidth": 2.5e10, "cost_per_second": 4e14, "overlap": 0.5})
+    assert out.read_text() == want.to_json()
+    back = sb.Plan.from_json(str(out))
+    assert back.cp_size == 8 and set(back.degrees()) == {8}
+
+
+def test_plan_cp_errors(tmp_path, capsys):
+    src = tmp_path / "lengths.txt"
+    src.write_text("100\n200\n90000\n")
+    base = ["plan", str(src), "--dp", "1", "--max-tokens", "8192"]
+    assert main(base) == 2  # a sequence above the cap: the message offers CP
+    assert "--cp-size C" in capsys.readouterr().err
+    assert main([*base, "--cp-bandwidth", "1e9"]) == 2
+    assert "--cp-bandwidth only apply with --cp-size > 1" in capsys.readouterr().err
+    assert main([*base, "--cp-size", "16", "--pp-size", "2"]) == 2
+    assert "do not combine with --cp-size > 1" in capsys.readouterr().err
+    assert main([*base, "--cp-size", "16", "--padded"]) == 2
+    assert "--padded is not supported with --cp-size" in capsys.readouterr().err
+    assert main([*base, "--cp-size", "16"]) == 0  # 90,000 tokens over 16 GPUs fit

@@ -119,7 +119,10 @@ def check_sizes(
     if problem:
         # First: a sequence that fits nowhere also inflates the counts checked below, whose
         # messages would point at the wrong flags.
-        raise UserError(f"{problem}: raise --max-tokens, or split or truncate such sequences")
+        raise UserError(
+            f"{problem}: raise --max-tokens, split them over GPUs with --cp-size C (context "
+            "parallelism), or split or truncate such sequences"
+        )
     total = int(lengths.sum()) if n else 0
     m_cap = max(1, math.ceil(total / (dp * max_tokens)))
     m = _round_up(max(m_cap, min_micro_batches), micro_batch_multiple)

@@ -291,17 +291,44 @@ def _check_sizes(
 # ---- plan ------------------------------------------------------------------------------
 
 
+def _check_cp_options(args: argparse.Namespace, command: str) -> None:
+    """Refuse the ``--cp*`` options without ``--cp-size > 1``, and pipelining with it."""
+    if args.cp_size == 1:
+        from .cp_compare import stray_cp_options
+
+        stray = stray_cp_options(args)
+        if stray:
+            raise UserError(
+                f"{', '.join(stray)} only apply with --cp-size > 1 (context parallelism); "
+                "pass --cp-size C, or drop them"
+            )
+    elif _pp_kwargs(args):
+        raise UserError(
+            "--pp-size/--schedule/--virtual-stages/--pp-comm do not combine with "
+            f"--cp-size > 1 yet; {command} one of the two at a time"
+        )
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     check_numbers(args)
     check_outputs(args)
+    _check_cp_options(args, "plan")
     cost = _load_cost(args.model or args.cost)
     lengths, groups = _read_inputs(args)
-    _check_sizes(lengths, groups, args.dp, args.max_tokens, args)
+    cp_kwargs: dict[str, Any] = {}
+    if args.cp_size != 1:  # a dp x cp mesh; the planner checks what CP does not take
+        from .cp_compare import cp_cost_of
+
+        cp_kwargs = {"cp_size": args.cp_size, "cp": args.cp,
+                     "cp_cost": cp_cost_of(args, cost.unit, args.cp_bandwidth)}  # fmt: skip
+    else:
+        _check_sizes(lengths, groups, args.dp, args.max_tokens, args)
     for note in cost.notes:
         _say(note, sys.stderr)
     p = plan(
-        lengths, args.dp, args.max_tokens, cost=cost.model, groups=groups, **_plan_kwargs(args)
-    )
+        lengths, args.dp, args.max_tokens, cost=cost.model, groups=groups,
+        **_plan_kwargs(args), **cp_kwargs,
+    )  # fmt: skip
     text = p.to_json()
     if args.out in (None, "-"):
         sys.stdout.write(text + "\n")
@@ -312,12 +339,22 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     used = p.microbatch_tokens()
     broken = {k: v for k, v in p.violations().items() if v}
     err = sys.stderr
-    print(
-        f"{p.num_sequences} sequences -> {p.dp_size} ranks x {p.num_micro_batches} "
-        f"micro-batches of <= {p.max_tokens} tokens (capacity minimum "
-        f"{p.min_micro_batches_bound()})",
-        file=err,
-    )
+    if cp_kwargs:
+        degrees = np.asarray(p.degrees())
+        counts = " ".join(f"{d}:{int((degrees == d).sum())}" for d in np.unique(degrees))
+        print(
+            f"{p.num_sequences} sequences -> {p.dp_size} replicas x {args.cp_size} GPUs x "
+            f"{p.num_micro_batches} slots of <= {p.max_tokens} tokens a GPU ({args.cp} CP; "
+            f"sequences per CP degree {counts})",
+            file=err,
+        )
+    else:
+        print(
+            f"{p.num_sequences} sequences -> {p.dp_size} ranks x {p.num_micro_batches} "
+            f"micro-batches of <= {p.max_tokens} tokens (capacity minimum "
+            f"{p.min_micro_batches_bound()})",
+            file=err,
+        )
     print(
         f"simulated {p.sync} step {_si(sim.step_time, cost.unit)} ({cost.label}), "
         f"{sim.gap:+.1%} vs lower bound, idle {sim.idle_fraction:.1%}, "
@@ -444,21 +481,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             raise UserError(f"compare LENGTHS needs {' and '.join(missing)}")
     check_numbers(args)
     check_outputs(args)
-    if args.cp_size == 1:
-        from .cp_compare import stray_cp_options
-
-        stray = stray_cp_options(args)
-        if stray:
-            raise UserError(
-                f"{', '.join(stray)} only apply with --cp-size > 1 (context parallelism); "
-                "pass --cp-size C, or drop them"
-            )
+    _check_cp_options(args, "compare")
     if args.cp_size != 1:  # context parallelism: its own strategies and table
-        if _pp_kwargs(args):
-            raise UserError(
-                "--pp-size/--schedule/--virtual-stages/--pp-comm do not combine with "
-                "--cp-size > 1 yet; compare one of the two at a time"
-            )
         from . import cp_compare
 
         return cp_compare.run(args, sys.stdout)
@@ -691,6 +715,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("lengths", metavar="LENGTHS", help=lengths_help)
     _add_common(p, required=True)
     p.add_argument("--out", metavar="PLAN.json", help="write the plan here (default: stdout)")
+    from .cp_compare import add_arguments as add_cp_arguments
+
+    add_cp_arguments(p)
     p.set_defaults(func=_cmd_plan)
 
     c = sub.add_parser(
@@ -713,8 +740,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="draw a ranks x time timeline (with --demo: of the first workload); needs matplotlib",
     )
     c.add_argument("--max-ranks", type=int, default=16, metavar="R", help="ranks drawn per panel")
-    from .cp_compare import add_arguments as add_cp_arguments
-
     add_cp_arguments(c)
     c.set_defaults(func=_cmd_compare)
 

@@ -23,7 +23,7 @@ from ..planning.context_parallel import plan_cp
 from ..planning.cp_baselines import CP_BASELINES
 from ..planning.cp_plans import CP_MODES, CPPlan
 
-__all__ = ["CP_DEMO_SETUPS", "add_arguments", "run"]
+__all__ = ["CP_DEMO_SETUPS", "add_arguments", "cp_cost_of", "run"]
 
 
 @dataclass(frozen=True)
@@ -57,14 +57,14 @@ _CP_DEFAULTS: dict[str, Any] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The ``--cp-*`` options of ``compare``."""
+    """The ``--cp-*`` options of ``plan`` and ``compare``."""
     g = p.add_argument_group("context parallelism (plans a dp x cp mesh; --max-tokens per GPU)")
     g.add_argument(
         "--cp-size",
         type=int,
         default=1,
         metavar="C",
-        help="GPUs per data-parallel replica (a power of two); > 1 compares CP plans",
+        help="GPUs per data-parallel replica (a power of two); > 1 plans a dp x cp mesh",
     )
     g.add_argument(
         "--cp",
@@ -107,7 +107,8 @@ def stray_cp_options(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def _cp_cost(args: argparse.Namespace, unit: str, bandwidth: float | None) -> dict[str, Any]:
+def cp_cost_of(args: argparse.Namespace, unit: str, bandwidth: float | None) -> dict[str, Any]:
+    """The ``cp_cost`` dict of the ``--cp-*`` options, for a cost in ``unit``."""
     cps = args.cost_per_second
     if cps is None:
         cps = 4e14 if unit == "FLOP" else 1.0
@@ -142,7 +143,7 @@ def _compare_one(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str, Any]
     kw = {
         "cp_size": args.cp_size,
         "cost": cost.model,
-        "cp_cost": _cp_cost(args, cost.unit, bandwidth),
+        "cp_cost": cp_cost_of(args, cost.unit, bandwidth),
         "sync": args.sync,
     }
     plans = {
