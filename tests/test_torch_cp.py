@@ -94,6 +94,26 @@ def test_shards_cover_every_token_once():
     assert (p.degrees() > 1).any()  # the case really exercises CP
 
 
+def test_per_sequence_tensors_follow_their_segments():
+    # A batch straight from pack_collate: per-sequence values (a reward, its `lengths`)
+    # reach every segment of their sequence (they were dropped).
+    from seqbalance.torch import pack_collate
+
+    lengths, p = case(3, 8, 4)
+    samples = [{"input_ids": torch.arange(int(n)), "reward": float(i) + 0.5}
+               for i, n in enumerate(lengths)]  # fmt: skip
+    batch = pack_collate(samples)
+    rows = 0
+    for rank in range(p.world_size):
+        for mb in cp_shard(batch, p, rank)[0]:
+            ids = mb["sequence_ids"]
+            assert mb["reward"].tolist() == (ids.double() + 0.5).tolist()
+            assert mb["lengths"].tolist() == lengths[ids.numpy()].tolist()
+            assert mb["max_seqlen"] == int(np.diff(mb["cu_seqlens"].numpy()).max(initial=0))
+            rows += len(ids)
+    assert rows > len(lengths)  # some sequences really are split into several segments
+
+
 def test_shard_errors():
     lengths, p = case(2, 4, 2)
     batch = packed(lengths, 0)

@@ -12,7 +12,11 @@ sequences came from (every sequence in index order, ``cu_seqlens`` of ``n + 1`` 
 - ``cu_seqlens`` with one segment per non-empty range (int32), ``max_seqlen``,
 - ``sequence_ids`` (the sequence of each segment), ``ranges`` (``[k, 2]`` start and end
   inside that sequence) and ``cp_degree`` (GPUs sharing that sequence in this slot): what a
-  ring-attention kernel needs to find its partners.
+  ring-attention kernel needs to find its partners,
+- every per-sequence tensor (first dimension ``n``: rewards, advantages of a sequence,
+  ``pack_collate``'s ``lengths``...) one row per segment, the row of its sequence.
+
+Values that are not tensors (``pack_collate``'s ``max_seqlen`` is recomputed) stay behind.
 
 :meth:`CPShardHandle.restore` is collective: every GPU passes its per-token outputs (one
 tensor per micro-batch, or all of them concatenated) and gets the whole batch's per-token
@@ -247,7 +251,9 @@ def cp_shard(
         This GPU's index in the plan (``0 .. world_size - 1``); for
         :meth:`CPShardHandle.restore`, also its rank in the group passed there.
     token_keys : collection of str, optional
-        Keys to cut; default every tensor whose first dimension is the token count.
+        Keys to cut; default every tensor whose first dimension is the token count. Other
+        tensors whose first dimension is the number of sequences are per sequence: each
+        micro-batch gets the rows of its segments' sequences (``sequence_ids``).
 
     Returns
     -------
@@ -295,6 +301,16 @@ def cp_shard(
         missing = [k for k in token_keys if k not in keys]
         if missing:
             raise ValueError(f"token_keys {missing} are not per-token tensors of the batch")
+    n = int(lens.shape[0])
+    per_sequence = sorted(
+        k
+        for k, v in batch.items()
+        if k not in keys
+        and k not in ("cu_seqlens", "sequence_ids", "ranges", "cp_degree")
+        and isinstance(v, torch.Tensor)
+        and v.dim() >= 1
+        and v.shape[0] == n
+    )
     cu_in = batch["cu_seqlens"]
     # Where the model reads them: input_ids' device, else position_ids', else any
     # per-token tensor's (not the first key by name: `advantages` may stay on the CPU).
@@ -337,5 +353,8 @@ def cp_shard(
         mb["cp_degree"] = torch.as_tensor(
             [len(deg[(j, i)]) for i, _, _ in ranges], dtype=torch.int64, device=device
         )
+        seqs = torch.as_tensor([i for i, _, _ in ranges], dtype=torch.int64)
+        for k in per_sequence:
+            mb[k] = batch[k][seqs.to(batch[k].device)]
         out.append(mb)
     return out, CPShardHandle(plan, cu, rank)
