@@ -402,3 +402,17 @@ def test_empty_dataset_still_checks_the_options(options, match):
         BalancedDistributedSampler([], 4, 8, num_replicas=2, rank=0, **options)
     s = BalancedDistributedSampler([], 4, 8, num_replicas=2, rank=0)
     assert len(s) == 0 and list(s) == []
+
+
+def test_context_parallelism_is_refused_with_the_way_to_do_it():
+    # It planned a dp x cp mesh for num_replicas replicas and yielded whole sequences,
+    # some above max_tokens a GPU, as if the trainer split them the way the plan assumed.
+    with pytest.raises(ValueError, match=r"does not plan context parallelism.*cp_shard"):
+        BalancedDistributedSampler([100, 200, 300, 50] * 8, 8, 2048, num_replicas=2, rank=0,
+                                   cp_size=2)  # fmt: skip
+    s = BalancedDistributedSampler([100, 200, 300, 50] * 8, 8, 2048, num_replicas=2, rank=0,
+                                   cp_size=1)  # fmt: skip
+    assert sorted(i for mb in s for i in mb) == sorted(
+        i for mb in BalancedDistributedSampler([100, 200, 300, 50] * 8, 8, 2048,
+                                               num_replicas=2, rank=0) for i in mb
+    )  # fmt: skip

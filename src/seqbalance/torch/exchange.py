@@ -78,6 +78,13 @@ Outputs = Union[torch.Tensor, Mapping[str, torch.Tensor]]
 _SINGLE = "\x00output"  # internal key for a bare-tensor output
 _MAX_SEQLEN = "max_seqlen"  # a packed batch's longest sequence: recomputed, not moved
 
+#: Why ``cp_size`` is refused where whole sequences are planned for data-parallel ranks.
+CP_REFUSED = (
+    "{what} gives each data-parallel rank whole sequences; it does not plan context "
+    "parallelism (cp_size={cp!r}). Plan the dp x cp mesh with seqbalance.plan(..., "
+    "cp_size=...) and cut each GPU's pieces with seqbalance.torch.cp_shard"
+)
+
 
 def _max_seqlen_kind(value: Any) -> torch.dtype | None:
     """``None`` for an int ``max_seqlen``, the dtype for a 0-d integer tensor; else a
@@ -538,6 +545,8 @@ def rebalance(
         check_max_tokens(max_tokens, "max_tokens")
         if "groups" in plan_options or "cost" in plan_options:
             raise TypeError("pass groups= and cost= as rebalance's own arguments")
+        if plan_options.get("cp_size", 1) != 1:
+            raise ValueError(CP_REFUSED.format(what="rebalance", cp=plan_options["cp_size"]))
         # An unknown keyword fails here, on its rank, instead of after the exchange.
         bound = inspect.signature(make_plan).bind(
             np.zeros(0, np.int64), world, max_tokens, **options
@@ -554,8 +563,8 @@ def rebalance(
     def check_lengths(lens: np.ndarray) -> None:
         """A sequence above the cap, named by this rank's own index (the planner would name
         it by its index in the gathered batch, and not say which rank holds it)."""
-        if options.get("oversized", "error") != "error" or options.get("cp_size", 1) != 1:
-            return  # planned alone, or split over CP ranks: the planner decides
+        if options.get("oversized", "error") != "error":
+            return  # planned alone: the planner decides
         problem = too_long(lens, max_tokens, item="this rank's sequence")
         if problem:
             raise ValueError(

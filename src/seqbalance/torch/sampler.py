@@ -258,6 +258,11 @@ class BalancedDistributedSampler:
             )  # fmt: skip
         except TypeError as exc:
             raise ValueError(f"BalancedDistributedSampler: bad planner option: {exc}") from None
+        if self.plan_options.get("cp_size", 1) != 1:
+            from .exchange import CP_REFUSED
+
+            cp = self.plan_options["cp_size"]
+            raise ValueError(CP_REFUSED.format(what="BalancedDistributedSampler", cp=cp))
         if self.plan_options.get("oversized", "error") == "error":
             problem = too_long(self.lengths, self.max_tokens, item="dataset item")
             if problem:
