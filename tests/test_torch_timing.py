@@ -345,3 +345,15 @@ def test_end_step_odd_arguments_on_one_rank(case):
                    and "ranks [1] passed end_step arguments" in msg for kind, msg in out)
     else:
         assert out[0] == out[1] and out[0][0] == "ok"
+
+
+def _end_step_cp_plan(rank: int, world: int):
+    p = plan([100, 5000, 300, 20], 1, 4096, cp_size=world)  # one replica of `world` GPUs
+    return _timed_step(p, p.micro_batches[rank])
+
+
+def test_end_step_refuses_a_context_parallel_plan_on_every_rank():
+    """Each GPU's times were recorded against the whole sequences of its slot while it ran
+    pieces of them, so a refit learnt a cost about cp_size times too high."""
+    out = run_distributed(_end_step_cp_plan, 2, timeout=TIMEOUT - 10, collective_timeout=20)
+    assert all("context-parallel plan (cp_size=2)" in msg and step == 0 for msg, step in out), out

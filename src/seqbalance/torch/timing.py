@@ -188,7 +188,8 @@ class MicroBatchTimer:
             plan was given, its rank and slot counts, a digest of it, whether this rank's
             timing fits and its arguments are usable), so ranks holding different plans,
             or a plan on some ranks only, all raise instead of hanging or pairing times
-            with the wrong lengths.
+            with the wrong lengths. A context-parallel plan (``cp_size > 1``) is refused:
+            its GPUs run pieces of sequences, which the records do not model.
         step : int, optional
             The step to record under (default :attr:`step`).
 
@@ -230,6 +231,14 @@ class MicroBatchTimer:
                 mine = plan.micro_batches[rank] if rank < planned else None
                 ok = mine is not None and len(mine) == len(secs)
                 header = [1, planned, m, *_plan_digest(plan), ok]
+                if getattr(plan, "cp_size", 1) != 1:
+                    # Its GPUs ran pieces; records would pair their times with the whole
+                    # sequences' lengths, and the fit would learn a cost cp times too high.
+                    unusable = unusable or ValueError(
+                        f"a context-parallel plan (cp_size={plan.cp_size}) runs pieces of "
+                        "sequences, which timing records and their fit (a + b·L + c·L² of "
+                        "whole sequences) do not model yet; leave CP steps out of the recorder"
+                    )
             except Exception as exc:  # not a Plan
                 unusable = unusable or ValueError(
                     f"plan must be the step's Plan (e.g. handle.plan), got "
