@@ -207,3 +207,14 @@ def test_global_token_count_takes_numbers_that_equal_their_integer():
         assert int(global_token_count(value)) == 5
     with pytest.raises(ValueError, match="whole number"):
         global_token_count(Fraction(9, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_token_mean_loss_in_half_precision_with_a_large_count(dtype):
+    # 100,000 tokens is inf in float16: the loss came out 0 and so did every gradient.
+    loss = torch.tensor(50000.0, dtype=dtype, requires_grad=True)
+    out = token_mean_loss(loss, torch.tensor(100_000), world_size=2)
+    assert out.dtype == dtype
+    assert float(out) == pytest.approx(1.0, rel=1e-2)
+    out.backward()
+    assert float(loss.grad) == pytest.approx(2e-5, rel=1e-2) and float(loss.grad) > 0

@@ -151,7 +151,10 @@ def token_mean_loss(
         world_size = dist.get_world_size() if initialised else 1
     world_size = check_positive_int(world_size, "world_size")
     scale = world_size if check_bool(averaged_gradients, "averaged_gradients") else 1
-    return loss_sum * scale / count.to(device=loss_sum.device, dtype=loss_sum.dtype)
+    # In at least float32: a count above 65,504 is inf in float16, which made the loss 0.
+    wide = torch.promote_types(loss_sum.dtype, torch.float32)
+    out = loss_sum.to(wide) * scale / count.to(device=loss_sum.device, dtype=wide)
+    return out.to(loss_sum.dtype) if loss_sum.is_floating_point() else out
 
 
 def _as_count(global_count: Any) -> torch.Tensor:
