@@ -132,6 +132,21 @@ def test_verl_rearrange_force_group_and_errors():
         verl.rearrange_micro_batches(batch, 90)
     with pytest.raises(AssertionError, match="force_group_size"):
         verl.rearrange_micro_batches(batch, 150, force_group_size=4)
+    with pytest.raises(AssertionError, match="max_token_len"):  # verl's type, as above
+        verl.rearrange_micro_batches(batch, 0)
+
+
+def test_verl_rearrange_refuses_a_fractional_mask():
+    # Truncated to int64, rows of 2.5 and 1.5 tokens counted 2 and 1 and shared a
+    # micro-batch of max_token_len=3: 4 real tokens (verl keeps them apart).
+    torch = pytest.importorskip("torch")
+    batch = FakeTD({"input_ids": torch.zeros(2, 3, dtype=torch.long),
+                    "attention_mask": torch.tensor([[1.5, 1.0, 0.0], [1.0, 0.5, 0.0]])})
+    with pytest.raises(ValueError, match=r"attention_mask.*2\.5 is not a whole number"):
+        verl.rearrange_micro_batches(batch, 3)
+    whole = FakeTD({"input_ids": torch.zeros(2, 3, dtype=torch.long),
+                    "attention_mask": torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])})
+    assert verl.rearrange_micro_batches(whole, 3)[1] == [[0, 1]]
 
 
 # ---- AReaL ------------------------------------------------------------------------------

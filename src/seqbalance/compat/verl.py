@@ -275,7 +275,8 @@ def _effective_lengths(batch: Any) -> tuple[np.ndarray, int]:
         lens = to_numpy(input_ids.offsets().diff()).astype(np.int64)
         return lens, int(lens.max()) if lens.size else 0
     mask = batch["attention_mask"]
-    lens = to_numpy(mask.sum(dim=1)).astype(np.int64)
+    # Counted, not cast: a fractional mask truncated to int64 let rows exceed the cap.
+    lens = token_counts(mask.sum(dim=1), "attention_mask.sum(dim=1)")
     return lens, int(mask.shape[-1])
 
 
@@ -322,7 +323,7 @@ def _read_rank(
     lens: np.ndarray, cap: int, step_arg: Any, min_num: Any, g: int, order: str, match: bool
 ) -> _Rank:
     """Validate one rank's lengths and plan it locally (no communication)."""
-    cap = count_arg(cap, "max_token_len", ValueError)
+    cap = count_arg(cap, "max_token_len")  # AssertionError, as verl
     step = count_arg(step_arg or 1, "num_batches_divided_by", ValueError)
     if g < 1 or lens.shape[0] % g:
         raise CompatAssertionError(
@@ -554,7 +555,7 @@ def rearrange_micro_batches(
     # would leave the others waiting.
     def read() -> _Rank:
         lens, width = _effective_lengths(batch)
-        count_arg(cap, "max_token_len", ValueError)
+        count_arg(cap, "max_token_len")  # AssertionError, as verl
         if cap < width:
             raise CompatAssertionError(
                 "max_token_len must be greater than the sequence length. "
