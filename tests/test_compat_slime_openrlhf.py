@@ -341,8 +341,12 @@ def _interleave_heaviest(lens, k):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(1, 1000), min_size=1, max_size=50), st.integers(1, 8),
+@given(st.lists(st.integers(1, 3000), min_size=1, max_size=50), st.integers(1, 8),
        st.integers(1, 4))  # fmt: skip
+# The count-balanced partition alone was heavier than the interleave here (12,209 against
+# 12,202; 2 in 22,195 random calls, found by a review helper): the drop-in now compares.
+@example([132, 2902, 1001, 697, 699, 2710, 1525, 643, 2924, 28, 1186, 486, 2521, 1560, 881,
+          2307, 2572, 1923, 1957, 1347, 293, 165, 2903, 229, 1325, 1697], 3, 1)  # fmt: skip
 def test_balance_experiences(lens, gpus, n_batches):
     mod = types.ModuleType("fake_openrlhf_experience")
     mod.split_experience_batch, mod.make_experience_batch, mod._Exp = _split, _make, _Exp

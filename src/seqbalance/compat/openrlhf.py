@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from . import verl as _verl
-from ._core import partition
+from ._core import framework_is_better, partition
 from ._experience_rows import layout as _row_layout
 from ._inputs import (
     CompatAssertionError,
@@ -33,6 +33,7 @@ from ._inputs import (
     token_counts,
     unpatch_all,
 )
+from ._verl_kk import parts_of_labels
 
 __all__ = [
     "balance_experiences",
@@ -239,12 +240,33 @@ def balance_experiences(experiences: list[Any], args: Any) -> list[Any]:
 
 
 def _balanced_groups(lens: np.ndarray, k: int) -> list[list[int]]:
-    """The count-balanced partition of ``lens`` into ``k`` parts, heaviest part first
-    (ties: the part holding the smallest index first); each part's indices ascending."""
-    parts = partition(lens, k, size="balanced")
-    loads = parts.loads.tolist()  # each part's total, as the partition summed it
+    """The count-balanced partition of ``lens`` into ``k`` parts, or OpenRLHF's interleave
+    where that is lighter (:func:`_interleave_labels`), heaviest part first (ties: the part
+    holding the smallest index first); each part's indices ascending."""
+    parts = [list(p) for p in partition(lens, k, size="balanced")]
+    theirs = parts_of_labels(_interleave_labels(lens, k), k)
+    if framework_is_better(theirs, parts, lens):
+        parts = theirs
+    loads = [float(lens[p].sum()) for p in parts]
     order = sorted(range(k), key=lambda j: (-loads[j], min(parts[j])))
     return [parts[j] for j in order]
+
+
+def _interleave_labels(lens: np.ndarray, k: int) -> np.ndarray:
+    """The actor of each sample in OpenRLHF's ``balance_experiences``: samples sorted
+    longest first (stable), cut into chunks of ``k``; the first half of the chunks deals
+    in order, the second half reversed, so actor ``j`` gets position ``j`` of each chunk
+    of the first half and ``len - 1 - j`` of each of the second (zip_longest over the
+    interleaved chunks; which chunk comes when does not change an actor's samples)."""
+    n = lens.shape[0]
+    order = np.argsort(-lens, kind="stable")
+    pos = np.arange(n)
+    chunk, t = pos // k, pos % k
+    size = np.minimum(k, n - chunk * k)  # the last chunk may be short
+    actor = np.where(chunk < (-(-n // k)) // 2, t, size - 1 - t)
+    labels = np.empty(n, dtype=np.int64)
+    labels[order] = actor
+    return labels
 
 
 _SEQLEN = [n for n in __all__ if n not in ("balance_experiences", "patch", "unpatch")]
