@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..planning._packing import first_fit_opening
 from . import verl as _verl
 from ._core import framework_is_better, partition
 from ._experience_rows import layout as _row_layout
@@ -33,7 +34,7 @@ from ._inputs import (
     token_counts,
     unpatch_all,
 )
-from ._verl_kk import parts_of_labels
+from ._verl_kk import parts_of_labels, verl_free_kk_labels
 
 __all__ = [
     "balance_experiences",
@@ -78,8 +79,10 @@ def get_seqlen_balanced_partitions(
     """:func:`seqbalance.compat.verl.get_seqlen_balanced_partitions` (OpenRLHF's copy).
 
     The call that follows :func:`get_minimum_num_micro_batch_size` with its count on the
-    same lengths gets the partition that the count search made already (a copy; the same
-    lists the computation would return).
+    same lengths gets the partition that count was checked with (a copy): the computed one,
+    except where samples exceed the capacity (each alone, the rest balanced into the
+    other parts) or where the count is OpenRLHF's own (OpenRLHF's differencing), so that
+    the caller's next step holds the cap. Any other call computes the partition.
     """
     last = _last_fit
     if last is not None and not equal_size and int(k_partitions) == last[1]:
@@ -99,7 +102,9 @@ def get_minimum_num_micro_batch_size(
     the cap, which can overflow it; this returns the smallest count (from the
     ``ceil(tokens / capacity)`` bound up) for which the balanced partition of
     :func:`get_seqlen_balanced_partitions` on these lengths holds the cap, a sample longer
-    than the capacity alone in its part. 0 for no samples.
+    than the capacity alone in its part (the others balanced into the remaining parts),
+    and never more than OpenRLHF's count where OpenRLHF's own partition at its count holds
+    the cap (that partition is then the one the next call gets). 0 for no samples.
     """
     lens = token_counts(total_lengths, "total_lengths").reshape(-1)
     cap = (
@@ -115,16 +120,45 @@ def get_minimum_num_micro_batch_size(
     lo = max(1, over + ceildiv(int(lens[lens <= cap].sum()), cap))
 
     weights = lens.astype(np.float64)  # as the partition reads them, converted once
+    alone = np.flatnonzero(lens > cap)
+    rest = np.flatnonzero(lens <= cap)
+
+    def remember(m: int, parts: list[list[int]]) -> None:
+        global _last_fit
+        flat = np.fromiter((i for p in parts for i in p), dtype=np.int64, count=n)
+        ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
+        _last_fit = (weights, m, flat, ends)
+
+    def holds(parts: list[list[int]]) -> bool:
+        return all(len(p) == 1 or int(lens[p].sum()) <= cap for p in parts)
 
     def fits(m: int) -> bool:
-        global _last_fit
-        parts = _verl.get_seqlen_balanced_partitions(weights, m, False)
-        ok = all(len(p) == 1 or int(lens[p].sum()) <= cap for p in parts)
+        if not over:
+            parts = _verl.get_seqlen_balanced_partitions(weights, m, False)
+        elif m - over < (1 if rest.size else 0):
+            return False
+        else:
+            # Balanced together, a long sample sets the heaviest part and the others may
+            # break the cap beside it: it goes alone, the rest into the other parts.
+            sub = (_verl.get_seqlen_balanced_partitions(weights[rest], m - over, False)
+                   if rest.size else [])  # fmt: skip
+            parts = [[int(i)] for i in alone] + [sorted(rest[p].tolist()) for p in sub]
+        ok = holds(parts)
         if ok:
-            flat = np.fromiter((i for p in parts for i in p), dtype=np.int64, count=n)
-            ends = np.cumsum([len(p) for p in parts], dtype=np.int64)
-            _last_fit = (weights, m, flat, ends)
+            remember(m, parts)
         return ok
+
+    def at_their_count(found: int) -> int:
+        """OpenRLHF's count (first fit in input order) where it is lower and OpenRLHF's
+        own differencing at that count holds the cap; else ``found``."""
+        theirs = len(first_fit_opening(range(n), lens, cap))
+        if theirs >= found:
+            return found
+        parts = parts_of_labels(verl_free_kk_labels(weights, theirs), theirs)
+        if not holds(parts):
+            return found  # OpenRLHF's partition breaks the cap there (a fixed bug)
+        remember(theirs, [sorted(p) for p in parts])
+        return theirs
 
     # Step up from the bound (the count is almost always within a few of it), then gallop
     # and bisect back: O(log n) partitions. Only counts seen to fit are returned (n always
@@ -134,7 +168,7 @@ def get_minimum_num_micro_batch_size(
     bad, step = lo, 1
     while True:
         good = min(bad + step, n)
-        if good == n or fits(good):
+        if good == n or fits(good):  # n always holds: one sample a part
             break
         bad = good
         if good - lo >= _LINEAR_STEPS:
@@ -145,7 +179,7 @@ def get_minimum_num_micro_batch_size(
             good = mid
         else:
             bad = mid
-    return good
+    return at_their_count(good)
 
 
 def _experience_helpers(item: Any) -> tuple[Any, Any, Any]:
