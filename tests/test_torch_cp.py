@@ -300,3 +300,36 @@ def test_restore_refuses_a_plan_gpu_other_than_the_group_rank():
     assert {name for name, _ in out} == {"RankAgreementError"}
     assert len({msg for _, msg in out}) == 1
     assert "rank 0 in the group but GPU 1 of the plan" in out[0][1]
+
+
+_OTHER_COST_LENGTHS = [16, 48, 40, 8, 24, 56, 32, 8, 48, 48]
+
+
+def _plan_with(cost):
+    return sb.plan(_OTHER_COST_LENGTHS, 2, 64, cost=cost)
+
+
+def _restore_with_another_plan(rank: int, world: int):
+    from seqbalance.torch import pack_collate
+
+    p = _plan_with(None if rank == 0 else "qwen2.5-7b")  # each rank plans on its own
+    batch = pack_collate([torch.full((n,), i) for i, n in enumerate(_OTHER_COST_LENGTHS)])
+    mbs, handle = cp_shard(batch, p, rank)
+    try:
+        handle.restore([mb["input_ids"] for mb in mbs])
+    except ValueError as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
+def test_restore_refuses_plans_that_differ_with_equal_token_counts():
+    """Ranks planning with different costs got plans with the same tokens per GPU, the only
+    thing restore compared, so each put the other's rows in the wrong places, silently."""
+    a, b = _plan_with(None), _plan_with("qwen2.5-7b")
+    def tokens(p):
+        return [sum(_OTHER_COST_LENGTHS[i] for mb in r for i in mb) for r in p.micro_batches]
+
+    assert a.micro_batches != b.micro_batches and tokens(a) == tokens(b)  # the premise
+    out = run_distributed(_restore_with_another_plan, 2, timeout=TIMEOUT, collective_timeout=30)
+    assert {name for name, _ in out} == {"RankAgreementError"}
+    assert "different plan (which tokens each GPU holds)" in out[0][1]

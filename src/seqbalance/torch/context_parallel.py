@@ -167,8 +167,11 @@ class CPShardHandle:
                     "call cp_shard with the process's rank in the group (or build the group "
                     "in plan GPU order)"
                 )
+            # The whole layout, not just token counts: GPUs holding plans with equal counts
+            # (one planned with another cost) put each other's rows in wrong places.
             fingerprint = {
                 "plan (tokens per GPU)": np.array([idx.size for idx in self._indices]),
+                "plan (which tokens each GPU holds)": np.concatenate(self._indices),
                 "trailing shape of outputs": tuple(local.shape[1:]),
                 "dtype of outputs": str(local.dtype),
             }
