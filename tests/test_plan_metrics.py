@@ -57,3 +57,16 @@ def test_every_key_is_documented_in_the_readme():
     rows = [line for line in readme.splitlines() if line.startswith("| `balance/")]
     documented = {line.split("`")[1] for line in rows}
     assert documented == set(PLAN_METRICS) | set(REPORT_METRICS)
+
+
+def test_capacity_utilisation_of_a_context_parallel_plan_counts_every_gpu():
+    # It divided by dp_size: 3.72 for a dp 2 x cp 4 plan within its cap (stats: 0.93).
+    import seqbalance as sb
+
+    lengths = sb.workloads.lengths("long-context", 300, seed=2)
+    p = sb.plan(lengths, 2, 32768, cp_size=4, cost="qwen2.5-7b")
+    tokens = p.microbatch_tokens()
+    assert tokens.shape[0] == 8 and p.violations()["over_capacity"] == 0
+    used = p.metrics()["balance/plan_capacity_utilisation"]
+    assert used == pytest.approx(tokens.sum() / (8 * p.num_micro_batches * 32768))
+    assert 0 < used <= 1

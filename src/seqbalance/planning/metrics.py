@@ -55,8 +55,9 @@ def plan_metrics(plan: Plan, cost: Any = None, prefix: str = "balance/") -> dict
     (0.0, 0.0, 1)
     """
     sim = plan.simulate(cost)
-    tokens = plan.microbatch_tokens().sum(axis=1).astype(np.float64)
-    capacity = plan.dp_size * plan.num_micro_batches * plan.max_tokens
+    per_slot = plan.microbatch_tokens()  # a row per rank, or per GPU of a CP plan
+    tokens = per_slot.sum(axis=1).astype(np.float64)
+    capacity = per_slot.shape[0] * plan.num_micro_batches * plan.max_tokens
     out: dict[str, Any] = {
         "balance/plan_imbalance": _imbalance(sim.mb_costs.sum(axis=1)),
         "balance/plan_token_imbalance": _imbalance(tokens),
