@@ -357,3 +357,21 @@ def test_end_step_refuses_a_context_parallel_plan_on_every_rank():
     pieces of them, so a refit learnt a cost about cp_size times too high."""
     out = run_distributed(_end_step_cp_plan, 2, timeout=TIMEOUT - 10, collective_timeout=20)
     assert all("context-parallel plan (cp_size=2)" in msg and step == 0 for msg, step in out), out
+
+
+def _end_step_padded(rank: int, world: int):
+    lens = [30, 7, 12, 25, 3, 18, 9, 22]
+    p = plan(lens, world, 64, padded=True)
+    timer = MicroBatchTimer(device="cpu", clock="thread")
+    for _ in p.micro_batches[rank]:
+        with timer.time():
+            pass
+    got = timer.end_step(p)
+    want = [[max(lens[i] for i in mb)] * len(mb) for r in p.micro_batches for mb in r]
+    return [t.lengths.tolist() for t in got] == want and len(got) == len(want)
+
+
+def test_end_step_records_a_padded_plan_as_it_ran():
+    """Every row of a padded micro-batch runs at the longest row's length; raw lengths made
+    refit learn a per-token cost too low (c = 6.6e-10 for a true 1e-9)."""
+    assert run_distributed(_end_step_padded, 2, timeout=TIMEOUT - 10) == [True, True]

@@ -188,8 +188,10 @@ class MicroBatchTimer:
             plan was given, its rank and slot counts, a digest of it, whether this rank's
             timing fits and its arguments are usable), so ranks holding different plans,
             or a plan on some ranks only, all raise instead of hanging or pairing times
-            with the wrong lengths. A context-parallel plan (``cp_size > 1``) is refused:
-            its GPUs run pieces of sequences, which the records do not model.
+            with the wrong lengths. In a padded plan (``padded=True``) every row of a
+            micro-batch is recorded at the longest one's length, as it ran. A
+            context-parallel plan (``cp_size > 1``) is refused: its GPUs run pieces of
+            sequences, which the records do not model.
         step : int, optional
             The step to record under (default :attr:`step`).
 
@@ -263,11 +265,13 @@ class MicroBatchTimer:
             table = self._gather(row, world) if m else np.zeros((world, 0))
             self.gather_overhead += self._now() - g0
             lengths = np.asarray(plan.lengths)
+            padded = bool(getattr(plan, "padded", False))
             records = [
-                Timing(r, step, j, lengths[np.asarray(mb, dtype=np.int64)], float(table[r, j]))
+                Timing(r, step, j, _ran(lengths[np.asarray(mb, dtype=np.int64)], padded),
+                       float(table[r, j]))
                 for r in range(world)
                 for j, mb in enumerate(plan.micro_batches[r])
-            ]
+            ]  # fmt: skip
         else:
             mine_obj = [(lens.tolist(), s) for (lens, _, _), s in zip(self._pending, secs)]
             gathered: list[Any] = [mine_obj]
@@ -308,6 +312,15 @@ def _group_info(group: Any) -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(group), dist.get_world_size(group)
     return 0, 1
+
+
+def _ran(lens: np.ndarray, padded: bool) -> np.ndarray:
+    """The lengths a micro-batch ran: in a padded plan every row is as long as the longest
+    (the plan and the GPU pay count x cost(longest); raw lengths made the fit learn a cost
+    too low)."""
+    if not padded or lens.size == 0:
+        return lens
+    return np.full(lens.shape, lens.max(), dtype=lens.dtype)
 
 
 def _check_headers(
