@@ -416,3 +416,11 @@ def test_context_parallelism_is_refused_with_the_way_to_do_it():
         i for mb in BalancedDistributedSampler([100, 200, 300, 50] * 8, 8, 2048,
                                                num_replicas=2, rank=0) for i in mb
     )  # fmt: skip
+
+
+def test_groups_are_refused_with_what_to_do_instead():
+    # Per-item ids were refused with a wrong count ("16 items"), and per-step ids were
+    # taken by position in each shuffled step: a prompt's responses split across ranks.
+    ids = np.repeat(np.arange(8), 4)
+    with pytest.raises(ValueError, match=r"does not take groups=.*rebalance"):
+        BalancedDistributedSampler([100] * 32, 16, 512, num_replicas=2, rank=0, groups=ids)

@@ -258,6 +258,15 @@ class BalancedDistributedSampler:
             )  # fmt: skip
         except TypeError as exc:
             raise ValueError(f"BalancedDistributedSampler: bad planner option: {exc}") from None
+        if "groups" in self.plan_options:
+            # The plan would take ids by position in each shuffled step (or refuse per-item
+            # ids with a wrong count), and a shuffle puts a group's items in several steps.
+            raise ValueError(
+                "BalancedDistributedSampler does not take groups=: it shuffles items, so a "
+                "group's items fall into different steps; keep groups together with "
+                "seqbalance.torch.rebalance(..., groups=ids) on produced batches, or pass "
+                "the group as one dataset item"
+            )
         if self.plan_options.get("cp_size", 1) != 1:
             from .exchange import CP_REFUSED
 
