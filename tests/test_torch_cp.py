@@ -75,8 +75,8 @@ def check_shard(mbs, p, rank, lengths):
         assert mb["cu_seqlens"].dtype == torch.int32
         assert mb["sequence_ids"].tolist() == [i for i, _, _ in ranges]
         assert mb["ranges"].tolist() == [[s, e] for _, s, e in ranges]
-        holders = [
-            sum(any(q == i for q, _, _ in pieces[g][j]) for g in range(len(pieces)))
+        holders = [  # GPUs holding tokens of it: an empty piece is dropped by its GPU
+            sum(any(q == i and e > s for q, s, e in pieces[g][j]) for g in range(len(pieces)))
             for i, _, _ in ranges
         ]
         assert mb["cp_degree"].tolist() == holders
@@ -333,3 +333,21 @@ def test_restore_refuses_plans_that_differ_with_equal_token_counts():
     out = run_distributed(_restore_with_another_plan, 2, timeout=TIMEOUT, collective_timeout=30)
     assert {name for name, _ in out} == {"RankAgreementError"}
     assert "different plan (which tokens each GPU holds)" in out[0][1]
+
+
+def test_cp_degree_counts_the_gpus_that_list_the_sequence():
+    # A 1-token sequence split 2 ways leaves one GPU an empty piece, which cp_shard drops;
+    # the other GPU said cp_degree 2, so a ring kernel waited for a partner never coming.
+    lengths = np.array([1, 3, 200, 2])
+    p = sb.plan(lengths, 1, 128, cp_size=2, cp="static", allow_empty=True)
+    batch = packed(lengths, 0)
+    seen = {}  # (slot, sequence) -> [(gpu, cp_degree)]
+    for g in range(p.world_size):
+        for j, mb in enumerate(cp_shard(batch, p, g)[0]):
+            for i, d in zip(mb["sequence_ids"].tolist(), mb["cp_degree"].tolist()):
+                seen.setdefault((j, i), []).append((g, d))
+    assert {i for _, i in seen} == {0, 1, 2, 3}
+    for holders in seen.values():  # a GPU may list a sequence twice (its two chunks)
+        gpus = {g for g, _ in holders}
+        assert all(d == len(gpus) for _, d in holders), holders
+    assert any(len({g for g, _ in h}) == 1 for h in seen.values())  # a lone piece exists

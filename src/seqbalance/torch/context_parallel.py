@@ -328,8 +328,9 @@ def cp_shard(
     deg = {}
     for g, gpu in enumerate(plan.pieces):
         for j, slot in enumerate(gpu):
-            for i, _, _ in slot:
-                deg.setdefault((j, i), set()).add(g)
+            for i, s, e in slot:
+                if e > s:  # a GPU whose piece is empty drops it: no partner to wait for
+                    deg.setdefault((j, i), set()).add(g)
     out = []
     for j, (slot, idx) in enumerate(zip(plan.pieces[rank], _token_indices(plan, cu, rank))):
         ranges = [(i, s, e) for i, s, e in slot if e > s]
