@@ -58,7 +58,9 @@ def pack_collate(
     ----------
     samples : sequence
         Items from the dataset: dicts (``token_key`` holds the token ids) or bare sequences
-        of token ids. May be empty (a rank's empty micro-batch), which gives empty tensors.
+        of token ids. May be empty (a rank's empty micro-batch), which gives empty
+        ``token_key``, ``cu_seqlens``, ``position_ids`` and ``lengths`` tensors and
+        ``max_seqlen`` 0, and no other key (no sample shows them).
     token_key : str, optional
         Key whose length is the sample's length.
     token_keys : collection of str, optional

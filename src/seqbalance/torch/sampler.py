@@ -88,7 +88,10 @@ class BalancedDistributedSampler:
         every sample is used exactly once per epoch; that step is planned with
         ``allow_empty=True``, so when it has fewer samples than ranks some ranks get empty
         micro-batches (yielded as ``[]``; :func:`pack_collate` turns them into empty
-        tensors, and the rank must still run forward/backward for the collectives).
+        ``input_ids``, ``cu_seqlens``, ``position_ids``, ``lengths`` and ``max_seqlen`` 0,
+        without the dataset's other keys, which it cannot know from no sample; the rank
+        must still run forward/backward for the collectives, so a loop that reads other
+        keys, such as ``labels``, must allow for their absence there).
         ``True``: they are skipped this epoch (with shuffling, different ones each epoch),
         and every step has exactly ``global_batch_size`` samples (a dataset smaller than
         one global batch is refused: it would have no step at all).
