@@ -200,7 +200,7 @@ def kk_allocate(
         k = -(-k // n_groups_divisor) * n_groups_divisor
     k = min(k, n)  # AReaL's count
     if k == 0:
-        # min_groups and the divisor 0, and no tokens: AReaL fails dividing by 0; one
+        # min_groups and the divisor 0, and no tokens: AReaL fails (IndexError); one
         # group holds them all (no group for no values).
         if n == 0:
             return []
