@@ -64,8 +64,9 @@ _LINEAR = 24576
 def calculate_workload(seqlen_list: Any) -> Any:
     """Relative forward cost of each sequence, ``24576 * L + L**2`` (verl's 7B estimate).
 
-    Integer inputs are widened to int64 first (with int32 lengths the workload passes 2**31 - 1 at L = 35,655); a tensor
-    comes back as a tensor on the same device, anything else as an int64 numpy array.
+    Integer inputs are widened to int64 first (with int32 lengths the workload passes
+    2**31 - 1 at L = 35,655); a tensor comes back as a tensor on the same device, anything
+    else as an int64 numpy array.
 
     Raises
     ------

@@ -23,7 +23,8 @@ packed tokens
     ``diff(cu_seqlens)``. Every micro-batch comes back packed with its own ``cu_seqlens``,
     and with its own ``max_seqlen`` where the batch has one (an int, as
     :func:`~seqbalance.torch.pack_collate` writes it, or a 0-d integer tensor): a batch
-    straight from ``pack_collate`` can be rebalanced as it is.
+    straight from ``pack_collate`` can be rebalanced once the values it returns as lists
+    (strings, ragged fields) are set aside.
 
 No hang from bad input
 ----------------------
