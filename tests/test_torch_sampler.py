@@ -424,3 +424,24 @@ def test_groups_are_refused_with_what_to_do_instead():
     ids = np.repeat(np.arange(8), 4)
     with pytest.raises(ValueError, match=r"does not take groups=.*rebalance"):
         BalancedDistributedSampler([100] * 32, 16, 512, num_replicas=2, rank=0, groups=ids)
+
+
+def test_pack_collate_template_gives_an_empty_micro_batch_the_dataset_keys():
+    # The sampler yields [] for a rank's empty micro-batch; without a template only the
+    # token ids and offsets came back, and a loop reading b["labels"] raised KeyError.
+    sample = {"input_ids": torch.tensor([5, 6, 7]), "labels": torch.tensor([6, 7, -100]),
+              "reward": torch.tensor(0.5, dtype=torch.float64), "prompt": "q1"}  # fmt: skip
+    full = pack_collate([sample, sample])
+    empty = pack_collate([], template=sample)
+    assert list(empty) == list(full)
+    for k, v in full.items():
+        e = empty[k]
+        if k == "cu_seqlens":
+            assert e.tolist() == [0] and e.dtype == v.dtype
+        elif k == "max_seqlen":
+            assert e == 0
+        elif isinstance(v, torch.Tensor):
+            assert e.shape == (0, *v.shape[1:]) and e.dtype == v.dtype, k
+        else:
+            assert e == [], k
+    assert list(pack_collate([sample], template={"input_ids": [1]})) == list(full)  # unused

@@ -51,6 +51,7 @@ def pack_collate(
     token_key: str = "input_ids",
     token_keys: Collection[str] | None = None,
     cu_seqlens_dtype: torch.dtype = torch.int32,
+    template: Any = None,
 ) -> dict[str, Any]:
     """Pack samples into one concatenated row, varlen-attention style.
 
@@ -60,7 +61,7 @@ def pack_collate(
         Items from the dataset: dicts (``token_key`` holds the token ids) or bare sequences
         of token ids. May be empty (a rank's empty micro-batch), which gives empty
         ``token_key``, ``cu_seqlens``, ``position_ids`` and ``lengths`` tensors and
-        ``max_seqlen`` 0, and no other key (no sample shows them).
+        ``max_seqlen`` 0, and the other keys only with ``template``.
     token_key : str, optional
         Key whose length is the sample's length.
     token_keys : collection of str, optional
@@ -71,6 +72,12 @@ def pack_collate(
         (a string is refused: write ``["labels"]``).
     cu_seqlens_dtype : torch.dtype, optional
         dtype of ``cu_seqlens`` (int32 is what flash-attention kernels take).
+    template : sample, optional
+        A sample that shows the dataset's keys, used only when ``samples`` is empty: the
+        result then has every key a batch of it would have, with zero rows and the same
+        dtypes and trailing shapes (lists for list fields). With
+        ``functools.partial(pack_collate, template=dataset[0])`` as the ``collate_fn``, a
+        rank's empty micro-batch (the sampler's ``[]``) has the keys the training loop reads.
 
     Returns
     -------
@@ -93,6 +100,13 @@ def pack_collate(
     ([5, 6, 7, 8, 9], [0, 3, 5], [0, 1, 2, 0, 1])
     """
     check_token_keys(token_keys)
+    if template is not None and len(samples) == 0:
+        one = pack_collate([template], token_key=token_key, token_keys=token_keys,
+                           cu_seqlens_dtype=cu_seqlens_dtype)  # fmt: skip
+        empty = {k: v[:0] if isinstance(v, torch.Tensor) else [] for k, v in one.items()}
+        empty["cu_seqlens"] = one["cu_seqlens"][:1]  # [0]
+        empty["max_seqlen"] = 0
+        return empty
     items = [s if isinstance(s, Mapping) else {token_key: s} for s in samples]
     for i, s in enumerate(items):
         if token_key not in s:

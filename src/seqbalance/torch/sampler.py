@@ -89,9 +89,9 @@ class BalancedDistributedSampler:
         ``allow_empty=True``, so when it has fewer samples than ranks some ranks get empty
         micro-batches (yielded as ``[]``; :func:`pack_collate` turns them into empty
         ``input_ids``, ``cu_seqlens``, ``position_ids``, ``lengths`` and ``max_seqlen`` 0,
-        without the dataset's other keys, which it cannot know from no sample; the rank
-        must still run forward/backward for the collectives, so a loop that reads other
-        keys, such as ``labels``, must allow for their absence there).
+        and the dataset's other keys only with ``template=`` (``collate_fn=
+        functools.partial(pack_collate, template=dataset[0])``): zero rows of each; the
+        rank must still run forward/backward for the collectives).
         ``True``: they are skipped this epoch (with shuffling, different ones each epoch),
         and every step has exactly ``global_batch_size`` samples (a dataset smaller than
         one global batch is refused: it would have no step at all).
