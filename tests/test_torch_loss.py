@@ -218,3 +218,20 @@ def test_token_mean_loss_in_half_precision_with_a_large_count(dtype):
     assert float(out) == pytest.approx(1.0, rel=1e-2)
     out.backward()
     assert float(loss.grad) == pytest.approx(2e-5, rel=1e-2) and float(loss.grad) > 0
+
+
+def _loss_in_a_subgroup(rank: int, world: int):
+    import torch.distributed as dist
+
+    pair = dist.new_group([0, 1])  # the data-parallel group of a 3-process world
+    if rank == 2:
+        return None
+    count = global_token_count(4, group=pair)  # 8 tokens over the pair
+    return float(token_mean_loss(torch.tensor(8.0), count, group=pair))
+
+
+def test_token_mean_loss_takes_the_group_its_gradients_are_averaged_over():
+    """Without group= the default world size was the whole world's: 3 where DDP averages
+    over 2, so the loss came out 1.5x too large unless world_size= was passed."""
+    out = run_distributed(_loss_in_a_subgroup, 3, timeout=TIMEOUT - 10, collective_timeout=20)
+    assert out[:2] == [2.0, 2.0]  # 8 * 2 / 8

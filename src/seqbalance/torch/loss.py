@@ -118,6 +118,7 @@ def token_mean_loss(
     *,
     world_size: int | None = None,
     averaged_gradients: bool = True,
+    group: Any = None,
 ) -> torch.Tensor:
     """Scale a local sum of token losses so gradients match the global token mean.
 
@@ -128,11 +129,14 @@ def token_mean_loss(
     global_count : int or tensor
         Tokens in the whole global batch, e.g. from :func:`global_token_count`.
     world_size : int, optional
-        Number of data-parallel ranks whose gradients are averaged (default: the world
-        size of torch.distributed, 1 without a process group).
+        Number of data-parallel ranks whose gradients are averaged (default: the size of
+        ``group``, 1 without a process group).
     averaged_gradients : bool, optional
         True for DDP/FSDP, which average gradients over ranks: the loss is multiplied by
         ``world_size`` to undo that average. False when gradients are summed.
+    group : ProcessGroup, optional
+        The data-parallel group (default: the whole world), as for
+        :func:`global_token_count`; gives the default ``world_size``.
 
     Returns
     -------
@@ -148,7 +152,7 @@ def token_mean_loss(
     count = _as_count(global_count)
     if world_size is None:
         initialised = dist.is_available() and dist.is_initialized()
-        world_size = dist.get_world_size() if initialised else 1
+        world_size = dist.get_world_size(group) if initialised else 1
     world_size = check_positive_int(world_size, "world_size")
     scale = world_size if check_bool(averaged_gradients, "averaged_gradients") else 1
     # In at least float32: a count above 65,504 is inf in float16, which made the loss 0.
