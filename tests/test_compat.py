@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import sys
 import types
 
 import numpy as np
 import pytest
+from _fakes import fake_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -324,16 +324,7 @@ def test_grow_to_exact_count_never_heavier(weights, data):
 # ---- patch() against a fake module tree ------------------------------------------------
 
 
-def _fake(monkeypatch, name, **funcs):
-    parts = name.split(".")
-    for i in range(1, len(parts) + 1):
-        mod_name = ".".join(parts[:i])
-        if mod_name not in sys.modules:
-            monkeypatch.setitem(sys.modules, mod_name, types.ModuleType(mod_name))
-    mod = sys.modules[name]
-    for k, v in funcs.items():
-        setattr(mod, k, v)
-    return mod
+_fake = fake_module
 
 
 def test_patch_and_unpatch_fake_trees(monkeypatch):

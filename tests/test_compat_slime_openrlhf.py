@@ -9,6 +9,7 @@ from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
+from _fakes import fake_module
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -471,16 +472,7 @@ def test_balance_experiences_refuses_foreign_objects():
 # ---- patch() against fake module trees --------------------------------------------------
 
 
-def _fake(monkeypatch, name, **funcs):
-    parts = name.split(".")
-    for i in range(1, len(parts) + 1):
-        mod_name = ".".join(parts[:i])
-        if mod_name not in sys.modules:
-            monkeypatch.setitem(sys.modules, mod_name, types.ModuleType(mod_name))
-    mod = sys.modules[name]
-    for k, v in funcs.items():
-        setattr(mod, k, v)
-    return mod
+_fake = fake_module
 
 
 def _old(*a, **k):

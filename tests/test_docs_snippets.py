@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 import types
 from pathlib import Path
 
 import numpy as np
 import pytest
+from _fakes import fake_module
 
 import seqbalance as sb
 
@@ -78,18 +78,12 @@ def test_every_block_has_a_case():
 
 def _fake_modules(monkeypatch, names: dict[str, list[str]]) -> dict[str, types.ModuleType]:
     """Install empty modules (and their parents) with placeholder functions."""
-    mods = {}
-    for name, funcs in names.items():
-        parts = name.split(".")
-        for i in range(1, len(parts) + 1):
-            mod_name = ".".join(parts[:i])
-            if mod_name not in sys.modules:
-                monkeypatch.setitem(sys.modules, mod_name, types.ModuleType(mod_name))
-        mod = sys.modules[name]
-        for f in funcs:
-            monkeypatch.setattr(mod, f, lambda *a, **k: "original", raising=False)
-        mods[name] = mod
-    return mods
+    return {name: fake_module(monkeypatch, name, **dict.fromkeys(funcs, _original))
+            for name, funcs in names.items()}  # fmt: skip
+
+
+def _original(*args, **kwargs):
+    return "original"
 
 
 def _run(code: str, ns: dict) -> dict:
