@@ -277,11 +277,16 @@ def _balanced_groups(lens: np.ndarray, k: int) -> list[list[int]]:
     """The count-balanced partition of ``lens`` into ``k`` parts, or OpenRLHF's interleave
     where that is lighter (:func:`_interleave_labels`), heaviest part first (ties: the part
     holding the smallest index first); each part's indices ascending."""
-    parts = [list(p) for p in partition(lens, k, size="balanced")]
-    theirs = parts_of_labels(_interleave_labels(lens, k), k)
-    if framework_is_better(theirs, parts, lens):
-        parts = theirs
-    loads = [float(lens[p].sum()) for p in parts]
+    ours = partition(lens, k, size="balanced")
+    parts = [list(p) for p in ours]
+    loads = ours.loads.tolist()  # each part's total, as the partition summed it
+    labels = _interleave_labels(lens, k)
+    top = float(np.bincount(labels, weights=lens, minlength=k).max())
+    if top <= max(loads) * (1.0 + 1e-12):  # else clearly heavier: no lists to build
+        theirs = parts_of_labels(labels, k)
+        if framework_is_better(theirs, parts, lens):
+            parts = theirs
+            loads = [float(lens[p].sum()) for p in parts]
     order = sorted(range(k), key=lambda j: (-loads[j], min(parts[j])))
     return [parts[j] for j in order]
 
