@@ -411,3 +411,32 @@ def test_compare_refuses_pipelines_with_context_parallelism(rl, capsys):
             "--pp-size", "2"]
     assert main(argv) == 2
     assert "do not combine with --cp-size" in capsys.readouterr().err
+
+
+def test_outputs_never_overwrite_the_lengths_file_or_each_other(tmp_path, capsys):
+    # `--out in.txt` replaced the lengths with plan JSON, exit 0; `--plot x` wrote x.png
+    # and said "wrote x".
+    src = tmp_path / "in.txt"
+    src.write_text("100\n200\n300\n400\n")
+    base = [str(src), "--dp", "2", "--max-tokens", "1000"]
+    assert main(["plan", *base, "--out", str(src)]) == 2
+    assert "would overwrite the lengths file" in capsys.readouterr().err
+    assert src.read_text() == "100\n200\n300\n400\n"
+    same = str(tmp_path / "x.png")
+    assert main(["compare", *base, "--json", same, "--plot", same]) == 2
+    assert "would overwrite the --json file" in capsys.readouterr().err
+    assert main(["compare", *base, "--plot", str(tmp_path / "x")]) == 2
+    assert "give the file an extension" in capsys.readouterr().err
+    assert not list(tmp_path.glob("x*"))
+
+
+def test_padded_summary_states_the_padded_minimum(tmp_path, capsys):
+    # It said "capacity minimum 2" where padded bins need 3 (min_padded_bins).
+    src = tmp_path / "in.txt"
+    src.write_text("1000\n" * 3 + "10\n" * 30)
+    assert main(["plan", str(src), "--dp", "1", "--max-tokens", "2000", "--padded",
+                 "--out", str(tmp_path / "p.json")]) == 0  # fmt: skip
+    assert "3 micro-batches of <= 2000 tokens (capacity minimum 3)" in capsys.readouterr().err
+    p = Plan.from_json(str(tmp_path / "p.json"))
+    assert p.min_micro_batches_bound() == 3
+    assert plan([1000] * 3 + [10] * 30, 1, 2000).min_micro_batches_bound() == 2  # not padded

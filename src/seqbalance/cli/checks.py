@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -73,7 +74,12 @@ def check_numbers(args: argparse.Namespace) -> None:
 
 
 def check_outputs(args: argparse.Namespace) -> None:
-    """Every output file can be written, and ``--plot`` can be drawn, before planning."""
+    """Every output file can be written, and ``--plot`` can be drawn, before planning; no
+    output overwrites the lengths file or another output."""
+    seen: dict[str, str] = {}
+    source = _get(args, "lengths")
+    if source is not None:
+        seen[os.path.realpath(source)] = "the lengths file"
     for flag, name in (("--out", "out"), ("--json", "json"), ("--plot", "plot")):
         path = _get(args, name)
         if path is None or (name == "out" and path == "-"):
@@ -81,6 +87,13 @@ def check_outputs(args: argparse.Namespace) -> None:
         problem = unwritable(path)
         if problem:
             raise UserError(f"{flag} {path}: {problem}")
+        if name == "plot" and not os.path.splitext(os.path.basename(path))[1]:
+            # matplotlib would append its default extension and write another file.
+            raise UserError(f"{flag} {path!r}: give the file an extension (.png, .svg, .pdf)")
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UserError(f"{flag} {path} would overwrite {seen[real]}; pick another file")
+        seen[real] = f"the {flag} file"
     if _get(args, "plot") is not None:
         from .plotting import check_plot_path
 

@@ -28,7 +28,7 @@ from .._validate import (
 from ..partitioning._rules import SIZES, min_count
 from ._costing import sequence_costs
 from ._grouping import bin_totals
-from .bounds import min_micro_batches
+from .bounds import min_micro_batches, min_padded_bins
 from .simulation import SYNC_MODELS, Simulation, check_cover, simulate, step_time_lower_bound
 
 __all__ = ["FORMAT", "Plan"]
@@ -347,11 +347,17 @@ class Plan:
         ``ceil(total tokens / (dp * max_tokens))`` where every sequence fits ``max_tokens``.
         A sequence longer than ``max_tokens`` (``plan(oversized="alone")``) runs alone, so it
         counts as one full micro-batch: ``k`` of them and the others' bin-packing bound
-        ``B`` give ``ceil((k + B) / dp)``.
+        ``B`` give ``ceil((k + B) / dp)``. A padded plan also needs
+        ``ceil(min_padded_bins / dp)`` (:func:`seqbalance.planning.bounds.min_padded_bins`,
+        exact for count x longest bins).
         """
         if self.dp_size < 1:
             return 0
-        return min_micro_batches(self.lengths, self.dp_size, self.max_tokens)
+        m = min_micro_batches(self.lengths, self.dp_size, self.max_tokens)
+        if self.padded:
+            bins = min_padded_bins(np.asarray(self.lengths), self.max_tokens)
+            m = max(m, -(-bins // self.dp_size))
+        return m
 
     def lower_bound(self, cost: Any = None, sync: str | None = None) -> float:
         """Step-time lower bound under the capacity (see ``step_time_lower_bound``).
