@@ -440,3 +440,23 @@ def test_padded_summary_states_the_padded_minimum(tmp_path, capsys):
     p = Plan.from_json(str(tmp_path / "p.json"))
     assert p.min_micro_batches_bound() == 3
     assert plan([1000] * 3 + [10] * 30, 1, 2000).min_micro_batches_bound() == 2  # not padded
+
+
+@pytest.mark.parametrize(
+    ("message", "shown"),
+    [
+        ("dp_size must be >= 1, got 0", "--dp must be >= 1, got 0"),
+        ('size="equal" needs n divisible by k=3', "--size equal needs n divisible by --dp=3"),
+        ("pass allow_empty=True or padded=True", "pass --allow-empty or --padded"),
+        ("raise cp_size or max_tokens.", "raise --cp-size or --max-tokens."),
+        # The user's own names stay as they are (they were turned into flags):
+        ("available columns: 'dp_size', 'k=3'", "available columns: 'dp_size', 'k=3'"),
+        ("pp_size.txt:1: not a number", "pp_size.txt:1: not a number"),
+        ("cp_size/lengths.txt: missing", "cp_size/lengths.txt: missing"),
+        ('got {"dp_size":4}', 'got {"dp_size":4}'),
+    ],
+)
+def test_messages_name_flags_but_leave_the_users_names(message, shown):
+    from seqbalance.cli.commands import _as_flags
+
+    assert _as_flags(message) == shown

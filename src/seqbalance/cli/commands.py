@@ -69,7 +69,13 @@ _FLAGS = {
     "and groups": "and --groups-column",
     "cp_size": "--cp-size",
 }
-_FLAG_RE = re.compile(r"\b(" + "|".join(re.escape(k) for k in _FLAGS) + r")\b")
+# Not inside a file name or path (`pp_size.txt`, `cp_size/lengths.txt`).
+_FLAG_RE = re.compile(
+    r"(?<![\w./-])(" + "|".join(re.escape(k) for k in _FLAGS) + r")(?![\w/-]|\.\w)"
+)
+# Quoted strings, in pairs from the left: one right after "=" is an argument's value
+# (size="equal"), any other the user's own (a column, a file, a JSON snippet).
+_QUOTED = re.compile(r"(=?)('[^']*'|\"[^\"]*\")")
 # size="equal" -> --size equal; partition's k is the number of ranks here.
 _VALUE_RES = (
     (re.compile(r"(?<![\w-])size=[\"']?(\w+)[\"']?"), r"--size \1"),
@@ -79,11 +85,23 @@ _VALUE_RES = (
 
 
 def _as_flags(message: str) -> str:
-    """``dp_size must be >= 1`` -> ``--dp must be >= 1``; ``size="equal"`` -> ``--size equal``."""
+    """``dp_size must be >= 1`` -> ``--dp must be >= 1``; ``size="equal"`` -> ``--size equal``.
+
+    The user's own names (quoted column names, file paths, JSON) are left as they are.
+    """
+    kept: list[str] = []
+
+    def keep(m: re.Match[str]) -> str:
+        if m.group(1):
+            return m.group(0)
+        kept.append(m.group(0))
+        return f"\x00{len(kept) - 1}\x00"
+
+    message = _QUOTED.sub(keep, message)
     message = _FLAG_RE.sub(lambda m: _FLAGS[m.group(1)], message)
     for pattern, repl in _VALUE_RES:
         message = pattern.sub(repl, message)
-    return message
+    return re.sub("\x00(\\d+)\x00", lambda m: kept[int(m.group(1))], message)
 
 
 # ---- cost ------------------------------------------------------------------------------
