@@ -460,3 +460,15 @@ def test_messages_name_flags_but_leave_the_users_names(message, shown):
     from seqbalance.cli.commands import _as_flags
 
     assert _as_flags(message) == shown
+
+
+def test_a_cost_json_with_one_warning_string_gives_one_note(tmp_path, capsys):
+    cost = tmp_path / "cost.json"
+    cost.write_text(json.dumps({"kind": "quadratic", "per_token": 1, "per_token_sq": 0,
+                                "meta": {"warnings": "fitted on one rank only"}}))  # fmt: skip
+    src = tmp_path / "in.txt"
+    src.write_text("100\n200\n300\n400\n")
+    assert main(["plan", str(src), "--dp", "2", "--max-tokens", "1000", "--cost", str(cost),
+                 "--out", str(tmp_path / "p.json")]) == 0  # fmt: skip
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if "fitted on" in ln]
+    assert notes == [f"note: {cost}: fitted on one rank only"]

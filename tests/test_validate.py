@@ -75,3 +75,14 @@ def test_parallel_degree_limit_is_inclusive():
     assert check_degree(MAX_PARALLEL_DEGREE, "x") == MAX_PARALLEL_DEGREE
     with pytest.raises(ValueError, match="x=16385"):
         check_degree(MAX_PARALLEL_DEGREE + 1, "x")
+
+
+def test_float16_lengths_read_without_a_warning():
+    # 2**40 overflowed float16 in the size check: a RuntimeWarning on every good call.
+    import warnings
+
+    from seqbalance._validate import as_lengths
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert as_lengths(np.array([100, 200], dtype=np.float16), "lengths").tolist() == [100, 200]

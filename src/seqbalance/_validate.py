@@ -233,7 +233,9 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
         if i is not None:
             raise ValueError(f"{name}[{i}] = {arr[i].item()!r} is not a whole number of tokens")
     if arr.size:
-        big = arr >= MAX_LENGTH
+        # float16 cannot hold 2**40: compare in float64 (numpy warned of an overflow).
+        wide = arr.astype(np.float64) if arr.dtype.kind == "f" and arr.dtype.itemsize < 8 else arr
+        big = wide >= MAX_LENGTH
         if big.any():
             i = int(np.flatnonzero(big)[0])
             raise ValueError(

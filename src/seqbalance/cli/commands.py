@@ -137,7 +137,10 @@ def _load_cost(spec: str | None) -> CostChoice:
         name = getattr(model, "name", None) or spec
         return CostChoice(model, f"training FLOPs of {name}", "FLOP")
     meta = getattr(model, "meta", None) or {}
-    notes = [f"note: {spec}: {w}" for w in meta.get("warnings", [])]
+    warned = meta.get("warnings", [])
+    if isinstance(warned, str):  # one warning, not one per character
+        warned = [warned]
+    notes = [f"note: {spec}: {w}" for w in warned]
     if meta.get("unit") == "seconds":  # written by `seqbalance calibrate`
         where = " on ".join(str(meta[k]) for k in ("model", "device") if meta.get(k))
         label = f"calibrated seconds of {where}" if where else f"seconds from {spec}"
