@@ -427,6 +427,8 @@ def test_outputs_never_overwrite_the_lengths_file_or_each_other(tmp_path, capsys
     assert "would overwrite the --json file" in capsys.readouterr().err
     assert main(["compare", *base, "--plot", str(tmp_path / "x")]) == 2
     assert "give the file an extension" in capsys.readouterr().err
+    assert main(["compare", *base, "--json", "-"]) == 2  # it wrote a file named "-"
+    assert "give --json a file name" in capsys.readouterr().err
     assert not list(tmp_path.glob("x*"))
 
 

@@ -84,6 +84,8 @@ def check_outputs(args: argparse.Namespace) -> None:
         path = _get(args, name)
         if path is None or (name == "out" and path == "-"):
             continue
+        if path == "-":  # the table is on stdout; a file named "-" is what came of it
+            raise UserError(f"{flag} -: the table goes to stdout; give {flag} a file name")
         problem = unwritable(path)
         if problem:
             raise UserError(f"{flag} {path}: {problem}")
