@@ -855,7 +855,7 @@ def _full_rank_candidates(
     step bound (``_FULL_RANK_LARGE_GAIN`` above ``_FULL_RANK_LARGE``).
     """
     if (req.sync != "fsdp" or req.dp < 2 or req.padded or req.size != "free"
-            or req.groups is not None or req.pp is not None or req.extra or m_best is None
+            or req.groups is not None or req.pp is not None or m_best is None
             or req.n == 0 or req.n > _FULL_RANK_MAX_ITEMS
             or req.dp * m_best > _FULL_RANK_MAX_ITEMS):
         return []
@@ -1284,7 +1284,9 @@ def plan(
     m_best = min((p.num_micro_batches for p in candidates), default=None)
     candidates.extend(_full_rank_candidates(req, m_best, candidates))
     known: dict[int, float] = {}  # id(plan) -> step in order, for _levelled
-    if not req.extra and use_baselines:
+    # With extra counts too: the baselines at the fewest count are candidates as well, or
+    # asking for more counts could end slower than not asking (+23% on 7 lengths).
+    if use_baselines:
         known = {id(p): _step_in_order(req, p.micro_batches) for p in candidates
                  if p.num_micro_batches == m_best}  # fmt: skip
         best_step = min(known.values(), default=None)
