@@ -363,6 +363,12 @@ def _validate_request(
                 "sequences_per_micro_batch cannot be combined with a size rule or groups; "
                 "drop one of them"
             )
+        if extra:
+            # Its fixed-count path plans the fewest count only (it ignored the option).
+            raise ValueError(
+                "sequences_per_micro_batch cannot be combined with extra_micro_batches; "
+                "pass min_micro_batches= to plan more micro-batches"
+            )
     true_lens = None
     if check_choice(oversized, "oversized", OVERSIZED) == "alone":
         # A sequence above the capacity fills a micro-batch on its own: pack it as if it
@@ -1158,7 +1164,8 @@ def plan(
     sequences_per_micro_batch : int, optional
         Every micro-batch holds at most this many sequences and the counts differ by at
         most one; ``m`` is the smallest count that holds all sequences (and meets the
-        capacity, ``min_micro_batches`` and the multiple). Not with ``size`` or ``groups``.
+        capacity, ``min_micro_batches`` and the multiple). Not with ``size``, ``groups``
+        or ``extra_micro_batches``.
     baselines : bool
         Also run the framework pipelines of :data:`BASELINES` as candidates, so that the
         plan is never worse than any of them (default). False skips them: much faster on
