@@ -128,6 +128,10 @@ def test_sequences_per_micro_batch_errors():
         sb.plan([60, 60, 60, 60], 3, 100, sequences_per_micro_batch=2)
     with pytest.raises(ValueError, match="size rule or groups"):
         sb.plan([1, 2, 3, 4], 2, 100, size="equal", sequences_per_micro_batch=2)
+    # Empty micro-batches are noted there too (only violations() counted them).
+    p = sb.plan([9, 6], 3, 4096, allow_empty=True, sequences_per_micro_batch=5)
+    assert p.violations()["empty"] == 1
+    assert "1 empty micro-batches (allow_empty=True)" in p.notes[-1]
     # extra_micro_batches was ignored there, silently (the plan was byte-identical).
     with pytest.raises(ValueError, match="extra_micro_batches; pass min_micro_batches"):
         sb.plan([1, 2, 3, 4], 2, 100, extra_micro_batches=1, sequences_per_micro_batch=2)

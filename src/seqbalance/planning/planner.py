@@ -690,11 +690,7 @@ def _search(
                 ]
             else:
                 extra = [_why_more(req, m, status)] if m > first_m else []
-            empty = [(r, j) for r, rank in enumerate(mbs) for j, mb in enumerate(rank) if not mb]
-            if empty:
-                extra.append(
-                    f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}"
-                )
+            extra += _empty_note(mbs)
             found.append(_plan_of(req, mbs, notes + extra))
             if len(found) > req.extra:
                 break
@@ -1001,6 +997,14 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
     return min(candidates, key=key)
 
 
+def _empty_note(grid: Any) -> list[str]:
+    """The note on a plan's empty micro-batches (allowed by ``allow_empty=True``), if any."""
+    empty = [(r, j) for r, rank in enumerate(grid) for j, mb in enumerate(rank) if not len(mb)]
+    if not empty:
+        return []
+    return [f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}"]
+
+
 def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
     """``sequences_per_micro_batch``: the fewest micro-batches of at most that many
     sequences (counts within one) that fit the capacity; bins balanced by cost."""
@@ -1025,7 +1029,7 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
             f"sequences_per_micro_batch={per_mb} per micro-batch, {why}",
         ]
     grid = _deal_slots(bins, bin_totals(bins, req.costs, padded=req.padded), req.dp, m)
-    return _with_grid(req, grid, notes)
+    return _with_grid(req, grid, [*notes, *_empty_note(grid)])
 
 
 def _plan_of(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
