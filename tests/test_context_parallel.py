@@ -643,3 +643,16 @@ def test_dynamic_cp_keeps_min_micro_batches_and_multiple(sync, lengths, dp, cp_s
         m = p.num_micro_batches
         assert m >= m_min and m % mult == 0, (allow_empty, m)
         assert all(len(gpu) == m for gpu in p.pieces)
+
+
+def test_a_cp_plan_with_an_moe_cost_equals_itself_after_a_json_round_trip():
+    # The cost's config came back in another key order, so the JSON (which Plan ==
+    # compares) differed although nothing else did.
+    import seqbalance as sb
+    from seqbalance.planning.plans import Plan
+
+    lens = sb.workloads.lengths("long-context", 200, seed=1)
+    for cost in ("qwen3-30b-a3b", "deepseek-v3"):
+        p = sb.plan(lens, 1, 32768, cp_size=8, cost=cost)
+        back = Plan.from_json(p.to_json())
+        assert back == p and back.to_json() == p.to_json()

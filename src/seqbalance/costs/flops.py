@@ -212,7 +212,9 @@ class FlopsCost(CostModel):
             out["name"] = self.name
         out["recompute"] = self.recompute
         if self.config is not None:
-            out["config"] = self.config
+            # Sorted: from_dict rebuilds the config in another order, and a plan that holds
+            # this cost must write the same JSON after a round trip (Plan == compares it).
+            out["config"] = dict(sorted(self.config.items()))
         return out
 
     @classmethod
