@@ -33,6 +33,7 @@ Example (every GPU of the ``dp x cp`` mesh runs this)::
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Collection, Mapping, Sequence
 
 import numpy as np
@@ -104,6 +105,10 @@ class CPShardHandle:
             for g in range(self.world_size)
         ]
         self.slot_tokens = [idx.size for idx in _token_indices(plan, cu, rank)]
+        # What restore's agreement compares, hashed once: the whole layout, not just token
+        # counts (GPUs that planned with another cost get equal counts, other tokens).
+        layout = np.ascontiguousarray(np.concatenate(self._indices), dtype=np.int64)
+        self._layout_digest = hashlib.sha256(layout.tobytes()).hexdigest()
 
     def _local_outputs(self, outputs: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
         """This GPU's outputs as one ``[tokens, ...]`` tensor, checked against the plan."""
@@ -167,11 +172,9 @@ class CPShardHandle:
                     "call cp_shard with the process's rank in the group (or build the group "
                     "in plan GPU order)"
                 )
-            # The whole layout, not just token counts: GPUs holding plans with equal counts
-            # (one planned with another cost) put each other's rows in wrong places.
             fingerprint = {
                 "plan (tokens per GPU)": np.array([idx.size for idx in self._indices]),
-                "plan (which tokens each GPU holds)": np.concatenate(self._indices),
+                "plan (which tokens each GPU holds)": self._layout_digest,
                 "trailing shape of outputs": tuple(local.shape[1:]),
                 "dtype of outputs": str(local.dtype),
             }
@@ -357,8 +360,7 @@ def cp_shard(
         mb["cp_degree"] = torch.as_tensor(
             [len(deg[(j, i)]) for i, _, _ in ranges], dtype=torch.int64, device=device
         )
-        seqs = torch.as_tensor([i for i, _, _ in ranges], dtype=torch.int64)
-        for k in per_sequence:
-            mb[k] = batch[k][seqs.to(batch[k].device)]
+        for k in per_sequence:  # rows of the segments' sequences
+            mb[k] = batch[k][mb["sequence_ids"].to(batch[k].device)]
         out.append(mb)
     return out, CPShardHandle(plan, cu, rank)
