@@ -281,12 +281,11 @@ def _balanced_groups(lens: np.ndarray, k: int) -> list[list[int]]:
     parts = [list(p) for p in ours]
     loads = ours.loads.tolist()  # each part's total, as the partition summed it
     labels = _interleave_labels(lens, k)
-    top = float(np.bincount(labels, weights=lens, minlength=k).max())
-    if top <= max(loads) * (1.0 + 1e-12):  # else clearly heavier: no lists to build
+    their_loads = np.bincount(labels, weights=lens, minlength=k)  # part j holds label j
+    if their_loads.max() <= max(loads) * (1.0 + 1e-12):  # else clearly heavier: no lists
         theirs = parts_of_labels(labels, k)
         if framework_is_better(theirs, parts, lens):
-            parts = theirs
-            loads = [float(lens[p].sum()) for p in parts]
+            parts, loads = theirs, their_loads.tolist()
     order = sorted(range(k), key=lambda j: (-loads[j], min(parts[j])))
     return [parts[j] for j in order]
 
