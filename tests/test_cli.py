@@ -376,7 +376,33 @@ def test_compare_pipeline_plot(rl, tmp_path, capsys):
         )
         == 2
     )
-    assert "--virtual-stages" in capsys.readouterr().err
+    # The library's message names flags, the schedule's value among them.
+    assert (
+        "--schedule interleaved needs --virtual-stages >= 2, got 1; pass the number of model "
+        "chunks per stage, or use --schedule 1f1b" in capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("command", ["plan", "compare"])
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        (["--schedule", "gpipe"], "--schedule only applies with --pp-size > 1"),
+        (["--virtual-stages", "2"], "--virtual-stages only applies with --pp-size > 1"),
+        (
+            ["--schedule", "interleaved", "--virtual-stages", "2", "--pp-comm", "1"],
+            "--schedule, --virtual-stages, --pp-comm only apply with --pp-size > 1 (pipeline "
+            "parallelism); pass --pp-size P, or drop them",
+        ),
+    ],
+)
+def test_pipeline_options_without_stages_are_refused(rl, capsys, command, extra, said):
+    # `--schedule gpipe` alone was planned without a word, as if it had not been given.
+    _, txt, _ = rl
+    argv = [command, str(txt), "--dp", "2", "--max-tokens", "32768", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1
 
 
 def test_plan_with_pipeline_writes_its_layout(rl, tmp_path, capsys):

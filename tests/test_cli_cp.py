@@ -149,7 +149,10 @@ def test_plan_cp_errors(tmp_path, capsys):
     assert main(base) == 2  # a sequence above the cap: the message offers CP
     assert "--cp-size C" in capsys.readouterr().err
     assert main([*base, "--cp-bandwidth", "1e9"]) == 2
-    assert "--cp-bandwidth only apply with --cp-size > 1" in capsys.readouterr().err
+    assert (
+        "--cp-bandwidth only applies with --cp-size > 1 (context parallelism); pass "
+        "--cp-size C, or drop it" in capsys.readouterr().err
+    )
     assert main([*base, "--cp-size", "16", "--pp-size", "2"]) == 2
     assert "do not combine with --cp-size > 1" in capsys.readouterr().err
     assert main([*base, "--cp-size", "16", "--padded"]) == 2

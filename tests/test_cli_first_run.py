@@ -231,6 +231,8 @@ def test_size_checks_never_refuse_a_plan_the_library_can_make(
     [
         (["--json", "{tmp}/no/such/dir/c.json"], "--json"),
         (["--json", "{tmp}"], "is a directory"),
+        # A folder to be: abspath dropped the slash, and open() failed after planning.
+        (["--json", "{tmp}/newdir/"], "names a folder (it ends in a path separator)"),
         (["--plot", "{tmp}/missing/t.png"], "--plot"),
         pytest.param(["--plot", "{tmp}/t.xyz"], "cannot draw a plot as .xyz",
                      marks=NEEDS_MATPLOTLIB),
@@ -251,6 +253,12 @@ def test_compare_without_matplotlib_fails_before_planning(
     argv = ["compare", txt, "--dp", "2", "--max-tokens", "32768", "--plot", str(tmp_path / "t.png")]
     assert main(argv) == 2
     assert 'pip install ".[cli]"' in _error_line(capsys)
+
+
+def test_plan_refuses_a_folder_as_out_before_planning(txt, tmp_path, capsys, no_planning):
+    argv = ["plan", txt, "--dp", "2", "--max-tokens", "32768", "--out", f"{tmp_path}/newdir/"]
+    assert main(argv) == 2
+    assert "--out" in (line := _error_line(capsys)) and "names a folder" in line
 
 
 def test_demo_checks_outputs_before_planning(tmp_path, capsys, no_planning):
@@ -345,6 +353,22 @@ def test_table_to_a_file_is_never_wrapped(txt, tmp_path, monkeypatch):
 )
 def test_seconds_format(x, text):
     assert cli._si(x, "s") == text
+
+
+@pytest.mark.parametrize(
+    ("x", "unit", "text"),
+    [
+        (4.2e16, "FLOP", "42.0 PFLOP"),
+        (609075, "tok", "609.1 ktok"),
+        (12.0, "", "12"),
+        # Beyond the largest prefix the number was printed in full, 300 digits long.
+        (1.6046e305, "tok", "1.6e+305 tok"),
+        (2.5e21, "FLOP", "2.5e+21 FLOP"),
+        (float("inf"), "", "inf"),
+    ],
+)
+def test_si_format(x, unit, text):
+    assert cli._si(x, unit) == text
 
 
 def _calibrated(tmp_path, warnings=()):

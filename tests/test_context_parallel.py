@@ -294,6 +294,13 @@ def test_too_long_sequence_is_named():
         ({"cp_size": 2, "cost": [1.0, 2.0, 3.0, 4.0]}, "not per-sequence numbers"),
         ({"cp_size": 2, "cp_cost": {"bandwith": 1e9}}, "unknown key"),
         ({"cp_size": 2, "cp_cost": {"overlap": 2.0}}, r"overlap = 2.0 is invalid"),
+        # The pipeline keywords were taken unchecked with cp_size > 1; now as at pp_size=1.
+        ({"cp_size": 2, "pp_comm": 1.0}, r"pp_comm=1.0 needs pp_size > 1"),
+        ({"cp_size": 2, "schedule": "interleaved"}, "needs virtual_stages >= 2"),
+        ({"cp_size": 2, "virtual_stages": 2}, "applies to schedule='interleaved' only"),
+        ({"cp_size": 2, "schedule": "zb"}, "schedule must be one of"),
+        ({"cp_size": 2, "baselines": 1}, "baselines must be True or False"),
+        ({"cp_size": 2, "allow_empty": "no"}, "allow_empty must be True or False"),
     ],
 )
 def test_bad_cp_arguments(kwargs, match):
@@ -656,3 +663,20 @@ def test_a_cp_plan_with_an_moe_cost_equals_itself_after_a_json_round_trip():
         p = sb.plan(lens, 1, 32768, cp_size=8, cost=cost)
         back = Plan.from_json(p.to_json())
         assert back == p and back.to_json() == p.to_json()
+
+
+@pytest.mark.parametrize("cp", ["static", "dynamic"])
+def test_cp_plan_honours_baselines_false(cp):
+    # baselines=False was ignored with cp_size > 1: the Megatron-style layout and the
+    # baselines inside the static replica plan were candidates all the same.
+    lengths = np.random.default_rng(1).integers(100, 16000, 300)
+    on = sb.plan(lengths, 4, 8192, cp_size=4, cp=cp)
+    off = sb.plan(lengths, 4, 8192, cp_size=4, cp=cp, baselines=False)
+    assert not any("baseline" in n and "fastest" in n for n in off.notes)
+    if cp == "dynamic":
+        assert any("Megatron-style layout (baselines=False)" in n for n in off.notes)
+    # The schedule a config passes along changes nothing at one stage per replica.
+    assert sb.plan(lengths, 4, 8192, cp_size=4, cp=cp, schedule="gpipe") == on
+    assert sorted(i for gpu in off.pieces for sl in gpu for i, *_ in sl) == sorted(
+        i for gpu in on.pieces for sl in gpu for i, *_ in sl
+    )

@@ -196,6 +196,10 @@ def test_pipeline_argument_errors():
         sb.plan(LENS, 2, 32768, pp_size=2, schedule="interleaved")
     with pytest.raises(ValueError, match="pp_comm"):
         sb.plan(LENS, 2, 32768, pp_comm=0.5)
+    # Finite, but its product with the batch's tokens is not: refused before numpy's
+    # overflow warnings and an "inf is not finite" message about an internal array.
+    with pytest.raises(ValueError, match=r"pp_comm=1e\+308 times the batch's \d+ tokens "):
+        sb.plan(LENS, 2, 32768, pp_size=2, pp_comm=1e308)
     with pytest.raises(ValueError, match="schedule"):
         sb.plan(LENS, 2, 32768, pp_size=2, schedule="zero-bubble")
     p = sb.plan(LENS, 2, 32768)

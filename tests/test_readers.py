@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqbalance.cli.readers import read_column, read_lengths
+from seqbalance.cli.readers import read_column, read_groups, read_lengths
 
 LENGTHS = [120, 4096, 7, 0, 32768]
 
@@ -214,6 +214,30 @@ def test_values_the_python_api_refuses_are_refused_here_too(tmp_path):
     # One kind each is fine, floats and ints together too.
     assert read_column(_write(tmp_path / "d.json", "[1, 2.5, 3]")).tolist() == [1, 2.5, 3]
     assert read_column(_write(tmp_path / "e.json", '["1", "x"]')).tolist() == ["1", "x"]
+
+
+def test_csv_group_ids_of_one_number_written_two_ways_are_refused(tmp_path):
+    # CSV kept "1" and "1.0" as two groups (JSONL reads both as 1): now an error naming both.
+    csv_path = _write(tmp_path / "g.csv", "n,g\n100,1\n200,1.0\n300,2\n50,2\n")
+    with pytest.raises(ValueError, match=r"g.csv: group ids '1' and '1.0' are one number"):
+        read_groups(csv_path, "g")
+    jsonl = _write(tmp_path / "g.jsonl", '{"g": 1}\n{"g": 1.0}\n{"g": 2}\n')
+    assert read_groups(jsonl, "g").tolist() == [1, 1, 2]
+    # One spelling per number, and labels (compared as text), are read as they are.
+    ok = _write(tmp_path / "h.csv", "n,g\n1,07\n2,07\n3,2.5\n4,-1\n")
+    assert read_groups(ok, "g").tolist() == ["07", "07", "2.5", "-1"]
+    labels = _write(tmp_path / "i.csv", "n,g\n1,1\n2,1.0\n3,x\n")
+    assert read_groups(labels, "g").tolist() == ["1", "1.0", "x"]
+
+
+def test_csv_group_ids_in_the_cli(tmp_path, capsys):
+    from seqbalance.cli import main
+
+    csv_path = _write(tmp_path / "g.csv", "n,g\n100,1\n200,1.0\n300,2\n50,2\n")
+    argv = ["plan", str(csv_path), "--column", "n", "--groups-column", "g", "--dp", "2",
+            "--max-tokens", "1000"]  # fmt: skip
+    assert main(argv) == 2
+    assert "group ids '1' and '1.0' are one number" in capsys.readouterr().err
 
 
 def test_missing_file_is_oserror(tmp_path):

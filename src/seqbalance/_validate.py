@@ -523,6 +523,9 @@ def unwritable(path: str) -> str | None:
     """
     if os.path.isdir(path):
         return "is a directory"
+    if path.endswith(tuple(sep for sep in (os.sep, os.altsep) if sep)):
+        # abspath drops the slash, and open() fails only after the work is done.
+        return "names a folder (it ends in a path separator); give a file name"
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         return f"folder {folder} does not exist"

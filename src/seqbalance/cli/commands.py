@@ -79,6 +79,7 @@ _QUOTED = re.compile(r"(=?)('[^']*'|\"[^\"]*\")")
 # size="equal" -> --size equal; partition's k is the number of ranks here.
 _VALUE_RES = (
     (re.compile(r"(?<![\w-])size=[\"']?(\w+)[\"']?"), r"--size \1"),
+    (re.compile(r"(?<![\w-])schedule=[\"']?(\w+)[\"']?"), r"--schedule \1"),
     (re.compile(r"\bk=(\d+)"), r"--dp=\1"),
     (re.compile(r"\bmultiple of k\b"), "multiple of --dp"),
 )
@@ -163,10 +164,12 @@ _PREFIXES = ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3
 
 
 def _si(x: float, unit: str = "") -> str:
-    """``4.2e16, "FLOP"`` -> ``"42.0 PFLOP"``; ``609075, "tok"`` -> ``"609.1k tok"``;
+    """``4.2e16, "FLOP"`` -> ``"42.0 PFLOP"``; ``609075, "tok"`` -> ``"609.1 ktok"``;
     seconds as ``"12.3 ms"``, ``"4.56 s"``."""
     if unit == "s":
         return _seconds(x)
+    if not math.isfinite(x) or abs(x) >= 1e21:  # beyond the prefixes: 1.6e+305 FLOP
+        return f"{x:.3g} {unit}".rstrip()
     for scale, prefix in _PREFIXES:
         if abs(x) >= scale:
             text = f"{x / scale:.1f}{prefix}"
@@ -265,12 +268,12 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -
 
 
 def _read_inputs(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray | None]:
-    from .readers import read_column, read_lengths
+    from .readers import read_groups, read_lengths
 
     lengths = read_lengths(args.lengths, args.column)
     groups = None
     if args.groups_column is not None:
-        groups = read_column(args.lengths, args.groups_column, what="group ids")
+        groups = read_groups(args.lengths, args.groups_column)
     return lengths, groups
 
 
@@ -312,17 +315,41 @@ def _check_sizes(
 # ---- plan ------------------------------------------------------------------------------
 
 
-def _check_cp_options(args: argparse.Namespace, command: str) -> None:
-    """Refuse the ``--cp*`` options without ``--cp-size > 1``, and pipelining with it."""
+def _apply(flags: list[str]) -> str:
+    return "applies" if len(flags) == 1 else "apply"
+
+
+def _them(flags: list[str]) -> str:
+    return "it" if len(flags) == 1 else "them"
+
+
+def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
+    """Refuse the ``--cp*`` options without ``--cp-size > 1``, the pipeline ones without
+    ``--pp-size > 1``, and the two together."""
     if args.cp_size == 1:
         from .cp_compare import stray_cp_options
 
         stray = stray_cp_options(args)
         if stray:
             raise UserError(
-                f"{', '.join(stray)} only apply with --cp-size > 1 (context parallelism); "
-                "pass --cp-size C, or drop them"
+                f"{', '.join(stray)} only {_apply(stray)} with --cp-size > 1 (context "
+                f"parallelism); pass --cp-size C, or drop {_them(stray)}"
             )
+        if args.pp_size == 1:  # else the planner checks them together
+            stray = [
+                flag
+                for flag, unused in (
+                    ("--schedule", args.schedule != "1f1b"),
+                    ("--virtual-stages", args.virtual_stages != 1),
+                    ("--pp-comm", args.pp_comm != 0.0),
+                )
+                if unused
+            ]
+            if stray:
+                raise UserError(
+                    f"{', '.join(stray)} only {_apply(stray)} with --pp-size > 1 (pipeline "
+                    f"parallelism); pass --pp-size P, or drop {_them(stray)}"
+                )
     elif _pp_kwargs(args):
         raise UserError(
             "--pp-size/--schedule/--virtual-stages/--pp-comm do not combine with "
@@ -333,7 +360,7 @@ def _check_cp_options(args: argparse.Namespace, command: str) -> None:
 def _cmd_plan(args: argparse.Namespace) -> int:
     check_numbers(args)
     check_outputs(args)
-    _check_cp_options(args, "plan")
+    _check_parallel_options(args, "plan")
     cost = _load_cost(args.model or args.cost)
     lengths, groups = _read_inputs(args)
     cp_kwargs: dict[str, Any] = {}
@@ -502,7 +529,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             raise UserError(f"compare LENGTHS needs {' and '.join(missing)}")
     check_numbers(args)
     check_outputs(args)
-    _check_cp_options(args, "compare")
+    _check_parallel_options(args, "compare")
     if args.cp_size != 1:  # context parallelism: its own strategies and table
         from . import cp_compare
 

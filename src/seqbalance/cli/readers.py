@@ -34,7 +34,7 @@ import numpy as np
 from .._validate import as_lengths
 from .optional import import_optional
 
-__all__ = ["FORMATS", "read_column", "read_lengths"]
+__all__ = ["FORMATS", "read_column", "read_groups", "read_lengths"]
 
 _TEXT = ("", ".txt", ".lst")
 FORMATS: dict[str, str] = {
@@ -363,3 +363,34 @@ def read_lengths(path: str | os.PathLike[str], column: str | None = None) -> np.
         return as_lengths(values)
     except ValueError as exc:  # say which file the bad value came from
         raise ValueError(f"{os.fspath(path)}: {exc}") from None
+
+
+def read_groups(path: str | os.PathLike[str], column: str) -> np.ndarray:
+    """Read group ids (numbers or labels) from a file's ``column``.
+
+    CSV cells are text, so ``1`` and ``1.0`` would be two groups there while JSONL reads
+    both as the number 1. Two different cells of one number are refused rather than
+    guessed at; cells that are not all numbers stay labels, compared as text.
+
+    Raises
+    ------
+    ValueError
+        As :func:`read_column`, or for two spellings of one number (both named).
+    """
+    values = read_column(path, column, what="group ids")
+    if values.dtype.kind not in "US":
+        return values
+    cells = list(dict.fromkeys(str(v) for v in values))  # distinct, in file order
+    try:
+        numbers = [float(text) for text in cells]
+    except ValueError:
+        return values  # labels, not numbers
+    seen: dict[float, str] = {}
+    for text, number in zip(cells, numbers):
+        other = seen.setdefault(number, text)
+        if other != text:
+            raise ValueError(
+                f"{os.fspath(path)}: group ids {other!r} and {text!r} are one number written "
+                "two ways; write each group's id the same way in every row"
+            )
+    return values

@@ -46,6 +46,7 @@ import numpy as np
 
 from .._validate import (
     as_lengths,
+    check_bool,
     check_choice,
     check_max_tokens,
     check_positive_int,
@@ -127,10 +128,12 @@ def _round_up(x: int, k: int) -> int:
 class _Request:
     """The validated arguments of :func:`plan_cp`."""
 
-    def __init__(self, lens, dp, cp_size, cap, cpc, sync, m_min, mult, allow_empty) -> None:
+    def __init__(
+        self, lens, dp, cp_size, cap, cpc, sync, m_min, mult, allow_empty, baselines=True
+    ) -> None:
         self.lens, self.dp, self.cp_size, self.cap = lens, dp, cp_size, cap
         self.cpc, self.sync, self.m_min, self.mult = cpc, sync, m_min, mult
-        self.allow_empty = allow_empty
+        self.allow_empty, self.baselines = allow_empty, baselines
         self.world = dp * cp_size
         self.n = int(lens.shape[0])
         self.tables = degree_tables(lens, cpc, cp_size)
@@ -156,7 +159,8 @@ class _Request:
 
 
 def _validate(
-    lengths, dp_size, max_tokens, cp_size, cp, cost, cp_cost, sync, m_min, mult, allow_empty
+    lengths, dp_size, max_tokens, cp_size, cp, cost, cp_cost, sync, m_min, mult, allow_empty,
+    baselines=True,
 ) -> _Request:
     lens = as_lengths(lengths)
     dp = check_positive_int(dp_size, "dp_size")
@@ -174,7 +178,8 @@ def _validate(
         sync,
         check_positive_int(m_min, "min_micro_batches"),
         check_positive_int(mult, "micro_batch_multiple"),
-        bool(allow_empty),
+        check_bool(allow_empty, "allow_empty"),
+        check_bool(baselines, "baselines"),
     )
 
 
@@ -222,6 +227,7 @@ def _static_base(req: _Request) -> Any:
             min_micro_batches=req.m_min,
             micro_batch_multiple=req.mult,
             allow_empty=req.allow_empty,
+            baselines=req.baselines,
         )
     except ValueError as exc:
         return str(exc)
@@ -580,7 +586,9 @@ def _dynamic(req: _Request) -> CPPlan:
             p = _static_pieces(req, base, "seqbalance")
             if req.allow_empty or all(sl for gpu in p.pieces for sl in gpu):
                 tried.append(("the static-CP layout", p, _step(p, req.sync)))
-    if best_time <= _fixed_bound(req, _megatron_degrees(req)):
+    if not req.baselines:
+        skipped.append("the Megatron-style layout (baselines=False)")
+    elif best_time <= _fixed_bound(req, _megatron_degrees(req)):
         skipped.append("the Megatron-style layout (its bound is no lower)")
     else:
         p = megatron_cp_plan(req)
@@ -625,6 +633,7 @@ def plan_cp(
     min_micro_batches: int = 1,
     micro_batch_multiple: int = 1,
     allow_empty: bool = False,
+    baselines: bool = True,
 ) -> CPPlan:
     """Plan a ``dp_size x cp_size`` mesh with context parallelism (module docstring).
 
@@ -642,6 +651,10 @@ def plan_cp(
         Communication parameters: None (free), a dict of
         :class:`~seqbalance.costs.context_parallel.ContextParallelCost` keyword arguments
         (``bandwidth``, ``cost_per_second``, ``overlap``, ...), or a ready instance.
+    baselines : bool
+        As in :func:`seqbalance.plan`: False keeps the baselines' plans out of the
+        candidates (the replica plan of static CP, and the Megatron-style layout that
+        ``"dynamic"`` otherwise tries).
 
     Returns
     -------
@@ -665,6 +678,7 @@ def plan_cp(
         min_micro_batches,
         micro_batch_multiple,
         allow_empty,
+        baselines,
     )
     if cp == "static":
         p = _static(req)

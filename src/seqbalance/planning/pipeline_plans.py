@@ -22,6 +22,7 @@ A micro-batch's forward is ``forward_c0 + sum of its sequences' forward costs`` 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -127,6 +128,13 @@ def pipeline_setup(
         if comm:
             raise ValueError(f"pp_comm={pp_comm!r} needs pp_size > 1 (no stage boundaries)")
         return None
+    # A micro-batch's transfer is comm x its tokens; at most all tokens of the batch.
+    tokens = float(np.asarray(lengths, dtype=np.float64).sum())
+    if not math.isfinite(comm * tokens):
+        raise ValueError(
+            f"pp_comm={pp_comm!r} times the batch's {tokens:.0f} tokens overflows float64; "
+            "give pp_comm (and the cost model) in a larger time unit"
+        )
     from ..costs.phases import phase_costs
 
     fwd, _, f0, _ = phase_costs(lengths, cost)

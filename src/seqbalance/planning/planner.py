@@ -1075,6 +1075,11 @@ def _plan_cp_hook(**kw: Any) -> Plan:
             raise ValueError(
                 f"{name}={value!r} is not supported with cp_size > 1; leave it at {default!r}"
             )
+    # One stage per replica: the schedule keywords are checked as at pp_size=1 (a config
+    # may pass its schedule whatever its sizes), and pp_comm is refused there.
+    pipeline_setup(
+        kw["lengths"], kw["cost"], 1, kw["schedule"], kw["virtual_stages"], kw["pp_comm"]
+    )
     return plan_cp(
         kw["lengths"],
         kw["dp_size"],
@@ -1087,6 +1092,7 @@ def _plan_cp_hook(**kw: Any) -> Plan:
         min_micro_batches=kw["min_micro_batches"],
         micro_batch_multiple=kw["micro_batch_multiple"],
         allow_empty=kw["allow_empty"],
+        baselines=kw["baselines"],
     )
 
 
@@ -1181,7 +1187,11 @@ def plan(
         ``cp="dynamic"`` picks a power-of-two degree per sequence; ``cp_cost`` prices the
         communication. ``cp_size > 1`` returns a
         :class:`~seqbalance.planning.cp_plans.CPPlan`; see
-        :func:`seqbalance.planning.context_parallel.plan_cp`. At ``cp_size=1`` a
+        :func:`seqbalance.planning.context_parallel.plan_cp`, which honours ``baselines``
+        and checks ``schedule`` and ``virtual_stages`` as at ``pp_size=1`` (it refuses
+        ``pp_comm``, ``pp_size``, ``size``, ``groups``, ``padded``, ``order``,
+        ``oversized``, ``extra_micro_batches`` and ``sequences_per_micro_batch``
+        other than their defaults). At ``cp_size=1`` a
         ``cp_cost`` is still checked, and a sequence cost inside a ``ContextParallelCost``
         is the one planned with.
     pp_size : int
