@@ -429,6 +429,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 # ---- compare ---------------------------------------------------------------------------
 
+PP_TABLE_NOTE = (
+    "seqbalance plans for the pipeline step (the second table); the first table simulates "
+    "no pipeline, where a baseline can come out ahead of it"
+)
 PADDED_NOTE = "planned by summed tokens, as its framework does, then padded to its longest"
 
 
@@ -548,8 +552,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if args.demo:
         spec = args.model or args.cost
         cost = _demo_cost() if spec is None else _load_cost(spec)
-        for note in cost.notes:
-            _say(note, out)
+        for note in cost.notes:  # beside the table's own lines, as without --demo
+            _say(note, sys.stderr)
         _say(
             f"seqbalance compare --demo: simulated {args.sync} step per strategy; cost = "
             f"{cost.label}; speedup over 'sequential'; gap = step / lower bound - 1",
@@ -557,6 +561,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         )
         if padded:
             _say(padded, out)
+        if args.pp_size > 1:
+            _say(PP_TABLE_NOTE, out)
         runs = []
         for s in DEMO_SETUPS:
             w = workloads.load(s.workload, s.n, s.seed)
@@ -590,6 +596,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             header += f" ({', '.join(own)} apply to seqbalance only; the baselines ignore them)"
         if padded:
             header += "\n" + padded
+        if args.pp_size > 1:
+            header += "\n" + PP_TABLE_NOTE
         runs = [(header, lengths, groups, args.dp, args.max_tokens, str(args.lengths))]
     # Every run's sizes before the first is planned: a bad one should not wait for the rest.
     for _, lengths, groups, dp, cap, _ in runs:
