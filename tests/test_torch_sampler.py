@@ -277,6 +277,41 @@ def test_sampler_plans_under_the_exact_searches_setting_it_was_built_with(monkey
         assert sorted(held) == list(range(len(lengths)))
 
 
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_each_step_is_planned_once(monkeypatch, drop_last):
+    # The construction check planned the epoch's first (and short last) step, and drawing
+    # them planned them again. Now the checked plans are the ones drawn.
+    from seqbalance.planning import planner
+
+    calls = []
+    real = planner.plan
+
+    def spy(*args, **kwargs):
+        calls.append(len(args[0]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "plan", spy)
+    lengths = np.random.default_rng(2).integers(1, 60, size=90)  # 90 = 2 x 40 + 10
+    kw = dict(num_replicas=2, rank=0, seed=1, drop_last=drop_last, check_ranks=False)
+    s = BalancedDistributedSampler(lengths, 40, 64, **kw)
+    steps = list(s.steps())
+    assert calls == ([40] if drop_last else [40, 10]) + [40] * (len(steps) - 1 - (not drop_last))
+    assert len(calls) == s.num_steps
+    # The cached plans are the ones an unchecked, lazily planned sampler makes.
+    monkeypatch.setattr(planner, "plan", real)
+    fresh = BalancedDistributedSampler(lengths, 40, 64, **kw)
+    fresh._cache.clear()
+    assert list(fresh.steps()) == steps
+    # A new epoch and a new cost plan the checked steps again, each once.
+    calls.clear()
+    monkeypatch.setattr(planner, "plan", spy)
+    s.set_epoch(1)
+    s.set_cost(np.ones(90))
+    list(s.steps())
+    assert len(calls) == s.num_steps
+    assert list(s.steps()) and len(calls) == s.num_steps
+
+
 @pytest.mark.parametrize(
     ("kwargs", "words"),
     [

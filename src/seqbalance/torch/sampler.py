@@ -232,7 +232,7 @@ class BalancedDistributedSampler:
         self._cache: dict[int, tuple[np.ndarray, Any]] = {}
         self._drawn: set[int] = set()
         self._order = np.zeros(0, dtype=np.int64)
-        self._check_options()
+        self._remember(self._check_options())
 
     def _store_cost(self, cost: Any) -> None:
         if not is_array_like(cost):  # None, a name, a path, a config, a cost model
@@ -246,12 +246,15 @@ class BalancedDistributedSampler:
                 )
             self.cost, self._cost_array = None, arr
 
-    def _check_options(self) -> None:
-        # What can be known before the first draw fails here: an unknown option, a
-        # sequence over the cap anywhere in the dataset (shuffling can put it in any
-        # step), and this epoch's first and short last step. Whether another step fills
-        # every rank's micro-batches depends on the sequences it draws; such a step raises
-        # when it is planned (with allow_empty=True none does).
+    def _check_options(self) -> dict[int, tuple[np.ndarray, Any]]:
+        """Refuse what is wrong before the first draw; return the steps planned to see it.
+
+        What can be known before the first draw fails here: an unknown option, a
+        sequence over the cap anywhere in the dataset (shuffling can put it in any
+        step), and this epoch's first and short last step. Whether another step fills
+        every rank's micro-batches depends on the sequences it draws; such a step raises
+        when it is planned (with allow_empty=True none does).
+        """
         from seqbalance.planning.planner import plan
 
         try:
@@ -293,27 +296,37 @@ class BalancedDistributedSampler:
             # No step to plan: plan an empty one so that a bad sync, cost or option fails
             # here rather than never.
             self._step_plan(self.lengths[:0], last_partial=True)
-            return
+            return {}
         # The first step of this epoch and its short last step, as they will be drawn:
         # whether a step can fill every rank's micro-batches depends on which sequences it
         # holds, so a stand-in such as the dataset's first items could refuse a dataset
         # whose steps all plan, or pass one whose first step cannot.
         order = self.epoch_order()
-        steps = [order[: min(n, b)]]
+        steps = {0: order[: min(n, b)]}
         if not self.drop_last and n > b and n % b:
-            steps.append(order[n - n % b :])
-        for idx in steps:
+            steps[self.num_steps - 1] = order[n - n % b :]
+        planned = {}
+        for s, idx in steps.items():
             size = len(idx)
             try:
-                self._step_plan(idx, last_partial=size < b)
+                planned[s] = (idx, self._step_plan(idx, last_partial=size < b))
             except ValueError as exc:
-                if idx is steps[0]:
+                if s == 0:
                     raise
                 raise ValueError(
                     f"the last step of each epoch has {size} samples ({n} % "
                     f"global_batch_size={b}), and this epoch's cannot be planned: {exc}. Pass "
                     "drop_last=True to skip those samples, or change the options"
                 ) from None
+        return planned
+
+    def _remember(self, planned: dict[int, tuple[np.ndarray, Any]]) -> None:
+        """Cache the steps :meth:`_check_options` planned (this epoch's), so that drawing
+        them does not plan them again; steps already drawn keep their plans."""
+        self._enter_epoch()
+        for s, step in planned.items():
+            if s not in self._drawn:
+                self._cache[s] = step
 
     def set_cost(self, cost: Any) -> None:
         """Plan with ``cost`` from the next step not yet planned on (e.g. a refitted cost).
@@ -327,12 +340,13 @@ class BalancedDistributedSampler:
         old = (self.cost, self._cost_array)
         self._store_cost(cost)
         try:
-            self._check_options()
+            planned = self._check_options()
         except ValueError:
             self.cost, self._cost_array = old
             raise
         # Keep the plans of steps already drawn; later ones are planned again.
         self._cache = {s: v for s, v in self._cache.items() if s in self._drawn}
+        self._remember(planned)
 
     # ---- epochs ------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -396,15 +410,19 @@ class BalancedDistributedSampler:
 
     def _step(self, s: int) -> tuple[np.ndarray, Any]:
         """Step ``s`` of the current epoch: its dataset indices and plan (cached)."""
-        if self._cache_epoch != self.epoch:
-            self._cache, self._drawn = {}, set()
-            self._order = self.epoch_order()
-            self._cache_epoch = self.epoch
+        self._enter_epoch()
         if s not in self._cache:
             b = self.global_batch_size
             idx = self._order[s * b : (s + 1) * b]
             self._cache[s] = (idx, self._step_plan(idx, last_partial=len(idx) < b))
         return self._cache[s]
+
+    def _enter_epoch(self) -> None:
+        """Start the cache afresh when the epoch changed since it was filled."""
+        if self._cache_epoch != self.epoch:
+            self._cache, self._drawn = {}, set()
+            self._order = self.epoch_order()
+            self._cache_epoch = self.epoch
 
     def _step_plan(self, idx: np.ndarray, last_partial: bool) -> Any:
         from seqbalance.planning.planner import plan
