@@ -100,11 +100,11 @@ class CPShardHandle:
         self.rank = rank
         self.world_size = plan.world_size
         self.total_tokens = int(cu[-1])
-        self._indices = [
-            np.concatenate(_token_indices(plan, cu, g) or [np.zeros(0, np.int64)])
-            for g in range(self.world_size)
-        ]
-        self.slot_tokens = [idx.size for idx in _token_indices(plan, cu, rank)]
+        per_gpu = [_token_indices(plan, cu, g) for g in range(self.world_size)]
+        # This GPU's token positions per slot: cp_shard gathers its micro-batches with them.
+        self.slot_indices = per_gpu[rank]
+        self._indices = [np.concatenate(slots or [np.zeros(0, np.int64)]) for slots in per_gpu]
+        self.slot_tokens = [idx.size for idx in self.slot_indices]
         # What restore's agreement compares, hashed once: the whole layout, not just token
         # counts (GPUs that planned with another cost get equal counts, other tokens).
         layout = np.ascontiguousarray(np.concatenate(self._indices), dtype=np.int64)
@@ -334,8 +334,9 @@ def cp_shard(
             for i, s, e in slot:
                 if e > s:  # a GPU whose piece is empty drops it: no partner to wait for
                     deg.setdefault((j, i), set()).add(g)
+    handle = CPShardHandle(plan, cu, rank)
     out = []
-    for j, (slot, idx) in enumerate(zip(plan.pieces[rank], _token_indices(plan, cu, rank))):
+    for j, (slot, idx) in enumerate(zip(plan.pieces[rank], handle.slot_indices)):
         ranges = [(i, s, e) for i, s, e in slot if e > s]
         index = torch.from_numpy(idx)
         mb: dict[str, Any] = {}
@@ -363,4 +364,4 @@ def cp_shard(
         for k in per_sequence:  # rows of the segments' sequences
             mb[k] = batch[k][mb["sequence_ids"].to(batch[k].device)]
         out.append(mb)
-    return out, CPShardHandle(plan, cu, rank)
+    return out, handle
