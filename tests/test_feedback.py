@@ -263,6 +263,30 @@ def test_robust_fit_ignores_a_gross_outlier():
     assert robust.meta["robust"] == "huber"
 
 
+@pytest.mark.parametrize("factor", [0.1, 0.01, 0.001])
+def test_robust_fit_ignores_one_time_far_too_short(factor):
+    # One micro-batch timed at a fraction of its time (it failed half-way, the clock
+    # misread) weighed 1/t more than the rest in the relative fit: every coefficient but c
+    # went to 0, and the Huber weights, scaled by that collapsed fit, kept it there.
+    rng = np.random.default_rng(0)
+    mbs = [rng.integers(16, 8192, size=int(rng.integers(1, 9))) for _ in range(100)]
+    t = np.array([TRUTH.microbatch_cost(mb) for mb in mbs])
+    t *= 1 + 0.01 * rng.standard_normal(t.size)
+    t[7] *= factor
+    plain = fit_cost(mbs, t)
+    robust = fit_cost(mbs, t, robust=True)
+    assert plain.per_token == 0.0  # the plain relative fit is pulled to the short time
+    assert robust.per_token == pytest.approx(TRUTH.per_token, rel=0.03)
+    assert robust.per_token_sq == pytest.approx(TRUTH.per_token_sq, rel=0.1)
+    assert robust.report.median_rel_error < 0.01
+    # The same through the recorder's refit (robust by default).
+    rec = TimingRecorder(sync="ddp")
+    for j, (mb, tt) in enumerate(zip(mbs, t)):
+        rec.record(j % 4, j // 4, 0, mb, float(tt))
+    cost = rec.refit(per_rank=False)
+    assert cost.per_token == pytest.approx(TRUTH.per_token, rel=0.03)
+
+
 def test_record_errors_and_window():
     rec = TimingRecorder(window=2)
     rec.record(0, 0, 0, [1], 1.0)

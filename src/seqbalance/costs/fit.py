@@ -314,12 +314,25 @@ def _hint(mbs: list[np.ndarray]) -> str:
     return "the micro-batch shapes vary too little"
 
 
-def _weighted_nnls(a: np.ndarray, t: np.ndarray, w: np.ndarray, robust: bool) -> np.ndarray:
-    """NNLS of ``a x ≈ t`` with row weights ``w``; robust: Huber IRLS on weighted residuals."""
+def _weighted_nnls(
+    a: np.ndarray, t: np.ndarray, w: np.ndarray, robust: bool, relative: bool = False
+) -> np.ndarray:
+    """NNLS of ``a x ≈ t`` with row weights ``w``; robust: Huber IRLS on weighted residuals.
+
+    Robust and ``relative``: the residuals are taken relative to the prediction, not to
+    the measured time. Relative to ``t``, one time far too short (a block that failed
+    half-way, a misread clock) weighs ``1/t`` times more than the rest, and the least
+    squares pull every coefficient towards 0 to serve it; the Huber weights, scaled by
+    the residuals of that collapsed start, cannot undo it. Relative to the prediction
+    such a time is at most a -100% error, which the Huber weights then down-weight.
+    """
     coef = nnls(a * w[:, None], t * w)
     if not robust:
         return coef
-    for _ in range(30):
+    floor = 1e-9 * float(t.max())  # a prediction of 0 (all coefficients 0) stays finite
+    for _ in range(50):
+        if relative:
+            w = 1.0 / np.maximum(a @ coef, floor)
         r = (a @ coef - t) * w
         # Robust scale: the median absolute residual (1.4826 makes it σ for Gaussian noise).
         sigma = 1.4826 * float(np.median(np.abs(r)))
@@ -366,7 +379,7 @@ def _fit(
     t = t / unit
     w = 1.0 / t if weighting == "relative" else np.ones_like(t)
     bad, _ = unidentified(a[:, cols], w, [COEFFICIENTS[j] for j in cols])
-    sol = _weighted_nnls(a[:, cols], t, w, robust)
+    sol = _weighted_nnls(a[:, cols], t, w, robust, relative=weighting == "relative")
     coef = np.zeros(4)
     coef[cols] = sol
     r2, max_rel, med_rel = _stats(a @ coef, t)
@@ -408,7 +421,11 @@ def fit_cost(
     robust
         Down-weight outliers (a rank preempted, a garbage-collection pause): iteratively
         reweighted least squares with Huber weights (k = 1.345 robust standard deviations
-        of the weighted residuals), each step a non-negative solve.
+        of the weighted residuals), each step a non-negative solve. With relative
+        weighting the robust residuals are relative to the prediction, so one time far
+        too short (a micro-batch that failed half-way) counts as at most -100% and is
+        down-weighted; the plain relative fit weighs it by ``1/t`` and can be pulled to
+        0 by it. Use ``robust=True`` on measurements from a training run.
 
     Returns
     -------
