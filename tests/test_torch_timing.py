@@ -375,3 +375,87 @@ def test_end_step_records_a_padded_plan_as_it_ran():
     """Every row of a padded micro-batch runs at the longest row's length; raw lengths made
     refit learn a per-token cost too low (c = 6.6e-10 for a true 1e-9)."""
     assert run_distributed(_end_step_padded, 2, timeout=TIMEOUT - 10) == [True, True]
+
+
+# ---- blocks that raise or nest, zero readings, lengths and steps that disagree ---------
+
+
+def test_a_block_that_raises_keeps_its_slot_but_is_not_recorded():
+    # Its partial time was recorded as the whole micro-batch's: the too-short record that
+    # pulls a relative fit towards 0.
+    p = plan([9, 3, 7, 1, 8, 2], 1, 16)
+    rec = TimingRecorder()
+    timer = MicroBatchTimer(rec, device="cpu", clock="wall")
+    for j, _ in enumerate(p.micro_batches[0]):
+        try:
+            with timer.time():
+                time.sleep(0.001)
+                if j == 0:
+                    raise RuntimeError("out of memory")
+        except RuntimeError:
+            pass  # the usual loop: skip the micro-batch, go on
+    got = timer.end_step(p)
+    assert [t.slot for t in got] == list(range(1, p.num_micro_batches))
+    assert [t.slot for t in rec.records] == [t.slot for t in got] and timer.step == 1
+
+
+def test_blocks_cannot_nest():
+    timer = MicroBatchTimer(device="cpu", clock="wall")
+    with timer.time([5]):
+        with pytest.raises(ValueError, match="cannot nest"):
+            with timer.time([3]):
+                pass
+    assert [lens.tolist() for lens, *_ in timer._pending] == [[5]]
+    with timer.time([3]):  # the next block, after the first, is fine
+        pass
+    assert [t.lengths.tolist() for t in timer.end_step()] == [[5], [3]]
+
+
+def test_a_zero_reading_records_nothing_and_says_why(monkeypatch):
+    # A coarse clock read 0 s: end_step raised in the recorder after adding part of the
+    # step and moving its step counter on, with a message that did not say what to do.
+    rec = TimingRecorder()
+    timer = MicroBatchTimer(rec, device="cpu", clock="thread")
+    ticks = iter([0.0, 0.0, 0.0, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5] + [0.5] * 50)
+    monkeypatch.setattr(timer, "_now", lambda: next(ticks))
+    monkeypatch.setattr(timer, "_mark", lambda: next(ticks))
+    with timer.time([4]):
+        pass
+    with timer.time([6]):
+        pass
+    with pytest.raises(ValueError, match=r"micro-batch 1 measured 0.0 s: the clock \('thread'\)"):
+        timer.end_step()
+    assert len(rec) == 0 and timer.step == 0 and not timer._pending
+
+
+def _end_step_disagreeing(rank: int, world: int, case: str):
+    p = plan([9, 3, 7, 1, 8, 2, 5, 6], world, 16)
+    timer = MicroBatchTimer(device="cpu", clock="wall")
+    mbs = p.micro_batches[rank]
+    order = mbs[::-1] if case == "lengths" and rank == 1 else mbs
+    for mb in order:
+        with timer.time(p.lengths[mb]):
+            time.sleep(0.001)
+    step = 5 if case == "step" and rank == 1 else None
+    try:
+        timer.end_step(p, step=step)
+    except ValueError as exc:
+        return str(exc), timer.step
+    return "ok", timer.step
+
+
+@pytest.mark.timeout(TIMEOUT)
+@pytest.mark.parametrize("case", ["lengths", "step"])
+def test_end_step_refuses_lengths_or_steps_that_disagree_on_every_rank(case):
+    """Lengths given to time() that were not the plan's slot's were ignored (times paired
+    with the plan's lengths, in another order); ranks passing different step= recorded
+    different steps, and their recorders' windows drifted apart."""
+    out = run_distributed(_end_step_disagreeing, 2, case, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    if case == "lengths":
+        assert all("ranks [1] timed micro-batches with lengths that are not the plan's" in m
+                   and step == 0 for m, step in out), out
+        assert "micro-batch 0 was timed with lengths" in out[1][0]
+    else:
+        assert all("ranks [1] record this step as step 5, rank 0 as step 0" in m
+                   for m, _ in out), out

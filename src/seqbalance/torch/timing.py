@@ -34,13 +34,23 @@ Under DDP the last micro-batch's backward also waits for the gradient all-reduce
 for the slowest rank. With the ``"wall"`` and ``"cuda"`` clocks that wait lands in the
 last slot's time; run every micro-batch under ``no_sync()`` and reduce the gradients
 after the timed region, or use ``"thread"`` on CPU, to time compute alone (the robust
-refit also down-weights such outliers).
+refit also down-weights such outliers). Under FSDP/ZeRO-3 every micro-batch ends in
+collectives, so with ``"wall"`` and ``"cuda"`` every slot's time ends with the slowest
+rank's: the records then show no imbalance between ranks (``imbalance_measured`` and
+``idle_fraction`` read about 0), and the refit prices each rank's sequences at the
+slowest rank's time. ``"thread"`` on CPU measures each rank's own work; on GPUs, read
+such records as the lockstep step they are.
+
+A block that raises is not recorded (its time is partial), but it keeps its slot, so a
+loop that catches an error and skips the micro-batch still matches the plan. Blocks do
+not nest.
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import time
 from typing import Any, Iterator
 
@@ -131,7 +141,9 @@ class MicroBatchTimer:
         self.step = 0
         self.overhead = 0.0
         self.gather_overhead = 0.0
-        self._pending: list[tuple[np.ndarray | None, Any, Any]] = []
+        # (lengths or None, start mark, end mark, the block raised)
+        self._pending: list[tuple[np.ndarray | None, Any, Any, bool]] = []
+        self._open = False
 
     # ---- timing ------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -139,18 +151,33 @@ class MicroBatchTimer:
         """Time the block as this rank's next micro-batch.
 
         ``lengths`` are its sequences' token counts; they may be left out when
-        :meth:`end_step` is given the plan (which knows them).
+        :meth:`end_step` is given the plan (which knows them), and if given they must be
+        the plan's for this slot. A block that raises keeps its slot but is not recorded.
+
+        Raises
+        ------
+        ValueError
+            When entered inside another :meth:`time` block (the outer time would hold the
+            inner one, and the slots would be out of order).
         """
+        if self._open:
+            raise ValueError(
+                "MicroBatchTimer.time() blocks cannot nest: time each micro-batch in its own "
+                "block, one after the other"
+            )
         t0 = self._now()
         lens = None if lengths is None else as_lengths(_np(lengths), "lengths")
         start = self._mark()
         self.overhead += self._now() - t0
+        self._open, failed = True, True
         try:
             yield
+            failed = False
         finally:
             t1 = self._now()
             end = self._mark()
-            self._pending.append((lens, start, end))
+            self._pending.append((lens, start, end, failed))
+            self._open = False
             self.overhead += self._now() - t1
 
     def _mark(self) -> Any:
@@ -164,12 +191,15 @@ class MicroBatchTimer:
         return time.perf_counter()
 
     def _seconds(self) -> list[float]:
+        """Each pending block's time; NaN for a block that raised (left out of records)."""
         if not self._pending:
             return []
         if self.clock == "cuda":
             self._pending[-1][2].synchronize()  # the last event done: all are
-            return [s.elapsed_time(e) / 1e3 for _, s, e in self._pending]
-        return [float(e - s) for _, s, e in self._pending]
+            secs = [s.elapsed_time(e) / 1e3 for _, s, e, _ in self._pending]
+        else:
+            secs = [float(e - s) for _, s, e, _ in self._pending]
+        return [math.nan if failed else t for t, (*_, failed) in zip(secs, self._pending)]
 
     # ---- gathering ---------------------------------------------------------------------
     def end_step(self, plan: Any = None, *, step: int | None = None) -> list[Timing]:
@@ -206,8 +236,11 @@ class MicroBatchTimer:
         ValueError
             On every rank, when a rank's plan is for another number of ranks than the
             group, the ranks' plans differ, some ranks passed a plan and others not, a
-            rank timed a different number of micro-batches than the plan gives it, or
-            (without a plan) a micro-batch was timed without its lengths.
+            rank timed a different number of micro-batches than the plan gives it, a
+            rank gave :meth:`time` lengths that are not its plan slot's, the ranks passed
+            different ``step`` values, or (without a plan) a micro-batch was timed without
+            its lengths. Also, alike on every rank and with nothing recorded, when a
+            micro-batch measured 0 s (a clock too coarse for it).
         """
         t0 = self._now()
         # A bad argument on one rank is reported in the header gather below, on every rank,
@@ -225,7 +258,7 @@ class MicroBatchTimer:
         # fits. Ranks whose plans differ would otherwise gather rows of different lengths
         # (a hang, or an error on some ranks alone) or silently pair one rank's times with
         # another plan's lengths; every rank sees every header, so every rank raises alike.
-        missing = any(lens is None for lens, _, _ in self._pending)
+        missing = any(lens is None for lens, *_ in self._pending)
         if plan is not None:
             try:
                 planned = len(plan.micro_batches)
@@ -241,6 +274,8 @@ class MicroBatchTimer:
                         "sequences, which timing records and their fit (a + b·L + c·L² of "
                         "whole sequences) do not model yet; leave CP steps out of the recorder"
                     )
+                if ok and unusable is None:
+                    unusable = _lengths_disagree(self._pending, mine, plan.lengths)
             except Exception as exc:  # not a Plan
                 unusable = unusable or ValueError(
                     f"plan must be the step's Plan (e.g. handle.plan), got "
@@ -249,7 +284,9 @@ class MicroBatchTimer:
                 header = [1, 0, 0, 0, 0, 0]
         else:
             header = [0, 0, 0, 0, 0, not missing]
-        header.append(unusable is not None)
+        # 1: arguments it cannot use; 2: lengths given to time() that are not the plan's.
+        header.append(0 if unusable is None else 2 if isinstance(unusable, _Disagree) else 1)
+        header.append(step)  # every rank records the step under one number
         g0 = self._now()
         heads = self._gather(np.array(header, dtype=np.float64), world)
         self.gather_overhead += self._now() - g0
@@ -271,9 +308,10 @@ class MicroBatchTimer:
                        float(table[r, j]))
                 for r in range(world)
                 for j, mb in enumerate(plan.micro_batches[r])
+                if not math.isnan(table[r, j])  # the block raised
             ]  # fmt: skip
         else:
-            mine_obj = [(lens.tolist(), s) for (lens, _, _), s in zip(self._pending, secs)]
+            mine_obj = [(lens.tolist(), s) for (lens, *_), s in zip(self._pending, secs)]
             gathered: list[Any] = [mine_obj]
             g0 = self._now()
             if world > 1:
@@ -284,8 +322,18 @@ class MicroBatchTimer:
                 Timing(r, step, j, np.asarray(lens, dtype=np.int64), float(s))
                 for r, items in enumerate(gathered)
                 for j, (lens, s) in enumerate(items)
+                if not math.isnan(s)  # the block raised
             ]
         self._pending.clear()
+        # Records are alike on every rank, so every rank raises here alike, and before the
+        # step counter or the recorder changed.
+        zero = next((t for t in records if not t.seconds > 0), None)
+        if zero is not None:
+            raise ValueError(
+                f"rank {zero.rank}'s micro-batch {zero.slot} measured {zero.seconds!r} s: the "
+                f"clock ({self.clock!r}) is too coarse for it; use clock='wall' (or 'cuda' "
+                "on a GPU), or time larger micro-batches. Nothing of this step was recorded"
+            )
         self.step = step + 1
         if self.recorder is not None:
             self.recorder.extend(records)
@@ -329,13 +377,21 @@ def _check_headers(
 ) -> None:
     """Raise the same ValueError on every rank when the gathered headers of
     :meth:`MicroBatchTimer.end_step` disagree (rows: has plan, planned ranks, slots, digest
-    pair, this rank's timing usable, this rank's arguments unusable)."""
+    pair, this rank's timing usable, this rank's arguments unusable (1) or its timed
+    lengths not the plan's (2), step)."""
     bad_args = np.flatnonzero(heads[:, 6] == 1).tolist()
     if bad_args:
         mine = f"this rank: {unusable}" if unusable is not None else "this rank's are fine"
         raise ValueError(
             f"ranks {bad_args} passed end_step arguments it cannot use ({mine}); pass the "
             "step's Plan (e.g. handle.plan) and an integer step, or neither"
+        )
+    steps = heads[:, 7]
+    if (steps != steps[0]).any():
+        odd = np.flatnonzero(steps != steps[0]).tolist()
+        raise ValueError(
+            f"ranks {odd} record this step as step {int(steps[odd[0]])}, rank 0 as step "
+            f"{int(steps[0])}; pass the same step= on every rank (or none)"
         )
     with_plan = heads[:, 0] == 1
     if with_plan.any() and not with_plan.all():
@@ -373,6 +429,35 @@ def _check_headers(
             f"{len(plan.micro_batches[rank])} planned); time each of the plan's "
             "micro-batches exactly once"
         )
+    disagree = np.flatnonzero(heads[:, 6] == 2).tolist()
+    if disagree:
+        mine = f"this rank: {unusable}" if unusable is not None else "this rank's match"
+        raise ValueError(
+            f"ranks {disagree} timed micro-batches with lengths that are not the plan's "
+            f"({mine}); run the plan's micro-batches in its order, or leave lengths out of "
+            "timer.time() when end_step has the plan"
+        )
+
+
+class _Disagree(ValueError):
+    """This rank timed a block with lengths that are not its plan slot's."""
+
+
+def _lengths_disagree(
+    pending: list[tuple[np.ndarray | None, Any, Any, bool]], mine: Any, lengths: Any
+) -> _Disagree | None:
+    """Why the lengths given to :meth:`MicroBatchTimer.time` are not the plan's, or None."""
+    lengths = np.asarray(lengths)
+    for j, ((lens, *_), mb) in enumerate(zip(pending, mine)):
+        if lens is None:
+            continue
+        want = np.sort(lengths[np.asarray(mb, dtype=np.int64)].astype(np.int64))
+        if not np.array_equal(np.sort(lens.astype(np.int64)), want):
+            return _Disagree(
+                f"micro-batch {j} was timed with lengths {lens.tolist()}, the plan's slot "
+                f"{j} holds {want.tolist()}"
+            )
+    return None
 
 
 def _plan_digest(plan: Any) -> tuple[float, float]:
