@@ -3,6 +3,7 @@ fit_cost's 2-D input and its identifiability warning."""
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
@@ -285,6 +286,29 @@ def test_robust_fit_ignores_one_time_far_too_short(factor):
         rec.record(j % 4, j // 4, 0, mb, float(tt))
     cost = rec.refit(per_rank=False)
     assert cost.per_token == pytest.approx(TRUTH.per_token, rel=0.03)
+
+
+def test_a_saved_refit_cost_reads_as_seconds_on_the_command_line(tmp_path, capsys):
+    # refit wrote meta["units"], the command line read meta["unit"]: a refit cost loaded
+    # with --cost was shown in unitless "cost units".
+    from seqbalance.cli import main
+
+    rec = _simulated_run(0, steps=3)
+    cost = rec.refit()
+    assert cost.meta["unit"] == "seconds" and "units" not in cost.meta
+    path = tmp_path / "refit.json"
+    path.write_text(cost.to_json())
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("\n".join(str(n) for n in workloads.lengths("rl-math", 64, seed=0)))
+    argv = ["plan", str(lengths), "--dp", "2", "--max-tokens", "32768", "--cost", str(path)]
+    assert main(argv) == 0
+    assert "seconds from" in capsys.readouterr().err
+    # A file from an older refit, with "units", reads alike.
+    old = cost.to_dict()
+    old["meta"]["units"] = old["meta"].pop("unit")
+    path.write_text(json.dumps(old))
+    assert main(argv) == 0
+    assert "seconds from" in capsys.readouterr().err
 
 
 def test_record_errors_and_window():

@@ -142,7 +142,9 @@ def _load_cost(spec: str | None) -> CostChoice:
     if isinstance(warned, str):  # one warning, not one per character
         warned = [warned]
     notes = [f"note: {spec}: {w}" for w in warned]
-    if meta.get("unit") == "seconds":  # written by `seqbalance calibrate`
+    # "unit": written by `seqbalance calibrate` and TimingRecorder.refit ("units" by the
+    # refit of seqbalance <= 0.1, whose files are still about).
+    if "seconds" in (meta.get("unit"), meta.get("units")):
         where = " on ".join(str(meta[k]) for k in ("model", "device") if meta.get(k))
         label = f"calibrated seconds of {where}" if where else f"seconds from {spec}"
         return CostChoice(model, label, "s", notes)

@@ -503,7 +503,7 @@ class TimingRecorder:
         steps = self.steps
         cost.meta.update(
             {
-                "units": "seconds",
+                "unit": "seconds",
                 "source": "refit",
                 "steps": [steps[0], steps[-1]],
                 "samples": len(recs),
