@@ -398,6 +398,23 @@ def test_records_from_plan_refuses_indices_beyond_int64_and_nested(mb):
         records_from_plan([[mb]], [5, 6], [[0.5]], step=0)
 
 
+@pytest.mark.parametrize(
+    ("seconds", "step", "words"),
+    [
+        ([[float("nan")]], 0, r"seconds\[0\]\[0\] must be a positive finite time"),
+        ([["0.5"]], 0, r"seconds\[0\]\[0\] must be a number, got '0.5'"),
+        ([[0.0]], 0, "positive finite"),
+        ([[0.5]], -1, "step"),
+        ([[0.5]], 1.5, "step"),
+        ([0.5], 0, r"seconds\[0\] = 0.5 must be rank 0's row of times"),  # was TypeError
+    ],
+)
+def test_records_from_plan_checks_times_and_step(seconds, step, words):
+    # NaN, a string, a negative or fractional step were all turned into records.
+    with pytest.raises(ValueError, match=words):
+        records_from_plan([[[0]]], [5, 6], seconds, step=step)
+
+
 def test_records_from_plan_takes_sets_and_iterators():
     for mb in ({1, 0}, iter([0, 1]), (i for i in (0, 1)), range(2)):
         (rec,) = records_from_plan([[mb]], [5, 6], [[0.5]], step=0)

@@ -274,14 +274,7 @@ class TimingRecorder:
         step = _nonneg_int(step, "step")
         slot = _nonneg_int(slot, "slot")
         lens = as_lengths(lengths, "lengths")
-        if isinstance(seconds, (bool, np.bool_, str, bytes)):  # float() takes True and "1.0"
-            raise ValueError(f"seconds must be a number, got {seconds!r}")
-        try:
-            secs = float(seconds)
-        except (TypeError, ValueError):
-            raise ValueError(f"seconds must be a number, got {seconds!r}") from None
-        if not (math.isfinite(secs) and secs > 0):
-            raise ValueError(f"seconds must be a positive finite time, got {seconds!r}")
+        secs = _time(seconds, "seconds")
         key = (step, rank, slot)
         if key in self._records:
             raise ValueError(
@@ -526,6 +519,7 @@ def records_from_plan(
     (0, 3, 1)
     """
     lens = as_lengths(lengths, "lengths")
+    step = _nonneg_int(step, "step")
     out = []
     if isinstance(seconds, (Mapping, str, bytes)) or not hasattr(seconds, "__len__"):
         raise ValueError(
@@ -538,14 +532,31 @@ def records_from_plan(
         )
     for r, rank in enumerate(micro_batches):
         row = seconds[r]
+        if isinstance(row, (Mapping, str, bytes)) or not hasattr(row, "__len__"):
+            raise ValueError(
+                f"seconds[{r}] = {row!r} must be rank {r}'s row of times, one per micro-batch"
+            )
         if len(row) != len(rank):
             raise ValueError(
                 f"seconds[{r}] has {len(row)} times but rank {r} has {len(rank)} micro-batches"
             )
         for j, mb in enumerate(rank):
             idx = _indices(mb, lens.size, f"micro_batches[{r}][{j}]")
-            out.append((r, step, j, lens[idx], float(row[j])))
+            out.append((r, step, j, lens[idx], _time(row[j], f"seconds[{r}][{j}]")))
     return out
+
+
+def _time(value: Any, name: str) -> float:
+    """A measured time as a positive finite float, else a ValueError naming ``name``."""
+    if isinstance(value, (bool, np.bool_, str, bytes)):  # float() takes True and "1.0"
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    try:
+        secs = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a number, got {value!r}") from None
+    if not (math.isfinite(secs) and secs > 0):
+        raise ValueError(f"{name} must be a positive finite time, got {value!r}")
+    return secs
 
 
 def _indices(mb: Any, n: int, name: str) -> np.ndarray:
