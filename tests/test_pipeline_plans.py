@@ -381,3 +381,22 @@ def test_plan_json_pipeline_fields_are_checked_on_load(key, value, match):
     data["pipeline"][key] = value
     with pytest.raises(ValueError, match=match):
         sb.Plan.from_dict(data)
+
+
+@pytest.mark.parametrize("sync", ["fsdp", "ddp"])
+def test_oversized_alone_splits_forward_and_backward_at_the_true_length(sync):
+    # The forward share was computed at the length clipped to max_tokens while the cost
+    # used the true one: a 300-token sequence ran a 62-unit forward and a 1,138-unit
+    # backward (18x) instead of 357 and 843, and the simulated step was 2% off.
+    from seqbalance.costs.phases import phase_costs
+
+    lens = [300, 40, 60, 50, 70, 20]
+    cost = sb.QuadraticCost(per_token=1.0, per_token_sq=0.01)
+    p = sb.plan(lens, 1, 100, cost=cost, pp_size=2, oversized="alone", sync=sync)
+    fwd, bwd, _, _ = phase_costs(np.asarray(lens), cost)
+    np.testing.assert_allclose(p.pipeline.forward, fwd)
+    assert p.pipeline.forward[0] == pytest.approx(1200 / 3.36)  # 1 : 2.36 at this length
+    f = [float(fwd[mb].sum()) for mb in p.micro_batches[0]]
+    b = [float(bwd[mb].sum()) for mb in p.micro_batches[0]]
+    want = sb.simulate_pipeline(f, b, 2).step_time
+    assert p.simulate_pipeline().step_time == pytest.approx(want)

@@ -989,7 +989,8 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
         if req.pp is None:
             t = _step_in_order(req, p.micro_batches)
         else:  # the pipeline step, in the best starting order (finish_plan searches more)
-            args = (req.costs, req.c0, req.lens, req.padded, req.sync, req.pp)
+            lens = req.lens if req.true_lens is None else req.true_lens  # tokens sent
+            args = (req.costs, req.c0, lens, req.padded, req.sync, req.pp)
             t = pipeline_step_time(pipeline_order_grid(p.micro_batches, *args, quick=True), *args)
         # Fewest micro-batches first, unless the caller asked to trade them for time.
         return (t,) if req.extra else (p.num_micro_batches, t)
@@ -1273,7 +1274,11 @@ def plan(
             "order= and sequences_per_micro_batch= cannot be combined with pp_size > 1: the "
             "pipeline planner chooses the micro-batches and their run order; drop one of them"
         )
-    pp = pipeline_setup(req.lens, cost, pp_size, schedule, virtual_stages, pp_comm)
+    # The forward share of each sequence's cost, from its true length: with
+    # oversized="alone" req.lens is clipped to the cap, and an oversized sequence's
+    # backward (cost - forward) came out 13x its forward instead of about 2x.
+    run_lens = req.lens if req.true_lens is None else req.true_lens
+    pp = pipeline_setup(run_lens, cost, pp_size, schedule, virtual_stages, pp_comm)
     user_mult = req.mult
     if pp is not None:
         req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
