@@ -141,6 +141,44 @@ def test_sliding_window_rules():
     assert _windows(typed) == [None, 32, None]
 
 
+def test_qwen_window_defaults_follow_transformers():
+    # seqbalance turned a Qwen window on when use_sliding_window was absent, from layer 0
+    # when max_window_layers was: transformers (Qwen2Config, Qwen3Config) defaults to
+    # use_sliding_window=False and max_window_layers=28, i.e. full attention. A 28-layer
+    # Qwen2 config with only sliding_window cost 0.39x what runs, at 131k tokens.
+    for family in ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe"):
+        bare = {**TINY, "model_type": family, "sliding_window": 32}
+        assert _windows(bare) == [None] * 3
+    on = {**TINY, "model_type": "qwen2", "num_hidden_layers": 30, "sliding_window": 32,
+          "use_sliding_window": True}  # fmt: skip
+    assert _windows(on) == [None] * 28 + [32, 32]
+
+
+def test_a_window_that_is_off_is_not_read():
+    # transformers 5 writes sliding_window 0 when the window is off (Qwen2MoeConfig): the
+    # config was refused with "must be an integer >= 1; fix the config.json".
+    cfg = {**TINY, "model_type": "qwen2_moe", "sliding_window": 0, "use_sliding_window": False,
+           "max_window_layers": 28}  # fmt: skip
+    assert _windows(cfg) == [None] * 3
+    assert FlopsCost.from_hf_config(cfg).matmul_params == TINY_PARAMS
+    # A 0 or null window is no window, whatever the family.
+    assert _windows({**TINY, "model_type": "mistral", "sliding_window": 0}) == [None] * 3
+    with pytest.raises(ValueError, match="'sliding_window' = -1 must be an integer >= 0"):
+        parse_config({**TINY, "model_type": "mistral", "sliding_window": -1})
+
+
+def test_numpy_integers_in_a_config_dict_are_integers():
+    # np.int64(64) was refused with "must be an integer >= 1".
+    cfg = {k: (np.int64(v) if isinstance(v, int) else v) for k, v in TINY.items()}
+    cfg["sliding_window"] = np.int32(8)
+    got = FlopsCost.from_hf_config(cfg)
+    want = FlopsCost.from_hf_config({**TINY, "sliding_window": 8})
+    assert got.matmul_params == TINY_PARAMS
+    assert got.forward_flops([300])[0] == want.forward_flops([300])[0]
+    with pytest.raises(ValueError, match="must be an integer"):
+        parse_config({**TINY, "hidden_size": np.float64(64.5)})
+
+
 def test_window_flops_exact():
     cfg = {**TINY, "model_type": "gemma2", "sliding_window": 32}
     cost = FlopsCost.from_hf_config(cfg)

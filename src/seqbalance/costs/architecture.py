@@ -23,13 +23,17 @@ Rules, field by field
   ``num_key_value_heads`` defaults to ``num_attention_heads`` (as in transformers).
 - MLA is used when the config has ``kv_lora_rank`` (deepseek_v2/v3); ``q_lora_rank`` null
   means a direct query projection.
-- Sliding window: active only when ``sliding_window`` is set and ``use_sliding_window``
-  is not false. Which layers: ``layer_types`` when given (``"sliding_attention"`` /
+- Sliding window: active only when ``sliding_window`` is set (a null or 0 window is
+  none) and ``use_sliding_window`` is on. ``use_sliding_window`` defaults to false for
+  the qwen families and to true for the others, as in transformers (Mistral-7B-v0.1 ships
+  ``sliding_window: 4096`` with no ``use_sliding_window`` field, so its window is on; a
+  Qwen config with a ``sliding_window`` but no ``use_sliding_window`` runs full
+  attention). When it is off, ``sliding_window`` is not read (transformers 5 writes 0
+  there). Which layers: ``layer_types`` when given (``"sliding_attention"`` /
   ``"full_attention"``); else gemma2 alternates starting with a sliding layer 0, gemma3
   makes every ``sliding_window_pattern``-th layer (default 6) global, the qwen families
-  slide on layers ``>= max_window_layers`` (0 when absent), and every other family on
-  all layers (mistral: Mistral-7B-v0.1 ships ``sliding_window: 4096`` with no
-  ``use_sliding_window`` field, so its window is on, as in transformers).
+  slide on layers ``>= max_window_layers`` (28 when absent, transformers' default), and
+  every other family on all layers.
 - Experts: ``num_local_experts`` (mixtral), ``num_experts`` (qwen MoE) or
   ``n_routed_experts`` (deepseek), with ``num_experts_per_tok`` routed per token. Expert
   width ``moe_intermediate_size``, else ``intermediate_size`` (mixtral). Shared experts:
@@ -268,6 +272,8 @@ class _Reader:
         self.missing: list[str] = []
 
     def _check(self, key: str, value: Any, minimum: int, maximum: int | None = None) -> int:
+        if isinstance(value, (np.integer, np.floating)):  # a config built with numpy
+            value = value.item()
         ok = not isinstance(value, bool) and isinstance(value, (int, float))
         if ok and isinstance(value, float):
             ok = value.is_integer()
@@ -303,12 +309,13 @@ class _Reader:
             )
 
 
-def _use_sliding_window(cfg: Mapping[str, Any]) -> bool:
-    """``use_sliding_window`` (default true); only a bool: a string "false" or a 0 would
-    otherwise count as true (it is not False) and silently turn the window on."""
+def _use_sliding_window(cfg: Mapping[str, Any], family: str) -> bool:
+    """``use_sliding_window`` (default: false for the qwen families, true otherwise, as in
+    transformers); only a bool: a string "false" or a 0 would otherwise count as true (it
+    is not False) and silently turn the window on."""
     value = cfg.get("use_sliding_window")
     if value is None:
-        return True
+        return family not in _QWEN
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(
             f"config field 'use_sliding_window' = {value!r} must be true or false; "
@@ -335,9 +342,10 @@ def _index_list(cfg: Mapping[str, Any], key: str) -> list[Any] | None:
 
 def _windows(cfg: Mapping[str, Any], family: str, r: _Reader, n: int) -> list[int | None]:
     """The sliding window of each layer (None: full causal attention)."""
-    window = r.opt("sliding_window", None)
-    use = _use_sliding_window(cfg)
-    enabled = window is not None and use
+    use = _use_sliding_window(cfg, family)
+    # Read only when on (transformers 5 writes 0 when it is off); 0 or null: no window.
+    window = (r.opt("sliding_window", None, minimum=0) or None) if use else None
+    enabled = window is not None
     layer_types = _index_list(cfg, "layer_types")
     if layer_types is not None:
         if len(layer_types) != n:
@@ -364,7 +372,7 @@ def _windows(cfg: Mapping[str, Any], family: str, r: _Reader, n: int) -> list[in
         assert pattern is not None
         sliding = [(i + 1) % pattern != 0 for i in range(n)]
     elif family in _QWEN:
-        first = r.opt("max_window_layers", 0, minimum=0)
+        first = r.opt("max_window_layers", 28, minimum=0)
         assert first is not None
         sliding = [i >= first for i in range(n)]
     else:
