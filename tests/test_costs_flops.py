@@ -288,11 +288,24 @@ def test_recompute_from_dict_default_and_bools():
     assert full.per_token == pytest.approx(4 / 3 * plain.per_token, rel=1e-15)
 
 
-@pytest.mark.parametrize("flag", ["no", 0, 1, None])
+@pytest.mark.parametrize("flag", ["no", 0, 1])
 def test_training_flops_recompute_must_be_a_bool(flag):
     # "no" is truthy: training_flops(recompute="no") counted 4x forward.
     with pytest.raises(ValueError, match="recompute"):
         FlopsCost.from_name("llama-3-8b").training_flops([10], recompute=flag)
+
+
+def test_training_flops_follows_the_models_recompute_by_default():
+    # It defaulted to recompute=False: 3x forward on a recompute model whose cost(L) is 4x.
+    lens = [10, 5000]
+    for recompute, mult in ((False, 3.0), (True, 4.0)):
+        cost = FlopsCost.from_name("llama-3-8b", recompute=recompute)
+        np.testing.assert_array_equal(cost.training_flops(lens), cost(lens))
+        np.testing.assert_allclose(cost.training_flops(lens), mult * cost.forward_flops(lens))
+        np.testing.assert_allclose(
+            cost.training_flops(lens, recompute=not recompute),
+            (7.0 - mult) * cost.forward_flops(lens),
+        )
 
 
 @pytest.mark.parametrize(

@@ -99,8 +99,11 @@ class FlopsCost(CostModel):
 
     Build one with :meth:`from_hf_config` or :meth:`from_name`. Calling it gives exact
     training FLOPs per sequence (3× forward; 4× when ``recompute``). For pipeline schedules
-    the backward counts 2× the forward for matmuls and 2.5× for attention (3× and 3.5×
-    with ``recompute``): :attr:`backward_matmul`, :attr:`backward_attention`.
+    the backward counts 2× the forward (3× with ``recompute``), for matmuls and attention
+    alike (:attr:`backward_matmul`, :attr:`backward_attention`), so that the forward phase
+    is the model's forward FLOPs and the phases add up to the training FLOPs. (A
+    :class:`~seqbalance.costs.QuadraticCost` fitted to measured time keeps the 2.5× of
+    FlashAttention-2's measured backward for its ``c·L²`` term.)
 
     Examples
     --------
@@ -136,8 +139,10 @@ class FlopsCost(CostModel):
         self.config = config
         mult = 4.0 if recompute else 3.0
         # Recompute runs the forward again inside the backward: one more forward's worth.
+        # The FLOP count's own split (2 backward matmuls per forward one), attention too:
+        # with 2.5 the forward phase came out 0.90x the forward FLOPs at 131k tokens.
         self.backward_matmul = 3.0 if recompute else 2.0
-        self.backward_attention = 3.5 if recompute else 2.5
+        self.backward_attention = self.backward_matmul
         self.per_token = mult * 2.0 * float(architecture.matmul_params)
         self.per_token_sq = mult * float(
             sum(layer.attention.core_width for layer in architecture.layers)
@@ -189,8 +194,11 @@ class FlopsCost(CostModel):
         x = as_lengths(lengths).astype(np.float64)
         return finite_costs(self._forward(x, 1.0), x, self)
 
-    def training_flops(self, lengths: Any, recompute: bool = False) -> np.ndarray:
-        """Forward + backward FLOPs per sequence: 3× forward, 4× with full recompute."""
+    def training_flops(self, lengths: Any, recompute: bool | None = None) -> np.ndarray:
+        """Forward + backward FLOPs per sequence: 3× forward, 4× with full recompute
+        (default: the model's own :attr:`recompute`, as calling the cost does)."""
+        if recompute is None:
+            recompute = self.recompute
         recompute = check_bool(recompute, "recompute")  # "no" is truthy: it would count 4x
         x = as_lengths(lengths).astype(np.float64)
         return finite_costs(self._forward(x, 4.0 if recompute else 3.0), x, self)
