@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 import seqbalance as sb
 from seqbalance.costs import FlopsCost, QuadraticCost, TokenCost
 from seqbalance.costs.context_parallel import (
+    FLOPS_PER_SECOND,
     ContextParallelCost,
     balanced_layout,
     kv_bytes_per_token,
@@ -54,11 +55,14 @@ def test_piece_cost_without_communication_is_the_split_polynomial():
 
 def test_communication_term_known_values():
     base = QuadraticCost(per_token=0.0, per_token_sq=1.0)
-    cp = ContextParallelCost(base, bandwidth=5.0, kv_bytes_per_token=10.0, comm_passes=1.0)
+    cp = ContextParallelCost(
+        base, bandwidth=5.0, kv_bytes_per_token=10.0, comm_passes=1.0, cost_per_second=1.0
+    )
     # L=8, d=2: one transfer of 4 tokens * 10 bytes / 5 bytes/s = 8; attention 32 on rank 0
     assert cp.piece_cost(8, [(0, 2), (6, 8)], 2) == pytest.approx(32 + 8)
     half = ContextParallelCost(
-        base, bandwidth=5.0, kv_bytes_per_token=10.0, comm_passes=1.0, overlap=0.5
+        base, bandwidth=5.0, kv_bytes_per_token=10.0, comm_passes=1.0, overlap=0.5,
+        cost_per_second=1.0,
     )
     # hidden behind half of one step's attention: 8 - 0.5 * 32 / 2 = 0 exposed
     assert half.piece_cost(8, [(0, 2), (6, 8)], 2) == pytest.approx(32)
@@ -68,6 +72,26 @@ def test_communication_term_known_values():
     )
     sq = 1 * 1 - 0 + 8 * 8 - 7 * 7  # rank 0 of L=8, d=4 holds [0,1) and [7,8)
     assert fast.piece_cost(8, [(0, 1), (7, 8)], 4) == pytest.approx(sq + 3 * (2 * 10 / 5 * 2))
+
+
+def test_cost_per_second_defaults_to_the_costs_units():
+    # It defaulted to 1 for every cost: with a FLOP cost the transfer's seconds counted as
+    # a few FLOPs, so any bandwidth (1 byte/s too) planned as free communication, while
+    # the command line used 4e14 FLOP/s for the same settings.
+    flops = FlopsCost.from_name("qwen2.5-7b")
+    assert ContextParallelCost(flops, bandwidth=2.5e10).cost_per_second == FLOPS_PER_SECOND
+    lengths = np.random.default_rng(4).integers(500, 12000, 64)
+    kw = dict(cp_size=8, cp="dynamic", cost=flops)
+    free = sb.plan(lengths, 2, 8192, **kw)
+    slow = sb.plan(lengths, 2, 8192, cp_cost={"bandwidth": 1e8}, **kw)
+    assert set(free.degrees()) == {8} and max(slow.degrees()) <= 2  # slow links: split less
+    # A cost in seconds (its meta says so) converts at 1; a cost of unknown units must say.
+    secs = QuadraticCost(per_token=1e-6, per_token_sq=0.0, meta={"unit": "seconds"})
+    assert ContextParallelCost(secs, bandwidth=1e9, kv_bytes_per_token=8.0).cost_per_second == 1
+    with pytest.raises(ValueError, match="unknown units, pass cost_per_second="):
+        ContextParallelCost(QuadraticCost(1.0, 0.0), bandwidth=1e9, kv_bytes_per_token=8.0)
+    # Without a bandwidth nothing is converted.
+    assert ContextParallelCost(TokenCost()).cost_per_second == 1.0
 
 
 def test_kv_bytes_from_the_config():
@@ -130,7 +154,9 @@ def lengths_strategy():
     st.sampled_from([4096, 8192]),
     st.sampled_from(["static", "dynamic", "megatron"]),
     st.sampled_from(["fsdp", "ddp"]),
-    st.sampled_from([None, {"bandwidth": 1e3, "kv_bytes_per_token": 1.0, "overlap": 0.5}]),
+    st.sampled_from(
+        [None, {"bandwidth": 1e3, "kv_bytes_per_token": 1.0, "overlap": 0.5, "cost_per_second": 1}]
+    ),
 )
 def test_every_cp_plan_keeps_the_hard_constraints(lengths, dp, cp_size, cap, mode, sync, comm):
     cost = QuadraticCost(per_token=1.0, per_token_sq=1e-4, per_sequence=10.0, per_microbatch=5.0)
@@ -181,6 +207,7 @@ def test_bound_holds_for_random_valid_plans(lengths, dp, cp_size, rnd):
         bandwidth=1e3,
         kv_bytes_per_token=1.0,
         overlap=0.3,
+        cost_per_second=1.0,
     )
     world = dp * cp_size
     m = max(1, math.ceil(sum(lengths) / (world * cap))) + rnd.randint(0, 2)

@@ -295,6 +295,8 @@ def test_context_parallel_json_with_an_unknown_key():
 
     with pytest.raises(ValueError, match="bandwith"):
         ContextParallelCost.from_dict({"cost": {"kind": "tokens"}, "bandwith": 1e9})
-    cp = ContextParallelCost(TokenCost(), bandwidth=1e9, kv_bytes_per_token=10.0)
+    cp = ContextParallelCost(
+        TokenCost(), bandwidth=1e9, kv_bytes_per_token=10.0, cost_per_second=1e5
+    )
     back = ContextParallelCost.from_dict(json.loads(json.dumps(cp.to_dict())))
     assert back.to_dict() == cp.to_dict()

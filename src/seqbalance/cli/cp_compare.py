@@ -18,6 +18,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from .. import workloads
+from ..costs.context_parallel import FLOPS_PER_SECOND
 from ..partitioning.stats import relative_gap
 from ..planning.context_parallel import plan_cp
 from ..planning.cp_baselines import CP_BASELINES
@@ -111,7 +112,7 @@ def cp_cost_of(args: argparse.Namespace, unit: str, bandwidth: float | None) -> 
     """The ``cp_cost`` dict of the ``--cp-*`` options, for a cost in ``unit``."""
     cps = args.cost_per_second
     if cps is None:
-        cps = 4e14 if unit == "FLOP" else 1.0
+        cps = FLOPS_PER_SECOND if unit == "FLOP" else 1.0
     out: dict[str, Any] = {"cost_per_second": cps, "overlap": args.cp_overlap}
     if bandwidth is not None:
         out["bandwidth"] = bandwidth

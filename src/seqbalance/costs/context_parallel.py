@@ -66,7 +66,7 @@ from .._validate import (
 )
 from .base import CostModel, check_keys
 
-__all__ = ["ContextParallelCost", "balanced_layout", "kv_bytes_per_token"]
+__all__ = ["FLOPS_PER_SECOND", "ContextParallelCost", "balanced_layout", "kv_bytes_per_token"]
 
 
 def balanced_layout(length: int, d: int) -> list[list[tuple[int, int]]]:
@@ -152,6 +152,24 @@ _CP_KEYS = ("cost", "bandwidth", "cost_per_second", "overlap", "kv_bytes_per_tok
 
 _kv_bytes_of = kv_bytes_per_token  # the constructor's argument shadows the function's name
 
+# Achieved training FLOP/s of one GPU, the default rate of a FLOP cost: about 40% of an
+# H100's dense bf16 peak (989 TFLOP/s). Only the ratio to the bandwidth matters.
+FLOPS_PER_SECOND = 4e14
+
+
+def _cost_per_second(cost: CostModel, bandwidth: float | None) -> float:
+    """The default ``cost_per_second`` of ``cost``, or a ValueError when it is unknown."""
+    if getattr(cost, "architecture", None) is not None:  # a FlopsCost
+        return FLOPS_PER_SECOND
+    meta = getattr(cost, "meta", None) or {}
+    if bandwidth is None or "seconds" in (meta.get("unit"), meta.get("units")):
+        return 1.0  # without a bandwidth no time is converted
+    raise ValueError(
+        f"with bandwidth= and a {type(cost).__name__} of unknown units, pass "
+        "cost_per_second= (cost units per second: 1 for a cost in seconds, the achieved "
+        "FLOP/s for a FLOP count, the tokens/s for a token cost)"
+    )
+
 
 class ContextParallelCost:
     """Cost of CP pieces: the sequence cost split over ``d`` GPUs plus exposed communication.
@@ -164,9 +182,13 @@ class ContextParallelCost:
     bandwidth : float, optional
         Bytes per second each GPU moves on the CP ring (e.g. ~4e11 NVLink, ~2.5e10 a
         200 Gb/s inter-node link). None: communication is free.
-    cost_per_second : float
+    cost_per_second : float, optional
         Cost units per second: 1 for a cost in seconds (``seqbalance calibrate``), the
-        achieved FLOP/s per GPU for a FLOP cost (e.g. 4e14).
+        achieved FLOP/s per GPU for a FLOP cost. Default (None): :data:`FLOPS_PER_SECOND`
+        for a :class:`FlopsCost` (as the command line), 1 for a cost whose ``meta`` says
+        it is in seconds; any other cost given a ``bandwidth`` must say it (with 1, a
+        FLOP or token cost would count the transfer's seconds as a few FLOPs or tokens:
+        free, whatever the bandwidth).
     overlap : float
         Fraction (0..1) of one ring step's attention that can hide that step's transfer.
     kv_bytes_per_token : float, optional
@@ -185,7 +207,7 @@ class ContextParallelCost:
         cost: CostModel,
         *,
         bandwidth: float | None = None,
-        cost_per_second: float = 1.0,
+        cost_per_second: float | None = None,
         overlap: float = 0.0,
         kv_bytes_per_token: float | None = None,
         comm_passes: float = 3.0,
@@ -208,7 +230,6 @@ class ContextParallelCost:
         )
         if self.bandwidth == 0:
             raise ValueError("bandwidth must be > 0 bytes/s (or None for free communication)")
-        self.cost_per_second = check_nonnegative_real(cost_per_second, "cost_per_second")
         self.overlap = check_nonnegative_real(overlap, "overlap", upper=1.0)
         self.comm_passes = check_nonnegative_real(comm_passes, "comm_passes")
         if kv_bytes_per_token is None and self.bandwidth is not None:
@@ -223,6 +244,9 @@ class ContextParallelCost:
             if kv_bytes_per_token is None
             else check_nonnegative_real(kv_bytes_per_token, "kv_bytes_per_token")
         )
+        if cost_per_second is None:
+            cost_per_second = _cost_per_second(cost, self.bandwidth)
+        self.cost_per_second = check_nonnegative_real(cost_per_second, "cost_per_second")
 
     # ---- scalar form ----------------------------------------------------------------
     def piece_cost(self, length: int, ranges: Sequence[tuple[int, int]], d: int) -> float:

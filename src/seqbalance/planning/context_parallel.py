@@ -117,7 +117,7 @@ def cost_without_cp(cost: Any, cp_cost: Any) -> Any:
     elif not isinstance(cp_cost, dict):
         make_cp_cost(None, cp_cost)  # raises the type error
     else:  # per-sequence costs: no model to derive the KV bytes from, so a stand-in
-        make_cp_cost(None, {"kv_bytes_per_token": 1.0, **cp_cost})
+        make_cp_cost(None, {"kv_bytes_per_token": 1.0, "cost_per_second": 1.0, **cp_cost})
     return cost
 
 
