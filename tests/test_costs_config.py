@@ -115,10 +115,29 @@ def test_kv_heads_must_divide_heads():
 
 
 def test_unknown_model_type_uses_generic_path_and_non_gated_families():
-    generic = FlopsCost.from_hf_config({**TINY, "model_type": "somethingnew"})
+    # An unchecked family is read by the same rules, but no longer without a word: the
+    # rules counted Nemotron's 2-matrix MLP as 3 (+24%), Llama-4 without its shared
+    # experts (-36%) and BERT as a causal decoder.
+    with pytest.warns(UserWarning, match="'somethingnew' is not a family seqbalance has"):
+        generic = FlopsCost.from_hf_config({**TINY, "model_type": "somethingnew"})
     assert generic.matmul_params == TINY_PARAMS
-    neox = FlopsCost.from_hf_config({**TINY, "model_type": "gpt_neox"})
-    assert neox.matmul_params == TINY_PARAMS - 3 * (64 * 96)  # 2 MLP matrices, not 3
+    for family in ("gpt_neox", "nemotron"):
+        neox = FlopsCost.from_hf_config({**TINY, "model_type": family})
+        assert neox.matmul_params == TINY_PARAMS - 3 * (64 * 96)  # 2 MLP matrices, not 3
+
+
+@pytest.mark.parametrize(
+    ("extra", "why"),
+    [
+        ({"model_type": "llama4_text"}, "shared expert"),
+        ({"model_type": "llama4"}, "chunked attention"),
+        ({"model_type": "bert"}, "encoder"),
+        ({"model_type": "somethingnew", "is_encoder_decoder": True}, "encoder-decoder"),
+    ],
+)
+def test_families_the_rules_would_count_wrongly_are_refused(extra, why):
+    with pytest.raises(ValueError, match=f"is not supported: .*{why}.*fit a cost"):
+        FlopsCost.from_hf_config({**TINY, **extra})
 
 
 def _windows(cfg):

@@ -12,10 +12,12 @@ Families
 --------
 ``llama``, ``mistral``, ``qwen2``, ``qwen2_moe``, ``qwen3``, ``qwen3_moe``, ``mixtral``,
 ``deepseek_v3`` (and ``deepseek_v2``, same fields), ``gemma2``, ``gemma3``/``gemma3_text``.
-Any other ``model_type`` carrying the standard decoder fields (``hidden_size``,
-``num_hidden_layers``, ``num_attention_heads``, ``intermediate_size``, ``vocab_size``)
-goes through the same generic reading; missing fields raise a ValueError naming them. A
-multimodal config whose text model sits under ``text_config`` is read from there.
+Checked also: ``gemma``, ``phi3``, ``gpt_oss``, ``gpt_neox``, ``phi``, ``starcoder2``,
+``nemotron`` (:data:`KNOWN_MODEL_TYPES`). Any other decoder ``model_type`` carrying the
+standard fields (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
+``intermediate_size``, ``vocab_size``) goes through the same generic reading, with a
+warning; missing fields raise a ValueError naming them. A multimodal config whose text
+model sits under ``text_config`` is read from there.
 
 Rules, field by field
 ---------------------
@@ -41,13 +43,19 @@ Rules, field by field
   the expert width (deepseek). A layer is dense (width ``intermediate_size``) when it is in
   ``mlp_only_layers``, when ``(i + 1) % decoder_sparse_step != 0``, when
   ``i < first_k_dense_replace`` or when ``i % moe_layer_freq != 0``.
-- MLPs are gated (3 matrices) except for ``gpt_neox``, ``phi`` and ``starcoder2`` (2).
+- MLPs are gated (3 matrices) except for ``gpt_neox``, ``phi``, ``starcoder2`` and
+  ``nemotron`` (2).
+- Llama-4 and encoder models (BERT and kin, encoder-decoders) are refused: these rules
+  would count them wrongly. A ``model_type`` outside :data:`KNOWN_MODEL_TYPES` is read
+  by the same rules with a ``UserWarning`` (a config without ``model_type``, as written
+  by hand, without one).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -57,6 +65,7 @@ import numpy as np
 
 __all__ = [
     "ARCH_KEYS",
+    "KNOWN_MODEL_TYPES",
     "MLP",
     "Architecture",
     "Attention",
@@ -99,7 +108,29 @@ ARCH_KEYS = (
     "v_head_dim",
 )
 
-_NON_GATED = frozenset({"gpt_neox", "phi", "starcoder2"})
+_NON_GATED = frozenset({"gpt_neox", "phi", "starcoder2", "nemotron"})
+# Families whose FLOPs were checked against transformers' modules or a hand count; any
+# other model_type is read by the same rules, with a warning.
+KNOWN_MODEL_TYPES = frozenset(
+    {
+        "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma",
+        "gemma2", "gemma3", "gemma3_text", "phi3", "deepseek_v2", "deepseek_v3", "gpt_oss",
+        *_NON_GATED,
+    }
+)  # fmt: skip
+# Families the rules would count wrongly: refused, saying why.
+_UNSUPPORTED = {
+    **dict.fromkeys(
+        ("llama4", "llama4_text"),
+        "its MoE layers add a shared expert, alternate with dense layers of another width "
+        "and mostly use chunked attention, which these rules do not read",
+    ),
+    **dict.fromkeys(
+        ("bert", "roberta", "xlm-roberta", "camembert", "deberta", "deberta-v2", "electra",
+         "albert", "distilbert", "mpnet", "modernbert", "ernie", "t5", "mt5", "bart"),
+        "it is an encoder (bidirectional attention), and the FLOP model is of causal decoders",
+    ),
+}  # fmt: skip
 _QWEN = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -430,6 +461,21 @@ def parse_config(config: Any) -> Architecture:
             "fix the config.json"
         )
     family = "gemma3" if model_type == "gemma3_text" else model_type
+    if family in _UNSUPPORTED or cfg.get("is_encoder_decoder") is True:
+        why = _UNSUPPORTED.get(family, "it is an encoder-decoder model")
+        raise ValueError(
+            f"model_type {model_type!r} is not supported: {why}; fit a cost to measured "
+            "times instead (seqbalance calibrate, or seqbalance.costs.fit_cost)"
+        )
+    if model_type != "unknown" and model_type not in KNOWN_MODEL_TYPES:
+        warnings.warn(
+            f"model_type {model_type!r} is not a family seqbalance has checked; it is read "
+            "as a causal decoder with a gated (3-matrix) MLP and the standard attention "
+            "fields. Compare cost.matmul_params with the model's size (without its "
+            "embedding), or fit a cost to measured times",
+            UserWarning,
+            stacklevel=3,
+        )
     r = _Reader(cfg, model_type)
 
     h = r.req("hidden_size")
