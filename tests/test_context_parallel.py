@@ -707,3 +707,33 @@ def test_cp_plan_honours_baselines_false(cp):
     assert sorted(i for gpu in off.pieces for sl in gpu for i, *_ in sl) == sorted(
         i for gpu in on.pieces for sl in gpu for i, *_ in sl
     )
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 300_000), st.sampled_from([1, 2, 4, 8, 16]),
+       st.sampled_from(["mistral-7b-v0.1", "gemma-2-9b", "llama-3-8b"]))
+def test_pieces_of_a_windowed_model_add_up_to_its_exact_cost(length, d, name):
+    """Split pieces were priced as full causal attention while a whole sequence was priced
+    under its window: a 131k-token Mistral-7B-v0.1 sequence cost 2.97x as much over 2 GPUs
+    as on one, and the CP planner avoided splitting what it had to."""
+    cost = FlopsCost.from_name(name)
+    cp = ContextParallelCost(cost)
+    exact = float(cost([length])[0])
+    layout = balanced_layout(length, d)
+    total = sum(cp.piece_cost(length, r, d) for r in layout)
+    assert total == pytest.approx(exact, rel=1e-9)
+    per_rank, _ = cp.rank_costs([length], d)
+    assert per_rank.sum() == pytest.approx(exact, rel=1e-9)
+    np.testing.assert_allclose(per_rank[0], [cp.piece_cost(length, r, d) for r in layout])
+
+
+def test_a_piece_past_the_window_costs_its_tokens_times_the_window():
+    # Mistral-7B-v0.1 slides every layer over 4096 keys: a query past the window sees 4096
+    # keys, so a piece of queries [8192, 12288) costs what 4096 full-window queries cost.
+    cost = FlopsCost.from_name("mistral-7b-v0.1")
+    cp = ContextParallelCost(cost)
+    w = 4096
+    lin = cost.per_token  # matmuls per token
+    got = cp.piece_cost(3 * w, [(2 * w, 3 * w)], 2)
+    want = lin * w + cost.per_token_sq * (2.0 * w * w)  # pairs: w queries x w keys, x2
+    assert got == pytest.approx(want, rel=1e-12)

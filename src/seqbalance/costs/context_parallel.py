@@ -25,7 +25,11 @@ with ``a, b, c`` the per-sequence, per-token and per-token-squared coefficients 
 sequence cost model (``a + b*L + c*L**2`` for the whole sequence; :class:`FlopsCost` or
 :func:`fit_cost` give them). ``c * (e**2 - s**2)`` is the causal key-query work of the
 queries in ``[s, e)`` (query ``t`` sees ``t + 1`` keys), so over the ``d`` pieces the compute
-terms add up to exactly ``a + b*L + c*L**2``: CP moves work, it does not create it.
+terms add up to exactly ``a + b*L + c*L**2``: CP moves work, it does not create it. For a
+:class:`FlopsCost` with sliding windows each windowed layer's share of ``e**2 - s**2``
+counts the pairs its window leaves (``2 * (P(e) - P(s))`` with ``P(x) = x**2 / 2`` up to the
+window ``W`` and ``W*x - W**2/2`` past it), so there too the pieces add up to the
+sequence's exact cost.
 
 ``attention = c * sum_k (e_k**2 - s_k**2)`` is this GPU's attention work; ring attention
 spreads it over ``d`` steps and can hide each of the ``d - 1`` transfers behind up to
@@ -107,12 +111,22 @@ def _finite(costs: np.ndarray, lengths: np.ndarray, cp: ContextParallelCost) -> 
     return costs
 
 
-def _layout_arrays(lengths: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-rank tokens and ``sum(e**2 - s**2)`` of the balanced layout, shape ``(n, d)``."""
+def _pairs2(x: Any, w: float) -> Any:
+    """Twice the causal pairs of the first ``x`` queries under window ``w``: ``x²`` up to
+    the window, ``2·w·x − w²`` past it (``w = inf``: no window)."""
+    if np.isinf(w):
+        return x * x
+    return np.where(x > w, 2.0 * w * x - w * w, x * x)
+
+
+def _layout_arrays(
+    lengths: np.ndarray, d: int, sq: Any = lambda s, e: e * e - s * s
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per-rank tokens and ``sum(sq(s, e))`` of the balanced layout, shape ``(n, d)``."""
     x = lengths.astype(np.int64)[:, None]
     if d == 1:
         xf = x.astype(np.float64)
-        return x.copy(), xf * xf
+        return x.copy(), sq(np.zeros_like(xf), xf)
     k = np.arange(2 * d + 1, dtype=np.int64)[None, :]
     cuts = (k * x) // (2 * d)  # int64: L * 2d stays far below 2**63
     r = np.arange(d)
@@ -120,8 +134,7 @@ def _layout_arrays(lengths: np.ndarray, d: int) -> tuple[np.ndarray, np.ndarray]
     lo2, hi2 = cuts[:, 2 * d - 1 - r], cuts[:, 2 * d - r]
     tokens = (hi1 - lo1) + (hi2 - lo2)
     f = [a.astype(np.float64) for a in (lo1, hi1, lo2, hi2)]
-    sq = (f[1] * f[1] - f[0] * f[0]) + (f[3] * f[3] - f[2] * f[2])
-    return tokens, sq
+    return tokens, sq(f[0], f[1]) + sq(f[2], f[3])
 
 
 def kv_bytes_per_token(cost: Any, dtype_bytes: float = 2) -> float:
@@ -177,8 +190,9 @@ class ContextParallelCost:
     Parameters
     ----------
     cost : CostModel
-        The per-sequence cost; its polynomial ``(c0, a, b, c)`` is used (for a
-        :class:`FlopsCost` with sliding windows that polynomial is an upper bound).
+        The per-sequence cost; its polynomial ``(c0, a, b, c)`` is used, with the
+        attention of a :class:`FlopsCost`'s sliding-window layers counted under their
+        windows (module docstring).
     bandwidth : float, optional
         Bytes per second each GPU moves on the CP ring (e.g. ~4e11 NVLink, ~2.5e10 a
         200 Gb/s inter-node link). None: communication is free.
@@ -219,6 +233,15 @@ class ContextParallelCost:
             )
         self.cost = cost
         c0, a, b, c = cost.polynomial
+        # (share of c, window) per attention kind of a windowed FlopsCost; None: c·(e²−s²).
+        kinds = getattr(cost, "_attention_kinds", None)
+        self._windows: list[tuple[float, float]] | None = None
+        if kinds and any(window is not None for (_, window), _ in kinds):
+            total = float(sum(width * count for (width, _), count in kinds))
+            self._windows = [
+                (width * count / total, np.inf if window is None else float(window))
+                for (width, window), count in kinds
+            ]
         self.per_microbatch, self.per_sequence, self.per_token, self.per_token_sq = (
             float(c0),
             float(a),
@@ -276,11 +299,21 @@ class ContextParallelCost:
                 )
             s, e = int(rng[0]), int(rng[1])
             tok += e - s
-            sq += float(e) * e - float(s) * s
+            sq += float(self._sq(np.float64(s), np.float64(e)))
         with np.errstate(over="ignore", invalid="ignore"):  # _finite says it
             out = self._cost(np.float64(length), np.float64(tok), np.float64(sq), np.float64(d))
         arr = np.asarray(out, dtype=np.float64).reshape(1, 1)
         return float(_finite(arr, np.array([length]), self)[0, 0])
+
+    def _sq(self, s: Any, e: Any) -> Any:
+        """``e² − s²`` of query ranges ``[s, e)`` (arrays), windowed layers' share counted
+        under their windows: the measure ``c`` prices."""
+        if self._windows is None:
+            return e * e - s * s
+        out = 0.0
+        for share, w in self._windows:
+            out = out + share * (_pairs2(e, w) - _pairs2(s, w))
+        return out
 
     def _cost(self, length: Any, tok: Any, sq: Any, d: Any) -> Any:
         """The formula on arrays (``d`` may be an array too); a whole sequence on one GPU
@@ -314,7 +347,7 @@ class ContextParallelCost:
         """
         lens = as_lengths(lengths)
         d = check_degree(d, "d")
-        tokens, sq = _layout_arrays(lens, d)
+        tokens, sq = _layout_arrays(lens, d, self._sq)
         with np.errstate(over="ignore", invalid="ignore"):  # _finite says it
             costs = self._cost(lens.astype(np.float64)[:, None], tokens.astype(np.float64), sq, d)
         return _finite(np.asarray(costs, dtype=np.float64), lens, self), tokens

@@ -126,7 +126,7 @@ def piece_costs(
     key = (gpu * m + slot) * n + seq
     uk, inv = np.unique(key, return_inverse=True)
     tok = np.bincount(inv, weights=(e - s).astype(np.float64))
-    sq = np.bincount(inv, weights=e.astype(np.float64) ** 2 - s.astype(np.float64) ** 2)
+    sq = np.bincount(inv, weights=cp_cost._sq(s.astype(np.float64), e.astype(np.float64)))
     kseq = uk % n
     kslot = (uk // n) % m
     kgpu = uk // (n * m)
