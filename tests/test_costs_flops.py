@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqbalance.costs import SHIPPED, FlopsCost
+from seqbalance.costs.architecture import MLP, Architecture, Attention, Layer
 
 LENGTHS = (1, 4096, 32768)
 
@@ -319,3 +320,27 @@ def test_training_flops_follows_the_models_recompute_by_default():
 def test_flops_from_dict_malformed(data, match):
     with pytest.raises(ValueError, match=match):
         FlopsCost.from_dict(data)
+
+
+@pytest.mark.parametrize(
+    ("build", "words"),
+    [
+        (lambda: Attention(4, 2, 16, 16, window=-8),
+         r"Attention.window = -8 must be an integer >= 1 or None"),
+        (lambda: Attention(4, 2, 16, 16, window=float("nan")), "Attention.window = nan"),
+        (lambda: Attention(0, 2, 16, 16), r"Attention.heads = 0 must be an integer >= 1"),
+        (lambda: Attention(4, 2, 16, 16, qk_rope_head_dim=20), "qk_rope_head_dim = 20 exceeds"),
+        (lambda: MLP((-128,)), r"MLP.widths\[0\] = -128 must be an integer >= 0"),
+        (lambda: MLP([128]), "MLP.widths must be a tuple"),
+        (lambda: MLP((128,), experts=-1), "MLP.experts = -1"),
+        (lambda: Architecture("x", 64, -1000, (Layer(Attention(4, 2, 16, 16), MLP((96,))),)),
+         "Architecture.vocab_size = -1000"),
+        (lambda: Architecture("x", 64, 100, ()), "non-empty tuple of Layer"),
+        (lambda: Layer(Attention(4, 2, 16, 16), None), "Layer needs an Attention and an MLP"),
+    ],
+)
+def test_architecture_parts_refuse_impossible_fields(build, words):
+    # They were taken as given: FlopsCost(Architecture(...)) priced sequences negative (a
+    # plan then failed with "cost[0] is negative") and a NaN window as no window.
+    with pytest.raises(ValueError, match=words):
+        build()

@@ -135,6 +135,21 @@ _QWEN = frozenset({"qwen2", "qwen2_moe", "qwen3", "qwen3_moe"})
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
+def _check_fields(obj: Any, minimums: dict[str, int], optional: tuple[str, ...] = ()) -> None:
+    """Refuse a field that is not an integer at or above its minimum (None allowed for the
+    ``optional`` ones): a negative width or window gave negative FLOPs, a NaN window none."""
+    for name, low in minimums.items():
+        value = getattr(obj, name)
+        if value is None and name in optional:
+            continue
+        ok = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+        if not ok or value < low:
+            raise ValueError(
+                f"{type(obj).__name__}.{name} = {value!r} must be an integer >= {low}"
+                + (" or None" if name in optional else "")
+            )
+
+
 @dataclass(frozen=True)
 class Attention:
     """One layer's attention: head counts, head sizes, window and (for MLA) ranks.
@@ -150,6 +165,19 @@ class Attention:
     kv_lora_rank: int | None = None
     q_lora_rank: int | None = None
     qk_rope_head_dim: int = 0
+
+    def __post_init__(self) -> None:
+        _check_fields(
+            self,
+            {"heads": 1, "kv_heads": 1, "qk_head_dim": 1, "v_head_dim": 1, "window": 1,
+             "kv_lora_rank": 1, "q_lora_rank": 1, "qk_rope_head_dim": 0},
+            optional=("window", "kv_lora_rank", "q_lora_rank"),
+        )  # fmt: skip
+        if self.qk_rope_head_dim > self.qk_head_dim:
+            raise ValueError(
+                f"Attention.qk_rope_head_dim = {self.qk_rope_head_dim} exceeds qk_head_dim = "
+                f"{self.qk_head_dim}, of which it is a part"
+            )
 
     @property
     def is_mla(self) -> bool:
@@ -190,6 +218,14 @@ class MLP:
     experts: int = 0
     top_k: int = 0
 
+    def __post_init__(self) -> None:
+        _check_fields(self, {"experts": 0, "top_k": 0})
+        if not isinstance(self.widths, tuple):
+            raise ValueError(f"MLP.widths must be a tuple of integers, got {self.widths!r}")
+        for i, w in enumerate(self.widths):
+            if isinstance(w, (bool, np.bool_)) or not isinstance(w, (int, np.integer)) or w < 0:
+                raise ValueError(f"MLP.widths[{i}] = {w!r} must be an integer >= 0")
+
     def params(self, hidden: int) -> int:
         """Active matmul weights per token: router plus the MLPs in ``widths``."""
         mats = 3 if self.gated else 2
@@ -202,6 +238,13 @@ class Layer:
 
     attention: Attention
     mlp: MLP
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attention, Attention) or not isinstance(self.mlp, MLP):
+            raise ValueError(
+                f"Layer needs an Attention and an MLP, got {type(self.attention).__name__} "
+                f"and {type(self.mlp).__name__}"
+            )
 
     def params(self, hidden: int) -> int:
         """Active matmul weights per token of this layer."""
@@ -216,6 +259,14 @@ class Architecture:
     hidden_size: int
     vocab_size: int
     layers: tuple[Layer, ...]
+
+    def __post_init__(self) -> None:
+        _check_fields(self, {"hidden_size": 1, "vocab_size": 1})
+        if not isinstance(self.layers, tuple) or not self.layers:
+            raise ValueError("Architecture.layers must be a non-empty tuple of Layer objects")
+        bad = next((i for i, x in enumerate(self.layers) if not isinstance(x, Layer)), None)
+        if bad is not None:
+            raise ValueError(f"Architecture.layers[{bad}] is not a Layer")
 
     @property
     def num_layers(self) -> int:
