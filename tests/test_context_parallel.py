@@ -737,3 +737,32 @@ def test_a_piece_past_the_window_costs_its_tokens_times_the_window():
     got = cp.piece_cost(3 * w, [(2 * w, 3 * w)], 2)
     want = lin * w + cost.per_token_sq * (2.0 * w * w)  # pairs: w queries x w keys, x2
     assert got == pytest.approx(want, rel=1e-12)
+
+
+def test_pieces_off_the_balanced_layout_are_counted_and_not_simulated():
+    """A sequence split over two slots was priced without the K/V its second half needs,
+    and a contiguous (not zigzag) split in one slot too: both simulated below their own
+    lower bound (gaps -33% and -6%) while violations() reported nothing for the second."""
+    cpc = ContextParallelCost(
+        QuadraticCost(per_token=1.0, per_token_sq=0.01), bandwidth=1.0, kv_bytes_per_token=1.0,
+        cost_per_second=1.0,
+    )
+    split = CPPlan([[[(0, 0, 100)], []], [[], [(0, 100, 200)]]], [200], max_tokens=200,
+                   cp_size=2, cp="dynamic", cp_cost=cpc, sync="ddp")  # fmt: skip
+    sq = ContextParallelCost(QuadraticCost(0.0, 1.0))
+    contiguous = CPPlan([[[(0, 0, 4)]], [[(0, 4, 5)]]], [5], max_tokens=5, cp_size=2,
+                        cp="dynamic", cp_cost=sq)  # fmt: skip
+    for p in (split, contiguous):
+        assert p.violations()["off_layout"] == 1
+        with pytest.raises(ValueError, match=r"sequences \[0\] are not split in the balanced"):
+            p.simulate()
+        with pytest.raises(ValueError, match="balanced CP layout"):
+            p.stats()
+    # The zigzag split of the same sequence, on an aligned block, in one slot, is fine.
+    zigzag = CPPlan([[[(0, 0, 1), (0, 3, 5)]], [[(0, 1, 3)]]], [5], max_tokens=5, cp_size=2,
+                    cp="dynamic", cp_cost=sq)  # fmt: skip
+    assert zigzag.violations()["off_layout"] == 0 and zigzag.simulate().gap >= -1e-12
+    # A block must be aligned: GPUs 1 and 2 of 4 are not a CP group of 2.
+    unaligned = CPPlan([[[]], [[(0, 0, 1), (0, 3, 5)]], [[(0, 1, 3)]], [[]]], [5],
+                       max_tokens=5, cp_size=4, cp="dynamic", cp_cost=sq)  # fmt: skip
+    assert unaligned.violations()["off_layout"] == 1

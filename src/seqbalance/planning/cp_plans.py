@@ -51,7 +51,7 @@ from .._validate import (
     check_positive_int,
     check_text,
 )
-from ..costs.context_parallel import ContextParallelCost
+from ..costs.context_parallel import ContextParallelCost, balanced_layout
 from ..partitioning.stats import relative_gap
 from .plans import FORMAT, Plan, check_derived
 from .simulation import SYNC_MODELS, Simulation, check_equal_counts, lockstep_timeline
@@ -104,6 +104,53 @@ def _flatten(pieces: Sequence[Sequence[Sequence[Any]]]) -> tuple[np.ndarray, ...
     gpu = np.repeat(gpu_of, per_slot)
     slot = np.repeat(slot_of, per_slot)
     return gpu, slot, arr[:, 0], arr[:, 1], arr[:, 2]
+
+
+def _merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Non-empty ranges sorted, touching ones joined: (1, 2) and (2, 3) hold (1, 3)."""
+    out: list[tuple[int, int]] = []
+    for st, en in sorted(r for r in ranges if r[1] > r[0]):
+        if out and out[-1][1] == st:
+            out[-1] = (out[-1][0], en)
+        else:
+            out.append((st, en))
+    return out
+
+
+def _off_layout(pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray,
+                cp_size: int) -> list[int]:
+    """Sequences whose pieces in a slot are not :func:`balanced_layout` of some degree on
+    an aligned block of GPUs (the layout the piece costs and :func:`cp_lower_bound` assume;
+    every plan seqbalance makes has it). A sequence over two slots counts too."""
+    held: dict[int, dict[int, dict[int, list[tuple[int, int]]]]] = {}
+    for g, gpu in enumerate(pieces):
+        for j, slot in enumerate(gpu):
+            for i, st, en in slot:
+                if en > st:
+                    held.setdefault(int(i), {}).setdefault(j, {}).setdefault(g, []).append(
+                        (int(st), int(en))
+                    )
+    bad = []
+    for i, slots in sorted(held.items()):
+        if len(slots) != 1:
+            bad.append(i)
+            continue
+        (gpus,) = slots.values()
+        length = int(lengths[i])
+        lo, hi = min(gpus), max(gpus)
+        ok = False
+        d = 1
+        while d <= cp_size and not ok:
+            start = lo - lo % d
+            if hi < start + d:
+                want = balanced_layout(length, d)
+                ok = all(
+                    _merged(gpus.get(start + r, [])) == _merged(want[r]) for r in range(d)
+                )
+            d *= 2
+        if not ok:
+            bad.append(i)
+    return bad
 
 
 def piece_costs(
@@ -488,7 +535,9 @@ class CPPlan(Plan):
         piece), ``unequal_counts`` (GPUs whose slot count differs from the largest),
         ``missing`` / ``duplicated`` (sequences with a token in no piece / in two pieces),
         ``split_slots`` (sequences spread over more than one slot), ``bad_degree``
-        (sequences whose GPU count is not a power of two <= ``cp_size``).
+        (sequences whose GPU count is not a power of two <= ``cp_size``), ``off_layout``
+        (sequences whose pieces are not the balanced layout of a degree on an aligned
+        block of GPUs, those over two slots among them).
         """
         m = self.num_micro_batches
         _, slot, seq, s, e = _flatten(self.pieces)
@@ -507,6 +556,7 @@ class CPPlan(Plan):
             "duplicated": int(dup.sum()),
             "split_slots": int(split.sum()),
             "bad_degree": int((held & (~pow2 | (deg > self.cp_size))).sum()),
+            "off_layout": len(_off_layout(self.pieces, self.lengths, self.cp_size)),
         }
 
     def _coverage(
@@ -568,11 +618,23 @@ class CPPlan(Plan):
                 f"sequences exactly once: {int(missing.sum())} sequences miss tokens, "
                 f"{int(dup.sum())} have tokens in two pieces"
             )
+        off = _off_layout(self.pieces, self.lengths, self.cp_size)
+        if off:
+            # Their pieces would be priced without the K/V they need from other slots or
+            # GPUs, and the lower bound assumes the layout: the step could beat it.
+            raise ValueError(
+                f"sequences {off[:5]}{' ...' if len(off) > 5 else ''} are not split in the "
+                "balanced CP layout (seqbalance.costs.context_parallel.balanced_layout of a "
+                "power-of-two degree, on an aligned block of GPUs, in one slot), which the "
+                "piece costs and the lower bound assume; make the plan with seqbalance.plan"
+            )
 
     def simulate(self, cost: Any = None, sync: str | None = None) -> Simulation:
         """Simulate one step (module docstring: the rules); gap against :func:`cp_lower_bound`.
 
-        Raises ValueError when the pieces miss or repeat a sequence's tokens."""
+        Raises ValueError when the pieces miss or repeat a sequence's tokens, or split a
+        sequence otherwise than the balanced layout in one slot (``violations()``'s
+        ``off_layout``)."""
         self._check_cover()
         cpc = self._cp_cost(cost)
         bound = cp_lower_bound(self.lengths, self.world_size, self.cp_size, self.max_tokens, cpc)
