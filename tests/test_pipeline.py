@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import seqbalance as sb
 from seqbalance.planning.pipeline import (
     check_pipeline,
     pipeline_lower_bound,
@@ -223,3 +224,24 @@ def test_pipeline_lower_bound_checks_the_schedule_with_one_micro_batch():
 
     with pytest.raises(ValueError, match="schedule must be one of"):
         pipeline_lower_bound([1.0], [2.0], 2, schedule="x")  # was accepted: m == 1 shortcut
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "m", "words"),
+    [
+        ({"schedule": "1f1b", "virtual_stages": 2}, 1, "applies to schedule='interleaved' only"),
+        ({"schedule": "interleaved", "virtual_stages": 2}, 1, "multiple of pp_size=2"),
+        ({"schedule": "interleaved", "virtual_stages": 2}, 3, "multiple of pp_size=2"),
+        ({"pp_size": 10**6}, 4, "pp_size"),
+        ({"pp_size": 10**6, "schedule": "1f1b"}, 600, "pp_size"),
+    ],
+)
+def test_pipeline_lower_bound_checks_the_layout_at_every_count(kwargs, m, words):
+    # The layout was checked only where the window term runs (2 <= m <= 512): one
+    # micro-batch took virtual_stages=2 with 1f1b, and pp_size=10**6 passed everywhere,
+    # where simulate_pipeline refuses them.
+    kw = {"pp_size": 2, **kwargs}
+    with pytest.raises(ValueError, match=words):
+        sb.pipeline_lower_bound([1.0] * m, [2.0] * m, **kw)
+    with pytest.raises(ValueError, match=words):
+        sb.simulate_pipeline([1.0] * m, [2.0] * m, **kw)

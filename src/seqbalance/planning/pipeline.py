@@ -569,14 +569,21 @@ def pipeline_lower_bound(
     (``v = 1``) or ``(m + (p - 1)/v)·(f + b)``: the closed forms of the module docstring, so
     the bound is tight there.
     """
-    p = check_positive_int(pp_size, "pp_size")
-    v = check_positive_int(virtual_stages, "virtual_stages")
-    if schedule is not None:  # checked before the one-micro-batch shortcut below
-        check_choice(schedule, "schedule", SCHEDULES)
+    # The layout is checked as simulate_pipeline checks it, whatever the micro-batch count
+    # (it was checked only where the window term runs, 2 <= m <= 512).
+    if schedule is not None:
+        spec = check_pipeline(pp_size, schedule, virtual_stages)
+        p, v = spec.pp_size, spec.virtual_stages
+    else:
+        p = check_degree(pp_size, "pp_size")
+        v = check_degree(virtual_stages, "virtual_stages")
+        check_degree(p * v, "pp_size * virtual_stages")
     f, b, c = _phase_arrays(forward, backward, comm)
     m = f.shape[0]
     if m == 0:
         return 0.0
+    if schedule is not None:
+        spec.check_count(m)
     f, b = f / p, b / p
     work = float(np.sum(f + b))
     head = f / v + c
