@@ -13,8 +13,10 @@ serve it.
     its tokens and its slowest piece as its cost, so the capacity holds on every GPU.
 ``cp="dynamic"``
     One pool of GPUs. Each sequence gets a power-of-two degree ``d <= cp_size``: the
-    smallest whose largest piece fits ``max_tokens`` (``d = 1`` for sequences that fit,
-    which are then planned exactly as without CP), raised only where that lowers the
+    smallest whose largest piece fits ``max_tokens`` (``d = 1`` for sequences that fit;
+    they fill the CP slots' slack and then ordinary micro-batches, packed by capacitated
+    LPT, not by :func:`seqbalance.plan`: within 0.5% of its step in a review's 360 random
+    cases, and the static layout stays a candidate), raised only where that lowers the
     simulated step. Steps:
 
     1. For a threshold ``theta``, every sequence whose slowest piece costs more than
