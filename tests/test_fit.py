@@ -211,3 +211,23 @@ def test_evaluate_cost_takes_a_cost_model_or_a_name():
     assert rep.max_rel_error == pytest.approx(0.2) and rep.coefficients["per_token"] == 1.0
     with pytest.raises(ValueError, match="cost"):
         evaluate_cost(3.5, [[1], [2], [4]], [1.0, 2.0, 5.0])
+
+
+@pytest.mark.parametrize(
+    ("bad", "shown"), [(-3.0, "-3.0 is negative"), (0.0, "0.0 is not positive")]
+)
+def test_non_positive_times_get_one_rule(bad, shown):
+    # -3 was refused with "must be >= 0", and 0 then with "must be > 0".
+    want = f"seconds\\[2\\] = {shown}; a measured time must be > 0"
+    with pytest.raises(ValueError, match=want):
+        fit_cost([[1], [2], [3], [4], [5]], [1.0, 2.0, bad, 4.0, 5.0])
+
+
+def test_report_of_a_fit_without_per_token_cost_says_so():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cost = fit_cost([[1], [2], [3], [4], [5]], [1.0] * 5)
+    assert (cost.per_token, cost.per_token_sq) == (0.0, 0.0)
+    assert "b/c (tokens)         = undefined (b = c = 0)" in str(cost.report)  # was "inf"

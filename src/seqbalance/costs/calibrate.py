@@ -793,8 +793,9 @@ def run(args: argparse.Namespace) -> int:
         f" of {meta['num_layers']} timed ({meta['attention']})"
     )
     print(report)
-    fitted = cost.per_token / cost.per_token_sq if cost.per_token_sq > 0 else math.inf
-    print(f"b/c: fitted {fitted:.6g} tokens, FLOPs model {meta['flops_b_over_c']:.6g} tokens")
+    b, c = cost.per_token, cost.per_token_sq
+    fitted = f"{b / c:.6g} tokens" if c > 0 else "inf" if b > 0 else "undefined (b = c = 0)"
+    print(f"b/c: fitted {fitted}, FLOPs model {meta['flops_b_over_c']:.6g} tokens")
     if args.out:
         cost.save(args.out)
         print(f"wrote {args.out}")

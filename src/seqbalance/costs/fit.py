@@ -192,7 +192,11 @@ def _stats(pred: np.ndarray, seconds: np.ndarray) -> tuple[float, float, float]:
 
 
 def _seconds(seconds: Any, n: int) -> np.ndarray:
-    t = as_weights(seconds, "seconds")
+    try:
+        t = as_weights(seconds, "seconds")
+    except ValueError as exc:  # as_weights allows 0, which is no time either: say "> 0"
+        text = str(exc).replace("seconds must be >= 0", "a measured time must be > 0")
+        raise ValueError(text) from None
     if t.shape[0] != n:
         raise ValueError(
             f"seconds has {t.shape[0]} entries but there are {n} micro-batches; pass one "
@@ -200,7 +204,9 @@ def _seconds(seconds: Any, n: int) -> np.ndarray:
         )
     if (t <= 0).any():
         i = int(np.flatnonzero(t <= 0)[0])
-        raise ValueError(f"seconds[{i}] = {t[i]!r} is not positive; a measured time must be > 0")
+        raise ValueError(
+            f"seconds[{i}] = {float(t[i])!r} is not positive; a measured time must be > 0"
+        )
     return t
 
 

@@ -52,7 +52,8 @@ class FitReport:
             f"  c  (per token^2)     = {self.coefficients['per_token_sq']:.6g}",
         ]
         b, c = self.coefficients["per_token"], self.coefficients["per_token_sq"]
-        ratio = f"{b / c:.6g}" if c > 0 else "inf"
+        # c = 0: attention priced at nothing (b > 0: inf); b = c = 0: no per-token cost.
+        ratio = f"{b / c:.6g}" if c > 0 else "inf" if b > 0 else "undefined (b = c = 0)"
         lines.append(f"  b/c (tokens)         = {ratio}")
         rows = [("fit", self)] + ([("held out", self.holdout)] if self.holdout else [])
         lines.append(f"  {'':9} {'n':>5} {'R^2':>9} {'median rel err':>15} {'max rel err':>12}")
