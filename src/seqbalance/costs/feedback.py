@@ -250,7 +250,13 @@ class TimingRecorder:
     -----
     Every rank that holds the same records (gathered, e.g. by
     :class:`seqbalance.torch.timing.MicroBatchTimer`) computes the same report and the same
-    refit, bit for bit: records are processed in (step, rank, slot) order.
+    refit, bit for bit: records are processed in (step, rank, slot) order, on hosts whose
+    numpy uses the same BLAS kernels. The least-squares solves go through LAPACK, and
+    OpenBLAS picks its kernels by CPU generation: a review saw the last digits of a refit
+    differ between Haswell and Sandybridge kernels. Ranks on mixed CPUs should take one
+    rank's refit (e.g. ``torch.distributed.broadcast_object_list`` of ``cost.to_dict()``,
+    then :func:`seqbalance.costs.cost_from_dict`); :class:`seqbalance.torch.Rebalancer`'s
+    agreement check raises rather than plan with two costs.
     """
 
     def __init__(self, cost: Any = None, *, sync: str = "fsdp", window: int = 50) -> None:
