@@ -255,3 +255,43 @@ def test_ordered_plan_judged_in_its_order(lens, dp, order, quad):
     assert ordered.simulate().step_time <= step_time_of(microbatch_costs(late, costs), "fsdp") * (
         1 + 1e-12
     )
+
+
+def _fewest_padded_bins(lens, cap, per_mb):
+    """Exhaustive: the fewest bins of at most ``per_mb`` sequences, counts within one, whose
+    padded size (count x longest) stays within ``cap``."""
+    n = len(lens)
+    for m in range(-(-n // per_mb), n + 1):
+        for assign in itertools.product(range(m), repeat=n):
+            bins = [[lens[i] for i in range(n) if assign[i] == b] for b in range(m)]
+            counts = [len(b) for b in bins]
+            if max(counts) > per_mb or max(counts) - min(counts) > 1:
+                continue
+            if all(len(b) * max(b, default=0) <= cap for b in bins):
+                return m
+    return None
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(1, 9), min_size=1, max_size=6),
+    st.integers(9, 20),
+    st.integers(1, 4),
+)
+def test_padded_sequences_per_micro_batch_uses_the_fewest_micro_batches(lens, cap, per_mb):
+    # Count-balanced partitions mix long and short sequences: [3, 4, 2, 5, 1] at cap 10,
+    # 3 a batch, padded, used 3 micro-batches where {5, 4} + {3, 2, 1} fit 2.
+    want = _fewest_padded_bins(lens, cap, per_mb)
+    if want is None:
+        with pytest.raises(ValueError):
+            sb.plan(lens, 1, cap, padded=True, sequences_per_micro_batch=per_mb)
+        return
+    p = sb.plan(lens, 1, cap, padded=True, sequences_per_micro_batch=per_mb)
+    assert p.num_micro_batches == want
+    assert not any(p.violations().values())
+
+
+def test_padded_sequences_per_micro_batch_known_case():
+    p = sb.plan([3, 4, 2, 5, 1], 1, 10, padded=True, sequences_per_micro_batch=3)
+    assert p.num_micro_batches == 2
+    assert sorted(map(sorted, p.micro_batches[0])) == [[0, 2, 4], [1, 3]]

@@ -118,8 +118,12 @@ def fixed_count_bins(
 ) -> list[list[int]] | str:
     """``nbins`` bins of at most ``per_bin`` sequences each, counts within one, under ``cap``.
 
-    Tries bins balanced by cost, then by tokens (lighter token peaks); returns the first
-    that fits the capacity, or a sentence saying why none did.
+    Tries bins balanced by cost, then by tokens (lighter token peaks), then (``padded``)
+    the lengths sorted and cut into runs, the longer counts on the shorter sequences;
+    returns the first that fits the capacity, or a sentence saying why none did. The last
+    is the fewest padded tokens any split of these counts can have in its fullest bin
+    (count × longest is smallest with the longest sequences together), so with
+    ``padded`` a split is found whenever one exists.
     """
     n = lengths.shape[0]
     if n > nbins * per_bin:  # the caller sized nbins; guard the invariant anyway
@@ -131,6 +135,19 @@ def fixed_count_bins(
         if (tokens <= cap).all():
             return parts
         worst = max(worst, int(tokens.max()))
+    if padded and n:
+        # Balanced partitions mix long and short sequences, and a padded micro-batch costs
+        # count x its longest: [3, 4, 2, 5, 1] at cap 10, 3 a batch, needed 3 where
+        # {5, 4} + {3, 2, 1} fit 2.
+        order = np.argsort(-lengths, kind="stable")
+        q, r = divmod(n, nbins)
+        sizes = [q] * (nbins - r) + [q + 1] * r
+        cuts = np.cumsum([0, *sizes])
+        parts = [sorted(order[a:b].tolist()) for a, b in zip(cuts[:-1], cuts[1:])]
+        tokens = bin_totals(parts, lengths, padded=True)
+        if (tokens <= cap).all():
+            return parts
+        worst = min(worst, int(tokens.max()))
     return (
         f"with {per_bin} sequences per micro-batch a micro-batch needs {worst} tokens, more "
         f"than max_tokens={cap}"
