@@ -766,3 +766,30 @@ def test_pieces_off_the_balanced_layout_are_counted_and_not_simulated():
     unaligned = CPPlan([[[]], [[(0, 0, 1), (0, 3, 5)]], [[(0, 1, 3)]], [[]]], [5],
                        max_tokens=5, cp_size=4, cp="dynamic", cp_cost=sq)  # fmt: skip
     assert unaligned.violations()["off_layout"] == 1
+
+
+def test_cp_lower_bound_and_simulate_pieces_check_their_inputs():
+    # Both took these (priced, or an AttributeError / IndexError); CPPlan checked them.
+    cpc = ContextParallelCost(QuadraticCost(1.0, 0.01))
+    for kwargs, words in (
+        ({"cp_size": 3}, "power of two"),
+        ({"world_size": 1, "cp_size": 4}, "not a multiple of cp_size=4"),
+        ({"min_micro_batches": -5}, "min_micro_batches"),
+        ({"min_micro_batches": 2.7}, "min_micro_batches"),
+        ({"cp_cost": {"bandwidth": 1e9}}, "cp_cost must be a seqbalance.costs.ContextParallelCost"),
+    ):
+        args = {"world_size": 4, "cp_size": 2, "cp_cost": cpc, **kwargs}
+        with pytest.raises(ValueError, match=words):
+            cp_lower_bound([400, 30], args["world_size"], args["cp_size"], 100, args["cp_cost"],
+                           **{k: v for k, v in args.items()
+                              if k not in ("world_size", "cp_size", "cp_cost")})  # fmt: skip
+    for pieces, words in (
+        ([[[(0, 5, 50)]]], r"\(sequence 0, 5, 50\) is not a token range"),
+        ([[[(0, -5, 5)]]], r"\(sequence 0, -5, 5\)"),
+        ([[[(3, 0, 5)]]], r"\(sequence 3, 0, 5\)"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            simulate_pieces(pieces, [10], cpc)
+    with pytest.raises(ValueError, match="cp_cost must be"):
+        simulate_pieces([[[(0, 0, 10)]]], [10], None)
+    assert simulate_pieces([[[(0, 0, 10)]]], [10], cpc).step_time == pytest.approx(11.0)

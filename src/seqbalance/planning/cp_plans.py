@@ -70,6 +70,14 @@ CP_MODES = ("static", "dynamic")
 Pieces = list[list[list[tuple[int, int, int]]]]
 
 
+def _check_cp_cost(cp_cost: Any) -> None:
+    if not isinstance(cp_cost, ContextParallelCost):
+        raise ValueError(
+            f"cp_cost must be a seqbalance.costs.ContextParallelCost, got "
+            f"{type(cp_cost).__name__}; build one with ContextParallelCost(cost, ...)"
+        )
+
+
 def check_cp_size(value: Any, name: str = "cp_size") -> int:
     """Return ``value`` as a CP degree: a power of two in ``1..2**14``
     (:data:`seqbalance._validate.MAX_PARALLEL_DEGREE`), or raise a ValueError naming
@@ -241,6 +249,20 @@ def simulate_pieces(
     """
     check_choice(sync, "sync", SYNC_MODELS)
     lens = as_lengths(lengths)
+    _check_cp_cost(cp_cost)
+    _, _, seq, st, en = _flatten(pieces)
+    # Checked here too, not only by CPPlan: a range past its sequence was priced, a
+    # foreign index raised IndexError.
+    n = lens.shape[0]
+    bad = (seq < 0) | (seq >= n) | (st < 0) | (st > en)
+    if n:
+        bad |= en > lens[np.where(bad, 0, seq)]
+    if bad.any():
+        k = int(np.flatnonzero(bad)[0])
+        raise ValueError(
+            f"piece range (sequence {int(seq[k])}, {int(st[k])}, {int(en[k])}) is not a token "
+            f"range 0 <= start <= end <= length of one of the {lens.shape[0]} sequences"
+        )
     mb = piece_costs(pieces, lens, cp_cost)
     check_equal_counts(mb, pieces, "GPUs")
     world, m = mb.shape
@@ -323,8 +345,16 @@ def cp_lower_bound(
     lens = as_lengths(lengths)
     world = check_positive_int(world_size, "world_size")
     cap = check_positive_int(max_tokens, "max_tokens")
+    cp = check_cp_size(cp_size)
+    if world % cp:
+        raise ValueError(
+            f"world_size={world} is not a multiple of cp_size={cp}: the GPUs form "
+            "dp_size x cp_size replicas"
+        )
+    _check_cp_cost(cp_cost)
+    m_min = check_positive_int(min_micro_batches, "min_micro_batches")
     c0 = cp_cost.per_microbatch
-    m0 = max(int(min_micro_batches), math.ceil(int(lens.sum()) / (world * cap)), 1)
+    m0 = max(m_min, math.ceil(int(lens.sum()) / (world * cap)), 1)
     if lens.size == 0:
         return m0 * c0
     tables = tables if tables is not None else degree_tables(lens, cp_cost, cp_size)
