@@ -211,7 +211,11 @@ def _plan_global(
     sync: str,
     c0: float,
     pp: PipelineSetup | None = None,
+    sent: np.ndarray | None = None,
 ) -> tuple[list[list[list[int]]] | None, str]:
+    """``sent``: the tokens a pipeline stage sends per sequence (the true lengths where
+    ``lengths`` are clipped to the cap for packing); default ``lengths``."""
+    sent = lengths if sent is None else sent
     best, best_time = None, np.inf
     # One rank has nothing to line up with: its step is the sum of its bins whatever they
     # hold, and float rounding must not let unbalanced bins win a tie.
@@ -226,8 +230,8 @@ def _plan_global(
         if pp is None:
             t = _step_time(grid, costs, c0, padded, sync)
         else:  # the pipeline step, in the best starting order
-            grid = pipeline_order_grid(grid, costs, c0, lengths, padded, sync, pp, quick=True)
-            t = pipeline_step_time(grid, costs, c0, lengths, padded, sync, pp)
+            grid = pipeline_order_grid(grid, costs, c0, sent, padded, sync, pp, quick=True)
+            t = pipeline_step_time(grid, costs, c0, sent, padded, sync, pp)
         if t < best_time:
             best, best_time = grid, t
     return best, status
@@ -674,7 +678,8 @@ def _search(
                 # the plans already found stand.
                 return found if found else str(problem)
             mbs, st = _plan_global(
-                req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp
+                req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp,
+                req.true_lens,
             )
         else:
             mbs, st = _by_rank_at(req, rank_items, m, memo, blocked)
