@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -224,10 +226,27 @@ def test_non_positive_times_get_one_rule(bad, shown):
 
 
 def test_report_of_a_fit_without_per_token_cost_says_so():
-    import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cost = fit_cost([[1], [2], [3], [4], [5]], [1.0] * 5)
     assert (cost.per_token, cost.per_token_sq) == (0.0, 0.0)
     assert "b/c (tokens)         = undefined (b = c = 0)" in str(cost.report)  # was "inf"
+
+
+def test_as_many_micro_batches_as_coefficients_warns():
+    # 4 noisy micro-batches for 4 coefficients: the fit passes through all of them and
+    # reported R² ~1 while c came out 10x too large (a review), without a word.
+    mbs = [[100], [200, 300], [50] * 4, [1000]]
+    truth = QuadraticCost(per_token=1e-3, per_token_sq=1e-6, per_sequence=0.01,
+                          per_microbatch=0.05)  # fmt: skip
+    t = [truth.microbatch_cost(mb) * f for mb, f in zip(mbs, (1.05, 0.95, 1.03, 0.97))]
+    with pytest.warns(UserWarning, match="as many micro-batches as coefficients"):
+        cost = fit_cost(mbs, t)
+    assert cost.report.r2 > 0.999  # what the warning is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # one more micro-batch: no warning
+        fit_cost([*mbs, [400, 400]], [*t, truth.microbatch_cost([400, 400])])
+    # Pinning coefficients lowers the count that is exact.
+    with pytest.warns(UserWarning, match="as many micro-batches"):
+        fit_cost(mbs[:2], t[:2], per_microbatch=False, per_sequence=False)

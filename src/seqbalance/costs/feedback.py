@@ -51,7 +51,7 @@ import numpy as np
 
 from .._validate import as_lengths, check_bool, check_choice, check_positive_int, index_array
 from .base import CostModel, TokenCost
-from .fit import UnidentifiableCostWarning, _fit, unidentified_message
+from .fit import EXACTLY_DETERMINED, UnidentifiableCostWarning, _fit, unidentified_message
 
 __all__ = [
     "REPORT_METRICS",
@@ -499,6 +499,10 @@ class TimingRecorder:
             factors = new
             if settled:
                 break
+        if len(recs) == need:
+            warnings.warn(
+                EXACTLY_DETERMINED.replace("fit_cost", "refit"), UserWarning, stacklevel=2
+            )
         steps = self.steps
         cost.meta.update(
             {

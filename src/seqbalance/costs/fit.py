@@ -464,7 +464,18 @@ def fit_cost(
     cost, bad, hint = _fit(microbatches, seconds, weighting, per_microbatch, per_sequence, robust)
     if bad:
         warnings.warn(unidentified_message(bad, hint), UnidentifiableCostWarning, stacklevel=2)
+    elif cost.report is not None and cost.report.n_samples == 2 + per_microbatch + per_sequence:
+        warnings.warn(EXACTLY_DETERMINED, UserWarning, stacklevel=2)
     return cost
+
+
+# Zero residual degrees of freedom: a review's 4 noisy micro-batches for 4 coefficients
+# reported R² 0.9997 with c 10x too large.
+EXACTLY_DETERMINED = (
+    "fit_cost: as many micro-batches as coefficients: the fit passes through every one, so "
+    "its R² and errors say nothing of its error on other shapes; measure several "
+    "micro-batches per coefficient"
+)
 
 
 def unidentified_message(names: Sequence[str], hint: str) -> str:
