@@ -408,8 +408,7 @@ class CPPlan(Plan):
     ) -> None:
         lens = as_lengths(lengths)
         n = int(lens.shape[0])
-        if not isinstance(cp_cost, ContextParallelCost):
-            raise ValueError(f"cp_cost must be a ContextParallelCost, got {type(cp_cost).__name__}")
+        _check_cp_cost(cp_cost)
         clean: Pieces = []
         try:
             for g, gpu in enumerate(pieces):
@@ -638,8 +637,9 @@ class CPPlan(Plan):
         )
 
     def _check_cover(self) -> None:
-        """Refuse pieces that miss or repeat a token (a hand-edited plan): its step time and
-        gap would describe other work than the batch's."""
+        """Refuse pieces that miss or repeat a token, or split a sequence off the balanced
+        layout (a hand-edited plan): its step time and gap would describe other work than
+        the batch's."""
         _, _, seq, s, e = _flatten(self.pieces)
         missing, dup = self._coverage(seq, s, e)
         if missing.any() or dup.any():

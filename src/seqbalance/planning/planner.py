@@ -310,6 +310,12 @@ class _Request:
     true_lens: np.ndarray | None = None
     per_mb: int | None = None
 
+    @property
+    def run_lens(self) -> np.ndarray:
+        """The lengths the sequences run at (``true_lens``, else ``lens``): the Plan's, and
+        the pipeline's forward shares and transfer tokens."""
+        return self.lens if self.true_lens is None else self.true_lens
+
     def _with_options(self, order: Any, true_lens: Any, per_mb: Any) -> _Request:
         return dataclasses.replace(self, order=order, true_lens=true_lens, per_mb=per_mb)
 
@@ -679,7 +685,7 @@ def _search(
                 return found if found else str(problem)
             mbs, st = _plan_global(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp,
-                req.true_lens,
+                req.run_lens,
             )
         else:
             mbs, st = _by_rank_at(req, rank_items, m, memo, blocked)
@@ -994,8 +1000,7 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
         if req.pp is None:
             t = _step_in_order(req, p.micro_batches)
         else:  # the pipeline step, in the best starting order (finish_plan searches more)
-            lens = req.lens if req.true_lens is None else req.true_lens  # tokens sent
-            args = (req.costs, req.c0, lens, req.padded, req.sync, req.pp)
+            args = (req.costs, req.c0, req.run_lens, req.padded, req.sync, req.pp)
             t = pipeline_step_time(pipeline_order_grid(p.micro_batches, *args, quick=True), *args)
         # Fewest micro-batches first, unless the caller asked to trade them for time.
         return (t,) if req.extra else (p.num_micro_batches, t)
@@ -1042,7 +1047,7 @@ def _plan_of(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
     """A Plan of ``grid`` for this request, micro-batches in the order given."""
     return Plan._from_validated(
         grid,
-        req.lens if req.true_lens is None else req.true_lens,
+        req.run_lens,
         max_tokens=req.cap,
         costs=req.costs,
         per_microbatch=req.c0,
@@ -1282,8 +1287,7 @@ def plan(
     # The forward share of each sequence's cost, from its true length: with
     # oversized="alone" req.lens is clipped to the cap, and an oversized sequence's
     # backward (cost - forward) came out 13x its forward instead of about 2x.
-    run_lens = req.lens if req.true_lens is None else req.true_lens
-    pp = pipeline_setup(run_lens, cost, pp_size, schedule, virtual_stages, pp_comm)
+    pp = pipeline_setup(req.run_lens, cost, pp_size, schedule, virtual_stages, pp_comm)
     user_mult = req.mult
     if pp is not None:
         req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
