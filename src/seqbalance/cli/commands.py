@@ -291,12 +291,24 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     } | _pp_kwargs(args)
 
 
+# The pipeline options besides --pp-size, with their defaults (no pipelining).
+_PP_DEFAULTS = {"schedule": "1f1b", "virtual_stages": 1, "pp_comm": 0.0}
+
+
+def _stray_pp_options(args: argparse.Namespace) -> list[str]:
+    """The pipeline options set away from their defaults, as flags."""
+    return [
+        "--" + key.replace("_", "-")
+        for key, default in _PP_DEFAULTS.items()
+        if getattr(args, key) != default
+    ]
+
+
 def _pp_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     """Pipeline keywords, only when pipelining (so pp_size 1 plans as before)."""
-    if (args.pp_size, args.schedule, args.virtual_stages, args.pp_comm) == (1, "1f1b", 1, 0.0):
+    if args.pp_size == 1 and not _stray_pp_options(args):
         return {}
-    keys = ("pp_size", "schedule", "virtual_stages", "pp_comm")
-    return {k: getattr(args, k) for k in keys}
+    return {k: getattr(args, k) for k in ("pp_size", *_PP_DEFAULTS)}
 
 
 def _check_sizes(
@@ -317,12 +329,14 @@ def _check_sizes(
 # ---- plan ------------------------------------------------------------------------------
 
 
-def _apply(flags: list[str]) -> str:
-    return "applies" if len(flags) == 1 else "apply"
-
-
-def _them(flags: list[str]) -> str:
-    return "it" if len(flags) == 1 else "them"
+def _refuse_stray(stray: list[str], size_flag: str, metavar: str, what: str) -> None:
+    """Refuse ``stray`` options that act only with ``size_flag`` above 1."""
+    if stray:
+        one = len(stray) == 1
+        raise UserError(
+            f"{', '.join(stray)} only {'applies' if one else 'apply'} with {size_flag} > 1 "
+            f"({what}); pass {size_flag} {metavar}, or drop {'it' if one else 'them'}"
+        )
 
 
 def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
@@ -331,27 +345,9 @@ def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
     if args.cp_size == 1:
         from .cp_compare import stray_cp_options
 
-        stray = stray_cp_options(args)
-        if stray:
-            raise UserError(
-                f"{', '.join(stray)} only {_apply(stray)} with --cp-size > 1 (context "
-                f"parallelism); pass --cp-size C, or drop {_them(stray)}"
-            )
+        _refuse_stray(stray_cp_options(args), "--cp-size", "C", "context parallelism")
         if args.pp_size == 1:  # else the planner checks them together
-            stray = [
-                flag
-                for flag, unused in (
-                    ("--schedule", args.schedule != "1f1b"),
-                    ("--virtual-stages", args.virtual_stages != 1),
-                    ("--pp-comm", args.pp_comm != 0.0),
-                )
-                if unused
-            ]
-            if stray:
-                raise UserError(
-                    f"{', '.join(stray)} only {_apply(stray)} with --pp-size > 1 (pipeline "
-                    f"parallelism); pass --pp-size P, or drop {_them(stray)}"
-                )
+            _refuse_stray(_stray_pp_options(args), "--pp-size", "P", "pipeline parallelism")
     elif _pp_kwargs(args):
         raise UserError(
             "--pp-size/--schedule/--virtual-stages/--pp-comm do not combine with "
