@@ -215,6 +215,16 @@ def test_restore_is_bit_exact_on_gloo(world, cp_size, seeds):
         assert len({rank[k][2] for rank in out}) == 1  # every rank planned the same
 
 
+def _restore_outcome(handle, outs) -> tuple[str, str]:
+    """("ok", "") when ``handle.restore(outs)`` succeeds, else the ValueError's class name
+    and message (workers return it for the test to compare across ranks)."""
+    try:
+        handle.restore(outs)
+    except ValueError as exc:
+        return type(exc).__name__, str(exc)
+    return "ok", ""
+
+
 def _restore_mismatch(rank: int, world: int, kind: str):
     lengths, p = case(3, world, 2)
     batch = packed(lengths, 3)
@@ -224,11 +234,7 @@ def _restore_mismatch(rank: int, world: int, kind: str):
         outs = outs[:-1] if outs else [torch.zeros(1)]  # one micro-batch short
     if rank == 1 and kind == "trailing":
         outs = [o[:, :1] for o in outs]  # a different trailing shape than rank 0
-    try:
-        handle.restore(outs)
-    except ValueError as exc:
-        return type(exc).__name__, str(exc)
-    return "ok", ""
+    return _restore_outcome(handle, outs)
 
 
 @pytest.mark.parametrize(
@@ -286,11 +292,7 @@ def _restore_swapped(rank: int, world: int):
     batch = packed(lengths, 3)
     gpu = world - 1 - rank  # this process shards as another plan GPU than its group rank
     mbs, handle = cp_shard(batch, p, gpu)
-    try:
-        handle.restore([mb["payload"] for mb in mbs])
-    except ValueError as exc:
-        return type(exc).__name__, str(exc)
-    return "ok", ""
+    return _restore_outcome(handle, [mb["payload"] for mb in mbs])
 
 
 def test_restore_refuses_a_plan_gpu_other_than_the_group_rank():
@@ -315,11 +317,7 @@ def _restore_with_another_plan(rank: int, world: int):
     p = _plan_with(None if rank == 0 else "qwen2.5-7b")  # each rank plans on its own
     batch = pack_collate([torch.full((n,), i) for i, n in enumerate(_OTHER_COST_LENGTHS)])
     mbs, handle = cp_shard(batch, p, rank)
-    try:
-        handle.restore([mb["input_ids"] for mb in mbs])
-    except ValueError as exc:
-        return type(exc).__name__, str(exc)
-    return "ok", ""
+    return _restore_outcome(handle, [mb["input_ids"] for mb in mbs])
 
 
 def test_restore_refuses_plans_that_differ_with_equal_token_counts():
