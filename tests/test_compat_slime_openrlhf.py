@@ -104,7 +104,8 @@ def test_fwd_flops_is_a_sum_over_sequences(lens):
 
 
 def _first_fit_count(lens, cap):
-    """Bins plain first fit opens (independent reference)."""
+    """Bins plain first fit opens, in input order, a new bin per misfit (independent
+    reference; also OpenRLHF's count, which is this)."""
     sums = []
     for n in lens:
         for j, s in enumerate(sums):
@@ -286,19 +287,6 @@ def test_minimum_micro_batch_count(lens, max_tokens, ring):
     assert m == min(lo, len(lens)) or not fits(m - 1)
 
 
-def _openrlhf_first_fit_count(lens, cap):
-    """OpenRLHF's count, transcribed: first fit in input order, a bin per misfit."""
-    bins = []
-    for x in lens:
-        for i, load in enumerate(bins):
-            if load + x <= cap:
-                bins[i] += x
-                break
-        else:
-            bins.append(x)
-    return len(bins)
-
-
 @settings(max_examples=80, deadline=None)
 @given(st.lists(st.integers(1, 4000), min_size=1, max_size=40), st.integers(1000, 5000))
 # A sample above the cap set the heaviest part, so the balanced partition at OpenRLHF's
@@ -312,7 +300,7 @@ def test_minimum_count_with_samples_above_the_cap(lens, cap):
     parts = openrlhf.get_seqlen_balanced_partitions(lens, m, False)  # as OpenRLHF calls it
     assert sorted(i for p in parts for i in p) == list(range(len(lens))) and len(parts) == m
     assert all(len(p) == 1 or sum(lens[i] for i in p) <= cap for p in parts)
-    theirs = _openrlhf_first_fit_count(lens, cap)
+    theirs = _first_fit_count(lens, cap)
     kk = parts_of_labels(verl_free_kk_labels(np.asarray(lens, dtype=np.float64), theirs), theirs)
     if all(len(p) == 1 or sum(lens[i] for i in p) <= cap for p in kk):
         assert m <= theirs  # never more parts where OpenRLHF's own holds the cap
