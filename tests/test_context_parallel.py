@@ -793,3 +793,88 @@ def test_cp_lower_bound_and_simulate_pieces_check_their_inputs():
     with pytest.raises(ValueError, match="cp_cost must be"):
         simulate_pieces([[[(0, 0, 10)]]], [10], None)
     assert simulate_pieces([[[(0, 0, 10)]]], [10], cpc).step_time == pytest.approx(11.0)
+
+
+def _off_by_tokens(pieces, lengths, cp_size):
+    """Sequences off the balanced layout, from the definition token by token: in one slot,
+    on an aligned block of d GPUs (d a power of two <= cp_size), each token held once, by
+    GPU block + r where balanced_layout(L, d) gives it to rank r."""
+    held = {}
+    for g, gpu in enumerate(pieces):
+        for j, slot in enumerate(gpu):
+            for i, a, b in slot:
+                for t in range(a, b):
+                    held.setdefault(i, []).append((j, g, t))
+    bad = []
+    for i, toks in sorted(held.items()):
+        length = int(lengths[i])
+        fine = False
+        d = 1
+        while d <= cp_size and not fine:
+            owner = {}
+            for r, ranges in enumerate(balanced_layout(length, d)):
+                for a, b in ranges:
+                    owner.update((t, r) for t in range(a, b))
+            for block in range(0, len(pieces), d):
+                want = sorted((t, block + r) for t, r in owner.items())
+                if len({j for j, _, _ in toks}) == 1 and sorted((t, g) for _, g, t in toks) == want:
+                    fine = True
+            d *= 2
+        if not fine:
+            bad.append(i)
+    return bad
+
+
+@st.composite
+def _pieces_near_the_layout(draw):
+    """Pieces of a few sequences in the balanced layout, some of them bent out of it."""
+    cp_size = draw(st.sampled_from([1, 2, 4, 8]))
+    world = cp_size * draw(st.integers(1, 2))
+    m = draw(st.integers(1, 3))
+    n = draw(st.integers(1, 8))
+    lengths = draw(st.lists(st.integers(0, 40), min_size=n, max_size=n))
+    pieces = [[[] for _ in range(m)] for _ in range(world)]
+    for i, length in enumerate(lengths):
+        d = draw(st.sampled_from([x for x in (1, 2, 4, 8) if x <= cp_size]))
+        block = d * draw(st.integers(0, world // d - 1))
+        slot = draw(st.integers(0, m - 1))
+        ranges = [(block + r, a, b) for r, rr in enumerate(balanced_layout(length, d))
+                  for a, b in rr]  # fmt: skip
+        bends = ["none", "split", "shift", "move", "slot", "dup", "swap", "block", "splitmove"]
+        bends += ["drop", "gpu_gone"]
+        bend = draw(st.sampled_from(bends))
+        k = draw(st.integers(0, len(ranges) - 1))
+        g, a, b = ranges[k]
+        if bend in ("split", "splitmove") and b - a >= 2:  # touching: still the layout
+            c = draw(st.integers(a + 1, b - 1))
+            h = draw(st.integers(0, world - 1)) if bend == "splitmove" else g
+            ranges[k : k + 1] = [(g, a, c), (h, c, b)]
+        elif bend == "shift" and b > a:
+            ranges[k] = (g, a, b - 1)
+        elif bend == "move":
+            ranges[k] = (draw(st.integers(0, world - 1)), a, b)
+        elif bend == "drop" and len(ranges) > 1:  # a GPU's tokens missing
+            del ranges[k]
+        elif bend == "gpu_gone" and len({gg for gg, _, _ in ranges}) > 1:
+            ranges = [x for x in ranges if x[0] != g]
+        elif bend == "dup":
+            ranges.append(ranges[k])
+        elif bend == "block":  # the whole sequence one GPU on: an unaligned block for d > 1
+            ranges = [((gg + 1) % world, a, b) for gg, a, b in ranges]
+        elif bend == "swap" and d >= 2:
+            ranges = [(block + d - 1 - (gg - block), a, b) for gg, a, b in ranges]
+        for gg, a, b in ranges:
+            sl = (slot + 1) % m if bend == "slot" and (gg, a, b) == ranges[0] else slot
+            pieces[gg][sl].append((i, a, b))
+    return pieces, np.array(lengths), cp_size
+
+
+@given(_pieces_near_the_layout())
+@settings(max_examples=400, deadline=None)
+def test_off_layout_matches_the_token_definition(case):
+    # _off_layout decides planner-shaped sequences vectorised and the rest one by one; both
+    # must agree with the definition, token by token.
+    from seqbalance.planning.cp_plans import _off_layout
+
+    pieces, lengths, cp_size = case
+    assert _off_layout(pieces, lengths, cp_size) == _off_by_tokens(pieces, lengths, cp_size)

@@ -130,14 +130,72 @@ def _off_layout(pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray,
     """Sequences whose pieces in a slot are not :func:`balanced_layout` of some degree on
     an aligned block of GPUs (the layout the piece costs and :func:`cp_lower_bound` assume;
     every plan seqbalance makes has it). A sequence over two slots counts too."""
+    gpu, slot, seq, s, e = _flatten(pieces)
+    keep = e > s
+    gpu, slot, seq, s, e = gpu[keep], slot[keep], seq[keep], s[keep], e[keep]
+    unsure = np.setdiff1d(seq, _in_layout(gpu, slot, seq, s, e, lengths, cp_size))
+    return _off_layout_exact(gpu, slot, seq, s, e, lengths, cp_size, unsure)
+
+
+def _in_layout(gpu: np.ndarray, slot: np.ndarray, seq: np.ndarray, s: np.ndarray,
+               e: np.ndarray, lengths: np.ndarray, cp_size: int) -> np.ndarray:
+    """Sequences (sorted) whose non-empty ranges are certainly in the balanced layout.
+
+    Vectorised, for the sequences of at least ``2·d`` tokens (every chunk non-empty, so
+    the degree is the width of the block of GPUs holding them); :func:`_off_layout_exact`
+    decides the rest. Planner output is all here, so checking a plan takes no Python loop
+    over its sequences.
+    """
+    if seq.size == 0:
+        return seq
+    order = np.lexsort((s, gpu, seq))
+    gpu, slot, seq, s, e = gpu[order], slot[order], seq[order], s[order], e[order]
+    # Touching ranges of a sequence on one GPU join into one run, as _merged does.
+    same = np.zeros(seq.size, dtype=bool)
+    same[1:] = (seq[1:] == seq[:-1]) & (gpu[1:] == gpu[:-1]) & (s[1:] == e[:-1])
+    first = np.flatnonzero(~same)
+    last = np.r_[first[1:] - 1, seq.size - 1]
+    rq, rg, rs, re_ = seq[first], gpu[first], s[first], e[last]
+    # Per sequence: one slot, the block of GPUs [lo, hi], its degree d.
+    uq, qstart = np.unique(seq, return_index=True)
+    qend = np.r_[qstart[1:], seq.size]
+    one_slot = np.maximum.reduceat(slot, qstart) == np.minimum.reduceat(slot, qstart)
+    lo, hi = gpu[qstart], gpu[qend - 1]
+    d = hi - lo + 1
+    length = lengths[uq].astype(np.int64)
+    fits = one_slot & ((d & (d - 1)) == 0) & (d <= cp_size) & (lo % d == 0) & (length >= 2 * d)
+    # Each run against the layout: GPU r = g - lo holds chunks r and 2d-1-r, one run
+    # (chunks d-1 and d) when r = d-1.
+    which = np.searchsorted(uq, rq)
+    rd, rlen = d[which], length[which]
+    r = rg - lo[which]
+    group_new = np.ones(rq.size, dtype=bool)
+    group_new[1:] = (rq[1:] != rq[:-1]) | (rg[1:] != rg[:-1])
+    gstart = np.flatnonzero(group_new)
+    gsize = np.diff(np.r_[gstart, rq.size])
+    pos = np.arange(rq.size) - np.repeat(gstart, gsize)
+    middle = r == rd - 1
+    want_size = np.repeat(np.where(middle[gstart], 1, 2), gsize)
+    k0 = np.where(middle, rd - 1, np.where(pos == 0, r, 2 * rd - 1 - r))
+    k1 = np.where(middle, rd + 1, k0 + 1)
+    good = (
+        (np.repeat(gsize, gsize) == want_size)
+        & (rs == k0 * rlen // (2 * rd))
+        & (re_ == k1 * rlen // (2 * rd))
+    )
+    runs_ok = np.bincount(which, weights=~good, minlength=uq.size) == 0
+    gpus = np.bincount(rq[gstart], minlength=int(uq.max()) + 1)[uq]
+    return uq[fits & runs_ok & (gpus == d)]
+
+
+def _off_layout_exact(gpu: np.ndarray, slot: np.ndarray, seq: np.ndarray, s: np.ndarray,
+                      e: np.ndarray, lengths: np.ndarray, cp_size: int,
+                      which: np.ndarray) -> list[int]:
+    """Of the sequences ``which``, those off the layout: every degree tried, one by one."""
     held: dict[int, dict[int, dict[int, list[tuple[int, int]]]]] = {}
-    for g, gpu in enumerate(pieces):
-        for j, slot in enumerate(gpu):
-            for i, st, en in slot:
-                if en > st:
-                    held.setdefault(int(i), {}).setdefault(j, {}).setdefault(g, []).append(
-                        (int(st), int(en))
-                    )
+    pick = np.isin(seq, which)
+    for g, j, i, st, en in zip(*(a[pick].tolist() for a in (gpu, slot, seq, s, e))):
+        held.setdefault(i, {}).setdefault(j, {}).setdefault(g, []).append((st, en))
     bad = []
     for i, slots in sorted(held.items()):
         if len(slots) != 1:
