@@ -43,6 +43,21 @@ def test_balanced_layout_tiles_the_sequence(length, d):
     assert max(tokens) - min(tokens) <= 2  # balanced up to rounding
 
 
+@given(st.integers(0, 300), st.sampled_from([1, 2, 4, 8, 16]))
+def test_padded_lengths_give_transformer_engines_equal_chunks(units, cp_size):
+    # TransformerEngine's THD context parallelism pads each sequence to a multiple of
+    # 2 * cp and gives rank r the equal chunks r and 2d - 1 - r. The README tells users of
+    # such kernels to pad before planning: then every degree d <= cp_size cuts there too.
+    length = units * 2 * cp_size
+    d = cp_size
+    while d >= 1:
+        size = length // (2 * d)
+        for r, ranges in enumerate(balanced_layout(length, d)):
+            chunks = [(r * size, (r + 1) * size), ((2 * d - 1 - r) * size, (2 * d - r) * size)]
+            assert ranges == ([(0, length)] if d == 1 else chunks)
+        d //= 2
+
+
 def test_piece_cost_without_communication_is_the_split_polynomial():
     cp = ContextParallelCost(QuadraticCost(per_token=1.0, per_token_sq=0.01, per_sequence=4.0))
     # rank 0 of L=8, d=2 holds [0,2) and [6,8): 4/2 + 4 + 0.01 * (4 + 64 - 36)
