@@ -162,6 +162,42 @@ def test_allow_empty_marks_empty_micro_batches():
     assert any("empty" in n for n in p.notes)
 
 
+def test_allow_empty_packs_into_fewer_micro_batches_when_that_is_faster():
+    # min_micro_batches=3 with allow_empty spread 7 sequences over all 3 FSDP micro-batch
+    # indices: 840 + 393 = 1,233 tokens where one index of 875 (the partition bound: the
+    # exhaustive optimum) and two empty ones are a plan.
+    lens = [482, 840, 393, 229, 175, 830, 396]
+    p = plan(lens, 4, 1500, cost="tokens", min_micro_batches=3, allow_empty=True)
+    assert p.num_micro_batches == 3
+    assert p.simulate().step_time == 875
+    assert p.violations()["empty"] == 8
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.integers(1, 100), min_size=1, max_size=14),
+    st.integers(1, 4),
+    st.integers(2, 6),
+    st.integers(1, 3),
+    st.sampled_from([None, (1.0, 0.01, 0.0, 5.0)]),
+)
+def test_more_micro_batches_with_allow_empty_cost_only_their_overhead(lens, dp, m_min, mult,
+                                                                      params):  # fmt: skip
+    # Under FSDP, asking for more micro-batches than the sequences need may leave the extra
+    # ones empty; each then costs per_microbatch (a dummy step) and nothing more.
+    from seqbalance import QuadraticCost
+
+    cost = None if params is None else QuadraticCost(*params[:2], per_sequence=params[2],
+                                                     per_microbatch=params[3])  # fmt: skip
+    base = plan(lens, dp, 100, cost=cost, allow_empty=True)
+    more = plan(lens, dp, 100, cost=cost, allow_empty=True, min_micro_batches=m_min,
+                micro_batch_multiple=mult)  # fmt: skip
+    _check_invariants(more, lens, 100, allow_empty=True)
+    extra = more.num_micro_batches - base.num_micro_batches
+    c0 = 0.0 if params is None else params[3]
+    assert more.simulate().step_time <= (base.simulate().step_time + extra * c0) * (1 + 1e-9)
+
+
 def test_cost_array_and_cost_model_like_objects():
     lengths = [100, 200, 300, 400]
     p = plan(lengths, 2, 1000, cost=[1.0, 1.0, 1.0, 100.0])
