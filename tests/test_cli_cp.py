@@ -158,3 +158,23 @@ def test_plan_cp_errors(tmp_path, capsys):
     assert main([*base, "--cp-size", "16", "--padded"]) == 2
     assert "--padded is not supported with --cp-size" in capsys.readouterr().err
     assert main([*base, "--cp-size", "16"]) == 0  # 90,000 tokens over 16 GPUs fit
+
+
+def test_bad_cp_values_are_named_by_their_flags(tmp_path, capsys):
+    # They were refused in the library's words: "overlap = 2.0 is invalid", "bandwidth must
+    # be > 0 bytes/s (or None for free communication)".
+    src = tmp_path / "lengths.txt"
+    src.write_text("100\n200\n90000\n")
+    for command in ("plan", "compare"):
+        base = [command, str(src), "--dp", "1", "--max-tokens", "65536", "--cp-size", "2"]
+        for extra, words in (
+            (["--cp-overlap", "2"], "error: --cp-overlap 2.0 is invalid; it must be in [0, 1]"),
+            (["--cp-bandwidth", "-1"], "error: --cp-bandwidth -1.0 is invalid"),
+            (["--cp-bandwidth", "0"], "error: --cp-bandwidth must be > 0 bytes/s (leave it "
+                                      "out for free communication)"),
+            (["--cp-bandwidth", "1e9", "--cost-per-second", "-3"],
+             "error: --cost-per-second -3.0 is invalid"),
+        ):  # fmt: skip
+            assert main([*base, *extra]) == 2
+            err = capsys.readouterr().err
+            assert err.startswith(words), err

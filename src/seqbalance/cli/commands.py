@@ -68,6 +68,7 @@ _FLAGS = {
     "padded=True": "--padded",
     "and groups": "and --groups-column",
     "cp_size": "--cp-size",
+    "cost_per_second": "--cost-per-second",
 }
 # Not inside a file name or path (`pp_size.txt`, `cp_size/lengths.txt`).
 _FLAG_RE = re.compile(
@@ -82,6 +83,12 @@ _VALUE_RES = (
     (re.compile(r"(?<![\w-])schedule=[\"']?(\w+)[\"']?"), r"--schedule \1"),
     (re.compile(r"\bk=(\d+)"), r"--dp=\1"),
     (re.compile(r"\bmultiple of k\b"), "multiple of --dp"),
+    # ContextParallelCost's own words for the --cp-* values: "overlap = 2.0 is invalid".
+    (re.compile(r"(?<![\w-])overlap = "), "--cp-overlap "),
+    (re.compile(r"(?<![\w-])bandwidth = "), "--cp-bandwidth "),
+    (re.compile(r"(?<![\w-])bandwidth must be > 0 bytes/s \(or None for free communication\)"),
+     "--cp-bandwidth must be > 0 bytes/s (leave it out for free communication)"),
+    (re.compile(r"--cost-per-second = "), "--cost-per-second "),
 )
 
 
