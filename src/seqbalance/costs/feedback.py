@@ -51,7 +51,14 @@ import numpy as np
 
 from .._validate import as_lengths, check_bool, check_choice, check_positive_int, index_array
 from .base import CostModel, TokenCost
-from .fit import EXACTLY_DETERMINED, UnidentifiableCostWarning, _fit, unidentified_message
+from .fit import (
+    EXACTLY_DETERMINED,
+    PoorlyDeterminedCostWarning,
+    UnidentifiableCostWarning,
+    _fit,
+    poorly_determined_message,
+    unidentified_message,
+)
 
 __all__ = [
     "REPORT_METRICS",
@@ -459,6 +466,16 @@ class TimingRecorder:
         -----
         UnidentifiableCostWarning
             When the previous cost is kept.
+        PoorlyDeterminedCostWarning
+            When the timing noise leaves a coefficient that matters poorly determined
+            (see :func:`seqbalance.costs.fit_cost`; the rank speed factors are taken as
+            known there). The new cost is adopted all the same: it predicts shapes like
+            the window's, but may mispredict others.
+
+        Notes
+        -----
+        The report's standard errors (``cost.report.stderr``) come from the last fit, of
+        the times divided by the rank speed factors, which they treat as known.
         """
         per_rank = check_bool(per_rank, "per_rank")
         robust = check_bool(robust, "robust")
@@ -479,12 +496,12 @@ class TimingRecorder:
         ranks, rank_idx = np.unique([r.rank for r in recs], return_inverse=True)
         factors = np.ones(ranks.size)
         for _ in range(50 if per_rank else 1):
-            cost, bad, hint = _fit(
-                mbs, t / factors[rank_idx], weighting, per_microbatch, per_sequence, robust
-            )
-            if bad:
+            fit = _fit(mbs, t / factors[rank_idx], weighting, per_microbatch, per_sequence, robust)
+            cost = fit.cost
+            if fit.unidentified:
                 warnings.warn(
-                    unidentified_message(bad, hint) + " refit keeps the previous cost.",
+                    unidentified_message(fit.unidentified, fit.hint)
+                    + " refit keeps the previous cost.",
                     UnidentifiableCostWarning,
                     stacklevel=2,
                 )
@@ -502,6 +519,16 @@ class TimingRecorder:
         if len(recs) == need:
             warnings.warn(
                 EXACTLY_DETERMINED.replace("fit_cost", "refit"), UserWarning, stacklevel=2
+            )
+        elif fit.poor:
+            # Adopted all the same: the new cost predicts shapes like the window's (those
+            # the planner makes), and the previous one was never checked on them at all.
+            text = poorly_determined_message(fit.poor, fit.hint, fit.clamped)
+            warnings.warn(
+                text.replace("fit_cost:", "refit:", 1) + " refit adopts the new cost all the "
+                "same: it fits the window's shapes.",
+                PoorlyDeterminedCostWarning,
+                stacklevel=2,
             )
         steps = self.steps
         cost.meta.update(

@@ -9,8 +9,12 @@ as 1% on a 1 s one.
 Micro-batches come as lists of lengths or as a 2-D array with one zero-padded row per
 micro-batch. When their shapes cannot tell some coefficients apart (every micro-batch the
 same shape, or the same number of sequences...), :func:`fit_cost` warns with an
-:class:`UnidentifiableCostWarning` naming them. ``robust=True`` down-weights outliers
-(Huber IRLS), as :meth:`seqbalance.costs.TimingRecorder.refit` does.
+:class:`UnidentifiableCostWarning` naming them. The report carries each coefficient's
+standard error, estimated from the fit's own residuals; when the timing noise leaves a
+coefficient that matters for the measured times poorly determined (the shapes vary too
+little for that noise), :func:`fit_cost` warns with a :class:`PoorlyDeterminedCostWarning`.
+``robust=True`` down-weights outliers (Huber IRLS), as
+:meth:`seqbalance.costs.TimingRecorder.refit` does.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from __future__ import annotations
 import itertools
 import warnings
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -28,6 +32,9 @@ from .report import COEFFICIENTS, FitReport
 
 __all__ = [
     "MAX_CONDITION",
+    "MAX_REL_STDERR",
+    "MIN_TERM_SHARE",
+    "PoorlyDeterminedCostWarning",
     "UnidentifiableCostWarning",
     "design_matrix",
     "evaluate_cost",
@@ -252,6 +259,30 @@ class UnidentifiableCostWarning(UserWarning):
 MAX_CONDITION = 1e8
 
 
+class PoorlyDeterminedCostWarning(UnidentifiableCostWarning):
+    """The timing noise leaves a cost coefficient that matters poorly determined.
+
+    Raised (as a warning) by :func:`fit_cost` and
+    :meth:`seqbalance.costs.TimingRecorder.refit` when a fitted coefficient's standard
+    error exceeds :data:`MAX_REL_STDERR` times its value while its term carries at least
+    :data:`MIN_TERM_SHARE` of the predicted time of some measured micro-batch. The design
+    is well enough conditioned for exact times (no :class:`UnidentifiableCostWarning`),
+    but with the noise seen in the residuals the coefficients trade off against each
+    other: the fit matches shapes like the measured ones, yet predictions for other
+    lengths or sequence counts can be off by about that term. A subclass of
+    :class:`UnidentifiableCostWarning`, so filters on that class catch it too.
+    """
+
+
+# A coefficient is poorly determined when its standard error exceeds this fraction of its
+# value (two standard errors reach 0: the data cannot tell it from 0) ...
+MAX_REL_STDERR = 0.5
+# ... and its term carries at least this fraction of the predicted time of some measured
+# micro-batch (an uncertain coefficient worth less than that everywhere cannot move a
+# prediction of a shape like the measured ones by more than ~5%, within timing noise).
+MIN_TERM_SHARE = 0.1
+
+
 def unidentified(design: np.ndarray, weights: Any = None, names: Sequence[str] = COEFFICIENTS
                  ) -> tuple[tuple[str, ...], float]:
     """Which coefficients of a linear fit the rows cannot identify, and the condition number.
@@ -322,8 +353,11 @@ def _hint(mbs: list[np.ndarray]) -> str:
 
 def _weighted_nnls(
     a: np.ndarray, t: np.ndarray, w: np.ndarray, robust: bool, relative: bool = False
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
     """NNLS of ``a x ≈ t`` with row weights ``w``; robust: Huber IRLS on weighted residuals.
+
+    Returns the coefficients and the row weights of the solve that gave them (``w``
+    itself, or the last IRLS step's, Huber weights included).
 
     Robust and ``relative``: the residuals are taken relative to the prediction, not to
     the measured time. Relative to ``t``, one time far too short (a block that failed
@@ -334,7 +368,8 @@ def _weighted_nnls(
     """
     coef = nnls(a * w[:, None], t * w)
     if not robust:
-        return coef
+        return coef, w
+    used = w  # the row weights of the solve that gave coef
     floor = 1e-9 * float(t.max())  # a prediction of 0 (all coefficients 0) stays finite
     for _ in range(50):
         if relative:
@@ -346,12 +381,70 @@ def _weighted_nnls(
             break
         u = np.abs(r) / (1.345 * sigma)
         h = np.minimum(1.0, 1.0 / np.maximum(u, 1e-300))  # Huber weights
-        new = nnls(a * (w * np.sqrt(h))[:, None], t * w * np.sqrt(h))
+        used = w * np.sqrt(h)
+        new = nnls(a * used[:, None], t * w * np.sqrt(h))  # as before: the same bits
         done = np.allclose(new, coef, rtol=1e-9, atol=0.0)
         coef = new
         if done:
             break
-    return coef
+    return coef, used
+
+
+def _norm(v: np.ndarray) -> float:
+    """2-norm whose squares neither overflow nor underflow."""
+    top = float(np.abs(v).max(initial=0.0))
+    return top * float(np.linalg.norm(v / top)) if top > 0 else 0.0
+
+
+def _stderrs(aw: np.ndarray, rw: np.ndarray, dof: int) -> np.ndarray:
+    """Standard errors of a weighted least-squares fit: ``sqrt(diag(σ²·(awᵀaw)⁻¹))``.
+
+    ``aw`` is the design with each row multiplied by its weight, ``rw`` the weighted
+    residuals, ``σ² = ‖rw‖² / dof``. NaN everywhere when ``dof <= 0`` (no residual to
+    estimate the noise from); inf for a column the others reproduce exactly (it has a
+    component in a null direction of ``aw``: not identifiable at any noise). Columns are
+    scaled by powers of two first (exact), as in :func:`nnls`, so that neither the SVD nor
+    the squares of entries near 1e±300 overflow or lose the small columns.
+    """
+    m = aw.shape[1]
+    if dof <= 0 or m == 0:
+        return np.full(m, np.nan)
+    _, exps = np.frexp(np.abs(aw).max(axis=0))
+    _, sv, vt = np.linalg.svd(np.ldexp(aw, -exps), full_matrices=False)
+    live = sv > sv[0] * max(aw.shape) * np.finfo(np.float64).eps
+    # diag((AᵀA)⁺) = Σ_k v_kj² / s_k² over the singular values kept.
+    unit = ((vt[live] / sv[live, None]) ** 2).sum(axis=0)
+    with np.errstate(over="ignore"):
+        se = np.ldexp(_norm(rw) / np.sqrt(dof) * np.sqrt(unit), -exps)
+    se[(np.abs(vt[~live]) > 1e-6).any(axis=0)] = np.inf
+    return se
+
+
+def _poorly_determined(
+    a: np.ndarray, coef: np.ndarray, se: np.ndarray, names: Sequence[str]
+) -> tuple[tuple[str, float], ...]:
+    """The coefficients whose standard error exceeds :data:`MAX_REL_STDERR` times their
+    value while their term carries at least :data:`MIN_TERM_SHARE` of the predicted time
+    of some row of ``a``, each with its relative standard error."""
+    pred = a @ coef
+    rows = pred > 0
+    if not rows.any():
+        return ()
+    share = coef * (a[rows] / pred[rows, None]).max(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = se / coef
+    poor = (coef > 0) & (share >= MIN_TERM_SHARE) & (rel > MAX_REL_STDERR)
+    return tuple((n, float(r)) for n, r, p in zip(names, rel, poor) if p)
+
+
+class _Fitted(NamedTuple):
+    """What :func:`_fit` found besides the cost."""
+
+    cost: QuadraticCost
+    unidentified: tuple[str, ...]  # coefficients the shapes cannot tell apart
+    poor: tuple[tuple[str, float], ...]  # poorly determined ones, with relative stderr
+    hint: str  # why ("" when both are empty)
+    clamped: tuple[str, ...] = ()  # fitted coefficients NNLS set to 0
 
 
 def _fit(
@@ -361,8 +454,9 @@ def _fit(
     per_microbatch: bool,
     per_sequence: bool,
     robust: bool,
-) -> tuple[QuadraticCost, tuple[str, ...], str]:
-    """fit_cost's work; also returns the unidentified coefficients and a hint why."""
+) -> _Fitted:
+    """fit_cost's work; also returns the unidentified and poorly determined coefficients
+    and a hint why."""
     check_choice(weighting, "weighting", ("relative", "absolute"))
     # Flags as bools only: per_microbatch="False" is truthy and would fit c0 regardless.
     per_microbatch = check_bool(per_microbatch, "per_microbatch")
@@ -384,20 +478,46 @@ def _fit(
     unit = _power_of_two_near(float(np.sqrt(t.min()) * np.sqrt(t.max())))
     t = t / unit
     w = 1.0 / t if weighting == "relative" else np.ones_like(t)
-    bad, _ = unidentified(a[:, cols], w, [COEFFICIENTS[j] for j in cols])
-    sol = _weighted_nnls(a[:, cols], t, w, robust, relative=weighting == "relative")
+    names = [COEFFICIENTS[j] for j in cols]
+    fitted = a[:, cols]
+    bad, _ = unidentified(fitted, w, names)
+    sol, w_fit = _weighted_nnls(fitted, t, w, robust, relative=weighting == "relative")
+    # Standard errors from the weighted residuals of the final solve, dof = n - active.
+    aw = fitted * w_fit[:, None]
+    rw = (fitted @ sol - t) * w_fit
+    active = sol > 0
+    dof = int(a.shape[0] - active.sum())
+    se_active = np.full(len(cols), np.nan)
+    se_active[active] = _stderrs(aw[:, active], rw, dof)
+    # The check allows for the coefficients NNLS fitted as 0 as well: a clamp says the
+    # data prefer 0 (or less), not that they rule out a positive value, and a collinear
+    # design often clamps one of the entangled coefficients (b = 0 with a and c taking
+    # its time) while the active ones alone look well determined.
+    poor = () if bad else _poorly_determined(fitted, sol, _stderrs(aw, rw, dof), names)
     coef = np.zeros(4)
     coef[cols] = sol
     r2, max_rel, med_rel = _stats(a @ coef, t)
     coef *= unit  # back to seconds
     c0, a_seq, b, c = (float(v) for v in coef)
     coefs = dict(zip(COEFFICIENTS, (c0, a_seq, b, c)))
-    report = FitReport(r2, max_rel, med_rel, int(a.shape[0]), coefs)
+    stderr: dict[str, float | None] = dict.fromkeys(COEFFICIENTS)
+    with np.errstate(over="ignore"):
+        for j, se in zip(cols, se_active * unit):
+            stderr[COEFFICIENTS[j]] = float(se) if np.isfinite(se) else None
+    report = FitReport(r2, max_rel, med_rel, int(a.shape[0]), coefs, stderr=stderr)
     meta: dict[str, Any] = {"weighting": weighting}
     if robust:
         meta["robust"] = "huber"
     cost = QuadraticCost(b, c, a_seq, c0, meta=meta, report=report)
-    return cost, bad, _hint(mbs) if bad else ""
+    hint = _hint(mbs) if bad or poor else ""
+    if poor:
+        lens, counts = np.concatenate(mbs), [mb.size for mb in mbs]
+        hint += (
+            f"; measured: sequences of {lens.min()}..{lens.max()} tokens, "
+            f"{min(counts)}..{max(counts)} per micro-batch"
+        )
+    clamped = tuple(n for n, x in zip(names, sol) if x == 0)
+    return _Fitted(cost, bad, poor, hint, clamped)
 
 
 def fit_cost(
@@ -437,7 +557,8 @@ def fit_cost(
     -------
     QuadraticCost
         With its :class:`FitReport` (R², max and median relative error on the fitted
-        data) in ``.report``.
+        data, and each coefficient's standard error: ``report.stderr``,
+        ``report.rel_stderr``) in ``.report``.
 
     Raises
     ------
@@ -451,6 +572,25 @@ def fit_cost(
         number of the scaled design above :data:`MAX_CONDITION`, e.g. every micro-batch
         has the same shape or the same sequence count). The returned cost still fits the
         measured shapes, but splits their time between those coefficients arbitrarily.
+    UserWarning
+        When there are exactly as many micro-batches as fitted coefficients (no other
+        warning then).
+    PoorlyDeterminedCostWarning
+        When the design is well enough conditioned for exact times but not for the
+        scatter of the measured ones: some coefficient's standard error exceeds
+        :data:`MAX_REL_STDERR` (50%) of its value, i.e. two standard errors reach 0,
+        while its term carries at least :data:`MIN_TERM_SHARE` (10%) of the predicted
+        time of some measured micro-batch. Such a coefficient trades off against the
+        others (b against c when every sequence has about the same length), so shapes
+        unlike the measured ones can be mispredicted by about its term; one that carries
+        less everywhere cannot move a prediction of the measured range by more than
+        ~5% and is left alone (``per_sequence`` often is, at ±100% or more). The
+        standard errors of this check are those of all fitted coefficients, including
+        any NNLS fitted as 0 (a collinear design often pushes one of the entangled
+        coefficients to 0 and lets the others look well determined), so they can exceed
+        ``report.stderr``. The check judges the measured range only: a cost fitted to
+        sequences of up to 1k tokens can be accurate there and still mispredict 32k
+        ones without a warning; measure the lengths you will train on.
 
     Examples
     --------
@@ -461,11 +601,22 @@ def fit_cost(
     >>> [round(v, 9) for v in cost.polynomial]
     [0.05, 0.01, 0.001, 1e-06]
     """
-    cost, bad, hint = _fit(microbatches, seconds, weighting, per_microbatch, per_sequence, robust)
-    if bad:
-        warnings.warn(unidentified_message(bad, hint), UnidentifiableCostWarning, stacklevel=2)
+    fit = _fit(microbatches, seconds, weighting, per_microbatch, per_sequence, robust)
+    cost = fit.cost
+    if fit.unidentified:
+        warnings.warn(
+            unidentified_message(fit.unidentified, fit.hint),
+            UnidentifiableCostWarning,
+            stacklevel=2,
+        )
     elif cost.report is not None and cost.report.n_samples == 2 + per_microbatch + per_sequence:
         warnings.warn(EXACTLY_DETERMINED, UserWarning, stacklevel=2)
+    elif fit.poor:
+        warnings.warn(
+            poorly_determined_message(fit.poor, fit.hint, fit.clamped),
+            PoorlyDeterminedCostWarning,
+            stacklevel=2,
+        )
     return cost
 
 
@@ -486,4 +637,24 @@ def unidentified_message(names: Sequence[str], hint: str) -> str:
         f"fit_cost: the measured micro-batches cannot tell {', '.join(names)} apart "
         f"({hint}); the fit splits their time arbitrarily and may mispredict other shapes. "
         f"Measure micro-batches with varied sequence counts and lengths{pin}."
+    )
+
+
+def poorly_determined_message(
+    poor: Sequence[tuple[str, float]], hint: str, clamped: Sequence[str] = ()
+) -> str:
+    """The text of a :class:`PoorlyDeterminedCostWarning`; ``poor`` holds ``(name,
+    relative standard error)`` pairs, ``clamped`` the fitted coefficients NNLS set to 0
+    (the check's standard errors allow for them, unlike the report's)."""
+    names = ", ".join(f"{n} (+-{r:.0%})" for n, r in poor)
+    allow = f"; the errors allow for {', '.join(clamped)}, fitted as 0" if clamped else ""
+    pins = [f"{n}=False" for n, _ in poor if n in ("per_microbatch", "per_sequence")]
+    pin = f", or pin {' / '.join(pins)} if negligible" if pins else ""
+    return (
+        f"fit_cost: the scatter of the measured times leaves {names} poorly determined "
+        f"({hint}): a standard error above {MAX_REL_STDERR:.0%} of the coefficient, whose "
+        f"term carries {MIN_TERM_SHARE:.0%} or more of some micro-batch's time{allow}. The "
+        "fit matches shapes like the measured ones but may mispredict other lengths or "
+        "sequence counts. Measure micro-batches with more varied sequence counts and "
+        f"lengths{pin}."
     )
