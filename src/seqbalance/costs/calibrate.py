@@ -47,6 +47,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any, Callable
@@ -693,7 +694,9 @@ def _retime_outliers(
     job was running), keeping the faster time; returns how many were re-timed."""
     count = 0
     for _ in range(rounds):
-        cost = fit_cost(mbs, seconds)
+        with warnings.catch_warnings():  # a screen for slow outliers: the final fit warns
+            warnings.simplefilter("ignore", UserWarning)
+            cost = fit_cost(mbs, seconds)
         pred = np.array([cost.microbatch_cost(mb) for mb in mbs])
         rel = seconds / pred - 1.0
         limit = max(0.25, 5.0 * float(np.median(np.abs(rel))))
@@ -784,9 +787,9 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    warnings = fit_warnings(report) + list(cost.meta.get("attention_warnings", []))
-    if warnings:
-        cost.meta["warnings"] = warnings  # travels with the cost JSON; --cost repeats it
+    cautions = fit_warnings(report) + list(cost.meta.get("attention_warnings", []))
+    if cautions:
+        cost.meta["warnings"] = cautions  # travels with the cost JSON; --cost repeats it
     meta = cost.meta
     print(
         f"model {meta['model']} on {meta['device']}, {meta['dtype']}, layers {meta['layers_timed']}"
@@ -801,6 +804,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}")
     else:
         print(cost.to_json())
-    for warning in warnings:  # last, so that it is not scrolled away by the JSON
+    for warning in cautions:  # last, so that it is not scrolled away by the JSON
         print(f"warning: {warning}", file=sys.stderr)
     return 0
