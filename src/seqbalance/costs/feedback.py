@@ -523,7 +523,7 @@ class TimingRecorder:
         elif fit.poor:
             # Adopted all the same: the new cost predicts shapes like the window's (those
             # the planner makes), and the previous one was never checked on them at all.
-            text = poorly_determined_message(fit.poor, fit.hint, fit.clamped)
+            text = poorly_determined_message(fit.poor, fit.hint, fit.clamped, robust)
             warnings.warn(
                 text.replace("fit_cost:", "refit:", 1) + " refit adopts the new cost all the "
                 "same: it fits the window's shapes.",

@@ -509,12 +509,15 @@ def _fit(
     if robust:
         meta["robust"] = "huber"
     cost = QuadraticCost(b, c, a_seq, c0, meta=meta, report=report)
-    hint = _hint(mbs) if bad or poor else ""
-    if poor:
+    hint = _hint(mbs) if bad else ""
+    if poor and not bad:
+        # Not "the shapes vary too little": a well spread design with a few wild times
+        # (a busy GPU, a failed block) scatters the same way; say what was measured.
         lens, counts = np.concatenate(mbs), [mb.size for mb in mbs]
-        hint += (
-            f"; measured: sequences of {lens.min()}..{lens.max()} tokens, "
-            f"{min(counts)}..{max(counts)} per micro-batch"
+        hint = (
+            f"measured: {len(mbs)} micro-batches, sequences of {lens.min()}..{lens.max()} "
+            f"tokens, {min(counts)}..{max(counts)} per micro-batch, median error "
+            f"{med_rel:.1%}"
         )
     clamped = tuple(n for n, x in zip(names, sol) if x == 0)
     return _Fitted(cost, bad, poor, hint, clamped)
@@ -613,7 +616,7 @@ def fit_cost(
         warnings.warn(EXACTLY_DETERMINED, UserWarning, stacklevel=2)
     elif fit.poor:
         warnings.warn(
-            poorly_determined_message(fit.poor, fit.hint, fit.clamped),
+            poorly_determined_message(fit.poor, fit.hint, fit.clamped, robust),
             PoorlyDeterminedCostWarning,
             stacklevel=2,
         )
@@ -641,20 +644,28 @@ def unidentified_message(names: Sequence[str], hint: str) -> str:
 
 
 def poorly_determined_message(
-    poor: Sequence[tuple[str, float]], hint: str, clamped: Sequence[str] = ()
+    poor: Sequence[tuple[str, float]], hint: str, clamped: Sequence[str] = (),
+    robust: bool = False,
 ) -> str:
     """The text of a :class:`PoorlyDeterminedCostWarning`; ``poor`` holds ``(name,
     relative standard error)`` pairs, ``clamped`` the fitted coefficients NNLS set to 0
-    (the check's standard errors allow for them, unlike the report's)."""
+    (the check's standard errors allow for them, unlike the report's); ``robust``: the fit
+    already down-weighted outliers (so it does not suggest doing so)."""
     names = ", ".join(f"{n} (+-{r:.0%})" for n, r in poor)
     allow = f"; the errors allow for {', '.join(clamped)}, fitted as 0" if clamped else ""
     pins = [f"{n}=False" for n, _ in poor if n in ("per_microbatch", "per_sequence")]
     pin = f", or pin {' / '.join(pins)} if negligible" if pins else ""
+    outliers = (
+        ""
+        if robust
+        else "; if a few times are far off the others (a busy GPU, a failed step), "
+        "robust=True down-weights them"
+    )
     return (
         f"fit_cost: the scatter of the measured times leaves {names} poorly determined "
         f"({hint}): a standard error above {MAX_REL_STDERR:.0%} of the coefficient, whose "
         f"term carries {MIN_TERM_SHARE:.0%} or more of some micro-batch's time{allow}. The "
         "fit matches shapes like the measured ones but may mispredict other lengths or "
-        "sequence counts. Measure micro-batches with more varied sequence counts and "
-        f"lengths{pin}."
+        "sequence counts. Measure more micro-batches, with more varied sequence counts and "
+        f"lengths{outliers}{pin}."
     )
