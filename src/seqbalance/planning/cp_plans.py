@@ -184,7 +184,7 @@ def _in_layout(gpu: np.ndarray, slot: np.ndarray, seq: np.ndarray, s: np.ndarray
         & (re_ == k1 * rlen // (2 * rd))
     )
     runs_ok = np.bincount(which, weights=~good, minlength=uq.size) == 0
-    gpus = np.bincount(rq[gstart], minlength=int(uq.max()) + 1)[uq]
+    gpus = np.bincount(which[gstart], minlength=uq.size)  # GPUs holding each sequence
     return uq[fits & runs_ok & (gpus == d)]
 
 
