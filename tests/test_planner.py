@@ -171,6 +171,9 @@ def test_allow_empty_packs_into_fewer_micro_batches_when_that_is_faster():
     assert p.num_micro_batches == 3
     assert p.simulate().step_time == 875
     assert p.violations()["empty"] == 8
+    # and the plan still says why it has 3 micro-batches (the padded candidate lost it)
+    assert any("min_micro_batches=3" in n for n in p.notes)
+    assert sum("empty micro-batches" in n for n in p.notes) == 1
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

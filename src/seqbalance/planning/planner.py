@@ -1029,13 +1029,21 @@ def _fewer_busy_may_win(req: _Request, m: int) -> bool:
     )
 
 
-def _with_empty_tail(req: _Request, fewer: Plan, m: int) -> Plan:
-    """``fewer``'s micro-batches on each rank, then empty ones up to ``m`` per rank."""
-    grid = [[list(mb) for mb in rank] for rank in fewer.micro_batches]
+def _with_empty_tail(req: _Request, fewer: Plan, rival: Plan) -> Plan:
+    """``fewer``'s micro-batches on each rank, then empty ones up to ``rival``'s count.
+
+    Its notes are ``rival``'s (why the count is what it is), then ``fewer``'s own, each
+    without its note on empty micro-batches, then the note on this grid's.
+    """
+    m = rival.num_micro_batches
     if fewer.num_micro_batches > m:
         return fewer  # more micro-batches: _pick drops it
-    grid = [rank + [[] for _ in range(m - len(rank))] for rank in grid]
-    notes = [n for n in fewer.notes if "empty micro-batches" not in n]
+    grid = [[list(mb) for mb in rank] + [[] for _ in range(m - len(rank))]
+            for rank in fewer.micro_batches]  # fmt: skip
+    notes: list[str] = []
+    for p in (rival, fewer):
+        empty = _empty_note(p.micro_batches)
+        notes += [n for n in p.notes if n not in empty and n not in notes]
     return _plan_of(req, grid, [*notes, *_empty_note(grid)])
 
 
@@ -1350,12 +1358,13 @@ def plan(
     m_best = min((p.num_micro_batches for p in candidates), default=None)
     candidates.extend(_full_rank_candidates(req, m_best, candidates))
     if m_best is not None and _fewer_busy_may_win(req, m_best):
+        rival = next(p for p in candidates if p.num_micro_batches == m_best)
         candidates.append(
             _with_empty_tail(
                 req,
                 plan(lengths, dp_size, max_tokens, cost=cost, sync=sync, size=size,
                      groups=groups, padded=padded, allow_empty=True, baselines=baselines),
-                m_best,
+                rival,
             )
         )  # fmt: skip
     known: dict[int, float] = {}  # id(plan) -> step in order, for _levelled
