@@ -420,11 +420,19 @@ def test_refit_flags_must_be_bools(flag):
         rec.refit(**{flag: "no"})
 
 
-@pytest.mark.parametrize("bad", [(0, 0, 0), "abcde", 5, (0, 0, 0, [1], 1.0, 7)])
+@pytest.mark.parametrize("bad", [(0, 0, 0), "abcde", 5, (0, 0, 0, [1], 1.0, [[0, 1, 0, 1]], 7)])
 def test_extend_malformed_record(bad):
     # A short tuple raised TypeError from record(*r); a 5-letter string became 5 arguments.
     with pytest.raises(ValueError, match="record"):
         TimingRecorder().extend([bad])
+
+
+def test_extend_a_sixth_item_is_the_pieces_of_a_cp_record():
+    rec = TimingRecorder()
+    with pytest.raises(ValueError, match=r"pieces must be rows \(position in lengths"):
+        rec.extend([(0, 0, 0, [1], 1.0, 7)])
+    rec.extend([(0, 0, 0, [4], 1.0, [[0, 2, 0, 1], [0, 2, 3, 4]])])
+    assert rec.records[0].pieces.tolist() == [[0, 2, 0, 1], [0, 2, 3, 4]]
 
 
 @pytest.mark.parametrize("index", [-1, 1.7, True, 9, "0"])

@@ -347,16 +347,61 @@ def test_end_step_odd_arguments_on_one_rank(case):
         assert out[0] == out[1] and out[0][0] == "ok"
 
 
-def _end_step_cp_plan(rank: int, world: int):
+def _end_step_cp_plan(rank: int, world: int, tamper: bool):
     p = plan([100, 5000, 300, 20], 1, 4096, cp_size=world)  # one replica of `world` GPUs
-    return _timed_step(p, p.micro_batches[rank])
+    if tamper and rank == 1:
+        # Same micro-batches, the CP sequence cut elsewhere: a plan that is not rank 0's.
+        doc = p.to_dict()
+        for gpu in doc["pieces"]:
+            for slot in gpu:
+                for piece in slot:
+                    if piece[0] == 1:  # the 5,000-token sequence: every inner cut +1
+                        piece[1] += 0 < piece[1] < 5000
+                        piece[2] += 0 < piece[2] < 5000
+        p = type(p).from_dict(doc)
+    rec = TimingRecorder(sync="fsdp")
+    timer = MicroBatchTimer(rec, device="cpu", clock="thread")
+    for _ in p.micro_batches[rank]:
+        with timer.time():
+            sum(range(2000))
+    try:
+        got = timer.end_step(p)
+    except ValueError as exc:
+        return "error", str(exc)
+    from seqbalance.costs._cp_records import plan_pieces
+
+    want = plan_pieces(p.pieces, p.micro_batches)
+    return "ok", [
+        (t.rank, t.slot, t.lengths.tolist(), t.pieces.tolist(),
+         np.array_equal(t.pieces, want[t.rank][t.slot]))
+        for t in got
+    ]
 
 
-def test_end_step_refuses_a_context_parallel_plan_on_every_rank():
-    """Each GPU's times were recorded against the whole sequences of its slot while it ran
-    pieces of them, so a refit learnt a cost about cp_size times too high."""
-    out = run_distributed(_end_step_cp_plan, 2, timeout=TIMEOUT - 10, collective_timeout=20)
-    assert all("context-parallel plan (cp_size=2)" in msg and step == 0 for msg, step in out), out
+def test_end_step_records_the_pieces_of_a_context_parallel_plan():
+    """A CP plan was refused (its GPUs run pieces, which records could not hold); now each
+    GPU's record carries its pieces, the same on every rank, as the plan gives them."""
+    out = run_distributed(_end_step_cp_plan, 2, False, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    assert out[0] == out[1] and out[0][0] == "ok", out
+    recs = out[0][1]
+    assert all(same for *_, same in recs)
+    # The 5,000-token sequence (index 1) over both GPUs, two chunks of 1,250 each.
+    split = [(r, pcs, lens.index(5000)) for r, _, lens, pcs, _ in recs if 5000 in lens]
+    assert [r for r, *_ in split] == [0, 1]
+    for _, pcs, at in split:
+        mine = [row for row in pcs if row[0] == at]
+        assert [d for _, d, _, _ in mine] == [2, 2]
+        assert sum(e - s for _, _, s, e in mine) == 2500
+
+
+def test_end_step_refuses_context_parallel_plans_that_differ_in_pieces_only():
+    """The plan digest covered micro-batches and lengths only, so two CP plans listing the
+    same sequences per GPU but cutting them elsewhere passed as one plan."""
+    out = run_distributed(_end_step_cp_plan, 2, True, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    assert all(kind == "error" and "passed a different plan than rank 0" in msg
+               for kind, msg in out), out
 
 
 def _end_step_padded(rank: int, world: int):

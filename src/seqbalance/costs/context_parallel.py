@@ -315,16 +315,25 @@ class ContextParallelCost:
             out = out + share * (_pairs2(e, w) - _pairs2(s, w))
         return out
 
+    def _comm(self, length: Any, attention: Any, d: Any, per_second: float) -> Any:
+        """Exposed communication of pieces (arrays): ``(d - 1)`` ring transfers of
+        ``comm_passes * (length / d) * kv_bytes_per_token / bandwidth`` seconds, times
+        ``per_second`` cost units, each hidden behind up to ``overlap * attention / d``
+        (``attention`` in the same units). 0 without a bandwidth."""
+        if self.bandwidth is None:
+            return np.zeros(np.broadcast(length, attention, d).shape)
+        step = (
+            self.comm_passes * (length / d) * self.kv_bytes_per_token / self.bandwidth
+        ) * per_second
+        return (d - 1) * np.maximum(0.0, step - self.overlap * attention / d)
+
     def _cost(self, length: Any, tok: Any, sq: Any, d: Any) -> Any:
         """The formula on arrays (``d`` may be an array too); a whole sequence on one GPU
         (``d == 1``) is priced by the sequence cost model itself, exactly as without CP."""
         attention = self.per_token_sq * sq
         compute = self.per_sequence / d + self.per_token * tok + attention
         if self.bandwidth is not None:
-            step = (
-                self.comm_passes * (length / d) * self.kv_bytes_per_token / self.bandwidth
-            ) * self.cost_per_second
-            compute = compute + (d - 1) * np.maximum(0.0, step - self.overlap * attention / d)
+            compute = compute + self._comm(length, attention, d, self.cost_per_second)
         whole = (np.asarray(d) == 1) & (np.asarray(tok) == np.asarray(length))
         if np.any(whole):
             exact = np.asarray(

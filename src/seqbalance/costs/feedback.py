@@ -50,7 +50,9 @@ from typing import Any
 import numpy as np
 
 from .._validate import as_lengths, check_bool, check_choice, check_positive_int, index_array
+from ._cp_records import check_pieces, comm_seconds, fit_rows, plan_pieces, predict
 from .base import CostModel, TokenCost
+from .context_parallel import ContextParallelCost
 from .fit import (
     EXACTLY_DETERMINED,
     PoorlyDeterminedCostWarning,
@@ -107,13 +109,19 @@ REPORT_METRICS: dict[str, str] = {
 
 @dataclass(frozen=True)
 class Timing:
-    """One measured micro-batch."""
+    """One measured micro-batch.
+
+    ``pieces`` is None for whole sequences. For a GPU of a context-parallel plan it is an
+    int64 array of rows ``(position in lengths, d, start, end)``, one per token range the
+    GPU held of a sequence split ``d`` ways (see :meth:`TimingRecorder.record`).
+    """
 
     rank: int
     step: int
     slot: int
     lengths: np.ndarray
     seconds: float
+    pieces: np.ndarray | None = None
 
 
 def _nonneg_int(value: Any, name: str) -> int:
@@ -123,6 +131,8 @@ def _nonneg_int(value: Any, name: str) -> int:
 
 
 def _resolve_cost(cost: Any) -> CostModel:
+    if isinstance(cost, ContextParallelCost):
+        return cost.cost
     if cost is None:
         return TokenCost()
     if isinstance(cost, CostModel):
@@ -244,14 +254,37 @@ class TimingRecorder:
 
     Parameters
     ----------
-    cost : cost model, name or None
+    cost : cost model, ContextParallelCost, name or None
         The model predictions come from (default :class:`TokenCost`); replaced by
-        :meth:`refit`.
+        :meth:`refit`. A :class:`~seqbalance.costs.ContextParallelCost` (the ``cp_cost``
+        your CP plans use) sets :attr:`cost` to its sequence cost and keeps its link
+        model in :attr:`cp_cost`: records of CP pieces are then predicted with their
+        exposed communication, and :meth:`refit` fits the compute that remains.
     sync : {"fsdp", "ddp"}
         How ranks synchronise (see :mod:`seqbalance.planning.simulation`): decides the step
         time and idle time in reports.
     window : int
         Steps kept; records of older steps are dropped as new steps arrive.
+
+    Attributes
+    ----------
+    cost : CostModel
+        The sequence cost (a :class:`QuadraticCost` in seconds after :meth:`refit`).
+    cp_cost : ContextParallelCost or None
+        The CP cost given, with :attr:`cost` inside after a refit (``cost_per_second``
+        then 1: the refit is in seconds); None when a plain cost was given.
+
+    Context parallelism
+    -------------------
+    A GPU of a CP plan (:class:`~seqbalance.planning.cp_plans.CPPlan`) runs pieces of
+    sequences, so its records carry them (:meth:`record`'s ``pieces``;
+    :class:`~seqbalance.torch.MicroBatchTimer` adds them from the plan). The fit row of
+    such a record is ``[1, Σ 1/d, Σ tokens, Σ (e² − s²)]`` (whole sequences give the usual
+    ``[1, n, ΣL, ΣL²]``), in the same four coefficients, so CP and non-CP steps refit one
+    cost together. The exposed ring communication is taken from :attr:`cp_cost`
+    (bandwidth, overlap, K/V bytes) and subtracted before the fit; without a bandwidth
+    there (or without a ``cp_cost``) it is taken as hidden, and any that is not ends up
+    in the fitted per-token terms.
 
     Notes
     -----
@@ -268,33 +301,55 @@ class TimingRecorder:
 
     def __init__(self, cost: Any = None, *, sync: str = "fsdp", window: int = 50) -> None:
         self.cost: CostModel = _resolve_cost(cost)
+        self.cp_cost: ContextParallelCost | None = (
+            cost if isinstance(cost, ContextParallelCost) else None
+        )
         self.sync = check_choice(sync, "sync", SYNC_MODELS)
         self.window = check_positive_int(window, "window")
         self._records: dict[tuple[int, int, int], Timing] = {}
         self._by_step: dict[int, list[tuple[int, int, int]]] = {}
 
     # ---- recording -----------------------------------------------------------------------
-    def record(self, rank: int, step: int, slot: int, lengths: Any, seconds: float) -> None:
+    def record(
+        self, rank: int, step: int, slot: int, lengths: Any, seconds: float,
+        *, pieces: Any = None,
+    ) -> None:
         """Add one micro-batch's measurement.
+
+        Parameters
+        ----------
+        rank, step, slot : int
+            Where it ran (``rank``: the GPU, for a CP plan).
+        lengths
+            The token counts of the sequences it held (whole lengths, also for CP pieces).
+        seconds : float
+            Its measured time.
+        pieces : optional
+            For a GPU of a context-parallel plan: rows ``(position in lengths, d, start,
+            end)``, one per token range it held of a sequence split over ``d`` GPUs (a
+            GPU of the group that got none of its tokens holds an empty range).
+            :func:`records_from_plan` with ``pieces=plan.pieces`` builds them.
 
         Raises
         ------
         ValueError
-            On a negative rank, step or slot, malformed lengths, a time that is not a
-            positive finite number, or a second record for the same (rank, step, slot).
+            On a negative rank, step or slot, malformed lengths or pieces, a time that is
+            not a positive finite number, or a second record for the same (rank, step,
+            slot).
         """
         rank = _nonneg_int(rank, "rank")
         step = _nonneg_int(step, "step")
         slot = _nonneg_int(slot, "slot")
         lens = as_lengths(lengths, "lengths")
         secs = _time(seconds, "seconds")
+        pcs = None if pieces is None else check_pieces(pieces, lens)
         key = (step, rank, slot)
         if key in self._records:
             raise ValueError(
                 f"rank {rank} step {step} slot {slot} is already recorded; number steps "
                 "and slots so that each micro-batch is recorded once"
             )
-        self._records[key] = Timing(rank, step, slot, lens, secs)
+        self._records[key] = Timing(rank, step, slot, lens, secs, pcs)
         self._by_step.setdefault(step, []).append(key)
         if len(self._by_step) > self.window:
             for old in sorted(self._by_step)[: len(self._by_step) - self.window]:
@@ -303,16 +358,16 @@ class TimingRecorder:
 
     def extend(self, records: Iterable[Any]) -> None:
         """Add many records: :class:`Timing` objects or ``(rank, step, slot, lengths,
-        seconds)`` tuples."""
+        seconds)`` tuples (a sixth item: the pieces of a CP record)."""
         for i, r in enumerate(records):
             if isinstance(r, Timing):
-                self.record(r.rank, r.step, r.slot, r.lengths, r.seconds)
-            elif isinstance(r, (tuple, list)) and len(r) == 5:
-                self.record(*r)
+                self.record(r.rank, r.step, r.slot, r.lengths, r.seconds, pieces=r.pieces)
+            elif isinstance(r, (tuple, list)) and len(r) in (5, 6):
+                self.record(*r[:5], pieces=r[5] if len(r) == 6 else None)
             else:
                 raise ValueError(
                     f"records[{i}] = {r!r} is not a Timing or a (rank, step, slot, lengths, "
-                    "seconds) record"
+                    "seconds[, pieces]) record"
                 )
 
     def clear(self) -> None:
@@ -342,7 +397,10 @@ class TimingRecorder:
     # ---- report --------------------------------------------------------------------------
     def report(self, cost: Any = None) -> BalanceReport:
         """Predicted vs measured over the window (predictions from ``cost``, default the
-        recorder's current cost).
+        recorder's current cost and :attr:`cp_cost`).
+
+        ``cost`` may be a :class:`~seqbalance.costs.ContextParallelCost`; a plain cost
+        prices the records of CP pieces without communication.
 
         Raises
         ------
@@ -353,8 +411,19 @@ class TimingRecorder:
         if not recs:
             raise ValueError("nothing recorded yet; record micro-batch timings first")
         model = self.cost if cost is None else _resolve_cost(cost)
+        cpc = self.cp_cost if cost is None else cost
         meas = np.array([r.seconds for r in recs])
-        pred = np.array([model.microbatch_cost(r.lengths) for r in recs])
+        if isinstance(cpc, ContextParallelCost) or any(r.pieces is not None for r in recs):
+            if not isinstance(cpc, ContextParallelCost):
+                cpc = ContextParallelCost(model)
+            pred = predict(cpc, [r.lengths for r in recs], [r.pieces for r in recs])
+            if not np.isfinite(pred).all():
+                raise ValueError(
+                    f"the predicted cost of a recorded micro-batch overflows float64 under "
+                    f"{cpc!r}; rescale the cost model or cost_per_second"
+                )
+        else:
+            pred = np.array([model.microbatch_cost(r.lengths) for r in recs])
         rank_of = np.array([r.rank for r in recs])
         step_of = np.array([r.step for r in recs])
         slot_of = np.array([r.slot for r in recs])
@@ -458,9 +527,11 @@ class TimingRecorder:
         CostModel
             The new cost (a :class:`QuadraticCost` in seconds, with its
             :class:`~seqbalance.costs.FitReport` and ``meta["rank_speed"]``), which is also
-            ``self.cost`` from now on; or the previous cost, unchanged, when the window
-            cannot identify the coefficients or holds fewer micro-batches than
-            coefficients (both warn).
+            ``self.cost`` from now on (and the sequence cost of :attr:`cp_cost`, if any);
+            or the previous cost, unchanged, when the window cannot identify the
+            coefficients or holds fewer micro-batches than coefficients (both warn), or
+            when :attr:`cp_cost` models more communication than a CP record measured
+            (a ``UserWarning``).
 
         Warns
         -----
@@ -495,8 +566,31 @@ class TimingRecorder:
         t = np.array([r.seconds for r in recs])
         ranks, rank_idx = np.unique([r.rank for r in recs], return_inverse=True)
         factors = np.ones(ranks.size)
+        cp = any(r.pieces is not None for r in recs)
+        # CP records: rows [1, Σ1/d, Σtokens, Σ(e²−s²)] and the modelled communication.
+        rows, entries = fit_rows(mbs, [r.pieces for r in recs]) if cp else (None, None)
+        link = self.cp_cost if cp and self.cp_cost and self.cp_cost.bandwidth else None
         for _ in range(50 if per_rank else 1):
-            fit = _fit(mbs, t / factors[rank_idx], weighting, per_microbatch, per_sequence, robust)
+            base = t / factors[rank_idx]
+            comm = np.zeros(len(recs))
+            # The exposed communication shrinks as the fitted attention (c) grows (more to
+            # hide it behind), so fit and communication alternate until they agree; from
+            # comm = 0 the fitted c only falls, and the loop settles within a few rounds.
+            for _ in range(50):
+                short = np.flatnonzero(base - comm <= 0)
+                if short.size:
+                    warnings.warn(_comm_exceeds(recs[short[0]], comm[short[0]], link),
+                                  UserWarning, stacklevel=2)
+                    return self.cost
+                fit = _fit(mbs, base - comm, weighting, per_microbatch, per_sequence, robust,
+                           rows=rows)
+                if fit.unidentified or link is None:
+                    break
+                new = comm_seconds(link, entries, len(recs), fit.cost.per_token_sq)
+                settled = np.allclose(new, comm, rtol=1e-9, atol=0.0)
+                comm = new
+                if settled:
+                    break
             cost = fit.cost
             if fit.unidentified:
                 warnings.warn(
@@ -508,7 +602,10 @@ class TimingRecorder:
                 return self.cost
             if not per_rank:
                 break
-            pred = np.array([cost.microbatch_cost(mb) for mb in mbs])
+            if rows is None:
+                pred = np.array([cost.microbatch_cost(mb) for mb in mbs])
+            else:
+                pred = rows @ np.asarray(cost.polynomial) + comm
             ratio = t / np.maximum(pred, np.finfo(np.float64).tiny)
             new = np.array([np.median(ratio[rank_idx == i]) for i in range(ranks.size)])
             new /= np.median(new)
@@ -540,24 +637,57 @@ class TimingRecorder:
                 "rank_speed": {str(int(r)): float(f) for r, f in zip(ranks, factors)},
             }
         )
+        if cp:
+            cost.meta["cp_samples"] = sum(r.pieces is not None for r in recs)
         self.cost = cost
+        if self.cp_cost is not None:
+            old = self.cp_cost
+            self.cp_cost = ContextParallelCost(
+                cost,
+                bandwidth=old.bandwidth,
+                cost_per_second=1.0,  # the refit is in seconds
+                overlap=old.overlap,
+                kv_bytes_per_token=old.kv_bytes_per_token,
+                comm_passes=old.comm_passes,
+            )
         return cost
 
 
+def _comm_exceeds(rec: Timing, comm: float, link: ContextParallelCost | None) -> str:
+    """Why refit cannot use a CP record: its modelled communication fills its time."""
+    where = f"rank {rec.rank}'s micro-batch {rec.slot} of step {rec.step}"
+    return (
+        f"refit: the CP communication that cp_cost models ({comm:.3g} s exposed, with "
+        f"bandwidth={link.bandwidth if link else None}, overlap="
+        f"{link.overlap if link else None}) fills all of the {rec.seconds:.3g} s measured "
+        f"for {where}; the bandwidth is too low or the overlap too small for these GPUs. "
+        "Correct the cp_cost given to the TimingRecorder; refit keeps the previous cost."
+    )
+
+
 def records_from_plan(
-    micro_batches: Any, lengths: Any, seconds: Any, step: int
-) -> list[tuple[int, int, int, np.ndarray, float]]:
+    micro_batches: Any, lengths: Any, seconds: Any, step: int, *, pieces: Any = None
+) -> list[tuple[Any, ...]]:
     """Records of one step from a plan's ``micro_batches[rank][slot]`` (sequence indices),
     the lengths they index, and ``seconds[rank][slot]`` measured.
+
+    ``pieces``: a CP plan's ``plan.pieces`` (``[gpu][slot]`` lists of ``(sequence, start,
+    end)``), with ``plan.micro_batches`` and one row of times per GPU; each record then
+    carries its GPU's pieces as a sixth item (see :meth:`TimingRecorder.record`).
 
     Examples
     --------
     >>> records_from_plan([[[0], [1, 2]]], [5, 6, 7], [[0.5, 1.0]], step=3)[1][:3]
     (0, 3, 1)
+    >>> cp = records_from_plan([[[0]], [[0]]], [8], [[0.5], [0.5]], step=0,
+    ...                        pieces=[[[(0, 0, 2), (0, 6, 8)]], [[(0, 2, 6)]]])
+    >>> cp[0][5].tolist()        # (position, d, start, end) per range of GPU 0
+    [[0, 2, 0, 2], [0, 2, 6, 8]]
     """
     lens = as_lengths(lengths, "lengths")
     step = _nonneg_int(step, "step")
-    out = []
+    per_slot = None if pieces is None else plan_pieces(pieces, micro_batches)
+    out: list[tuple[Any, ...]] = []
     if isinstance(seconds, (Mapping, str, bytes)) or not hasattr(seconds, "__len__"):
         raise ValueError(
             f"seconds must be nested [rank][slot] numbers, got {type(seconds).__name__}"
@@ -579,7 +709,10 @@ def records_from_plan(
             )
         for j, mb in enumerate(rank):
             idx = _indices(mb, lens.size, f"micro_batches[{r}][{j}]")
-            out.append((r, step, j, lens[idx], _time(row[j], f"seconds[{r}][{j}]")))
+            rec = (r, step, j, lens[idx], _time(row[j], f"seconds[{r}][{j}]"))
+            if per_slot is not None:
+                rec += (check_pieces(per_slot[r][j], lens[idx], f"pieces[{r}][{j}]"),)
+            out.append(rec)
     return out
 
 

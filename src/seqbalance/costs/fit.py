@@ -454,16 +454,18 @@ def _fit(
     per_microbatch: bool,
     per_sequence: bool,
     robust: bool,
+    rows: np.ndarray | None = None,
 ) -> _Fitted:
     """fit_cost's work; also returns the unidentified and poorly determined coefficients
-    and a hint why."""
+    and a hint why. ``rows``: the design, when it is not ``design_matrix(microbatches)``
+    (context-parallel records, :mod:`seqbalance.costs._cp_records`)."""
     check_choice(weighting, "weighting", ("relative", "absolute"))
     # Flags as bools only: per_microbatch="False" is truthy and would fit c0 regardless.
     per_microbatch = check_bool(per_microbatch, "per_microbatch")
     per_sequence = check_bool(per_sequence, "per_sequence")
     robust = check_bool(robust, "robust")
     mbs = _microbatches(microbatches)
-    a = design_matrix(mbs)
+    a = design_matrix(mbs) if rows is None else rows
     t = _seconds(seconds, a.shape[0])
     keep = [per_microbatch, per_sequence, True, True]
     cols = [j for j in range(4) if keep[j]]

@@ -59,6 +59,7 @@ import torch
 import torch.distributed as dist
 
 from .._validate import as_index, as_lengths, check_choice
+from ..costs._cp_records import plan_pieces
 from ..costs.feedback import Timing, TimingRecorder
 from ._transport import comm_device
 
@@ -219,9 +220,11 @@ class MicroBatchTimer:
             timing fits and its arguments are usable), so ranks holding different plans,
             or a plan on some ranks only, all raise instead of hanging or pairing times
             with the wrong lengths. In a padded plan (``padded=True``) every row of a
-            micro-batch is recorded at the longest one's length, as it ran. A
-            context-parallel plan (``cp_size > 1``) is refused: its GPUs run pieces of
-            sequences, which the records do not model.
+            micro-batch is recorded at the longest one's length, as it ran. For a
+            context-parallel plan (:class:`~seqbalance.planning.cp_plans.CPPlan`) the
+            group is every GPU of the mesh (``dp_size * cp_size``, rank = GPU) and each
+            record carries the pieces its GPU ran (``Timing.pieces``), which the
+            recorder's report and refit price as pieces.
         step : int, optional
             The step to record under (default :attr:`step`).
 
@@ -259,6 +262,7 @@ class MicroBatchTimer:
         # (a hang, or an error on some ranks alone) or silently pair one rank's times with
         # another plan's lengths; every rank sees every header, so every rank raises alike.
         missing = any(lens is None for lens, *_ in self._pending)
+        slot_pieces = None
         if plan is not None:
             try:
                 planned = len(plan.micro_batches)
@@ -266,14 +270,12 @@ class MicroBatchTimer:
                 mine = plan.micro_batches[rank] if rank < planned else None
                 ok = mine is not None and len(mine) == len(secs)
                 header = [1, planned, m, *_plan_digest(plan), ok]
-                if getattr(plan, "cp_size", 1) != 1:
-                    # Its GPUs ran pieces; records would pair their times with the whole
-                    # sequences' lengths, and the fit would learn a cost cp times too high.
-                    unusable = unusable or ValueError(
-                        f"a context-parallel plan (cp_size={plan.cp_size}) runs pieces of "
-                        "sequences, which timing records and their fit (a + b·L + c·L² of "
-                        "whole sequences) do not model yet; leave CP steps out of the recorder"
-                    )
+                # A CP plan's GPUs ran pieces: each record carries its GPU's (checked on
+                # every rank alike, before any gather of times).
+                pieces = getattr(plan, "pieces", None)
+                slot_pieces = (
+                    None if pieces is None else plan_pieces(pieces, plan.micro_batches)
+                )
                 if ok and unusable is None:
                     unusable = _lengths_disagree(self._pending, mine, plan.lengths)
             except Exception as exc:  # not a Plan
@@ -305,7 +307,8 @@ class MicroBatchTimer:
             padded = bool(getattr(plan, "padded", False))
             records = [
                 Timing(r, step, j, _ran(lengths[np.asarray(mb, dtype=np.int64)], padded),
-                       float(table[r, j]))
+                       float(table[r, j]),
+                       None if slot_pieces is None else slot_pieces[r][j])
                 for r in range(world)
                 for j, mb in enumerate(plan.micro_batches[r])
                 if not math.isnan(table[r, j])  # the block raised
@@ -474,6 +477,12 @@ def _plan_digest(plan: Any) -> tuple[float, float]:
         h.update(np.asarray([len(sizes), *sizes], dtype=np.int64).tobytes())
         for mb in rank_mbs:
             h.update(np.asarray(mb, dtype=np.int64).tobytes())
+    pieces = getattr(plan, "pieces", None)
+    if pieces is not None:  # a CP plan: two plans may list the same sequences per GPU
+        for gpu in pieces:
+            h.update(np.asarray([len(gpu), *(len(slot) for slot in gpu)], np.int64).tobytes())
+            for slot in gpu:
+                h.update(np.asarray(slot, dtype=np.int64).reshape(-1).tobytes())
     d = h.digest()
     return float(int.from_bytes(d[:6], "big")), float(int.from_bytes(d[6:12], "big"))
 
