@@ -552,3 +552,26 @@ def test_exactly_determined_fit_warns_once():
     assert [str(w.message) for w in caught] == [EXACTLY_DETERMINED]
     assert cost.per_sequence == 0.0 and cost.report.stderr["per_token_sq"] is not None
     assert _fit(mbs, t, "relative", True, True, False).poor  # would have warned otherwise
+
+
+def test_zero_lengths_in_a_list_of_lists_warn_and_count_as_sequences():
+    """A padded matrix's .tolist() read its padding as zero-length sequences, each priced
+    per_sequence, silently; the matrix itself drops them. Now the list form warns (and
+    still counts them: a list is taken as given)."""
+    from seqbalance.costs import ZeroLengthWarning
+
+    truth = QuadraticCost(per_token=1e-3, per_token_sq=1e-6, per_sequence=0.01,
+                          per_microbatch=0.05)  # fmt: skip
+    padded = np.array([[100, 0, 0], [200, 0, 0], [50, 50, 0], [400, 0, 0], [100, 300, 0],
+                       [25, 25, 25]])  # fmt: skip
+    t = [truth.microbatch_cost(row[row > 0]) for row in padded]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        exact = fit_cost(padded, t)  # zeros are padding: no warning
+    np.testing.assert_allclose(exact.polynomial, truth.polynomial, rtol=1e-6)
+    with pytest.warns(ZeroLengthWarning, match=r"microbatches\[0\] = \[100, 0, 0\] holds "
+                      r"zero-length sequences \(5 micro-batches do\).*2-D numpy array"):
+        listed = fit_cost(padded.tolist(), t)
+    assert listed.polynomial != pytest.approx(exact.polynomial, rel=1e-3)
+    with pytest.warns(ZeroLengthWarning, match="evaluate_cost"):
+        evaluate_cost(truth, padded.tolist(), t)

@@ -27,7 +27,13 @@ from .architecture import Architecture, parse_config
 from .base import CostModel, QuadraticCost, TokenCost
 from .context_parallel import ContextParallelCost
 from .feedback import REPORT_METRICS, BalanceReport, Timing, TimingRecorder
-from .fit import PoorlyDeterminedCostWarning, UnidentifiableCostWarning, evaluate_cost, fit_cost
+from .fit import (
+    PoorlyDeterminedCostWarning,
+    UnidentifiableCostWarning,
+    ZeroLengthWarning,
+    evaluate_cost,
+    fit_cost,
+)
 from .flops import SHIPPED, FlopsCost
 from .load import cost_from_dict, load_cost
 from .report import FitReport
@@ -47,6 +53,7 @@ __all__ = [
     "TimingRecorder",
     "TokenCost",
     "UnidentifiableCostWarning",
+    "ZeroLengthWarning",
     "cost_from_dict",
     "evaluate_cost",
     "fit_cost",

@@ -36,6 +36,7 @@ __all__ = [
     "MIN_TERM_SHARE",
     "PoorlyDeterminedCostWarning",
     "UnidentifiableCostWarning",
+    "ZeroLengthWarning",
     "design_matrix",
     "evaluate_cost",
     "fit_cost",
@@ -51,7 +52,7 @@ def _microbatches(microbatches: Any) -> list[np.ndarray]:
     micro-batch per row, zero-padded on the right: zeros are empty slots, not sequences
     (a row ``[300, 200, 0, 0]`` is the micro-batch ``[300, 200]``), so length matrices
     of ragged micro-batches can be passed as they are. A sequence of lists keeps every
-    entry, zeros included.
+    entry, zeros included (:func:`fit_cost` and :func:`evaluate_cost` warn of them).
     """
     if getattr(microbatches, "ndim", None) == 2:
         mat = np.asarray(microbatches)
@@ -80,6 +81,31 @@ def _microbatches(microbatches: Any) -> list[np.ndarray]:
             )
         out.append(arr)
     return out
+
+
+class ZeroLengthWarning(UserWarning):
+    """A list of micro-batches holds zero-length sequences, which the fit counts as
+    sequences (each costs ``per_sequence``): padding in a list, not a 2-D array?"""
+
+
+def _warn_zero_lengths(microbatches: Any, mbs: list[np.ndarray], caller: str) -> None:
+    """Warn when a list (not a 2-D array) of micro-batches holds zero lengths: a padded
+    matrix's ``.tolist()`` reads its padding as sequences of 0 tokens, each priced
+    ``per_sequence``, where the matrix itself would drop them."""
+    if getattr(microbatches, "ndim", None) == 2:
+        return
+    rows = [i for i, mb in enumerate(mbs) if (mb == 0).any()]
+    if rows:
+        i = rows[0]
+        warnings.warn(
+            f"{caller}: microbatches[{i}] = {mbs[i].tolist()[:8]}"
+            f"{'...' if mbs[i].size > 8 else ''} holds zero-length sequences ({len(rows)} "
+            "micro-batches do); in a list of lists every entry is a sequence and costs "
+            "per_sequence. If the zeros are padding, drop them or pass a 2-D numpy array "
+            "(zeros are padding there)",
+            ZeroLengthWarning,
+            stacklevel=3,
+        )
 
 
 def design_matrix(microbatches: Any) -> np.ndarray:
@@ -237,6 +263,7 @@ def evaluate_cost(cost: Any, microbatches: Sequence[Any], seconds: Any) -> FitRe
     t = _seconds(seconds, len(mbs))
     if not mbs:
         raise ValueError("microbatches is empty; pass at least one measured micro-batch")
+    _warn_zero_lengths(microbatches, mbs, "evaluate_cost")
     pred = np.array([cost.microbatch_cost(mb) for mb in mbs], dtype=np.float64)
     r2, max_rel, med_rel = _stats(pred, t)
     coefs = {k: float(getattr(cost, k)) for k in COEFFICIENTS}
@@ -580,6 +607,9 @@ def fit_cost(
     UserWarning
         When there are exactly as many micro-batches as fitted coefficients (no other
         warning then).
+    ZeroLengthWarning
+        When ``microbatches`` is a list holding zero lengths: they count as sequences
+        there (each costs ``per_sequence``), unlike the padding of a 2-D array.
     PoorlyDeterminedCostWarning
         When the design is well enough conditioned for exact times but not for the
         scatter of the measured ones: some coefficient's standard error exceeds
@@ -607,6 +637,7 @@ def fit_cost(
     [0.05, 0.01, 0.001, 1e-06]
     """
     fit = _fit(microbatches, seconds, weighting, per_microbatch, per_sequence, robust)
+    _warn_zero_lengths(microbatches, _microbatches(microbatches), "fit_cost")
     cost = fit.cost
     if fit.unidentified:
         warnings.warn(
