@@ -25,14 +25,15 @@ LINK = {"bandwidth": 5e10, "overlap": 0.5, "kv_bytes_per_token": 114688.0,
         "cost_per_second": 1.0}  # fmt: skip
 
 
-def _steps(truth_cp: ContextParallelCost, steps: int = 6, seed: int = 0, noise: float = 0.0):
-    """Dynamic-CP plans of mixed batches (short and 20k-120k-token sequences), each GPU's
+def _steps(truth_cp: ContextParallelCost, steps: int = 6, seed: int = 0, noise: float = 0.0,
+           cp_size: int = 4, dp: int = 4, long: tuple[int, int, int] = (20000, 120000, 3)):
+    """Dynamic-CP plans of mixed batches (short and ``long``-token sequences), each GPU's
     micro-batch timed by ``truth_cp`` through the planner's own pricing (piece_costs)."""
     rng = np.random.default_rng(seed)
     out = []
     for step in range(steps):
-        lens = np.concatenate([rng.integers(200, 4000, 60), rng.integers(20000, 120000, 3)])
-        p = plan(lens, 4, 32768, cp_size=4, cp="dynamic", cost=TRUTH, cp_cost=LINK)
+        lens = np.concatenate([rng.integers(200, 4000, 60), rng.integers(*long)])
+        p = plan(lens, dp, 32768, cp_size=cp_size, cp="dynamic", cost=TRUTH, cp_cost=LINK)
         t = piece_costs(p.pieces, np.asarray(p.lengths), truth_cp)
         t = t * rng.lognormal(0.0, noise, t.shape) if noise else t
         out += records_from_plan(p.micro_batches, p.lengths, t.tolist(), step, pieces=p.pieces)
@@ -124,6 +125,42 @@ def test_report_prices_pieces_and_their_communication():
     assert rec.report(ContextParallelCost(TRUTH, **LINK)).model_error < 1e-12
 
 
+def test_refit_is_exact_where_almost_all_communication_hides():
+    """The fit and the exposed communication used to alternate from comm = 0: at overlap 1
+    and d = 16 that contracts by ~0.94 a round, and after 50 rounds noise-free data gave
+    c0 1.93x and a 1.41x the truth, silently (with a slow GPU and per-rank factors: 2,500
+    fits, 197 s). The exposed set is now solved for: exact, in a few fits."""
+    link = {**LINK, "bandwidth": 2e10, "overlap": 1.0}
+    recs = _steps(ContextParallelCost(TRUTH, **link), steps=5, cp_size=16, dp=2,
+                  long=(60000, 250000, 4))  # fmt: skip
+    recs = [(*r[:4], r[4] * (1.2 if r[0] == 3 else 1.0), *r[5:]) for r in recs]
+    rec = TimingRecorder(ContextParallelCost(TokenCost(), **{**link, "cost_per_second": 1e5}))
+    rec.extend(recs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cost = rec.refit()
+    np.testing.assert_allclose(cost.polynomial, TRUTH.polynomial, rtol=1e-6)
+    assert cost.meta["rank_speed"]["3"] == pytest.approx(1.2, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_refit_of_noisy_communication_bound_steps_predicts_new_steps(seed):
+    """A 2 GB/s link, 5% noise: some micro-batches are over 95% communication and measure
+    less than their modelled transfers. The refit refused the true link model then (in 8
+    of 8 seeds); it now fits, and predicts new noise-free steps within 1%."""
+    link = {**LINK, "bandwidth": 2e9}
+    truth_cp = ContextParallelCost(TRUTH, **link)
+    rec = TimingRecorder(ContextParallelCost(TokenCost(), **{**link, "cost_per_second": 1e5}))
+    rec.extend(_steps(truth_cp, steps=10, seed=seed, noise=0.05))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # poorly determined a, c0: fine here
+        rec.refit()
+    fresh = TimingRecorder(rec.cp_cost)
+    fresh.extend(_steps(truth_cp, steps=3, seed=100 + seed))
+    report = fresh.report()
+    assert report.model_error < 0.01 and abs(report.scale - 1) < 0.01
+
+
 def test_refit_keeps_the_cost_when_the_link_model_exceeds_a_measured_time():
     recs = _steps(ContextParallelCost(TRUTH, **LINK), steps=2)
     start = ContextParallelCost(TRUTH, **{**LINK, "bandwidth": 1e8})  # 500x too slow
@@ -169,6 +206,9 @@ def test_pieces_of_a_plan_add_up_to_its_sequences(lens, dp, cp_size, cp):
         ([[0, 1, 3, 2], [1, 1, 0, 4]], r"row 0 \(3, 2\)"),
         ([[0, 0, 0, 5], [1, 1, 0, 4]], "degree 0"),
         ([[0, 1, 0.5, 5], [1, 1, 0, 4]], "rows \\(position in lengths, d, start, end\\)"),
+        ([[0, 1, 0, 4], [0, 1, 0, 4], [1, 1, 0, 4]], r"rows 0 \(0, 4\) and 1 \(0, 4\) overlap"),
+        ([[0, 2, 0, 3], [0, 2, 2, 5], [1, 1, 0, 4]], r"rows 0 \(0, 3\) and 1 \(2, 5\) overlap"),
+        ([[0, 2**40, 0, 5], [1, 1, 0, 4]], r"degree 1099511627776; a CP degree is in 1\.\.16384"),
         ([[0, 1, 0], [1, 1, 0]], "rows \\(position in lengths"),
     ],
 )
@@ -179,6 +219,24 @@ def test_malformed_pieces_are_refused(pieces, match):
     assert len(rec) == 0
     with pytest.raises(ValueError, match=match):
         check_pieces(pieces, np.array([5, 4]))
+
+
+@pytest.mark.parametrize(
+    ("pieces", "match"),
+    [
+        ([[[(0, 0, 2.7), (0, 6, 8)]], [[(0, 2.7, 6)]]], r"pieces\[0\]\[0\]\[0\] = \(0, 0, 2.7\)"),
+        ([[[("0", "0", "8")]], [[(0, 0, 0)]]], r"pieces\[0\]\[0\]\[0\] = \('0'"),
+        ([[[(0, True, 8)]], [[(0, 0, 0)]]], r"\(0, True, 8\) is not a \(sequence, start, end\)"),
+        ([[[(0, 2)]], [[(0, 2, 8)]]], r"\(0, 2\) is not a \(sequence, start, end\)"),
+        (5, "pieces must be a CP plan's pieces"),
+        ([None, None], r"pieces\[0\] must be GPU 0's slots"),
+    ],
+)
+def test_records_from_plan_refuses_malformed_plan_pieces(pieces, match):
+    """Floats were truncated (2.7 -> 2), strings and bools taken as integers, and other
+    shapes raised TypeError or an unpacking error."""
+    with pytest.raises(ValueError, match=match):
+        records_from_plan([[[0]], [[0]]], [8], [[1.0], [1.0]], 0, pieces=pieces)
 
 
 def test_plan_pieces_refuses_pieces_of_another_plan():

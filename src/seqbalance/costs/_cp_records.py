@@ -25,9 +25,18 @@ from typing import Any
 
 import numpy as np
 
+from .._validate import MAX_PARALLEL_DEGREE
 from .context_parallel import ContextParallelCost
 
-__all__ = ["check_pieces", "comm_seconds", "fit_rows", "plan_pieces", "predict"]
+__all__ = [
+    "check_pieces",
+    "comm_seconds",
+    "exposed_at",
+    "fit_rows",
+    "link_split",
+    "plan_pieces",
+    "predict",
+]
 
 
 def check_pieces(pieces: Any, lengths: np.ndarray, name: str = "pieces") -> np.ndarray:
@@ -49,6 +58,8 @@ def check_pieces(pieces: Any, lengths: np.ndarray, name: str = "pieces") -> np.n
             f"{name} must be rows (position in lengths, d, start, end) of integers, one "
             f"per token range the GPU held; got {_show(pieces)}"
         )
+    if arr.dtype.kind == "u" and arr.size and arr.max() > np.iinfo(np.int64).max:
+        raise ValueError(f"{name} holds {arr.max()}, beyond any position, degree or token")
     arr = arr.astype(np.int64)
     pos, d, s, e = arr.T
     n = lengths.size
@@ -63,8 +74,11 @@ def check_pieces(pieces: Any, lengths: np.ndarray, name: str = "pieces") -> np.n
             f"{name} has no range of sequence {int(missing[0])} of the record (a GPU of a "
             "CP group that got none of its tokens holds an empty range (start == end))"
         )
-    if (d < 1).any():
-        raise ValueError(f"{name} holds degree {int(d[d < 1][0])}; a CP degree is >= 1")
+    bad_d = (d < 1) | (d > MAX_PARALLEL_DEGREE)
+    if bad_d.any():
+        raise ValueError(
+            f"{name} holds degree {int(d[bad_d][0])}; a CP degree is in 1..{MAX_PARALLEL_DEGREE}"
+        )
     first = np.zeros(n, dtype=np.int64)
     uniq, at = np.unique(pos, return_index=True)
     first[uniq] = d[at]  # the degree of each sequence's first range
@@ -78,6 +92,20 @@ def check_pieces(pieces: Any, lengths: np.ndarray, name: str = "pieces") -> np.n
         raise ValueError(
             f"{name} row {k} ({int(s[k])}, {int(e[k])}) is not a token range of its sequence "
             f"of {int(length[k])} tokens (0 <= start <= end <= length)"
+        )
+    # Overlapping ranges of one sequence would count its tokens twice (and a d = 1
+    # sequence whose ranges add up to L would be priced as whole by one and not the other).
+    live = np.flatnonzero(e > s)
+    order = live[np.lexsort((s[live], pos[live]))]
+    same = pos[order[1:]] == pos[order[:-1]]
+    clash = same & (s[order[1:]] < e[order[:-1]])
+    if clash.any():
+        k = int(np.flatnonzero(clash)[0])
+        a, b = int(order[k]), int(order[k + 1])
+        raise ValueError(
+            f"{name} rows {a} ({int(s[a])}, {int(e[a])}) and {b} ({int(s[b])}, {int(e[b])}) "
+            f"overlap: sequence {int(pos[a])}'s tokens would count twice; give each token "
+            "range once"
         )
     return arr
 
@@ -150,6 +178,41 @@ def comm_seconds(
     return np.bincount(rec.astype(np.int64), weights=comm, minlength=n)
 
 
+def _transfer_seconds(cp_cost: ContextParallelCost, entries: np.ndarray) -> np.ndarray:
+    """Seconds of the ``d - 1`` ring transfers of each (record, sequence) entry, before
+    any overlap (0 for whole sequences)."""
+    _, length, degree, _ = entries.T
+    step = cp_cost.comm_passes * (length / degree) * cp_cost.kv_bytes_per_token
+    return (degree - 1) * step / cp_cost.bandwidth
+
+
+def exposed_at(cp_cost: ContextParallelCost, entries: np.ndarray, per_token_sq: float
+               ) -> np.ndarray:
+    """Which entries expose communication when attention costs ``per_token_sq`` seconds
+    per unit of ``e² − s²``: a transfer longer than the ``overlap`` of a ring step's
+    attention (``(d - 1) * overlap * c * sq / d`` over the ``d - 1`` steps)."""
+    _, _, degree, sq = entries.T
+    hide = (degree - 1) * cp_cost.overlap * per_token_sq * sq / degree
+    return (degree > 1) & (_transfer_seconds(cp_cost, entries) > hide)
+
+
+def link_split(
+    cp_cost: ContextParallelCost, entries: np.ndarray, n: int, active: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The exposed communication of each record, linear in ``c`` while the exposed
+    entries stay ``active``: ``offset - c * correction`` (seconds), i.e. the transfers'
+    seconds and the attention (per unit of ``c``) that hides part of them.
+
+    A fit of ``t - offset`` against the rows with ``correction`` taken off their
+    ``Σ(e² − s²)`` column then fits compute and communication together, exactly."""
+    rec = entries[:, 0].astype(np.int64)
+    _, _, degree, sq = entries.T
+    transfer = np.where(active, _transfer_seconds(cp_cost, entries), 0.0)
+    hide = np.where(active, (degree - 1) * cp_cost.overlap * sq / degree, 0.0)
+    return (np.bincount(rec, weights=transfer, minlength=n),
+            np.bincount(rec, weights=hide, minlength=n))  # fmt: skip
+
+
 def predict(
     cp_cost: ContextParallelCost,
     lengths: Sequence[np.ndarray],
@@ -166,6 +229,39 @@ def predict(
     return out
 
 
+def _is_list(x: Any) -> bool:
+    return isinstance(x, Sequence) and not isinstance(x, (str, bytes))
+
+
+def _plan_ranges(pieces: Any) -> list[list[list[tuple[int, int, int]]]]:
+    """A plan's ``pieces[gpu][slot]`` as lists of int triples, or a ValueError naming the
+    first entry that is not a ``(sequence, start, end)`` of integers."""
+    want = "a CP plan's pieces: [gpu][slot] lists of (sequence, start, end) integers"
+    if not _is_list(pieces):
+        raise ValueError(f"pieces must be {want}; got {_show(pieces)}")
+    out = []
+    for g, gpu in enumerate(pieces):
+        if not _is_list(gpu) or not all(_is_list(slot) for slot in gpu):
+            raise ValueError(f"pieces[{g}] must be GPU {g}'s slots, each a list; got {_show(gpu)}")
+        out_g = []
+        for j, slot in enumerate(gpu):
+            rows = []
+            for k, p in enumerate(slot):
+                ok = _is_list(p) and len(p) == 3 and all(
+                    isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+                    for v in p
+                )
+                if not ok:
+                    raise ValueError(
+                        f"pieces[{g}][{j}][{k}] = {_show(p)} is not a (sequence, start, end) "
+                        "of integers"
+                    )
+                rows.append((int(p[0]), int(p[1]), int(p[2])))
+            out_g.append(rows)
+        out.append(out_g)
+    return out
+
+
 def plan_pieces(pieces: Any, micro_batches: Any) -> list[list[np.ndarray]]:
     """The pieces array of every (GPU, slot) of a CP plan, positions in the order of
     ``micro_batches[gpu][slot]``; ``d`` is the number of GPUs holding the sequence in
@@ -176,11 +272,12 @@ def plan_pieces(pieces: Any, micro_batches: Any) -> list[list[np.ndarray]]:
     ValueError
         When a GPU's pieces in a slot touch other sequences than its micro-batch lists.
     """
+    pieces = _plan_ranges(pieces)
     holders: dict[tuple[int, int], set[int]] = {}
     for g, gpu in enumerate(pieces):
         for j, slot in enumerate(gpu):
             for seq, _, _ in slot:
-                holders.setdefault((j, int(seq)), set()).add(g)
+                holders.setdefault((j, seq), set()).add(g)
     if len(pieces) != len(micro_batches):
         raise ValueError(
             f"pieces has {len(pieces)} GPUs but micro_batches has {len(micro_batches)}; "
@@ -195,16 +292,13 @@ def plan_pieces(pieces: Any, micro_batches: Any) -> list[list[np.ndarray]]:
         rows_g = []
         for j, (slot, mb) in enumerate(zip(gpu, mbs)):
             where = {int(i): k for k, i in enumerate(mb)}
-            if set(where) != {int(p[0]) for p in slot}:
+            if set(where) != {p[0] for p in slot}:
                 raise ValueError(
                     f"GPU {g} slot {j}: its pieces touch sequences "
-                    f"{sorted({int(p[0]) for p in slot})} but its micro-batch lists "
+                    f"{sorted({p[0] for p in slot})} but its micro-batch lists "
                     f"{sorted(where)}"
                 )
-            rows = [
-                (where[int(seq)], len(holders[(j, int(seq))]), int(s), int(e))
-                for seq, s, e in slot
-            ]
+            rows = [(where[seq], len(holders[(j, seq)]), s, e) for seq, s, e in slot]
             rows_g.append(np.asarray(rows, dtype=np.int64).reshape(-1, 4))
         out.append(rows_g)
     return out

@@ -50,7 +50,15 @@ from typing import Any
 import numpy as np
 
 from .._validate import as_lengths, check_bool, check_choice, check_positive_int, index_array
-from ._cp_records import check_pieces, comm_seconds, fit_rows, plan_pieces, predict
+from ._cp_records import (
+    check_pieces,
+    comm_seconds,
+    exposed_at,
+    fit_rows,
+    link_split,
+    plan_pieces,
+    predict,
+)
 from .base import CostModel, TokenCost
 from .context_parallel import ContextParallelCost
 from .fit import (
@@ -281,10 +289,12 @@ class TimingRecorder:
     :class:`~seqbalance.torch.MicroBatchTimer` adds them from the plan). The fit row of
     such a record is ``[1, Σ 1/d, Σ tokens, Σ (e² − s²)]`` (whole sequences give the usual
     ``[1, n, ΣL, ΣL²]``), in the same four coefficients, so CP and non-CP steps refit one
-    cost together. The exposed ring communication is taken from :attr:`cp_cost`
-    (bandwidth, overlap, K/V bytes) and subtracted before the fit; without a bandwidth
-    there (or without a ``cp_cost``) it is taken as hidden, and any that is not ends up
-    in the fitted per-token terms.
+    cost together. The exposed ring communication is modelled by :attr:`cp_cost`
+    (bandwidth, overlap, K/V bytes): while the set of pieces whose transfers outlast
+    their share of attention stays fixed it is linear in ``c``, so the fit takes it in
+    exactly, recomputing that set until it settles (relative errors are taken against the
+    measured times). Without a bandwidth there (or without a ``cp_cost``) it is taken as
+    hidden, and any that is not ends up in the fitted per-token terms.
 
     Notes
     -----
@@ -529,9 +539,9 @@ class TimingRecorder:
             :class:`~seqbalance.costs.FitReport` and ``meta["rank_speed"]``), which is also
             ``self.cost`` from now on (and the sequence cost of :attr:`cp_cost`, if any);
             or the previous cost, unchanged, when the window cannot identify the
-            coefficients or holds fewer micro-batches than coefficients (both warn), or
-            when :attr:`cp_cost` models more communication than a CP record measured
-            (a ``UserWarning``).
+            coefficients or holds fewer micro-batches than coefficients, or when
+            :attr:`cp_cost` models more communication than most CP records measured
+            (all three warn).
 
         Warns
         -----
@@ -570,27 +580,33 @@ class TimingRecorder:
         # CP records: rows [1, Σ1/d, Σtokens, Σ(e²−s²)] and the modelled communication.
         rows, entries = fit_rows(mbs, [r.pieces for r in recs]) if cp else (None, None)
         link = self.cp_cost if cp and self.cp_cost and self.cp_cost.bandwidth else None
+        # With a link, the exposed communication is linear in the fitted c while the set of
+        # pieces that expose it stays fixed: fit with that set, recompute it from the new
+        # c, until it stops changing (from "all exposed", usually one or two fits).
+        active = exposed_at(link, entries, 0.0) if link is not None else None
         for _ in range(50 if per_rank else 1):
             base = t / factors[rank_idx]
-            comm = np.zeros(len(recs))
-            # The exposed communication shrinks as the fitted attention (c) grows (more to
-            # hide it behind), so fit and communication alternate until they agree; from
-            # comm = 0 the fitted c only falls, and the loop settles within a few rounds.
             for _ in range(50):
-                short = np.flatnonzero(base - comm <= 0)
-                if short.size:
-                    warnings.warn(_comm_exceeds(recs[short[0]], comm[short[0]], link),
-                                  UserWarning, stacklevel=2)
-                    return self.cost
-                fit = _fit(mbs, base - comm, weighting, per_microbatch, per_sequence, robust,
-                           rows=rows)
-                if fit.unidentified or link is None:
+                if link is None:
+                    fit = _fit(mbs, base, weighting, per_microbatch, per_sequence, robust,
+                               rows=rows)  # fmt: skip
                     break
-                new = comm_seconds(link, entries, len(recs), fit.cost.per_token_sq)
-                settled = np.allclose(new, comm, rtol=1e-9, atol=0.0)
-                comm = new
-                if settled:
+                offset, hide = link_split(link, entries, len(recs), active)
+                fit = _fit(mbs, base, weighting, per_microbatch, per_sequence, robust,
+                           rows=rows - np.outer(hide, [0, 0, 0, 1]), offset=offset)  # fmt: skip
+                if fit.unidentified:
                     break
+                new = exposed_at(link, entries, fit.cost.per_token_sq)
+                if np.array_equal(new, active):
+                    break
+                active = new
+            else:
+                warnings.warn(
+                    "refit: the set of CP pieces whose communication is exposed did not "
+                    "settle in 50 fits; the cost fits the last one",
+                    UserWarning,
+                    stacklevel=2,
+                )
             cost = fit.cost
             if fit.unidentified:
                 warnings.warn(
@@ -600,11 +616,25 @@ class TimingRecorder:
                     stacklevel=2,
                 )
                 return self.cost
+            if link is not None:
+                # A link model that leaves most records no time for their compute is wrong
+                # for these GPUs (a few such records are noise, which the robust fit weighs
+                # down).
+                comm = comm_seconds(link, entries, len(recs), cost.per_token_sq)
+                over = np.flatnonzero(comm >= base)
+                if 2 * over.size > len(recs):
+                    warnings.warn(
+                        _comm_exceeds(recs[over[0]], comm[over[0]], link, over.size, len(recs)),
+                        UnidentifiableCostWarning,
+                        stacklevel=2,
+                    )
+                    return self.cost
             if not per_rank:
                 break
             if rows is None:
                 pred = np.array([cost.microbatch_cost(mb) for mb in mbs])
             else:
+                comm = comm_seconds(link, entries, len(recs), cost.per_token_sq)
                 pred = rows @ np.asarray(cost.polynomial) + comm
             ratio = t / np.maximum(pred, np.finfo(np.float64).tiny)
             new = np.array([np.median(ratio[rank_idx == i]) for i in range(ranks.size)])
@@ -653,14 +683,16 @@ class TimingRecorder:
         return cost
 
 
-def _comm_exceeds(rec: Timing, comm: float, link: ContextParallelCost | None) -> str:
-    """Why refit cannot use a CP record: its modelled communication fills its time."""
+def _comm_exceeds(
+    rec: Timing, comm: float, link: ContextParallelCost, count: int, total: int
+) -> str:
+    """Why refit cannot use the CP records: the modelled communication fills their time."""
     where = f"rank {rec.rank}'s micro-batch {rec.slot} of step {rec.step}"
     return (
-        f"refit: the CP communication that cp_cost models ({comm:.3g} s exposed, with "
-        f"bandwidth={link.bandwidth if link else None}, overlap="
-        f"{link.overlap if link else None}) fills all of the {rec.seconds:.3g} s measured "
-        f"for {where}; the bandwidth is too low or the overlap too small for these GPUs. "
+        f"refit: the CP communication that cp_cost models (bandwidth={link.bandwidth:g}, "
+        f"overlap={link.overlap:g}) fills all of the measured time of {count} of {total} "
+        f"micro-batches (e.g. {comm:.3g} s exposed, {rec.seconds:.3g} s measured for "
+        f"{where}); the bandwidth is too low or the overlap too small for these GPUs. "
         "Correct the cp_cost given to the TimingRecorder; refit keeps the previous cost."
     )
 

@@ -379,7 +379,8 @@ def _hint(mbs: list[np.ndarray]) -> str:
 
 
 def _weighted_nnls(
-    a: np.ndarray, t: np.ndarray, w: np.ndarray, robust: bool, relative: bool = False
+    a: np.ndarray, t: np.ndarray, w: np.ndarray, robust: bool, relative: bool = False,
+    offset: np.ndarray | float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """NNLS of ``a x ≈ t`` with row weights ``w``; robust: Huber IRLS on weighted residuals.
 
@@ -392,6 +393,9 @@ def _weighted_nnls(
     squares pull every coefficient towards 0 to serve it; the Huber weights, scaled by
     the residuals of that collapsed start, cannot undo it. Relative to the prediction
     such a time is at most a -100% error, which the Huber weights then down-weight.
+
+    ``offset``: a known part of each measured time (``t`` is the time minus it), added to
+    the prediction the relative residuals are taken against.
     """
     coef = nnls(a * w[:, None], t * w)
     if not robust:
@@ -400,7 +404,7 @@ def _weighted_nnls(
     floor = 1e-9 * float(t.max())  # a prediction of 0 (all coefficients 0) stays finite
     for _ in range(50):
         if relative:
-            w = 1.0 / np.maximum(a @ coef, floor)
+            w = 1.0 / np.maximum(a @ coef + offset, floor)
         r = (a @ coef - t) * w
         # Robust scale: the median absolute residual (1.4826 makes it σ for Gaussian noise).
         sigma = 1.4826 * float(np.median(np.abs(r)))
@@ -482,10 +486,13 @@ def _fit(
     per_sequence: bool,
     robust: bool,
     rows: np.ndarray | None = None,
+    offset: np.ndarray | None = None,
 ) -> _Fitted:
     """fit_cost's work; also returns the unidentified and poorly determined coefficients
-    and a hint why. ``rows``: the design, when it is not ``design_matrix(microbatches)``
-    (context-parallel records, :mod:`seqbalance.costs._cp_records`)."""
+    and a hint why. ``rows``: the design, when it is not ``design_matrix(microbatches)``;
+    ``offset``: a known part of each measured time (seconds), fitted as ``seconds -
+    offset`` but weighted and reported against ``seconds`` (context-parallel records'
+    exposed communication, :mod:`seqbalance.costs._cp_records`)."""
     check_choice(weighting, "weighting", ("relative", "absolute"))
     # Flags as bools only: per_microbatch="False" is truthy and would fit c0 regardless.
     per_microbatch = check_bool(per_microbatch, "per_microbatch")
@@ -507,10 +514,13 @@ def _fit(
     unit = _power_of_two_near(float(np.sqrt(t.min()) * np.sqrt(t.max())))
     t = t / unit
     w = 1.0 / t if weighting == "relative" else np.ones_like(t)
+    off = np.zeros_like(t) if offset is None else np.asarray(offset, dtype=np.float64) / unit
+    t_measured, t = t, t - off
     names = [COEFFICIENTS[j] for j in cols]
     fitted = a[:, cols]
     bad, _ = unidentified(fitted, w, names)
-    sol, w_fit = _weighted_nnls(fitted, t, w, robust, relative=weighting == "relative")
+    sol, w_fit = _weighted_nnls(fitted, t, w, robust, relative=weighting == "relative",
+                                offset=off)  # fmt: skip
     # Standard errors from the weighted residuals of the final solve, dof = n - active.
     aw = fitted * w_fit[:, None]
     rw = (fitted @ sol - t) * w_fit
@@ -525,7 +535,7 @@ def _fit(
     poor = () if bad else _poorly_determined(fitted, sol, _stderrs(aw, rw, dof), names)
     coef = np.zeros(4)
     coef[cols] = sol
-    r2, max_rel, med_rel = _stats(a @ coef, t)
+    r2, max_rel, med_rel = _stats(a @ coef + off, t_measured)
     coef *= unit  # back to seconds
     c0, a_seq, b, c = (float(v) for v in coef)
     coefs = dict(zip(COEFFICIENTS, (c0, a_seq, b, c)))

@@ -153,7 +153,9 @@ class MicroBatchTimer:
 
         ``lengths`` are its sequences' token counts; they may be left out when
         :meth:`end_step` is given the plan (which knows them), and if given they must be
-        the plan's for this slot. A block that raises keeps its slot but is not recorded.
+        the plan's for this slot (for a CP plan, the whole lengths of the sequences this
+        GPU touches, not its pieces' tokens). A block that raises keeps its slot but is
+        not recorded.
 
         Raises
         ------
