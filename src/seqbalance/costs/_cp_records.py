@@ -178,12 +178,15 @@ def comm_seconds(
     return np.bincount(rec.astype(np.int64), weights=comm, minlength=n)
 
 
-def _transfer_seconds(cp_cost: ContextParallelCost, entries: np.ndarray) -> np.ndarray:
-    """Seconds of the ``d - 1`` ring transfers of each (record, sequence) entry, before
-    any overlap (0 for whole sequences)."""
-    _, length, degree, _ = entries.T
-    step = cp_cost.comm_passes * (length / degree) * cp_cost.kv_bytes_per_token
-    return (degree - 1) * step / cp_cost.bandwidth
+def _link_parts(cp_cost: ContextParallelCost, entries: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Per (record, sequence) entry: the seconds of its ``d - 1`` ring transfers before
+    any overlap (``ContextParallelCost._comm`` with no attention; 0 for whole sequences),
+    and the attention per unit of ``c`` that can hide them (``(d - 1) * overlap * sq /
+    d``). The exposed communication is ``max(0, transfer - c * hide)``."""
+    _, length, degree, sq = entries.T
+    transfer = cp_cost._comm(length, np.zeros_like(length), degree, 1.0)
+    return transfer, (degree - 1) * cp_cost.overlap * sq / degree
 
 
 def exposed_at(cp_cost: ContextParallelCost, entries: np.ndarray, per_token_sq: float
@@ -191,9 +194,8 @@ def exposed_at(cp_cost: ContextParallelCost, entries: np.ndarray, per_token_sq: 
     """Which entries expose communication when attention costs ``per_token_sq`` seconds
     per unit of ``e² − s²``: a transfer longer than the ``overlap`` of a ring step's
     attention (``(d - 1) * overlap * c * sq / d`` over the ``d - 1`` steps)."""
-    _, _, degree, sq = entries.T
-    hide = (degree - 1) * cp_cost.overlap * per_token_sq * sq / degree
-    return (degree > 1) & (_transfer_seconds(cp_cost, entries) > hide)
+    transfer, hide = _link_parts(cp_cost, entries)
+    return (entries[:, 2] > 1) & (transfer > per_token_sq * hide)
 
 
 def link_split(
@@ -206,11 +208,9 @@ def link_split(
     A fit of ``t - offset`` against the rows with ``correction`` taken off their
     ``Σ(e² − s²)`` column then fits compute and communication together, exactly."""
     rec = entries[:, 0].astype(np.int64)
-    _, _, degree, sq = entries.T
-    transfer = np.where(active, _transfer_seconds(cp_cost, entries), 0.0)
-    hide = np.where(active, (degree - 1) * cp_cost.overlap * sq / degree, 0.0)
-    return (np.bincount(rec, weights=transfer, minlength=n),
-            np.bincount(rec, weights=hide, minlength=n))  # fmt: skip
+    transfer, hide = _link_parts(cp_cost, entries)
+    return (np.bincount(rec, weights=np.where(active, transfer, 0.0), minlength=n),
+            np.bincount(rec, weights=np.where(active, hide, 0.0), minlength=n))  # fmt: skip
 
 
 def predict(

@@ -616,11 +616,12 @@ class TimingRecorder:
                     stacklevel=2,
                 )
                 return self.cost
+            # The modelled exposed communication at the fitted c (zeros without a link).
+            comm = comm_seconds(link, entries, len(recs), cost.per_token_sq) if cp else None
             if link is not None:
                 # A link model that leaves most records no time for their compute is wrong
                 # for these GPUs (a few such records are noise, which the robust fit weighs
                 # down).
-                comm = comm_seconds(link, entries, len(recs), cost.per_token_sq)
                 over = np.flatnonzero(comm >= base)
                 if 2 * over.size > len(recs):
                     warnings.warn(
@@ -634,7 +635,6 @@ class TimingRecorder:
             if rows is None:
                 pred = np.array([cost.microbatch_cost(mb) for mb in mbs])
             else:
-                comm = comm_seconds(link, entries, len(recs), cost.per_token_sq)
                 pred = rows @ np.asarray(cost.polynomial) + comm
             ratio = t / np.maximum(pred, np.finfo(np.float64).tiny)
             new = np.array([np.median(ratio[rank_idx == i]) for i in range(ranks.size)])
