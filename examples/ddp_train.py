@@ -470,6 +470,8 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
         full = TimingRecorder(rec[name].cost, sync=args.sync, window=10**6)
         full.extend(every[name])
         reports[name] = full.report()
+        if name == "tokens" and args.save_timings and rank == 0:
+            full.save(args.save_timings)  # for `seqbalance refit`
     # The timer's own cost as a share of step time, both on the timer's clock (CPU time
     # of this thread with --clock thread): local (timed regions, clocks, records) and the
     # one small all_gather per step.
@@ -591,6 +593,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "--adapt")
     p.add_argument("--log", metavar="FILE",
                    help="--adapt: write the balance metrics of every step as JSON lines")
+    p.add_argument("--save-timings", metavar="FILE",
+                   help="--adapt: save the token-plan race records (TimingRecorder.save), "
+                        "for `seqbalance refit FILE`")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch, args.scale, args.dim, args.layers = 2, 32, 64.0, 32, 1
@@ -603,6 +608,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--refit-after must be >= 2 (the fit needs varied micro-batches)")
     if args.log and not args.adapt:
         p.error("--log goes with --adapt")
+    if args.save_timings and not args.adapt:
+        p.error("--save-timings goes with --adapt")
     if args.sync is None:
         args.sync = "fsdp" if args.adapt else "ddp"
     if args.sync == "fsdp" and args.clock == "wall":

@@ -178,3 +178,41 @@ def test_bad_cp_values_are_named_by_their_flags(tmp_path, capsys):
             assert main([*base, *extra]) == 2
             err = capsys.readouterr().err
             assert err.startswith(words), err
+
+
+def test_plan_cp_with_a_seconds_cost_takes_the_kv_size_by_flag(tmp_path, capsys):
+    """A calibrated or refit cost (seconds) knows no architecture: with --cp-bandwidth the
+    K/V size must be given. It was refused in the library's words (kv_bytes_per_token=),
+    with no flag to give it."""
+    import seqbalance as sb
+    from seqbalance.costs import QuadraticCost
+
+    cost = QuadraticCost(per_token=2e-6, per_token_sq=4e-11, meta={"unit": "seconds"})
+    cost_file = tmp_path / "cost.json"
+    cost_file.write_text(cost.to_json())
+    lengths = workloads.lengths("long-context", 200, seed=4)
+    src = tmp_path / "lengths.txt"
+    src.write_text("".join(f"{x}\n" for x in lengths))
+    base = ["plan", str(src), "--dp", "2", "--max-tokens", "32768", "--cp-size", "8",
+            "--cost", str(cost_file), "--cp-bandwidth", "2.5e9"]  # fmt: skip
+    assert main(base) == 2
+    assert capsys.readouterr().err.startswith(
+        "error: with --cp-bandwidth and a cost that is not a model's FLOPs (--model), pass "
+        "--kv-bytes-per-token"
+    )
+    assert main([*base, "--kv-bytes-per-token", "-1"]) == 2
+    assert capsys.readouterr().err.startswith("error: --kv-bytes-per-token -1.0 is invalid")
+    out = tmp_path / "plan.json"
+    assert main([*base, "--kv-bytes-per-token", "1.2e5", "--out", str(out)]) == 0
+    want = sb.plan(lengths, 2, 32768, cost=cost, cp_size=8, cp="dynamic",
+                   cp_cost={"bandwidth": 2.5e9, "cost_per_second": 1.0, "overlap": 0.5,
+                            "kv_bytes_per_token": 1.2e5})  # fmt: skip
+    assert out.read_text() == want.to_json()
+    # A token cost still prices no communication unless the K/V size is given.
+    assert main(["plan", str(src), "--dp", "2", "--max-tokens", "32768", "--cp-size", "8",
+                 "--cp-bandwidth", "2.5e9", "--kv-bytes-per-token", "1.2e5",
+                 "--out", str(out)]) == 0  # fmt: skip
+    want = sb.plan(lengths, 2, 32768, cp_size=8, cp="dynamic",
+                   cp_cost={"bandwidth": 2.5e9, "cost_per_second": 1.0, "overlap": 0.5,
+                            "kv_bytes_per_token": 1.2e5})  # fmt: skip
+    assert out.read_text() == want.to_json()

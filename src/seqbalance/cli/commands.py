@@ -1,4 +1,4 @@
-"""The ``seqbalance`` command line: ``plan``, ``compare`` and ``calibrate``.
+"""The ``seqbalance`` command line: ``plan``, ``compare``, ``refit`` and ``calibrate``.
 
 Only the standard library and numpy are needed; ``rich`` (tables) and ``matplotlib``
 (``compare --plot``) are used when installed (``pip install ".[cli]"`` in a checkout).
@@ -89,6 +89,10 @@ _VALUE_RES = (
     (re.compile(r"(?<![\w-])bandwidth must be > 0 bytes/s \(or None for free communication\)"),
      "--cp-bandwidth must be > 0 bytes/s (leave it out for free communication)"),
     (re.compile(r"--cost-per-second = "), "--cost-per-second "),
+    (re.compile(r"with bandwidth= and a cost that is not a FlopsCost, pass kv_bytes_per_token="),
+     "with --cp-bandwidth and a cost that is not a model's FLOPs (--model), pass "
+     "--kv-bytes-per-token"),
+    (re.compile(r"(?<![\w-])kv_bytes_per_token = "), "--kv-bytes-per-token "),
 )
 
 
@@ -804,6 +808,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_cp_arguments(c)
     c.set_defaults(func=_cmd_compare)
 
+    from .refit import register as register_refit
+
+    register_refit(sub)
     try:
         from ..costs import calibrate
     except ImportError:

@@ -54,6 +54,7 @@ _CP_DEFAULTS: dict[str, Any] = {
     "cp_bandwidth": None,
     "cp_overlap": 0.5,
     "cost_per_second": None,
+    "kv_bytes_per_token": None,
 }
 
 
@@ -96,6 +97,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="cost units per second: achieved FLOP/s for a FLOP cost (default "
         "4e14), 1 for a cost in seconds",
     )
+    g.add_argument(
+        "--kv-bytes-per-token",
+        type=float,
+        default=_CP_DEFAULTS["kv_bytes_per_token"],
+        metavar="X",
+        help="K/V bytes one token sends over all layers (default: from --model's "
+        "architecture; needed with --cp-bandwidth and a --cost)",
+    )
 
 
 def stray_cp_options(args: argparse.Namespace) -> list[str]:
@@ -116,7 +125,9 @@ def cp_cost_of(args: argparse.Namespace, unit: str, bandwidth: float | None) -> 
     out: dict[str, Any] = {"cost_per_second": cps, "overlap": args.cp_overlap}
     if bandwidth is not None:
         out["bandwidth"] = bandwidth
-        if unit == "tok":
+        if args.kv_bytes_per_token is not None:
+            out["kv_bytes_per_token"] = args.kv_bytes_per_token
+        elif unit == "tok":
             out["kv_bytes_per_token"] = 0.0  # a token count knows no K/V size: comm is free
     return out
 

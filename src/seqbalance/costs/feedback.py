@@ -42,9 +42,11 @@ True
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -130,6 +132,18 @@ class Timing:
     lengths: np.ndarray
     seconds: float
     pieces: np.ndarray | None = None
+
+    def __eq__(self, other: object) -> bool:
+        # The dataclass's own __eq__ compares arrays with ==, which raises on them.
+        if not isinstance(other, Timing):
+            return NotImplemented
+        return (
+            (self.rank, self.step, self.slot, self.seconds)
+            == (other.rank, other.step, other.slot, other.seconds)
+            and np.array_equal(self.lengths, other.lengths)
+            and (self.pieces is None) == (other.pieces is None)
+            and (self.pieces is None or np.array_equal(self.pieces, other.pieces))
+        )
 
 
 def _nonneg_int(value: Any, name: str) -> int:
@@ -384,6 +398,46 @@ class TimingRecorder:
         """Forget every record (e.g. after switching the plan's cost)."""
         self._records.clear()
         self._by_step.clear()
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the settings and the window's records to ``path`` (JSON Lines).
+
+        :meth:`load` (or ``seqbalance refit``) reads it back; the format is in
+        :mod:`seqbalance.costs.timing_files`. Records gathered by
+        :class:`~seqbalance.torch.MicroBatchTimer` are the same on every rank: save them
+        on one.
+
+        Examples
+        --------
+        >>> import tempfile, os
+        >>> rec = TimingRecorder("tokens", sync="ddp")
+        >>> rec.record(0, 0, 0, [100, 300], 0.04)
+        >>> path = rec.save(os.path.join(tempfile.mkdtemp(), "timings.jsonl"))
+        >>> TimingRecorder.load(path).records == rec.records
+        True
+        """
+        from .timing_files import save_timings
+
+        return save_timings(self, path)
+
+    @classmethod
+    def load(
+        cls,
+        paths: Any,
+        *,
+        cost: Any = None,
+        sync: str | None = None,
+        window: int | None = None,
+    ) -> TimingRecorder:
+        """A recorder holding the records of one or more files written by :meth:`save`.
+
+        Settings not given come from the files' headers (cost, sync, window); the window
+        is raised to the number of steps in the files, so that none is dropped. See
+        :func:`seqbalance.costs.timing_files.load_timings`.
+        """
+        from .timing_files import load_timings
+
+        return load_timings(paths, cost=cost, sync=sync, window=window)
 
     @property
     def records(self) -> list[Timing]:

@@ -1,0 +1,309 @@
+"""``seqbalance refit``: fit a cost in seconds to micro-batch timings saved by a job.
+
+A training job that times its micro-batches (``MicroBatchTimer``) and saves the records
+(``TimingRecorder.save``) can have its cost refitted offline, with the same robust fit
+as ``recorder.refit()``. The command prints how well the start cost and the refit
+predict the measured times (and, with ``--holdout-steps``, steps the fit did not see),
+the fitted coefficients with their standard errors, and writes the cost JSON that
+``seqbalance plan --cost`` and ``load_cost`` read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import warnings
+from typing import Any, TextIO
+
+from .checks import UserError, check_outputs
+
+__all__ = ["register", "run"]
+
+_LINK_FLAGS = (
+    ("cp_bandwidth", "--cp-bandwidth"),
+    ("cp_overlap", "--cp-overlap"),
+    ("kv_bytes_per_token", "--kv-bytes-per-token"),
+    ("cost_per_second", "--cost-per-second"),
+)
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``refit`` subcommand to an argparse ``subparsers`` object."""
+    p = subparsers.add_parser(
+        "refit",
+        help="fit a cost (seconds) to micro-batch timings a job saved (TimingRecorder.save)",
+        description=(
+            "Read timing files written by TimingRecorder.save (or JSON Lines records of "
+            "rank, step, slot, lengths, seconds), fit t = c0 + sum(a + b*L + c*L^2) "
+            "robustly with one speed factor per rank, print the fit and how well each cost "
+            "predicts the measured times (to stderr), and write the cost JSON (stdout "
+            "unless --out) for `seqbalance plan --cost`."
+        ),
+    )
+    p.add_argument(
+        "timings",
+        nargs="+",
+        metavar="TIMINGS",
+        help="timing files (JSON Lines); several are merged (e.g. one per rank)",
+    )
+    cost = p.add_mutually_exclusive_group()
+    cost.add_argument(
+        "--model",
+        metavar="NAME|CONFIG",
+        help="start cost: a model's training FLOPs (default: the files' cost, else tokens)",
+    )
+    cost.add_argument("--cost", metavar="COST.json", help="start cost: a cost JSON")
+    p.add_argument(
+        "--sync",
+        choices=("fsdp", "ddp"),
+        default=None,
+        help="sync model of the step-time figures (default: the files', else fsdp)",
+    )
+    p.add_argument("--out", metavar="COST.json", help="write the cost here (default: stdout)")
+    p.add_argument(
+        "--holdout-steps",
+        type=int,
+        default=0,
+        metavar="K",
+        help="fit on all but the last K steps and report the errors on those K; the cost "
+        "written is that fit",
+    )
+    p.add_argument(
+        "--no-per-rank",
+        action="store_true",
+        help="no speed factor per rank (all ranks are taken as equally fast)",
+    )
+    p.add_argument(
+        "--no-robust", action="store_true", help="plain least squares, no Huber weights"
+    )
+    p.add_argument(
+        "--no-per-microbatch",
+        action="store_true",
+        help="fit no per-micro-batch term (c0 = 0)",
+    )
+    p.add_argument(
+        "--no-per-sequence", action="store_true", help="fit no per-sequence term (a = 0)"
+    )
+    g = p.add_argument_group(
+        "context parallelism (records with pieces; default: the link the files were saved "
+        "with)"
+    )
+    g.add_argument(
+        "--cp-bandwidth", type=float, metavar="B", help="bytes/s per GPU on the CP ring"
+    )
+    g.add_argument(
+        "--cp-overlap",
+        type=float,
+        metavar="F",
+        help="fraction of a ring step's attention that hides its transfer (default 0.5)",
+    )
+    g.add_argument(
+        "--kv-bytes-per-token",
+        type=float,
+        metavar="X",
+        help="K/V bytes a token sends over all layers (default: from --model's architecture)",
+    )
+    g.add_argument(
+        "--cost-per-second",
+        type=float,
+        metavar="X",
+        help="start cost units per second (default 4e14 for a FLOP cost, else 1)",
+    )
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``seqbalance refit`` from parsed arguments; return the exit status."""
+    from ..costs import TimingRecorder, UnidentifiableCostWarning, load_cost
+
+    if args.holdout_steps < 0:
+        raise UserError(f"--holdout-steps must be >= 0, got {args.holdout_steps}")
+    for path in args.timings:
+        if args.out is not None and args.out != "-":
+            check_outputs(argparse.Namespace(out=args.out, lengths=path))
+    loaded = TimingRecorder.load(args.timings, sync=args.sync)
+    if not len(loaded):
+        raise UserError(f"no timing records in {', '.join(args.timings)}")
+    start = _start_cost(args, loaded, load_cost)
+    recorder = TimingRecorder(start, sync=loaded.sync, window=loaded.window)
+    steps = loaded.steps
+    k = args.holdout_steps
+    if k >= len(steps):
+        raise UserError(
+            f"--holdout-steps {k} leaves no step to fit: the files hold {len(steps)} "
+            f"step(s); hold out fewer"
+        )
+    fit_steps = set(steps[: len(steps) - k])
+    held = [r for r in loaded.records if r.step not in fit_steps]
+    recorder.extend(r for r in loaded.records if r.step in fit_steps)
+    before = recorder.report()
+    held_before = _held_report(recorder, held, recorder.cp_cost or recorder.cost)
+    old = recorder.cost
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cost = recorder.refit(
+            per_rank=not args.no_per_rank,
+            robust=not args.no_robust,
+            per_microbatch=not args.no_per_microbatch,
+            per_sequence=not args.no_per_sequence,
+        )
+    notes = [_in_flags(str(w.message)) for w in caught]
+    if cost is old:  # the records cannot identify the cost: refit kept the start cost
+        kept = [_in_flags(str(w.message)) for w in caught
+                if issubclass(w.category, UnidentifiableCostWarning)]  # fmt: skip
+        raise UserError(kept[-1] if kept else "refit kept the start cost; nothing written")
+    err = sys.stderr
+    _describe(loaded, err)
+    after = recorder.report()
+    held_after = _held_report(recorder, held, recorder.cp_cost or recorder.cost)
+    rows = [
+        ["measured", "", "", f"{before.imbalance_measured:.1%}",
+         _ms(before.step_time_measured)],
+        _row(f"start: {_label(old)}", before),
+        _row("refit", after),
+    ]  # fmt: skip
+    if held:
+        rows += [
+            ["held-out measured", "", "", f"{held_before.imbalance_measured:.1%}",
+             _ms(held_before.step_time_measured)],
+            _row(f"held-out start: {_label(old)}", held_before),
+            _row("held-out refit", held_after),
+        ]  # fmt: skip
+    from .commands import _table
+
+    print(file=err)
+    _table(["cost", "model error", "p90", "imbalance", "step time"], rows, err)
+    print(file=err)
+    if cost.report is not None:
+        print(str(cost.report), file=err)
+    speed = cost.meta.get("rank_speed", {})
+    if speed and not args.no_per_rank:
+        slow = max(speed, key=lambda r: (speed[r], -int(r)))
+        print(
+            f"rank speed factors {min(speed.values()):.3f}..{max(speed.values()):.3f} "
+            f"(slowest: rank {slow}, {speed[slow]:.3f})",
+            file=err,
+        )
+    if notes:
+        cost.meta["warnings"] = notes  # `plan --cost` repeats them
+    for note in notes:
+        print(f"note: {note}", file=err)
+    text = cost.to_json()
+    if args.out in (None, "-"):
+        sys.stdout.write(text + "\n")
+    else:
+        with open(args.out, "w", encoding="utf-8") as fh:
+            fh.write(text + "\n")
+        print(f"wrote {args.out}", file=err)
+    return 0
+
+
+def _start_cost(args: argparse.Namespace, loaded: Any, load_cost: Any) -> Any:
+    """The start cost: ``--model``/``--cost`` or the files', with the CP link of the
+    ``--cp-*`` flags or of the files."""
+    from ..costs import ContextParallelCost
+    from ..costs.context_parallel import FLOPS_PER_SECOND
+
+    spec = args.model or args.cost
+    seq = load_cost(spec) if spec is not None else loaded.cost
+    link = loaded.cp_cost
+    flags = {name: getattr(args, name) for name, _ in _LINK_FLAGS}
+    if link is None and all(v is None for v in flags.values()):
+        if any(r.pieces is not None for r in loaded.records):
+            print(
+                "note: the records hold context-parallel pieces but no CP link is known "
+                "(--cp-bandwidth): their communication is taken as hidden, and what is not "
+                "ends up in the fitted per-token terms",
+                file=sys.stderr,
+            )
+        return seq
+    if link is None and flags["cp_bandwidth"] is None:
+        given = [flag for name, flag in _LINK_FLAGS if flags[name] is not None]
+        raise UserError(f"{', '.join(given)} describe a CP link: give --cp-bandwidth too")
+    cps = flags["cost_per_second"]
+    if cps is None:
+        if link is not None and spec is None:
+            cps = link.cost_per_second
+        else:
+            cps = FLOPS_PER_SECOND if type(seq).__name__ == "FlopsCost" else 1.0
+
+    def pick(name: str, attr: str, default: Any) -> Any:
+        if flags[name] is not None:
+            return flags[name]
+        return getattr(link, attr) if link is not None else default
+
+    return ContextParallelCost(
+        seq,
+        bandwidth=pick("cp_bandwidth", "bandwidth", None),
+        cost_per_second=cps,
+        overlap=pick("cp_overlap", "overlap", 0.5),
+        kv_bytes_per_token=pick("kv_bytes_per_token", "kv_bytes_per_token", None),
+        comm_passes=link.comm_passes if link is not None else 3.0,
+    )
+
+
+def _in_flags(message: str) -> str:
+    """A refit warning in the command's words (its flags; nothing is kept, nothing written)."""
+    for words, flags in (
+        ("fit_cost:", "refit:"),
+        ("pin per_microbatch=False / per_sequence=False",
+         "pass --no-per-microbatch / --no-per-sequence"),
+        ("per_microbatch=False", "--no-per-microbatch"),
+        ("per_sequence=False", "--no-per-sequence"),
+        ("; refit keeps the previous cost", "; nothing written"),
+        ("refit keeps the previous cost", "Nothing written"),
+        ("keeping the previous cost", "nothing written"),
+        ("refit adopts the new cost all the same", "The cost is written all the same"),
+        ("Correct the cp_cost given to the TimingRecorder", "Correct --cp-bandwidth / "
+         "--cp-overlap"),
+    ):  # fmt: skip
+        message = message.replace(words, flags)
+    return message
+
+
+def _held_report(recorder: Any, held: list[Any], cost: Any) -> Any:
+    """The report of the held-out records under ``cost`` (None without any)."""
+    if not held:
+        return None
+    from ..costs import TimingRecorder
+
+    other = TimingRecorder(cost, sync=recorder.sync, window=recorder.window)
+    other.extend(held)
+    return other.report()
+
+
+def _describe(loaded: Any, out: TextIO) -> None:
+    recs = loaded.records
+    cp = sum(r.pieces is not None for r in recs)
+    ranks = len({r.rank for r in recs})
+    steps = loaded.steps
+    extra = f" ({cp} of context-parallel pieces)" if cp else ""
+    print(
+        f"{len(recs)} micro-batches{extra}, {len(steps)} steps ({steps[0]}..{steps[-1]}), "
+        f"{ranks} ranks, sync {loaded.sync}",
+        file=out,
+    )
+
+
+def _label(cost: Any) -> str:
+    name = getattr(cost, "name", None)
+    kind = type(cost).__name__
+    if kind == "TokenCost":
+        return "tokens"
+    if kind == "FlopsCost":
+        return f"FLOPs of {name}" if name else "FLOPs"
+    return kind
+
+
+def _row(label: str, report: Any) -> list[str]:
+    return [
+        label,
+        f"{report.model_error:.1%}",
+        f"{report.model_error_p90:.1%}",
+        f"{report.imbalance_predicted:.1%}",
+        _ms(report.step_time_predicted),
+    ]
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds == seconds else "n/a"

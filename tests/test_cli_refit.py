@@ -1,0 +1,195 @@
+"""``seqbalance refit``: a cost fitted to saved timing files, written for ``plan --cost``."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+from seqbalance import workloads
+from seqbalance.cli.commands import main
+from seqbalance.costs import (
+    ContextParallelCost,
+    QuadraticCost,
+    TimingRecorder,
+    TokenCost,
+    load_cost,
+)
+from seqbalance.costs.feedback import records_from_plan
+from seqbalance.planning.cp_plans import piece_costs
+from seqbalance.planning.planner import plan
+
+TRUTH = QuadraticCost(per_token=2e-6, per_token_sq=4e-11, per_sequence=2e-4, per_microbatch=5e-3)
+LINK = {"bandwidth": 2.5e9, "overlap": 0.5, "kv_bytes_per_token": 1.2e5}
+
+
+def _dp_timings(path, steps: int = 8, noise: float = 0.0, seed: int = 0, **kwargs):
+    """Token-cost plans of rl-math batches on 4 ranks, timed by TRUTH, saved to ``path``."""
+    rng = np.random.default_rng(seed)
+    rec = TimingRecorder(TokenCost(), **kwargs)
+    for step in range(steps):
+        lens = workloads.lengths("rl-math", 128, seed=step)
+        p = plan(lens, 4, 32768)
+        secs = [[TRUTH.microbatch_cost(lens[mb]) * rng.lognormal(0, noise) if noise
+                 else TRUTH.microbatch_cost(lens[mb]) for mb in rank]
+                for rank in p.micro_batches]  # fmt: skip
+        rec.extend(records_from_plan(p.micro_batches, lens, secs, step))
+    rec.save(path)
+    return rec
+
+
+def _cp_timings(path, link: dict | None = LINK):
+    """Dynamic-CP plans (2 x 8 GPUs) timed by TRUTH over LINK; the recorder knows the link
+    (its header carries it) unless ``link`` is None."""
+    truth_cp = ContextParallelCost(TRUTH, cost_per_second=1.0, **LINK)
+    token_cp = ContextParallelCost(TokenCost(), cost_per_second=1 / TRUTH.per_token, **LINK)
+    rec = TimingRecorder(token_cp if link else TokenCost())
+    for step in range(4):
+        lens = workloads.lengths("long-context", 128, seed=step)
+        p = plan(lens, 2, 32768, cp_size=8, cp="dynamic", cp_cost=token_cp)
+        t = piece_costs(p.pieces, np.asarray(p.lengths), truth_cp)
+        rec.extend(records_from_plan(p.micro_batches, p.lengths, t.tolist(), step, pieces=p.pieces))
+    rec.save(path)
+    return rec
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("error: ")
+    return err[0]
+
+
+def test_refit_finds_the_true_cost_and_plan_reads_it(tmp_path, capsys):
+    timings = tmp_path / "timings.jsonl"
+    _dp_timings(timings)
+    out = tmp_path / "cost.json"
+    assert main(["refit", str(timings), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    err = captured.err
+    assert "8 steps (0..7), 4 ranks, sync fsdp" in err
+    assert "start: tokens" in err and "refit" in err and f"wrote {out}" in err
+    cost = load_cost(str(out))
+    np.testing.assert_allclose(cost.polynomial, TRUTH.polynomial, rtol=1e-9)
+    assert cost.meta["unit"] == "seconds" and cost.meta["source"] == "refit"
+    # The cost plans: `plan --cost` reads it as seconds.
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("".join(f"{x}\n" for x in workloads.lengths("rl-math", 64, seed=9)))
+    assert main(["plan", str(lengths), "--dp", "2", "--max-tokens", "32768",
+                 "--cost", str(out), "--out", str(tmp_path / "plan.json")]) == 0  # fmt: skip
+    assert "seconds" in capsys.readouterr().err
+
+
+def test_refit_writes_json_to_stdout_without_out(tmp_path, capsys):
+    timings = tmp_path / "t.jsonl"
+    _dp_timings(timings, steps=3)
+    assert main(["refit", str(timings)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["kind"] == "quadratic"
+    np.testing.assert_allclose(data["per_token_sq"], TRUTH.per_token_sq, rtol=1e-9)
+
+
+def test_refit_of_cp_timings_uses_the_saved_link(tmp_path, capsys):
+    """The header's link is subtracted: the noise-free fit is the truth. Without a link the
+    command says where the communication went, and the fit is not the truth."""
+    timings = tmp_path / "cp.jsonl"
+    _cp_timings(timings)
+    assert main(["refit", str(timings), "--no-per-rank"]) == 0
+    captured = capsys.readouterr()
+    np.testing.assert_allclose(json.loads(captured.out)["per_token_sq"], TRUTH.per_token_sq,
+                               rtol=1e-6)  # fmt: skip
+    assert "of context-parallel pieces" in captured.err
+    assert "no CP link is known" not in captured.err
+
+    blind = tmp_path / "blind.jsonl"
+    _cp_timings(blind, link=None)
+    assert main(["refit", str(blind), "--no-per-rank"]) == 0
+    captured = capsys.readouterr()
+    assert "no CP link is known (--cp-bandwidth)" in captured.err
+    assert json.loads(captured.out)["per_token_sq"] > 1.5 * TRUTH.per_token_sq
+    # Naming the link on the command line restores the truth.
+    flags = ["--cp-bandwidth", "2.5e9", "--kv-bytes-per-token", "1.2e5"]
+    assert main(["refit", str(blind), "--no-per-rank", *flags]) == 0
+    np.testing.assert_allclose(json.loads(capsys.readouterr().out)["per_token_sq"],
+                               TRUTH.per_token_sq, rtol=1e-6)  # fmt: skip
+    # A wrong link named over the saved one is used: 4x the bandwidth leaves most of the
+    # communication in the fit.
+    assert main(["refit", str(timings), "--no-per-rank", "--cp-bandwidth", "1e10"]) == 0
+    assert json.loads(capsys.readouterr().out)["per_token_sq"] > 2 * TRUTH.per_token_sq
+
+
+def test_holdout_steps_fit_the_earlier_steps_and_report_the_rest(tmp_path, capsys):
+    timings = tmp_path / "t.jsonl"
+    rec = _dp_timings(timings, steps=6, noise=0.05)
+    out = tmp_path / "cost.json"
+    assert main(["refit", str(timings), "--holdout-steps", "2", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "held-out refit" in err and "held-out start: tokens" in err
+    # The cost written is the fit of steps 0..3 alone.
+    early = TimingRecorder(TokenCost())
+    early.extend(r for r in rec.records if r.step < 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = early.refit()
+    assert load_cost(str(out)).polynomial == expected.polynomial
+
+
+def test_poorly_determined_fit_is_written_with_its_warning(tmp_path, capsys):
+    """Every sequence 3,500-4,500 tokens with noise: b and c trade off. The cost is written,
+    the warning is printed and travels in the cost's meta (plan --cost repeats it)."""
+    rng = np.random.default_rng(0)
+    rec = TimingRecorder()
+    for step in range(10):
+        for rank in range(4):
+            lens = rng.integers(3500, 4500, rng.integers(1, 8))
+            rec.record(rank, step, 0, lens, TRUTH.microbatch_cost(lens) * rng.lognormal(0, 0.05))
+    timings = rec.save(tmp_path / "t.jsonl")
+    out = tmp_path / "cost.json"
+    assert main(["refit", str(timings), "--out", str(out)]) == 0
+    assert "note: refit:" in capsys.readouterr().err
+    assert any("poorly determined" in w for w in load_cost(str(out)).meta["warnings"])
+
+
+@pytest.mark.parametrize(
+    ("make", "args", "match"),
+    [
+        ("same-shape", [], r"refit: .* cannot tell per_microbatch, .* apart .* pass "
+         r"--no-per-microbatch / --no-per-sequence\. Nothing written\.$"),
+        ("dp", ["--holdout-steps", "3"], "--holdout-steps 3 leaves no step to fit"),
+        ("dp", ["--holdout-steps", "-1"], "--holdout-steps must be >= 0"),
+        ("dp", ["--cp-overlap", "0.2"], "--cp-overlap describe a CP link: give --cp-bandwidth"),
+        ("empty", [], "no timing records in"),
+        ("bad", [], r"t\.jsonl:2: unknown key"),
+    ],
+)
+def test_refit_errors_are_one_line(tmp_path, capsys, make, args, match):
+    timings = tmp_path / "t.jsonl"
+    if make == "dp":
+        _dp_timings(timings, steps=3)
+    elif make == "same-shape":
+        rec = TimingRecorder()
+        for step in range(5):
+            for rank in range(2):
+                rec.record(rank, step, 0, [100, 100], 0.01 * (1 + 0.01 * step))
+        rec.save(timings)
+    elif make == "empty":
+        TimingRecorder().save(timings)
+    else:
+        timings.write_text('{"rank":0,"step":0,"slot":0,"lengths":[1],"seconds":1}\n{"x":1}\n')
+    out = tmp_path / "cost.json"
+    assert main(["refit", str(timings), "--out", str(out), *args]) == 2
+    assert re.search(match, _error_line(capsys))
+    assert not out.exists()
+
+
+def test_out_may_not_overwrite_a_timing_file(tmp_path, capsys):
+    timings = tmp_path / "t.jsonl"
+    _dp_timings(timings, steps=2)
+    before = timings.read_bytes()
+    assert main(["refit", str(timings), "--out", str(timings)]) == 2
+    assert "would overwrite" in _error_line(capsys)
+    assert timings.read_bytes() == before
