@@ -71,7 +71,7 @@ def test_ddp_example_adapt_quick(tmp_path, sync):
     log = tmp_path / "metrics.jsonl"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "ddp_train.py"), "--adapt", "--quick",
-         "--sync", sync, "--log", str(log)],
+         "--sync", sync, "--log", str(log), "--save-timings", str(tmp_path / "t.jsonl")],
         capture_output=True,
         text=True,
         timeout=230,
@@ -86,3 +86,10 @@ def test_ddp_example_adapt_quick(tmp_path, sync):
     assert {r["phase"] for r in records} == {"learn", "race"}
     for r in records:
         assert set(PLAN_METRICS) | set(REPORT_METRICS) <= set(r)
+    # The token plans' timings, saved, load with the run's settings and every micro-batch.
+    from seqbalance.costs import TimingRecorder
+
+    saved = TimingRecorder.load(tmp_path / "t.jsonl")
+    assert saved.sync == sync and len(saved) > 0
+    assert {r.rank for r in saved.records} == {0, 1}
+    assert all(r.seconds > 0 and r.lengths.size > 0 for r in saved.records)
