@@ -41,7 +41,7 @@ def _dp_timings(path, steps: int = 8, noise: float = 0.0, seed: int = 0, **kwarg
     return rec
 
 
-def _cp_timings(path, link: dict | None = LINK):
+def _cp_timings(path, link: dict | None = LINK, mode: str = "dynamic"):
     """Dynamic-CP plans (2 x 8 GPUs) timed by TRUTH over LINK; the recorder knows the link
     (its header carries it) unless ``link`` is None."""
     truth_cp = ContextParallelCost(TRUTH, cost_per_second=1.0, **LINK)
@@ -49,7 +49,7 @@ def _cp_timings(path, link: dict | None = LINK):
     rec = TimingRecorder(token_cp if link else TokenCost())
     for step in range(4):
         lens = workloads.lengths("long-context", 128, seed=step)
-        p = plan(lens, 2, 32768, cp_size=8, cp="dynamic", cp_cost=token_cp)
+        p = plan(lens, 2, 32768, cp_size=8, cp=mode, cp_cost=token_cp)
         t = piece_costs(p.pieces, np.asarray(p.lengths), truth_cp)
         rec.extend(records_from_plan(p.micro_batches, p.lengths, t.tolist(), step, pieces=p.pieces))
     rec.save(path)
@@ -161,7 +161,7 @@ def test_poorly_determined_fit_is_written_with_its_warning(tmp_path, capsys):
          r"--no-per-microbatch / --no-per-sequence\. Nothing written\.$"),
         ("dp", ["--holdout-steps", "3"], "--holdout-steps 3 leaves no step to fit"),
         ("dp", ["--holdout-steps", "-1"], "--holdout-steps must be >= 0"),
-        ("dp", ["--cp-overlap", "0.2"], "--cp-overlap describe a CP link: give --cp-bandwidth"),
+        ("dp", ["--cp-overlap", "0.2"], "--cp-overlap describes a CP link: give --cp-bandwidth"),
         ("empty", [], "no timing records in"),
         ("bad", [], r"t\.jsonl:2: unknown key"),
     ],
@@ -193,3 +193,112 @@ def test_out_may_not_overwrite_a_timing_file(tmp_path, capsys):
     assert main(["refit", str(timings), "--out", str(timings)]) == 2
     assert "would overwrite" in _error_line(capsys)
     assert timings.read_bytes() == before
+
+
+# ---- review (helper-53) ------------------------------------------------------------------
+
+
+def test_files_saved_with_different_costs_refit_with_a_chosen_start_cost(tmp_path, capsys):
+    """--cost / --model never reached the header check: disagreeing files could not be
+    refit at all, and the message named a Python argument."""
+    rec = _dp_timings(tmp_path / "all.jsonl", steps=4)
+    a, b = TimingRecorder(TokenCost()), TimingRecorder("qwen2.5-7b")
+    a.extend(r for r in rec.records if r.rank < 2)
+    b.extend(r for r in rec.records if r.rank >= 2)
+    files = [str(a.save(tmp_path / "a.jsonl")), str(b.save(tmp_path / "b.jsonl"))]
+    assert main(["refit", *files]) == 2
+    assert "give different costs; pass --cost or --model to say which" in _error_line(capsys)
+    for start, label in ((["--cost", "tokens"], "start: tokens"),
+                         (["--model", "qwen2.5-7b"], "start: FLOPs of qwen2.5-7b")):  # fmt: skip
+        assert main(["refit", *files, *start]) == 0
+        captured = capsys.readouterr()
+        assert label in captured.err
+        np.testing.assert_allclose(json.loads(captured.out)["per_token"], TRUTH.per_token,
+                                   rtol=1e-9)  # fmt: skip
+
+
+def test_flags_reach_the_fit(tmp_path, capsys):
+    """Each fit flag changes what the library's refit is asked, and gives its answer."""
+    timings = tmp_path / "t.jsonl"
+    rec = _dp_timings(timings, steps=6, noise=0.05)
+    for flags, kwargs in (
+        ([], {}),
+        (["--no-robust"], {"robust": False}),
+        (["--no-per-rank"], {"per_rank": False}),
+        (["--no-per-microbatch"], {"per_microbatch": False}),
+        (["--no-per-sequence"], {"per_sequence": False}),
+    ):
+        assert main(["refit", str(timings), *flags]) == 0
+        got = json.loads(capsys.readouterr().out)
+        again = TimingRecorder(TokenCost())
+        again.extend(rec.records)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            want = again.refit(**kwargs)
+        assert [got[k] for k in ("per_microbatch", "per_sequence", "per_token",
+                                 "per_token_sq")] == list(want.polynomial), flags  # fmt: skip
+    assert main(["refit", str(timings), "--sync", "ddp"]) == 0
+    assert "sync ddp" in capsys.readouterr().err
+
+
+def test_held_out_rows_are_the_reports_of_the_held_out_steps(tmp_path, capsys):
+    timings = tmp_path / "t.jsonl"
+    rec = _dp_timings(timings, steps=6, noise=0.05)
+    out = tmp_path / "cost.json"
+    assert main(["refit", str(timings), "--holdout-steps", "2", "--out", str(out),
+                 "--no-robust"]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    cost = load_cost(str(out))
+    held = TimingRecorder(cost)
+    held.extend(r for r in rec.records if r.step >= 4)
+    report = held.report()
+    row = next(line for line in err.splitlines() if line.startswith("held-out refit"))
+    assert row.split()[2:5] == [f"{report.model_error:.1%}", f"{report.model_error_p90:.1%}",
+                                f"{report.imbalance_predicted:.1%}"]  # fmt: skip
+    # The cost's FitReport holds them as its held-out part.
+    assert cost.report.holdout is not None and cost.report.holdout.n_samples == len(held)
+    assert "held out" in err
+
+
+def test_cp_errors_and_notes_are_one_line_and_after_the_fit(tmp_path, capsys):
+    blind = tmp_path / "blind.jsonl"
+    _cp_timings(blind, link=None)
+    assert main(["refit", str(blind), "--holdout-steps", "4"]) == 2
+    assert "leaves no step to fit" in _error_line(capsys)
+    # Flags for a link on records without pieces: said, not silently ignored.
+    timings = tmp_path / "t.jsonl"
+    _dp_timings(timings, steps=3)
+    assert main(["refit", str(timings), "--cp-bandwidth", "1e9",
+                 "--kv-bytes-per-token", "1e5"]) == 0  # fmt: skip
+    assert "note: no record holds context-parallel pieces: --cp-bandwidth, " \
+           "--kv-bytes-per-token change nothing" in capsys.readouterr().err
+    # A link that leaves the records no compute time is refused in the command's words
+    # (static CP: every sequence split, every record with communication).
+    static = tmp_path / "static.jsonl"
+    _cp_timings(static, mode="static")
+    assert main(["refit", str(static), "--cp-bandwidth", "1e6"]) == 2
+    line = _error_line(capsys)
+    assert "that the CP link models (--cp-bandwidth 1e+06, --cp-overlap 0.5)" in line, line
+    assert "cp_cost" not in line and line.endswith("nothing written.")
+
+
+def test_poorly_determined_note_under_no_robust_names_the_flag(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    rec = TimingRecorder()
+    for step in range(10):
+        for rank in range(4):
+            lens = rng.integers(3500, 4500, rng.integers(1, 8))
+            rec.record(rank, step, 0, lens, TRUTH.microbatch_cost(lens) * rng.lognormal(0, 0.05))
+    timings = rec.save(tmp_path / "t.jsonl")
+    assert main(["refit", str(timings), "--no-robust"]) == 0
+    err = capsys.readouterr().err
+    assert "leave out --no-robust to down-weight them" in err
+    assert "robust=True" not in err and "=False" not in err
+
+
+def test_plan_refuses_a_kv_size_without_a_bandwidth(tmp_path, capsys):
+    src = tmp_path / "lengths.txt"
+    src.write_text("100\n200\n90000\n")
+    assert main(["plan", str(src), "--dp", "1", "--max-tokens", "65536", "--cp-size", "2",
+                 "--kv-bytes-per-token", "1e5"]) == 2  # fmt: skip
+    assert "--kv-bytes-per-token sizes the CP ring's transfers" in _error_line(capsys)

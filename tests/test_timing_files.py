@@ -243,3 +243,108 @@ def test_timing_equality_compares_arrays():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no numpy elementwise-comparison warning
         assert a != Timing(0, 1, 2, np.array([3]), 0.5)
+
+
+# ---- review (helper-53) ------------------------------------------------------------------
+
+
+def test_a_plain_cost_given_for_cp_files_keeps_their_link(tmp_path):
+    """It was dropped: the refit then put the communication into c (75x the truth)."""
+    path = _cp_recorder().save(tmp_path / "cp.jsonl")
+    back = TimingRecorder.load(path, cost="tokens")
+    assert back.cp_cost is not None and back.cp_cost.bandwidth == LINK["bandwidth"]
+    assert back.cp_cost.cost_per_second == 5e4  # the saved cost's rate: it is the same cost
+    np.testing.assert_allclose(back.refit(per_rank=False).polynomial, TRUTH.polynomial,
+                               rtol=1e-6)  # fmt: skip
+    flops = TimingRecorder.load(path, cost="qwen2.5-7b").cp_cost
+    assert flops.bandwidth == LINK["bandwidth"] and flops.cost_per_second == 4e14
+    with pytest.raises(ValueError, match=r"cp\.jsonl: the files' CP link cannot price this cost"):
+        TimingRecorder.load(path, cost=QuadraticCost(per_token=1.0, per_token_sq=0.0))
+    other = ContextParallelCost(TokenCost(), bandwidth=1e9, kv_bytes_per_token=1.0,
+                                cost_per_second=1.0)  # fmt: skip
+    assert TimingRecorder.load(path, cost=other).cp_cost is other
+
+
+def test_bad_arguments_are_named_as_arguments(tmp_path):
+    path = _recorder(steps=1).save(tmp_path / "t.jsonl")
+    with pytest.raises(ValueError, match=r"^window must be >= 1"):
+        TimingRecorder.load(path, window=0)
+    with pytest.raises(ValueError, match=r"^sync must be one of"):
+        TimingRecorder.load(path, sync="zero")
+
+
+def test_files_that_are_not_text_or_repeat_keys(tmp_path):
+    gz = tmp_path / "t.jsonl.gz"
+    gz.write_bytes(b"\x1f\x8b\x08\x00\xff\xfe")
+    with pytest.raises(ValueError, match=r"t\.jsonl\.gz: not UTF-8 text"):
+        TimingRecorder.load(gz)
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + GOOD.encode() + b"\r\n")
+    assert len(TimingRecorder.load(bom)) == 1
+    for text, match in (
+        (GOOD.replace('"rank": 0', '"rank": 0, "rank": 1'), r":1: key 'rank' appears twice"),
+        (GOOD.replace("1.0", "1" + "0" * 400), r":1: seconds = 10* is not a finite time"),
+        (GOOD.replace('"rank": 0', f'"rank": {2**70}'), r":1: rank = \d+ is too large"),
+        (GOOD.replace("}", ', "pieces": [[0, 1, 0, true]]}'), r":1: pieces hold True/False"),
+    ):
+        path = tmp_path / "t.jsonl"
+        path.write_text(text + "\n")
+        with pytest.raises(ValueError, match=match):
+            TimingRecorder.load(path)
+
+
+def test_duplicates_are_refused_even_in_steps_the_window_drops(tmp_path):
+    rec = _recorder(steps=3)
+    path = rec.save(tmp_path / "t.jsonl")
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines, lines[1]]) + "\n")  # step 0 again, at the end
+    with pytest.raises(ValueError, match=r"also recorded at"):
+        TimingRecorder.load(path, window=2)
+    with pytest.raises(ValueError, match=r"is given twice"):
+        TimingRecorder.load([path, tmp_path / "." / "t.jsonl"])
+    # A rank that is not an integer is named so, not taken for rank 0 again.
+    path.write_text(GOOD + "\n" + GOOD.replace('"rank": 0', '"rank": 0.0') + "\n")
+    with pytest.raises(ValueError, match=r":2: rank must be a non-negative integer, got 0\.0"):
+        TimingRecorder.load(path)
+
+
+@pytest.mark.parametrize(
+    ("header", "match"),
+    [
+        ({"cost": {"cost": {"kind": "tokens"}}}, r"'cost' must be a cost model's to_dict\(\)"),
+        ({"cp_cost": {"kind": "tokens"}}, r"'cp_cost' must be a ContextParallelCost's"),
+    ],
+)
+def test_header_costs_of_the_wrong_shape_are_refused(tmp_path, header, match):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"format": FORMAT, "version": 1, **header}) + "\n" + GOOD + "\n")
+    with pytest.raises(ValueError, match=match):
+        TimingRecorder.load(path)
+
+
+def test_save_keeps_permissions_and_symbolic_links(tmp_path):
+    old = os.umask(0o022)
+    try:
+        rec = TimingRecorder()
+        rec.record(0, 0, 0, [7], 0.1)
+        new = rec.save(tmp_path / "new.jsonl")
+        assert new.stat().st_mode & 0o777 == 0o644  # mkstemp's 0600 was kept
+        shared = tmp_path / "shared.jsonl"
+        shared.write_text("")
+        shared.chmod(0o664)
+        rec.save(shared)
+        assert shared.stat().st_mode & 0o777 == 0o664
+        link = tmp_path / "latest.jsonl"
+        link.symlink_to(shared)
+        rec.save(link)
+        assert link.is_symlink() and TimingRecorder.load(shared).records == rec.records
+    finally:
+        os.umask(old)
+
+
+def test_load_builds_the_subclass_it_is_called_on(tmp_path):
+    class Mine(TimingRecorder):
+        pass
+
+    path = _recorder(steps=1).save(tmp_path / "t.jsonl")
+    assert type(Mine.load(path)) is Mine

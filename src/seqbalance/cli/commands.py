@@ -364,6 +364,12 @@ def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
             "--pp-size/--schedule/--virtual-stages/--pp-comm do not combine with "
             f"--cp-size > 1 yet; {command} one of the two at a time"
         )
+    elif (args.kv_bytes_per_token is not None and args.cp_bandwidth is None
+          and not getattr(args, "demo", False)):  # fmt: skip  # the demo has its bandwidths
+        raise UserError(
+            "--kv-bytes-per-token sizes the CP ring's transfers, which are free without "
+            "--cp-bandwidth: give --cp-bandwidth too, or drop it"
+        )
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

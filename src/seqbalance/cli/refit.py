@@ -107,25 +107,29 @@ def register(subparsers: Any) -> None:
         "--cost-per-second",
         type=float,
         metavar="X",
-        help="start cost units per second (default 4e14 for a FLOP cost, else 1)",
+        help="the start cost's units per second, for its row of the table only (default: "
+        "the files' rate for their own cost, 4e14 for a FLOP cost, else 1)",
     )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``seqbalance refit`` from parsed arguments; return the exit status."""
-    from ..costs import TimingRecorder, UnidentifiableCostWarning, load_cost
+    from dataclasses import replace
+
+    from ..costs import TimingRecorder, UnidentifiableCostWarning, evaluate_cost
 
     if args.holdout_steps < 0:
         raise UserError(f"--holdout-steps must be >= 0, got {args.holdout_steps}")
     for path in args.timings:
         if args.out is not None and args.out != "-":
             check_outputs(argparse.Namespace(out=args.out, lengths=path))
-    loaded = TimingRecorder.load(args.timings, sync=args.sync)
+    try:
+        loaded, notes = _load(args)
+    except ValueError as exc:
+        raise UserError(_in_flags(str(exc))) from None
     if not len(loaded):
         raise UserError(f"no timing records in {', '.join(args.timings)}")
-    start = _start_cost(args, loaded, load_cost)
-    recorder = TimingRecorder(start, sync=loaded.sync, window=loaded.window)
     steps = loaded.steps
     k = args.holdout_steps
     if k >= len(steps):
@@ -133,11 +137,13 @@ def run(args: argparse.Namespace) -> int:
             f"--holdout-steps {k} leaves no step to fit: the files hold {len(steps)} "
             f"step(s); hold out fewer"
         )
+    start = loaded.cp_cost or loaded.cost
+    recorder = TimingRecorder(start, sync=loaded.sync, window=loaded.window)
     fit_steps = set(steps[: len(steps) - k])
     held = [r for r in loaded.records if r.step not in fit_steps]
     recorder.extend(r for r in loaded.records if r.step in fit_steps)
     before = recorder.report()
-    held_before = _held_report(recorder, held, recorder.cp_cost or recorder.cost)
+    held_before = _held_report(recorder, held, start)
     old = recorder.cost
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -147,15 +153,19 @@ def run(args: argparse.Namespace) -> int:
             per_microbatch=not args.no_per_microbatch,
             per_sequence=not args.no_per_sequence,
         )
-    notes = [_in_flags(str(w.message)) for w in caught]
+    warned = [_in_flags(str(w.message)) for w in caught]
     if cost is old:  # the records cannot identify the cost: refit kept the start cost
         kept = [_in_flags(str(w.message)) for w in caught
                 if issubclass(w.category, UnidentifiableCostWarning)]  # fmt: skip
         raise UserError(kept[-1] if kept else "refit kept the start cost; nothing written")
-    err = sys.stderr
-    _describe(loaded, err)
     after = recorder.report()
     held_after = _held_report(recorder, held, recorder.cp_cost or recorder.cost)
+    whole = [r for r in held if r.pieces is None]
+    if whole and cost.report is not None:  # the held-out row of the cost's own FitReport
+        holdout = evaluate_cost(cost, [r.lengths for r in whole], [r.seconds for r in whole])
+        cost.report = replace(cost.report, holdout=holdout)
+    err = sys.stderr
+    _describe(loaded, err)
     rows = [
         ["measured", "", "", f"{before.imbalance_measured:.1%}",
          _ms(before.step_time_measured)],
@@ -184,9 +194,9 @@ def run(args: argparse.Namespace) -> int:
             f"(slowest: rank {slow}, {speed[slow]:.3f})",
             file=err,
         )
-    if notes:
-        cost.meta["warnings"] = notes  # `plan --cost` repeats them
-    for note in notes:
+    if warned:
+        cost.meta["warnings"] = warned  # `plan --cost` repeats them
+    for note in notes + warned:
         print(f"note: {note}", file=err)
     text = cost.to_json()
     if args.out in (None, "-"):
@@ -198,47 +208,67 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start_cost(args: argparse.Namespace, loaded: Any, load_cost: Any) -> Any:
-    """The start cost: ``--model``/``--cost`` or the files', with the CP link of the
-    ``--cp-*`` flags or of the files."""
+def _load(args: argparse.Namespace) -> tuple[Any, list[str]]:
+    """The records under the start cost (``--model``/``--cost`` or the files'), with the
+    CP link of the files and of the ``--cp-*`` flags; and notes for after the fit."""
+    from ..costs import TimingRecorder, load_cost
+    from ..costs.timing_files import read_link
+
+    flags = {name: getattr(args, name) for name, _ in _LINK_FLAGS}
+    given = [flag for name, flag in _LINK_FLAGS if flags[name] is not None]
+    link = read_link(args.timings)
+    if given and link is None and flags["cp_bandwidth"] is None:
+        verb = "describes" if len(given) == 1 else "describe"
+        raise UserError(f"{', '.join(given)} {verb} a CP link: give --cp-bandwidth too")
+    spec = args.model or args.cost
+    if spec is not None:
+        seq = load_cost(spec)
+        same = link is not None and seq.to_dict() == link["saved_cost"]
+        cost = _with_flags(seq, link, flags, same) if link or given else seq
+        loaded = TimingRecorder.load(args.timings, cost=cost, sync=args.sync)
+    else:
+        loaded = TimingRecorder.load(args.timings, sync=args.sync)
+        if given:  # the files' own cost, under the link the flags change or describe
+            cost = _with_flags(loaded.cost, link, flags, True)
+            again = TimingRecorder(cost, sync=loaded.sync, window=loaded.window)
+            again.extend(loaded.records)
+            loaded = again
+    notes = []
+    cp = any(r.pieces is not None for r in loaded.records)
+    if cp and loaded.cp_cost is None:
+        notes.append(
+            "the records hold context-parallel pieces but no CP link is known "
+            "(--cp-bandwidth): their communication is taken as hidden, and what is not "
+            "ends up in the fitted per-token terms"
+        )
+    if given and not cp:
+        notes.append(f"no record holds context-parallel pieces: {', '.join(given)} change nothing")
+    return loaded, notes
+
+
+def _with_flags(seq: Any, link: dict[str, Any] | None, flags: dict[str, Any], same: bool) -> Any:
+    """``seq`` under the files' link (``link``; None: none) with the flags' changes."""
     from ..costs import ContextParallelCost
     from ..costs.context_parallel import FLOPS_PER_SECOND
 
-    spec = args.model or args.cost
-    seq = load_cost(spec) if spec is not None else loaded.cost
-    link = loaded.cp_cost
-    flags = {name: getattr(args, name) for name, _ in _LINK_FLAGS}
-    if link is None and all(v is None for v in flags.values()):
-        if any(r.pieces is not None for r in loaded.records):
-            print(
-                "note: the records hold context-parallel pieces but no CP link is known "
-                "(--cp-bandwidth): their communication is taken as hidden, and what is not "
-                "ends up in the fitted per-token terms",
-                file=sys.stderr,
-            )
-        return seq
-    if link is None and flags["cp_bandwidth"] is None:
-        given = [flag for name, flag in _LINK_FLAGS if flags[name] is not None]
-        raise UserError(f"{', '.join(given)} describe a CP link: give --cp-bandwidth too")
+    def pick(name: str, key: str, default: Any) -> Any:
+        if flags.get(name) is not None:
+            return flags[name]
+        return link.get(key, default) if link is not None else default
+
     cps = flags["cost_per_second"]
     if cps is None:
-        if link is not None and spec is None:
-            cps = link.cost_per_second
-        else:
+        if link is not None and same:  # the cost the files were saved with: their rate
+            cps = link.get("cost_per_second", 1.0)
+        else:  # it prices the start cost's row only; the refit is in seconds
             cps = FLOPS_PER_SECOND if type(seq).__name__ == "FlopsCost" else 1.0
-
-    def pick(name: str, attr: str, default: Any) -> Any:
-        if flags[name] is not None:
-            return flags[name]
-        return getattr(link, attr) if link is not None else default
-
     return ContextParallelCost(
         seq,
         bandwidth=pick("cp_bandwidth", "bandwidth", None),
         cost_per_second=cps,
         overlap=pick("cp_overlap", "overlap", 0.5),
         kv_bytes_per_token=pick("kv_bytes_per_token", "kv_bytes_per_token", None),
-        comm_passes=link.comm_passes if link is not None else 3.0,
+        comm_passes=link.get("comm_passes", 3.0) if link is not None else 3.0,
     )
 
 
@@ -246,10 +276,21 @@ def _in_flags(message: str) -> str:
     """A refit warning in the command's words (its flags; nothing is kept, nothing written)."""
     for words, flags in (
         ("fit_cost:", "refit:"),
+        ("pass cost= to say which to use", "pass --cost or --model to say which to use"),
+        ("pass sync= to say which to use", "pass --sync to say which to use"),
+        ("pass a ContextParallelCost as cost= to say which", "refit them separately"),
+        ("pass the link to use", "refit them separately"),
+        ("pass a ContextParallelCost(cost, cost_per_second=..., ...) as the cost",
+         "pass --cost-per-second"),
         ("pin per_microbatch=False / per_sequence=False",
          "pass --no-per-microbatch / --no-per-sequence"),
+        ("pin per_microbatch=False", "pass --no-per-microbatch"),
+        ("pin per_sequence=False", "pass --no-per-sequence"),
         ("per_microbatch=False", "--no-per-microbatch"),
         ("per_sequence=False", "--no-per-sequence"),
+        ("robust=True down-weights them", "leave out --no-robust to down-weight them"),
+        ("that cp_cost models (bandwidth=", "that the CP link models (--cp-bandwidth "),
+        (", overlap=", ", --cp-overlap "),
         ("; refit keeps the previous cost", "; nothing written"),
         ("refit keeps the previous cost", "Nothing written"),
         ("keeping the previous cost", "nothing written"),

@@ -46,6 +46,12 @@ def check_pieces(pieces: Any, lengths: np.ndarray, name: str = "pieces") -> np.n
     group that got no token), one degree ``d >= 1`` on all its ranges, and ranges
     ``0 <= start <= end <= L``. Anything else would price tokens the record does not hold.
     """
+    if isinstance(pieces, (list, tuple)) and any(
+        isinstance(v, (bool, np.bool_))
+        for row in pieces if isinstance(row, (list, tuple)) for v in row
+    ):  # fmt: skip
+        # numpy reads True / False among integers as 1 / 0.
+        raise ValueError(f"{name} hold True/False where integers belong; got {_show(pieces)}")
     try:
         arr = np.asarray(pieces)
     except Exception:  # ragged nested lists and the like

@@ -147,8 +147,11 @@ class Timing:
 
 
 def _nonneg_int(value: Any, name: str) -> int:
+    # Below 2**62: numpy sorts and compares them as int64.
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
         raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    if value >= 2**62:
+        raise ValueError(f"{name} = {value} is too large (limit 2**62)")
     return int(value)
 
 
@@ -375,6 +378,10 @@ class TimingRecorder:
             )
         self._records[key] = Timing(rank, step, slot, lens, secs, pcs)
         self._by_step.setdefault(step, []).append(key)
+        self._trim()
+
+    def _trim(self) -> None:
+        """Drop the oldest steps beyond the window."""
         if len(self._by_step) > self.window:
             for old in sorted(self._by_step)[: len(self._by_step) - self.window]:
                 for k in self._by_step.pop(old):
@@ -432,12 +439,13 @@ class TimingRecorder:
         """A recorder holding the records of one or more files written by :meth:`save`.
 
         Settings not given come from the files' headers (cost, sync, window); the window
-        is raised to the number of steps in the files, so that none is dropped. See
-        :func:`seqbalance.costs.timing_files.load_timings`.
+        is raised to the number of steps in the files, so that none is dropped. A plain
+        ``cost`` given for files saved with a context-parallel link is wrapped in that
+        link. See :func:`seqbalance.costs.timing_files.load_timings`.
         """
         from .timing_files import load_timings
 
-        return load_timings(paths, cost=cost, sync=sync, window=window)
+        return load_timings(paths, cost=cost, sync=sync, window=window, recorder_type=cls)
 
     @property
     def records(self) -> list[Timing]:
@@ -810,6 +818,8 @@ def _time(value: Any, name: str) -> float:
         secs = float(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name} must be a number, got {value!r}") from None
+    except OverflowError:  # an int beyond float64
+        raise ValueError(f"{name} = {value!r} is not a finite time") from None
     if not (math.isfinite(secs) and secs > 0):
         raise ValueError(f"{name} must be a positive finite time, got {value!r}")
     return secs
