@@ -56,6 +56,17 @@ def _cp_timings(path, link: dict | None = LINK, mode: str = "dynamic"):
     return rec
 
 
+def _narrow_timings(path):
+    """Every sequence 3,500-4,500 tokens, 5% noise: b and c trade off (poorly determined)."""
+    rng = np.random.default_rng(0)
+    rec = TimingRecorder()
+    for step in range(10):
+        for rank in range(4):
+            lens = rng.integers(3500, 4500, rng.integers(1, 8))
+            rec.record(rank, step, 0, lens, TRUTH.microbatch_cost(lens) * rng.lognormal(0, 0.05))
+    return rec.save(path)
+
+
 def _error_line(capsys) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1, err
@@ -141,13 +152,7 @@ def test_holdout_steps_fit_the_earlier_steps_and_report_the_rest(tmp_path, capsy
 def test_poorly_determined_fit_is_written_with_its_warning(tmp_path, capsys):
     """Every sequence 3,500-4,500 tokens with noise: b and c trade off. The cost is written,
     the warning is printed and travels in the cost's meta (plan --cost repeats it)."""
-    rng = np.random.default_rng(0)
-    rec = TimingRecorder()
-    for step in range(10):
-        for rank in range(4):
-            lens = rng.integers(3500, 4500, rng.integers(1, 8))
-            rec.record(rank, step, 0, lens, TRUTH.microbatch_cost(lens) * rng.lognormal(0, 0.05))
-    timings = rec.save(tmp_path / "t.jsonl")
+    timings = _narrow_timings(tmp_path / "t.jsonl")
     out = tmp_path / "cost.json"
     assert main(["refit", str(timings), "--out", str(out)]) == 0
     assert "note: refit:" in capsys.readouterr().err
@@ -283,13 +288,7 @@ def test_cp_errors_and_notes_are_one_line_and_after_the_fit(tmp_path, capsys):
 
 
 def test_poorly_determined_note_under_no_robust_names_the_flag(tmp_path, capsys):
-    rng = np.random.default_rng(0)
-    rec = TimingRecorder()
-    for step in range(10):
-        for rank in range(4):
-            lens = rng.integers(3500, 4500, rng.integers(1, 8))
-            rec.record(rank, step, 0, lens, TRUTH.microbatch_cost(lens) * rng.lognormal(0, 0.05))
-    timings = rec.save(tmp_path / "t.jsonl")
+    timings = _narrow_timings(tmp_path / "t.jsonl")
     assert main(["refit", str(timings), "--no-robust"]) == 0
     err = capsys.readouterr().err
     assert "leave out --no-robust to down-weight them" in err
