@@ -229,10 +229,9 @@ def _load(args: argparse.Namespace) -> tuple[Any, list[str]]:
     else:
         loaded = TimingRecorder.load(args.timings, sync=args.sync)
         if given:  # the files' own cost, under the link the flags change or describe
-            cost = _with_flags(loaded.cost, link, flags, True)
-            again = TimingRecorder(cost, sync=loaded.sync, window=loaded.window)
-            again.extend(loaded.records)
-            loaded = again
+            # (as TimingRecorder(cost) would set them; the records need no second check)
+            loaded.cp_cost = _with_flags(loaded.cost, link, flags, True)
+            loaded.cost = loaded.cp_cost.cost
     notes = []
     cp = any(r.pieces is not None for r in loaded.records)
     if cp and loaded.cp_cost is None:

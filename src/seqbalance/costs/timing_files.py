@@ -40,10 +40,6 @@ VERSION = 1
 _HEADER_KEYS = ("format", "version", "sync", "window", "cost", "cp_cost")
 _RECORD_KEYS = ("rank", "step", "slot", "lengths", "seconds", "pieces")
 _REQUIRED = _RECORD_KEYS[:5]
-_NOT_TEXT = (
-    "{path}: not UTF-8 text (compressed, or another format?); timing files are JSON Lines "
-    "written by TimingRecorder.save"
-)
 
 
 def save_timings(recorder: TimingRecorder, path: str | os.PathLike[str]) -> Path:
@@ -223,16 +219,9 @@ def read_link(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
     """
     headers = []
     for path in _files(paths):
-        try:
-            with _open(path) as f:
-                for number, text in enumerate(f, start=1):
-                    if text.strip():
-                        obj = _parse(text, f"{path}:{number}")
-                        if "format" in obj:
-                            headers.append((path, _check_header(obj, f"{path}:{number}")))
-                        break
-        except UnicodeDecodeError:
-            raise ValueError(_NOT_TEXT.format(path=path)) from None
+        header, _ = _read(path, header_only=True)
+        if header is not None:
+            headers.append((path, header))
     return _agreed(headers, "link", "pass the link to use")
 
 
@@ -357,9 +346,12 @@ def _parse(text: str, where: str) -> dict[str, Any]:
     return obj
 
 
-def _read(path: Path) -> tuple[dict[str, Any] | None, list[tuple[int, tuple[Any, ...]]]]:
+def _read(
+    path: Path, header_only: bool = False
+) -> tuple[dict[str, Any] | None, list[tuple[int, tuple[Any, ...]]]]:
     """The header (or None) and the records ``(line, (rank, step, slot, lengths, seconds,
-    pieces))`` of one file; raises ValueError naming the file and line of a bad one."""
+    pieces))`` of one file (none with ``header_only``: it stops after the first line);
+    raises ValueError naming the file and line of a bad one."""
     header: dict[str, Any] | None = None
     records: list[tuple[int, tuple[Any, ...]]] = []
     try:
@@ -376,10 +368,15 @@ def _read(path: Path) -> tuple[dict[str, Any] | None, list[tuple[int, tuple[Any,
                             "`cat`? Pass them as separate files"
                         )
                     header = _check_header(obj, where)
-                    continue
-                records.append((number, _check_record(obj, where)))
+                elif not header_only:
+                    records.append((number, _check_record(obj, where)))
+                if header_only:
+                    break
     except UnicodeDecodeError:
-        raise ValueError(_NOT_TEXT.format(path=path)) from None
+        raise ValueError(
+            f"{path}: not UTF-8 text (compressed, or another format?); timing files are "
+            "JSON Lines written by TimingRecorder.save"
+        ) from None
     return header, records
 
 
