@@ -301,3 +301,25 @@ def test_plan_refuses_a_kv_size_without_a_bandwidth(tmp_path, capsys):
     assert main(["plan", str(src), "--dp", "1", "--max-tokens", "65536", "--cp-size", "2",
                  "--kv-bytes-per-token", "1e5"]) == 2  # fmt: skip
     assert "--kv-bytes-per-token sizes the CP ring's transfers" in _error_line(capsys)
+
+
+def test_refit_reads_a_resumed_stream_and_says_which_steps_were_replaced(tmp_path, capsys):
+    streamed = tmp_path / "stream.jsonl"
+    whole = _dp_timings(tmp_path / "whole.jsonl", steps=6)
+    first = TimingRecorder(TokenCost())
+    first.stream_to(streamed)
+    first.extend(r for r in whole.records if r.step < 4)
+    first.stream_to(None)
+    # The job resumed from step 2 and timed steps 2..5; its times of steps 2, 3 are kept.
+    resumed = TimingRecorder(TokenCost())
+    resumed.stream_to(streamed)
+    resumed.extend(r for r in whole.records if r.step >= 2)
+    resumed.stream_to(None)
+    out = tmp_path / "cost.json"
+    assert main(["refit", str(streamed), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "6 steps (0..5), 4 ranks" in err
+    notes = [line for line in err.splitlines() if line.startswith("note: ")]
+    assert len(notes) == 1 and "2 step(s) (2..3) were timed again after a resume" in notes[0]
+    assert err.index("model error") < err.index("note: ") < err.index("wrote")  # after the table
+    np.testing.assert_allclose(load_cost(str(out)).polynomial, TRUTH.polynomial, rtol=1e-9)

@@ -348,3 +348,18 @@ def test_load_builds_the_subclass_it_is_called_on(tmp_path):
 
     path = _recorder(steps=1).save(tmp_path / "t.jsonl")
     assert type(Mine.load(path)) is Mine
+
+
+def test_a_context_parallel_cost_replaces_links_that_disagree(tmp_path):
+    a = _cp_recorder(steps=1)
+    a_path = a.save(tmp_path / "a.jsonl")
+    b = TimingRecorder(ContextParallelCost(TokenCost(), **{**LINK, "bandwidth": 1e11,
+                                                           "cost_per_second": 5e4}))  # fmt: skip
+    b.extend(Timing(r.rank, r.step + 1, r.slot, r.lengths, r.seconds, r.pieces)
+             for r in a.records)  # fmt: skip
+    b_path = b.save(tmp_path / "b.jsonl")
+    with pytest.raises(ValueError, match="give different CP links"):
+        TimingRecorder.load([a_path, b_path], cost=TRUTH)
+    given = ContextParallelCost(TRUTH, **LINK)
+    loaded = TimingRecorder.load([a_path, b_path], cost=given)
+    assert loaded.cp_cost == given and loaded.steps == [0, 1]

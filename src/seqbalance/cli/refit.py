@@ -1,11 +1,11 @@
 """``seqbalance refit``: fit a cost in seconds to micro-batch timings saved by a job.
 
 A training job that times its micro-batches (``MicroBatchTimer``) and saves the records
-(``TimingRecorder.save``) can have its cost refitted offline, with the same robust fit
-as ``recorder.refit()``. The command prints how well the start cost and the refit
-predict the measured times (and, with ``--holdout-steps``, steps the fit did not see),
-the fitted coefficients with their standard errors, and writes the cost JSON that
-``seqbalance plan --cost`` and ``load_cost`` read.
+(``TimingRecorder.save``, or ``stream_to`` as they arrive) can have its cost refitted
+offline, with the same robust fit as ``recorder.refit()``. The command prints how well
+the start cost and the refit predict the measured times (and, with ``--holdout-steps``,
+steps the fit did not see), the fitted coefficients with their standard errors, and
+writes the cost JSON that ``seqbalance plan --cost`` and ``load_cost`` read.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ def register(subparsers: Any) -> None:
     """Add the ``refit`` subcommand to an argparse ``subparsers`` object."""
     p = subparsers.add_parser(
         "refit",
-        help="fit a cost (seconds) to micro-batch timings a job saved (TimingRecorder.save)",
+        help="fit a cost (seconds) to micro-batch timings a job saved (TimingRecorder.save, "
+        "stream_to)",
         description=(
-            "Read timing files written by TimingRecorder.save (or JSON Lines records of "
+            "Read timing files written by TimingRecorder.save or stream_to (or JSON Lines "
+            "records of "
             "rank, step, slot, lengths, seconds), fit t = c0 + sum(a + b*L + c*L^2) "
             "robustly with one speed factor per rank, print the fit and how well each cost "
             "predicts the measured times (to stderr), and write the cost JSON (stdout "
@@ -125,9 +127,12 @@ def run(args: argparse.Namespace) -> int:
         if args.out is not None and args.out != "-":
             check_outputs(argparse.Namespace(out=args.out, lengths=path))
     try:
-        loaded, notes = _load(args)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            loaded, notes = _load(args)
     except ValueError as exc:
         raise UserError(_in_flags(str(exc))) from None
+    notes = [str(w.message) for w in caught] + notes  # e.g. steps of a resumed job
     if not len(loaded):
         raise UserError(f"no timing records in {', '.join(args.timings)}")
     steps = loaded.steps

@@ -9,7 +9,8 @@
   ring's communication (:mod:`seqbalance.costs.context_parallel`).
 - :func:`load_cost`: any of the above from what the user names (a model, a name, a path).
 - :class:`TimingRecorder`: measured micro-batch times against the model, a report per
-  rank and slot (:class:`BalanceReport`, metrics for loggers) and a robust refit.
+  rank and slot (:class:`BalanceReport`, metrics for loggers) and a robust refit; the
+  records saved or streamed to disk (:mod:`seqbalance.costs.timing_files`).
 
 Pure numpy; nothing here imports torch.
 
@@ -37,6 +38,7 @@ from .fit import (
 from .flops import SHIPPED, FlopsCost
 from .load import cost_from_dict, load_cost
 from .report import FitReport
+from .timing_files import ResumedStepsWarning
 
 __all__ = [
     "REPORT_METRICS",
@@ -49,6 +51,7 @@ __all__ = [
     "FlopsCost",
     "PoorlyDeterminedCostWarning",
     "QuadraticCost",
+    "ResumedStepsWarning",
     "Timing",
     "TimingRecorder",
     "TokenCost",

@@ -335,6 +335,7 @@ class TimingRecorder:
         self.window = check_positive_int(window, "window")
         self._records: dict[tuple[int, int, int], Timing] = {}
         self._by_step: dict[int, list[tuple[int, int, int]]] = {}
+        self._stream: Any = None  # a timing_files.TimingStream while streaming
 
     # ---- recording -----------------------------------------------------------------------
     def record(
@@ -363,7 +364,17 @@ class TimingRecorder:
             On a negative rank, step or slot, malformed lengths or pieces, a time that is
             not a positive finite number, or a second record for the same (rank, step,
             slot).
+        OSError
+            While streaming (:meth:`stream_to`), when the file cannot be written; the
+            record is held all the same.
         """
+        added = self._add(rank, step, slot, lengths, seconds, pieces)
+        if self._stream is not None:
+            self._stream.write([added])
+
+    def _add(
+        self, rank: Any, step: Any, slot: Any, lengths: Any, seconds: Any, pieces: Any
+    ) -> Timing:
         rank = _nonneg_int(rank, "rank")
         step = _nonneg_int(step, "step")
         slot = _nonneg_int(slot, "slot")
@@ -376,9 +387,10 @@ class TimingRecorder:
                 f"rank {rank} step {step} slot {slot} is already recorded; number steps "
                 "and slots so that each micro-batch is recorded once"
             )
-        self._records[key] = Timing(rank, step, slot, lens, secs, pcs)
+        added = self._records[key] = Timing(rank, step, slot, lens, secs, pcs)
         self._by_step.setdefault(step, []).append(key)
         self._trim()
+        return added
 
     def _trim(self) -> None:
         """Drop the oldest steps beyond the window."""
@@ -389,17 +401,25 @@ class TimingRecorder:
 
     def extend(self, records: Iterable[Any]) -> None:
         """Add many records: :class:`Timing` objects or ``(rank, step, slot, lengths,
-        seconds)`` tuples (a sixth item: the pieces of a CP record)."""
-        for i, r in enumerate(records):
-            if isinstance(r, Timing):
-                self.record(r.rank, r.step, r.slot, r.lengths, r.seconds, pieces=r.pieces)
-            elif isinstance(r, (tuple, list)) and len(r) in (5, 6):
-                self.record(*r[:5], pieces=r[5] if len(r) == 6 else None)
-            else:
-                raise ValueError(
-                    f"records[{i}] = {r!r} is not a Timing or a (rank, step, slot, lengths, "
-                    "seconds[, pieces]) record"
-                )
+        seconds)`` tuples (a sixth item: the pieces of a CP record). Those before a bad
+        one are kept (and streamed, one write for all)."""
+        added: list[Timing] = []
+        try:
+            for i, r in enumerate(records):
+                if isinstance(r, Timing):
+                    added.append(
+                        self._add(r.rank, r.step, r.slot, r.lengths, r.seconds, r.pieces)
+                    )
+                elif isinstance(r, (tuple, list)) and len(r) in (5, 6):
+                    added.append(self._add(*r[:5], r[5] if len(r) == 6 else None))
+                else:
+                    raise ValueError(
+                        f"records[{i}] = {r!r} is not a Timing or a (rank, step, slot, "
+                        "lengths, seconds[, pieces]) record"
+                    )
+        finally:
+            if self._stream is not None and added:
+                self._stream.write(added)
 
     def clear(self) -> None:
         """Forget every record (e.g. after switching the plan's cost)."""
@@ -426,6 +446,61 @@ class TimingRecorder:
         from .timing_files import save_timings
 
         return save_timings(self, path)
+
+    def stream_to(self, path: str | os.PathLike[str] | None) -> Path | None:
+        """Append every record from now on to ``path`` as it arrives (None: stop).
+
+        A long run keeps every step this way, not only the window :meth:`save` writes,
+        and a job that stops loses at most the line it was writing. Each :meth:`record`,
+        and each :meth:`extend` (one a step under
+        :class:`~seqbalance.torch.MicroBatchTimer`), is written and flushed to the
+        operating system at once; the format is :meth:`save`'s, so :meth:`load` and
+        ``seqbalance refit`` read the file at any time (a line being written may show
+        cut short: load again).
+
+        A new or empty file gets the header and the records already held. To a file that
+        exists (a job resumed from a checkpoint), only later records are appended, after
+        a resume marker that repeats the file's header; its sync and CP link must be this
+        recorder's (the cost may differ: a resumed job may start from its refit). A last
+        line cut short by a stopped job is removed first, with a warning. When loading,
+        steps timed after a resume marker replace the same steps timed before it.
+
+        Records gathered by :class:`~seqbalance.torch.MicroBatchTimer` are the same on
+        every rank: stream on one (``if rank == 0``). Streaming to another path first
+        closes the current file; :meth:`clear` and the window do not touch it.
+
+        Returns
+        -------
+        Path or None
+            The path streamed to.
+
+        Raises
+        ------
+        ValueError
+            The file holds records without a header, or a header with another sync or
+            CP link.
+
+        Examples
+        --------
+        >>> import tempfile, os
+        >>> path = os.path.join(tempfile.mkdtemp(), "timings.jsonl")
+        >>> rec = TimingRecorder("tokens", sync="ddp", window=1)
+        >>> _ = rec.stream_to(path)
+        >>> rec.record(0, 0, 0, [100, 300], 0.04)
+        >>> rec.record(0, 1, 0, [200], 0.03)      # the window drops step 0; the file not
+        >>> _ = rec.stream_to(None)
+        >>> TimingRecorder.load(path).steps
+        [0, 1]
+        """
+        from .timing_files import TimingStream
+
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
+        if path is None:
+            return None
+        self._stream = TimingStream(self, path)
+        return self._stream.path
 
     @classmethod
     def load(
@@ -459,6 +534,12 @@ class TimingRecorder:
 
     def __len__(self) -> int:
         return len(self._records)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy or a pickle does not stream: two writers would append the same records.
+        state = self.__dict__.copy()
+        state["_stream"] = None
+        return state
 
     def __repr__(self) -> str:
         return (

@@ -13,6 +13,14 @@ The file is JSON Lines, one object a line:
   "seconds": 0.0412}``, plus ``"pieces": [[position, d, start, end], ...]`` for a GPU of
   a context-parallel plan (see :meth:`TimingRecorder.record`).
 
+A job can also write its records as they arrive (:meth:`TimingRecorder.stream_to`), so a
+long run keeps every step, not only the recorder's window, and a stopped job loses at
+most the line it was writing. A job that resumes and streams to the same file first
+writes a resume marker, a header with ``"resumed": true`` that repeats the file's
+settings; on loading, the steps timed after a marker replace the same steps timed
+before it (a job resumed from a checkpoint runs them again), with a warning that says
+which.
+
 A file without a header is accepted (records written by other tools); the settings then
 come from the caller. Records are written in (step, rank, slot) order with Python's
 shortest round-trip float text, so a file loaded and saved again is byte-identical, and
@@ -24,22 +32,34 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from .._validate import check_choice, check_positive_int
+from .._validate import as_lengths, check_choice, check_positive_int
+from ._cp_records import check_pieces
 from .context_parallel import ContextParallelCost
-from .feedback import SYNC_MODELS, TimingRecorder, _nonneg_int
+from .feedback import SYNC_MODELS, Timing, TimingRecorder, _nonneg_int, _time
 from .load import cost_from_dict
 
-__all__ = ["FORMAT", "VERSION", "load_timings", "read_link", "save_timings", "with_link"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "ResumedStepsWarning",
+    "TimingStream",
+    "load_timings",
+    "read_link",
+    "save_timings",
+    "with_link",
+]
 
 FORMAT = "seqbalance-timings"
 VERSION = 1
-_HEADER_KEYS = ("format", "version", "sync", "window", "cost", "cp_cost")
+_HEADER_KEYS = ("format", "version", "sync", "window", "cost", "cp_cost", "resumed")
 _RECORD_KEYS = ("rank", "step", "slot", "lengths", "seconds", "pieces")
 _REQUIRED = _RECORD_KEYS[:5]
+_PHYSICAL = ("bandwidth", "overlap", "kv_bytes_per_token", "comm_passes")
 
 
 def save_timings(recorder: TimingRecorder, path: str | os.PathLike[str]) -> Path:
@@ -56,30 +76,15 @@ def save_timings(recorder: TimingRecorder, path: str | os.PathLike[str]) -> Path
         The path written.
     """
     path = Path(path)
-    header: dict[str, Any] = {
-        "format": FORMAT,
-        "version": VERSION,
-        "sync": recorder.sync,
-        "window": recorder.window,
-    }
-    if recorder.cp_cost is not None:
-        header["cp_cost"] = recorder.cp_cost.to_dict()
-    else:
-        header["cost"] = recorder.cost.to_dict()
-    lines = [_dumps(header)]
-    for r in recorder.records:
-        rec: dict[str, Any] = {
-            "rank": r.rank,
-            "step": r.step,
-            "slot": r.slot,
-            "lengths": r.lengths.tolist(),
-            "seconds": r.seconds,
-        }
-        if r.pieces is not None:
-            rec["pieces"] = r.pieces.tolist()
-        lines.append(_dumps(rec))
-    text = "\n".join(lines) + "\n"
     target = Path(os.path.realpath(path))  # through a symbolic link, not over it
+    stream = recorder._stream
+    if stream is not None and not stream.closed and stream._real == str(target):
+        # The rename would leave the stream appending to the replaced file.
+        raise ValueError(
+            f"{path} is the file this recorder streams to, which holds every record "
+            "already; save to another path"
+        )
+    text = _dumps(_header(recorder)) + "\n" + _lines(recorder.records)
     try:
         mode = target.stat().st_mode & 0o7777
     except FileNotFoundError:
@@ -95,6 +100,165 @@ def save_timings(recorder: TimingRecorder, path: str | os.PathLike[str]) -> Path
             os.unlink(tmp)
         raise
     return path
+
+
+def _header(recorder: TimingRecorder) -> dict[str, Any]:
+    header: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "sync": recorder.sync,
+        "window": recorder.window,
+    }
+    if recorder.cp_cost is not None:
+        header["cp_cost"] = recorder.cp_cost.to_dict()
+    else:
+        header["cost"] = recorder.cost.to_dict()
+    return header
+
+
+def _lines(records: Iterable[Timing]) -> str:
+    """The records as lines of text, each ending in a newline."""
+    out = []
+    for r in records:
+        rec: dict[str, Any] = {
+            "rank": r.rank,
+            "step": r.step,
+            "slot": r.slot,
+            "lengths": r.lengths.tolist(),
+            "seconds": r.seconds,
+        }
+        if r.pieces is not None:
+            rec["pieces"] = r.pieces.tolist()
+        out.append(_dumps(rec) + "\n")
+    return "".join(out)
+
+
+class ResumedStepsWarning(UserWarning):
+    """Steps timed again after a resume marker replaced their earlier records on loading."""
+
+
+class TimingStream:
+    """An open timing file that a :class:`TimingRecorder` appends its records to.
+
+    Made by :meth:`TimingRecorder.stream_to`, which documents the behaviour; ``close()``
+    (or ``stream_to(None)``) ends it.
+    """
+
+    def __init__(self, recorder: TimingRecorder, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self._file: IO[str] | None = None
+        self._real = os.path.realpath(self.path)  # for save(): the same file?
+        head = _existing_header(self.path)
+        if head is None:
+            text = _dumps(_header(recorder)) + "\n" + _lines(recorder.records)
+        else:
+            _check_resumable(head, recorder, self.path)
+            _mend_last_line(self.path)
+            text = _dumps({**head, "resumed": True}) + "\n"
+        # Opened for appending: every write lands at the end, also after a crash.
+        self._file = open(self.path, "a", encoding="utf-8")
+        self._write(text)
+
+    def write(self, records: Iterable[Timing]) -> None:
+        """Append ``records`` and flush them to the operating system."""
+        text = _lines(records)
+        if text:
+            self._write(text)
+
+    def _write(self, text: str) -> None:
+        if self._file is None:
+            raise ValueError(f"the timing stream to {self.path} is closed")
+        self._file.write(text)
+        self._file.flush()
+
+    def close(self) -> None:
+        """Close the file (again: nothing)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+    @property
+    def closed(self) -> bool:
+        return self._file is None
+
+    def __repr__(self) -> str:
+        return f"TimingStream({str(self.path)!r}{', closed' if self.closed else ''})"
+
+
+def _existing_header(path: Path) -> dict[str, Any] | None:
+    """The header of a timing file to append to; None when there is no file or it is empty."""
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return None
+    if size == 0:
+        return None
+    header, _ = _read(path, header_only=True)
+    if header is None:
+        raise ValueError(
+            f"{path} holds records without a header (not written by seqbalance); "
+            "stream to a new file"
+        )
+    return header
+
+
+def _mend_last_line(path: Path) -> None:
+    """Remove a last line cut short (a job stopped while writing it), with a warning; give
+    a complete last line without its newline one."""
+    with open(path, "rb+") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell()
+        f.seek(max(0, end - 1))
+        if f.read(1) == b"\n":
+            return
+        # Find the start of the last line (the file is small enough to scan from the end).
+        start = end
+        while start > 0:
+            step = min(65536, start)
+            f.seek(start - step)
+            chunk = f.read(step)
+            i = chunk.rfind(b"\n")
+            if i >= 0:
+                start = start - step + i + 1
+                break
+            start -= step
+        f.seek(start)
+        tail = f.read()
+        try:
+            complete = isinstance(json.loads(tail.decode("utf-8-sig")), dict)
+        except (UnicodeDecodeError, ValueError):
+            complete = False
+        if complete:  # (the header alone is complete: _read parsed it)
+            f.seek(end)
+            f.write(b"\n")
+        else:
+            f.truncate(start)
+            warnings.warn(
+                f"{path}: removed its last line, cut short ({len(tail)} bytes; the job "
+                "that wrote it stopped mid-line), before appending",
+                stacklevel=4,
+            )
+
+
+def _check_resumable(head: dict[str, Any], recorder: TimingRecorder, path: Path) -> None:
+    """A recorder may append to a file saved with the same sync and CP link (the cost and
+    window may differ: a job resumes with its refitted cost); a header that leaves the
+    sync or the cost out leaves them to the reader."""
+    mine = _header(recorder)
+    for key, what in (("sync", "sync"), ("link", "CP link")):
+        if _setting(head, "cost" if key == "link" else key) is None:
+            continue
+        theirs = _setting(head, key)
+        ours = _setting(mine, key)
+        if key == "link" and theirs is not None and ours is not None:
+            # The physical link must agree; the sequence cost and its units may not.
+            theirs = {k: theirs.get(k) for k in _PHYSICAL}
+            ours = {k: ours.get(k) for k in _PHYSICAL}
+        if theirs != ours:
+            raise ValueError(
+                f"{path} holds timings recorded with another {what} ({theirs!r}, not "
+                f"{ours!r}); stream to a new file"
+            )
 
 
 def load_timings(
@@ -147,7 +311,7 @@ def load_timings(
         header, recs = _read(path)
         if header is not None:
             headers.append((path, header))
-        records.extend((path, line, rec) for line, rec in recs)
+        records.extend((path, line, rec) for line, rec in _latest_steps(path, recs))
     settings = {
         "sync": _agreed(headers, "sync", "pass sync= to say which to use")
         if sync is None else sync,
@@ -164,10 +328,12 @@ def load_timings(
                     chosen = cost_from_dict(chosen)
             except ValueError as exc:
                 raise ValueError(f"{src}: the header's cost: {exc}") from None
+    elif isinstance(cost, ContextParallelCost):
+        chosen = cost  # its link replaces the files', which need not agree
     else:
         chosen = cost
         link = _agreed(headers, "link", "pass a ContextParallelCost as cost= to say which")
-        if link is not None and not isinstance(cost, ContextParallelCost):
+        if link is not None:
             src = next(p for p, h in headers if _setting(h, "link") is not None)
             try:
                 chosen = with_link(cost, link)
@@ -203,6 +369,58 @@ def load_timings(
                                                             len(recorder.steps))  # fmt: skip
     recorder._trim()  # as record() would have: the oldest steps first
     return recorder
+
+
+def _latest_steps(
+    path: Path, recs: list[tuple[int, int, tuple[Any, ...]]]
+) -> list[tuple[int, tuple[Any, ...]]]:
+    """The records of one file with every step taken from the last segment (run of a
+    job) that timed it; the records it replaces are checked, then dropped with a
+    :class:`ResumedStepsWarning`."""
+    last: dict[int, int] = {}
+    for _, seg, rec in recs:
+        step = rec[1]
+        if isinstance(step, int) and not isinstance(step, bool):
+            last[step] = max(seg, last.get(step, seg))
+    kept, dropped = [], []
+    for line, seg, rec in recs:
+        step = rec[1]
+        if isinstance(step, int) and not isinstance(step, bool) and last[step] > seg:
+            dropped.append((line, seg, rec))
+        else:
+            kept.append((line, rec))
+    if not dropped:
+        return kept
+    seen: set[tuple[Any, ...]] = set()
+    for line, seg, rec in dropped:
+        try:
+            key = (seg, *(_nonneg_int(v, n) for v, n in zip(rec, ("rank", "step", "slot"))))
+            if key in seen:
+                raise ValueError(
+                    f"rank {key[1]} step {key[2]} slot {key[3]} is recorded twice in one run"
+                )
+            seen.add(key)
+            _check_fields(rec)
+        except ValueError as exc:
+            raise ValueError(f"{path}:{line}: {exc}") from None
+    steps = sorted({rec[1] for _, _, rec in dropped})
+    span = str(steps[0]) if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"
+    warnings.warn(
+        f"{path}: {len(steps)} step(s) ({span}) were timed again after a resume; their "
+        f"{len(dropped)} earlier record(s) (from line {dropped[0][0]}) are replaced by the "
+        "later ones",
+        ResumedStepsWarning,
+        stacklevel=4,
+    )
+    return kept
+
+
+def _check_fields(rec: tuple[Any, ...]) -> None:
+    """What :meth:`TimingRecorder.record` checks of a record's lengths, time and pieces."""
+    lens = as_lengths(rec[3], "lengths")
+    _time(rec[4], "seconds")
+    if rec[5] is not None:
+        check_pieces(rec[5], lens)
 
 
 def read_link(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
@@ -348,28 +566,37 @@ def _parse(text: str, where: str) -> dict[str, Any]:
 
 def _read(
     path: Path, header_only: bool = False
-) -> tuple[dict[str, Any] | None, list[tuple[int, tuple[Any, ...]]]]:
-    """The header (or None) and the records ``(line, (rank, step, slot, lengths, seconds,
-    pieces))`` of one file (none with ``header_only``: it stops after the first line);
-    raises ValueError naming the file and line of a bad one."""
+) -> tuple[dict[str, Any] | None, list[tuple[int, int, tuple[Any, ...]]]]:
+    """The header (or None) and the records ``(line, segment, (rank, step, slot, lengths,
+    seconds, pieces))`` of one file (none with ``header_only``: it stops after the first
+    line); ``segment`` counts the resume markers above the record. Raises ValueError
+    naming the file and line of a bad one."""
     header: dict[str, Any] | None = None
-    records: list[tuple[int, tuple[Any, ...]]] = []
+    records: list[tuple[int, int, tuple[Any, ...]]] = []
+    segment = 0
     try:
         with _open(path) as f:
             for number, text in enumerate(f, start=1):
                 if not text.strip():
                     continue
                 where = f"{path}:{number}"
-                obj = _parse(text, where)
+                try:
+                    obj = _parse(text, where)
+                except ValueError as exc:
+                    if text.endswith("\n"):
+                        raise
+                    raise ValueError(
+                        f"{exc}; it is the last line and has no newline: cut short when "
+                        "the job that wrote it stopped? Delete that line"
+                    ) from None
                 if "format" in obj:
-                    if header is not None or records:
-                        raise ValueError(
-                            f"{where}: a header after the first line; files joined with "
-                            "`cat`? Pass them as separate files"
-                        )
-                    header = _check_header(obj, where)
+                    if header is None and not records and obj.get("resumed") is not True:
+                        header = _check_header(obj, where)
+                    else:
+                        _check_marker(obj, header, where)
+                        segment += 1
                 elif not header_only:
-                    records.append((number, _check_record(obj, where)))
+                    records.append((number, segment, _check_record(obj, where)))
                 if header_only:
                     break
     except UnicodeDecodeError:
@@ -378,6 +605,24 @@ def _read(
             "JSON Lines written by TimingRecorder.save"
         ) from None
     return header, records
+
+
+def _check_marker(obj: dict[str, Any], header: dict[str, Any] | None, where: str) -> None:
+    """A header below the first line must be a resume marker that repeats the first."""
+    if obj.get("resumed") is not True:
+        raise ValueError(
+            f"{where}: a header after the first line; files joined with `cat`? Pass them "
+            "as separate files"
+        )
+    if header is None:
+        raise ValueError(
+            f"{where}: a resume marker in a file that does not start with a header"
+        )
+    if {k: v for k, v in obj.items() if k != "resumed"} != header:
+        raise ValueError(
+            f"{where}: a resume marker whose settings differ from the file's header; "
+            "resumed jobs repeat the header (TimingRecorder.stream_to)"
+        )
 
 
 def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
@@ -396,6 +641,8 @@ def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
         raise ValueError(
             f"{where}: unknown header key(s) {unknown}; a header has {list(_HEADER_KEYS)}"
         )
+    if "resumed" in obj:
+        raise ValueError(f"{where}: 'resumed' belongs to resume markers, not to the first header")
     if "cost" in obj and "cp_cost" in obj:
         raise ValueError(f"{where}: a header has 'cost' or 'cp_cost', not both")
     if "sync" in obj and obj["sync"] not in SYNC_MODELS:

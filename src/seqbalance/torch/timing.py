@@ -4,6 +4,8 @@
 :class:`seqbalance.costs.TimingRecorder` (report, refit)::
 
     recorder = TimingRecorder(TokenCost(), sync="ddp")
+    if rank == 0:
+        recorder.stream_to("timings.jsonl")     # every step, for `seqbalance refit`
     timer = MicroBatchTimer(recorder)
     balancer = Rebalancer(max_tokens=16384, cost=recorder.cost, sync="ddp")
     for step, batch in enumerate(loader):
