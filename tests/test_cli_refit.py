@@ -14,6 +14,7 @@ from seqbalance.cli.commands import main
 from seqbalance.costs import (
     ContextParallelCost,
     QuadraticCost,
+    Timing,
     TimingRecorder,
     TokenCost,
     load_cost,
@@ -323,3 +324,24 @@ def test_refit_reads_a_resumed_stream_and_says_which_steps_were_replaced(tmp_pat
     assert len(notes) == 1 and "2 step(s) (2..3) were timed again after a resume" in notes[0]
     assert err.index("model error") < err.index("note: ") < err.index("wrote")  # after the table
     np.testing.assert_allclose(load_cost(str(out)).polynomial, TRUTH.polynomial, rtol=1e-9)
+
+
+def test_window_fits_the_last_steps_only(tmp_path, capsys):
+    whole = _dp_timings(tmp_path / "whole.jsonl", steps=8)
+    rec = TimingRecorder(TokenCost())  # steps 0..4 ran three times slower (another model)
+    rec.extend(Timing(r.rank, r.step, r.slot, r.lengths, r.seconds * (3 if r.step < 5 else 1))
+               for r in whole.records)  # fmt: skip
+    timings = rec.save(tmp_path / "t.jsonl")
+    out = tmp_path / "cost.json"
+    assert main(["refit", str(timings), "--window", "3", "--out", str(out)]) == 0
+    assert "3 steps (5..7), 4 ranks" in capsys.readouterr().err
+    np.testing.assert_allclose(load_cost(str(out)).polynomial, TRUTH.polynomial, rtol=1e-9)
+    assert main(["refit", str(timings), "--out", str(out)]) == 0  # all steps: not the truth
+    capsys.readouterr()
+    assert not np.allclose(load_cost(str(out)).polynomial, TRUTH.polynomial, rtol=1e-3)
+    assert main(["refit", str(timings), "--window", "3", "--holdout-steps", "3"]) == 2
+    assert "--holdout-steps 3 leaves no step to fit: --window 3 keeps 3 step(s)" in _error_line(
+        capsys
+    )
+    assert main(["refit", str(timings), "--window", "0"]) == 2
+    assert _error_line(capsys) == "error: --window must be >= 1, got 0"

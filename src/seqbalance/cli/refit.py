@@ -63,6 +63,14 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--out", metavar="COST.json", help="write the cost here (default: stdout)")
     p.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        metavar="N",
+        help="use only the last N steps in the files (default: all), e.g. of a long "
+        "streamed run",
+    )
+    p.add_argument(
         "--holdout-steps",
         type=int,
         default=0,
@@ -123,6 +131,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.holdout_steps < 0:
         raise UserError(f"--holdout-steps must be >= 0, got {args.holdout_steps}")
+    if args.window is not None and args.window < 1:
+        raise UserError(f"--window must be >= 1, got {args.window}")
     for path in args.timings:
         if args.out is not None and args.out != "-":
             check_outputs(argparse.Namespace(out=args.out, lengths=path))
@@ -139,8 +149,9 @@ def run(args: argparse.Namespace) -> int:
     k = args.holdout_steps
     if k >= len(steps):
         raise UserError(
-            f"--holdout-steps {k} leaves no step to fit: the files hold {len(steps)} "
-            f"step(s); hold out fewer"
+            f"--holdout-steps {k} leaves no step to fit: "
+            + (f"--window {args.window} keeps" if args.window is not None else "the files hold")
+            + f" {len(steps)} step(s); hold out fewer"
         )
     start = loaded.cp_cost or loaded.cost
     recorder = TimingRecorder(start, sync=loaded.sync, window=loaded.window)
@@ -230,9 +241,10 @@ def _load(args: argparse.Namespace) -> tuple[Any, list[str]]:
         seq = load_cost(spec)
         same = link is not None and seq.to_dict() == link["saved_cost"]
         cost = _with_flags(seq, link, flags, same) if link or given else seq
-        loaded = TimingRecorder.load(args.timings, cost=cost, sync=args.sync)
+        loaded = TimingRecorder.load(args.timings, cost=cost, sync=args.sync,
+                                     window=args.window)  # fmt: skip
     else:
-        loaded = TimingRecorder.load(args.timings, sync=args.sync)
+        loaded = TimingRecorder.load(args.timings, sync=args.sync, window=args.window)
         if given:  # the files' own cost, under the link the flags change or describe
             # (as TimingRecorder(cost) would set them; the records need no second check)
             loaded.cp_cost = _with_flags(loaded.cost, link, flags, True)
