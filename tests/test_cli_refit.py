@@ -134,6 +134,19 @@ def test_refit_of_cp_timings_uses_the_saved_link(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["per_token_sq"] > 2 * TRUTH.per_token_sq
 
 
+def test_the_held_out_report_includes_records_of_cp_pieces(tmp_path, capsys):
+    timings = tmp_path / "cp.jsonl"
+    rec = _cp_timings(timings)
+    out = tmp_path / "cost.json"
+    assert main(["refit", str(timings), "--holdout-steps", "1", "--out", str(out)]) == 0
+    capsys.readouterr()
+    held = [r for r in rec.records if r.step == 3]
+    assert sum(r.pieces is not None for r in held) > 0
+    holdout = load_cost(str(out)).report.holdout
+    assert holdout.n_samples == len(held)
+    assert holdout.max_rel_error < 1e-5 and holdout.r2 > 1 - 1e-9  # noise-free, link known
+
+
 def test_holdout_steps_fit_the_earlier_steps_and_report_the_rest(tmp_path, capsys):
     timings = tmp_path / "t.jsonl"
     rec = _dp_timings(timings, steps=6, noise=0.05)

@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> int:
     """Run ``seqbalance refit`` from parsed arguments; return the exit status."""
     from dataclasses import replace
 
-    from ..costs import TimingRecorder, UnidentifiableCostWarning, evaluate_cost
+    from ..costs import TimingRecorder, UnidentifiableCostWarning
+    from ..costs.feedback import evaluate_records
 
     if args.holdout_steps < 0:
         raise UserError(f"--holdout-steps must be >= 0, got {args.holdout_steps}")
@@ -176,9 +177,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(kept[-1] if kept else "refit kept the start cost; nothing written")
     after = recorder.report()
     held_after = _held_report(recorder, held, recorder.cp_cost or recorder.cost)
-    whole = [r for r in held if r.pieces is None]
-    if whole and cost.report is not None:  # the held-out row of the cost's own FitReport
-        holdout = evaluate_cost(cost, [r.lengths for r in whole], [r.seconds for r in whole])
+    if held and cost.report is not None:  # the held-out row of the cost's own FitReport
+        holdout = evaluate_records(cost, recorder.cp_cost, held)
         cost.report = replace(cost.report, holdout=holdout)
     err = sys.stderr
     _describe(loaded, err)

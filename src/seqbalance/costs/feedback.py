@@ -44,7 +44,7 @@ from __future__ import annotations
 import math
 import os
 import warnings
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,9 +68,11 @@ from .fit import (
     PoorlyDeterminedCostWarning,
     UnidentifiableCostWarning,
     _fit,
+    _stats,
     poorly_determined_message,
     unidentified_message,
 )
+from .report import COEFFICIENTS, FitReport
 
 __all__ = [
     "REPORT_METRICS",
@@ -838,6 +840,26 @@ def _comm_exceeds(
         f"{where}); the bandwidth is too low or the overlap too small for these GPUs. "
         "Correct the cp_cost given to the TimingRecorder; refit keeps the previous cost."
     )
+
+
+def evaluate_records(
+    cost: CostModel, cp_cost: ContextParallelCost | None, records: Sequence[Timing]
+) -> FitReport:
+    """How well ``cost`` (under ``cp_cost``'s link, when given, for records of CP pieces)
+    predicts the measured times of ``records``, as :func:`~seqbalance.costs.evaluate_cost`
+    reports it: R², largest and median relative error, no scale fitted. Records of CP
+    pieces without a link are priced with their communication hidden."""
+    if not records:
+        raise ValueError("no records to evaluate")
+    t = np.array([r.seconds for r in records])
+    if any(r.pieces is not None for r in records):
+        link = cp_cost if cp_cost is not None else ContextParallelCost(cost)
+        pred = predict(link, [r.lengths for r in records], [r.pieces for r in records])
+    else:
+        pred = np.array([cost.microbatch_cost(r.lengths) for r in records], dtype=np.float64)
+    r2, max_rel, med_rel = _stats(pred, t)
+    coefs = {k: float(getattr(cost, k)) for k in COEFFICIENTS}
+    return FitReport(r2, max_rel, med_rel, len(records), coefs)
 
 
 def records_from_plan(
