@@ -321,12 +321,13 @@ def test_refit_reads_a_resumed_stream_and_says_which_steps_were_replaced(tmp_pat
     streamed = tmp_path / "stream.jsonl"
     whole = _dp_timings(tmp_path / "whole.jsonl", steps=6)
     first = TimingRecorder(TokenCost())
-    first.stream_to(streamed)
-    first.extend(r for r in whole.records if r.step < 4)
+    first.stream_to(streamed)  # its steps 2, 3 ran slow (a bad node, since replaced)
+    first.extend(Timing(r.rank, r.step, r.slot, r.lengths, r.seconds * (3 if r.step >= 2 else 1))
+                 for r in whole.records if r.step < 4)  # fmt: skip
     first.stream_to(None)
     # The job resumed from step 2 and timed steps 2..5; its times of steps 2, 3 are kept.
     resumed = TimingRecorder(TokenCost())
-    resumed.stream_to(streamed)
+    resumed.stream_to(streamed, resume=True)
     resumed.extend(r for r in whole.records if r.step >= 2)
     resumed.stream_to(None)
     out = tmp_path / "cost.json"

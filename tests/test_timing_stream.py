@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import pickle
 import warnings
 
@@ -65,18 +66,26 @@ def test_records_held_before_go_into_a_new_file_only(tmp_path):
     _step(rec, 1)
     rec.stream_to(None)
     assert TimingRecorder.load(new).records == rec.records
-    # An existing file gets only what comes after (the resumed job's new steps).
+    # An existing file gets only what comes after (the resumed job's new steps), and
+    # only when the job says it resumes.
     _step(rec, 2)
-    rec.stream_to(new)
+    before = new.read_bytes()
+    with pytest.raises(ValueError, match=r"new\.jsonl already holds timings; pass resume=True "
+                                         r"if this job resumes the one that wrote them"):
+        rec.stream_to(new)
+    assert new.read_bytes() == before
+    rec.stream_to(new, resume=True)
     _step(rec, 3)
     rec.stream_to(None)
     assert TimingRecorder.load(new).steps == [0, 1, 3]
-    # An empty file counts as new.
-    empty = tmp_path / "empty.jsonl"
-    empty.write_text("")
-    rec.stream_to(empty)
-    rec.stream_to(None)
-    assert TimingRecorder.load(empty).records == rec.records
+    # An empty file counts as new, as does one of blank lines or a byte-order mark alone.
+    for name, content in (("empty", b""), ("blank", b"\n \n"), ("bom", b"\xef\xbb\xbf")):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_bytes(content)
+        rec.stream_to(path)
+        rec.stream_to(None)
+        assert TimingRecorder.load(path).records == rec.records
+        assert path.read_text().startswith('{"format"')
 
 
 def test_a_resumed_job_replaces_the_steps_it_runs_again(tmp_path):
@@ -89,7 +98,7 @@ def test_a_resumed_job_replaces_the_steps_it_runs_again(tmp_path):
     lines_before = len(path.read_text().splitlines())
     # Resumed from a checkpoint at step 3, with a refitted cost: steps 3 and 4 run again.
     second = TimingRecorder(REFIT, sync="ddp")
-    second.stream_to(path)
+    second.stream_to(path, resume=True)
     for step in range(3, 7):
         _step(second, step, scale=10.0)
     second.stream_to(None)
@@ -116,15 +125,19 @@ def test_a_resume_must_keep_the_sync_and_the_link(tmp_path):
     path.write_bytes(before)
     with pytest.raises(ValueError, match=r"t\.jsonl holds timings recorded with another sync "
                                          r"\('fsdp', not 'ddp'\); stream to a new file"):
-        TimingRecorder(ContextParallelCost(REFIT, **LINK), sync="ddp").stream_to(path)
+        TimingRecorder(ContextParallelCost(REFIT, **LINK), sync="ddp").stream_to(
+            path, resume=True
+        )
     with pytest.raises(ValueError, match="another CP link"):
-        TimingRecorder(ContextParallelCost(REFIT, **{**LINK, "bandwidth": 1e11})).stream_to(path)
+        TimingRecorder(ContextParallelCost(REFIT, **{**LINK, "bandwidth": 1e11})).stream_to(
+            path, resume=True
+        )
     with pytest.raises(ValueError, match="another CP link"):
-        TimingRecorder(REFIT).stream_to(path)
+        TimingRecorder(REFIT).stream_to(path, resume=True)
     assert path.read_bytes() == before  # refused before writing anything
     # The refit of the same link, in seconds (cost_per_second 1): allowed.
     resumed = TimingRecorder(ContextParallelCost(REFIT, **LINK))
-    resumed.stream_to(path)
+    resumed.stream_to(path, resume=True)
     _step(resumed, 1)
     resumed.stream_to(None)
     assert TimingRecorder.load(path).steps == [0, 1]
@@ -142,7 +155,7 @@ def test_a_line_cut_short_is_removed_before_appending(tmp_path):
                                          r"line and has no newline: cut short"):
         TimingRecorder.load(path)
     with pytest.warns(UserWarning, match=r"removed its last line, cut short \(26 bytes"):
-        rec.stream_to(path)
+        rec.stream_to(path, resume=True)
     _step(rec, 1)
     rec.stream_to(None)
     assert path.read_text().startswith(whole + '{"format"')
@@ -156,7 +169,7 @@ def test_a_whole_last_line_without_its_newline_is_kept(tmp_path):
     rec = TimingRecorder()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        rec.stream_to(path)
+        rec.stream_to(path, resume=True)
     rec.record(0, 1, 0, [4], 2.0)
     rec.stream_to(None)
     assert [(r.step, r.seconds) for r in TimingRecorder.load(path).records] == [(0, 1.0), (1, 2.0)]
@@ -165,7 +178,7 @@ def test_a_whole_last_line_without_its_newline_is_kept(tmp_path):
     alone.write_bytes(b"\xef\xbb\xbf" + f'{{"format": "{FORMAT}", "version": 1}}'.encode())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        rec.stream_to(alone)
+        rec.stream_to(alone, resume=True)
     rec.record(0, 2, 0, [5], 3.0)
     rec.stream_to(None)
     assert [r.step for r in TimingRecorder.load(alone).records] == [2]
@@ -175,11 +188,11 @@ def test_files_that_cannot_be_resumed(tmp_path):
     headerless = tmp_path / "h.jsonl"
     headerless.write_text('{"rank": 0, "step": 0, "slot": 0, "lengths": [3], "seconds": 1.0}\n')
     with pytest.raises(ValueError, match=r"h\.jsonl holds records without a header"):
-        TimingRecorder().stream_to(headerless)
+        TimingRecorder().stream_to(headerless, resume=True)
     cut = tmp_path / "c.jsonl"
     cut.write_text('{"format": "seqbal')
     with pytest.raises(ValueError, match=r"c\.jsonl:1: not a JSON object .*cut short"):
-        TimingRecorder().stream_to(cut)
+        TimingRecorder().stream_to(cut, resume=True)
     with pytest.raises(FileNotFoundError):
         TimingRecorder().stream_to(tmp_path / "missing" / "t.jsonl")
 
@@ -295,7 +308,7 @@ def test_loading_keeps_each_step_from_the_last_run_that_timed_it(tmp_path_factor
         start = max(0, end - back)
         replaced |= start < end  # every step below `end` was timed by an earlier run
         rec = TimingRecorder(sync="ddp")
-        rec.stream_to(path)
+        rec.stream_to(path, resume=True)
         for step in range(start, start + count):
             _step(rec, step, scale=float(i + 1), ranks=ranks)
             latest[step] = [r for r in rec.records if r.step == step]
@@ -328,3 +341,85 @@ def test_a_timer_streams_one_write_a_step(tmp_path):
         (0, 0, [20, 100]), (0, 1, [50]), (1, 0, [7])
     ]
     assert rec.steps == [1] and np.all([r.seconds > 0 for r in loaded.records])
+
+
+def test_a_hand_written_cp_header_resumes_with_its_defaults_filled_in(tmp_path):
+    path = tmp_path / "t.jsonl"
+    head = {"format": FORMAT, "version": 1, "sync": "fsdp", "cp_cost": {
+        "cost": {"kind": "tokens"}, "bandwidth": 5e10, "kv_bytes_per_token": 114688.0,
+        "cost_per_second": 1.0}}  # fmt: skip
+    path.write_text(json.dumps(head) + "\n")
+    loaded = TimingRecorder.load(path)  # overlap 0 and 3 passes: the defaults
+    rec = TimingRecorder(loaded.cp_cost)
+    rec.stream_to(path, resume=True)
+    rec.record(0, 0, 0, [5], 1.0)
+    rec.stream_to(None)
+    assert TimingRecorder.load(path).cp_cost.to_dict() == loaded.cp_cost.to_dict()
+    with pytest.raises(ValueError, match="another CP link"):
+        TimingRecorder(ContextParallelCost(TokenCost(), **{**LINK, "cost_per_second": 1.0})
+                       ).stream_to(path, resume=True)  # fmt: skip
+
+
+def test_a_refused_file_leaves_the_current_stream_going(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    TimingRecorder(sync="ddp").save(b)
+    rec = TimingRecorder()
+    rec.stream_to(a)
+    rec.record(0, 0, 0, [5], 1.0)
+    with pytest.raises(ValueError, match="another sync"):
+        rec.stream_to(b, resume=True)
+    rec.record(0, 1, 0, [5], 1.0)
+    rec.stream_to(None)
+    assert TimingRecorder.load(a).steps == [0, 1]
+
+
+def test_a_recorder_pickled_before_streaming_existed_still_records(tmp_path):
+    rec = TimingRecorder()
+    rec.record(0, 0, 0, [5], 1.0)
+    state = rec.__getstate__()
+    for key in ("_stream", "_pending"):
+        state.pop(key, None)  # what an older version pickled
+    old = TimingRecorder.__new__(TimingRecorder)
+    old.__setstate__(state) if hasattr(old, "__setstate__") else old.__dict__.update(state)
+    old.extend([(0, 1, 0, [6], 2.0)])
+    old.stream_to(tmp_path / "t.jsonl")
+    old.record(0, 2, 0, [7], 3.0)
+    old.stream_to(None)
+    assert TimingRecorder.load(tmp_path / "t.jsonl").steps == [0, 1, 2]
+
+
+def test_extend_goes_through_record_and_streams_once(tmp_path):
+    calls = []
+
+    class Counting(TimingRecorder):
+        def record(self, *args, **kwargs):
+            calls.append(args[:3])
+            super().record(*args, **kwargs)
+
+    path = tmp_path / "t.jsonl"
+    rec = Counting()
+    rec.stream_to(path)
+    writes = []
+    real = rec._stream._write
+    rec._stream._write = lambda text: (writes.append(text.count("\n")), real(text))
+    rec.extend([(0, 0, 0, [5], 1.0), (1, 0, 0, [6], 1.0), (0, 0, 1, [7], 1.0)])
+    rec.stream_to(None)
+    assert calls == [(0, 0, 0), (1, 0, 0), (0, 0, 1)]
+    assert writes == [3]
+    assert len(TimingRecorder.load(path)) == 3
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_full_disk_raises_and_stopping_still_stops(tmp_path):
+    rec = TimingRecorder()
+    rec.stream_to(tmp_path / "t.jsonl")
+    rec._stream._file.close()
+    rec._stream._file = open("/dev/full", "a", encoding="utf-8")  # every flush fails
+    with pytest.raises(OSError):
+        rec.record(0, 0, 0, [5], 1.0)
+    assert rec.steps == [0]  # held all the same
+    with pytest.raises(OSError):
+        rec.stream_to(None)  # the buffered line cannot be written either
+    assert rec._stream is None
+    rec.record(0, 1, 0, [5], 1.0)  # no longer streaming: nothing to fail
+    assert rec.steps == [0, 1]

@@ -328,6 +328,11 @@ class TimingRecorder:
     agreement check raises rather than plan with two costs.
     """
 
+    # Class-level defaults: a recorder pickled before these existed (a checkpoint of an
+    # older version) still works.
+    _stream: Any = None  # a timing_files.TimingStream while streaming
+    _pending: list[Timing] | None = None  # records of an extend(), written in one go
+
     def __init__(self, cost: Any = None, *, sync: str = "fsdp", window: int = 50) -> None:
         self.cost: CostModel = _resolve_cost(cost)
         self.cp_cost: ContextParallelCost | None = (
@@ -337,7 +342,7 @@ class TimingRecorder:
         self.window = check_positive_int(window, "window")
         self._records: dict[tuple[int, int, int], Timing] = {}
         self._by_step: dict[int, list[tuple[int, int, int]]] = {}
-        self._stream: Any = None  # a timing_files.TimingStream while streaming
+        self._stream = None
 
     # ---- recording -----------------------------------------------------------------------
     def record(
@@ -372,7 +377,10 @@ class TimingRecorder:
         """
         added = self._add(rank, step, slot, lengths, seconds, pieces)
         if self._stream is not None:
-            self._stream.write([added])
+            if self._pending is not None:
+                self._pending.append(added)
+            else:
+                self._stream.write([added])
 
     def _add(
         self, rank: Any, step: Any, slot: Any, lengths: Any, seconds: Any, pieces: Any
@@ -403,25 +411,24 @@ class TimingRecorder:
 
     def extend(self, records: Iterable[Any]) -> None:
         """Add many records: :class:`Timing` objects or ``(rank, step, slot, lengths,
-        seconds)`` tuples (a sixth item: the pieces of a CP record). Those before a bad
-        one are kept (and streamed, one write for all)."""
-        added: list[Timing] = []
+        seconds)`` tuples (a sixth item: the pieces of a CP record), each through
+        :meth:`record`. Those before a bad one are kept (and streamed, in one write)."""
+        self._pending = []
         try:
             for i, r in enumerate(records):
                 if isinstance(r, Timing):
-                    added.append(
-                        self._add(r.rank, r.step, r.slot, r.lengths, r.seconds, r.pieces)
-                    )
+                    self.record(r.rank, r.step, r.slot, r.lengths, r.seconds, pieces=r.pieces)
                 elif isinstance(r, (tuple, list)) and len(r) in (5, 6):
-                    added.append(self._add(*r[:5], r[5] if len(r) == 6 else None))
+                    self.record(*r[:5], pieces=r[5] if len(r) == 6 else None)
                 else:
                     raise ValueError(
                         f"records[{i}] = {r!r} is not a Timing or a (rank, step, slot, "
                         "lengths, seconds[, pieces]) record"
                     )
         finally:
-            if self._stream is not None and added:
-                self._stream.write(added)
+            pending, self._pending = self._pending, None
+            if self._stream is not None and pending:
+                self._stream.write(pending)
 
     def clear(self) -> None:
         """Forget every record (e.g. after switching the plan's cost)."""
@@ -449,7 +456,9 @@ class TimingRecorder:
 
         return save_timings(self, path)
 
-    def stream_to(self, path: str | os.PathLike[str] | None) -> Path | None:
+    def stream_to(
+        self, path: str | os.PathLike[str] | None, *, resume: bool = False
+    ) -> Path | None:
         """Append every record from now on to ``path`` as it arrives (None: stop).
 
         A long run keeps every step this way, not only the window :meth:`save` writes,
@@ -460,12 +469,14 @@ class TimingRecorder:
         ``seqbalance refit`` read the file at any time (a line being written may show
         cut short: load again).
 
-        A new or empty file gets the header and the records already held. To a file that
-        exists (a job resumed from a checkpoint), only later records are appended, after
-        a resume marker that repeats the file's header; its sync and CP link must be this
-        recorder's (the cost may differ: a resumed job may start from its refit). A last
-        line cut short by a stopped job is removed first, with a warning. When loading,
-        steps timed after a resume marker replace the same steps timed before it.
+        A new or empty file gets the header and the records already held. A file that
+        holds records is refused unless ``resume=True``: a job resumed from a checkpoint
+        then appends its later records after a resume marker that repeats the file's
+        header. Its sync and CP link must be this recorder's (the cost may differ: a
+        resumed job may start from its refit); the records it already holds are not
+        written again (a restored recorder's are in the file). A last line cut short by
+        a stopped job is removed first, with a warning. When loading, steps timed after
+        a resume marker replace the same steps timed before it.
 
         Records gathered by :class:`~seqbalance.torch.MicroBatchTimer` are the same on
         every rank: stream on one (``if rank == 0``). Streaming to another path first
@@ -476,11 +487,22 @@ class TimingRecorder:
         Path or None
             The path streamed to.
 
+        Parameters
+        ----------
+        path : path or None
+            The file (None: stop streaming).
+        resume : bool
+            Append to a file that holds records (a job resumed from a checkpoint).
+
         Raises
         ------
         ValueError
-            The file holds records without a header, or a header with another sync or
-            CP link.
+            The file holds records and ``resume`` is False; or it holds records without
+            a header, or a header with another sync or CP link. The current stream, if
+            any, goes on.
+        OSError
+            The file cannot be opened or written; or, on stopping or switching, the
+            current file's last records cannot be written (it is closed all the same).
 
         Examples
         --------
@@ -496,13 +518,14 @@ class TimingRecorder:
         """
         from .timing_files import TimingStream
 
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
-        if path is None:
-            return None
-        self._stream = TimingStream(self, path)
-        return self._stream.path
+        resume = check_bool(resume, "resume")
+        # The new file is opened (and checked) first: a refused one leaves the stream as
+        # it was.
+        new = None if path is None else TimingStream(self, path, resume=resume)
+        old, self._stream = self._stream, new
+        if old is not None:
+            old.close()  # raises if its last records cannot be written
+        return None if new is None else new.path
 
     @classmethod
     def load(
@@ -541,6 +564,7 @@ class TimingRecorder:
         # A copy or a pickle does not stream: two writers would append the same records.
         state = self.__dict__.copy()
         state["_stream"] = None
+        state.pop("_pending", None)
         return state
 
     def __repr__(self) -> str:

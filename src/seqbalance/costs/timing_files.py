@@ -15,11 +15,11 @@ The file is JSON Lines, one object a line:
 
 A job can also write its records as they arrive (:meth:`TimingRecorder.stream_to`), so a
 long run keeps every step, not only the recorder's window, and a stopped job loses at
-most the line it was writing. A job that resumes and streams to the same file first
-writes a resume marker, a header with ``"resumed": true`` that repeats the file's
-settings; on loading, the steps timed after a marker replace the same steps timed
-before it (a job resumed from a checkpoint runs them again), with a warning that says
-which.
+most the line it was writing. A job that resumes from a checkpoint and streams to the
+same file (``resume=True``) first writes a resume marker, a header with ``"resumed":
+true`` that repeats the file's settings; on loading, the steps timed after a marker
+replace the same steps timed before it (a job resumed from a checkpoint runs them
+again), with a warning that says which.
 
 A file without a header is accepted (records written by other tools); the settings then
 come from the caller. Records are written in (step, rank, slot) order with Python's
@@ -144,7 +144,9 @@ class TimingStream:
     (or ``stream_to(None)``) ends it.
     """
 
-    def __init__(self, recorder: TimingRecorder, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, recorder: TimingRecorder, path: str | os.PathLike[str], *, resume: bool = False
+    ) -> None:
         self.path = Path(path)
         self._file: IO[str] | None = None
         self._real = os.path.realpath(self.path)  # for save(): the same file?
@@ -152,12 +154,22 @@ class TimingStream:
         if head is None:
             text = _dumps(_header(recorder)) + "\n" + _lines(recorder.records)
         else:
+            if not resume:
+                raise ValueError(
+                    f"{self.path} already holds timings; pass resume=True if this job "
+                    "resumes the one that wrote them (from a checkpoint), or stream to "
+                    "a new file"
+                )
             _check_resumable(head, recorder, self.path)
             _mend_last_line(self.path)
             text = _dumps({**head, "resumed": True}) + "\n"
         # Opened for appending: every write lands at the end, also after a crash.
         self._file = open(self.path, "a", encoding="utf-8")
-        self._write(text)
+        try:
+            self._write(text)
+        except BaseException:
+            self.close()
+            raise
 
     def write(self, records: Iterable[Timing]) -> None:
         """Append ``records`` and flush them to the operating system."""
@@ -172,10 +184,11 @@ class TimingStream:
         self._file.flush()
 
     def close(self) -> None:
-        """Close the file (again: nothing)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Close the file (again: nothing); an OSError if its last records cannot be
+        written, after which it is closed all the same."""
+        file, self._file = self._file, None
+        if file is not None:
+            file.close()  # closes the descriptor even when the final flush fails
 
     @property
     def closed(self) -> bool:
@@ -186,7 +199,8 @@ class TimingStream:
 
 
 def _existing_header(path: Path) -> dict[str, Any] | None:
-    """The header of a timing file to append to; None when there is no file or it is empty."""
+    """The header of a timing file to append to; None when there is no file or it holds
+    nothing (blank lines, a byte-order mark: emptied)."""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
@@ -195,10 +209,12 @@ def _existing_header(path: Path) -> dict[str, Any] | None:
         return None
     header, _ = _read(path, header_only=True)
     if header is None:
-        raise ValueError(
-            f"{path} holds records without a header (not written by seqbalance); "
-            "stream to a new file"
-        )
+        if _read(path)[1]:
+            raise ValueError(
+                f"{path} holds records without a header (not written by seqbalance); "
+                "stream to a new file"
+            )
+        os.truncate(path, 0)
     return header
 
 
@@ -245,6 +261,11 @@ def _check_resumable(head: dict[str, Any], recorder: TimingRecorder, path: Path)
     window may differ: a job resumes with its refitted cost); a header that leaves the
     sync or the cost out leaves them to the reader."""
     mine = _header(recorder)
+    if "cp_cost" in head:  # with its defaults filled in, as loading reads it
+        try:
+            head = {**head, "cp_cost": ContextParallelCost.from_dict(head["cp_cost"]).to_dict()}
+        except ValueError as exc:
+            raise ValueError(f"{path}: the header's cp_cost: {exc}") from None
     for key, what in (("sync", "sync"), ("link", "CP link")):
         if _setting(head, "cost" if key == "link" else key) is None:
             continue
