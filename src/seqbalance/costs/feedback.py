@@ -385,20 +385,15 @@ class TimingRecorder:
     def _add(
         self, rank: Any, step: Any, slot: Any, lengths: Any, seconds: Any, pieces: Any
     ) -> Timing:
-        rank = _nonneg_int(rank, "rank")
-        step = _nonneg_int(step, "step")
-        slot = _nonneg_int(slot, "slot")
-        lens = as_lengths(lengths, "lengths")
-        secs = _time(seconds, "seconds")
-        pcs = None if pieces is None else check_pieces(pieces, lens)
-        key = (step, rank, slot)
+        added = _checked_timing(rank, step, slot, lengths, seconds, pieces)
+        key = (added.step, added.rank, added.slot)
         if key in self._records:
             raise ValueError(
-                f"rank {rank} step {step} slot {slot} is already recorded; number steps "
-                "and slots so that each micro-batch is recorded once"
+                f"rank {added.rank} step {added.step} slot {added.slot} is already recorded; "
+                "number steps and slots so that each micro-batch is recorded once"
             )
-        added = self._records[key] = Timing(rank, step, slot, lens, secs, pcs)
-        self._by_step.setdefault(step, []).append(key)
+        self._records[key] = added
+        self._by_step.setdefault(added.step, []).append(key)
         self._trim()
         return added
 
@@ -592,17 +587,7 @@ class TimingRecorder:
         model = self.cost if cost is None else _resolve_cost(cost)
         cpc = self.cp_cost if cost is None else cost
         meas = np.array([r.seconds for r in recs])
-        if isinstance(cpc, ContextParallelCost) or any(r.pieces is not None for r in recs):
-            if not isinstance(cpc, ContextParallelCost):
-                cpc = ContextParallelCost(model)
-            pred = predict(cpc, [r.lengths for r in recs], [r.pieces for r in recs])
-            if not np.isfinite(pred).all():
-                raise ValueError(
-                    f"the predicted cost of a recorded micro-batch overflows float64 under "
-                    f"{cpc!r}; rescale the cost model or cost_per_second"
-                )
-        else:
-            pred = np.array([model.microbatch_cost(r.lengths) for r in recs])
+        pred = _predictions(model, cpc, recs)
         rank_of = np.array([r.rank for r in recs])
         step_of = np.array([r.step for r in recs])
         slot_of = np.array([r.slot for r in recs])
@@ -866,6 +851,37 @@ def _comm_exceeds(
     )
 
 
+def _predictions(
+    model: CostModel, cp_cost: Any, records: Sequence[Timing]
+) -> np.ndarray:
+    """Each record's predicted cost: under ``cp_cost`` (a ContextParallelCost) when given
+    or when a record holds CP pieces (then with hidden communication), else ``model``'s."""
+    if isinstance(cp_cost, ContextParallelCost) or any(r.pieces is not None for r in records):
+        if not isinstance(cp_cost, ContextParallelCost):
+            cp_cost = ContextParallelCost(model)
+        pred = predict(cp_cost, [r.lengths for r in records], [r.pieces for r in records])
+        if not np.isfinite(pred).all():
+            raise ValueError(
+                f"the predicted cost of a recorded micro-batch overflows float64 under "
+                f"{cp_cost!r}; rescale the cost model or cost_per_second"
+            )
+        return pred
+    return np.array([model.microbatch_cost(r.lengths) for r in records], dtype=np.float64)
+
+
+def _checked_timing(
+    rank: Any, step: Any, slot: Any, lengths: Any, seconds: Any, pieces: Any
+) -> Timing:
+    """A :class:`Timing` of checked fields (what :meth:`TimingRecorder.record` takes)."""
+    rank = _nonneg_int(rank, "rank")
+    step = _nonneg_int(step, "step")
+    slot = _nonneg_int(slot, "slot")
+    lens = as_lengths(lengths, "lengths")
+    secs = _time(seconds, "seconds")
+    return Timing(rank, step, slot, lens, secs,
+                  None if pieces is None else check_pieces(pieces, lens))  # fmt: skip
+
+
 def evaluate_records(
     cost: CostModel, cp_cost: ContextParallelCost | None, records: Sequence[Timing]
 ) -> FitReport:
@@ -876,11 +892,8 @@ def evaluate_records(
     if not records:
         raise ValueError("no records to evaluate")
     t = np.array([r.seconds for r in records])
-    if any(r.pieces is not None for r in records):
-        link = cp_cost if cp_cost is not None else ContextParallelCost(cost)
-        pred = predict(link, [r.lengths for r in records], [r.pieces for r in records])
-    else:
-        pred = np.array([cost.microbatch_cost(r.lengths) for r in records], dtype=np.float64)
+    cp = any(r.pieces is not None for r in records)
+    pred = _predictions(cost, cp_cost if cp else None, records)
     r2, max_rel, med_rel = _stats(pred, t)
     coefs = {k: float(getattr(cost, k)) for k in COEFFICIENTS}
     return FitReport(r2, max_rel, med_rel, len(records), coefs)

@@ -37,10 +37,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from .._validate import as_lengths, check_choice, check_positive_int
-from ._cp_records import check_pieces
+from .._validate import check_choice, check_positive_int
 from .context_parallel import ContextParallelCost
-from .feedback import SYNC_MODELS, Timing, TimingRecorder, _nonneg_int, _time
+from .feedback import SYNC_MODELS, Timing, TimingRecorder, _checked_timing, _nonneg_int
 from .load import cost_from_dict
 
 __all__ = [
@@ -412,16 +411,16 @@ def _latest_steps(
             kept.append((line, rec))
     if not dropped:
         return kept
-    seen: set[tuple[Any, ...]] = set()
+    seen: set[tuple[int, ...]] = set()
     for line, seg, rec in dropped:
         try:
-            key = (seg, *(_nonneg_int(v, n) for v, n in zip(rec, ("rank", "step", "slot"))))
+            t = _checked_timing(*rec)
+            key = (seg, t.rank, t.step, t.slot)
             if key in seen:
                 raise ValueError(
-                    f"rank {key[1]} step {key[2]} slot {key[3]} is recorded twice in one run"
+                    f"rank {t.rank} step {t.step} slot {t.slot} is recorded twice in one run"
                 )
             seen.add(key)
-            _check_fields(rec)
         except ValueError as exc:
             raise ValueError(f"{path}:{line}: {exc}") from None
     steps = sorted({rec[1] for _, _, rec in dropped})
@@ -434,14 +433,6 @@ def _latest_steps(
         stacklevel=4,
     )
     return kept
-
-
-def _check_fields(rec: tuple[Any, ...]) -> None:
-    """What :meth:`TimingRecorder.record` checks of a record's lengths, time and pieces."""
-    lens = as_lengths(rec[3], "lengths")
-    _time(rec[4], "seconds")
-    if rec[5] is not None:
-        check_pieces(rec[5], lens)
 
 
 def read_link(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
