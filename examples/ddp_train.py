@@ -379,6 +379,11 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
     rec = {name: TimingRecorder(TokenCost(), sync=args.sync, window=args.window)
            for name in names}
     timer = {name: MicroBatchTimer(rec[name], clock=args.clock, device="cpu") for name in names}
+    if args.save_timings and rank == 0:
+        # Every token-plan record goes to disk as its step ends (for `seqbalance refit`),
+        # beyond the recorder's window; the gathered records are the same on every rank.
+        open(args.save_timings, "w").close()  # a new run replaces the file, as --log does
+        rec["tokens"].stream_to(args.save_timings)
     bal = {name: Rebalancer(args.max_tokens, cost=TokenCost(), sync=args.sync) for name in names}
     models = {"refit": (ddp_a, opt_a), "tokens": (ddp_t, opt_t)}
     log = open(args.log, "w", encoding="utf-8") if args.log and rank == 0 else None
@@ -470,8 +475,8 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
         full = TimingRecorder(rec[name].cost, sync=args.sync, window=10**6)
         full.extend(every[name])
         reports[name] = full.report()
-        if name == "tokens" and args.save_timings and rank == 0:
-            full.save(args.save_timings)  # for `seqbalance refit`
+    if args.save_timings and rank == 0:
+        rec["tokens"].stream_to(None)
     # The timer's own cost as a share of step time, both on the timer's clock (CPU time
     # of this thread with --clock thread): local (timed regions, clocks, records) and the
     # one small all_gather per step.
@@ -594,8 +599,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log", metavar="FILE",
                    help="--adapt: write the balance metrics of every step as JSON lines")
     p.add_argument("--save-timings", metavar="FILE",
-                   help="--adapt: save the token-plan race records (TimingRecorder.save), "
-                        "for `seqbalance refit FILE`")
+                   help="--adapt: stream the token-plan race records to FILE as each step "
+                        "ends (TimingRecorder.stream_to), for `seqbalance refit FILE`")
     args = p.parse_args(argv)
     if args.quick:
         args.steps, args.batch, args.scale, args.dim, args.layers = 2, 32, 64.0, 32, 1

@@ -216,3 +216,39 @@ def test_plan_cp_with_a_seconds_cost_takes_the_kv_size_by_flag(tmp_path, capsys)
                    cp_cost={"bandwidth": 2.5e9, "cost_per_second": 1.0, "overlap": 0.5,
                             "kv_bytes_per_token": 1.2e5})  # fmt: skip
     assert out.read_text() == want.to_json()
+
+
+def test_plan_cp_comm_passes_by_flag(tmp_path, capsys):
+    """A forward-only pass (reference log-probs) sends K/V around the ring once, not 3
+    times: --cp-comm-passes reaches the planner's link, and needs a bandwidth."""
+    import seqbalance as sb
+
+    lengths = workloads.lengths("long-context", 200, seed=4)
+    src = tmp_path / "lengths.txt"
+    src.write_text("".join(f"{x}\n" for x in lengths))
+    base = ["plan", str(src), "--dp", "2", "--max-tokens", "32768", "--cp-size", "8",
+            "--model", "qwen2.5-7b"]  # fmt: skip
+    assert main([*base, "--cp-comm-passes", "1"]) == 2
+    assert capsys.readouterr().err.startswith(
+        "error: --cp-comm-passes sizes the CP ring's transfers, which are free without "
+        "--cp-bandwidth"
+    )
+    assert main([*base, "--cp-bandwidth", "2.5e10", "--cp-comm-passes", "-1"]) == 2
+    assert capsys.readouterr().err.startswith("error: --cp-comm-passes -1.0 is invalid")
+    cost = sb.costs.FlopsCost.from_name("qwen2.5-7b")
+    plans = {}
+    for passes in (1.0, 3.0):
+        out = tmp_path / f"plan{passes}.json"
+        assert main([*base, "--cp-bandwidth", "2.5e10", "--cp-comm-passes", str(passes),
+                     "--out", str(out)]) == 0  # fmt: skip
+        want = sb.plan(lengths, 2, 32768, cost=cost, cp_size=8, cp="dynamic",
+                       cp_cost={"bandwidth": 2.5e10, "cost_per_second": 4e14,
+                                "overlap": 0.5, "comm_passes": passes})  # fmt: skip
+        assert out.read_text() == want.to_json()
+        plans[passes] = want
+    # One pass over a slow link exposes less communication than three.
+    assert plans[1.0].simulate().step_time < plans[3.0].simulate().step_time
+    # Without --cp-size it is refused like the other CP options.
+    assert main(["plan", str(src), "--dp", "2", "--max-tokens", "32768",
+                 "--cp-comm-passes", "1"]) == 2  # fmt: skip
+    assert "--cp-comm-passes" in capsys.readouterr().err

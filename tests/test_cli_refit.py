@@ -359,3 +359,80 @@ def test_window_fits_the_last_steps_only(tmp_path, capsys):
     )
     assert main(["refit", str(timings), "--window", "0"]) == 2
     assert _error_line(capsys) == "error: --window must be >= 1, got 0"
+
+
+def _split_by_link(rec, folder, first=(), second=()):
+    """``rec``'s steps 0-1 saved under LINK changed by ``first``, steps 2-3 under LINK
+    changed by ``second`` (two runs, two guesses of the link): two files in ``folder``."""
+    folder.mkdir(exist_ok=True)
+    files = []
+    for name, steps, change in (("a", (0, 1), dict(first)), ("b", (2, 3), dict(second))):
+        cp = ContextParallelCost(TokenCost(), cost_per_second=1 / TRUTH.per_token,
+                                 **{**LINK, **change})  # fmt: skip
+        part = TimingRecorder(cp)
+        part.extend(r for r in rec.records if r.step in steps)
+        files.append(str(part.save(folder / f"{name}.jsonl")))
+    return files
+
+
+def test_files_saved_under_different_links_refit_when_the_flags_name_the_link(
+    tmp_path, capsys
+):
+    """Files saved under two guesses of the link were refused with "pass the link to use",
+    though the flags name it; now the flags for the settings the files differ in are
+    asked for by name, and with them the noise-free fit is the truth."""
+    rec = _cp_timings(tmp_path / "all.jsonl")  # timed over LINK
+    files = _split_by_link(rec, tmp_path, second={"overlap": 0.9, "comm_passes": 1.0})
+    assert main(["refit", *files, "--cp-overlap", "0.5"]) == 2
+    line = _error_line(capsys)
+    assert "give different CP links (they differ in comm_passes, overlap): give " \
+           "--cp-comm-passes to price every record under one link" in line, line
+    assert main(["refit", *files, "--no-per-rank", "--cp-overlap", "0.5",
+                 "--cp-comm-passes", "3"]) == 0  # fmt: skip
+    np.testing.assert_allclose(json.loads(capsys.readouterr().out)["per_token_sq"],
+                               TRUTH.per_token_sq, rtol=1e-6)  # fmt: skip
+    # The settings the files share come from them, not from defaults: a shared wrong
+    # bandwidth stays until its flag names the right one.
+    both = {"bandwidth": 1e10}
+    wrong = _split_by_link(rec, tmp_path / "w", first=both, second={**both, "overlap": 0.9})
+    assert main(["refit", *wrong, "--no-per-rank", "--cp-overlap", "0.5"]) == 0
+    assert json.loads(capsys.readouterr().out)["per_token_sq"] > 2 * TRUTH.per_token_sq
+    assert main(["refit", *wrong, "--no-per-rank", "--cp-overlap", "0.5",
+                 "--cp-bandwidth", "2.5e9"]) == 0  # fmt: skip
+    np.testing.assert_allclose(json.loads(capsys.readouterr().out)["per_token_sq"],
+                               TRUTH.per_token_sq, rtol=1e-6)  # fmt: skip
+
+
+def test_files_saved_with_different_costs_and_links_need_a_start_cost(tmp_path, capsys):
+    rec = _cp_timings(tmp_path / "all.jsonl")
+    a_cp = ContextParallelCost(TokenCost(), cost_per_second=1 / TRUTH.per_token, **LINK)
+    b_cp = ContextParallelCost(QuadraticCost(per_token=1.0, per_token_sq=1e-5),
+                               cost_per_second=1 / TRUTH.per_token, **LINK)  # fmt: skip
+    files = []
+    for name, steps, cp in (("a", (0, 1), a_cp), ("b", (2, 3), b_cp)):
+        part = TimingRecorder(cp)
+        part.extend(r for r in rec.records if r.step in steps)
+        files.append(str(part.save(tmp_path / f"{name}.jsonl")))
+    assert main(["refit", *files]) == 2
+    assert "they differ in cost): give --cost or --model" in _error_line(capsys)
+    assert main(["refit", *files, "--no-per-rank", "--cost", "tokens"]) == 0
+    np.testing.assert_allclose(json.loads(capsys.readouterr().out)["per_token_sq"],
+                               TRUTH.per_token_sq, rtol=1e-6)  # fmt: skip
+
+
+def test_comm_passes_flag_reaches_the_refit(tmp_path, capsys):
+    """Timed with 3 passes but saved as if forward-only (1): the flag puts the missing
+    communication back where it belongs, out of the fitted terms."""
+    rec = _cp_timings(tmp_path / "all.jsonl")
+    cp = ContextParallelCost(TokenCost(), cost_per_second=1 / TRUTH.per_token,
+                             **LINK, comm_passes=1.0)  # fmt: skip
+    saved = TimingRecorder(cp)
+    saved.extend(rec.records)
+    path = str(saved.save(tmp_path / "one_pass.jsonl"))
+    assert main(["refit", path, "--no-per-rank"]) == 0
+    assert json.loads(capsys.readouterr().out)["per_token_sq"] > 1.5 * TRUTH.per_token_sq
+    assert main(["refit", path, "--no-per-rank", "--cp-comm-passes", "3"]) == 0
+    np.testing.assert_allclose(json.loads(capsys.readouterr().out)["per_token_sq"],
+                               TRUTH.per_token_sq, rtol=1e-6)  # fmt: skip
+    assert main(["refit", path, "--cp-comm-passes", "-1"]) == 2
+    assert "--cp-comm-passes -1.0 is invalid" in _error_line(capsys)

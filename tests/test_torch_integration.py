@@ -69,6 +69,7 @@ def test_ddp_example_adapt_quick(tmp_path, sync):
     from seqbalance.planning.metrics import PLAN_METRICS
 
     log = tmp_path / "metrics.jsonl"
+    (tmp_path / "t.jsonl").write_text("an earlier run's file, replaced\n")
     proc = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "ddp_train.py"), "--adapt", "--quick",
          "--sync", sync, "--log", str(log), "--save-timings", str(tmp_path / "t.jsonl")],
@@ -91,5 +92,6 @@ def test_ddp_example_adapt_quick(tmp_path, sync):
 
     saved = TimingRecorder.load(tmp_path / "t.jsonl")
     assert saved.sync == sync and len(saved) > 0
+    assert len(saved.steps) == 2  # --quick: 2 race steps, 1 run each, every one streamed
     assert {r.rank for r in saved.records} == {0, 1}
     assert all(r.seconds > 0 and r.lengths.size > 0 for r in saved.records)

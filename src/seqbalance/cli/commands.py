@@ -93,6 +93,7 @@ _VALUE_RES = (
      "with --cp-bandwidth and a cost that is not a model's FLOPs (--model), pass "
      "--kv-bytes-per-token"),
     (re.compile(r"(?<![\w-])kv_bytes_per_token = "), "--kv-bytes-per-token "),
+    (re.compile(r"(?<![\w-])comm_passes = "), "--cp-comm-passes "),
 )
 
 
@@ -364,12 +365,19 @@ def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
             "--pp-size/--schedule/--virtual-stages/--pp-comm do not combine with "
             f"--cp-size > 1 yet; {command} one of the two at a time"
         )
-    elif (args.kv_bytes_per_token is not None and args.cp_bandwidth is None
-          and not getattr(args, "demo", False)):  # fmt: skip  # the demo has its bandwidths
-        raise UserError(
-            "--kv-bytes-per-token sizes the CP ring's transfers, which are free without "
-            "--cp-bandwidth: give --cp-bandwidth too, or drop it"
-        )
+    elif args.cp_bandwidth is None and not getattr(args, "demo", False):  # the demo has its
+        # bandwidths; without one the ring's transfers are free, and these would do nothing
+        sizing = [flag for flag, used in (
+            ("--kv-bytes-per-token", args.kv_bytes_per_token is not None),
+            ("--cp-comm-passes", args.cp_comm_passes != 3.0),
+        ) if used]  # fmt: skip
+        if sizing:
+            verb = "sizes" if len(sizing) == 1 else "size"
+            raise UserError(
+                f"{' and '.join(sizing)} {verb} the CP ring's transfers, which are free "
+                "without --cp-bandwidth: give --cp-bandwidth too, or drop "
+                f"{'it' if len(sizing) == 1 else 'them'}"
+            )
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

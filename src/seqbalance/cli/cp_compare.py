@@ -55,6 +55,7 @@ _CP_DEFAULTS: dict[str, Any] = {
     "cp_overlap": 0.5,
     "cost_per_second": None,
     "kv_bytes_per_token": None,
+    "cp_comm_passes": 3.0,
 }
 
 
@@ -105,6 +106,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="K/V bytes one token sends over all layers (default: from --model's "
         "architecture; needed with --cp-bandwidth and a --cost)",
     )
+    g.add_argument(
+        "--cp-comm-passes",
+        type=float,
+        default=_CP_DEFAULTS["cp_comm_passes"],
+        metavar="N",
+        help="times the K/V volume crosses the ring per step (default 3, training: "
+        "forward K/V, backward K/V and dK/dV; 1 for a forward-only pass)",
+    )
 
 
 def stray_cp_options(args: argparse.Namespace) -> list[str]:
@@ -125,6 +134,7 @@ def cp_cost_of(args: argparse.Namespace, unit: str, bandwidth: float | None) -> 
     out: dict[str, Any] = {"cost_per_second": cps, "overlap": args.cp_overlap}
     if bandwidth is not None:
         out["bandwidth"] = bandwidth
+        out["comm_passes"] = args.cp_comm_passes
         if args.kv_bytes_per_token is not None:
             out["kv_bytes_per_token"] = args.kv_bytes_per_token
         elif unit == "tok":

@@ -23,6 +23,7 @@ _LINK_FLAGS = (
     ("cp_bandwidth", "--cp-bandwidth"),
     ("cp_overlap", "--cp-overlap"),
     ("kv_bytes_per_token", "--kv-bytes-per-token"),
+    ("cp_comm_passes", "--cp-comm-passes"),
     ("cost_per_second", "--cost-per-second"),
 )
 
@@ -112,6 +113,13 @@ def register(subparsers: Any) -> None:
         type=float,
         metavar="X",
         help="K/V bytes a token sends over all layers (default: from --model's architecture)",
+    )
+    g.add_argument(
+        "--cp-comm-passes",
+        type=float,
+        metavar="N",
+        help="times the K/V volume crosses the ring per step (default 3: forward K/V, "
+        "backward K/V and dK/dV)",
     )
     g.add_argument(
         "--cost-per-second",
@@ -228,18 +236,19 @@ def _load(args: argparse.Namespace) -> tuple[Any, list[str]]:
     """The records under the start cost (``--model``/``--cost`` or the files'), with the
     CP link of the files and of the ``--cp-*`` flags; and notes for after the fit."""
     from ..costs import TimingRecorder, load_cost
-    from ..costs.timing_files import read_link
 
     flags = {name: getattr(args, name) for name, _ in _LINK_FLAGS}
     given = [flag for name, flag in _LINK_FLAGS if flags[name] is not None]
-    link = read_link(args.timings)
+    spec = args.model or args.cost
+    link, agreed = _files_link(args.timings, flags, spec)
     if given and link is None and flags["cp_bandwidth"] is None:
         verb = "describes" if len(given) == 1 else "describe"
         raise UserError(f"{', '.join(given)} {verb} a CP link: give --cp-bandwidth too")
-    spec = args.model or args.cost
+    if spec is None and not agreed:  # the files' own cost, under the flags' link
+        spec = link["saved_cost"]
     if spec is not None:
         seq = load_cost(spec)
-        same = link is not None and seq.to_dict() == link["saved_cost"]
+        same = link is not None and seq.to_dict() == link.get("saved_cost")
         cost = _with_flags(seq, link, flags, same) if link or given else seq
         loaded = TimingRecorder.load(args.timings, cost=cost, sync=args.sync,
                                      window=args.window)  # fmt: skip
@@ -260,6 +269,50 @@ def _load(args: argparse.Namespace) -> tuple[Any, list[str]]:
     if given and not cp:
         notes.append(f"no record holds context-parallel pieces: {', '.join(given)} change nothing")
     return loaded, notes
+
+
+def _files_link(
+    paths: list[str], flags: dict[str, Any], spec: str | None
+) -> tuple[dict[str, Any] | None, bool]:
+    """The CP link the files' headers name (None: none) and whether they all agree on it.
+
+    Files saved under different links (another bandwidth guess, another overlap) can be
+    refit together when the flags (and ``--cost``/``--model`` for different saved costs)
+    give every setting they differ in: the link returned then holds only the settings
+    they share, and the flags the rest. Otherwise a UserError says which flags to give.
+    """
+    from ..costs import ContextParallelCost
+    from ..costs.timing_files import read_link
+
+    links = [(path, read_link([path])) for path in paths]
+    links = [(path, link) for path, link in links if link is not None]
+    if all(link == links[0][1] for _, link in links[1:]):
+        return (links[0][1] if links else None), True
+    full = []  # with the defaults a hand-written header leaves out
+    for _, link in links:
+        settings = {k: v for k, v in link.items() if k != "saved_cost"}
+        filled = ContextParallelCost.from_dict({**settings, "cost": link["saved_cost"]})
+        full.append({**filled.to_dict(), "saved_cost": link["saved_cost"]})
+    full = [{k: v for k, v in link.items() if k != "cost"} for link in full]
+    keys = sorted({k for link in full for k in link})
+    differ = [k for k in keys if any(link.get(k) != full[0].get(k) for link in full[1:])]
+    flag_of = {"bandwidth": "cp_bandwidth", "overlap": "cp_overlap",
+               "kv_bytes_per_token": "kv_bytes_per_token", "comm_passes": "cp_comm_passes",
+               "cost_per_second": "cost_per_second"}  # fmt: skip
+    missing = [
+        "--cost or --model" if k == "saved_cost" else "--" + flag_of[k].replace("_", "-")
+        for k in differ
+        if (spec is None if k == "saved_cost" else flags[flag_of[k]] is None)
+    ]
+    if missing:
+        where = " and ".join(str(path) for path, _ in links[:2])
+        raise UserError(
+            f"the headers of {where} give different CP links (they differ in "
+            f"{', '.join('cost' if k == 'saved_cost' else k for k in differ)}): give "
+            f"{', '.join(missing)} to price every record under one link, or refit the "
+            "files separately"
+        )
+    return {k: v for k, v in full[0].items() if k not in differ}, False
 
 
 def _with_flags(seq: Any, link: dict[str, Any] | None, flags: dict[str, Any], same: bool) -> Any:
@@ -284,7 +337,7 @@ def _with_flags(seq: Any, link: dict[str, Any] | None, flags: dict[str, Any], sa
         cost_per_second=cps,
         overlap=pick("cp_overlap", "overlap", 0.5),
         kv_bytes_per_token=pick("kv_bytes_per_token", "kv_bytes_per_token", None),
-        comm_passes=link.get("comm_passes", 3.0) if link is not None else 3.0,
+        comm_passes=pick("cp_comm_passes", "comm_passes", 3.0),
     )
 
 
