@@ -49,6 +49,7 @@ CASES: dict[str, str] = {
     "from seqbalance.compat.verl import rearrange_micro_batches, get_seqlen_balanced_partitions":
         "compat_readme",
     "cp_size=8, cp=\"dynamic\",": "cp",
+    "cost = UlyssesCost(sb.load_cost(\"qwen2.5-7b\"), sp_size=4, bandwidth=1.5e11)": "ulysses",
     "pp_size=4, schedule=\"1f1b\")": "pipeline",
     "from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions, "
     "rearrange_micro_batches": "verl_import",
@@ -158,6 +159,15 @@ def run_cp(code, tmp_path, monkeypatch):
     p = ns["p"]
     assert set(p.degrees()) <= {1, 2, 4, 8}
     assert p.simulate().gap >= 0
+
+
+def run_ulysses(code, tmp_path, monkeypatch):
+    lengths = np.concatenate([_lengths(500), [60_000]])  # one beyond a GPU, within a group
+    ns = _run(code, {"sb": sb, "lengths": lengths, "world": 32})
+    p, cost = ns["p"], ns["cost"]
+    assert p.dp_size == 8 and p.max_tokens == 65536
+    assert not any(p.violations().values())
+    assert cost.per_token_sq == sb.load_cost("qwen2.5-7b").per_token_sq / 4
 
 
 def run_pipeline(code, tmp_path, monkeypatch):

@@ -7,6 +7,8 @@
   GQA, SwiGLU, MoE, MLA, sliding windows), or a shipped config by name (:data:`SHIPPED`).
 - :class:`ContextParallelCost`: one GPU's piece of a context-parallel sequence, with the
   ring's communication (:mod:`seqbalance.costs.context_parallel`).
+- :class:`UlyssesCost`: one GPU's share under Ulysses (all-to-all) sequence parallelism,
+  with its communication (:mod:`seqbalance.costs.ulysses`).
 - :func:`load_cost`: any of the above from what the user names (a model, a name, a path).
 - :class:`TimingRecorder`: measured micro-batch times against the model, a report per
   rank and slot (:class:`BalanceReport`, metrics for loggers) and a robust refit; the
@@ -39,6 +41,7 @@ from .flops import SHIPPED, FlopsCost
 from .load import cost_from_dict, load_cost
 from .report import FitReport
 from .timing_files import ResumedStepsWarning
+from .ulysses import UlyssesCost, ulysses_bytes_per_token
 
 __all__ = [
     "REPORT_METRICS",
@@ -55,6 +58,7 @@ __all__ = [
     "Timing",
     "TimingRecorder",
     "TokenCost",
+    "UlyssesCost",
     "UnidentifiableCostWarning",
     "ZeroLengthWarning",
     "cost_from_dict",
@@ -62,4 +66,5 @@ __all__ = [
     "fit_cost",
     "load_cost",
     "parse_config",
+    "ulysses_bytes_per_token",
 ]

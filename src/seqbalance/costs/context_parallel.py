@@ -231,6 +231,12 @@ class ContextParallelCost:
                 f"cost must be a CostModel (e.g. FlopsCost.from_name('qwen2.5-7b')), got "
                 f"{type(cost).__name__}"
             )
+        if cost.to_dict().get("kind") == "ulysses":  # by kind: ulysses imports this module
+            raise ValueError(
+                "ring context parallelism over a UlyssesCost (Ulysses and ring together) is "
+                "not modelled; plan one of the two: cp_size with the one-GPU cost, or the "
+                "UlyssesCost with cp_size=1"
+            )
         self.cost = cost
         c0, a, b, c = cost.polynomial
         # (share of c, window) per attention kind of a windowed FlopsCost; None: c·(e²−s²).

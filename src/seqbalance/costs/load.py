@@ -24,7 +24,8 @@ def cost_from_dict(data: Mapping[str, Any]) -> CostModel:
     """
     if not isinstance(data, Mapping):
         raise ValueError(
-            "a cost JSON must be an object with a 'kind' ('tokens', 'quadratic' or 'flops'), "
+            "a cost JSON must be an object with a 'kind' ('tokens', 'quadratic', 'flops' or "
+            "'ulysses'), "
             f"got {type(data).__name__}"
         )
     kind = data.get("kind")
@@ -35,8 +36,13 @@ def cost_from_dict(data: Mapping[str, Any]) -> CostModel:
         return QuadraticCost.from_dict(data)
     if kind == "flops":
         return FlopsCost.from_dict(dict(data))
+    if kind == "ulysses":
+        from .ulysses import UlyssesCost
+
+        return UlyssesCost.from_dict(data)
     raise ValueError(
-        f"cost kind {kind!r} is unknown; a cost JSON has kind 'tokens', 'quadratic' or 'flops'"
+        f"cost kind {kind!r} is unknown; a cost JSON has kind 'tokens', 'quadratic', 'flops' "
+        "or 'ulysses'"
     )
 
 

@@ -1,0 +1,170 @@
+"""UlyssesCost: one GPU's share of a sequence under Ulysses (all-to-all) sequence parallelism."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import seqbalance as sb
+from seqbalance import workloads
+from seqbalance.costs import (
+    ContextParallelCost,
+    FlopsCost,
+    QuadraticCost,
+    TokenCost,
+    UlyssesCost,
+    load_cost,
+    ulysses_bytes_per_token,
+)
+
+
+def test_exact_values_by_hand():
+    inner = QuadraticCost(per_token=4.0, per_token_sq=0.5, per_sequence=8.0, per_microbatch=3.0)
+    u = UlyssesCost(inner, 4, bandwidth=1e3, bytes_per_token=100.0, cost_per_second=2.0)
+    # comm: 2 passes * (4 - 1) / 4**2 * 100 B / 1e3 B/s = 0.0375 s a token, * 2 units/s
+    assert u.comm_per_token == pytest.approx(0.075, rel=1e-15)
+    # (8 + 4*10 + 0.5*100) / 4 + 0.075*10
+    np.testing.assert_allclose(u([10]), [25.25], rtol=1e-15)
+    assert u.polynomial == pytest.approx((3.0, 2.0, 1.075, 0.125), rel=1e-15)
+    # c0 is every GPU's per-step overhead: kept, not divided
+    assert u.microbatch_cost([10, 10]) == pytest.approx(3.0 + 2 * 25.25, rel=1e-15)
+    # A forward-only pass sends half of it.
+    half = UlyssesCost(inner, 4, bandwidth=1e3, bytes_per_token=100.0, cost_per_second=2.0,
+                       comm_passes=1.0)  # fmt: skip
+    assert half.comm_per_token == pytest.approx(0.0375, rel=1e-15)
+
+
+def test_the_communication_formula_against_the_all_to_all_counted_by_hand():
+    """Each GPU holds T/sp tokens; before attention it sends GPU j the heads j computes
+    (1/sp of each token's bytes) and keeps its own share; after, the same for O; the
+    backward repeats both. Counted message by message, that is the formula's volume."""
+    sp, bytes_per_token, lengths = 8, 96.0, [300, 500, 1000]
+    tokens = sum(lengths) / sp  # this GPU's tokens of the micro-batch
+    sent = 0.0
+    for _pass in range(2):  # forward, backward
+        for dst in range(sp):
+            if dst != 0:  # GPU 0's messages; its own share stays
+                sent += tokens * bytes_per_token / sp
+    u = UlyssesCost(TokenCost(), sp, bandwidth=1.0, bytes_per_token=bytes_per_token,
+                    cost_per_second=1.0)  # fmt: skip
+    comm = float((u(lengths) - np.asarray(lengths) / sp).sum())
+    assert comm == pytest.approx(sent, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    coeffs=st.tuples(*[st.floats(0, 1e3, allow_nan=False) for _ in range(4)]),
+    sp=st.sampled_from([1, 2, 3, 4, 8]),
+    comm=st.floats(0, 1e2, allow_nan=False),
+    lengths=st.lists(st.integers(0, 10**5), min_size=1, max_size=20),
+)
+def test_a_ulysses_cost_is_its_polynomial(coeffs, sp, comm, lengths):
+    c0, a, b, c = coeffs
+    inner = QuadraticCost(per_token=b, per_token_sq=c, per_sequence=a, per_microbatch=c0)
+    u = UlyssesCost(inner, sp, bandwidth=1.0, bytes_per_token=comm, cost_per_second=1.0)
+    x = np.asarray(lengths, dtype=np.float64)
+    c0u, au, bu, cu = u.polynomial
+    np.testing.assert_allclose(u(lengths), au + bu * x + cu * x * x, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(u(lengths), inner(lengths) / sp + u.comm_per_token * x,
+                               rtol=1e-12, atol=1e-9)  # fmt: skip
+    assert c0u == c0
+    if sp == 1:  # one GPU: no all-to-all, the cost itself
+        np.testing.assert_array_equal(u(lengths), inner(lengths))
+
+
+def test_bytes_per_token_from_the_architecture():
+    # llama-2-7b: 32 layers, 32 heads (MHA), head_dim 128: (32 + 32) * 256 * 2 B a layer
+    assert ulysses_bytes_per_token(FlopsCost.from_name("llama-2-7b"), 4) == 32 * 64 * 256 * 2
+    qwen = FlopsCost.from_name("qwen2.5-7b")  # 28 layers, 28 heads, 4 K/V heads
+    assert ulysses_bytes_per_token(qwen, 4) == 28 * (28 + 4) * 256 * 2
+    # sp = 28 > 4 K/V heads: each GPU gets one (repeated) K/V head, 28 in all
+    assert ulysses_bytes_per_token(qwen, 28) == 28 * (28 + 28) * 256 * 2
+    assert ulysses_bytes_per_token(qwen, 4, dtype_bytes=1) == 28 * 32 * 256
+    u = UlyssesCost(qwen, 4, bandwidth=2e11)
+    assert u.bytes_per_token == 28 * 32 * 256 * 2 and u.cost_per_second == 4e14
+    assert u.per_token_sq == qwen.per_token_sq / 4
+
+
+@pytest.mark.parametrize(
+    ("sp", "words"),
+    [
+        (8, "qwen2.5-7b has 28 heads, not a multiple of sp_size=8; use sp_size 2, 4, 28,"),
+        (7, "qwen2.5-7b has 4 K/V heads, neither a multiple nor a divisor of sp_size=7; "
+            "use sp_size 2, 4, 28,"),
+    ],
+)
+def test_sp_sizes_that_do_not_split_the_heads_are_refused(sp, words):
+    with pytest.raises(ValueError, match="whole attention heads") as exc:
+        UlyssesCost(FlopsCost.from_name("qwen2.5-7b"), sp)
+    assert words in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"sp_size": 0}, "sp_size"),
+        ({"sp_size": 2, "bandwidth": 0.0}, "bandwidth must be > 0"),
+        ({"sp_size": 2, "bandwidth": float("nan")}, "bandwidth"),
+        ({"sp_size": 2, "bandwidth": 1e9}, "pass bytes_per_token="),
+        ({"sp_size": 2, "bytes_per_token": -1.0}, "bytes_per_token"),
+        ({"sp_size": 2, "comm_passes": -1.0}, "comm_passes"),
+    ],
+)
+def test_bad_parameters_are_refused(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        UlyssesCost(QuadraticCost(per_token=1.0, per_token_sq=0.0), **kwargs)
+
+
+def test_ulysses_and_ring_together_are_refused():
+    u = UlyssesCost(FlopsCost.from_name("llama-3-8b"), 4)
+    with pytest.raises(ValueError, match="already a UlyssesCost"):
+        UlyssesCost(u, 2)
+    with pytest.raises(ValueError, match="Ulysses and ring together"):
+        ContextParallelCost(u)
+    with pytest.raises(ValueError, match="Ulysses and ring together"):
+        sb.plan([100, 90000], 1, 65536, cost=u, cp_size=2)
+
+
+def test_round_trip_through_json(tmp_path):
+    u = UlyssesCost(FlopsCost.from_name("qwen3-8b"), 8, bandwidth=2e11, comm_passes=1.0)
+    back = load_cost(json.loads(u.to_json()))
+    assert back == u and back.polynomial == u.polynomial
+    u.save(tmp_path / "u.json")
+    assert load_cost(str(tmp_path / "u.json")) == u
+    with pytest.raises(ValueError, match="unknown key"):
+        load_cost({**u.to_dict(), "sp": 8})
+    with pytest.raises(ValueError, match="'sp_size'"):
+        load_cost({"kind": "ulysses", "cost": {"kind": "tokens"}})
+
+
+@pytest.mark.parametrize("pp_size", [1, 2])
+def test_free_communication_plans_as_the_one_gpu_cost(pp_size):
+    """Dividing every cost by a power of two is exact, so with free communication the
+    plan is the one-GPU cost's plan and every simulated time is 1/sp of it."""
+    cost = FlopsCost.from_name("llama-3-8b")
+    lengths = workloads.lengths("rl-math", 512, seed=3)
+    kw = {"pp_size": pp_size} if pp_size > 1 else {}
+    base = sb.plan(lengths, 4, 4 * 16384, cost=cost, **kw)
+    u = sb.plan(lengths, 4, 4 * 16384, cost=UlyssesCost(cost, 4), **kw)
+    assert u.micro_batches == base.micro_batches
+    assert u.simulate().step_time == base.simulate().step_time / 4
+
+
+def test_a_slow_all_to_all_weighs_tokens_more():
+    """Over a slow link the all-to-all (linear) grows against attention (quadratic): the
+    plan equals the plan of the equivalent polynomial, and its token imbalance shrinks."""
+    cost = FlopsCost.from_name("llama-3-8b")
+    lengths = workloads.lengths("long-mix", 1024, seed=1)
+    slow = UlyssesCost(cost, 8, bandwidth=2.5e9)
+    assert slow.comm_per_token > cost.per_token / 8  # communication dominates the linear term
+    c0, a, b, c = slow.polynomial
+    poly = QuadraticCost(per_token=b, per_token_sq=c, per_sequence=a, per_microbatch=c0)
+    p = sb.plan(lengths, 8, 8 * 16384, cost=slow)
+    assert p.micro_batches == sb.plan(lengths, 8, 8 * 16384, cost=poly).micro_batches
+    free = sb.plan(lengths, 8, 8 * 16384, cost=UlyssesCost(cost, 8))
+    tokens = "balance/plan_token_imbalance"
+    assert p.metrics()[tokens] <= free.metrics()[tokens]
