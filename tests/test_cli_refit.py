@@ -385,8 +385,17 @@ def test_files_saved_under_different_links_refit_when_the_flags_name_the_link(
     files = _split_by_link(rec, tmp_path, second={"overlap": 0.9, "comm_passes": 1.0})
     assert main(["refit", *files, "--cp-overlap", "0.5"]) == 2
     line = _error_line(capsys)
-    assert "give different CP links (they differ in comm_passes, overlap): give " \
+    assert "give different CP links (they differ in comm passes, overlap): give " \
            "--cp-comm-passes to price every record under one link" in line, line
+    # A third file that agrees with the first: the error names the one that differs.
+    third = TimingRecorder(ContextParallelCost(TokenCost(), cost_per_second=1 / TRUTH.per_token,
+                                               **LINK))  # fmt: skip
+    third.extend(r for r in rec.records if r.step == 1)
+    (tmp_path / "c").mkdir()
+    three = [files[0], str(third.save(tmp_path / "c" / "a2.jsonl")), files[1]]
+    assert main(["refit", *three]) == 2
+    line = _error_line(capsys)
+    assert f"the headers of {files[0]} and {files[1]} give" in line, line
     assert main(["refit", *files, "--no-per-rank", "--cp-overlap", "0.5",
                  "--cp-comm-passes", "3"]) == 0  # fmt: skip
     np.testing.assert_allclose(json.loads(capsys.readouterr().out)["per_token_sq"],

@@ -168,3 +168,22 @@ def test_a_slow_all_to_all_weighs_tokens_more():
     free = sb.plan(lengths, 8, 8 * 16384, cost=UlyssesCost(cost, 8))
     tokens = "balance/plan_token_imbalance"
     assert p.metrics()[tokens] <= free.metrics()[tokens]
+
+
+def test_timing_files_saved_with_a_ulysses_cost_load(tmp_path):
+    """Its JSON has a "cost" key, like a cp_cost header's: it was read as one and refused."""
+    from seqbalance.costs import TimingRecorder
+
+    u = UlyssesCost(FlopsCost.from_name("qwen2.5-7b"), 4, bandwidth=2.5e10)
+    rec = TimingRecorder(u)
+    rec.record(0, 0, 0, [1000, 3000], 0.5)
+    back = TimingRecorder.load(rec.save(tmp_path / "t.jsonl"))
+    assert back.cost == u and back.cp_cost is None and len(back) == 1
+
+
+def test_a_document_without_a_rate_takes_the_constructors_default():
+    """A hand-written document without cost_per_second got 1 FLOP/s for a FLOP cost:
+    the all-to-all, priced in seconds, vanished."""
+    u = UlyssesCost(FlopsCost.from_name("qwen2.5-7b"), 4, bandwidth=2.5e10)
+    doc = {k: v for k, v in u.to_dict().items() if k != "cost_per_second"}
+    assert load_cost(doc) == u and load_cost(doc).cost_per_second == 4e14

@@ -299,16 +299,20 @@ def _files_link(
     flag_of = {"bandwidth": "cp_bandwidth", "overlap": "cp_overlap",
                "kv_bytes_per_token": "kv_bytes_per_token", "comm_passes": "cp_comm_passes",
                "cost_per_second": "cost_per_second"}  # fmt: skip
+    # Another start cost takes its own rate (the files' rates price their own costs).
+    needed = [k for k in differ if not (k == "cost_per_second" and spec is not None)]
     missing = [
         "--cost or --model" if k == "saved_cost" else "--" + flag_of[k].replace("_", "-")
-        for k in differ
+        for k in needed
         if (spec is None if k == "saved_cost" else flags[flag_of[k]] is None)
     ]
     if missing:
-        where = " and ".join(str(path) for path, _ in links[:2])
+        other = next(path for (path, _), link in zip(links, full) if link != full[0])
+        words = {"saved_cost": "cost", "cost_per_second": "cost units per second",
+                 "kv_bytes_per_token": "K/V bytes", "comm_passes": "comm passes"}  # fmt: skip
         raise UserError(
-            f"the headers of {where} give different CP links (they differ in "
-            f"{', '.join('cost' if k == 'saved_cost' else k for k in differ)}): give "
+            f"the headers of {links[0][0]} and {other} give different CP links (they differ "
+            f"in {', '.join(words.get(k, k) for k in differ)}): give "
             f"{', '.join(missing)} to price every record under one link, or refit the "
             "files separately"
         )
@@ -327,7 +331,7 @@ def _with_flags(seq: Any, link: dict[str, Any] | None, flags: dict[str, Any], sa
 
     cps = flags["cost_per_second"]
     if cps is None:
-        if link is not None and same:  # the cost the files were saved with: their rate
+        if link is not None and same and "cost_per_second" in link:  # the saved cost: its rate
             cps = link.get("cost_per_second", 1.0)
         else:  # it prices the start cost's row only; the refit is in seconds
             cps = FLOPS_PER_SECOND if type(seq).__name__ == "FlopsCost" else 1.0

@@ -342,7 +342,7 @@ def load_timings(
         if chosen is not None:
             src = next(p for p, h in headers if _setting(h, "cost") is not None)
             try:
-                if "cost" in chosen:
+                if "kind" not in chosen:  # a cp_cost (a UlyssesCost has a "cost" too)
                     chosen = ContextParallelCost.from_dict(dict(chosen))
                 else:
                     chosen = cost_from_dict(chosen)

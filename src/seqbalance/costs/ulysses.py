@@ -23,12 +23,14 @@ bytes/s per GPU, not hidden behind compute, the per-sequence cost is
     cost(L) / sp + comm_passes * (sp - 1) / sp**2 * L * bytes_per_token / bandwidth
                    * cost_per_second
 
-so :class:`UlyssesCost` is again ``a + b·L + c·L²`` (with ``a``, ``b``, ``c`` divided by
-``sp``, the communication added to ``b``, and ``c0`` kept: every GPU pays the per-step
-overhead) and plans with every option of :func:`~seqbalance.plan`: equal counts, groups,
+so :class:`UlyssesCost` is again ``a + b·L + c·L²``, with ``a``, ``b``, ``c`` divided by
+``sp``, the communication added to ``b``, and ``c0`` kept (every GPU pays the per-step
+overhead). It plans with every option of :func:`~seqbalance.plan`: equal counts, groups,
 pipeline schedules. Ulysses splits heads, so ``sp`` must divide the attention heads, and
 the K/V heads must divide ``sp`` or be a multiple of it; :class:`UlyssesCost` checks that
-for a :class:`~seqbalance.costs.FlopsCost`.
+for a :class:`~seqbalance.costs.FlopsCost`. Pipeline schedules split the communication,
+folded into ``b``, by ``backward_matmul`` like the matmuls (1:2 forward to backward where
+it is 1:1): an approximation of the phases, not of the total.
 
 Plan with the group as the rank: ``plan(lengths, dp_size=world // (sp * tp * pp),
 max_tokens=per_gpu_tokens * sp, cost=UlyssesCost(cost, sp))``. A cost fitted to timings
@@ -98,7 +100,9 @@ def ulysses_bytes_per_token(cost: Any, sp_size: int, dtype_bytes: float = 2) -> 
     ``sum over layers of (heads * (qk_head_dim + v_head_dim) + kv * (qk_head_dim +
     v_head_dim)) * dtype_bytes`` with ``kv = max(kv_heads, sp_size)``: K/V heads fewer than
     ``sp_size`` are repeated so that each GPU gets one. MLA layers count the heads they
-    materialise. Needs a :class:`~seqbalance.costs.FlopsCost` (it reads the architecture).
+    materialise, with V and O at ``v_head_dim`` (an implementation that pads V to
+    ``qk_head_dim`` for its kernel sends more: pass ``bytes_per_token``). Needs a
+    :class:`~seqbalance.costs.FlopsCost` (it reads the architecture).
 
     Examples
     --------
@@ -257,7 +261,7 @@ class UlyssesCost(CostModel):
             cost_from_dict(data["cost"]),
             data["sp_size"],
             bandwidth=data.get("bandwidth"),
-            cost_per_second=data.get("cost_per_second", 1.0),
+            cost_per_second=data.get("cost_per_second"),  # absent: the constructor's default
             bytes_per_token=data.get("bytes_per_token"),
             comm_passes=data.get("comm_passes", 2.0),
         )
