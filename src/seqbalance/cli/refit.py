@@ -19,13 +19,14 @@ from .checks import UserError, check_outputs
 
 __all__ = ["register", "run"]
 
-_LINK_FLAGS = (
-    ("cp_bandwidth", "--cp-bandwidth"),
-    ("cp_overlap", "--cp-overlap"),
-    ("kv_bytes_per_token", "--kv-bytes-per-token"),
-    ("cp_comm_passes", "--cp-comm-passes"),
-    ("cost_per_second", "--cost-per-second"),
-)
+# (argparse name, flag) of each CP link setting, by its key in a link (ContextParallelCost).
+_LINK_FLAGS = {
+    "bandwidth": ("cp_bandwidth", "--cp-bandwidth"),
+    "overlap": ("cp_overlap", "--cp-overlap"),
+    "kv_bytes_per_token": ("kv_bytes_per_token", "--kv-bytes-per-token"),
+    "comm_passes": ("cp_comm_passes", "--cp-comm-passes"),
+    "cost_per_second": ("cost_per_second", "--cost-per-second"),
+}
 
 
 def register(subparsers: Any) -> None:
@@ -237,8 +238,8 @@ def _load(args: argparse.Namespace) -> tuple[Any, list[str]]:
     CP link of the files and of the ``--cp-*`` flags; and notes for after the fit."""
     from ..costs import TimingRecorder, load_cost
 
-    flags = {name: getattr(args, name) for name, _ in _LINK_FLAGS}
-    given = [flag for name, flag in _LINK_FLAGS if flags[name] is not None]
+    flags = {name: getattr(args, name) for name, _ in _LINK_FLAGS.values()}
+    given = [flag for name, flag in _LINK_FLAGS.values() if flags[name] is not None]
     spec = args.model or args.cost
     link, agreed = _files_link(args.timings, flags, spec)
     if given and link is None and flags["cp_bandwidth"] is None:
@@ -292,19 +293,16 @@ def _files_link(
     for _, link in links:
         settings = {k: v for k, v in link.items() if k != "saved_cost"}
         filled = ContextParallelCost.from_dict({**settings, "cost": link["saved_cost"]})
-        full.append({**filled.to_dict(), "saved_cost": link["saved_cost"]})
-    full = [{k: v for k, v in link.items() if k != "cost"} for link in full]
+        full.append({**{k: v for k, v in filled.to_dict().items() if k != "cost"},
+                     "saved_cost": link["saved_cost"]})  # fmt: skip
     keys = sorted({k for link in full for k in link})
     differ = [k for k in keys if any(link.get(k) != full[0].get(k) for link in full[1:])]
-    flag_of = {"bandwidth": "cp_bandwidth", "overlap": "cp_overlap",
-               "kv_bytes_per_token": "kv_bytes_per_token", "comm_passes": "cp_comm_passes",
-               "cost_per_second": "cost_per_second"}  # fmt: skip
     # Another start cost takes its own rate (the files' rates price their own costs).
     needed = [k for k in differ if not (k == "cost_per_second" and spec is not None)]
     missing = [
-        "--cost or --model" if k == "saved_cost" else "--" + flag_of[k].replace("_", "-")
+        "--cost or --model" if k == "saved_cost" else _LINK_FLAGS[k][1]
         for k in needed
-        if (spec is None if k == "saved_cost" else flags[flag_of[k]] is None)
+        if (spec is None if k == "saved_cost" else flags[_LINK_FLAGS[k][0]] is None)
     ]
     if missing:
         other = next(path for (path, _), link in zip(links, full) if link != full[0])
@@ -324,7 +322,8 @@ def _with_flags(seq: Any, link: dict[str, Any] | None, flags: dict[str, Any], sa
     from ..costs import ContextParallelCost
     from ..costs.context_parallel import FLOPS_PER_SECOND
 
-    def pick(name: str, key: str, default: Any) -> Any:
+    def pick(key: str, default: Any) -> Any:
+        name = _LINK_FLAGS[key][0]
         if flags.get(name) is not None:
             return flags[name]
         return link.get(key, default) if link is not None else default
@@ -337,11 +336,11 @@ def _with_flags(seq: Any, link: dict[str, Any] | None, flags: dict[str, Any], sa
             cps = FLOPS_PER_SECOND if type(seq).__name__ == "FlopsCost" else 1.0
     return ContextParallelCost(
         seq,
-        bandwidth=pick("cp_bandwidth", "bandwidth", None),
+        bandwidth=pick("bandwidth", None),
         cost_per_second=cps,
-        overlap=pick("cp_overlap", "overlap", 0.5),
-        kv_bytes_per_token=pick("kv_bytes_per_token", "kv_bytes_per_token", None),
-        comm_passes=pick("cp_comm_passes", "comm_passes", 3.0),
+        overlap=pick("overlap", 0.5),
+        kv_bytes_per_token=pick("kv_bytes_per_token", None),
+        comm_passes=pick("comm_passes", 3.0),
     )
 
 

@@ -184,6 +184,47 @@ def _cost_per_second(cost: CostModel, bandwidth: float | None) -> float:
     )
 
 
+def check_cost_model(cost: Any) -> None:
+    """Refuse a ``cost`` that is not a :class:`CostModel` (a name, an array...)."""
+    if not isinstance(cost, CostModel):
+        raise ValueError(
+            f"cost must be a CostModel (e.g. FlopsCost.from_name('qwen2.5-7b')), got "
+            f"{type(cost).__name__}"
+        )
+
+
+def link_settings(
+    cost: CostModel,
+    bandwidth: float | None,
+    cost_per_second: float | None,
+    bytes_per_token: float | None,
+    bytes_name: str,
+    bytes_hint: str,
+    bytes_of: Any,
+) -> tuple[float | None, float, float]:
+    """The checked ``(bandwidth, bytes per token, cost_per_second)`` of a link (the CP
+    ring, Ulysses' all-to-all). Bytes default to ``bytes_of(cost)`` for a cost that knows
+    its architecture and are required otherwise when there is a bandwidth (named
+    ``bytes_name``, described by ``bytes_hint``); 0 without a bandwidth."""
+    if bandwidth is not None:
+        bandwidth = check_nonnegative_real(bandwidth, "bandwidth")
+        if bandwidth == 0:
+            raise ValueError("bandwidth must be > 0 bytes/s (or None for free communication)")
+    if bytes_per_token is None and bandwidth is not None:
+        if getattr(cost, "architecture", None) is None:
+            raise ValueError(
+                f"with bandwidth= and a cost that is not a FlopsCost, pass {bytes_name}= "
+                f"({bytes_hint})"
+            )
+        bytes_per_token = bytes_of(cost)
+    out_bytes = (
+        0.0 if bytes_per_token is None else check_nonnegative_real(bytes_per_token, bytes_name)
+    )
+    if cost_per_second is None:
+        cost_per_second = _cost_per_second(cost, bandwidth)
+    return bandwidth, out_bytes, check_nonnegative_real(cost_per_second, "cost_per_second")
+
+
 class ContextParallelCost:
     """Cost of CP pieces: the sequence cost split over ``d`` GPUs plus exposed communication.
 
@@ -226,11 +267,7 @@ class ContextParallelCost:
         kv_bytes_per_token: float | None = None,
         comm_passes: float = 3.0,
     ) -> None:
-        if not isinstance(cost, CostModel):
-            raise ValueError(
-                f"cost must be a CostModel (e.g. FlopsCost.from_name('qwen2.5-7b')), got "
-                f"{type(cost).__name__}"
-            )
+        check_cost_model(cost)
         if cost.to_dict().get("kind") == "ulysses":  # by kind: ulysses imports this module
             raise ValueError(
                 "ring context parallelism over a UlyssesCost (Ulysses and ring together) is "
@@ -254,28 +291,12 @@ class ContextParallelCost:
             float(b),
             float(c),
         )
-        self.bandwidth = (
-            None if bandwidth is None else check_nonnegative_real(bandwidth, "bandwidth")
-        )
-        if self.bandwidth == 0:
-            raise ValueError("bandwidth must be > 0 bytes/s (or None for free communication)")
+        self.bandwidth, self.kv_bytes_per_token, self.cost_per_second = link_settings(
+            cost, bandwidth, cost_per_second, kv_bytes_per_token, "kv_bytes_per_token",
+            "2 * kv_heads * head_dim * dtype bytes * layers", _kv_bytes_of,
+        )  # fmt: skip
         self.overlap = check_nonnegative_real(overlap, "overlap", upper=1.0)
         self.comm_passes = check_nonnegative_real(comm_passes, "comm_passes")
-        if kv_bytes_per_token is None and self.bandwidth is not None:
-            if getattr(cost, "architecture", None) is None:
-                raise ValueError(
-                    "with bandwidth= and a cost that is not a FlopsCost, pass "
-                    "kv_bytes_per_token= (2 * kv_heads * head_dim * dtype bytes * layers)"
-                )
-            kv_bytes_per_token = _kv_bytes_of(cost)
-        self.kv_bytes_per_token = (
-            0.0
-            if kv_bytes_per_token is None
-            else check_nonnegative_real(kv_bytes_per_token, "kv_bytes_per_token")
-        )
-        if cost_per_second is None:
-            cost_per_second = _cost_per_second(cost, self.bandwidth)
-        self.cost_per_second = check_nonnegative_real(cost_per_second, "cost_per_second")
 
     # ---- scalar form ----------------------------------------------------------------
     def piece_cost(self, length: int, ranges: Sequence[tuple[int, int]], d: int) -> float:

@@ -128,9 +128,6 @@ def ulysses_bytes_per_token(cost: Any, sp_size: int, dtype_bytes: float = 2) -> 
     return float(total * bytes_each)
 
 
-_bytes_of = ulysses_bytes_per_token  # the constructor's argument shadows the name
-
-
 class UlyssesCost(CostModel):
     """One GPU's cost of a sequence under Ulysses sequence parallelism over ``sp_size``.
 
@@ -172,13 +169,9 @@ class UlyssesCost(CostModel):
         bytes_per_token: float | None = None,
         comm_passes: float = 2.0,
     ) -> None:
-        from .context_parallel import _cost_per_second
+        from .context_parallel import check_cost_model, link_settings
 
-        if not isinstance(cost, CostModel):
-            raise ValueError(
-                f"cost must be a CostModel (e.g. FlopsCost.from_name('qwen2.5-7b')), got "
-                f"{type(cost).__name__}"
-            )
+        check_cost_model(cost)
         if isinstance(cost, UlyssesCost):
             raise ValueError(
                 "cost is already a UlyssesCost; give the cost of one GPU without sequence "
@@ -187,27 +180,12 @@ class UlyssesCost(CostModel):
         self.cost = cost
         self.sp_size = check_positive_int(sp_size, "sp_size")
         check_heads(cost, self.sp_size)
-        self.bandwidth = (
-            None if bandwidth is None else check_nonnegative_real(bandwidth, "bandwidth")
-        )
-        if self.bandwidth == 0:
-            raise ValueError("bandwidth must be > 0 bytes/s (or None for free communication)")
+        self.bandwidth, self.bytes_per_token, self.cost_per_second = link_settings(
+            cost, bandwidth, cost_per_second, bytes_per_token, "bytes_per_token",
+            "Q, K, V and O bytes of a token over all layers",
+            lambda model: ulysses_bytes_per_token(model, self.sp_size),
+        )  # fmt: skip
         self.comm_passes = check_nonnegative_real(comm_passes, "comm_passes")
-        if bytes_per_token is None and self.bandwidth is not None:
-            if _architecture(cost) is None:
-                raise ValueError(
-                    "with bandwidth= and a cost that is not a FlopsCost, pass "
-                    "bytes_per_token= (Q, K, V and O bytes of a token over all layers)"
-                )
-            bytes_per_token = _bytes_of(cost, self.sp_size)
-        self.bytes_per_token = (
-            0.0
-            if bytes_per_token is None
-            else check_nonnegative_real(bytes_per_token, "bytes_per_token")
-        )
-        if cost_per_second is None:
-            cost_per_second = _cost_per_second(cost, self.bandwidth)
-        self.cost_per_second = check_nonnegative_real(cost_per_second, "cost_per_second")
         self.backward_matmul = cost.backward_matmul
         self.backward_attention = cost.backward_attention
         c0, a, b, c = cost.polynomial
