@@ -96,6 +96,31 @@ def test_plan_cost_json(rl, tmp_path, capsys):
     np.testing.assert_array_equal(p.costs, 2.0 * p.lengths)
 
 
+
+@pytest.mark.parametrize(
+    ("change", "shown"),
+    [
+        ({"comm_passes": -1}, "comm_passes = -1 is invalid; it must be finite and >= 0"),
+        ({"cost_per_second": -3}, "cost_per_second = -3 is invalid"),
+        ({"kind": "cubic"}, "cost kind 'cubic' is unknown"),
+    ],
+)
+def test_a_bad_cost_file_is_named_in_its_own_words(rl, tmp_path, capsys, change, shown):
+    """A bad value in a --cost file was reported as the flag of the same name
+    (``--cp-comm-passes -1``), a flag the user never gave; the file is named instead."""
+    from seqbalance.costs import FlopsCost, UlyssesCost
+
+    _, txt, _ = rl
+    doc = UlyssesCost(FlopsCost.from_name("qwen2.5-7b"), 4, bandwidth=2.5e10).to_dict()
+    cost = tmp_path / "sp.json"
+    cost.write_text(json.dumps({**doc, **change}))
+    for cmd in ("plan", "compare"):
+        assert main([cmd, str(txt), "--dp", "4", "--max-tokens", "32768", "--cost", str(cost)]) == 2
+        line = _error_line(capsys)
+        assert line.startswith(f"error: {cost}: {shown}"), line
+        assert "--cp-" not in line and "--cost-per-second" not in line, line
+
+
 # ---- errors ----------------------------------------------------------------------------
 
 

@@ -13,10 +13,12 @@ from seqbalance import workloads
 from seqbalance.cli.commands import main
 from seqbalance.costs import (
     ContextParallelCost,
+    FlopsCost,
     QuadraticCost,
     Timing,
     TimingRecorder,
     TokenCost,
+    UlyssesCost,
     load_cost,
 )
 from seqbalance.costs.feedback import records_from_plan
@@ -445,3 +447,44 @@ def test_comm_passes_flag_reaches_the_refit(tmp_path, capsys):
                                TRUTH.per_token_sq, rtol=1e-6)  # fmt: skip
     assert main(["refit", path, "--cp-comm-passes", "-1"]) == 2
     assert "--cp-comm-passes -1.0 is invalid" in _error_line(capsys)
+
+
+def _with_header(path, out, change):
+    """``path`` copied to ``out`` with ``change(header)`` applied to its first line."""
+    lines = path.read_text().splitlines()
+    head = json.loads(lines[0])
+    change(head)
+    out.write_text("\n".join([json.dumps(head), *lines[1:]]) + "\n")
+    return str(out)
+
+
+def test_bad_values_in_files_are_named_in_the_files_words(tmp_path, capsys):
+    """A bad value inside a timing file's header or a --cost file was reported as the
+    flag of the same setting (``--cp-comm-passes -1``), which the user did not give; it
+    is now named with the file and the file's key. The flag's own value keeps the flag."""
+    saved = tmp_path / "all.jsonl"
+    _cp_timings(saved)
+    bad = _with_header(saved, tmp_path / "bad.jsonl",
+                       lambda h: h["cp_cost"].update(comm_passes=-1))  # fmt: skip
+    assert main(["refit", bad]) == 2
+    line = _error_line(capsys)
+    assert line == (f"error: {bad}: the header's cost: comm_passes = -1 is invalid; it must "
+                    "be finite and >= 0"), line  # fmt: skip
+    # Two files under different links: the bad one is named while their links are compared.
+    other = _with_header(saved, tmp_path / "other.jsonl",
+                         lambda h: h["cp_cost"].update(overlap=2.0))  # fmt: skip
+    assert main(["refit", str(saved), other, "--cp-overlap", "0.5"]) == 2
+    line = _error_line(capsys)
+    assert line.startswith(f"error: {other}: the header's cp_cost: overlap = 2"), line
+    assert "--cp-overlap" not in line, line
+    # A --cost file with a bad value: the file is named, not --cp-comm-passes.
+    sb_cost = UlyssesCost(FlopsCost.from_name("qwen2.5-7b"), 4, bandwidth=2.5e10).to_dict()
+    cost_file = tmp_path / "ulysses.json"
+    cost_file.write_text(json.dumps({**sb_cost, "comm_passes": -2}))
+    assert main(["refit", str(saved), "--cost", str(cost_file)]) == 2
+    line = _error_line(capsys)
+    assert line == (f"error: {cost_file}: comm_passes = -2 is invalid; it must be finite "
+                    "and >= 0"), line  # fmt: skip
+    # The flag's own bad value is still worded as the flag.
+    assert main(["refit", str(saved), "--cp-comm-passes", "-1"]) == 2
+    assert "error: --cp-comm-passes -1.0 is invalid" in _error_line(capsys)

@@ -300,3 +300,24 @@ def test_context_parallel_json_with_an_unknown_key():
     )
     back = ContextParallelCost.from_dict(json.loads(json.dumps(cp.to_dict())))
     assert back.to_dict() == cp.to_dict()
+
+
+def test_context_parallel_json_without_a_rate_takes_the_constructors_default():
+    """A hand-written CP document without cost_per_second got 1 FLOP/s for a FLOP cost:
+    the ring's seconds counted as a few FLOPs, so a slow link cost nothing."""
+    from seqbalance.costs import ContextParallelCost, FlopsCost
+
+    flops = FlopsCost.from_name("qwen2.5-7b")
+    cp = ContextParallelCost(flops, bandwidth=2.5e10)
+    doc = {k: v for k, v in cp.to_dict().items() if k != "cost_per_second"}
+    back = ContextParallelCost.from_dict(doc)
+    assert back.cost_per_second == 4e14
+    assert back.piece_cost(32768, [(0, 4096)], 8) == cp.piece_cost(32768, [(0, 4096)], 8)
+    # A free ring (no rate needed) beats it: the link is priced.
+    free = ContextParallelCost(flops)
+    assert back.piece_cost(32768, [(0, 4096)], 8) > free.piece_cost(32768, [(0, 4096)], 8)
+    # A cost of unknown units must say its rate, as the constructor asks.
+    quad = {"cost": QuadraticCost(1.0, 1e-5).to_dict(), "bandwidth": 1e9,
+            "kv_bytes_per_token": 10.0}  # fmt: skip
+    with pytest.raises(ValueError, match="pass cost_per_second="):
+        ContextParallelCost.from_dict(quad)

@@ -16,6 +16,7 @@ from seqbalance.costs import (
     FlopsCost,
     QuadraticCost,
     Timing,
+    TimingFileError,
     TimingRecorder,
     TokenCost,
 )
@@ -203,7 +204,8 @@ GOOD = '{"rank": 0, "step": 0, "slot": 0, "lengths": [3], "seconds": 1.0}'
 def test_malformed_files_are_refused_with_file_and_line(tmp_path, lines, match):
     path = tmp_path / "t.jsonl"
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(ValueError, match=match):
+    # A ValueError, and of the class that says the file's own content is at fault.
+    with pytest.raises(TimingFileError, match=match):
         TimingRecorder.load(path)
 
 

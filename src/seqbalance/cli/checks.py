@@ -21,10 +21,12 @@ __all__ = [
     "INT_FLAGS",
     "MAX_EMPTY_SLOTS",
     "MAX_INT",
+    "FileError",
     "UserError",
     "check_numbers",
     "check_outputs",
     "check_sizes",
+    "load_user_cost",
     "unwritable",
 ]
 
@@ -38,6 +40,24 @@ MAX_EMPTY_SLOTS = 2**20
 
 class UserError(Exception):
     """A problem with the user's input, reported as one line without a traceback."""
+
+
+class FileError(UserError):
+    """A problem inside one of the user's files (a cost JSON, a timing file's header),
+    reported in the file's own words: its keys are not rewritten into flags the user did
+    not give (``comm_passes = -1`` in a file is not ``--cp-comm-passes -1``)."""
+
+
+def load_user_cost(spec: str) -> Any:
+    """``load_cost(spec)`` (``--cost``/``--model``), its ValueErrors as :class:`FileError`
+    naming ``spec``: they are about the user's file or name, not about a flag's value."""
+    from ..costs import load_cost
+
+    try:
+        return load_cost(spec)
+    except ValueError as exc:
+        message = str(exc)
+        raise FileError(message if spec in message else f"{spec}: {message}") from None
 
 
 def _get(args: argparse.Namespace, name: str) -> Any:

@@ -26,7 +26,7 @@ from ..planning.baselines import BASELINES
 from ..planning.planner import SIZE_RULES, plan
 from ..planning.plans import Plan
 from ..planning.simulation import SYNC_MODELS
-from .checks import UserError, check_numbers, check_outputs, check_sizes
+from .checks import FileError, UserError, check_numbers, check_outputs, check_sizes, load_user_cost
 
 __all__ = ["DEMO_SETUPS", "main"]
 
@@ -139,10 +139,10 @@ def _load_cost(spec: str | None) -> CostChoice:
     if spec is None or spec.lower() == "tokens":
         return CostChoice()
     try:
-        from ..costs import load_cost
+        from ..costs import load_cost  # noqa: F401  (numpy-only; reports a broken install)
     except ImportError as exc:
         raise UserError(f"cost models are unavailable in this install ({exc})") from None
-    model = load_cost(spec)
+    model = load_user_cost(spec)
     kind = type(model).__name__
     if kind == "TokenCost":
         return CostChoice(model)
@@ -865,7 +865,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc) or type(exc).__name__
         if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
             message = f"{exc.filename}: {exc.strerror}"
-        print(f"error: {_as_flags(message)}", file=sys.stderr)
+        if not isinstance(exc, FileError):  # a file's keys are not flags the user gave
+            message = _as_flags(message)
+        print(f"error: {message}", file=sys.stderr)
         return 2
     return 0 if status is None else int(status)
 

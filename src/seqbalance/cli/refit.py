@@ -15,7 +15,7 @@ import sys
 import warnings
 from typing import Any, TextIO
 
-from .checks import UserError, check_outputs
+from .checks import FileError, UserError, check_outputs, load_user_cost
 
 __all__ = ["register", "run"]
 
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace) -> int:
     """Run ``seqbalance refit`` from parsed arguments; return the exit status."""
     from dataclasses import replace
 
-    from ..costs import TimingRecorder, UnidentifiableCostWarning
+    from ..costs import TimingFileError, TimingRecorder, UnidentifiableCostWarning
     from ..costs.feedback import evaluate_records
 
     if args.holdout_steps < 0:
@@ -150,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             loaded, notes = _load(args)
+    except TimingFileError as exc:  # in the file's words, not the flags'
+        raise FileError(str(exc)) from None
     except ValueError as exc:
         raise UserError(_in_flags(str(exc))) from None
     notes = [str(w.message) for w in caught] + notes  # e.g. steps of a resumed job
@@ -236,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace) -> tuple[Any, list[str]]:
     """The records under the start cost (``--model``/``--cost`` or the files'), with the
     CP link of the files and of the ``--cp-*`` flags; and notes for after the fit."""
-    from ..costs import TimingRecorder, load_cost
+    from ..costs import TimingRecorder
 
     flags = {name: getattr(args, name) for name, _ in _LINK_FLAGS.values()}
     given = [flag for name, flag in _LINK_FLAGS.values() if flags[name] is not None]
@@ -248,7 +250,7 @@ def _load(args: argparse.Namespace) -> tuple[Any, list[str]]:
     if spec is None and not agreed:  # the files' own cost, under the flags' link
         spec = link["saved_cost"]
     if spec is not None:
-        seq = load_cost(spec)
+        seq = load_user_cost(spec)
         same = link is not None and seq.to_dict() == link.get("saved_cost")
         cost = _with_flags(seq, link, flags, same) if link or given else seq
         loaded = TimingRecorder.load(args.timings, cost=cost, sync=args.sync,
@@ -290,9 +292,12 @@ def _files_link(
     if all(link == links[0][1] for _, link in links[1:]):
         return (links[0][1] if links else None), True
     full = []  # with the defaults a hand-written header leaves out
-    for _, link in links:
+    for path, link in links:
         settings = {k: v for k, v in link.items() if k != "saved_cost"}
-        filled = ContextParallelCost.from_dict({**settings, "cost": link["saved_cost"]})
+        try:
+            filled = ContextParallelCost.from_dict({**settings, "cost": link["saved_cost"]})
+        except ValueError as exc:
+            raise FileError(f"{path}: the header's cp_cost: {exc}") from None
         full.append({**{k: v for k, v in filled.to_dict().items() if k != "cost"},
                      "saved_cost": link["saved_cost"]})  # fmt: skip
     keys = sorted({k for link in full for k in link})

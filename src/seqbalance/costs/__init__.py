@@ -40,7 +40,7 @@ from .fit import (
 from .flops import SHIPPED, FlopsCost
 from .load import cost_from_dict, load_cost
 from .report import FitReport
-from .timing_files import ResumedStepsWarning
+from .timing_files import ResumedStepsWarning, TimingFileError
 from .ulysses import UlyssesCost, ulysses_bytes_per_token
 
 __all__ = [
@@ -56,6 +56,7 @@ __all__ = [
     "QuadraticCost",
     "ResumedStepsWarning",
     "Timing",
+    "TimingFileError",
     "TimingRecorder",
     "TokenCost",
     "UlyssesCost",

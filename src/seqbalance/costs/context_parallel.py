@@ -425,7 +425,7 @@ class ContextParallelCost:
         return cls(
             cost_from_dict(data["cost"]),
             bandwidth=data.get("bandwidth"),
-            cost_per_second=data.get("cost_per_second", 1.0),
+            cost_per_second=data.get("cost_per_second"),  # absent: the constructor's default
             overlap=data.get("overlap", 0.0),
             kv_bytes_per_token=data.get("kv_bytes_per_token"),
             comm_passes=data.get("comm_passes", 3.0),

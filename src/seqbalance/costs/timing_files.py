@@ -46,6 +46,7 @@ __all__ = [
     "FORMAT",
     "VERSION",
     "ResumedStepsWarning",
+    "TimingFileError",
     "TimingStream",
     "load_timings",
     "read_link",
@@ -59,6 +60,11 @@ _HEADER_KEYS = ("format", "version", "sync", "window", "cost", "cp_cost", "resum
 _RECORD_KEYS = ("rank", "step", "slot", "lengths", "seconds", "pieces")
 _REQUIRED = _RECORD_KEYS[:5]
 _PHYSICAL = ("bandwidth", "overlap", "kv_bytes_per_token", "comm_passes")
+
+
+class TimingFileError(ValueError):
+    """A timing file's own content is invalid: the message names the file (and line) and
+    the file's keys and values, not a caller's arguments."""
 
 
 def save_timings(recorder: TimingRecorder, path: str | os.PathLike[str]) -> Path:
@@ -264,7 +270,7 @@ def _check_resumable(head: dict[str, Any], recorder: TimingRecorder, path: Path)
         try:
             head = {**head, "cp_cost": ContextParallelCost.from_dict(head["cp_cost"]).to_dict()}
         except ValueError as exc:
-            raise ValueError(f"{path}: the header's cp_cost: {exc}") from None
+            raise TimingFileError(f"{path}: the header's cp_cost: {exc}") from None
     for key, what in (("sync", "sync"), ("link", "CP link")):
         if _setting(head, "cost" if key == "link" else key) is None:
             continue
@@ -347,7 +353,7 @@ def load_timings(
                 else:
                     chosen = cost_from_dict(chosen)
             except ValueError as exc:
-                raise ValueError(f"{src}: the header's cost: {exc}") from None
+                raise TimingFileError(f"{src}: the header's cost: {exc}") from None
     elif isinstance(cost, ContextParallelCost):
         chosen = cost  # its link replaces the files', which need not agree
     else:
@@ -383,7 +389,7 @@ def load_timings(
                 )
             recorder.record(*key, rec[3], rec[4], pieces=rec[5])
         except ValueError as exc:
-            raise ValueError(f"{path}:{line}: {exc}") from None
+            raise TimingFileError(f"{path}:{line}: {exc}") from None
         seen[key] = (path, line)
     recorder.window = window if window is not None else max(settings["window"],
                                                             len(recorder.steps))  # fmt: skip
@@ -422,7 +428,7 @@ def _latest_steps(
                 )
             seen.add(key)
         except ValueError as exc:
-            raise ValueError(f"{path}:{line}: {exc}") from None
+            raise TimingFileError(f"{path}:{line}: {exc}") from None
     steps = sorted({rec[1] for _, _, rec in dropped})
     span = str(steps[0]) if len(steps) == 1 else f"{steps[0]}..{steps[-1]}"
     warnings.warn(
@@ -564,13 +570,15 @@ def _parse(text: str, where: str) -> dict[str, Any]:
     try:
         obj = json.loads(text, object_pairs_hook=_no_repeats)
     except _RepeatedKey as exc:
-        raise ValueError(f"{where}: key {exc.args[0]!r} appears twice in one object") from None
+        raise TimingFileError(
+            f"{where}: key {exc.args[0]!r} appears twice in one object"
+        ) from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{where}: not a JSON object ({exc.msg})") from None
+        raise TimingFileError(f"{where}: not a JSON object ({exc.msg})") from None
     except RecursionError:
-        raise ValueError(f"{where}: nested too deeply to be a record") from None
+        raise TimingFileError(f"{where}: nested too deeply to be a record") from None
     if not isinstance(obj, dict):
-        raise ValueError(
+        raise TimingFileError(
             f"{where}: expected a JSON object (a header or a record), got {type(obj).__name__}"
         )
     return obj
@@ -597,7 +605,7 @@ def _read(
                 except ValueError as exc:
                     if text.endswith("\n"):
                         raise
-                    raise ValueError(
+                    raise TimingFileError(
                         f"{exc}; it is the last line and has no newline: cut short when "
                         "the job that wrote it stopped? Delete that line"
                     ) from None
@@ -612,7 +620,7 @@ def _read(
                 if header_only:
                     break
     except UnicodeDecodeError:
-        raise ValueError(
+        raise TimingFileError(
             f"{path}: not UTF-8 text (compressed, or another format?); timing files are "
             "JSON Lines written by TimingRecorder.save"
         ) from None
@@ -622,16 +630,16 @@ def _read(
 def _check_marker(obj: dict[str, Any], header: dict[str, Any] | None, where: str) -> None:
     """A header below the first line must be a resume marker that repeats the first."""
     if obj.get("resumed") is not True:
-        raise ValueError(
+        raise TimingFileError(
             f"{where}: a header after the first line; files joined with `cat`? Pass them "
             "as separate files"
         )
     if header is None:
-        raise ValueError(
+        raise TimingFileError(
             f"{where}: a resume marker in a file that does not start with a header"
         )
     if {k: v for k, v in obj.items() if k != "resumed"} != header:
-        raise ValueError(
+        raise TimingFileError(
             f"{where}: a resume marker whose settings differ from the file's header; "
             "resumed jobs repeat the header (TimingRecorder.stream_to)"
         )
@@ -639,37 +647,41 @@ def _check_marker(obj: dict[str, Any], header: dict[str, Any] | None, where: str
 
 def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
     if obj.get("format") != FORMAT:
-        raise ValueError(f"{where}: format {obj.get('format')!r} is not {FORMAT!r}")
+        raise TimingFileError(f"{where}: format {obj.get('format')!r} is not {FORMAT!r}")
     version = obj.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(f"{where}: version must be a positive integer, got {version!r}")
+        raise TimingFileError(f"{where}: version must be a positive integer, got {version!r}")
     if version > VERSION:
-        raise ValueError(
+        raise TimingFileError(
             f"{where}: written as version {version} by a newer seqbalance; this one reads "
             f"version {VERSION}: upgrade seqbalance"
         )
     unknown = sorted(set(obj) - set(_HEADER_KEYS))
     if unknown:
-        raise ValueError(
+        raise TimingFileError(
             f"{where}: unknown header key(s) {unknown}; a header has {list(_HEADER_KEYS)}"
         )
     if "resumed" in obj:
-        raise ValueError(f"{where}: 'resumed' belongs to resume markers, not to the first header")
+        raise TimingFileError(
+            f"{where}: 'resumed' belongs to resume markers, not to the first header"
+        )
     if "cost" in obj and "cp_cost" in obj:
-        raise ValueError(f"{where}: a header has 'cost' or 'cp_cost', not both")
+        raise TimingFileError(f"{where}: a header has 'cost' or 'cp_cost', not both")
     if "sync" in obj and obj["sync"] not in SYNC_MODELS:
-        raise ValueError(f"{where}: sync must be one of {list(SYNC_MODELS)}, got {obj['sync']!r}")
+        raise TimingFileError(
+            f"{where}: sync must be one of {list(SYNC_MODELS)}, got {obj['sync']!r}"
+        )
     window = obj.get("window", 1)
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        raise ValueError(f"{where}: window must be a positive integer, got {window!r}")
+        raise TimingFileError(f"{where}: window must be a positive integer, got {window!r}")
     if "cost" in obj and not (isinstance(obj["cost"], dict) and "kind" in obj["cost"]):
-        raise ValueError(
+        raise TimingFileError(
             f"{where}: 'cost' must be a cost model's to_dict() (an object with a 'kind')"
         )
     if "cp_cost" in obj and not (
         isinstance(obj["cp_cost"], dict) and isinstance(obj["cp_cost"].get("cost"), dict)
     ):
-        raise ValueError(
+        raise TimingFileError(
             f"{where}: 'cp_cost' must be a ContextParallelCost's to_dict() (an object with "
             "the sequence 'cost')"
         )
@@ -679,14 +691,14 @@ def _check_header(obj: dict[str, Any], where: str) -> dict[str, Any]:
 def _check_record(obj: dict[str, Any], where: str) -> tuple[Any, ...]:
     unknown = sorted(set(obj) - set(_RECORD_KEYS))
     if unknown:
-        raise ValueError(
+        raise TimingFileError(
             f"{where}: unknown key(s) {unknown}; a record has {list(_RECORD_KEYS[:5])} and, "
             "for a GPU of a context-parallel plan, 'pieces'"
         )
     missing = [k for k in _REQUIRED if k not in obj]
     if missing:
-        raise ValueError(f"{where}: the record lacks {missing}")
+        raise TimingFileError(f"{where}: the record lacks {missing}")
     pieces = obj.get("pieces", [])
     if pieces is None:
-        raise ValueError(f"{where}: 'pieces' is null; leave it out for whole sequences")
+        raise TimingFileError(f"{where}: 'pieces' is null; leave it out for whole sequences")
     return (*(obj[k] for k in _REQUIRED), obj.get("pieces"))
