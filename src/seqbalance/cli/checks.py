@@ -73,6 +73,7 @@ INT_FLAGS = (
     ("--extra-micro-batches", "extra_micro_batches", 0),
     ("--max-ranks", "max_ranks", 1),
     ("--cp-size", "cp_size", 1),
+    ("--sp-size", "sp_size", 1),
     ("--pp-size", "pp_size", 1),
     ("--virtual-stages", "virtual_stages", 1),
 )
@@ -140,8 +141,12 @@ def check_sizes(
     micro_batch_multiple: int = 1,
     size: str = "free",
     allow_empty: bool = False,
+    cap_flag: str = "--max-tokens",
 ) -> None:
     """Refuse sizes no plan can meet, or plans too large to build, with the flags to change.
+
+    ``cap_flag`` names what set ``max_tokens`` (``--sp-size x --max-tokens`` for a
+    Ulysses group).
 
     Every plan needs at least ``m`` micro-batches per rank, ``m`` being the capacity
     minimum ``ceil(total tokens / (dp * max_tokens))`` raised to ``min_micro_batches`` and
@@ -150,14 +155,16 @@ def check_sizes(
     holds all ``dp * m`` of them, empty or not.
     """
     n = int(lengths.shape[0])
-    problem = too_long(lengths, max_tokens, flag="--max-tokens")
+    problem = too_long(lengths, max_tokens, flag=cap_flag)
     if problem:
         # First: a sequence that fits nowhere also inflates the counts checked below, whose
         # messages would point at the wrong flags.
-        raise UserError(
-            f"{problem}: raise --max-tokens, split them over GPUs with --cp-size C (context "
-            "parallelism), or split or truncate such sequences"
+        fix = (
+            "raise --max-tokens, split them over GPUs with --cp-size C (context parallelism)"
+            if cap_flag == "--max-tokens"
+            else "raise --max-tokens or --sp-size"  # Ulysses does not combine with --cp-size
         )
+        raise UserError(f"{problem}: {fix}, or split or truncate such sequences")
     total = int(lengths.sum()) if n else 0
     m_cap = max(1, math.ceil(total / (dp * max_tokens)))
     m = _round_up(max(m_cap, min_micro_batches), micro_batch_multiple)

@@ -27,6 +27,7 @@ from ..planning.planner import SIZE_RULES, plan
 from ..planning.plans import Plan
 from ..planning.simulation import SYNC_MODELS
 from .checks import FileError, UserError, check_numbers, check_outputs, check_sizes, load_user_cost
+from .ulysses_options import group_capacity, wrap_cost
 
 __all__ = ["DEMO_SETUPS", "main"]
 
@@ -68,6 +69,7 @@ _FLAGS = {
     "padded=True": "--padded",
     "and groups": "and --groups-column",
     "cp_size": "--cp-size",
+    "sp_size": "--sp-size",
     "cost_per_second": "--cost-per-second",
 }
 # Not inside a file name or path (`pp_size.txt`, `cp_size/lengths.txt`).
@@ -331,6 +333,7 @@ def _check_sizes(
         groups,
         dp,
         cap,
+        cap_flag="--sp-size x --max-tokens" if args.sp_size > 1 else "--max-tokens",
         min_micro_batches=args.min_micro_batches,
         micro_batch_multiple=args.micro_batch_multiple,
         size=args.size,
@@ -354,10 +357,22 @@ def _refuse_stray(stray: list[str], size_flag: str, metavar: str, what: str) -> 
 def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
     """Refuse the ``--cp*`` options without ``--cp-size > 1``, the pipeline ones without
     ``--pp-size > 1``, and the two together."""
+    from .ulysses_options import check_options
+
+    check_options(args)
     if args.cp_size == 1:
         from .cp_compare import stray_cp_options
 
-        _refuse_stray(stray_cp_options(args), "--cp-size", "C", "context parallelism")
+        stray = stray_cp_options(args)
+        if "--cost-per-second" in stray:  # it prices the all-to-all too
+            if args.sp_size == 1 and stray == ["--cost-per-second"]:
+                raise UserError(
+                    "--cost-per-second only applies with --cp-size > 1 or --sp-size > 1 (it "
+                    "prices their communication); pass one of them, or drop it"
+                )
+            if args.sp_size > 1:
+                stray.remove("--cost-per-second")
+        _refuse_stray(stray, "--cp-size", "C", "context parallelism")
         if args.pp_size == 1:  # else the planner checks them together
             _refuse_stray(_stray_pp_options(args), "--pp-size", "P", "pipeline parallelism")
     elif _pp_kwargs(args):
@@ -384,7 +399,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     check_numbers(args)
     check_outputs(args)
     _check_parallel_options(args, "plan")
-    cost = _load_cost(args.model or args.cost)
+    cost = wrap_cost(_load_cost(args.model or args.cost), args)
+    cap = group_capacity(args, args.max_tokens)  # per Ulysses group (--max-tokens without)
     lengths, groups = _read_inputs(args)
     cp_kwargs: dict[str, Any] = {}
     if args.cp_size != 1:  # a dp x cp mesh; the planner checks what CP does not take
@@ -393,11 +409,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         cp_kwargs = {"cp_size": args.cp_size, "cp": args.cp,
                      "cp_cost": cp_cost_of(args, cost.unit, args.cp_bandwidth)}  # fmt: skip
     else:
-        _check_sizes(lengths, groups, args.dp, args.max_tokens, args)
+        _check_sizes(lengths, groups, args.dp, cap, args)
     for note in cost.notes:
         _say(note, sys.stderr)
     p = plan(
-        lengths, args.dp, args.max_tokens, cost=cost.model, groups=groups,
+        lengths, args.dp, cap, cost=cost.model, groups=groups,
         **_plan_kwargs(args), **cp_kwargs,
     )  # fmt: skip
     text = p.to_json()
@@ -417,6 +433,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             f"{p.num_sequences} sequences -> {p.dp_size} replicas x {args.cp_size} GPUs x "
             f"{p.num_micro_batches} slots of <= {p.max_tokens} tokens a GPU ({args.cp} CP; "
             f"sequences per CP degree {counts})",
+            file=err,
+        )
+    elif args.sp_size > 1:
+        print(
+            f"{p.num_sequences} sequences -> {p.dp_size} groups x {args.sp_size} GPUs "
+            f"(Ulysses) x {p.num_micro_batches} micro-batches of <= {p.max_tokens} tokens a "
+            f"group, {args.max_tokens} a GPU (capacity minimum {p.min_micro_batches_bound()})",
             file=err,
         )
     else:
@@ -572,9 +595,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         if args.padded
         else ""
     )
+    sp = f" x sp={args.sp_size}" if args.sp_size > 1 else ""  # Ulysses groups of sp GPUs
+    per_gpu = "/GPU" if args.sp_size > 1 else ""
     if args.demo:
         spec = args.model or args.cost
-        cost = _demo_cost() if spec is None else _load_cost(spec)
+        cost = wrap_cost(_demo_cost() if spec is None else _load_cost(spec), args)
         for note in cost.notes:  # beside the table's own lines, as without --demo
             _say(note, sys.stderr)
         _say(
@@ -590,18 +615,19 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         for s in DEMO_SETUPS:
             w = workloads.load(s.workload, s.n, s.seed)
             header = (
-                f"{s.workload} ({workloads.describe(s.workload)}): n={s.n}, dp={s.dp}, "
-                f"max_tokens={s.max_tokens}, seed={s.seed}"
+                f"{s.workload} ({workloads.describe(s.workload)}): n={s.n}, dp={s.dp}{sp}, "
+                f"max_tokens={s.max_tokens}{per_gpu}, seed={s.seed}"
             )
-            runs.append((header, w.lengths, None, s.dp, s.max_tokens, s.workload))
+            cap = group_capacity(args, s.max_tokens)
+            runs.append((header, w.lengths, None, s.dp, cap, s.workload))
     else:
-        cost = _load_cost(args.model or args.cost)
+        cost = wrap_cost(_load_cost(args.model or args.cost), args)
         lengths, groups = _read_inputs(args)
         for note in cost.notes:
             _say(note, sys.stderr)
         header = (
-            f"{args.lengths}: n={lengths.shape[0]}, dp={args.dp}, max_tokens={args.max_tokens}, "
-            f"sync={args.sync}, cost={cost.label}"
+            f"{args.lengths}: n={lengths.shape[0]}, dp={args.dp}{sp}, "
+            f"max_tokens={args.max_tokens}{per_gpu}, sync={args.sync}, cost={cost.label}"
         )
         own = [
             flag
@@ -621,7 +647,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             header += "\n" + padded
         if args.pp_size > 1:
             header += "\n" + PP_TABLE_NOTE
-        runs = [(header, lengths, groups, args.dp, args.max_tokens, str(args.lengths))]
+        cap = group_capacity(args, args.max_tokens)
+        runs = [(header, lengths, groups, args.dp, cap, str(args.lengths))]
     # Every run's sizes before the first is planned: a bad one should not wait for the rest.
     for _, lengths, groups, dp, cap, _ in runs:
         _check_sizes(lengths, groups, dp, cap, args)
@@ -647,6 +674,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
                 "n": int(lengths.shape[0]),
                 "dp": dp,
                 "max_tokens": cap,
+                **({"sp_size": args.sp_size} if args.sp_size > 1 else {}),
                 "sync": args.sync,
                 "padded": bool(args.padded),
                 "cost": cost.label,
@@ -795,8 +823,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p, required=True)
     p.add_argument("--out", metavar="PLAN.json", help="write the plan here (default: stdout)")
     from .cp_compare import add_arguments as add_cp_arguments
+    from .ulysses_options import add_arguments as add_sp_arguments
 
     add_cp_arguments(p)
+    add_sp_arguments(p)
     p.set_defaults(func=_cmd_plan)
 
     c = sub.add_parser(
@@ -820,6 +850,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--max-ranks", type=int, default=16, metavar="R", help="ranks drawn per panel")
     add_cp_arguments(c)
+    add_sp_arguments(c)
     c.set_defaults(func=_cmd_compare)
 
     from .refit import register as register_refit

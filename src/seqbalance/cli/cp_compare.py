@@ -18,7 +18,6 @@ from typing import Any, TextIO
 import numpy as np
 
 from .. import workloads
-from ..costs.context_parallel import FLOPS_PER_SECOND
 from ..partitioning.stats import relative_gap
 from ..planning.context_parallel import plan_cp
 from ..planning.cp_baselines import CP_BASELINES
@@ -128,9 +127,9 @@ def stray_cp_options(args: argparse.Namespace) -> list[str]:
 
 def cp_cost_of(args: argparse.Namespace, unit: str, bandwidth: float | None) -> dict[str, Any]:
     """The ``cp_cost`` dict of the ``--cp-*`` options, for a cost in ``unit``."""
-    cps = args.cost_per_second
-    if cps is None:
-        cps = FLOPS_PER_SECOND if unit == "FLOP" else 1.0
+    from .ulysses_options import rate_of
+
+    cps = rate_of(args, unit, bandwidth, "--cp-bandwidth")
     out: dict[str, Any] = {"cost_per_second": cps, "overlap": args.cp_overlap}
     if bandwidth is not None:
         out["bandwidth"] = bandwidth

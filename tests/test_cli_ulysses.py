@@ -1,0 +1,168 @@
+"""``plan`` / ``compare`` with ``--sp-size``: Ulysses groups on the command line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from seqbalance.baselines import BASELINES
+from seqbalance.planner import plan
+from seqbalance.plans import Plan
+
+from seqbalance import workloads
+from seqbalance.cli.commands import main
+from seqbalance.costs import FlopsCost, QuadraticCost, TokenCost, UlyssesCost
+
+QWEN = FlopsCost.from_name("qwen2.5-7b")  # 28 heads, 4 K/V heads: sp 2, 4 or 28
+
+
+@pytest.fixture
+def long_tail(tmp_path):
+    """rl-math lengths, several longer than one GPU's 8k tokens."""
+    lengths = workloads.lengths("rl-math", 256, seed=5)
+    assert (lengths > 8192).sum() > 3
+    path = tmp_path / "lengths.txt"
+    path.write_text("".join(f"{x}\n" for x in lengths))
+    return lengths, path
+
+
+def _error_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("error: ")
+    return err[0]
+
+
+def test_plan_is_the_library_plan_of_the_group(long_tail, tmp_path, capsys):
+    """--dp groups of --sp-size GPUs, --max-tokens a GPU: the plan of sp x max_tokens a
+    micro-batch under the UlyssesCost, with the sequences longer than one GPU's budget."""
+    lengths, path = long_tail
+    out = tmp_path / "p.json"
+    assert main(["plan", str(path), "--dp", "4", "--max-tokens", "8192", "--model",
+                 "qwen2.5-7b", "--sp-size", "4", "--sp-bandwidth", "2.5e10",
+                 "--out", str(out)]) == 0  # fmt: skip
+    err = capsys.readouterr().err
+    got = Plan.from_json(out.read_text())
+    cost = UlyssesCost(QWEN, 4, bandwidth=2.5e10)
+    want = plan(lengths, 4, 4 * 8192, cost=cost)
+    assert got.micro_batches == want.micro_batches
+    np.testing.assert_array_equal(got.costs, want.costs)
+    assert got.max_tokens == 32768 and got.microbatch_tokens().max() > 8192
+    assert "4 groups x 4 GPUs (Ulysses)" in err and "32768 tokens a group, 8192 a GPU" in err
+    assert "one GPU's share of Ulysses sp=4 (all-to-all at 2.5e+10 B/s)" in err
+    # The same flags and --sync ddp, a pipeline: every planner option passes through.
+    assert main(["plan", str(path), "--dp", "2", "--max-tokens", "12288", "--model",
+                 "qwen2.5-7b", "--sp-size", "2", "--sync", "ddp", "--pp-size", "2",
+                 "--out", str(out)]) == 0  # fmt: skip
+    capsys.readouterr()
+    got = Plan.from_json(out.read_text())
+    want = plan(lengths, 2, 2 * 12288, cost=UlyssesCost(QWEN, 2), sync="ddp", pp_size=2)
+    assert got.micro_batches == want.micro_batches
+
+
+def test_a_token_cost_prices_no_all_to_all(long_tail, tmp_path, capsys):
+    """Without --model the all-to-all has no head sizes: it is free (as --cp-bandwidth
+    with tokens), so a bandwidth changes neither the plan nor its costs."""
+    _, path = long_tail
+    docs = []
+    for extra in ([], ["--sp-bandwidth", "1e9"]):
+        out = tmp_path / f"p{len(extra)}.json"
+        assert main(["plan", str(path), "--dp", "4", "--max-tokens", "12288", "--sp-size",
+                     "2", *extra, "--out", str(out)]) == 0  # fmt: skip
+        docs.append(Plan.from_json(out.read_text()))
+    assert docs[0].micro_batches == docs[1].micro_batches
+    np.testing.assert_array_equal(docs[0].costs, docs[1].costs)
+    np.testing.assert_array_equal(docs[0].costs, docs[0].lengths / 2)
+
+
+def test_compare_rows_are_the_strategies_under_the_group_cost(long_tail, tmp_path, capsys):
+    lengths, path = long_tail
+    out = tmp_path / "c.json"
+    assert main(["compare", str(path), "--dp", "4", "--max-tokens", "8192", "--model",
+                 "qwen2.5-7b", "--sp-size", "4", "--sp-bandwidth", "2.5e10",
+                 "--json", str(out)]) == 0  # fmt: skip
+    text = capsys.readouterr().out
+    assert "dp=4 x sp=4, max_tokens=8192/GPU" in text
+    setup = json.loads(out.read_text())["setups"][0]
+    assert setup["sp_size"] == 4 and setup["max_tokens"] == 32768
+    cost = UlyssesCost(QWEN, 4, bandwidth=2.5e10)
+    steps = {r["strategy"]: r["step_time"] for r in setup["results"]}
+    for name in ("verl", "areal", "sequential"):
+        p = BASELINES[name](lengths, 4, 32768, cost=cost, sync="fsdp")
+        assert steps[name] == pytest.approx(p.simulate(sync="fsdp").step_time, rel=1e-12)
+    # The strategies that pack to a capacity keep the group's (token-kk, slime-flops and
+    # cost-kk-uncapped balance counts or costs only, and go over it here).
+    over = {r["strategy"]: r["over_capacity"] for r in setup["results"]}
+    assert [over[k] for k in ("seqbalance", "sequential", "token-ffd", "areal", "verl")] == [0] * 5
+    # Without --sp-size the setup has no sp_size (outputs of before are unchanged).
+    assert main(["compare", str(path), "--dp", "4", "--max-tokens", "32768",
+                 "--json", str(out)]) == 0  # fmt: skip
+    assert "sp_size" not in json.loads(out.read_text())["setups"][0]
+
+
+def test_compare_demo_takes_sp_size(capsys):
+    assert main(["compare", "--demo", "--sp-size", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "rl-math" in text and "dp=8 x sp=4, max_tokens=32768/GPU" in text
+    assert "one GPU's share of Ulysses sp=4 (free all-to-all)" in text
+
+
+@pytest.mark.parametrize(
+    ("args", "shown"),
+    [
+        (["--sp-bandwidth", "1e10"], "--sp-bandwidth only applies with --sp-size > 1"),
+        (["--sp-size", "2", "--sp-comm-passes", "1"],
+         "--sp-comm-passes sizes the all-to-all, which is free without --sp-bandwidth"),
+        (["--sp-size", "2", "--cp-size", "2"], "--sp-size and --cp-size together"),
+        (["--sp-size", "2", "--sp-bandwidth", "0"], "--sp-bandwidth must be finite and > 0"),
+        (["--sp-size", "2", "--sp-bandwidth", "1e9", "--sp-bytes-per-token", "-1"],
+         "--sp-bytes-per-token must be finite and >= 0, got -1"),
+        (["--sp-size", "0"], "--sp-size must be >= 1, got 0"),
+        (["--sp-size", "3", "--model", "qwen2.5-7b"],
+         "qwen2.5-7b has 28 heads, not a multiple of --sp-size=3; use --sp-size 2, 4, 28"),
+        (["--cost-per-second", "1e9"],
+         "--cost-per-second only applies with --cp-size > 1 or --sp-size > 1"),
+    ],
+)  # fmt: skip
+def test_refusals_name_the_flags(long_tail, capsys, args, shown):
+    _, path = long_tail
+    argv = ["plan", str(path), "--dp", "2", "--max-tokens", "16384", *args]
+    assert main(argv) == 2
+    line = _error_line(capsys)
+    assert shown in line, line
+
+
+def test_a_sequence_longer_than_the_group_is_named_with_both_flags(long_tail, capsys):
+    lengths, path = long_tail
+    over = np.flatnonzero(lengths > 8192)
+    assert main(["plan", str(path), "--dp", "2", "--max-tokens", "4096", "--sp-size", "2"]) == 2
+    assert _error_line(capsys) == (
+        f"error: sequence {over[0]} has {lengths[over[0]]} tokens, more than --sp-size x "
+        f"--max-tokens=8192 (and {over.size - 1} more): raise --max-tokens or --sp-size, or "
+        "split or truncate such sequences"
+    )
+
+
+def test_costs_that_cannot_price_the_all_to_all_are_refused(long_tail, tmp_path, capsys):
+    _, path = long_tail
+    base = ["plan", str(path), "--dp", "2", "--max-tokens", "16384"]
+    quad = tmp_path / "q.json"
+    quad.write_text(json.dumps(QuadraticCost(1.0, 1e-5).to_dict()))
+    assert main([*base, "--cost", str(quad), "--sp-size", "2", "--sp-bandwidth", "1e9"]) == 2
+    assert "pass --sp-bytes-per-token" in _error_line(capsys)
+    # Its units are unknown: seconds of transfer cannot be added to it without a rate
+    # (CP's ring too, where 1 cost unit a second was taken).
+    for flags in (["--sp-size", "2", "--sp-bandwidth", "1e9", "--sp-bytes-per-token", "10"],
+                  ["--cp-size", "2", "--cp-bandwidth", "1e9", "--kv-bytes-per-token", "10"]):
+        assert main([*base, "--cost", str(quad), *flags]) == 2
+        line = _error_line(capsys)
+        assert f"with {flags[2]} and a --cost of unknown units" in line, line
+        assert main([*base, "--cost", str(quad), *flags, "--cost-per-second", "1e3",
+                     "--out", str(tmp_path / "p.json")]) == 0  # fmt: skip
+        capsys.readouterr()
+    # A cost that is already one GPU's Ulysses share is not wrapped again.
+    shared = tmp_path / "sp.json"
+    shared.write_text(json.dumps(UlyssesCost(TokenCost(), 2).to_dict()))
+    assert main([*base, "--cost", str(shared), "--sp-size", "2"]) == 2
+    assert "already one GPU's share of a Ulysses group of 2 GPUs" in _error_line(capsys)
