@@ -208,12 +208,16 @@ def test_plan_cp_with_a_seconds_cost_takes_the_kv_size_by_flag(tmp_path, capsys)
                    cp_cost={"bandwidth": 2.5e9, "cost_per_second": 1.0, "overlap": 0.5,
                             "kv_bytes_per_token": 1.2e5})  # fmt: skip
     assert out.read_text() == want.to_json()
-    # A token cost still prices no communication unless the K/V size is given.
-    assert main(["plan", str(src), "--dp", "2", "--max-tokens", "32768", "--cp-size", "8",
-                 "--cp-bandwidth", "2.5e9", "--kv-bytes-per-token", "1.2e5",
-                 "--out", str(out)]) == 0  # fmt: skip
+    # A token cost prices no communication unless the K/V size is given, and then needs
+    # its tokens a second (it took 1: a second of transfer cost one token, next to free).
+    tokens = ["plan", str(src), "--dp", "2", "--max-tokens", "32768", "--cp-size", "8",
+              "--cp-bandwidth", "2.5e9", "--kv-bytes-per-token", "1.2e5"]  # fmt: skip
+    assert main(tokens) == 2
+    assert "with --cp-bandwidth and a token cost (its tokens a second are unknown), pass " \
+        "--cost-per-second" in capsys.readouterr().err
+    assert main([*tokens, "--cost-per-second", "1e4", "--out", str(out)]) == 0
     want = sb.plan(lengths, 2, 32768, cp_size=8, cp="dynamic",
-                   cp_cost={"bandwidth": 2.5e9, "cost_per_second": 1.0, "overlap": 0.5,
+                   cp_cost={"bandwidth": 2.5e9, "cost_per_second": 1e4, "overlap": 0.5,
                             "kv_bytes_per_token": 1.2e5})  # fmt: skip
     assert out.read_text() == want.to_json()
 

@@ -16,6 +16,7 @@ from seqbalance.costs import (
     FlopsCost,
     QuadraticCost,
     Timing,
+    TimingFileError,
     TimingRecorder,
     TokenCost,
     UlyssesCost,
@@ -466,10 +467,20 @@ def test_bad_values_in_files_are_named_in_the_files_words(tmp_path, capsys):
     _cp_timings(saved)
     bad = _with_header(saved, tmp_path / "bad.jsonl",
                        lambda h: h["cp_cost"].update(comm_passes=-1))  # fmt: skip
-    assert main(["refit", bad]) == 2
-    line = _error_line(capsys)
-    assert line == (f"error: {bad}: the header's cost: comm_passes = -1 is invalid; it must "
-                    "be finite and >= 0"), line  # fmt: skip
+    shown = f"error: {bad}: the header's cp_cost: comm_passes = -1 is invalid; it must be " \
+            "finite and >= 0"
+    for start in ([], ["--model", "qwen2.5-7b"], ["--cost", "tokens"]):  # any start cost
+        assert main(["refit", bad, *start]) == 2
+        line = _error_line(capsys)
+        assert line == shown, (start, line)
+    # The library says so too, with a TimingFileError, whatever cost= is given.
+    for cost in (None, FlopsCost.from_name("qwen2.5-7b"), TokenCost()):
+        with pytest.raises(TimingFileError, match="the header's cp_cost: comm_passes = -1"):
+            TimingRecorder.load(bad, cost=cost)
+    # A flag that replaces the bad setting is used instead: the file loads.
+    assert main(["refit", bad, "--no-per-rank", "--cp-comm-passes", "3"]) == 0
+    np.testing.assert_allclose(json.loads(capsys.readouterr().out)["per_token_sq"],
+                               TRUTH.per_token_sq, rtol=1e-6)  # fmt: skip
     # Two files under different links: the bad one is named while their links are compared.
     other = _with_header(saved, tmp_path / "other.jsonl",
                          lambda h: h["cp_cost"].update(overlap=2.0))  # fmt: skip

@@ -12,7 +12,16 @@ from seqbalance.plans import Plan
 
 from seqbalance import workloads
 from seqbalance.cli.commands import main
-from seqbalance.costs import FlopsCost, QuadraticCost, TokenCost, UlyssesCost
+from seqbalance.costs import (
+    FlopsCost,
+    QuadraticCost,
+    TimingRecorder,
+    TokenCost,
+    UlyssesCost,
+    load_cost,
+    ulysses_sp_size,
+)
+from seqbalance.costs.feedback import records_from_plan
 
 QWEN = FlopsCost.from_name("qwen2.5-7b")  # 28 heads, 4 K/V heads: sp 2, 4 or 28
 
@@ -85,7 +94,9 @@ def test_compare_rows_are_the_strategies_under_the_group_cost(long_tail, tmp_pat
     text = capsys.readouterr().out
     assert "dp=4 x sp=4, max_tokens=8192/GPU" in text
     setup = json.loads(out.read_text())["setups"][0]
-    assert setup["sp_size"] == 4 and setup["max_tokens"] == 32768
+    # max_tokens is a GPU's, as given (and as in CP's JSON); the group's is beside it.
+    assert setup["sp_size"] == 4 and setup["max_tokens"] == 8192
+    assert setup["group_max_tokens"] == 32768
     cost = UlyssesCost(QWEN, 4, bandwidth=2.5e10)
     steps = {r["strategy"]: r["step_time"] for r in setup["results"]}
     for name in ("verl", "areal", "sequential"):
@@ -95,10 +106,12 @@ def test_compare_rows_are_the_strategies_under_the_group_cost(long_tail, tmp_pat
     # cost-kk-uncapped balance counts or costs only, and go over it here).
     over = {r["strategy"]: r["over_capacity"] for r in setup["results"]}
     assert [over[k] for k in ("seqbalance", "sequential", "token-ffd", "areal", "verl")] == [0] * 5
-    # Without --sp-size the setup has no sp_size (outputs of before are unchanged).
+    # Without --sp-size the setup is as before.
     assert main(["compare", str(path), "--dp", "4", "--max-tokens", "32768",
                  "--json", str(out)]) == 0  # fmt: skip
-    assert "sp_size" not in json.loads(out.read_text())["setups"][0]
+    plain = json.loads(out.read_text())["setups"][0]
+    assert "sp_size" not in plain and "group_max_tokens" not in plain
+    assert plain["max_tokens"] == 32768
 
 
 def test_compare_demo_takes_sp_size(capsys):
@@ -113,7 +126,11 @@ def test_compare_demo_takes_sp_size(capsys):
     [
         (["--sp-bandwidth", "1e10"], "--sp-bandwidth only applies with --sp-size > 1"),
         (["--sp-size", "2", "--sp-comm-passes", "1"],
-         "--sp-comm-passes sizes the all-to-all, which is free without --sp-bandwidth"),
+         "--sp-comm-passes only acts on the all-to-all, which is free without --sp-bandwidth"),
+        (["--sp-size", "2", "--cost-per-second", "5"],
+         "--cost-per-second only acts on the all-to-all, which is free without --sp-bandwidth"),
+        (["--cost-per-second", "5", "--cp-overlap", "0.3"],
+         "--cost-per-second only applies with --cp-size > 1 or --sp-size > 1"),
         (["--sp-size", "2", "--cp-size", "2"], "--sp-size and --cp-size together"),
         (["--sp-size", "2", "--sp-bandwidth", "0"], "--sp-bandwidth must be finite and > 0"),
         (["--sp-size", "2", "--sp-bandwidth", "1e9", "--sp-bytes-per-token", "-1"],
@@ -151,18 +168,72 @@ def test_costs_that_cannot_price_the_all_to_all_are_refused(long_tail, tmp_path,
     quad.write_text(json.dumps(QuadraticCost(1.0, 1e-5).to_dict()))
     assert main([*base, "--cost", str(quad), "--sp-size", "2", "--sp-bandwidth", "1e9"]) == 2
     assert "pass --sp-bytes-per-token" in _error_line(capsys)
-    # Its units are unknown: seconds of transfer cannot be added to it without a rate
-    # (CP's ring too, where 1 cost unit a second was taken).
-    for flags in (["--sp-size", "2", "--sp-bandwidth", "1e9", "--sp-bytes-per-token", "10"],
-                  ["--cp-size", "2", "--cp-bandwidth", "1e9", "--kv-bytes-per-token", "10"]):
-        assert main([*base, "--cost", str(quad), *flags]) == 2
-        line = _error_line(capsys)
-        assert f"with {flags[2]} and a --cost of unknown units" in line, line
-        assert main([*base, "--cost", str(quad), *flags, "--cost-per-second", "1e3",
-                     "--out", str(tmp_path / "p.json")]) == 0  # fmt: skip
-        capsys.readouterr()
-    # A cost that is already one GPU's Ulysses share is not wrapped again.
-    shared = tmp_path / "sp.json"
+    # A FLOP count without an architecture cannot size the all-to-all either.
+    flop = tmp_path / "flop.json"
+    flop.write_text(json.dumps({**QuadraticCost(1.0, 1e-5).to_dict(), "meta": {"unit": "FLOP"}}))
+    assert main([*base, "--cost", str(flop), "--sp-size", "2", "--sp-bandwidth", "1e9"]) == 2
+    assert "pass --sp-bytes-per-token" in _error_line(capsys)
+    # Units other than FLOP and seconds: seconds of transfer cannot be added to the cost
+    # without a rate (CP's ring too, where 1 cost unit a second was taken); nor to tokens
+    # when the bytes a token are given (tokens a second are unknown).
+    ms = tmp_path / "ms.json"
+    ms.write_text(json.dumps({**QuadraticCost(1.0, 1e-5).to_dict(), "meta": {"unit": "ms"}}))
+    for cost, what in ((["--cost", str(quad)], "a --cost of unknown units"),
+                       (["--cost", str(ms)], "a --cost in unknown units ('ms')"),
+                       ([], "a token cost (its tokens a second are unknown)")):
+        for flags in (["--sp-size", "2", "--sp-bandwidth", "1e9", "--sp-bytes-per-token", "10"],
+                      ["--cp-size", "2", "--cp-bandwidth", "1e9", "--kv-bytes-per-token", "10"]):
+            assert main([*base, *cost, *flags]) == 2
+            line = _error_line(capsys)
+            assert f"with {flags[2]} and {what}" in line and "pass --cost-per-second" in line, line
+            assert main([*base, *cost, *flags, "--cost-per-second", "1e3",
+                         "--out", str(tmp_path / "p.json")]) == 0  # fmt: skip
+            capsys.readouterr()
+
+
+def test_a_cost_that_is_already_a_gpus_share_is_not_divided_again(long_tail, tmp_path, capsys):
+    """A refit of timings taken under Ulysses is one GPU's share: --sp-size S plans with it
+    as it is (S x --max-tokens a group), another S is refused, and without --sp-size a
+    note says what it is. It was divided by S a second time."""
+    lengths, path = long_tail
+    rec = TimingRecorder(UlyssesCost(QWEN, 4, bandwidth=2.5e10), sync="ddp")
+    truth = QuadraticCost(per_token=3e-6, per_token_sq=2e-11, per_sequence=1e-4,
+                          per_microbatch=2e-3)  # fmt: skip
+    for step in range(6):
+        batch = workloads.lengths("rl-math", 64, seed=step)
+        p = plan(batch, 2, 4 * 8192, cost=rec.cost)
+        secs = [[truth.microbatch_cost(batch[mb]) for mb in rank] for rank in p.micro_batches]
+        rec.extend(records_from_plan(p.micro_batches, batch, secs, step))
+    saved = rec.save(tmp_path / "sp.jsonl")
+    fitted = tmp_path / "fit.json"
+    assert main(["refit", str(saved), "--out", str(fitted)]) == 0
+    capsys.readouterr()
+    cost = load_cost(str(fitted))
+    assert cost.meta["ulysses_sp_size"] == 4 and ulysses_sp_size(cost) == 4
+    base = ["plan", str(path), "--dp", "2", "--max-tokens", "8192", "--cost", str(fitted)]
+    out = tmp_path / "p.json"
+    assert main([*base, "--sp-size", "4", "--out", str(out)]) == 0
+    assert "one GPU's share (Ulysses sp=4)" in capsys.readouterr().err
+    got = Plan.from_json(out.read_text())
+    want = plan(lengths, 2, 4 * 8192, cost=cost)  # the cost as it is, the group's capacity
+    assert got.micro_batches == want.micro_batches
+    np.testing.assert_array_equal(got.costs, want.costs)
+    assert main([*base, "--sp-size", "2"]) == 2
+    assert "one GPU's share of a Ulysses group of 4 GPUs, not 2; pass --sp-size 4" in \
+        _error_line(capsys)
+    assert main([*base, "--sp-size", "4", "--sp-bandwidth", "1e9"]) == 2
+    assert "already prices the all-to-all" in _error_line(capsys)
+    assert main([*base[:5], "32768", *base[6:], "--out", str(out)]) == 0
+    assert "note: the cost is one GPU's share of a Ulysses group of 4 GPUs; pass --sp-size 4" \
+        in capsys.readouterr().err
+    # A UlyssesCost JSON is kept the same way.
+    shared = tmp_path / "u.json"
     shared.write_text(json.dumps(UlyssesCost(TokenCost(), 2).to_dict()))
-    assert main([*base, "--cost", str(shared), "--sp-size", "2"]) == 2
-    assert "already one GPU's share of a Ulysses group of 2 GPUs" in _error_line(capsys)
+    base = ["plan", str(path), "--dp", "2", "--max-tokens", "12288", "--cost", str(shared)]
+    assert main([*base, "--sp-size", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    got = Plan.from_json(out.read_text())
+    assert got.max_tokens == 24576
+    np.testing.assert_array_equal(got.costs, got.lengths / 2)
+    assert main([*base, "--sp-size", "4"]) == 2
+    assert "group of 2 GPUs, not 4" in _error_line(capsys)

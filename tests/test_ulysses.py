@@ -187,3 +187,28 @@ def test_a_document_without_a_rate_takes_the_constructors_default():
     u = UlyssesCost(FlopsCost.from_name("qwen2.5-7b"), 4, bandwidth=2.5e10)
     doc = {k: v for k, v in u.to_dict().items() if k != "cost_per_second"}
     assert load_cost(doc) == u and load_cost(doc).cost_per_second == 4e14
+
+
+def test_a_refit_under_ulysses_says_it_is_one_gpus_share():
+    """The refit of timings taken under a UlyssesCost is one GPU's share; it says so in
+    meta (kept by the next refit, and through JSON) so that it is not divided again."""
+    from seqbalance.costs import TimingRecorder, ulysses_sp_size
+    from seqbalance.costs.feedback import records_from_plan
+
+    truth = QuadraticCost(per_token=3e-6, per_token_sq=2e-11, per_sequence=1e-4,
+                          per_microbatch=2e-3)  # fmt: skip
+    for start, want in ((UlyssesCost(TokenCost(), 4), 4), (TokenCost(), None)):
+        rec = TimingRecorder(start)
+        for step in range(6):
+            batch = np.random.default_rng(step).integers(100, 6000, 48)
+            p = sb.plan(batch, 2, 24000, cost=rec.cost)
+            secs = [[truth.microbatch_cost(batch[mb]) for mb in r] for r in p.micro_batches]
+            rec.extend(records_from_plan(p.micro_batches, batch, secs, step))
+        first = rec.refit()
+        assert ulysses_sp_size(first) == want
+        assert ulysses_sp_size(rec.refit()) == want  # the second starts from the first
+        assert ulysses_sp_size(load_cost(first.to_dict())) == want
+    odd = QuadraticCost(1.0, 0.0)
+    for value in (True, 1, "4", 2.0):
+        odd.meta["ulysses_sp_size"] = value
+        assert ulysses_sp_size(odd) is None, value

@@ -48,7 +48,7 @@ class FileError(UserError):
     not give (``comm_passes = -1`` in a file is not ``--cp-comm-passes -1``)."""
 
 
-def load_user_cost(spec: str) -> Any:
+def load_user_cost(spec: Any) -> Any:
     """``load_cost(spec)`` (``--cost``/``--model``), its ValueErrors as :class:`FileError`
     naming ``spec``: they are about the user's file or name, not about a flag's value."""
     from ..costs import load_cost
@@ -57,6 +57,8 @@ def load_user_cost(spec: str) -> Any:
         return load_cost(spec)
     except ValueError as exc:
         message = str(exc)
+        if not isinstance(spec, str):  # a saved cost's document (refit: the files' own)
+            raise FileError(f"the timing files' saved cost: {message}") from None
         raise FileError(message if spec in message else f"{spec}: {message}") from None
 
 

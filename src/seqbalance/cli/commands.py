@@ -365,13 +365,12 @@ def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
 
         stray = stray_cp_options(args)
         if "--cost-per-second" in stray:  # it prices the all-to-all too
-            if args.sp_size == 1 and stray == ["--cost-per-second"]:
+            if args.sp_size == 1:
                 raise UserError(
                     "--cost-per-second only applies with --cp-size > 1 or --sp-size > 1 (it "
                     "prices their communication); pass one of them, or drop it"
                 )
-            if args.sp_size > 1:
-                stray.remove("--cost-per-second")
+            stray.remove("--cost-per-second")
         _refuse_stray(stray, "--cp-size", "C", "context parallelism")
         if args.pp_size == 1:  # else the planner checks them together
             _refuse_stray(_stray_pp_options(args), "--pp-size", "P", "pipeline parallelism")
@@ -668,13 +667,14 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             pp_rows = pipeline_results(plans)
             print(f"pipeline: seqbalance's micro-batches in each order, {args.sync}", file=out)
             print_pipeline(pp_rows, _si, cost.unit, _table, out)
+        group = {"sp_size": args.sp_size, "group_max_tokens": cap} if args.sp_size > 1 else {}
         setups.append(
             {
                 "input": label,
                 "n": int(lengths.shape[0]),
                 "dp": dp,
-                "max_tokens": cap,
-                **({"sp_size": args.sp_size} if args.sp_size > 1 else {}),
+                "max_tokens": cap // args.sp_size,  # a GPU's, as --max-tokens (and CP)
+                **group,
                 "sync": args.sync,
                 "padded": bool(args.padded),
                 "cost": cost.label,
@@ -685,8 +685,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         )
         if first_plans is None:
             first_plans = plans
-            plot_title = f"{label}: n={lengths.shape[0]}, dp={dp}, max_tokens={cap}, " + (
-                f"cost = {cost.label}" + (", padded" if args.padded else "")
+            plot_title = (
+                f"{label}: n={lengths.shape[0]}, dp={dp}{sp}, "
+                f"max_tokens={cap // args.sp_size}{per_gpu}, cost = {cost.label}"
+                + (", padded" if args.padded else "")
             )
 
     if args.json is not None:

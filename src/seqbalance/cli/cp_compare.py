@@ -125,11 +125,17 @@ def stray_cp_options(args: argparse.Namespace) -> list[str]:
     ]
 
 
+def _bandwidth_source(args: argparse.Namespace) -> str:
+    """Where the CP bandwidth came from, for messages: the flag, or ``--demo``'s own."""
+    return "--cp-bandwidth" if args.cp_bandwidth is not None else "the demo's CP bandwidths"
+
+
 def cp_cost_of(args: argparse.Namespace, unit: str, bandwidth: float | None) -> dict[str, Any]:
     """The ``cp_cost`` dict of the ``--cp-*`` options, for a cost in ``unit``."""
     from .ulysses_options import rate_of
 
-    cps = rate_of(args, unit, bandwidth, "--cp-bandwidth")
+    cps = rate_of(args, unit, bandwidth, _bandwidth_source(args),
+                  sized=args.kv_bytes_per_token is not None)  # fmt: skip
     out: dict[str, Any] = {"cost_per_second": cps, "overlap": args.cp_overlap}
     if bandwidth is not None:
         out["bandwidth"] = bandwidth
@@ -233,6 +239,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     if args.demo:
         spec = args.model or args.cost
         cost = _demo_cost() if spec is None else _load_cost(spec)
+        # Before anything is printed: every demo setup prices its ring.
+        cp_cost_of(args, cost.unit, args.cp_bandwidth or CP_DEMO_SETUPS[0].bandwidth)
         for note in cost.notes:
             print(note, file=out)
         print(

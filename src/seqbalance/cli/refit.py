@@ -247,7 +247,9 @@ def _load(args: argparse.Namespace) -> tuple[Any, list[str]]:
     if given and link is None and flags["cp_bandwidth"] is None:
         verb = "describes" if len(given) == 1 else "describe"
         raise UserError(f"{', '.join(given)} {verb} a CP link: give --cp-bandwidth too")
-    if spec is None and not agreed:  # the files' own cost, under the flags' link
+    if spec is None and link is not None and (not agreed or given):
+        # The files' own cost under the flags' link (the files' is not read: a bad value
+        # there that a flag replaces is not used).
         spec = link["saved_cost"]
     if spec is not None:
         seq = load_user_cost(spec)
@@ -285,10 +287,16 @@ def _files_link(
     they share, and the flags the rest. Otherwise a UserError says which flags to give.
     """
     from ..costs import ContextParallelCost
-    from ..costs.timing_files import read_link
+    from ..costs.timing_files import check_link_values, read_link
 
     links = [(path, read_link([path])) for path in paths]
     links = [(path, link) for path, link in links if link is not None]
+    replaced = [key for key, (name, _) in _LINK_FLAGS.items() if flags[name] is not None]
+    for path, link in links:  # a bad value of a file's (that no flag replaces) is the file's
+        try:
+            check_link_values(link, skip=replaced)
+        except ValueError as exc:
+            raise FileError(f"{path}: the header's cp_cost: {exc}") from None
     if all(link == links[0][1] for _, link in links[1:]):
         return (links[0][1] if links else None), True
     full = []  # with the defaults a hand-written header leaves out

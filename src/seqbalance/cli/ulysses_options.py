@@ -13,7 +13,7 @@ import argparse
 import math
 from typing import Any
 
-from .checks import UserError
+from .checks import MAX_INT, UserError
 
 __all__ = ["add_arguments", "check_options", "group_capacity", "rate_of", "wrap_cost"]
 
@@ -100,72 +100,119 @@ def check_options(args: argparse.Namespace) -> None:
             not math.isfinite(value) or value < 0 or (low == "> 0" and value == 0)
         ):
             raise UserError(f"{flag} must be finite and {low}, got {value:g}")
+    if args.sp_bandwidth is None and args.cost_per_second is not None:
+        stray.append("--cost-per-second")  # it prices the all-to-all, free without one
     if args.sp_bandwidth is None and stray:
         one = len(stray) == 1
         raise UserError(
-            f"{' and '.join(stray)} {'sizes' if one else 'size'} the all-to-all, which is free "
-            f"without --sp-bandwidth: give --sp-bandwidth too, or drop {'it' if one else 'them'}"
+            f"{' and '.join(stray)} only {'acts' if one else 'act'} on the all-to-all, which "
+            f"is free without --sp-bandwidth: give --sp-bandwidth too, or drop "
+            f"{'it' if one else 'them'}"
         )
 
 
-def rate_of(args: argparse.Namespace, unit: str, bandwidth: float | None, flag: str) -> float:
+# Units whose rate is known without --cost-per-second (cost units per second).
+_KNOWN_RATES = {"s": 1.0, "tok": 1.0}
+
+
+def rate_of(
+    args: argparse.Namespace,
+    unit: str,
+    bandwidth: float | None,
+    flag: str,
+    sized: bool = False,
+) -> float:
     """``--cost-per-second``, or the default for a cost in ``unit`` ("FLOP": 4e14 FLOP/s,
-    "s" and "tok": 1); a cost of unknown units priced over a link (``flag`` gave its
-    bandwidth) must say its rate."""
+    "s": 1). Priced over a link (``flag`` names where its bandwidth came from), a cost in
+    other units must say its rate, and so must a token cost whose transfer is ``sized``
+    (bytes a token given; tokens a second are unknown)."""
     from ..costs.context_parallel import FLOPS_PER_SECOND
 
     if args.cost_per_second is not None:
         return float(args.cost_per_second)
     if unit == "FLOP":
         return FLOPS_PER_SECOND
-    if unit == "" and bandwidth is not None:
+    if bandwidth is not None and (unit not in _KNOWN_RATES or (unit == "tok" and sized)):
+        what = (
+            "a token cost (its tokens a second are unknown)" if unit == "tok"
+            else f"a --cost in unknown units ({unit!r})" if unit
+            else 'a --cost of unknown units (its JSON says no "unit")'
+        )  # fmt: skip
         raise UserError(
-            f"with {flag} and a --cost of unknown units (its JSON says no \"unit\"), pass "
-            "--cost-per-second (cost units per second: the achieved FLOP/s for a FLOP count, "
-            "1 for seconds)"
+            f"with {flag} and {what}, pass --cost-per-second (cost units per second: the "
+            "achieved FLOP/s for a FLOP count, 1 for seconds, tokens a second for tokens)"
         )
-    return 1.0
+    return _KNOWN_RATES.get(unit, 1.0)
 
 
 def wrap_cost(choice: Any, args: argparse.Namespace) -> Any:
     """The :class:`~.commands.CostChoice` ``choice`` as one GPU's share under Ulysses
-    (``--sp-size > 1``), or ``choice`` itself."""
-    if args.sp_size == 1:
-        return choice
+    (``--sp-size > 1``); a cost that already is one (a ``UlyssesCost``, a refit of
+    Ulysses timings) is kept when its group size is ``--sp-size``, and noted without it."""
     from dataclasses import replace
 
-    from ..costs import TokenCost, UlyssesCost
+    from ..costs import TokenCost, UlyssesCost, ulysses_sp_size
 
     inner = choice.model if choice.model is not None else TokenCost()
-    if isinstance(inner, UlyssesCost):
-        raise UserError(
-            f"the cost ({choice.label}) is already one GPU's share of a Ulysses group of "
-            f"{inner.sp_size} GPUs; drop --sp-size, or give the cost of one GPU"
-        )
+    shared = ulysses_sp_size(inner)
+    if args.sp_size == 1:
+        if shared is not None:
+            note = (
+                f"note: the cost is one GPU's share of a Ulysses group of {shared} GPUs; "
+                f"pass --sp-size {shared} to plan such groups (--max-tokens per GPU)"
+            )
+            return replace(choice, notes=[*choice.notes, note])
+        return choice
+    if shared is not None:
+        if shared != args.sp_size:
+            raise UserError(
+                f"the cost ({choice.label}) is one GPU's share of a Ulysses group of {shared} "
+                f"GPUs, not {args.sp_size}; pass --sp-size {shared}, or the cost of one GPU"
+            )
+        if _stray(args) or args.cost_per_second is not None:
+            raise UserError(
+                f"the cost ({choice.label}) already prices the all-to-all of its Ulysses "
+                "group; drop --sp-bandwidth and the other --sp-* options"
+                + (" and --cost-per-second" if args.cost_per_second is not None else "")
+            )
+        return replace(choice, label=f"{choice.label}, one GPU's share (Ulysses sp={shared})")
     bandwidth = args.sp_bandwidth
     size = args.sp_bytes_per_token
-    if bandwidth is not None and size is None and choice.unit != "FLOP":
+    free = bandwidth is None
+    if bandwidth is not None and size is None and getattr(inner, "architecture", None) is None:
         if choice.unit != "tok":
             raise UserError(
                 "with --sp-bandwidth and a cost that is not a model's FLOPs (--model), pass "
                 "--sp-bytes-per-token (Q, K, V and O bytes of a token over all layers)"
             )
-        size = 0.0  # a token count knows no head sizes: the all-to-all is free, as for CP
+        size, free = 0.0, True  # a token count knows no head sizes: free, as for CP
+    sized = args.sp_bytes_per_token is not None
+    rate = rate_of(args, choice.unit, bandwidth, "--sp-bandwidth", sized=sized)
     model = UlyssesCost(
         inner,
         args.sp_size,
         bandwidth=bandwidth,
-        cost_per_second=rate_of(args, choice.unit, bandwidth, "--sp-bandwidth"),
+        cost_per_second=rate,
         bytes_per_token=size,
         comm_passes=args.sp_comm_passes,
     )
-    link = "free all-to-all" if bandwidth is None else f"all-to-all at {bandwidth:.3g} B/s"
-    return replace(
-        choice, model=model, label=f"{choice.label}, one GPU's share of Ulysses sp={args.sp_size} "
-        f"({link})"
-    )
+    link = "free all-to-all" if free else f"all-to-all at {bandwidth:.3g} B/s"
+    label = f"{choice.label}, one GPU's share of Ulysses sp={args.sp_size} ({link})"
+    return replace(choice, model=model, label=label)
 
 
 def group_capacity(args: argparse.Namespace, max_tokens: int) -> int:
-    """Tokens one micro-batch of a group holds: ``--sp-size x`` the per-GPU ``max_tokens``."""
-    return int(args.sp_size) * int(max_tokens)
+    """Tokens one micro-batch of a group holds: ``--sp-size x`` the per-GPU ``max_tokens``.
+
+    Raises
+    ------
+    UserError
+        When the product passes 2**53, the exactness limit of every integer flag.
+    """
+    cap = int(args.sp_size) * int(max_tokens)
+    if cap > MAX_INT:
+        raise UserError(
+            f"--sp-size x --max-tokens = {cap} is too large: at most 2**53 = {MAX_INT} "
+            "(larger integers are not exact in the float64 arithmetic of costs and times)"
+        )
+    return cap

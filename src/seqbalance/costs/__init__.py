@@ -41,7 +41,7 @@ from .flops import SHIPPED, FlopsCost
 from .load import cost_from_dict, load_cost
 from .report import FitReport
 from .timing_files import ResumedStepsWarning, TimingFileError
-from .ulysses import UlyssesCost, ulysses_bytes_per_token
+from .ulysses import UlyssesCost, ulysses_bytes_per_token, ulysses_sp_size
 
 __all__ = [
     "REPORT_METRICS",
@@ -68,4 +68,5 @@ __all__ = [
     "load_cost",
     "parse_config",
     "ulysses_bytes_per_token",
+    "ulysses_sp_size",
 ]

@@ -73,6 +73,7 @@ from .fit import (
     unidentified_message,
 )
 from .report import COEFFICIENTS, FitReport
+from .ulysses import ulysses_sp_size
 
 __all__ = [
     "REPORT_METRICS",
@@ -823,6 +824,9 @@ class TimingRecorder:
         )
         if cp:
             cost.meta["cp_samples"] = sum(r.pieces is not None for r in recs)
+        sp = ulysses_sp_size(self.cost)
+        if sp is not None:  # timed under Ulysses: one GPU's share, not to be divided again
+            cost.meta["ulysses_sp_size"] = sp
         self.cost = cost
         if self.cp_cost is not None:
             old = self.cp_cost

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .._validate import check_choice, check_positive_int
+from .base import TokenCost
 from .context_parallel import ContextParallelCost
 from .feedback import SYNC_MODELS, Timing, TimingRecorder, _checked_timing, _nonneg_int
 from .load import cost_from_dict
@@ -347,13 +348,14 @@ def load_timings(
         chosen = _agreed(headers, "cost", "pass cost= to say which to use")
         if chosen is not None:
             src = next(p for p, h in headers if _setting(h, "cost") is not None)
+            key = "cost" if "kind" in chosen else "cp_cost"  # (a UlyssesCost has a "cost" too)
             try:
-                if "kind" not in chosen:  # a cp_cost (a UlyssesCost has a "cost" too)
+                if key == "cp_cost":
                     chosen = ContextParallelCost.from_dict(dict(chosen))
                 else:
                     chosen = cost_from_dict(chosen)
             except ValueError as exc:
-                raise TimingFileError(f"{src}: the header's cost: {exc}") from None
+                raise TimingFileError(f"{src}: the header's {key}: {exc}") from None
     elif isinstance(cost, ContextParallelCost):
         chosen = cost  # its link replaces the files', which need not agree
     else:
@@ -361,6 +363,10 @@ def load_timings(
         link = _agreed(headers, "link", "pass a ContextParallelCost as cost= to say which")
         if link is not None:
             src = next(p for p, h in headers if _setting(h, "link") is not None)
+            try:
+                check_link_values(link)
+            except ValueError as exc:
+                raise TimingFileError(f"{src}: the header's cp_cost: {exc}") from None
             try:
                 chosen = with_link(cost, link)
             except ValueError as exc:
@@ -459,6 +465,25 @@ def read_link(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
         if header is not None:
             headers.append((path, header))
     return _agreed(headers, "link", "pass the link to use")
+
+
+def check_link_values(link: Mapping[str, Any], skip: Iterable[str] = ()) -> None:
+    """Check the settings of ``link`` (:func:`read_link`'s dict) as a
+    :class:`ContextParallelCost` would, apart from its cost; ``skip`` names settings the
+    caller replaces. A ValueError here is about the link's own values, not about a cost
+    it is asked to price."""
+    skipped = set(skip)
+    given = {k: link[k] for k in (*_PHYSICAL, "cost_per_second")
+             if k not in skipped and link.get(k) is not None}  # fmt: skip
+    bandwidth = given.get("bandwidth")
+    ContextParallelCost(
+        TokenCost(),
+        bandwidth=bandwidth,
+        cost_per_second=given.get("cost_per_second", 1.0),
+        overlap=given.get("overlap", 0.0),
+        kv_bytes_per_token=given.get("kv_bytes_per_token", None if bandwidth is None else 0.0),
+        comm_passes=given.get("comm_passes", 3.0),
+    )
 
 
 def with_link(cost: Any, link: Mapping[str, Any]) -> ContextParallelCost:

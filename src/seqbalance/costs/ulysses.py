@@ -34,7 +34,9 @@ it is 1:1): an approximation of the phases, not of the total.
 
 Plan with the group as the rank: ``plan(lengths, dp_size=world // (sp * tp * pp),
 max_tokens=per_gpu_tokens * sp, cost=UlyssesCost(cost, sp))``. A cost fitted to timings
-taken under Ulysses is already one GPU's share: plan with it as it is.
+taken under Ulysses is already one GPU's share: plan with it as it is (a refit started
+from a :class:`UlyssesCost` records the group size in ``meta["ulysses_sp_size"]``, which
+:func:`ulysses_sp_size` reads).
 
 Examples
 --------
@@ -54,7 +56,26 @@ import numpy as np
 from .._validate import as_lengths, check_nonnegative_real, check_positive_int
 from .base import CostModel, check_keys, finite_costs
 
-__all__ = ["UlyssesCost", "ulysses_bytes_per_token"]
+__all__ = ["UlyssesCost", "ulysses_bytes_per_token", "ulysses_sp_size"]
+
+
+def ulysses_sp_size(cost: Any) -> int | None:
+    """The Ulysses group size ``cost`` is already one GPU's share of, or None.
+
+    That is a :class:`UlyssesCost`'s ``sp_size``, or the ``meta["ulysses_sp_size"]`` a
+    refit of timings taken under one records (``TimingRecorder.refit``): dividing such a
+    cost by the group size again would count a GPU's work ``sp`` times too small.
+
+    Examples
+    --------
+    >>> from seqbalance.costs import TokenCost
+    >>> ulysses_sp_size(UlyssesCost(TokenCost(), 4)), ulysses_sp_size(TokenCost())
+    (4, None)
+    """
+    if isinstance(cost, UlyssesCost):
+        return cost.sp_size
+    sp = (getattr(cost, "meta", None) or {}).get("ulysses_sp_size")
+    return int(sp) if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1 else None
 
 _KEYS = ("kind", "cost", "sp_size", "bandwidth", "cost_per_second", "bytes_per_token",
          "comm_passes")  # fmt: skip
