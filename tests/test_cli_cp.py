@@ -234,7 +234,7 @@ def test_plan_cp_comm_passes_by_flag(tmp_path, capsys):
             "--model", "qwen2.5-7b"]  # fmt: skip
     assert main([*base, "--cp-comm-passes", "1"]) == 2
     assert capsys.readouterr().err.startswith(
-        "error: --cp-comm-passes sizes the CP ring's transfers, which are free without "
+        "error: --cp-comm-passes only acts on the CP ring, which is free without "
         "--cp-bandwidth"
     )
     assert main([*base, "--cp-bandwidth", "2.5e10", "--cp-comm-passes", "-1"]) == 2

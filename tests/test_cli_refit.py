@@ -317,7 +317,7 @@ def test_plan_refuses_a_kv_size_without_a_bandwidth(tmp_path, capsys):
     src.write_text("100\n200\n90000\n")
     assert main(["plan", str(src), "--dp", "1", "--max-tokens", "65536", "--cp-size", "2",
                  "--kv-bytes-per-token", "1e5"]) == 2  # fmt: skip
-    assert "--kv-bytes-per-token sizes the CP ring's transfers" in _error_line(capsys)
+    assert "--kv-bytes-per-token only acts on the CP ring, which is free" in _error_line(capsys)
 
 
 def test_refit_reads_a_resumed_stream_and_says_which_steps_were_replaced(tmp_path, capsys):

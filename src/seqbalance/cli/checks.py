@@ -27,6 +27,9 @@ __all__ = [
     "check_outputs",
     "check_sizes",
     "load_user_cost",
+    "refuse_stray",
+    "refuse_unpriced",
+    "stray_options",
     "unwritable",
 ]
 
@@ -64,6 +67,41 @@ def load_user_cost(spec: Any) -> Any:
 
 def _get(args: argparse.Namespace, name: str) -> Any:
     return getattr(args, name, None)
+
+
+def _it(flags: list[str]) -> str:
+    return "it" if len(flags) == 1 else "them"
+
+
+def stray_options(args: argparse.Namespace, defaults: dict[str, Any]) -> list[str]:
+    """The options among ``defaults`` (argparse name -> default) set away from their
+    defaults, as flags."""
+    return [
+        "--" + key.replace("_", "-")
+        for key, default in defaults.items()
+        if getattr(args, key) != default
+    ]
+
+
+def refuse_stray(stray: list[str], size_flag: str, metavar: str, what: str) -> None:
+    """Refuse ``stray`` options that act only with ``size_flag`` above 1 (``what``)."""
+    if stray:
+        verb = "applies" if len(stray) == 1 else "apply"
+        raise UserError(
+            f"{', '.join(stray)} only {verb} with {size_flag} > 1 ({what}); pass "
+            f"{size_flag} {metavar}, or drop {_it(stray)}"
+        )
+
+
+def refuse_unpriced(flags: list[str], link: str, bandwidth_flag: str) -> None:
+    """Refuse ``flags`` that act on a ``link`` that is free (not priced) without
+    ``bandwidth_flag``: they would change nothing."""
+    if flags:
+        verb = "acts" if len(flags) == 1 else "act"
+        raise UserError(
+            f"{' and '.join(flags)} only {verb} on {link}, which is free without "
+            f"{bandwidth_flag}: give {bandwidth_flag} too, or drop {_it(flags)}"
+        )
 
 
 # The integer flags of `plan` and `compare`: (flag, attribute, smallest allowed value).

@@ -26,7 +26,17 @@ from ..planning.baselines import BASELINES
 from ..planning.planner import SIZE_RULES, plan
 from ..planning.plans import Plan
 from ..planning.simulation import SYNC_MODELS
-from .checks import FileError, UserError, check_numbers, check_outputs, check_sizes, load_user_cost
+from .checks import (
+    FileError,
+    UserError,
+    check_numbers,
+    check_outputs,
+    check_sizes,
+    load_user_cost,
+    refuse_stray,
+    refuse_unpriced,
+    stray_options,
+)
 from .ulysses_options import group_capacity, wrap_cost
 
 __all__ = ["DEMO_SETUPS", "main"]
@@ -311,11 +321,7 @@ _PP_DEFAULTS = {"schedule": "1f1b", "virtual_stages": 1, "pp_comm": 0.0}
 
 def _stray_pp_options(args: argparse.Namespace) -> list[str]:
     """The pipeline options set away from their defaults, as flags."""
-    return [
-        "--" + key.replace("_", "-")
-        for key, default in _PP_DEFAULTS.items()
-        if getattr(args, key) != default
-    ]
+    return stray_options(args, _PP_DEFAULTS)
 
 
 def _pp_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -344,16 +350,6 @@ def _check_sizes(
 # ---- plan ------------------------------------------------------------------------------
 
 
-def _refuse_stray(stray: list[str], size_flag: str, metavar: str, what: str) -> None:
-    """Refuse ``stray`` options that act only with ``size_flag`` above 1."""
-    if stray:
-        one = len(stray) == 1
-        raise UserError(
-            f"{', '.join(stray)} only {'applies' if one else 'apply'} with {size_flag} > 1 "
-            f"({what}); pass {size_flag} {metavar}, or drop {'it' if one else 'them'}"
-        )
-
-
 def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
     """Refuse the ``--cp*`` options without ``--cp-size > 1``, the pipeline ones without
     ``--pp-size > 1``, and the two together."""
@@ -371,9 +367,9 @@ def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
                     "prices their communication); pass one of them, or drop it"
                 )
             stray.remove("--cost-per-second")
-        _refuse_stray(stray, "--cp-size", "C", "context parallelism")
+        refuse_stray(stray, "--cp-size", "C", "context parallelism")
         if args.pp_size == 1:  # else the planner checks them together
-            _refuse_stray(_stray_pp_options(args), "--pp-size", "P", "pipeline parallelism")
+            refuse_stray(_stray_pp_options(args), "--pp-size", "P", "pipeline parallelism")
     elif _pp_kwargs(args):
         raise UserError(
             "--pp-size/--schedule/--virtual-stages/--pp-comm do not combine with "
@@ -385,13 +381,7 @@ def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
             ("--kv-bytes-per-token", args.kv_bytes_per_token is not None),
             ("--cp-comm-passes", args.cp_comm_passes != 3.0),
         ) if used]  # fmt: skip
-        if sizing:
-            verb = "sizes" if len(sizing) == 1 else "size"
-            raise UserError(
-                f"{' and '.join(sizing)} {verb} the CP ring's transfers, which are free "
-                "without --cp-bandwidth: give --cp-bandwidth too, or drop "
-                f"{'it' if len(sizing) == 1 else 'them'}"
-            )
+        refuse_unpriced(sizing, "the CP ring", "--cp-bandwidth")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:

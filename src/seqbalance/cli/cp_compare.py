@@ -118,11 +118,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def stray_cp_options(args: argparse.Namespace) -> list[str]:
     """The ``--cp-*`` options set away from their defaults (they act with ``--cp-size > 1``
     only, so ``compare`` refuses them without it rather than drop them)."""
-    return [
-        "--" + key.replace("_", "-")
-        for key, default in _CP_DEFAULTS.items()
-        if getattr(args, key) != default
-    ]
+    from .checks import stray_options
+
+    return stray_options(args, _CP_DEFAULTS)
 
 
 def _bandwidth_source(args: argparse.Namespace) -> str:

@@ -13,7 +13,7 @@ import argparse
 import math
 from typing import Any
 
-from .checks import MAX_INT, UserError
+from .checks import MAX_INT, UserError, refuse_stray, refuse_unpriced, stray_options
 
 __all__ = ["add_arguments", "check_options", "group_capacity", "rate_of", "wrap_cost"]
 
@@ -66,11 +66,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _stray(args: argparse.Namespace) -> list[str]:
-    return [
-        "--" + key.replace("_", "-")
-        for key, default in _SP_DEFAULTS.items()
-        if getattr(args, key) != default
-    ]
+    return stray_options(args, _SP_DEFAULTS)
 
 
 def check_options(args: argparse.Namespace) -> None:
@@ -78,13 +74,7 @@ def check_options(args: argparse.Namespace) -> None:
     link values no all-to-all has, in the flags' words (before anything is read)."""
     stray = _stray(args)
     if args.sp_size == 1:
-        if stray:
-            one = len(stray) == 1
-            raise UserError(
-                f"{', '.join(stray)} only {'applies' if one else 'apply'} with --sp-size > 1 "
-                f"(Ulysses sequence parallelism); pass --sp-size S, or drop "
-                f"{'it' if one else 'them'}"
-            )
+        refuse_stray(stray, "--sp-size", "S", "Ulysses sequence parallelism")
         return
     if args.cp_size != 1:
         raise UserError(
@@ -102,13 +92,8 @@ def check_options(args: argparse.Namespace) -> None:
             raise UserError(f"{flag} must be finite and {low}, got {value:g}")
     if args.sp_bandwidth is None and args.cost_per_second is not None:
         stray.append("--cost-per-second")  # it prices the all-to-all, free without one
-    if args.sp_bandwidth is None and stray:
-        one = len(stray) == 1
-        raise UserError(
-            f"{' and '.join(stray)} only {'acts' if one else 'act'} on the all-to-all, which "
-            f"is free without --sp-bandwidth: give --sp-bandwidth too, or drop "
-            f"{'it' if one else 'them'}"
-        )
+    if args.sp_bandwidth is None:
+        refuse_unpriced(stray, "the all-to-all", "--sp-bandwidth")
 
 
 # Units whose rate is known without --cost-per-second (cost units per second).
