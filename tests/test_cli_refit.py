@@ -499,3 +499,17 @@ def test_bad_values_in_files_are_named_in_the_files_words(tmp_path, capsys):
     # The flag's own bad value is still worded as the flag.
     assert main(["refit", str(saved), "--cp-comm-passes", "-1"]) == 2
     assert "error: --cp-comm-passes -1.0 is invalid" in _error_line(capsys)
+
+
+def test_a_ulysses_start_cost_prices_the_ring_at_its_own_rate():
+    """The start cost's row of a CP refit priced a UlyssesCost's ring at 1 FLOP/s (only a
+    FlopsCost got 4e14), so its transfers counted for nothing."""
+    from seqbalance.cli.refit import _LINK_FLAGS, _with_flags
+
+    flags = {name: None for name, _ in _LINK_FLAGS.values()} | {"cp_bandwidth": 1e10}
+    usp = UlyssesCost(FlopsCost.from_name("qwen2.5-7b"), 4, cost_per_second=3e14)
+    assert _with_flags(usp, None, flags, False).cost_per_second == 3e14
+    assert _with_flags(FlopsCost.from_name("qwen2.5-7b"), None, flags, False).cost_per_second \
+        == 4e14
+    assert _with_flags(TokenCost(), None, flags | {"kv_bytes_per_token": 1.0}, False) \
+        .cost_per_second == 1.0  # units unknown: the start row only, as before

@@ -131,7 +131,6 @@ def test_compare_demo_takes_sp_size(capsys):
          "--cost-per-second only acts on the all-to-all, which is free without --sp-bandwidth"),
         (["--cost-per-second", "5", "--cp-overlap", "0.3"],
          "--cost-per-second only applies with --cp-size > 1 or --sp-size > 1"),
-        (["--sp-size", "2", "--cp-size", "2"], "--sp-size and --cp-size together"),
         (["--sp-size", "2", "--sp-bandwidth", "0"], "--sp-bandwidth must be finite and > 0"),
         (["--sp-size", "2", "--sp-bandwidth", "1e9", "--sp-bytes-per-token", "-1"],
          "--sp-bytes-per-token must be finite and >= 0, got -1"),
@@ -237,3 +236,33 @@ def test_a_cost_that_is_already_a_gpus_share_is_not_divided_again(long_tail, tmp
     np.testing.assert_array_equal(got.costs, got.lengths / 2)
     assert main([*base, "--sp-size", "4"]) == 2
     assert "group of 2 GPUs, not 4" in _error_line(capsys)
+
+
+def test_ring_cp_over_ulysses_groups(tmp_path, capsys):
+    """--cp-size C with --sp-size S (USP): each of the C ranks of a ring is a Ulysses group
+    of S GPUs, holding S x --max-tokens tokens a slot; the plan is the library's."""
+    import seqbalance as sb
+
+    lengths = workloads.lengths("long-context", 256, seed=3)
+    src = tmp_path / "lengths.txt"
+    src.write_text("".join(f"{x}\n" for x in lengths))
+    flags = ["--dp", "2", "--max-tokens", "16384", "--cp-size", "8", "--sp-size", "4",
+             "--model", "llama-3-8b", "--cp-bandwidth", "2.5e10", "--sp-bandwidth", "1.5e11"]
+    out = tmp_path / "usp.json"
+    assert main(["plan", str(src), *flags, "--out", str(out)]) == 0
+    assert "2 replicas x 8 Ulysses groups of 4 GPUs" in capsys.readouterr().err
+    cost = UlyssesCost(FlopsCost.from_name("llama-3-8b"), 4, bandwidth=1.5e11)
+    want = sb.plan(lengths, 2, 4 * 16384, cost=cost, cp_size=8, cp="dynamic",
+                   cp_cost={"bandwidth": 2.5e10, "overlap": 0.5, "cost_per_second": 4e14})
+    assert out.read_text() == want.to_json()
+    assert want.microbatch_tokens().max() > 16384  # a slot holds a group's tokens
+    table = tmp_path / "c.json"
+    assert main(["compare", str(src), *flags, "--json", str(table)]) == 0
+    assert "dp=2 x cp=8 x sp=4, max_tokens=16384/GPU" in capsys.readouterr().out
+    setup = json.loads(table.read_text())["setups"][0]
+    assert (setup["max_tokens"], setup["sp_size"], setup["group_max_tokens"]) == (16384, 4, 65536)
+    row = next(r for r in setup["results"] if r["strategy"] == "seqbalance")
+    assert row["step_time"] == want.simulate().step_time
+    # --cost-per-second prices the ring here, with or without --sp-bandwidth.
+    assert main(["plan", str(src), *flags[:-2], "--cost-per-second", "3e14",
+                 "--out", str(out)]) == 0  # fmt: skip

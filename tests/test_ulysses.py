@@ -20,6 +20,7 @@ from seqbalance.costs import (
     load_cost,
     ulysses_bytes_per_token,
 )
+from seqbalance.costs.context_parallel import balanced_layout, kv_bytes_per_token
 
 
 def test_exact_values_by_hand():
@@ -119,14 +120,61 @@ def test_bad_parameters_are_refused(kwargs, match):
         UlyssesCost(QuadraticCost(per_token=1.0, per_token_sq=0.0), **kwargs)
 
 
-def test_ulysses_and_ring_together_are_refused():
+def test_a_ulysses_cost_is_not_wrapped_twice():
     u = UlyssesCost(FlopsCost.from_name("llama-3-8b"), 4)
     with pytest.raises(ValueError, match="already a UlyssesCost"):
         UlyssesCost(u, 2)
-    with pytest.raises(ValueError, match="Ulysses and ring together"):
-        ContextParallelCost(u)
-    with pytest.raises(ValueError, match="Ulysses and ring together"):
-        sb.plan([100, 90000], 1, 65536, cost=u, cp_size=2)
+
+
+@pytest.mark.parametrize(("model", "sp"), [("llama-3-8b", 2), ("llama-3-8b", 8),
+                                           ("gemma-2-9b", 4), ("qwen3-30b-a3b", 4)])  # fmt: skip
+def test_ring_over_ulysses_groups_is_the_ring_cost_over_sp(model, sp):
+    """USP (ring CP whose ranks are Ulysses groups): with a free all-to-all and K/V heads a
+    multiple of sp, every term of a piece (compute, ring transfer, the attention that hides
+    it) is one GPU's 1/sp of the ring cost's, sliding windows included (gemma-2)."""
+    flops = FlopsCost.from_name(model)
+    link = {"bandwidth": 2.5e10, "overlap": 0.5}
+    ring = ContextParallelCost(flops, **link)
+    usp = ContextParallelCost(UlyssesCost(flops, sp), **link)
+    assert usp.kv_bytes_per_token == ring.kv_bytes_per_token / sp
+    assert usp.cost_per_second == ring.cost_per_second == 4e14
+    for length, d in ((100_000, 8), (9_000, 4), (50_000, 2), (3, 4)):
+        for ranges in balanced_layout(length, d):
+            want = ring.piece_cost(length, ranges, d) / sp
+            assert usp.piece_cost(length, ranges, d) == pytest.approx(want, rel=1e-12)
+    # The all-to-all inside each group adds its per-token price to the piece's tokens.
+    a2a = UlyssesCost(flops, sp, bandwidth=2.5e10)
+    priced = ContextParallelCost(a2a, **link)
+    for ranges in balanced_layout(100_000, 8):
+        tokens = sum(e - s for s, e in ranges)
+        extra = priced.piece_cost(100_000, ranges, 8) - usp.piece_cost(100_000, ranges, 8)
+        assert extra == pytest.approx(a2a.comm_per_token * tokens, rel=1e-9)
+    back = ContextParallelCost.from_dict(json.loads(json.dumps(priced.to_dict())))
+    assert back.to_dict() == priced.to_dict()
+
+
+def test_ring_over_ulysses_sends_the_repeated_kv_heads():
+    """K/V heads fewer than sp are repeated so that each GPU holds one: a GPU sends one
+    head's K and V, not kv_heads / sp of them."""
+    flops = FlopsCost.from_name("llama-3-8b")  # 32 layers, 8 K/V heads of 128
+    usp = ContextParallelCost(UlyssesCost(flops, 16), bandwidth=1e10)
+    assert usp.kv_bytes_per_token == 32 * 1 * (128 + 128) * 2
+    assert kv_bytes_per_token(UlyssesCost(flops, 4)) == 32 * 2 * (128 + 128) * 2
+
+
+def test_plans_over_ulysses_groups_are_the_ring_plans_scaled():
+    """With a free all-to-all and sp a power of two every cost is the ring cost / sp
+    exactly, so plan(cp_size=...) over Ulysses groups is the one-GPU plan of the group's
+    capacity, piece for piece, its step 1/sp."""
+    flops = FlopsCost.from_name("llama-3-8b")
+    lengths = workloads.lengths("long-context", 256, seed=3)
+    for sp in (2, 4):
+        kw = {"cp_size": 8, "cp_cost": {"bandwidth": 2.5e10, "overlap": 0.5}}
+        usp = sb.plan(lengths, 2, sp * 16384, cost=UlyssesCost(flops, sp), **kw)
+        ring = sb.plan(lengths, 2, sp * 16384, cost=flops, **kw)
+        assert usp.micro_batches == ring.micro_batches
+        assert usp.pieces == ring.pieces
+        assert usp.simulate().step_time == ring.simulate().step_time / sp
 
 
 def test_round_trip_through_json(tmp_path):

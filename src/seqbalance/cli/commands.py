@@ -418,9 +418,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if cp_kwargs:
         degrees = np.asarray(p.degrees())
         counts = " ".join(f"{d}:{int((degrees == d).sum())}" for d in np.unique(degrees))
+        where = (
+            f"{args.cp_size} GPUs x {p.num_micro_batches} slots of <= {p.max_tokens} tokens "
+            "a GPU" if args.sp_size == 1 else
+            f"{args.cp_size} Ulysses groups of {args.sp_size} GPUs x {p.num_micro_batches} "
+            f"slots of <= {p.max_tokens} tokens a group, {args.max_tokens} a GPU"
+        )  # fmt: skip
         print(
-            f"{p.num_sequences} sequences -> {p.dp_size} replicas x {args.cp_size} GPUs x "
-            f"{p.num_micro_batches} slots of <= {p.max_tokens} tokens a GPU ({args.cp} CP; "
+            f"{p.num_sequences} sequences -> {p.dp_size} replicas x {where} ({args.cp} CP; "
             f"sequences per CP degree {counts})",
             file=err,
         )

@@ -224,6 +224,7 @@ def _print(rows: list[dict[str, Any]], unit: str, out: TextIO) -> None:
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """``compare`` with ``--cp-size > 1`` (module docstring)."""
     from .commands import UserError, _demo_cost, _load_cost, _read_inputs
+    from .ulysses_options import group_capacity, wrap_cost
 
     # plan(cp_size > 1) refuses these too: say so rather than plan without them.
     for flag, used in (
@@ -234,9 +235,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         if used:
             raise UserError(f"compare --cp-size does not take {flag}")
     runs = []
+    sp = f" x sp={args.sp_size}" if args.sp_size > 1 else ""  # each CP rank a Ulysses group
     if args.demo:
         spec = args.model or args.cost
-        cost = _demo_cost() if spec is None else _load_cost(spec)
+        cost = wrap_cost(_demo_cost() if spec is None else _load_cost(spec), args)
         # Before anything is printed: every demo setup prices its ring.
         cp_cost_of(args, cost.unit, args.cp_bandwidth or CP_DEMO_SETUPS[0].bandwidth)
         for note in cost.notes:
@@ -252,7 +254,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             bw = s.bandwidth if args.cp_bandwidth is None else args.cp_bandwidth
             header = (
                 f"{s.workload} ({workloads.describe(s.workload)}): n={s.n}, dp={s.dp} x "
-                f"cp={args.cp_size}, max_tokens={s.max_tokens}/GPU, bandwidth={bw:.3g} B/s"
+                f"cp={args.cp_size}{sp}, max_tokens={s.max_tokens}/GPU, bandwidth={bw:.3g} B/s"
             )
             runs.append((header, lengths, s.dp, s.max_tokens, bw, s.workload))
     else:
@@ -261,12 +263,12 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         ]
         if missing:
             raise UserError(f"compare LENGTHS needs {' and '.join(missing)}")
-        cost = _load_cost(args.model or args.cost)
+        cost = wrap_cost(_load_cost(args.model or args.cost), args)
         lengths, groups = _read_inputs(args)
         if groups is not None:
             raise UserError("--groups-column is not supported with --cp-size > 1")
         header = (
-            f"{args.lengths}: n={lengths.shape[0]}, dp={args.dp} x cp={args.cp_size}, "
+            f"{args.lengths}: n={lengths.shape[0]}, dp={args.dp} x cp={args.cp_size}{sp}, "
             f"max_tokens={args.max_tokens}/GPU, sync={args.sync}, cost={cost.label}"
         )
         own = [
@@ -284,7 +286,11 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         )
     setups = []
     for header, lengths, dp, cap, bw, label in runs:
-        rows = _compare_one(lengths, dp, cap, args, cost, bw)
+        rows = _compare_one(lengths, dp, group_capacity(args, cap), args, cost, bw)
+        group = (
+            {"sp_size": args.sp_size, "group_max_tokens": group_capacity(args, cap)}
+            if args.sp_size > 1 else {}
+        )  # fmt: skip
         print("", file=out)
         print(header, file=out)
         _print(rows, cost.unit, out)
@@ -294,7 +300,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                 "n": int(lengths.shape[0]),
                 "dp": dp,
                 "cp_size": args.cp_size,
-                "max_tokens": cap,
+                "max_tokens": cap,  # a GPU's
+                **group,
                 "bandwidth": bw,
                 "sync": args.sync,
                 "cost": cost.label,

@@ -333,7 +333,7 @@ def _files_link(
 def _with_flags(seq: Any, link: dict[str, Any] | None, flags: dict[str, Any], same: bool) -> Any:
     """``seq`` under the files' link (``link``; None: none) with the flags' changes."""
     from ..costs import ContextParallelCost
-    from ..costs.context_parallel import FLOPS_PER_SECOND
+    from ..costs.context_parallel import _cost_per_second
 
     def pick(key: str, default: Any) -> Any:
         name = _LINK_FLAGS[key][0]
@@ -346,7 +346,10 @@ def _with_flags(seq: Any, link: dict[str, Any] | None, flags: dict[str, Any], sa
         if link is not None and same and "cost_per_second" in link:  # the saved cost: its rate
             cps = link.get("cost_per_second", 1.0)
         else:  # it prices the start cost's row only; the refit is in seconds
-            cps = FLOPS_PER_SECOND if type(seq).__name__ == "FlopsCost" else 1.0
+            try:  # 4e14 for FLOPs (a UlyssesCost: its own rate), 1 in seconds
+                cps = _cost_per_second(seq, 1.0)
+            except ValueError:  # units unknown: as before, 1 (the start row only)
+                cps = 1.0
     return ContextParallelCost(
         seq,
         bandwidth=pick("bandwidth", None),

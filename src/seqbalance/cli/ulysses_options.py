@@ -4,7 +4,8 @@ Under DeepSpeed-Ulysses (verl's ``ulysses_sequence_parallel_size``) the ``S`` GP
 group share every micro-batch, so ``plan`` and ``compare`` plan ``--dp`` groups as
 data-parallel ranks whose micro-batches hold ``S x --max-tokens`` tokens (verl multiplies
 its per-GPU budget the same way), priced by a :class:`~seqbalance.costs.UlyssesCost`: one
-GPU's share plus the exposed all-to-all. Nothing else in the planner changes.
+GPU's share plus the exposed all-to-all. Nothing else in the planner changes. With
+``--cp-size C`` too (USP), each of the ``C`` ranks of a CP ring is such a group.
 """
 
 from __future__ import annotations
@@ -76,11 +77,6 @@ def check_options(args: argparse.Namespace) -> None:
     if args.sp_size == 1:
         refuse_stray(stray, "--sp-size", "S", "Ulysses sequence parallelism")
         return
-    if args.cp_size != 1:
-        raise UserError(
-            "--sp-size and --cp-size together (Ulysses with ring context parallelism) are "
-            "not modelled; plan one of the two"
-        )
     for flag, value, low in (
         ("--sp-bandwidth", args.sp_bandwidth, "> 0"),
         ("--sp-bytes-per-token", args.sp_bytes_per_token, ">= 0"),
@@ -90,7 +86,7 @@ def check_options(args: argparse.Namespace) -> None:
             not math.isfinite(value) or value < 0 or (low == "> 0" and value == 0)
         ):
             raise UserError(f"{flag} must be finite and {low}, got {value:g}")
-    if args.sp_bandwidth is None and args.cost_per_second is not None:
+    if args.sp_bandwidth is None and args.cost_per_second is not None and args.cp_size == 1:
         stray.append("--cost-per-second")  # it prices the all-to-all, free without one
     if args.sp_bandwidth is None:
         refuse_unpriced(stray, "the all-to-all", "--sp-bandwidth")

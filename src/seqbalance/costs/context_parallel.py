@@ -137,6 +137,15 @@ def _layout_arrays(
     return tokens, sq(f[0], f[1]) + sq(f[2], f[3])
 
 
+def _architecture_of(cost: Any) -> Any:
+    """The architecture of a :class:`FlopsCost`, or of the one a UlyssesCost shares; None
+    for other costs."""
+    arch = getattr(cost, "architecture", None)
+    if arch is None and getattr(cost, "sp_size", None):  # a UlyssesCost
+        arch = getattr(getattr(cost, "cost", None), "architecture", None)
+    return arch
+
+
 def kv_bytes_per_token(cost: Any, dtype_bytes: float = 2) -> float:
     """Bytes of K and V one token contributes over all layers, from a :class:`FlopsCost`.
 
@@ -144,18 +153,27 @@ def kv_bytes_per_token(cost: Any, dtype_bytes: float = 2) -> float:
     with one ``head_dim`` that is ``2 * kv_heads * head_dim * dtype_bytes * layers``.
     MLA layers count the K/V heads they materialise (the same formula). ``dtype_bytes``
     is a finite number > 0 (2 for bf16, 1 for fp8, 0.5 for 4-bit).
+
+    For a :class:`~seqbalance.costs.UlyssesCost` (ring CP over Ulysses groups, "USP") the
+    bytes are one GPU's: each layer's ``kv_heads`` becomes ``max(kv_heads, sp) / sp``, the
+    heads a GPU of the group holds (K/V heads fewer than ``sp`` are repeated).
     """
     bytes_each = check_nonnegative_real(dtype_bytes, "dtype_bytes")
     if bytes_each == 0:
         raise ValueError("dtype_bytes must be > 0 (bytes per K/V value: 2 for bf16)")
-    arch = getattr(cost, "architecture", None)
+    # A UlyssesCost (USP: each CP rank a Ulysses group): a GPU holds 1/sp of the K/V
+    # heads, at least one (fewer heads than sp are repeated), and sends those.
+    sp = getattr(cost, "sp_size", None) or 1
+    arch = _architecture_of(cost)
     if arch is None:
         raise ValueError(
-            f"kv_bytes_per_token needs a FlopsCost (it reads the architecture), got "
-            f"{type(cost).__name__}; pass kv_bytes_per_token= explicitly instead"
+            f"kv_bytes_per_token needs a FlopsCost or a UlyssesCost of one (it reads the "
+            f"architecture), got {type(cost).__name__}; pass kv_bytes_per_token= explicitly "
+            "instead"
         )
     per_layer = [
-        layer.attention.kv_heads * (layer.attention.qk_head_dim + layer.attention.v_head_dim)
+        max(layer.attention.kv_heads, sp) / sp
+        * (layer.attention.qk_head_dim + layer.attention.v_head_dim)
         for layer in arch.layers
     ]
     return float(sum(per_layer) * bytes_each)
@@ -174,6 +192,9 @@ def _cost_per_second(cost: CostModel, bandwidth: float | None) -> float:
     """The default ``cost_per_second`` of ``cost``, or a ValueError when it is unknown."""
     if getattr(cost, "architecture", None) is not None:  # a FlopsCost
         return FLOPS_PER_SECOND
+    sp_rate = getattr(cost, "sp_size", None) and getattr(cost, "cost_per_second", None)
+    if sp_rate is not None:  # a UlyssesCost: the rate it prices its all-to-all at
+        return float(sp_rate)
     meta = getattr(cost, "meta", None) or {}
     if bandwidth is None or "seconds" in (meta.get("unit"), meta.get("units")):
         return 1.0  # without a bandwidth no time is converted
@@ -211,7 +232,7 @@ def link_settings(
         if bandwidth == 0:
             raise ValueError("bandwidth must be > 0 bytes/s (or None for free communication)")
     if bytes_per_token is None and bandwidth is not None:
-        if getattr(cost, "architecture", None) is None:
+        if _architecture_of(cost) is None:
             raise ValueError(
                 f"with bandwidth= and a cost that is not a FlopsCost, pass {bytes_name}= "
                 f"({bytes_hint})"
@@ -268,12 +289,6 @@ class ContextParallelCost:
         comm_passes: float = 3.0,
     ) -> None:
         check_cost_model(cost)
-        if cost.to_dict().get("kind") == "ulysses":  # by kind: ulysses imports this module
-            raise ValueError(
-                "ring context parallelism over a UlyssesCost (Ulysses and ring together) is "
-                "not modelled; plan one of the two: cp_size with the one-GPU cost, or the "
-                "UlyssesCost with cp_size=1"
-            )
         self.cost = cost
         c0, a, b, c = cost.polynomial
         # (share of c, window) per attention kind of a windowed FlopsCost; None: c·(e²−s²).

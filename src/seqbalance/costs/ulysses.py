@@ -209,6 +209,9 @@ class UlyssesCost(CostModel):
         self.comm_passes = check_nonnegative_real(comm_passes, "comm_passes")
         self.backward_matmul = cost.backward_matmul
         self.backward_attention = cost.backward_attention
+        kinds = getattr(cost, "_attention_kinds", None)
+        if kinds is not None:  # sliding windows, for ring CP over Ulysses groups (USP)
+            self._attention_kinds = kinds
         c0, a, b, c = cost.polynomial
         sp = self.sp_size
         self.per_microbatch = float(c0)
