@@ -507,8 +507,10 @@ def test_a_ulysses_start_cost_prices_the_ring_at_its_own_rate():
     from seqbalance.cli.refit import _LINK_FLAGS, _with_flags
 
     flags = {name: None for name, _ in _LINK_FLAGS.values()} | {"cp_bandwidth": 1e10}
-    usp = UlyssesCost(FlopsCost.from_name("qwen2.5-7b"), 4, cost_per_second=3e14)
+    usp = UlyssesCost(FlopsCost.from_name("qwen2.5-7b"), 4, bandwidth=1e11, cost_per_second=3e14)
     assert _with_flags(usp, None, flags, False).cost_per_second == 3e14
+    free = UlyssesCost(FlopsCost.from_name("qwen2.5-7b"), 4)  # no all-to-all rate: its FLOPs'
+    assert _with_flags(free, None, flags, False).cost_per_second == 4e14
     assert _with_flags(FlopsCost.from_name("qwen2.5-7b"), None, flags, False).cost_per_second \
         == 4e14
     assert _with_flags(TokenCost(), None, flags | {"kv_bytes_per_token": 1.0}, False) \

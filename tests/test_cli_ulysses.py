@@ -266,3 +266,36 @@ def test_ring_cp_over_ulysses_groups(tmp_path, capsys):
     # --cost-per-second prices the ring here, with or without --sp-bandwidth.
     assert main(["plan", str(src), *flags[:-2], "--cost-per-second", "3e14",
                  "--out", str(out)]) == 0  # fmt: skip
+    capsys.readouterr()
+    slow = sb.plan(lengths, 2, 4 * 16384, cost=UlyssesCost(FlopsCost.from_name("llama-3-8b"), 4),
+                   cp_size=8, cp="dynamic", cp_cost={"bandwidth": 2.5e10, "overlap": 0.5,
+                                                     "cost_per_second": 3e14})  # fmt: skip
+    assert out.read_text() == slow.to_json()
+    # A UlyssesCost JSON plans rings too: its units are its inner cost's (FLOP), and
+    # --cost-per-second is the ring's rate, not a second price for its all-to-all.
+    shared = tmp_path / "u.json"
+    shared.write_text(UlyssesCost(FlopsCost.from_name("llama-3-8b"), 4, bandwidth=1.5e11).to_json())
+    cli = ["plan", str(src), *flags[:8], "--cost", str(shared), "--cp-bandwidth", "2.5e10"]
+    assert main([*cli, "--out", str(out)]) == 0
+    assert "one GPU's share of Ulysses sp=4 from" in capsys.readouterr().err
+    assert out.read_text() == want.to_json()
+    assert main([*cli, "--cost-per-second", "3e14", "--out", str(out)]) == 0
+    capsys.readouterr()
+
+
+def test_planner_errors_over_ulysses_groups_name_the_group(tmp_path, capsys):
+    """Under --sp-size the planner's capacity is --sp-size x --max-tokens and, in a CP
+    ring, its "GPUs" are Ulysses groups: its messages say so."""
+    src = tmp_path / "long.txt"
+    src.write_text("600000\n")
+    base = ["plan", str(src), "--dp", "1", "--max-tokens", "16384", "--cp-size", "8",
+            "--model", "llama-3-8b"]  # fmt: skip
+    assert main([*base, "--sp-size", "4"]) == 2
+    assert _error_line(capsys) == (
+        "error: sequence 0 has 600000 tokens: split over --cp-size=8 Ulysses groups its "
+        "largest piece has 75000 tokens, more than --sp-size x --max-tokens=65536; raise "
+        "--cp-size, --sp-size or --max-tokens, or truncate it"
+    )
+    assert main(base) == 2  # without --sp-size, as before
+    assert "split over --cp-size=8 GPUs its largest piece has 75000 tokens, more than " \
+        "--max-tokens=16384; raise --cp-size or --max-tokens" in _error_line(capsys)

@@ -260,3 +260,20 @@ def test_a_refit_under_ulysses_says_it_is_one_gpus_share():
     for value in (True, 1, "4", 2.0):
         odd.meta["ulysses_sp_size"] = value
         assert ulysses_sp_size(odd) is None, value
+
+
+def test_ring_rate_of_a_ulysses_cost():
+    """Over a ring, a UlyssesCost's units are its inner cost's: one of unknown units must
+    say its rate (it took the placeholder 1 of a UlyssesCost without a bandwidth: a free
+    ring), a FLOP count gets 4e14, and one that prices its all-to-all keeps that rate."""
+    quad = QuadraticCost(per_token=1.0, per_token_sq=1e-5)
+    for cost in (UlyssesCost(quad, 4), UlyssesCost(TokenCost(), 2)):
+        with pytest.raises(ValueError, match="pass cost_per_second="):
+            ContextParallelCost(cost, bandwidth=1e9, kv_bytes_per_token=1e5)
+        with pytest.raises(ValueError, match="pass cost_per_second="):
+            sb.plan([100, 90000], 1, 65536, cost=cost, cp_size=2,
+                    cp_cost={"bandwidth": 1e9, "kv_bytes_per_token": 1e5})  # fmt: skip
+    flops = FlopsCost.from_name("llama-3-8b")
+    assert ContextParallelCost(UlyssesCost(flops, 2), bandwidth=1e9).cost_per_second == 4e14
+    own = UlyssesCost(flops, 2, bandwidth=1e9, cost_per_second=3e14)
+    assert ContextParallelCost(own, bandwidth=1e9).cost_per_second == 3e14

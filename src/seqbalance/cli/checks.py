@@ -202,7 +202,7 @@ def check_sizes(
         fix = (
             "raise --max-tokens, split them over GPUs with --cp-size C (context parallelism)"
             if cap_flag == "--max-tokens"
-            else "raise --max-tokens or --sp-size"  # Ulysses does not combine with --cp-size
+            else "raise --max-tokens or --sp-size"  # or --cp-size too: rings of such groups
         )
         raise UserError(f"{problem}: {fix}, or split or truncate such sequences")
     total = int(lengths.sum()) if n else 0

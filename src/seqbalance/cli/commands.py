@@ -129,6 +129,15 @@ def _as_flags(message: str) -> str:
     return re.sub("\x00(\\d+)\x00", lambda m: kept[int(m.group(1))], message)
 
 
+def _in_groups(message: str, ring: bool) -> str:
+    """A planner's message under ``--sp-size``: its capacity is ``--sp-size x
+    --max-tokens``, and (with ``ring``, ``--cp-size``) its "GPUs" are Ulysses groups."""
+    message = re.sub(r"(?<!x )--max-tokens=", "--sp-size x --max-tokens=", message)
+    message = message.replace("raise --cp-size or --max-tokens",
+                              "raise --cp-size, --sp-size or --max-tokens")  # fmt: skip
+    return re.sub(r"(\d+) GPUs\b", r"\1 Ulysses groups", message) if ring else message
+
+
 # ---- cost ------------------------------------------------------------------------------
 
 
@@ -154,8 +163,16 @@ def _load_cost(spec: str | None) -> CostChoice:
         from ..costs import load_cost  # noqa: F401  (numpy-only; reports a broken install)
     except ImportError as exc:
         raise UserError(f"cost models are unavailable in this install ({exc})") from None
-    model = load_user_cost(spec)
+    return _describe(load_user_cost(spec), spec)
+
+
+def _describe(model: Any, spec: str) -> CostChoice:
+    """The :class:`CostChoice` of a cost model loaded from ``spec``: its label and unit."""
     kind = type(model).__name__
+    if kind == "UlyssesCost":  # in the units of the cost it shares
+        inner = _describe(model.cost, spec)
+        label = f"{inner.label}, one GPU's share of Ulysses sp={model.sp_size} from {spec}"
+        return CostChoice(model, label, inner.unit, inner.notes)
     if kind == "TokenCost":
         return CostChoice(model)
     if kind == "FlopsCost":
@@ -396,7 +413,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         from .cp_compare import cp_cost_of
 
         cp_kwargs = {"cp_size": args.cp_size, "cp": args.cp,
-                     "cp_cost": cp_cost_of(args, cost.unit, args.cp_bandwidth)}  # fmt: skip
+                     "cp_cost": cp_cost_of(args, cost.unit, args.cp_bandwidth,
+                                           cost.model)}  # fmt: skip
     else:
         _check_sizes(lengths, groups, args.dp, cap, args)
     for note in cost.notes:
@@ -895,6 +913,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             message = f"{exc.filename}: {exc.strerror}"
         if not isinstance(exc, FileError):  # a file's keys are not flags the user gave
             message = _as_flags(message)
+            if getattr(args, "sp_size", 1) > 1:
+                message = _in_groups(message, args.cp_size > 1)
         print(f"error: {message}", file=sys.stderr)
         return 2
     return 0 if status is None else int(status)

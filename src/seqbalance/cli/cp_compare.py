@@ -102,8 +102,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=_CP_DEFAULTS["kv_bytes_per_token"],
         metavar="X",
-        help="K/V bytes one token sends over all layers (default: from --model's "
-        "architecture; needed with --cp-bandwidth and a --cost)",
+        help="K/V bytes one token sends over all layers from one GPU (default: from "
+        "--model's architecture, the heads a GPU holds under --sp-size; needed with "
+        "--cp-bandwidth and a --cost)",
     )
     g.add_argument(
         "--cp-comm-passes",
@@ -128,12 +129,15 @@ def _bandwidth_source(args: argparse.Namespace) -> str:
     return "--cp-bandwidth" if args.cp_bandwidth is not None else "the demo's CP bandwidths"
 
 
-def cp_cost_of(args: argparse.Namespace, unit: str, bandwidth: float | None) -> dict[str, Any]:
-    """The ``cp_cost`` dict of the ``--cp-*`` options, for a cost in ``unit``."""
+def cp_cost_of(
+    args: argparse.Namespace, unit: str, bandwidth: float | None, model: Any = None
+) -> dict[str, Any]:
+    """The ``cp_cost`` dict of the ``--cp-*`` options, for a cost in ``unit`` (``model``:
+    the cost, whose own rate a UlyssesCost keeps)."""
     from .ulysses_options import rate_of
 
     cps = rate_of(args, unit, bandwidth, _bandwidth_source(args),
-                  sized=args.kv_bytes_per_token is not None)  # fmt: skip
+                  sized=args.kv_bytes_per_token is not None, model=model)  # fmt: skip
     out: dict[str, Any] = {"cost_per_second": cps, "overlap": args.cp_overlap}
     if bandwidth is not None:
         out["bandwidth"] = bandwidth
@@ -168,7 +172,7 @@ def _compare_one(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str, Any]
     kw = {
         "cp_size": args.cp_size,
         "cost": cost.model,
-        "cp_cost": cp_cost_of(args, cost.unit, bandwidth),
+        "cp_cost": cp_cost_of(args, cost.unit, bandwidth, cost.model),
         "sync": args.sync,
     }
     plans = {
@@ -240,7 +244,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         spec = args.model or args.cost
         cost = wrap_cost(_demo_cost() if spec is None else _load_cost(spec), args)
         # Before anything is printed: every demo setup prices its ring.
-        cp_cost_of(args, cost.unit, args.cp_bandwidth or CP_DEMO_SETUPS[0].bandwidth)
+        cp_cost_of(args, cost.unit, args.cp_bandwidth or CP_DEMO_SETUPS[0].bandwidth,
+                   cost.model)  # fmt: skip
         for note in cost.notes:
             print(note, file=out)
         print(

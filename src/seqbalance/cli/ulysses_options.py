@@ -71,8 +71,9 @@ def _stray(args: argparse.Namespace) -> list[str]:
 
 
 def check_options(args: argparse.Namespace) -> None:
-    """Refuse the ``--sp-*`` options without ``--sp-size > 1``, Ulysses with ring CP, and
-    link values no all-to-all has, in the flags' words (before anything is read)."""
+    """Refuse the ``--sp-*`` options without ``--sp-size > 1`` (and without
+    ``--sp-bandwidth``, where they would change nothing), and link values no all-to-all
+    has, in the flags' words (before anything is read)."""
     stray = _stray(args)
     if args.sp_size == 1:
         refuse_stray(stray, "--sp-size", "S", "Ulysses sequence parallelism")
@@ -102,15 +103,19 @@ def rate_of(
     bandwidth: float | None,
     flag: str,
     sized: bool = False,
+    model: Any = None,
 ) -> float:
     """``--cost-per-second``, or the default for a cost in ``unit`` ("FLOP": 4e14 FLOP/s,
-    "s": 1). Priced over a link (``flag`` names where its bandwidth came from), a cost in
-    other units must say its rate, and so must a token cost whose transfer is ``sized``
-    (bytes a token given; tokens a second are unknown)."""
+    "s": 1; a ``model`` that is a UlyssesCost with a bandwidth: its own rate). Priced over
+    a link (``flag`` names where its bandwidth came from), a cost in other units must say
+    its rate, and so must a token cost whose transfer is ``sized`` (bytes a token given;
+    tokens a second are unknown)."""
     from ..costs.context_parallel import FLOPS_PER_SECOND
 
     if args.cost_per_second is not None:
         return float(args.cost_per_second)
+    if getattr(model, "sp_size", None) and getattr(model, "bandwidth", None) is not None:
+        return float(model.cost_per_second)  # the rate its all-to-all is priced at
     if unit == "FLOP":
         return FLOPS_PER_SECOND
     if bandwidth is not None and (unit not in _KNOWN_RATES or (unit == "tok" and sized)):
@@ -150,12 +155,15 @@ def wrap_cost(choice: Any, args: argparse.Namespace) -> Any:
                 f"the cost ({choice.label}) is one GPU's share of a Ulysses group of {shared} "
                 f"GPUs, not {args.sp_size}; pass --sp-size {shared}, or the cost of one GPU"
             )
-        if _stray(args) or args.cost_per_second is not None:
+        rate = args.cost_per_second is not None and args.cp_size == 1  # (else: the ring's)
+        if _stray(args) or rate:
             raise UserError(
                 f"the cost ({choice.label}) already prices the all-to-all of its Ulysses "
                 "group; drop --sp-bandwidth and the other --sp-* options"
-                + (" and --cost-per-second" if args.cost_per_second is not None else "")
+                + (" and --cost-per-second" if rate else "")
             )
+        if isinstance(inner, UlyssesCost):  # its label says so
+            return choice
         return replace(choice, label=f"{choice.label}, one GPU's share (Ulysses sp={shared})")
     bandwidth = args.sp_bandwidth
     size = args.sp_bytes_per_token
@@ -168,7 +176,11 @@ def wrap_cost(choice: Any, args: argparse.Namespace) -> Any:
             )
         size, free = 0.0, True  # a token count knows no head sizes: free, as for CP
     sized = args.sp_bytes_per_token is not None
-    rate = rate_of(args, choice.unit, bandwidth, "--sp-bandwidth", sized=sized)
+    # Without a bandwidth the all-to-all is free and no rate is needed (--cost-per-second
+    # then prices the CP ring only).
+    rate = None if bandwidth is None else rate_of(
+        args, choice.unit, bandwidth, "--sp-bandwidth", sized=sized
+    )
     model = UlyssesCost(
         inner,
         args.sp_size,

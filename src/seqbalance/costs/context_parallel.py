@@ -192,9 +192,10 @@ def _cost_per_second(cost: CostModel, bandwidth: float | None) -> float:
     """The default ``cost_per_second`` of ``cost``, or a ValueError when it is unknown."""
     if getattr(cost, "architecture", None) is not None:  # a FlopsCost
         return FLOPS_PER_SECOND
-    sp_rate = getattr(cost, "sp_size", None) and getattr(cost, "cost_per_second", None)
-    if sp_rate is not None:  # a UlyssesCost: the rate it prices its all-to-all at
-        return float(sp_rate)
+    if getattr(cost, "sp_size", None):  # a UlyssesCost: the rate of its all-to-all, if
+        if getattr(cost, "bandwidth", None) is not None:  # priced; else its inner cost's
+            return float(cost.cost_per_second)
+        return _cost_per_second(cost.cost, bandwidth)
     meta = getattr(cost, "meta", None) or {}
     if bandwidth is None or "seconds" in (meta.get("unit"), meta.get("units")):
         return 1.0  # without a bandwidth no time is converted
@@ -262,15 +263,18 @@ class ContextParallelCost:
         Cost units per second: 1 for a cost in seconds (``seqbalance calibrate``), the
         achieved FLOP/s per GPU for a FLOP cost. Default (None): :data:`FLOPS_PER_SECOND`
         for a :class:`FlopsCost` (as the command line), 1 for a cost whose ``meta`` says
-        it is in seconds; any other cost given a ``bandwidth`` must say it (with 1, a
+        it is in seconds, a UlyssesCost's own rate when it prices its all-to-all (else its
+        inner cost's default); any other cost given a ``bandwidth`` must say it (with 1, a
         FLOP or token cost would count the transfer's seconds as a few FLOPs or tokens:
         free, whatever the bandwidth).
     overlap : float
         Fraction (0..1) of one ring step's attention that can hide that step's transfer.
     kv_bytes_per_token : float, optional
-        Bytes of K and V per token over all layers; default from the cost's architecture
-        (:func:`kv_bytes_per_token`, bf16) when ``cost`` is a :class:`FlopsCost`, and
-        required otherwise when ``bandwidth`` is given.
+        Bytes of K and V one GPU sends per token over all layers; default from the cost's
+        architecture (:func:`kv_bytes_per_token`, bf16) when ``cost`` is a
+        :class:`FlopsCost` or a :class:`~seqbalance.costs.UlyssesCost` of one (then the
+        heads one GPU of the group holds), and required otherwise when ``bandwidth`` is
+        given.
     comm_passes : float
         Times the K/V volume crosses the ring per training step (3: forward K/V, backward
         K/V and dK/dV).
@@ -308,7 +312,8 @@ class ContextParallelCost:
         )
         self.bandwidth, self.kv_bytes_per_token, self.cost_per_second = link_settings(
             cost, bandwidth, cost_per_second, kv_bytes_per_token, "kv_bytes_per_token",
-            "2 * kv_heads * head_dim * dtype bytes * layers", _kv_bytes_of,
+            "2 * kv_heads * head_dim * dtype bytes * layers; under Ulysses, the heads one "
+            "GPU holds", _kv_bytes_of,
         )  # fmt: skip
         self.overlap = check_nonnegative_real(overlap, "overlap", upper=1.0)
         self.comm_passes = check_nonnegative_real(comm_passes, "comm_passes")
