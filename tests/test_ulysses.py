@@ -277,3 +277,32 @@ def test_ring_rate_of_a_ulysses_cost():
     assert ContextParallelCost(UlyssesCost(flops, 2), bandwidth=1e9).cost_per_second == 4e14
     own = UlyssesCost(flops, 2, bandwidth=1e9, cost_per_second=3e14)
     assert ContextParallelCost(own, bandwidth=1e9).cost_per_second == 3e14
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    coeffs=st.tuples(*[st.floats(1e-6, 1e3, allow_nan=False) for _ in range(3)]),
+    sp=st.sampled_from([2, 3, 4, 8]),
+    log_d=st.integers(0, 4),
+    length=st.integers(1, 200_000),
+    overlap=st.floats(0, 1),
+    kv=st.floats(1.0, 1e6),
+)
+def test_usp_pieces_are_the_ring_pieces_over_sp(coeffs, sp, log_d, length, overlap, kv):
+    """For any polynomial cost, with a free all-to-all: a USP piece is the ring piece / sp
+    when each GPU sends kv / sp bytes a token, and without a ring bandwidth the d pieces
+    add up to the UlyssesCost of the whole sequence (CP moves work, it creates none)."""
+    a, b, c = coeffs
+    quad = QuadraticCost(per_token=b, per_token_sq=c, per_sequence=a)
+    d = 2**log_d
+    link = {"bandwidth": 1e9, "overlap": overlap, "cost_per_second": 1e6}
+    ring = ContextParallelCost(quad, kv_bytes_per_token=kv, **link)
+    usp = ContextParallelCost(UlyssesCost(quad, sp), kv_bytes_per_token=kv / sp, **link)
+    free = ContextParallelCost(UlyssesCost(quad, sp))
+    layout = balanced_layout(length, d)
+    for ranges in layout:
+        want = ring.piece_cost(length, ranges, d) / sp
+        assert usp.piece_cost(length, ranges, d) == pytest.approx(want, rel=1e-9, abs=1e-12)
+    total = sum(free.piece_cost(length, ranges, d) for ranges in layout)
+    whole = float(UlyssesCost(quad, sp)([length])[0])
+    assert total == pytest.approx(whole, rel=1e-9)
