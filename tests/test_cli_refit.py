@@ -515,3 +515,33 @@ def test_a_ulysses_start_cost_prices_the_ring_at_its_own_rate():
         == 4e14
     assert _with_flags(TokenCost(), None, flags | {"kv_bytes_per_token": 1.0}, False) \
         .cost_per_second == 1.0  # units unknown: the start row only, as before
+
+
+def test_refit_of_timings_taken_on_rings_of_ulysses_groups(tmp_path, capsys):
+    """USP timings (each CP rank a Ulysses group of 4): the ring over the heads a GPU holds
+    is subtracted, the noise-free fit is one GPU's share of the truth, and it says so
+    (meta ulysses_sp_size): plan --sp-size 4 --cp-size 8 takes it as it is."""
+    sp = 4
+    link = {**LINK, "kv_bytes_per_token": LINK["kv_bytes_per_token"] / sp}  # a GPU's heads
+    usp_truth = ContextParallelCost(UlyssesCost(TRUTH, sp), cost_per_second=1.0, **link)
+    start = ContextParallelCost(UlyssesCost(TokenCost(), sp),
+                                cost_per_second=1 / TRUTH.per_token, **link)  # fmt: skip
+    rec = TimingRecorder(start)
+    for step in range(4):
+        lens = workloads.lengths("long-context", 128, seed=step)
+        p = plan(lens, 2, sp * 32768, cp_size=8, cp="dynamic", cp_cost=start)
+        t = piece_costs(p.pieces, np.asarray(p.lengths), usp_truth)
+        rec.extend(records_from_plan(p.micro_batches, p.lengths, t.tolist(), step, pieces=p.pieces))
+    saved = rec.save(tmp_path / "usp.jsonl")
+    out = tmp_path / "fit.json"
+    assert main(["refit", str(saved), "--no-per-rank", "--out", str(out)]) == 0
+    capsys.readouterr()
+    fitted = load_cost(str(out))
+    want = UlyssesCost(TRUTH, sp)  # one GPU's share: a, b, c over sp, c0 kept
+    np.testing.assert_allclose(fitted.polynomial[1:], want.polynomial[1:], rtol=1e-6)
+    assert fitted.meta["ulysses_sp_size"] == sp
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("".join(f"{x}\n" for x in workloads.lengths("long-context", 64, seed=9)))
+    assert main(["plan", str(lengths), "--dp", "2", "--max-tokens", "32768", "--cp-size", "8",
+                 "--sp-size", "4", "--cost", str(out), "--out", str(tmp_path / "p.json")]) == 0
+    assert "one GPU's share (Ulysses sp=4)" in capsys.readouterr().err
