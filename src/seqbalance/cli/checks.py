@@ -54,8 +54,10 @@ class FileError(UserError):
 def load_user_cost(spec: Any) -> Any:
     """``load_cost(spec)`` (``--cost``/``--model``), its ValueErrors as :class:`FileError`
     naming ``spec``: they are about the user's file or name, not about a flag's value."""
-    from ..costs import load_cost
-
+    try:
+        from ..costs import load_cost
+    except ImportError as exc:  # numpy-only, so a broken install
+        raise UserError(f"cost models are unavailable in this install ({exc})") from None
     try:
         return load_cost(spec)
     except ValueError as exc:

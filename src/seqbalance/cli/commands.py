@@ -159,10 +159,6 @@ class CostChoice:
 def _load_cost(spec: str | None) -> CostChoice:
     if spec is None or spec.lower() == "tokens":
         return CostChoice()
-    try:
-        from ..costs import load_cost  # noqa: F401  (numpy-only; reports a broken install)
-    except ImportError as exc:
-        raise UserError(f"cost models are unavailable in this install ({exc})") from None
     return _describe(load_user_cost(spec), spec)
 
 

@@ -291,11 +291,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         )
     setups = []
     for header, lengths, dp, cap, bw, label in runs:
-        rows = _compare_one(lengths, dp, group_capacity(args, cap), args, cost, bw)
-        group = (
-            {"sp_size": args.sp_size, "group_max_tokens": group_capacity(args, cap)}
-            if args.sp_size > 1 else {}
-        )  # fmt: skip
+        group_cap = group_capacity(args, cap)  # cap is a GPU's; a Ulysses group holds sp x
+        rows = _compare_one(lengths, dp, group_cap, args, cost, bw)
+        group = {"sp_size": args.sp_size, "group_max_tokens": group_cap} if args.sp_size > 1 else {}
         print("", file=out)
         print(header, file=out)
         _print(rows, cost.unit, out)
