@@ -82,11 +82,13 @@ def test_compare_cp_refuses_or_honours_the_plan_options(tmp_path, capsys):
     src = tmp_path / "lengths.txt"
     src.write_text("\n".join(["3000", "100", "200", "50", "700", "20"]) + "\n")
     base = ["compare", str(src), "--dp", "1", "--max-tokens", "1000", "--cp-size", "4"]
-    # plan(cp_size > 1) does not take these: refused, as --padded is, not ignored.
+    # The CP strategies compared do not honour these: refused, as --padded is, not ignored.
     for extra in (["--size", "equal"], ["--extra-micro-batches", "2"]):
-        assert main(base + extra) == 2, extra
-        err = capsys.readouterr().err
-        assert err.startswith("error: compare --cp-size does not take " + extra[0]), err
+        for mode in ("static", "dynamic"):
+            assert main([*base, *extra, "--cp", mode]) == 2, extra
+            err = capsys.readouterr().err
+            assert err.startswith("error: compare --cp-size does not take " + extra[0]), err
+            assert "plan --cp static does" in err
     # These it does take: seqbalance's row keeps them.
     out = tmp_path / "cp.json"
     args = [*base, "--min-micro-batches", "3", "--micro-batch-multiple", "2", "--json", str(out)]
@@ -156,7 +158,7 @@ def test_plan_cp_errors(tmp_path, capsys):
     assert main([*base, "--cp-size", "16", "--pp-size", "2"]) == 2
     assert "do not combine with --cp-size > 1" in capsys.readouterr().err
     assert main([*base, "--cp-size", "16", "--padded"]) == 2
-    assert "--padded is not supported with --cp-size" in capsys.readouterr().err
+    assert "--padded does not combine with --cp-size > 1" in capsys.readouterr().err
     assert main([*base, "--cp-size", "16"]) == 0  # 90,000 tokens over 16 GPUs fit
 
 

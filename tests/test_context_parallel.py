@@ -331,7 +331,32 @@ def test_too_long_sequence_is_named():
     [
         ({"cp_size": 3}, "cp_size must be a power of two"),
         ({"cp_size": 2, "cp": "ring"}, "cp must be one of"),
-        ({"cp_size": 2, "groups": [0, 0, 1, 1]}, "groups=.* not supported with cp_size > 1"),
+        # Static CP plans its replicas under these; dynamic CP has no replica to hold them.
+        (
+            {"cp_size": 2, "cp": "dynamic", "groups": [0, 0, 1, 1]},
+            "groups=an array needs cp='static' with cp_size > 1",
+        ),
+        ({"cp_size": 2, "cp": "dynamic", "size": "equal"}, "size='equal' needs cp='static'"),
+        ({"cp_size": 2, "cp": "dynamic", "order": "index"}, "order='index' needs cp='static'"),
+        (
+            {"cp_size": 2, "cp": "dynamic", "oversized": "alone"},
+            "oversized='alone' needs cp='static'",
+        ),
+        (
+            {"cp_size": 2, "cp": "dynamic", "extra_micro_batches": 1},
+            "extra_micro_batches=1 needs cp='static'",
+        ),
+        (
+            {"cp_size": 2, "cp": "dynamic", "sequences_per_micro_batch": 2},
+            "sequences_per_micro_batch=2 needs cp='static'",
+        ),
+        # A bad value is named as such, in either mode, not as a mode mismatch.
+        ({"cp_size": 2, "cp": "dynamic", "size": "even"}, "size must be one of"),
+        ({"cp_size": 2, "size": "even"}, "size must be one of"),
+        ({"cp_size": 2, "order": "lightest"}, "order must be one of"),
+        ({"cp_size": 2, "oversized": "drop"}, "oversized must be one of"),
+        ({"cp_size": 2, "extra_micro_batches": -1}, "extra_micro_batches"),
+        ({"cp_size": 2, "sequences_per_micro_batch": 0}, "sequences_per_micro_batch"),
         ({"cp_size": 2, "padded": True}, "padded=True is not supported"),
         ({"cp_size": 2, "cost": [1.0, 2.0, 3.0, 4.0]}, "not per-sequence numbers"),
         ({"cp_size": 2, "cp_cost": {"bandwith": 1e9}}, "unknown key"),
@@ -541,8 +566,6 @@ def test_cp_from_dict_refuses_a_num_micro_batches_that_disagrees():
         ("costs", lambda v: [c * 2 for c in v]),
         ("per_microbatch", lambda v: v + 1.0),
         ("padded", lambda v: True),
-        ("size", lambda v: "balanced"),
-        ("groups", lambda v: [0] * 8),
         ("pipeline", lambda v: {"pp_size": 2}),
     ],
 )

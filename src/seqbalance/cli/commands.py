@@ -388,6 +388,22 @@ def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
             "--pp-size/--schedule/--virtual-stages/--pp-comm do not combine with "
             f"--cp-size > 1 yet; {command} one of the two at a time"
         )
+    elif args.padded:
+        raise UserError(
+            "--padded does not combine with --cp-size > 1: a CP piece is priced by its own "
+            "tokens, never padded; drop one of the two"
+        )
+    elif command == "plan" and args.cp == "dynamic" and (rules := [flag for flag, used in (
+        ("--groups-column", args.groups_column is not None),
+        ("--size", args.size != "free"),
+        ("--extra-micro-batches", args.extra_micro_batches != 0),
+    ) if used]):  # fmt: skip
+        raise UserError(
+            f"{' and '.join(rules)} need{'s' if len(rules) == 1 else ''} --cp static with "
+            "--cp-size > 1: dynamic CP (the "
+            "default) shares one pool of GPUs between replicas, so rules on replicas and "
+            "their micro-batches do not apply; pass --cp static"
+        )
     elif args.cp_bandwidth is None and not getattr(args, "demo", False):  # the demo has its
         # bandwidths; without one the ring's transfers are free, and these would do nothing
         sizing = [flag for flag, used in (

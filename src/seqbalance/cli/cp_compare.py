@@ -230,14 +230,18 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     from .commands import UserError, _demo_cost, _load_cost, _read_inputs
     from .ulysses_options import group_capacity, wrap_cost
 
-    # plan(cp_size > 1) refuses these too: say so rather than plan without them.
+    # The CP strategies compared here do not honour these (plan --cp static does, but
+    # for --padded): say so rather than compare plans made without them.
     for flag, used in (
         ("--padded", args.padded),
         ("--size", args.size != "free"),
         ("--extra-micro-batches", args.extra_micro_batches != 0),
     ):
         if used:
-            raise UserError(f"compare --cp-size does not take {flag}")
+            raise UserError(
+                f"compare --cp-size does not take {flag}: the CP strategies it compares do "
+                f"not honour it{'' if flag == '--padded' else '; plan --cp static does'}"
+            )
     runs = []
     sp = f" x sp={args.sp_size}" if args.sp_size > 1 else ""  # each CP rank a Ulysses group
     if args.demo:
@@ -271,7 +275,10 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         cost = wrap_cost(_load_cost(args.model or args.cost), args)
         lengths, groups = _read_inputs(args)
         if groups is not None:
-            raise UserError("--groups-column is not supported with --cp-size > 1")
+            raise UserError(
+                "compare --cp-size does not take --groups-column: the CP strategies it "
+                "compares do not honour it; plan --cp static does"
+            )
         header = (
             f"{args.lengths}: n={lengths.shape[0]}, dp={args.dp} x cp={args.cp_size}{sp}, "
             f"max_tokens={args.max_tokens}/GPU, sync={args.sync}, cost={cost.label}"

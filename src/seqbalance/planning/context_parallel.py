@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -51,10 +52,12 @@ from .._validate import (
     check_bool,
     check_choice,
     check_max_tokens,
+    check_nonnegative_int,
     check_positive_int,
     is_array_like,
 )
 from ..costs.context_parallel import ContextParallelCost, balanced_layout
+from ..partitioning._rules import SIZES
 from ._slots import fill_slack
 from .cp_plans import (
     CP_MODES,
@@ -131,11 +134,14 @@ class _Request:
     """The validated arguments of :func:`plan_cp`."""
 
     def __init__(
-        self, lens, dp, cp_size, cap, cpc, sync, m_min, mult, allow_empty, baselines=True
+        self, lens, dp, cp_size, cap, cpc, sync, m_min, mult, allow_empty, baselines=True,
+        rules=None,
     ) -> None:
         self.lens, self.dp, self.cp_size, self.cap = lens, dp, cp_size, cap
         self.cpc, self.sync, self.m_min, self.mult = cpc, sync, m_min, mult
         self.allow_empty, self.baselines = allow_empty, baselines
+        # plan()'s rules for the replicas of static CP (a replica is a rank there)
+        self.rules: dict[str, Any] = dict(rules or {})
         self.world = dp * cp_size
         self.n = int(lens.shape[0])
         self.tables = degree_tables(lens, cpc, cp_size)
@@ -145,6 +151,9 @@ class _Request:
         d_min = np.zeros(self.n, dtype=np.int64)
         for d, (_, _, ptok) in sorted(self.tables.items()):
             d_min = np.where((d_min == 0) & (ptok <= self.cap), d, d_min)
+        if (d_min == 0).any() and self.rules.get("oversized") == "alone":
+            # static CP only: such a sequence runs alone, over the cap, at cp_size
+            d_min[d_min == 0] = self.cp_size
         if (d_min == 0).any():
             i = int(np.flatnonzero(d_min == 0)[0])
             ptok = int(self.tables[self.cp_size][2][i])
@@ -160,9 +169,48 @@ class _Request:
         return _round_up(max(m_cap, self.m_min), self.mult)
 
 
+#: plan()'s rules on ranks and micro-batches that static CP applies to its replicas, with
+#: their defaults (dynamic CP refuses any other value).
+REPLICA_RULES: dict[str, Any] = {
+    "size": "free",
+    "groups": None,
+    "order": None,
+    "oversized": "error",
+    "extra_micro_batches": 0,
+    "sequences_per_micro_batch": None,
+}
+
+
+def _check_rules(rules: dict[str, Any], cp: str) -> dict[str, Any]:
+    """The rules away from their defaults; refused under dynamic CP."""
+    from ._ordering import ORDERS, OVERSIZED
+
+    check_choice(rules["size"], "size", SIZES)
+    if rules["order"] is not None:
+        check_choice(rules["order"], "order", ORDERS)
+    check_choice(rules["oversized"], "oversized", OVERSIZED)
+    check_nonnegative_int(rules["extra_micro_batches"], "extra_micro_batches")
+    if rules["sequences_per_micro_batch"] is not None:
+        check_positive_int(rules["sequences_per_micro_batch"], "sequences_per_micro_batch")
+    given = {
+        k: v
+        for k, v in rules.items()
+        if ((v is not None) if REPLICA_RULES[k] is None else (v != REPLICA_RULES[k]))
+    }
+    if given and cp == "dynamic":
+        k = next(iter(given))
+        value = "an array" if k == "groups" else repr(given[k])
+        raise ValueError(
+            f"{k}={value} needs cp='static' with cp_size > 1: dynamic CP shares one pool of "
+            "GPUs between replicas, so rules on replicas and their micro-batches do not "
+            f"apply; pass cp='static', or leave {k} at {REPLICA_RULES[k]!r}"
+        )
+    return given
+
+
 def _validate(
     lengths, dp_size, max_tokens, cp_size, cp, cost, cp_cost, sync, m_min, mult, allow_empty,
-    baselines=True,
+    baselines=True, rules=None,
 ) -> _Request:
     lens = as_lengths(lengths)
     dp = check_positive_int(dp_size, "dp_size")
@@ -170,6 +218,7 @@ def _validate(
     c = check_cp_size(cp_size, "cp_size")
     check_choice(cp, "cp", CP_MODES)
     check_choice(sync, "sync", SYNC_MODELS)
+    given = _check_rules({**REPLICA_RULES, **(rules or {})}, cp)
     cpc = make_cp_cost(cost, cp_cost)
     return _Request(
         lens,
@@ -182,6 +231,7 @@ def _validate(
         check_positive_int(mult, "micro_batch_multiple"),
         check_bool(allow_empty, "allow_empty"),
         check_bool(baselines, "baselines"),
+        given,
     )
 
 
@@ -230,9 +280,11 @@ def _static_base(req: _Request) -> Any:
             micro_batch_multiple=req.mult,
             allow_empty=req.allow_empty,
             baselines=req.baselines,
+            **req.rules,
         )
     except ValueError as exc:
-        return str(exc)
+        # plan()'s ranks are this mesh's replicas, and its tokens a sequence's largest piece
+        return re.sub(r"\brank(s?)\b", r"replica\1", str(exc))
 
 
 def _static_step(req: _Request, base: Any) -> float:
@@ -250,6 +302,20 @@ def _static_step(req: _Request, base: Any) -> float:
             if items:
                 mb[r, j] = float((c0 + costs[items].sum(axis=0)).max())
     return float(mb.max(axis=0).sum()) if req.sync == "fsdp" else float(mb.sum(axis=1).max())
+
+
+def _static_notes(req: _Request, notes: Any) -> list[str]:
+    """The replica plan's notes, in this mesh's words (a sequence's largest piece, not the
+    sequence, is what ``oversized="alone"`` finds above ``max_tokens``)."""
+    return [
+        re.sub(
+            r"^(\d+) sequences longer than (max_tokens=\d+) run alone",
+            rf"\1 sequences whose largest piece over cp_size={req.cp_size} GPUs is longer "
+            r"than \2 run alone",
+            note,
+        )
+        for note in notes
+    ]
 
 
 def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
@@ -270,7 +336,9 @@ def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
         replicas=req.dp,
         sync=req.sync,
         strategy=strategy,
-        notes=list(base.notes),
+        notes=_static_notes(req, base.notes),
+        size=base.size,
+        groups=base.groups,
     )
 
 
@@ -632,9 +700,15 @@ def plan_cp(
     cost: Any = None,
     cp_cost: Any = None,
     sync: str = "fsdp",
+    size: str = "free",
+    groups: Any = None,
     min_micro_batches: int = 1,
     micro_batch_multiple: int = 1,
     allow_empty: bool = False,
+    extra_micro_batches: int = 0,
+    order: str | None = None,
+    oversized: str = "error",
+    sequences_per_micro_batch: int | None = None,
     baselines: bool = True,
 ) -> CPPlan:
     """Plan a ``dp_size x cp_size`` mesh with context parallelism (module docstring).
@@ -653,6 +727,14 @@ def plan_cp(
         Communication parameters: None (free), a dict of
         :class:`~seqbalance.costs.context_parallel.ContextParallelCost` keyword arguments
         (``bandwidth``, ``cost_per_second``, ``overlap``, ...), or a ready instance.
+    size, groups, extra_micro_batches, order, oversized, sequences_per_micro_batch
+        Static CP only (dynamic CP refuses them other than their defaults): as in
+        :func:`seqbalance.plan`, applied to the replicas, each of which counts as one
+        rank, with a sequence's largest piece as its tokens. So ``size`` counts the
+        sequences (or groups) of a replica, ``groups`` keeps a group on one replica,
+        ``order`` orders a replica's slots, and ``oversized="alone"`` runs a sequence
+        whose largest piece exceeds ``max_tokens`` alone in its slot (``violations()``
+        counts its GPUs over the cap).
     baselines : bool
         As in :func:`seqbalance.plan`: False keeps the baselines' plans out of the
         candidates (the replica plan of static CP, and the Megatron-style layout that
@@ -666,7 +748,9 @@ def plan_cp(
     ------
     ValueError
         Bad arguments; a sequence whose largest piece exceeds ``max_tokens`` even at
-        ``d = cp_size`` (named); too few sequences for non-empty micro-batches.
+        ``d = cp_size`` (named; unless ``oversized="alone"``); too few sequences for
+        non-empty micro-batches; a rule the replicas cannot meet (as :func:`seqbalance.plan`
+        says it, after ``"static CP: "``).
     """
     req = _validate(
         lengths,
@@ -681,6 +765,14 @@ def plan_cp(
         micro_batch_multiple,
         allow_empty,
         baselines,
+        {
+            "size": size,
+            "groups": groups,
+            "order": order,
+            "oversized": oversized,
+            "extra_micro_batches": extra_micro_batches,
+            "sequences_per_micro_batch": sequences_per_micro_batch,
+        },
     )
     if cp == "static":
         p = _static(req)

@@ -42,6 +42,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._validate import (
+    as_groups,
     as_index,
     as_lengths,
     check_choice,
@@ -52,6 +53,7 @@ from .._validate import (
     check_text,
 )
 from ..costs.context_parallel import ContextParallelCost, balanced_layout
+from ..partitioning._rules import SIZES
 from ..partitioning.stats import relative_gap
 from .plans import FORMAT, Plan, check_derived
 from .simulation import SYNC_MODELS, Simulation, check_equal_counts, lockstep_timeline
@@ -463,6 +465,8 @@ class CPPlan(Plan):
         sync: str = "fsdp",
         strategy: str = "seqbalance",
         notes: Sequence[str] = (),
+        size: str = "free",
+        groups: Any = None,
     ) -> None:
         lens = as_lengths(lengths)
         n = int(lens.shape[0])
@@ -515,6 +519,8 @@ class CPPlan(Plan):
                 )
         self._init_fields(clean, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy)
         self.notes = check_notes(notes, "notes")
+        self.size = check_choice(size, "size", SIZES)
+        self.groups = None if groups is None else as_groups(groups, n)
 
     def _init_fields(
         self, pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy
@@ -549,10 +555,13 @@ class CPPlan(Plan):
         sync: str,
         strategy: str,
         notes: Sequence[str],
+        size: str = "free",
+        groups: np.ndarray | None = None,
     ) -> CPPlan:
         self = cls.__new__(cls)
         self._init_fields(pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy)
         self.notes = tuple(notes)
+        self.size, self.groups = size, groups
         return self
 
     # ---- shape -------------------------------------------------------------------------
@@ -624,7 +633,10 @@ class CPPlan(Plan):
         ``split_slots`` (sequences spread over more than one slot), ``bad_degree``
         (sequences whose GPU count is not a power of two <= ``cp_size``), ``off_layout``
         (sequences whose pieces are not the balanced layout of a degree on an aligned
-        block of GPUs, those over two slots among them).
+        block of GPUs, those over two slots among them). A plan made under groups or a
+        size rule (static CP) also counts ``split_groups`` and ``size_rule`` as
+        :meth:`Plan.violations` does, over replicas: a replica's sequences are those its
+        ``cp_size`` GPUs touch.
         """
         m = self.num_micro_batches
         _, slot, seq, s, e = _flatten(self.pieces)
@@ -635,7 +647,7 @@ class CPPlan(Plan):
         deg = self.degrees()
         held = deg > 0
         pow2 = (deg & (deg - 1)) == 0
-        return {
+        out = {
             "over_capacity": int((self.microbatch_tokens() > self.max_tokens).sum()),
             "empty": sum(1 for g in self.pieces for sl in g if not sl),
             "unequal_counts": sum(1 for g in self.pieces if len(g) != m),
@@ -645,6 +657,16 @@ class CPPlan(Plan):
             "bad_degree": int((held & (~pow2 | (deg > self.cp_size))).sum()),
             "off_layout": len(_off_layout(self.pieces, self.lengths, self.cp_size)),
         }
+        if self.groups is not None or self.size != "free":
+            out.update(self._rule_violations())
+        return out
+
+    def _rank_sequences(self, rank: int) -> np.ndarray:
+        """The distinct sequences the ``cp_size`` GPUs of replica ``rank`` touch."""
+        c = self.cp_size
+        held = [i for g in range(rank * c, (rank + 1) * c) for mb in self.micro_batches[g]
+                for i in mb]  # fmt: skip
+        return np.unique(np.asarray(held, dtype=np.int64))
 
     def _coverage(
         self, seq: np.ndarray, s: np.ndarray, e: np.ndarray
@@ -834,6 +856,8 @@ class CPPlan(Plan):
             sync=data.get("sync", "fsdp"),
             strategy=data.get("strategy", "seqbalance"),
             notes=data.get("notes", ()),
+            size=data.get("size", "free"),
+            groups=data.get("groups"),
         )
         # Written by to_dict for a Plan's readers, but CP plans derive them from pieces,
         # lengths and cp_cost: an edited one would silently do nothing.
@@ -846,8 +870,6 @@ class CPPlan(Plan):
                 "costs",
                 "per_microbatch",
                 "padded",
-                "size",
-                "groups",
                 "pipeline",
             ),
             source="pieces, lengths and cp_cost",

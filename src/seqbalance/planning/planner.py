@@ -1110,20 +1110,14 @@ def _plan_cp_hook(**kw: Any) -> Plan:
     """``cp_size > 1``: context-parallel planning; arguments it cannot honour are refused."""
     from .context_parallel import plan_cp  # lazily: it builds on plan() for static CP
 
-    for name, default in (
-        ("size", "free"),
-        ("groups", None),
-        ("padded", False),
-        ("extra_micro_batches", 0),
-        ("pp_size", 1),
-        ("order", None),
-        ("oversized", "error"),
-        ("sequences_per_micro_batch", None),
+    for name, default, why in (
+        ("padded", False, "a CP piece is priced by its own tokens, never padded"),
+        ("pp_size", 1, "pipeline stages and CP rings are not planned together yet"),
     ):
-        value = kw[name]
-        if (value is not None) if default is None else (value != default):
+        if kw[name] != default:
             raise ValueError(
-                f"{name}={value!r} is not supported with cp_size > 1; leave it at {default!r}"
+                f"{name}={kw[name]!r} is not supported with cp_size > 1 ({why}); leave it "
+                f"at {default!r}"
             )
     # One stage per replica: the schedule keywords are checked as at pp_size=1 (a config
     # may pass its schedule whatever its sizes), and pp_comm is refused there.
@@ -1139,9 +1133,15 @@ def _plan_cp_hook(**kw: Any) -> Plan:
         cost=kw["cost"],
         cp_cost=kw["cp_cost"],
         sync=kw["sync"],
+        size=kw["size"],
+        groups=kw["groups"],
         min_micro_batches=kw["min_micro_batches"],
         micro_batch_multiple=kw["micro_batch_multiple"],
         allow_empty=kw["allow_empty"],
+        extra_micro_batches=kw["extra_micro_batches"],
+        order=kw["order"],
+        oversized=kw["oversized"],
+        sequences_per_micro_batch=kw["sequences_per_micro_batch"],
         baselines=kw["baselines"],
     )
 
@@ -1238,10 +1238,11 @@ def plan(
         communication. ``cp_size > 1`` returns a
         :class:`~seqbalance.planning.cp_plans.CPPlan`; see
         :func:`seqbalance.planning.context_parallel.plan_cp`, which honours ``baselines``
-        and checks ``schedule`` and ``virtual_stages`` as at ``pp_size=1`` (it refuses
-        ``pp_comm``, ``pp_size``, ``size``, ``groups``, ``padded``, ``order``,
-        ``oversized``, ``extra_micro_batches`` and ``sequences_per_micro_batch``
-        other than their defaults). At ``cp_size=1`` a
+        and checks ``schedule`` and ``virtual_stages`` as at ``pp_size=1``. Static CP
+        plans the replicas with ``size``, ``groups``, ``order``, ``oversized``,
+        ``extra_micro_batches`` and ``sequences_per_micro_batch`` as without CP (a
+        replica is a rank); dynamic CP refuses them other than their defaults, and both
+        refuse ``padded``, ``pp_size`` and ``pp_comm``. At ``cp_size=1`` a
         ``cp_cost`` is still checked, and a sequence cost inside a ``ContextParallelCost``
         is the one planned with.
     pp_size : int

@@ -323,9 +323,13 @@ class Plan:
             out.update(self._rule_violations())
         return out
 
+    def _rank_sequences(self, rank: int) -> np.ndarray:
+        """The distinct sequences of data-parallel rank ``rank``, the unit rules count on."""
+        return np.unique(self.rank_indices(rank))
+
     def _rule_violations(self) -> dict[str, int]:
         """Groups split across ranks, and ranks whose count breaks the size rule."""
-        per_rank = [np.unique(self.rank_indices(r)) for r in range(self.dp_size)]
+        per_rank = [self._rank_sequences(r) for r in range(self.dp_size)]
         if self.groups is None:
             counts = np.array([u.size for u in per_rank])
             total, split = self.num_sequences, 0
