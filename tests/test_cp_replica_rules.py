@@ -244,3 +244,28 @@ def test_cli_plan_static_cp_keeps_groups_on_one_replica(tmp_path, capsys):
     library = sb.plan(lens, 4, 16_384, cost="qwen2.5-7b", cp_size=4, cp="static",
                       groups=prompt, size="equal")  # fmt: skip
     assert json.loads(out.read_text())["pieces"] == library.to_dict()["pieces"]
+
+
+@given(st.lists(st.integers(0, 5000), max_size=20), st.sampled_from([1, 2, 4, 8]))
+def test_largest_piece_tokens_is_the_largest_share_of_the_layout(lengths, d):
+    from seqbalance.costs.context_parallel import largest_piece_tokens
+
+    want = [largest_piece(x, d) for x in lengths]
+    assert largest_piece_tokens(np.asarray(lengths, dtype=np.int64), d).tolist() == want
+
+
+def test_replica_micro_batches_of_static_and_dynamic_plans():
+    rng = np.random.default_rng(2)
+    lens = rng.integers(100, 30_000, size=40)
+    p = sb.plan(lens, 2, 8192, cp_size=4, cp="static")
+    # read from the pieces: the sequences replica r's first GPU holds a piece of, per slot
+    want = [[sorted({i for i, _, _ in slot}) for slot in p.pieces[r * 4]] for r in range(2)]
+    assert p.replica_micro_batches() == want
+    assert sorted(i for r in want for mb in r for i in mb) == list(range(40))
+    # dynamic CP puts short sequences on single GPUs: no whole micro-batch per replica
+    short = np.concatenate([rng.integers(100, 2000, size=60), [30_000, 28_000]])
+    q = sb.plan(short, 2, 8192, cp_size=4, cp="dynamic", cost="qwen2.5-7b",
+                cp_cost={"bandwidth": 2.5e10})  # fmt: skip
+    assert (q.degrees() < 4).any()
+    with pytest.raises(ValueError, match=r"replica \d's 4 GPUs do not share the same sequences"):
+        q.replica_micro_batches()

@@ -290,8 +290,9 @@ def worker_errors(rank: int, world: int) -> list[str]:
     # One rank holds a sequence above the cap: named by that rank and its own index.
     attempt(lambda: rebalance(good, np.array([2, 9 if rank == 1 else 2] + [2] * (n - 2)),
                               max_tokens=8))  # fmt: skip
-    # Context parallelism is cp_shard's job: refused, not planned for whole sequences.
-    attempt(lambda: rebalance(good, lens, max_tokens=8, cp_size=2))
+    # Dynamic context parallelism is cp_shard's job: refused, not planned for whole
+    # sequences (static CP is planned: tests/test_torch_static_cp.py).
+    attempt(lambda: rebalance(good, lens, max_tokens=8, cp_size=2, cp="dynamic"))
     return msgs
 
 
@@ -312,7 +313,8 @@ def test_errors_raise_on_every_rank(world):
     assert first[7] == "ok"
     assert "rank 1" in first[8] and "this rank's sequence 1 has 9 tokens" in first[8]
     assert "rank 0" not in first[8]
-    assert "does not plan context parallelism (cp_size=2)" in first[9] and "cp_shard" in first[9]
+    assert "only static context parallelism keeps (cp_size=2, cp='dynamic')" in first[9]
+    assert "cp_shard" in first[9]
 
 
 def worker_token_keys_string(rank: int, world: int) -> list[str]:

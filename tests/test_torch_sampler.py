@@ -439,12 +439,13 @@ def test_empty_dataset_still_checks_the_options(options, match):
     assert len(s) == 0 and list(s) == []
 
 
-def test_context_parallelism_is_refused_with_the_way_to_do_it():
-    # It planned a dp x cp mesh for num_replicas replicas and yielded whole sequences,
-    # some above max_tokens a GPU, as if the trainer split them the way the plan assumed.
-    with pytest.raises(ValueError, match=r"does not plan context parallelism.*cp_shard"):
+def test_dynamic_context_parallelism_is_refused_with_the_way_to_do_it():
+    # Long ago it planned a dp x cp mesh and yielded GPU `rank`'s sequences as if they were
+    # replica `rank`'s. Static CP now yields each replica's (tests/test_torch_static_cp.py);
+    # dynamic CP has no whole micro-batches per replica.
+    with pytest.raises(ValueError, match=r"only static context parallelism.*cp_shard"):
         BalancedDistributedSampler([100, 200, 300, 50] * 8, 8, 2048, num_replicas=2, rank=0,
-                                   cp_size=2)  # fmt: skip
+                                   cp_size=2, cp="dynamic")  # fmt: skip
     s = BalancedDistributedSampler([100, 200, 300, 50] * 8, 8, 2048, num_replicas=2, rank=0,
                                    cp_size=1)  # fmt: skip
     assert sorted(i for mb in s for i in mb) == sorted(

@@ -70,7 +70,13 @@ from .._validate import (
 )
 from .base import CostModel, check_keys
 
-__all__ = ["FLOPS_PER_SECOND", "ContextParallelCost", "balanced_layout", "kv_bytes_per_token"]
+__all__ = [
+    "FLOPS_PER_SECOND",
+    "ContextParallelCost",
+    "balanced_layout",
+    "kv_bytes_per_token",
+    "largest_piece_tokens",
+]
 
 
 def balanced_layout(length: int, d: int) -> list[list[tuple[int, int]]]:
@@ -91,6 +97,21 @@ def balanced_layout(length: int, d: int) -> list[list[tuple[int, int]]]:
         return [[(0, length)]]
     cuts = [(k * length) // (2 * d) for k in range(2 * d + 1)]
     return [[(cuts[r], cuts[r + 1]), (cuts[2 * d - 1 - r], cuts[2 * d - r])] for r in range(d)]
+
+
+def largest_piece_tokens(lengths: Any, d: int) -> np.ndarray:
+    """Tokens of each sequence's largest piece when split ``d`` ways in the balanced layout.
+
+    This is what one GPU holds of the sequence under context parallelism of degree ``d``,
+    so it is what a per-GPU ``max_tokens`` bounds.
+
+    Examples
+    --------
+    >>> largest_piece_tokens([10, 7, 1], 2).tolist()
+    [5, 4, 1]
+    """
+    lens = as_lengths(lengths)
+    return _layout_arrays(lens, check_degree(d, "d"))[0].max(axis=1, initial=0)
 
 
 def _length(value: Any, name: str) -> int:

@@ -604,6 +604,36 @@ class CPPlan(Plan):
             raise ValueError(f"rank must be in [0, {self.world_size}), got {rank}")
         return np.asarray([i for mb in self.micro_batches[rank] for i in mb], dtype=np.int64)
 
+    def replica_micro_batches(self) -> list[list[list[int]]]:
+        """Whole sequences per data-parallel replica and slot, for a plan whose replicas
+        each split all their sequences over their ``cp_size`` GPUs (every static plan).
+
+        ``out[r][j]`` lists the sequences that the GPUs of replica ``r`` (GPUs ``r *
+        cp_size .. (r + 1) * cp_size - 1``) share in slot ``j``. This is what a
+        framework that loads one micro-batch per replica and cuts it into its CP pieces
+        itself (Megatron-LM's two-chunks-per-rank split is this layout) needs.
+
+        Raises
+        ------
+        ValueError
+            If a GPU of some replica touches other sequences than its replica's first GPU
+            in some slot (a dynamic plan with degrees below ``cp_size``, or a hand-made
+            plan); then each GPU's pieces are in :attr:`pieces`.
+        """
+        c = self.cp_size
+        out = []
+        for r in range(self.replicas):
+            rows = self.micro_batches[r * c : (r + 1) * c]
+            if any(row != rows[0] for row in rows[1:]):
+                raise ValueError(
+                    f"replica {r}'s {c} GPUs do not share the same sequences in every slot "
+                    f"(a {self.cp} plan with sequences on fewer than cp_size={c} GPUs): "
+                    "there are no whole micro-batches per replica; use the pieces "
+                    "(seqbalance.torch.cp_shard), or plan with cp='static'"
+                )
+            out.append([list(mb) for mb in rows[0]])
+        return out
+
     def order(self) -> np.ndarray:
         """Every sequence once, GPU-major, slot, position, at the first GPU that holds it."""
         seen: set[int] = set()

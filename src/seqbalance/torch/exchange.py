@@ -79,12 +79,53 @@ Outputs = Union[torch.Tensor, Mapping[str, torch.Tensor]]
 _SINGLE = "\x00output"  # internal key for a bare-tensor output
 _MAX_SEQLEN = "max_seqlen"  # a packed batch's longest sequence: recomputed, not moved
 
-#: Why ``cp_size`` is refused where whole sequences are planned for data-parallel ranks.
+#: Why dynamic CP is refused where whole sequences are planned for data-parallel ranks.
 CP_REFUSED = (
-    "{what} gives each data-parallel rank whole sequences; it does not plan context "
-    "parallelism (cp_size={cp!r}). Plan the dp x cp mesh with seqbalance.plan(..., "
-    "cp_size=...) and cut each GPU's pieces with seqbalance.torch.cp_shard"
+    "{what} gives each data-parallel rank whole sequences, which only static context "
+    "parallelism keeps (cp_size={cp!r}, cp={mode!r}): pass cp='static' to plan for a "
+    "framework that cuts each micro-batch over its replica's CP ranks itself, or plan the "
+    "dp x cp mesh with seqbalance.plan(..., cp_size=..., cp='dynamic') and cut each GPU's "
+    "pieces with seqbalance.torch.cp_shard"
 )
+
+
+def cp_size_of(what: str, options: Mapping[str, Any]) -> int:
+    """The CP size of planner ``options`` where each data-parallel rank gets whole
+    sequences: 1, or a static-CP ``cp_size`` (dynamic CP is refused with why)."""
+    from seqbalance.planning.cp_plans import check_cp_size
+
+    cp = check_cp_size(options.get("cp_size", 1))
+    mode = options.get("cp", "static")
+    if cp > 1 and mode != "static":
+        raise ValueError(CP_REFUSED.format(what=what, cp=cp, mode=mode))
+    return cp
+
+
+def too_long_for_cp(lengths: np.ndarray, max_tokens: int, cp: int, item: str) -> str | None:
+    """:func:`too_long` for a per-GPU ``max_tokens`` under static CP of ``cp`` GPUs: what
+    one GPU holds of a sequence is its largest piece."""
+    if cp == 1:
+        return too_long(lengths, max_tokens, item=item)
+    from seqbalance.costs.context_parallel import largest_piece_tokens
+
+    pieces = largest_piece_tokens(lengths, cp)
+    over = np.flatnonzero(pieces > max_tokens)
+    if not over.size:
+        return None
+    i = int(over[0])
+    return (
+        f"{item} {i} has {int(lengths[i])} tokens: split over cp_size={cp} GPUs its largest "
+        f"piece has {int(pieces[i])} tokens, more than max_tokens={max_tokens} (a larger "
+        "cp_size cuts smaller pieces)"
+    )
+
+
+def replica_grid(p: Any) -> list[list[list[int]]]:
+    """Whole sequences per data-parallel rank and micro-batch of a plan (a static CP
+    plan's per replica)."""
+    from seqbalance.planning.cp_plans import CPPlan
+
+    return p.replica_micro_batches() if isinstance(p, CPPlan) else p.micro_batches
 
 
 def _max_seqlen_kind(value: Any) -> torch.dtype | None:
@@ -518,7 +559,13 @@ def rebalance(
         Forwarded to the planner (``min_micro_batches``, ``micro_batch_multiple``,
         ``padded``, ``allow_empty``, ``size``...). Like ``max_tokens``, ``cost`` (unless an
         array), ``sync`` and ``method``, they must be the same on every rank; the first
-        all-gather checks that they are.
+        all-gather checks that they are. ``cp_size=C`` plans static context parallelism
+        for a framework that cuts each sequence over a replica's ``C`` CP ranks itself:
+        ``group`` is the data-parallel group (one rank per replica; call it on every CP
+        rank, each over its own data-parallel group), ``max_tokens`` is per GPU and
+        bounds a sequence's largest piece, and each rank receives its replica's whole
+        sequences (:meth:`~seqbalance.planning.cp_plans.CPPlan.replica_micro_batches`).
+        ``cp="dynamic"`` is refused (:func:`seqbalance.torch.cp_shard` cuts its pieces).
 
     Returns
     -------
@@ -546,8 +593,7 @@ def rebalance(
         check_max_tokens(max_tokens, "max_tokens")
         if "groups" in plan_options or "cost" in plan_options:
             raise TypeError("pass groups= and cost= as rebalance's own arguments")
-        if plan_options.get("cp_size", 1) != 1:
-            raise ValueError(CP_REFUSED.format(what="rebalance", cp=plan_options["cp_size"]))
+        cp_size_of("rebalance", plan_options)
         # An unknown keyword fails here, on its rank, instead of after the exchange.
         bound = inspect.signature(make_plan).bind(
             np.zeros(0, np.int64), world, max_tokens, **options
@@ -566,7 +612,8 @@ def rebalance(
         it by its index in the gathered batch, and not say which rank holds it)."""
         if options.get("oversized", "error") != "error":
             return  # planned alone: the planner decides
-        problem = too_long(lens, max_tokens, item="this rank's sequence")
+        cp = cp_size_of("rebalance", plan_options)
+        problem = too_long_for_cp(lens, max_tokens, cp, item="this rank's sequence")
         if problem:
             raise ValueError(
                 f"{problem}; raise max_tokens, split or truncate such sequences, or pass "
@@ -584,7 +631,7 @@ def rebalance(
             groups=groups,
             **options,
         )
-        return p, [[np.asarray(mb, dtype=np.int64) for mb in mbs] for mbs in p.micro_batches]
+        return p, [[np.asarray(mb, dtype=np.int64) for mb in mbs] for mbs in replica_grid(p)]
 
     return _rebalance(
         batch,

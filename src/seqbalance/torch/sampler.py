@@ -22,9 +22,9 @@ from .._validate import (
     check_nonnegative_int,
     check_positive_int,
     is_array_like,
-    too_long,
 )
 from ..partitioning.searches import exact_searches, exact_searches_enabled
+from .exchange import replica_grid
 
 __all__ = ["BalancedDistributedSampler"]
 
@@ -109,7 +109,12 @@ class BalancedDistributedSampler:
         The group for that check (default: the world).
     **plan_options
         Forwarded to the planner (``min_micro_batches``, ``micro_batch_multiple``,
-        ``padded``, ``allow_empty``...).
+        ``padded``, ``allow_empty``...). ``cp_size=C`` plans static context parallelism:
+        ``num_replicas`` and ``rank`` are then the data-parallel size and this replica
+        (give them; the world counts every CP rank), ``max_tokens`` is per GPU and bounds
+        a sequence's largest piece over ``C`` GPUs, and every CP rank of a replica yields
+        the replica's whole sequences, for the framework to cut (Megatron-LM's
+        two-chunk split is the planned layout). ``cp="dynamic"`` is refused.
 
     Examples
     --------
@@ -207,6 +212,11 @@ class BalancedDistributedSampler:
         self.global_batch_size = check_positive_int(global_batch_size, "global_batch_size")
         self.max_tokens = check_max_tokens(max_tokens, "max_tokens")
         if num_replicas is None or rank is None:
+            if plan_options.get("cp_size", 1) != 1:
+                raise ValueError(
+                    "with cp_size, pass num_replicas= and rank= (the data-parallel size and "
+                    "this rank's replica): the world counts every CP rank"
+                )
             world, me = _default_world()
             num_replicas = world if num_replicas is None else num_replicas
             rank = me if rank is None else rank
@@ -273,13 +283,11 @@ class BalancedDistributedSampler:
                 "seqbalance.torch.rebalance(..., groups=ids) on produced batches, or pass "
                 "the group as one dataset item"
             )
-        if self.plan_options.get("cp_size", 1) != 1:
-            from .exchange import CP_REFUSED
+        from .exchange import cp_size_of, too_long_for_cp
 
-            cp = self.plan_options["cp_size"]
-            raise ValueError(CP_REFUSED.format(what="BalancedDistributedSampler", cp=cp))
+        cp = cp_size_of("BalancedDistributedSampler", self.plan_options)
         if self.plan_options.get("oversized", "error") == "error":
-            problem = too_long(self.lengths, self.max_tokens, item="dataset item")
+            problem = too_long_for_cp(self.lengths, self.max_tokens, cp, item="dataset item")
             if problem:
                 raise ValueError(
                     f"{problem}; raise max_tokens, split or drop such items, or pass "
@@ -387,7 +395,7 @@ class BalancedDistributedSampler:
         for s in range(self.num_steps):
             idx, p = self._step(s)
             self._drawn.add(s)
-            mbs = p.micro_batches[self.rank]
+            mbs = replica_grid(p)[self.rank]
             yield [idx[np.asarray(mb, dtype=np.int64)].tolist() for mb in mbs]
 
     def __iter__(self) -> Iterator[list[int]]:

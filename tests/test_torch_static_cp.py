@@ -1,0 +1,142 @@
+"""Static context parallelism in torch loops: whole sequences per data-parallel replica.
+
+A framework such as Megatron-LM loads one micro-batch per replica and cuts every sequence
+over the replica's CP ranks itself (two chunks a rank, the balanced layout). For it,
+``rebalance(..., cp_size=C)`` and ``BalancedDistributedSampler(..., cp_size=C)`` plan
+static CP (``max_tokens`` per GPU, on a sequence's largest piece) and give every CP rank of
+a replica that replica's whole sequences. Expected micro-batches come from
+``seqbalance.plan(..., cp_size=C, cp="static")`` read per replica from its pieces.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+TORCH_MISSING = (
+    "needs torch (not in the test extra); a CPU build: "
+    "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+)
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
+pytest.importorskip("torch.distributed")
+
+import seqbalance as sb  # noqa: E402
+from seqbalance.costs.context_parallel import balanced_layout  # noqa: E402
+from seqbalance.torch import BalancedDistributedSampler, rebalance  # noqa: E402
+from seqbalance.torch.testing import run_distributed  # noqa: E402
+
+CP = 2
+PER_GPU_TOKENS = 40
+
+
+def replica_lengths(replica: int) -> np.ndarray:
+    """The batch replica ``replica`` starts with (both its CP ranks hold it)."""
+    return np.random.default_rng(10 + replica).integers(5, 76, size=7 + 3 * replica)
+
+
+def _ids(replica: int) -> np.ndarray:
+    return np.arange(len(replica_lengths(replica))) + 1000 * replica
+
+
+def per_replica(p) -> list[list[list[int]]]:
+    """Whole sequences per replica and slot, read from the pieces (not from the plan's
+    own helper): the sequences that GPU ``r * cp_size`` holds a piece of."""
+    return [
+        [sorted({i for i, _, _ in slot}) for slot in p.pieces[r * p.cp_size]]
+        for r in range(p.dp_size)
+    ]
+
+
+def worker(rank: int, world: int, mode: str) -> dict:
+    import torch.distributed as dist
+
+    dp_groups = [dist.new_group([pos + CP * g for g in range(world // CP)]) for pos in range(CP)]
+    replica, position = divmod(rank, CP)
+    lengths = replica_lengths(replica)
+    ids = torch.as_tensor(_ids(replica))
+    width = 80
+    tokens = torch.where(torch.arange(width)[None, :] < torch.as_tensor(lengths)[:, None],
+                         ids[:, None] * 100 + torch.arange(width)[None, :], -1)  # fmt: skip
+    batch = {"input_ids": tokens, "seq_id": ids}
+    try:
+        mbs, handle = rebalance(batch, lengths, max_tokens=PER_GPU_TOKENS, cp_size=CP, cp=mode,
+                                group=dp_groups[position])  # fmt: skip
+    except ValueError as exc:
+        return {"error": str(exc)}
+    back = handle.restore([mb["seq_id"] * 2 for mb in mbs])
+    return {
+        "mbs": [mb["seq_id"].tolist() for mb in mbs],
+        "rows": [mb["input_ids"].tolist() for mb in mbs],
+        "back": back.tolist(),
+    }
+
+
+@pytest.mark.timeout(120)
+def test_rebalance_gives_each_replica_its_static_cp_micro_batches():
+    world = 4
+    out = run_distributed(worker, world, "static", timeout=110)
+    lengths = np.concatenate([replica_lengths(g) for g in range(world // CP)])
+    ids = np.concatenate([_ids(g) for g in range(world // CP)])
+    assert lengths.max() > PER_GPU_TOKENS  # whole sequences exceed a GPU's capacity
+    want = sb.plan(lengths, world // CP, PER_GPU_TOKENS, cp_size=CP, cp="static")
+    grid = per_replica(want)
+    for rank in range(world):
+        replica = rank // CP
+        assert "error" not in out[rank], out[rank]
+        assert out[rank] == out[replica * CP], "the CP ranks of one replica differ"
+        assert out[rank]["mbs"] == [ids[mb].tolist() for mb in grid[replica]]
+        assert out[rank]["back"] == (_ids(replica) * 2).tolist()
+        # each row arrives whole, and one CP rank's share of a micro-batch fits a GPU
+        for mb, rows in zip(out[rank]["mbs"], out[rank]["rows"]):
+            held = 0
+            for sid, row in zip(mb, rows):
+                length = int(lengths[list(ids).index(sid)])
+                assert row[:length] == [sid * 100 + t for t in range(length)]
+                held += sum(e - s for s, e in balanced_layout(length, CP)[rank % CP])
+            assert held <= PER_GPU_TOKENS
+    seen = sorted(i for g in range(world // CP) for mb in out[g * CP]["mbs"] for i in mb)
+    assert seen == sorted(ids.tolist())
+
+
+@pytest.mark.timeout(120)
+def test_rebalance_refuses_dynamic_cp_on_every_rank():
+    out = run_distributed(worker, 4, "dynamic", timeout=110)
+    assert all(o == out[0] for o in out)
+    assert "only static context parallelism keeps (cp_size=2, cp='dynamic')" in out[0]["error"]
+    assert "cp_shard" in out[0]["error"]
+
+
+def test_sampler_yields_each_replicas_static_cp_micro_batches():
+    rng = np.random.default_rng(4)
+    lengths = rng.integers(50, 8000, size=70)
+    dp, cap, c = 3, 2048, 4
+    assert lengths.max() > cap  # whole items above a GPU's capacity, their pieces within
+    options = dict(num_replicas=dp, cp_size=c, cost="qwen2.5-7b", seed=1)
+    samplers = [BalancedDistributedSampler(lengths, 24, cap, rank=r, **options) for r in range(dp)]
+    steps = samplers[0].step_indices()
+    mine = [list(s.steps()) for s in samplers]
+    for k, idx in enumerate(steps):
+        want = per_replica(sb.plan(lengths[idx], dp, cap, cp_size=c, cp="static",
+                                   cost="qwen2.5-7b", allow_empty=len(idx) < 24))  # fmt: skip
+        for r in range(dp):
+            assert mine[r][k] == [idx[mb].tolist() for mb in want[r]]
+    everything = sorted(i for r in range(dp) for step in mine[r] for mb in step for i in mb)
+    assert everything == list(range(70))
+    assert [len(s) for s in samplers] == [len(samplers[0])] * dp
+
+
+def test_sampler_names_an_item_whose_piece_is_too_long_and_refuses_dynamic_cp():
+    lengths = [100, 200, 9000, 50] * 4
+    with pytest.raises(ValueError, match=r"dataset item 2 has 9000 tokens: split over "
+                       r"cp_size=2 GPUs its largest piece has 4500 tokens"):  # fmt: skip
+        BalancedDistributedSampler(lengths, 8, 4096, num_replicas=2, rank=0, cp_size=2)
+    # over 4 GPUs its pieces fit: planned, and yielded by one of the two replicas
+    ranks = [BalancedDistributedSampler(lengths, 8, 4096, num_replicas=2, rank=r, cp_size=4)
+             for r in range(2)]  # fmt: skip
+    assert sorted(i for s in ranks for mb in s for i in mb) == list(range(16))
+    with pytest.raises(ValueError, match=r"only static context parallelism.*cp='dynamic'"):
+        BalancedDistributedSampler(lengths, 8, 4096, num_replicas=2, rank=0, cp_size=4,
+                                   cp="dynamic")  # fmt: skip
+    # the world counts every CP rank, so the replicas must be given
+    with pytest.raises(ValueError, match=r"with cp_size, pass num_replicas= and rank="):
+        BalancedDistributedSampler(lengths, 8, 4096, cp_size=4, check_ranks=False)
