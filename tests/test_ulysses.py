@@ -102,6 +102,8 @@ def test_sp_sizes_that_do_not_split_the_heads_are_refused(sp, words):
     with pytest.raises(ValueError, match="whole attention heads") as exc:
         UlyssesCost(FlopsCost.from_name("qwen2.5-7b"), sp)
     assert words in str(exc.value)
+    # advice that holds whether or not ring CP is already in use
+    assert "give the rest of the degree to ring context parallelism (cp_size)" in str(exc.value)
 
 
 @pytest.mark.parametrize(

@@ -111,7 +111,8 @@ def check_heads(cost: Any, sp_size: int) -> None:
     use = f"use sp_size {', '.join(map(str, fits))}" if fits else "no sp_size > 1 fits"
     raise ValueError(
         f"Ulysses gives each of the sp_size GPUs whole attention heads, and {name} has "
-        f"{why}; {use}, or ring context parallelism (cp_size), which splits tokens"
+        f"{why}; {use}, and give the rest of the degree to ring context parallelism "
+        "(cp_size), which splits tokens, not heads"
     )
 
 
