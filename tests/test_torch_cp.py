@@ -349,3 +349,52 @@ def test_cp_degree_counts_the_gpus_that_list_the_sequence():
         gpus = {g for g, _ in holders}
         assert all(d == len(gpus) for _, d in holders), holders
     assert any(len({g for g, _ in h}) == 1 for h in seen.values())  # a lone piece exists
+
+
+# ---- ring CP over Ulysses groups (USP): the README's recipe on processes -----------------
+
+USP_SP, USP_CP = 2, 2
+
+
+def _usp_case():
+    from seqbalance.costs import TokenCost, UlyssesCost
+
+    rng = np.random.default_rng(21)
+    lengths = rng.integers(3, 90, size=14)
+    lengths[4] = 230  # above one group's 2 x 64 tokens: split over the ring
+    p = sb.plan(lengths, 1, USP_SP * 64, cost=UlyssesCost(TokenCost(), USP_SP),
+                cp_size=USP_CP, cp="dynamic")  # fmt: skip
+    return lengths, p
+
+
+def _usp_worker(rank: int, world: int):
+    import torch.distributed as dist
+
+    # Process = (Ulysses group g, position k in it). The plan's "GPUs" are the groups; the
+    # ring of position k holds position k of every group, in plan order.
+    g, k = divmod(rank, USP_SP)
+    ulysses = [dist.new_group([h * USP_SP + j for j in range(USP_SP)]) for h in range(USP_CP)]
+    rings = [dist.new_group([h * USP_SP + j for h in range(USP_CP)]) for j in range(USP_SP)]
+    lengths, p = _usp_case()
+    batch = packed(lengths, 21)
+    mbs, handle = cp_shard(batch, p, g)  # every GPU of group g takes the group's pieces
+    outs = []
+    for mb in mbs:
+        # The Ulysses layer gives each GPU a contiguous 1/sp of the piece's tokens, and
+        # gathers the group's outputs back after the model.
+        mine = torch.tensor_split(mb["input_ids"], USP_SP)[k] * 3
+        parts = [None] * USP_SP
+        dist.all_gather_object(parts, mine.tolist(), group=ulysses[g])
+        outs.append(torch.tensor([x for part in parts for x in part], dtype=torch.int64))
+    full = handle.restore(outs, group=rings[k])
+    return bool(torch.equal(full, batch["input_ids"] * 3)), p.to_json()
+
+
+@pytest.mark.timeout(TIMEOUT)
+def test_usp_groups_shard_and_restore_over_their_ring():
+    _, p = _usp_case()
+    assert (p.degrees() == USP_CP).any()  # the long sequence really is split over the ring
+    assert p.microbatch_tokens().max() > 64  # a group holds more than one GPU's tokens
+    out = run_distributed(_usp_worker, USP_SP * USP_CP, timeout=TIMEOUT)
+    assert all(ok for ok, _ in out)
+    assert len({js for _, js in out}) == 1
