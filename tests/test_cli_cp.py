@@ -88,7 +88,7 @@ def test_compare_cp_refuses_or_honours_the_plan_options(tmp_path, capsys):
             assert main([*base, *extra, "--cp", mode]) == 2, extra
             err = capsys.readouterr().err
             assert err.startswith("error: compare --cp-size does not take " + extra[0]), err
-            assert "plan --cp static does" in err
+            assert "plan --cp-size C --cp static does" in err
     # These it does take: seqbalance's row keeps them.
     out = tmp_path / "cp.json"
     args = [*base, "--min-micro-batches", "3", "--micro-batch-multiple", "2", "--json", str(out)]

@@ -9,14 +9,15 @@ hold per replica. These tests check each rule from the pieces themselves (a repl
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
-from seqbalance.costs import ContextParallelCost, FlopsCost, TokenCost
+from seqbalance.costs import ContextParallelCost, FlopsCost, QuadraticCost, TokenCost
 from seqbalance.costs.context_parallel import balanced_layout
 from seqbalance.planning.cp_plans import CPPlan
 
@@ -196,26 +197,73 @@ def test_oversized_alone_runs_the_sequence_alone_over_the_cap():
     assert p.violations()["over_capacity"] == c  # its C GPUs in its one slot
     assert any("largest piece over cp_size=4 GPUs is longer than max_tokens=8192" in n
                for n in p.notes)  # fmt: skip
+    # The plan can be simulated and bounded (the bound refused the oversized sequence, so
+    # simulate, stats and lower_bound raised; found by review). Free communication and a
+    # token cost: the bound is the largest piece, 50,000 / 4 = 12,500 tokens, and no GPU
+    # can finish sooner than the one holding it.
+    sim = p.simulate()
+    assert p.lower_bound() == 12_500 == sim.lower_bound
+    assert sim.step_time >= sim.lower_bound
+    assert p.stats()["violations"]["over_capacity"] == c
+    assert sb.Plan.from_json(p.to_json()).simulate().step_time == sim.step_time
+    assert p.min_micro_batches_bound() == 1
 
 
-def test_sequences_per_micro_batch_and_extra_counts():
+def test_sequences_per_micro_batch():
     rng = np.random.default_rng(11)
     lens = rng.integers(100, 20_000, size=60)
     p = sb.plan(lens, 3, 16_384, cp_size=2, cp="static", sequences_per_micro_batch=3)
     check_static_layout(p, lens)
     assert max(len(mb) for gpu in p.micro_batches for mb in gpu) <= 3
     assert p.num_micro_batches >= -(-60 // (3 * 3))
-    base = sb.plan(lens, 3, 16_384, cp_size=2, cp="static")
-    more = sb.plan(lens, 3, 16_384, cp_size=2, cp="static", extra_micro_batches=3)
-    check_static_layout(more, lens)
-    assert base.num_micro_batches <= more.num_micro_batches <= base.num_micro_batches + 3
+
+
+def test_extra_counts_are_taken_when_faster():
+    # Under fsdp with an attention term, 5 slots balance better than the fewest, 4.
+    cost = QuadraticCost(per_token=1.0, per_token_sq=1e-4)
+    lens = [4259, 1837, 4846, 6679, 13046, 7275, 1561, 5424, 9641, 13029, 11684, 15886, 3087,
+            14095, 976, 8975, 4472]  # fmt: skip
+    kw = dict(cp_size=2, cp="static", cost=cost)
+    base = sb.plan(lens, 2, 8192, **kw)
+    at5 = sb.plan(lens, 2, 8192, min_micro_batches=base.num_micro_batches + 1, **kw)
+    more = sb.plan(lens, 2, 8192, extra_micro_batches=2, **kw)
+    check_static_layout(more, np.asarray(lens))
+    assert more.num_micro_batches > base.num_micro_batches
+    assert more.simulate().step_time <= at5.simulate().step_time < base.simulate().step_time
     assert not any(more.violations().values())
+    assert any(n.startswith("extra_micro_batches=2:") for n in more.notes)
+    assert not any("min_micro_batches=" in n for n in more.notes)  # the caller passed none
 
 
-def test_replica_plan_errors_speak_of_replicas():
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.integers(100, 16_000), min_size=4, max_size=24),
+    st.sampled_from([2, 4]),
+    st.integers(1, 3),
+    st.integers(1, 3),
+    st.sampled_from(["fsdp", "ddp"]),
+    st.sampled_from([0.0, 2e4, 2e5]),
+)
+@example([8097, 8677, 12327, 15256, 1522, 3162], 2, 2, 1, "ddp", 1e5)
+def test_extra_counts_never_slower_than_none(lengths, c, dp, extra, sync, c0):
+    # The replica plan's costs carry no per-micro-batch term, so extra counts looked free
+    # to it: 3 slots at 312,438 against 2 at 212,438 in the example (found by review).
+    cost = QuadraticCost(per_token=1.0, per_token_sq=1e-5, per_microbatch=c0)
+    kw = dict(cp_size=c, cp="static", cost=cost, sync=sync, allow_empty=True)
+    base = sb.plan(lengths, dp, 8192, **kw)
+    more = sb.plan(lengths, dp, 8192, extra_micro_batches=extra, **kw)
+    assert more.simulate().step_time <= base.simulate().step_time * (1 + 1e-12)
+    assert more.num_micro_batches <= base.num_micro_batches + extra
+
+
+def test_replica_plan_errors_and_notes_speak_of_replicas():
     lens = [100] * 8
     with pytest.raises(ValueError, match=r"^static CP: .*replica \d+ holds 0 sequences"):
         sb.plan(lens, 4, 1000, cp_size=2, cp="static", groups=[0] * 4 + [1] * 4)
+    rng = np.random.default_rng(0)
+    p = sb.plan(rng.integers(100, 30_000, 64), 4, 8192, cp_size=4, cp="static",
+                groups=np.arange(64) // 4)  # fmt: skip
+    assert p.notes and not any(re.search(r"\branks?\b", n) for n in p.notes), p.notes
 
 
 def test_cli_plan_static_cp_keeps_groups_on_one_replica(tmp_path, capsys):
@@ -231,6 +279,10 @@ def test_cli_plan_static_cp_keeps_groups_on_one_replica(tmp_path, capsys):
     assert main(base) == 2
     err = capsys.readouterr().err
     assert "--groups-column needs --cp static with --cp-size > 1" in err, err
+    # checked before planning, as without CP, in replicas
+    assert main([*base, "--cp", "static", "--dp", "9"]) == 2
+    err = capsys.readouterr().err
+    assert "8 groups for 9 replicas" in err and "Use --dp 8 or fewer" in err, err
     assert main([*base, "--cp", "static", "--size", "equal", "--out", str(out)]) == 0
     capsys.readouterr()
     p = sb.Plan.from_json(out.read_text())

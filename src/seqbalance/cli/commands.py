@@ -413,6 +413,23 @@ def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
         refuse_unpriced(sizing, "the CP ring", "--cp-bandwidth")
 
 
+def _check_static_cp_sizes(
+    lengths: np.ndarray, groups: np.ndarray | None, cap: int, args: argparse.Namespace
+) -> None:
+    """:func:`_check_sizes` for ``--cp static``, before planning: its replicas are planned as
+    ranks, with each sequence's largest piece (what one GPU holds) as its tokens. A piece
+    above the capacity is left to the planner, whose message names the sequence."""
+    from ..costs.context_parallel import largest_piece_tokens
+
+    pieces = largest_piece_tokens(lengths, args.cp_size)
+    if pieces.size and int(pieces.max()) > cap:
+        return
+    try:
+        _check_sizes(pieces, groups, args.dp, cap, args)
+    except UserError as exc:
+        raise UserError(re.sub(r"\brank(s?)\b", r"replica\1", str(exc))) from None
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     check_numbers(args)
     check_outputs(args)
@@ -427,6 +444,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         cp_kwargs = {"cp_size": args.cp_size, "cp": args.cp,
                      "cp_cost": cp_cost_of(args, cost.unit, args.cp_bandwidth,
                                            cost.model)}  # fmt: skip
+        if args.cp == "static":
+            _check_static_cp_sizes(lengths, groups, cap, args)
     else:
         _check_sizes(lengths, groups, args.dp, cap, args)
     for note in cost.notes:

@@ -230,17 +230,16 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     from .commands import UserError, _demo_cost, _load_cost, _read_inputs
     from .ulysses_options import group_capacity, wrap_cost
 
-    # The CP strategies compared here do not honour these (plan --cp static does, but
-    # for --padded): say so rather than compare plans made without them.
+    # The CP baselines compared here do not honour these (--padded is refused before):
+    # say so rather than compare plans made without them.
     for flag, used in (
-        ("--padded", args.padded),
         ("--size", args.size != "free"),
         ("--extra-micro-batches", args.extra_micro_batches != 0),
     ):
         if used:
             raise UserError(
-                f"compare --cp-size does not take {flag}: the CP strategies it compares do "
-                f"not honour it{'' if flag == '--padded' else '; plan --cp static does'}"
+                f"compare --cp-size does not take {flag}: the CP baselines it compares "
+                "against do not honour it; plan --cp-size C --cp static does"
             )
     runs = []
     sp = f" x sp={args.sp_size}" if args.sp_size > 1 else ""  # each CP rank a Ulysses group
@@ -276,8 +275,8 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         lengths, groups = _read_inputs(args)
         if groups is not None:
             raise UserError(
-                "compare --cp-size does not take --groups-column: the CP strategies it "
-                "compares do not honour it; plan --cp static does"
+                "compare --cp-size does not take --groups-column: the CP baselines it "
+                "compares against do not honour it; plan --cp-size C --cp static does"
             )
         header = (
             f"{args.lengths}: n={lengths.shape[0]}, dp={args.dp} x cp={args.cp_size}{sp}, "

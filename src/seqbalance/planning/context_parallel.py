@@ -260,31 +260,36 @@ def _place_block(free: np.ndarray, load: np.ndarray, w: int, sync: str) -> int:
 # ---- static CP --------------------------------------------------------------------------
 
 
-def _static_base(req: _Request) -> Any:
+def _in_replicas(text: str) -> str:
+    """plan()'s words for this mesh: its ranks are the replicas."""
+    return re.sub(r"\brank(s?)\b", r"replica\1", text)
+
+
+def _static_base(req: _Request, **overrides: Any) -> Any:
     """The replica-level plan of static CP (a :class:`Plan` over ``dp`` replicas), or why not.
 
     Each sequence counts its largest piece as tokens (so every GPU stays within
-    ``max_tokens``) and its slowest piece as cost.
+    ``max_tokens``) and its slowest piece as cost. ``extra_micro_batches`` is not passed
+    on: the replica plan's costs carry no per-micro-batch term, so larger counts would
+    look free there; :func:`_static` tries them under the CP step instead.
     """
     from .planner import plan  # the CP hook sits in plan(); import lazily to avoid a cycle
 
     tmax, _, ptok = req.tables[req.cp_size]
+    rules = {k: v for k, v in req.rules.items() if k != "extra_micro_batches"}
+    options: dict[str, Any] = {
+        "sync": req.sync,
+        "min_micro_batches": req.m_min,
+        "micro_batch_multiple": req.mult,
+        "allow_empty": req.allow_empty,
+        "baselines": req.baselines,
+        **rules,
+        **overrides,
+    }
     try:
-        return plan(
-            ptok,
-            req.dp,
-            req.cap,
-            cost=tmax,
-            sync=req.sync,
-            min_micro_batches=req.m_min,
-            micro_batch_multiple=req.mult,
-            allow_empty=req.allow_empty,
-            baselines=req.baselines,
-            **req.rules,
-        )
+        return plan(ptok, req.dp, req.cap, cost=tmax, **options)
     except ValueError as exc:
-        # plan()'s ranks are this mesh's replicas, and its tokens a sequence's largest piece
-        return re.sub(r"\brank(s?)\b", r"replica\1", str(exc))
+        return _in_replicas(str(exc))
 
 
 def _static_step(req: _Request, base: Any) -> float:
@@ -305,17 +310,23 @@ def _static_step(req: _Request, base: Any) -> float:
 
 
 def _static_notes(req: _Request, notes: Any) -> list[str]:
-    """The replica plan's notes, in this mesh's words (a sequence's largest piece, not the
-    sequence, is what ``oversized="alone"`` finds above ``max_tokens``)."""
-    return [
-        re.sub(
+    """The replica plan's notes, in this mesh's words: its ranks are replicas, and its
+    tokens a sequence's largest piece (what one GPU holds), not the sequence's."""
+    out = [
+        _in_replicas(re.sub(
             r"^(\d+) sequences longer than (max_tokens=\d+) run alone",
             rf"\1 sequences whose largest piece over cp_size={req.cp_size} GPUs is longer "
             r"than \2 run alone",
             note,
-        )
+        ))
         for note in notes
-    ]
+    ]  # fmt: skip
+    if any("tokens" in note and "largest piece" not in note for note in out):
+        out.append(
+            "the replica plan above counts each sequence's largest piece (its tokens on one "
+            f"of the cp_size={req.cp_size} GPUs) as its tokens"
+        )
+    return out
 
 
 def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
@@ -343,9 +354,35 @@ def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
 
 
 def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
-    """Every sequence over its replica's cp_size GPUs, replicas planned by :func:`plan`."""
+    """Every sequence over its replica's cp_size GPUs, replicas planned by :func:`plan`.
+
+    With ``extra_micro_batches=E`` the replicas are also planned at the ``E`` next counts
+    (in steps of ``micro_batch_multiple``), and the lowest simulated CP step wins (ties:
+    fewer slots), so the per-micro-batch cost is counted and asking is never slower.
+    """
     base = _static_base(req)
-    return base if isinstance(base, str) else _static_pieces(req, base, strategy)
+    extra = req.rules.get("extra_micro_batches", 0)
+    if isinstance(base, str) or not extra:
+        return base if isinstance(base, str) else _static_pieces(req, base, strategy)
+    m = base.num_micro_batches
+    best, best_step = base, _static_step(req, base)
+    for e in range(1, extra + 1):
+        count = m + e * req.mult
+        more = _static_base(req, min_micro_batches=count)
+        if isinstance(more, str):
+            break  # too few sequences for more slots: larger counts fail too
+        # its note would blame a min_micro_batches the caller did not pass
+        more.notes = tuple(n for n in more.notes if not n.endswith(f"min_micro_batches={count}"))
+        step = _static_step(req, more)
+        if step < best_step:
+            best, best_step = more, step
+    note = (
+        f"extra_micro_batches={extra}: {best.num_micro_batches} slots per GPU were the "
+        f"fastest of the counts tried from {m}"
+    )
+    p = _static_pieces(req, best, strategy)
+    p.notes = (*p.notes, note)
+    return p
 
 
 def _fixed_bound(req: _Request, deg: np.ndarray) -> float:

@@ -401,6 +401,11 @@ def cp_lower_bound(
     sync model the step is at least that GPU's busy time. Both (2) and (3) hold, so the step
     is at least their maximum. ``t`` and ``w`` include the exposed communication, so the bound
     is not weakened by a comm term no plan can avoid.
+
+    A sequence that fits ``max_tokens`` at no degree (planned with ``oversized="alone"``)
+    takes its cheapest degree of all in (2) and (3), and its tokens are left out of
+    ``m0``: its GPU-slots break the capacity, and it runs alone in them, so the other
+    sequences' tokens still need ``m0`` slots of at most ``max_tokens`` a GPU.
     """
     lens = as_lengths(lengths)
     world = check_positive_int(world_size, "world_size")
@@ -414,22 +419,21 @@ def cp_lower_bound(
     _check_cp_cost(cp_cost)
     m_min = check_positive_int(min_micro_batches, "min_micro_batches")
     c0 = cp_cost.per_microbatch
-    m0 = max(m_min, math.ceil(int(lens.sum()) / (world * cap)), 1)
     if lens.size == 0:
-        return m0 * c0
+        return max(m_min, 1) * c0
     tables = tables if tables is not None else degree_tables(lens, cp_cost, cp_size)
     best_t = np.full(lens.shape[0], np.inf)
     best_w = np.full(lens.shape[0], np.inf)
+    any_t = np.full(lens.shape[0], np.inf)
+    any_w = np.full(lens.shape[0], np.inf)
     for _, (tmax, work, ptok) in sorted(tables.items()):
         ok = ptok <= cap
         best_t = np.where(ok, np.minimum(best_t, tmax), best_t)
         best_w = np.where(ok, np.minimum(best_w, work), best_w)
-    if not np.isfinite(best_t).all():
-        i = int(np.flatnonzero(~np.isfinite(best_t))[0])
-        raise ValueError(
-            f"sequence {i} ({int(lens[i])} tokens) does not fit max_tokens={cap} even split "
-            f"over cp_size={cp_size} GPUs"
-        )
+        any_t, any_w = np.minimum(any_t, tmax), np.minimum(any_w, work)
+    over = ~np.isfinite(best_t)  # fits at no degree: oversized, alone
+    best_t[over], best_w[over] = any_t[over], any_w[over]
+    m0 = max(m_min, math.ceil(int(lens[~over].sum()) / (world * cap)), 1)
     return m0 * c0 + max(float(best_w.sum()) / world, float(best_t.max()))
 
 
@@ -727,8 +731,13 @@ class CPPlan(Plan):
 
     # ---- evidence ----------------------------------------------------------------------
     def min_micro_batches_bound(self) -> int:
-        """Fewest slots per GPU the token capacity allows."""
-        return max(1, math.ceil(int(self.lengths.sum()) / (self.world_size * self.max_tokens)))
+        """Fewest slots per GPU the token capacity allows (a sequence too long for it even
+        over ``cp_size`` GPUs, planned alone, takes a GPU-slot on its own at least)."""
+        from ..costs.context_parallel import largest_piece_tokens
+
+        over = largest_piece_tokens(self.lengths, self.cp_size) > self.max_tokens
+        fits = math.ceil(int(self.lengths[~over].sum()) / (self.world_size * self.max_tokens))
+        return max(1, fits, -(-int(over.sum()) // self.world_size))
 
     def lower_bound(self, cost: Any = None) -> float:
         """:func:`cp_lower_bound` for these sequences on this mesh."""
