@@ -24,7 +24,7 @@ from .._validate import (
     is_array_like,
 )
 from ..partitioning.searches import exact_searches, exact_searches_enabled
-from .exchange import replica_grid
+from .exchange import cp_size_of, replica_grid, too_long_for_cp
 
 __all__ = ["BalancedDistributedSampler"]
 
@@ -283,8 +283,6 @@ class BalancedDistributedSampler:
                 "seqbalance.torch.rebalance(..., groups=ids) on produced batches, or pass "
                 "the group as one dataset item"
             )
-        from .exchange import cp_size_of, too_long_for_cp
-
         cp = cp_size_of("BalancedDistributedSampler", self.plan_options)
         if self.plan_options.get("oversized", "error") == "error":
             problem = too_long_for_cp(self.lengths, self.max_tokens, cp, item="dataset item")
