@@ -140,3 +140,79 @@ def test_sampler_names_an_item_whose_piece_is_too_long_and_refuses_dynamic_cp():
     # the world counts every CP rank, so the replicas must be given
     with pytest.raises(ValueError, match=r"with cp_size, pass num_replicas= and rank="):
         BalancedDistributedSampler(lengths, 8, 4096, cp_size=4, check_ranks=False)
+
+
+def timed_worker(rank: int, world: int, case: str) -> dict:
+    """CP-major rank order (the CP ranks of a replica are ``world // CP`` apart, as in a
+    framework that orders data parallelism inside context parallelism): rebalance over the
+    data-parallel group, then time every micro-batch over the world with the timer told
+    which plan GPU this process is."""
+    import torch.distributed as dist
+
+    from seqbalance.costs import TimingRecorder
+    from seqbalance.torch.timing import MicroBatchTimer
+
+    dp = world // CP
+    position, replica = divmod(rank, dp)
+    dp_groups = [dist.new_group([pos * dp + g for g in range(dp)]) for pos in range(CP)]
+    batch = {"seq_id": torch.as_tensor(_ids(replica))}
+    mbs, handle = rebalance(batch, replica_lengths(replica), max_tokens=PER_GPU_TOKENS,
+                            cp_size=CP, group=dp_groups[position])  # fmt: skip
+    gpu = replica * CP + position
+    plan_rank = {"mapped": gpu, "clash": replica, "default": None}[case]
+    timer = MicroBatchTimer(TimingRecorder(), clock="wall", device="cpu", plan_rank=plan_rank)
+    # Exact times that say which GPU and slot they came from (wall times are not exact).
+    timer._seconds = lambda: [gpu * 10.0 + j + 1 for j in range(len(timer._pending))]
+    length_of = {int(i): int(n) for g in range(dp) for i, n in zip(_ids(g), replica_lengths(g))}
+    for mb in mbs:  # the whole lengths of the replica's sequences, checked against the plan
+        with timer.time([length_of[int(i)] for i in mb["seq_id"]]):
+            pass
+    try:
+        records = timer.end_step(handle.plan)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {
+        "records": [
+            (t.rank, t.slot, t.lengths.tolist(), t.seconds, t.pieces.tolist()) for t in records
+        ],
+        "refit_rows": len(timer.recorder),
+    }
+
+
+@pytest.mark.timeout(120)
+def test_timer_records_every_gpu_of_a_static_cp_plan_under_its_plan_rank():
+    """rebalance(cp_size=C) runs over a data-parallel group; the timer runs over every GPU
+    so that all ranks hold the same records (and refit the same cost). In a rank order
+    that is not the plan's, ``plan_rank`` pairs each GPU's times with its own pieces."""
+    from seqbalance.costs._cp_records import plan_pieces
+
+    world = 4
+    out = run_distributed(timed_worker, world, "mapped", timeout=110)
+    assert all("error" not in o for o in out), out
+    assert all(o == out[0] for o in out), "ranks hold different records"
+    lengths = np.concatenate([replica_lengths(g) for g in range(world // CP)])
+    p = sb.plan(lengths, world // CP, PER_GPU_TOKENS, cp_size=CP, cp="static")
+    want = plan_pieces(p.pieces, p.micro_batches)
+    recs = out[0]["records"]
+    assert [(r, s) for r, s, *_ in recs] == [
+        (g, j) for g in range(world) for j in range(len(p.micro_batches[g]))
+    ]
+    for gpu, slot, lens, seconds, pieces in recs:
+        assert seconds == gpu * 10.0 + slot + 1  # this GPU's own time
+        assert lens == lengths[p.micro_batches[gpu][slot]].tolist()
+        assert pieces == want[gpu][slot].tolist()
+    assert out[0]["refit_rows"] == len(recs)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", ["clash", "default"])
+def test_timer_refuses_plan_ranks_that_are_not_the_gpus_on_every_rank(case):
+    """Two processes on one plan rank; or none given in a rank order that is not the
+    plan's (the lengths given to time() are another GPU's: refused, naming plan_rank)."""
+    out = run_distributed(timed_worker, 4, case, timeout=110)
+    want = {
+        "clash": "ranks [0, 2] all run plan rank 0",
+        "default": "ranks [1, 2] timed micro-batches with lengths that are not the plan's",
+    }[case]
+    # every rank raises; each message may add that rank's own detail
+    assert all(want in o["error"] and "MicroBatchTimer(plan_rank=...)" in o["error"] for o in out)

@@ -504,3 +504,42 @@ def test_end_step_refuses_lengths_or_steps_that_disagree_on_every_rank(case):
     else:
         assert all("ranks [1] record this step as step 5, rank 0 as step 0" in m
                    for m, _ in out), out
+
+
+def test_plan_rank_must_be_a_rank_of_the_group():
+    for bad in (-1, True, 1.5, "0"):
+        with pytest.raises(ValueError, match="plan_rank must be an integer >= 0"):
+            MicroBatchTimer(device="cpu", plan_rank=bad)
+    p = plan([1, 2, 3], 1, 8)
+    timer = MicroBatchTimer(device="cpu", clock="thread", plan_rank=1)
+    for _ in p.micro_batches[0]:
+        with timer.time():
+            sum(range(100))
+    with pytest.raises(ValueError, match=r"plan ranks \[1\] are beyond the group's 1 ranks"):
+        timer.end_step(p)
+    assert timer.step == 0
+    timer = MicroBatchTimer(device="cpu", clock="thread", plan_rank=np.int64(0))
+    for _ in p.micro_batches[0]:
+        with timer.time():
+            sum(range(100))
+    assert [t.rank for t in timer.end_step(p)] == [0] * len(p.micro_batches[0])
+
+
+def _reversed_plan_ranks(rank: int, world: int, with_plan: bool):
+    timer = MicroBatchTimer(device="cpu", clock="wall", plan_rank=world - 1 - rank)
+    timer._seconds = lambda: [100.0 * rank + 1]  # exact: says which process timed it
+    p = plan([3, 5], world, 8, size="equal")  # plan rank r holds one sequence
+    mine = p.micro_batches[world - 1 - rank]
+    with timer.time(None if with_plan else p.lengths[mine[0]]):
+        pass
+    records = timer.end_step(p if with_plan else None)
+    return [(t.rank, t.lengths.tolist(), t.seconds) for t in records]
+
+
+@pytest.mark.parametrize("with_plan", [True, False])
+def test_records_are_kept_under_plan_ranks_in_plan_rank_order(with_plan):
+    out = run_distributed(_reversed_plan_ranks, 2, with_plan, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    p = plan([3, 5], 2, 8, size="equal")
+    want = [(r, p.lengths[p.micro_batches[r][0]].tolist(), 100.0 * (1 - r) + 1) for r in (0, 1)]
+    assert out[0] == out[1] == want

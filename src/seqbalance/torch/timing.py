@@ -96,6 +96,14 @@ class MicroBatchTimer:
         available, else CPU).
     clock : {"auto", "cuda", "wall", "thread"}
         See the module docstring. ``"auto"``: CUDA events on CUDA, else ``"wall"``.
+    plan_rank : int, optional
+        The plan's rank (for a context-parallel plan, its GPU) whose micro-batches this
+        process runs, when that is not its rank in ``group`` (default: the group rank).
+        The ranks of ``group`` must take every plan rank once. Under static context
+        parallelism over a ``dp × cp`` mesh, a replica's GPUs are plan ranks
+        ``replica * cp_size + position``; a framework whose rank order puts the CP ranks
+        elsewhere (or a sampler given its own ``rank``) passes the plan rank here, and
+        :meth:`end_step` records every GPU under it on every rank alike.
 
     Attributes
     ----------
@@ -118,6 +126,7 @@ class MicroBatchTimer:
         group: Any = None,
         device: Any = None,
         clock: str = "auto",
+        plan_rank: int | None = None,
     ) -> None:
         if recorder is not None and not isinstance(recorder, TimingRecorder):
             raise ValueError(
@@ -140,6 +149,7 @@ class MicroBatchTimer:
                 f"device={self.device}; use 'cuda' or 'wall'"
             )
         self.clock = clock
+        self.plan_rank = None if plan_rank is None else _plan_rank(plan_rank)
         self._now = time.thread_time if clock == "thread" else time.perf_counter
         self.step = 0
         self.overhead = 0.0
@@ -219,24 +229,26 @@ class MicroBatchTimer:
             step plan). Its ``micro_batches`` and ``lengths`` give every record's lengths,
             so only the times travel: one ``all_gather`` of ``m`` float64 per rank.
             Without it, each rank's lengths (given to :meth:`time`) travel too
-            (``all_gather_object``). Either way a 7-float header goes first (whether a
+            (``all_gather_object``). Either way a 9-float header goes first (whether a
             plan was given, its rank and slot counts, a digest of it, whether this rank's
-            timing fits and its arguments are usable), so ranks holding different plans,
-            or a plan on some ranks only, all raise instead of hanging or pairing times
-            with the wrong lengths. In a padded plan (``padded=True``) every row of a
-            micro-batch is recorded at the longest one's length, as it ran. For a
+            timing fits and its arguments are usable, the step, the plan rank it ran),
+            so ranks holding different plans, or a plan on some ranks only, all raise
+            instead of hanging or pairing times with the wrong lengths. In a padded plan
+            (``padded=True``) every row of a micro-batch is recorded at the longest one's
+            length, as it ran. For a
             context-parallel plan (:class:`~seqbalance.planning.cp_plans.CPPlan`) the
-            group is every GPU of the mesh (``dp_size * cp_size``, rank = GPU) and each
-            record carries the pieces its GPU ran (``Timing.pieces``), which the
-            recorder's report and refit price as pieces.
+            group is every GPU of the mesh (``dp_size * cp_size``; a rank's GPU is its
+            group rank or the timer's ``plan_rank``) and each record carries the pieces
+            its GPU ran (``Timing.pieces``), which the recorder's report and refit price
+            as pieces. Records are kept under plan ranks.
         step : int, optional
             The step to record under (default :attr:`step`).
 
         Returns
         -------
         list of Timing
-            Every rank's records of this step, ordered by (rank, slot), identical on
-            every rank. Also added to the recorder, if any.
+            Every rank's records of this step, ordered by (plan rank, slot), identical
+            on every rank. Also added to the recorder, if any.
 
         Raises
         ------
@@ -245,7 +257,8 @@ class MicroBatchTimer:
             group, the ranks' plans differ, some ranks passed a plan and others not, a
             rank timed a different number of micro-batches than the plan gives it, a
             rank gave :meth:`time` lengths that are not its plan slot's, the ranks passed
-            different ``step`` values, or (without a plan) a micro-batch was timed without
+            different ``step`` values, the ranks' ``plan_rank`` values are not
+            ``0..world-1`` each once, or (without a plan) a micro-batch was timed without
             its lengths. Also, alike on every rank and with nothing recorded, when a
             micro-batch measured 0 s (a clock too coarse for it).
         """
@@ -260,6 +273,7 @@ class MicroBatchTimer:
             unusable.__cause__ = exc
         secs = self._seconds()
         rank, world = _group_info(self.group)
+        me = rank if self.plan_rank is None else self.plan_rank  # the plan's rank I ran
         # A fixed-size header first, on every rank and in both modes: whether a plan was
         # given, its rank and slot counts, a digest of it, and whether this rank's timing
         # fits. Ranks whose plans differ would otherwise gather rows of different lengths
@@ -271,7 +285,7 @@ class MicroBatchTimer:
             try:
                 planned = len(plan.micro_batches)
                 m = plan.num_micro_batches
-                mine = plan.micro_batches[rank] if rank < planned else None
+                mine = plan.micro_batches[me] if me < planned else None
                 ok = mine is not None and len(mine) == len(secs)
                 header = [1, planned, m, *_plan_digest(plan), ok]
                 # A CP plan's GPUs ran pieces: each record carries its GPU's (checked on
@@ -293,14 +307,17 @@ class MicroBatchTimer:
         # 1: arguments it cannot use; 2: lengths given to time() that are not the plan's.
         header.append(0 if unusable is None else 2 if isinstance(unusable, _Disagree) else 1)
         header.append(step)  # every rank records the step under one number
+        header.append(me)
         g0 = self._now()
         heads = self._gather(np.array(header, dtype=np.float64), world)
         self.gather_overhead += self._now() - g0
         try:
-            _check_headers(heads, world, len(secs), plan, rank, unusable)
+            _check_headers(heads, world, len(secs), plan, me, unusable)
         except ValueError as exc:
             self._pending.clear()
             raise exc from unusable
+        plan_ranks = heads[:, 8].astype(np.int64)
+        by_plan_rank = np.argsort(plan_ranks, kind="stable")  # records in plan-rank order
         if plan is not None:
             row = np.zeros(m, dtype=np.float64)
             row[: len(secs)] = secs
@@ -310,11 +327,12 @@ class MicroBatchTimer:
             lengths = np.asarray(plan.lengths)
             padded = bool(getattr(plan, "padded", False))
             records = [
-                Timing(r, step, j, _ran(lengths[np.asarray(mb, dtype=np.int64)], padded),
+                Timing(pr, step, j, _ran(lengths[np.asarray(mb, dtype=np.int64)], padded),
                        float(table[r, j]),
-                       None if slot_pieces is None else slot_pieces[r][j])
-                for r in range(world)
-                for j, mb in enumerate(plan.micro_batches[r])
+                       None if slot_pieces is None else slot_pieces[pr][j])
+                for r in by_plan_rank.tolist()
+                for pr in [int(plan_ranks[r])]
+                for j, mb in enumerate(plan.micro_batches[pr])
                 if not math.isnan(table[r, j])  # the block raised
             ]  # fmt: skip
         else:
@@ -326,9 +344,9 @@ class MicroBatchTimer:
                 dist.all_gather_object(gathered, mine_obj, group=self.group)
             self.gather_overhead += self._now() - g0
             records = [
-                Timing(r, step, j, np.asarray(lens, dtype=np.int64), float(s))
-                for r, items in enumerate(gathered)
-                for j, (lens, s) in enumerate(items)
+                Timing(int(plan_ranks[r]), step, j, np.asarray(lens, dtype=np.int64), float(s))
+                for r in by_plan_rank.tolist()
+                for j, (lens, s) in enumerate(gathered[r])
                 if not math.isnan(s)  # the block raised
             ]
         self._pending.clear()
@@ -363,6 +381,17 @@ class MicroBatchTimer:
         )
 
 
+def _plan_rank(value: Any) -> int:
+    """``value`` as a plan rank (an integer >= 0), or a ValueError saying what it is."""
+    try:
+        rank = as_index(value)
+    except TypeError:
+        rank = -1
+    if rank < 0:
+        raise ValueError(f"plan_rank must be an integer >= 0 or None, got {value!r}")
+    return rank
+
+
 def _group_info(group: Any) -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(group), dist.get_world_size(group)
@@ -385,7 +414,7 @@ def _check_headers(
     """Raise the same ValueError on every rank when the gathered headers of
     :meth:`MicroBatchTimer.end_step` disagree (rows: has plan, planned ranks, slots, digest
     pair, this rank's timing usable, this rank's arguments unusable (1) or its timed
-    lengths not the plan's (2), step)."""
+    lengths not the plan's (2), step, plan rank). ``rank`` is this process's plan rank."""
     bad_args = np.flatnonzero(heads[:, 6] == 1).tolist()
     if bad_args:
         mine = f"this rank: {unusable}" if unusable is not None else "this rank's are fine"
@@ -408,6 +437,7 @@ def _check_headers(
         )
     ok = heads[:, 5] == 1
     if not with_plan.any():
+        _check_plan_ranks(heads[:, 8], world)
         if not ok.all():
             raise ValueError(
                 f"ranks {np.flatnonzero(~ok).tolist()} timed a micro-batch without lengths; "
@@ -420,8 +450,9 @@ def _check_headers(
         raise ValueError(
             f"the plan is for {int(heads[wrong[0], 1])} ranks but the group has {world}"
             f"{where}; pass the plan of this group's step (or the group the plan was made "
-            "for)"
+            "for; a context-parallel plan's group is all dp_size * cp_size GPUs)"
         )
+    _check_plan_ranks(heads[:, 8], world)
     odd = np.flatnonzero((heads[:, 1:5] != heads[0, 1:5]).any(axis=1)).tolist()
     if odd:
         raise ValueError(
@@ -441,9 +472,33 @@ def _check_headers(
         mine = f"this rank: {unusable}" if unusable is not None else "this rank's match"
         raise ValueError(
             f"ranks {disagree} timed micro-batches with lengths that are not the plan's "
-            f"({mine}); run the plan's micro-batches in its order, or leave lengths out of "
-            "timer.time() when end_step has the plan"
+            f"({mine}); run the plan's micro-batches in its order, pass "
+            "MicroBatchTimer(plan_rank=...) where the group's rank order is not the plan's "
+            "(e.g. static CP), or leave lengths out of timer.time() when end_step has the "
+            "plan"
         )
+
+
+def _check_plan_ranks(column: np.ndarray, world: int) -> None:
+    """Raise when the group's ranks do not run plan ranks ``0..world-1``, each once."""
+    plan_ranks = column.astype(np.int64)
+    if np.array_equal(np.sort(plan_ranks), np.arange(world)):
+        return
+    seen: dict[int, list[int]] = {}
+    for r, pr in enumerate(plan_ranks.tolist()):
+        seen.setdefault(pr, []).append(r)
+    clash = next(((pr, rs) for pr, rs in sorted(seen.items()) if len(rs) > 1), None)
+    what = (
+        f"ranks {clash[1]} all run plan rank {clash[0]}" if clash is not None
+        else f"plan ranks {sorted(pr for pr in seen if pr >= world)} are beyond the "
+        f"group's {world} ranks"
+    )  # fmt: skip
+    raise ValueError(
+        f"the group's ranks must run plan ranks 0..{world - 1}, each once, but {what}; "
+        "pass MicroBatchTimer(plan_rank=...) the plan rank this process runs (for "
+        "static CP: replica * cp_size + CP position), or leave it out where it is the "
+        "group rank"
+    )
 
 
 class _Disagree(ValueError):
