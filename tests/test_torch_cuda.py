@@ -64,7 +64,7 @@ def _packed(lengths: np.ndarray, device: str) -> dict:
 def _worker(rank: int, world: int) -> dict:
     out: dict = {"device": str(torch.cuda.current_device())}
 
-    # 1. MicroBatchTimer: CUDA events, the 7-float header and the times gathered on CUDA.
+    # 1. MicroBatchTimer: CUDA events, the 9-float header and the times gathered on CUDA.
     p = sb.plan(TIMED_LENGTHS * world, world, 4096)
     recorder = TimingRecorder()
     timer = MicroBatchTimer(recorder)

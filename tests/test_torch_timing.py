@@ -507,9 +507,11 @@ def test_end_step_refuses_lengths_or_steps_that_disagree_on_every_rank(case):
 
 
 def test_plan_rank_must_be_a_rank_of_the_group():
-    for bad in (-1, True, 1.5, "0"):
-        with pytest.raises(ValueError, match="plan_rank must be an integer >= 0"):
+    for bad in (-1, True, 1.5, "0", 2**31, 10**400):
+        with pytest.raises(ValueError, match=r"plan_rank must be an integer in 0 \.\. 2\*\*31 - 1"):
             MicroBatchTimer(device="cpu", plan_rank=bad)
+    with pytest.raises(AttributeError):
+        MicroBatchTimer(device="cpu").plan_rank = 1  # read-only: checked once, at the start
     p = plan([1, 2, 3], 1, 8)
     timer = MicroBatchTimer(device="cpu", clock="thread", plan_rank=1)
     for _ in p.micro_batches[0]:
@@ -543,3 +545,34 @@ def test_records_are_kept_under_plan_ranks_in_plan_rank_order(with_plan):
     p = plan([3, 5], 2, 8, size="equal")
     want = [(r, p.lengths[p.micro_batches[r][0]].tolist(), 100.0 * (1 - r) + 1) for r in (0, 1)]
     assert out[0] == out[1] == want
+
+
+def _plan_rank_problems(rank: int, world: int, case: str):
+    """Every rank's error and step after it, for plan ranks that do not fit the step."""
+    mine = 0 if case == "clash" else 1 - rank
+    timer = MicroBatchTimer(device="cpu", clock="wall", plan_rank=mine)
+    timer._seconds = lambda: [1.0] * len(timer._pending)
+    p = plan([3, 5, 2, 4], world, 8, size="equal")
+    planned = p.micro_batches[timer.plan_rank]
+    timed = planned if case == "clash" or rank == 1 else planned[:-1]  # one slot too few
+    for mb in timed:
+        with timer.time(p.lengths[mb]):
+            pass
+    try:
+        timer.end_step(None if case == "clash" else p)
+    except ValueError as exc:
+        return str(exc), timer.step
+    return "ok", timer.step
+
+
+@pytest.mark.parametrize("case", ["clash", "miscount"])
+def test_plan_rank_problems_are_refused_on_every_rank_in_plan_rank_words(case):
+    """Without a plan, two processes on plan rank 0 would record two rank-0 rows; with a
+    plan, a miscount names group rank 0 and the plan rank it ran (1)."""
+    out = run_distributed(_plan_rank_problems, 2, case, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    want = {
+        "clash": "ranks [0, 1] all run plan rank 0",
+        "miscount": "group ranks [0] (plan ranks [1]) timed a different number of micro-batches",
+    }[case]
+    assert all(want in msg and step == 0 for msg, step in out), out

@@ -89,8 +89,10 @@ class MicroBatchTimer:
         Where gathered records go (every rank gets every rank's records, so every rank can
         report and refit identically).
     group : ProcessGroup, optional
-        The data-parallel group (default: the world). Without an initialised process group
-        the timer works on one process (rank 0 of 1).
+        The data-parallel group (default: the world); for a context-parallel plan, the
+        group of all its ``dp_size * cp_size`` GPUs (even where :func:`rebalance` ran over
+        the data-parallel group: every rank then refits from the same records). Without an
+        initialised process group the timer works on one process (rank 0 of 1).
     device : torch.device or str, optional
         The device micro-batches run on (default: the current CUDA device if CUDA is
         available, else CPU).
@@ -103,10 +105,16 @@ class MicroBatchTimer:
         parallelism over a ``dp × cp`` mesh, a replica's GPUs are plan ranks
         ``replica * cp_size + position``; a framework whose rank order puts the CP ranks
         elsewhere (or a sampler given its own ``rank``) passes the plan rank here, and
-        :meth:`end_step` records every GPU under it on every rank alike.
+        :meth:`end_step` records every GPU under it on every rank alike. Records, their
+        ``Timing.rank`` and the recorder's per-rank metrics are in plan ranks. Give
+        :meth:`time` the lengths, at least on the first steps: a plan rank that is not the
+        process's (left out, or mapped wrongly) is then refused, where without lengths
+        its times would be recorded as another GPU's. Below ``2**31``.
 
     Attributes
     ----------
+    plan_rank : int or None
+        The plan rank given (read-only).
     step : int
         The step the next :meth:`end_step` records (starts at 0, +1 per call).
     overhead : float
@@ -149,7 +157,7 @@ class MicroBatchTimer:
                 f"device={self.device}; use 'cuda' or 'wall'"
             )
         self.clock = clock
-        self.plan_rank = None if plan_rank is None else _plan_rank(plan_rank)
+        self._plan_rank = None if plan_rank is None else _plan_rank(plan_rank)
         self._now = time.thread_time if clock == "thread" else time.perf_counter
         self.step = 0
         self.overhead = 0.0
@@ -273,12 +281,13 @@ class MicroBatchTimer:
             unusable.__cause__ = exc
         secs = self._seconds()
         rank, world = _group_info(self.group)
-        me = rank if self.plan_rank is None else self.plan_rank  # the plan's rank I ran
+        me = rank if self._plan_rank is None else self._plan_rank  # the plan's rank I ran
         # A fixed-size header first, on every rank and in both modes: whether a plan was
-        # given, its rank and slot counts, a digest of it, and whether this rank's timing
-        # fits. Ranks whose plans differ would otherwise gather rows of different lengths
-        # (a hang, or an error on some ranks alone) or silently pair one rank's times with
-        # another plan's lengths; every rank sees every header, so every rank raises alike.
+        # given, its rank and slot counts, a digest of it, whether this rank's timing
+        # fits, whether its arguments are usable, the step and the plan rank it ran. Ranks
+        # whose plans differ would otherwise gather rows of different lengths (a hang, or
+        # an error on some ranks alone) or silently pair one rank's times with another
+        # plan's lengths; every rank sees every header, so every rank raises alike.
         missing = any(lens is None for lens, *_ in self._pending)
         slot_pieces = None
         if plan is not None:
@@ -355,7 +364,7 @@ class MicroBatchTimer:
         zero = next((t for t in records if not t.seconds > 0), None)
         if zero is not None:
             raise ValueError(
-                f"rank {zero.rank}'s micro-batch {zero.slot} measured {zero.seconds!r} s: the "
+                f"plan rank {zero.rank}'s micro-batch {zero.slot} measured {zero.seconds!r} s: the "
                 f"clock ({self.clock!r}) is too coarse for it; use clock='wall' (or 'cuda' "
                 "on a GPU), or time larger micro-batches. Nothing of this step was recorded"
             )
@@ -364,6 +373,11 @@ class MicroBatchTimer:
             self.recorder.extend(records)
         self.overhead += self._now() - t0
         return records
+
+    @property
+    def plan_rank(self) -> int | None:
+        """The plan rank this process times, as given (None: its group rank)."""
+        return self._plan_rank
 
     def _gather(self, row: np.ndarray, world: int) -> np.ndarray:
         """Every rank's ``row`` (float64, the same length on every rank), one per line."""
@@ -387,8 +401,11 @@ def _plan_rank(value: Any) -> int:
         rank = as_index(value)
     except TypeError:
         rank = -1
-    if rank < 0:
-        raise ValueError(f"plan_rank must be an integer >= 0 or None, got {value!r}")
+    if not 0 <= rank < 2**31:  # it travels as a float64 in end_step's header
+        raise ValueError(
+            f"plan_rank must be an integer in 0 .. 2**31 - 1 (the plan's rank this process "
+            f"runs) or None, got {value!r}"
+        )
     return rank
 
 
@@ -462,21 +479,29 @@ def _check_headers(
         )
     if not ok.all():
         raise ValueError(
-            f"ranks {np.flatnonzero(~ok).tolist()} timed a different number of micro-batches "
-            f"than the plan gives them (this rank: {timed} timed, "
+            f"{_ranks(np.flatnonzero(~ok), heads)} timed a different number of micro-batches "
+            f"than the plan gives them (this process: {timed} timed, "
             f"{len(plan.micro_batches[rank])} planned); time each of the plan's "
             "micro-batches exactly once"
         )
-    disagree = np.flatnonzero(heads[:, 6] == 2).tolist()
-    if disagree:
+    disagree = np.flatnonzero(heads[:, 6] == 2)
+    if disagree.size:
         mine = f"this rank: {unusable}" if unusable is not None else "this rank's match"
         raise ValueError(
-            f"ranks {disagree} timed micro-batches with lengths that are not the plan's "
-            f"({mine}); run the plan's micro-batches in its order, pass "
+            f"{_ranks(disagree, heads)} timed micro-batches with lengths that are not the "
+            f"plan's ({mine}); run the plan's micro-batches in its order, and pass "
             "MicroBatchTimer(plan_rank=...) where the group's rank order is not the plan's "
-            "(e.g. static CP), or leave lengths out of timer.time() when end_step has the "
-            "plan"
+            "(e.g. static CP)"
         )
+
+
+def _ranks(which: np.ndarray, heads: np.ndarray) -> str:
+    """Group ranks ``which`` in words, with their plan ranks where those differ."""
+    plan_ranks = heads[which, 8].astype(np.int64)
+    text = f"ranks {which.tolist()}"
+    if np.array_equal(plan_ranks, which):
+        return text
+    return f"group {text} (plan ranks {plan_ranks.tolist()})"
 
 
 def _check_plan_ranks(column: np.ndarray, world: int) -> None:
@@ -487,12 +512,12 @@ def _check_plan_ranks(column: np.ndarray, world: int) -> None:
     seen: dict[int, list[int]] = {}
     for r, pr in enumerate(plan_ranks.tolist()):
         seen.setdefault(pr, []).append(r)
-    clash = next(((pr, rs) for pr, rs in sorted(seen.items()) if len(rs) > 1), None)
-    what = (
-        f"ranks {clash[1]} all run plan rank {clash[0]}" if clash is not None
-        else f"plan ranks {sorted(pr for pr in seen if pr >= world)} are beyond the "
-        f"group's {world} ranks"
-    )  # fmt: skip
+    problems = [f"ranks {rs} all run plan rank {pr}" for pr, rs in sorted(seen.items())
+                if len(rs) > 1][:1]  # fmt: skip
+    beyond = sorted(pr for pr in seen if pr >= world)
+    if beyond:
+        problems.append(f"plan ranks {beyond} are beyond the group's {world} ranks")
+    what = " and ".join(problems)
     raise ValueError(
         f"the group's ranks must run plan ranks 0..{world - 1}, each once, but {what}; "
         "pass MicroBatchTimer(plan_rank=...) the plan rank this process runs (for "
