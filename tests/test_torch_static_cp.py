@@ -159,16 +159,17 @@ def timed_worker(rank: int, world: int, case: str) -> dict:
     mbs, handle = rebalance(batch, replica_lengths(replica), max_tokens=PER_GPU_TOKENS,
                             cp_size=CP, group=dp_groups[position])  # fmt: skip
     gpu = replica * CP + position
-    plan_rank = {"mapped": gpu, "clash": replica, "default": None}[case]
+    by_handle = case.startswith("handle-")  # no lengths to time(); end_step(handle)
+    plan_rank = {"mapped": gpu, "clash": replica, "default": None}[case.removeprefix("handle-")]
     timer = MicroBatchTimer(TimingRecorder(), clock="wall", device="cpu", plan_rank=plan_rank)
     # Exact times that say which GPU and slot they came from (wall times are not exact).
     timer._seconds = lambda: [gpu * 10.0 + j + 1 for j in range(len(timer._pending))]
     length_of = {int(i): int(n) for g in range(dp) for i, n in zip(_ids(g), replica_lengths(g))}
     for mb in mbs:  # the whole lengths of the replica's sequences, checked against the plan
-        with timer.time([length_of[int(i)] for i in mb["seq_id"]]):
+        with timer.time(None if by_handle else [length_of[int(i)] for i in mb["seq_id"]]):
             pass
     try:
-        records = timer.end_step(handle.plan)
+        records = timer.end_step(handle if by_handle else handle.plan)
     except ValueError as exc:
         return {"error": str(exc)}
     return {
@@ -188,6 +189,8 @@ def test_timer_records_every_gpu_of_a_static_cp_plan_under_its_plan_rank():
 
     world = 4
     out = run_distributed(timed_worker, world, "mapped", timeout=110)
+    # the same records when end_step reads the lengths from the rebalance handle
+    assert run_distributed(timed_worker, world, "handle-mapped", timeout=110) == out
     assert all("error" not in o for o in out), out
     assert all(o == out[0] for o in out), "ranks hold different records"
     lengths = np.concatenate([replica_lengths(g) for g in range(world // CP)])
@@ -205,14 +208,15 @@ def test_timer_records_every_gpu_of_a_static_cp_plan_under_its_plan_rank():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", ["clash", "default"])
+@pytest.mark.parametrize("case", ["clash", "default", "handle-default"])
 def test_timer_refuses_plan_ranks_that_are_not_the_gpus_on_every_rank(case):
     """Two processes on one plan rank; or none given in a rank order that is not the
-    plan's (the lengths given to time() are another GPU's: refused, naming plan_rank)."""
+    plan's (the lengths given to time(), or those the handle holds, are another GPU's:
+    refused, naming plan_rank)."""
     out = run_distributed(timed_worker, 4, case, timeout=110)
     want = {
         "clash": "ranks [0, 2] all run plan rank 0",
         "default": "ranks [1, 2] timed micro-batches with lengths that are not the plan's",
-    }[case]
+    }[case.removeprefix("handle-")]
     # every rank raises; each message may add that rank's own detail
     assert all(want in o["error"] and "MicroBatchTimer(plan_rank=...)" in o["error"] for o in out)

@@ -64,6 +64,7 @@ from .._validate import as_index, as_lengths, check_choice
 from ..costs._cp_records import plan_pieces
 from ..costs.feedback import Timing, TimingRecorder
 from ._transport import comm_device
+from .exchange import RebalanceHandle
 
 __all__ = ["CLOCKS", "MicroBatchTimer"]
 
@@ -107,9 +108,10 @@ class MicroBatchTimer:
         elsewhere (or a sampler given its own ``rank``) passes the plan rank here, and
         :meth:`end_step` records every GPU under it on every rank alike. Records, their
         ``Timing.rank`` and the recorder's per-rank metrics are in plan ranks. Give
-        :meth:`time` the lengths, at least on the first steps: a plan rank that is not the
-        process's (left out, or mapped wrongly) is then refused, where without lengths
-        its times would be recorded as another GPU's. Below ``2**31``.
+        :meth:`end_step` the rebalance handle (or :meth:`time` the lengths): a plan rank
+        that is not the process's (left out, or mapped wrongly) is then refused, where
+        with the plan alone its times would be recorded as another GPU's. Below
+        ``2**31``.
 
     Attributes
     ----------
@@ -232,10 +234,14 @@ class MicroBatchTimer:
 
         Parameters
         ----------
-        plan : Plan, optional
+        plan : Plan or RebalanceHandle, optional
             The plan every rank ran (``handle.plan`` from :func:`rebalance`, a sampler's
-            step plan). Its ``micro_batches`` and ``lengths`` give every record's lengths,
-            so only the times travel: one ``all_gather`` of ``m`` float64 per rank.
+            step plan), or the ``handle`` itself: then the lengths of the micro-batches
+            this rank received stand for those not given to :meth:`time`, so a rank that
+            ran micro-batches other than its plan rank's (a wrong or missing
+            ``plan_rank``) is refused. The plan's ``micro_batches`` and ``lengths`` give
+            every record's lengths, so only the times travel: one ``all_gather`` of ``m``
+            float64 per rank.
             Without it, each rank's lengths (given to :meth:`time`) travel too
             (``all_gather_object``). Either way a 9-float header goes first (whether a
             plan was given, its rank and slot counts, a digest of it, whether this rank's
@@ -280,6 +286,15 @@ class MicroBatchTimer:
             step, unusable = self.step, ValueError(f"step must be an integer, got {step!r}")
             unusable.__cause__ = exc
         secs = self._seconds()
+        if isinstance(plan, RebalanceHandle):
+            # The micro-batches this rank received stand for lengths not given to time():
+            # a rank that ran another plan rank's micro-batches is then refused.
+            held = plan.micro_batch_lengths
+            plan = plan.plan
+            self._pending = [
+                (held[j] if lens is None and j < len(held) else lens, *rest)
+                for j, (lens, *rest) in enumerate(self._pending)
+            ]
         rank, world = _group_info(self.group)
         me = rank if self._plan_rank is None else self._plan_rank  # the plan's rank I ran
         # A fixed-size header first, on every rank and in both modes: whether a plan was
