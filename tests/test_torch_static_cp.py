@@ -220,3 +220,74 @@ def test_timer_refuses_plan_ranks_that_are_not_the_gpus_on_every_rank(case):
     }[case.removeprefix("handle-")]
     # every rank raises; each message may add that rank's own detail
     assert all(want in o["error"] and "MicroBatchTimer(plan_rank=...)" in o["error"] for o in out)
+
+
+# The GPU seconds of the loop test: c0 + sum over the sequences it holds pieces of (a/d) +
+# sum over its ranges (b * tokens + c * (e² - s²)): the d GPUs of a sequence share its
+# per-sequence term, and a GPU holds two ranges of it in the balanced layout. The CP cost
+# model of seqbalance.costs._cp_records, written out here.
+TRUE = {"per_microbatch": 0.02, "per_sequence": 0.004, "per_token": 1e-3, "per_token_sq": 2e-5}
+
+
+def gpu_seconds(pieces) -> float:
+    t = TRUE["per_microbatch"]
+    degree = {int(i): int(d) for i, d, _, _ in pieces}  # one entry per sequence held
+    t += sum(TRUE["per_sequence"] / d for d in degree.values())
+    for _, _, s, e in pieces:
+        t += TRUE["per_token"] * (e - s) + TRUE["per_token_sq"] * (e * e - s * s)
+    return t
+
+
+def loop_worker(rank: int, world: int) -> dict:
+    """Megatron-style static CP with the feedback loop: rebalance over the DP group, time
+    over all GPUs (CP-major rank order, plan_rank given), refit on every rank, plan on."""
+    import torch.distributed as dist
+
+    from seqbalance.costs import TimingRecorder
+    from seqbalance.costs._cp_records import plan_pieces
+    from seqbalance.torch.timing import MicroBatchTimer
+
+    dp = world // CP
+    position, replica = divmod(rank, dp)
+    dp_group = [dist.new_group([pos * dp + g for g in range(dp)]) for pos in range(CP)][position]
+    gpu = replica * CP + position
+    recorder = TimingRecorder(sync="fsdp")
+    timer = MicroBatchTimer(recorder, clock="wall", device="cpu", plan_rank=gpu)
+    cost, out = None, {"ids": []}
+    for step in range(4):
+        rng = np.random.default_rng(100 * step + replica)
+        lengths = rng.integers(5, 76, size=6 + 2 * replica)
+        ids = torch.arange(len(lengths)) + 1000 * replica + 10_000 * step
+        mbs, handle = rebalance({"seq_id": ids}, lengths, max_tokens=PER_GPU_TOKENS, cp_size=CP,
+                                cost=cost, group=dp_group)  # fmt: skip
+        out["ids"].append([mb["seq_id"].tolist() for mb in mbs])
+        mine = plan_pieces(handle.plan.pieces, handle.plan.micro_batches)[gpu]
+        timer._seconds = lambda mine=mine: [gpu_seconds(p) for p in mine]  # exact GPU times
+        for _ in mbs:
+            with timer.time():
+                pass
+        timer.end_step(handle)
+        if step == 2:  # refit from three steps of every GPU's records, then plan with it
+            cost = recorder.refit(per_rank=False, robust=False)
+            out["fitted"] = {k: float(getattr(cost, k)) for k in TRUE}
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_static_cp_feedback_loop_refits_the_true_cost_alike_on_every_rank():
+    """Times made from a known cost, per GPU and from its own pieces: the refit over every
+    GPU's records recovers that cost, identically on every rank, and the next plan made
+    with it still gives both CP ranks of a replica the same micro-batches."""
+    world = 4
+    out = run_distributed(loop_worker, world, timeout=170)
+    for o in out:
+        for key, want in TRUE.items():
+            assert o["fitted"][key] == pytest.approx(want, rel=1e-6), (key, o["fitted"])
+    assert all(o["fitted"] == out[0]["fitted"] for o in out)  # bit for bit
+    dp = world // CP
+    for replica in range(dp):
+        ranks = [pos * dp + replica for pos in range(CP)]
+        assert all(out[r]["ids"] == out[ranks[0]]["ids"] for r in ranks)
+    for step in range(4):  # every sequence of the step once, over the replicas
+        seen = sorted(i for g in range(dp) for mb in out[g]["ids"][step] for i in mb)
+        assert len(seen) == len(set(seen)) and len(seen) == 6 + 8
