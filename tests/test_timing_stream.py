@@ -423,3 +423,59 @@ def test_a_full_disk_raises_and_stopping_still_stops(tmp_path):
     assert rec._stream is None
     rec.record(0, 1, 0, [5], 1.0)  # no longer streaming: nothing to fail
     assert rec.steps == [0, 1]
+
+
+def _stream_holder(path: str, ready, done) -> None:
+    """Another process: streams to ``path`` and holds it until told to stop."""
+    rec = TimingRecorder()
+    rec.stream_to(path)
+    rec.record(1, 0, 0, [7], 1.0)
+    ready.set()
+    done.wait(60)
+    rec.stream_to(None)
+
+
+@pytest.mark.skipif(os.name != "posix", reason="advisory file locks are POSIX")
+def test_a_second_stream_to_one_file_is_refused(tmp_path):
+    """Every rank holds the same gathered records; two ranks streaming to one file wrote
+    their lines interleaved (and both wrote a header when they started together)."""
+    import multiprocessing as mp
+
+    path = tmp_path / "t.jsonl"
+    ctx = mp.get_context("spawn")
+    ready, done = ctx.Event(), ctx.Event()
+    other = ctx.Process(target=_stream_holder, args=(str(path), ready, done))
+    other.start()
+    try:
+        assert ready.wait(60)
+        rec = TimingRecorder()
+        with pytest.raises(ValueError, match=r"another stream is writing to .*stream on one"):
+            rec.stream_to(path, resume=True)
+        assert rec._stream is None
+    finally:
+        done.set()
+        other.join(60)
+    assert other.exitcode == 0
+    # Once the other has stopped, this one may resume the file.
+    rec.stream_to(path, resume=True)
+    rec.record(1, 1, 0, [8], 1.0)
+    rec.stream_to(None)
+    assert TimingRecorder.load(path).steps == [0, 1]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="advisory file locks are POSIX")
+def test_two_recorders_of_one_process_cannot_stream_to_one_file(tmp_path):
+    path = tmp_path / "t.jsonl"
+    first, second = TimingRecorder(), TimingRecorder()
+    first.stream_to(path)
+    first.record(0, 0, 0, [3], 1.0)
+    with pytest.raises(ValueError, match="another stream is writing to"):
+        second.stream_to(path, resume=True)
+    with pytest.raises(ValueError, match="this recorder already streams to"):
+        first.stream_to(path, resume=True)
+    first.record(0, 1, 0, [3], 1.0)  # still streaming
+    first.stream_to(None)
+    assert TimingRecorder.load(path).steps == [0, 1]
+    assert [line for line in path.read_text().splitlines() if '"format"' in line] == [
+        path.read_text().splitlines()[0]
+    ]  # one header: the refused streams wrote nothing

@@ -475,7 +475,9 @@ class TimingRecorder:
         a resume marker replace the same steps timed before it.
 
         Records gathered by :class:`~seqbalance.torch.MicroBatchTimer` are the same on
-        every rank: stream on one (``if rank == 0``). Streaming to another path first
+        every rank: stream on one (``if rank == 0``). The file is locked while streamed
+        (an advisory lock, where the system and file system have them), so a second
+        stream to it, from another process or recorder, is refused. Streaming to another path first
         closes the current file; :meth:`clear` and the window do not touch it.
 
         Returns
@@ -494,7 +496,8 @@ class TimingRecorder:
         ------
         ValueError
             The file holds records and ``resume`` is False; or it holds records without
-            a header, or a header with another sync or CP link. The current stream, if
+            a header, or a header with another sync or CP link; or another stream is
+            writing to it. The current stream, if
             any, goes on.
         OSError
             The file cannot be opened or written; or, on stopping or switching, the
@@ -515,6 +518,11 @@ class TimingRecorder:
         from .timing_files import TimingStream
 
         resume = check_bool(resume, "resume")
+        if (
+            path is not None and self._stream is not None and not self._stream.closed
+            and os.path.realpath(path) == self._stream._real
+        ):  # fmt: skip
+            raise ValueError(f"this recorder already streams to {path}")
         # The new file is opened (and checked) first: a refused one leaves the stream as
         # it was.
         new = None if path is None else TimingStream(self, path, resume=resume)

@@ -156,21 +156,28 @@ class TimingStream:
         self.path = Path(path)
         self._file: IO[str] | None = None
         self._real = os.path.realpath(self.path)  # for save(): the same file?
-        head = _existing_header(self.path)
-        if head is None:
-            text = _dumps(_header(recorder)) + "\n" + _lines(recorder.records)
-        else:
-            if not resume:
-                raise ValueError(
-                    f"{self.path} already holds timings; pass resume=True if this job "
-                    "resumes the one that wrote them (from a checkpoint), or stream to "
-                    "a new file"
-                )
-            _check_resumable(head, recorder, self.path)
-            _mend_last_line(self.path)
-            text = _dumps({**head, "resumed": True}) + "\n"
-        # Opened for appending: every write lands at the end, also after a crash.
-        self._file = open(self.path, "a", encoding="utf-8")
+        # Opened for appending (every write lands at the end, also after a crash) and
+        # locked before it is read, so two writers cannot both find it empty.
+        file = open(self.path, "a", encoding="utf-8")
+        try:
+            _lock(file, self.path)
+            head = _existing_header(self.path)
+            if head is None:
+                text = _dumps(_header(recorder)) + "\n" + _lines(recorder.records)
+            else:
+                if not resume:
+                    raise ValueError(
+                        f"{self.path} already holds timings; pass resume=True if this job "
+                        "resumes the one that wrote them (from a checkpoint), or stream to "
+                        "a new file"
+                    )
+                _check_resumable(head, recorder, self.path)
+                _mend_last_line(self.path)
+                text = _dumps({**head, "resumed": True}) + "\n"
+        except BaseException:
+            file.close()
+            raise
+        self._file = file
         try:
             self._write(text)
         except BaseException:
@@ -202,6 +209,27 @@ class TimingStream:
 
     def __repr__(self) -> str:
         return f"TimingStream({str(self.path)!r}{', closed' if self.closed else ''})"
+
+
+def _lock(file: IO[str], path: Path) -> None:
+    """Hold an exclusive advisory lock on ``file`` until it is closed, or raise a
+    ValueError when another stream holds one. Where the system or file system has no such
+    locks, go on without (one writer is then the caller's to ensure)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise ValueError(
+            f"another stream is writing to {path} (another process, or another recorder "
+            "in this one); their lines would interleave. Records gathered by "
+            "MicroBatchTimer are the same on every rank: stream on one (if rank == 0), or "
+            "give each writer its own file"
+        ) from None
+    except OSError:  # e.g. a network mount without locks
+        return
 
 
 def _existing_header(path: Path) -> dict[str, Any] | None:
