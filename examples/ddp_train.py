@@ -400,7 +400,7 @@ def adapt_worker(rank: int, world: int, args: argparse.Namespace) -> None:
         t0, c0 = time.perf_counter(), time.thread_time()
         mbs, handle = bal[name](batch)
         loss = train_step(ddp, opt, mbs, timer[name], every_micro_batch=args.sync == "fsdp")
-        records = timer[name].end_step(handle.plan)
+        records = timer[name].end_step(handle)
         clocked[name] += time.thread_time() - c0 if args.clock == "thread" else 0.0
         dist.barrier()
         elapsed = time.perf_counter() - t0

@@ -479,3 +479,64 @@ def test_two_recorders_of_one_process_cannot_stream_to_one_file(tmp_path):
     assert [line for line in path.read_text().splitlines() if '"format"' in line] == [
         path.read_text().splitlines()[0]
     ]  # one header: the refused streams wrote nothing
+
+
+def _child_holds_inherited_file(done) -> None:
+    done.wait(60)  # a forked worker: alive, holding the parent's descriptors
+
+
+@pytest.mark.skipif(os.name != "posix", reason="advisory file locks and fork are POSIX")
+def test_a_stopped_stream_frees_its_file_while_forked_children_live(tmp_path):
+    """flock belongs to the open file, which a forked child (a DataLoader worker) shares:
+    stopping the stream left the file locked until every child exited."""
+    import multiprocessing as mp
+
+    path = tmp_path / "t.jsonl"
+    rec = TimingRecorder()
+    rec.stream_to(path)
+    rec.record(0, 0, 0, [3], 1.0)
+    ctx = mp.get_context("fork")
+    done = ctx.Event()
+    child = ctx.Process(target=_child_holds_inherited_file, args=(done,))
+    child.start()
+    try:
+        rec.stream_to(None)
+        other = TimingRecorder()
+        other.stream_to(path, resume=True)  # refused before: the child held the lock
+        other.record(0, 1, 0, [4], 1.0)
+        other.stream_to(None)
+    finally:
+        done.set()
+        child.join(60)
+    assert TimingRecorder.load(path).steps == [0, 1]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="advisory file locks are POSIX")
+def test_save_refuses_a_file_another_recorder_streams_to(tmp_path):
+    path = tmp_path / "t.jsonl"
+    streaming, other = TimingRecorder(), TimingRecorder()
+    streaming.stream_to(path)
+    streaming.record(0, 0, 0, [3], 1.0)
+    other.record(0, 0, 0, [9], 1.0)
+    with pytest.raises(ValueError, match="being streamed to by another recorder or process"):
+        other.save(path)
+    streaming.record(0, 1, 0, [3], 1.0)
+    streaming.stream_to(None)
+    assert [r.lengths.tolist() for r in TimingRecorder.load(path).records] == [[3], [3]]
+    other.save(path)  # once the stream stopped, saving over the file is the caller's choice
+    assert [r.lengths.tolist() for r in TimingRecorder.load(path).records] == [[9]]
+
+
+def test_a_renamed_away_stream_file_is_not_the_path_any_more(tmp_path):
+    """'Already streams to' compared paths: after log rotation moved the file away, a new
+    file at the same path was refused."""
+    path = tmp_path / "t.jsonl"
+    rec = TimingRecorder()
+    rec.stream_to(path)
+    rec.record(0, 0, 0, [3], 1.0)
+    os.rename(path, tmp_path / "t.1.jsonl")
+    rec.stream_to(path)  # a new file; the old stream closes
+    rec.record(0, 1, 0, [3], 1.0)
+    rec.stream_to(None)
+    assert TimingRecorder.load(path).steps == [0, 1]  # records held go into a new file
+    assert TimingRecorder.load(tmp_path / "t.1.jsonl").steps == [0]

@@ -155,16 +155,22 @@ def timed_worker(rank: int, world: int, case: str) -> dict:
     dp = world // CP
     position, replica = divmod(rank, dp)
     dp_groups = [dist.new_group([pos * dp + g for g in range(dp)]) for pos in range(CP)]
-    batch = {"seq_id": torch.as_tensor(_ids(replica))}
-    mbs, handle = rebalance(batch, replica_lengths(replica), max_tokens=PER_GPU_TOKENS,
+    # "uniform": every sequence of every replica alike, so lengths cannot tell replicas apart
+    uniform = case.endswith("uniform")
+    lengths_of = (lambda g: np.full(8, 30)) if uniform else replica_lengths
+    ids_of = (lambda g: np.arange(8) + 1000 * g) if uniform else _ids
+    batch = {"seq_id": torch.as_tensor(ids_of(replica))}
+    mbs, handle = rebalance(batch, lengths_of(replica), max_tokens=PER_GPU_TOKENS,
                             cp_size=CP, group=dp_groups[position])  # fmt: skip
     gpu = replica * CP + position
     by_handle = case.startswith("handle-")  # no lengths to time(); end_step(handle)
-    plan_rank = {"mapped": gpu, "clash": replica, "default": None}[case.removeprefix("handle-")]
+    plan_rank = {"mapped": gpu, "clash": replica, "default": None, "uniform": None}[
+        case.removeprefix("handle-")
+    ]
     timer = MicroBatchTimer(TimingRecorder(), clock="wall", device="cpu", plan_rank=plan_rank)
     # Exact times that say which GPU and slot they came from (wall times are not exact).
     timer._seconds = lambda: [gpu * 10.0 + j + 1 for j in range(len(timer._pending))]
-    length_of = {int(i): int(n) for g in range(dp) for i, n in zip(_ids(g), replica_lengths(g))}
+    length_of = {int(i): int(n) for g in range(dp) for i, n in zip(ids_of(g), lengths_of(g))}
     for mb in mbs:  # the whole lengths of the replica's sequences, checked against the plan
         with timer.time(None if by_handle else [length_of[int(i)] for i in mb["seq_id"]]):
             pass
@@ -208,7 +214,7 @@ def test_timer_records_every_gpu_of_a_static_cp_plan_under_its_plan_rank():
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", ["clash", "default", "handle-default"])
+@pytest.mark.parametrize("case", ["clash", "default", "handle-default", "handle-uniform"])
 def test_timer_refuses_plan_ranks_that_are_not_the_gpus_on_every_rank(case):
     """Two processes on one plan rank; or none given in a rank order that is not the
     plan's (the lengths given to time(), or those the handle holds, are another GPU's:
@@ -216,7 +222,9 @@ def test_timer_refuses_plan_ranks_that_are_not_the_gpus_on_every_rank(case):
     out = run_distributed(timed_worker, 4, case, timeout=110)
     want = {
         "clash": "ranks [0, 2] all run plan rank 0",
-        "default": "ranks [1, 2] timed micro-batches with lengths that are not the plan's",
+        "default": "ranks [1, 2] timed micro-batches that are not their plan rank's",
+        # the handle knows its replica: refused although every length is alike
+        "uniform": "ranks [1, 2] timed micro-batches that are not their plan rank's",
     }[case.removeprefix("handle-")]
     # every rank raises; each message may add that rank's own detail
     assert all(want in o["error"] and "MicroBatchTimer(plan_rank=...)" in o["error"] for o in out)
@@ -229,12 +237,14 @@ def test_timer_refuses_plan_ranks_that_are_not_the_gpus_on_every_rank(case):
 TRUE = {"per_microbatch": 0.02, "per_sequence": 0.004, "per_token": 1e-3, "per_token_sq": 2e-5}
 
 
-def gpu_seconds(pieces) -> float:
+def gpu_seconds(lengths, position: int) -> float:
+    """One slot of CP position ``position``: its ranges of each sequence from the balanced
+    layout (Megatron's chunks ``position`` and ``2·CP − 1 − position``), not the plan's."""
     t = TRUE["per_microbatch"]
-    degree = {int(i): int(d) for i, d, _, _ in pieces}  # one entry per sequence held
-    t += sum(TRUE["per_sequence"] / d for d in degree.values())
-    for _, _, s, e in pieces:
-        t += TRUE["per_token"] * (e - s) + TRUE["per_token_sq"] * (e * e - s * s)
+    for length in lengths:
+        t += TRUE["per_sequence"] / CP
+        for s, e in balanced_layout(int(length), CP)[position]:
+            t += TRUE["per_token"] * (e - s) + TRUE["per_token_sq"] * (e * e - s * s)
     return t
 
 
@@ -244,7 +254,6 @@ def loop_worker(rank: int, world: int) -> dict:
     import torch.distributed as dist
 
     from seqbalance.costs import TimingRecorder
-    from seqbalance.costs._cp_records import plan_pieces
     from seqbalance.torch.timing import MicroBatchTimer
 
     dp = world // CP
@@ -255,14 +264,17 @@ def loop_worker(rank: int, world: int) -> dict:
     timer = MicroBatchTimer(recorder, clock="wall", device="cpu", plan_rank=gpu)
     cost, out = None, {"ids": []}
     for step in range(4):
-        rng = np.random.default_rng(100 * step + replica)
-        lengths = rng.integers(5, 76, size=6 + 2 * replica)
+        batches = [np.random.default_rng(100 * step + g).integers(5, 76, size=6 + 2 * g)
+                   for g in range(dp)]  # every replica's lengths (each rank can make them)
+        length_of = {1000 * g + 10_000 * step + k: int(n)
+                     for g in range(dp) for k, n in enumerate(batches[g])}  # fmt: skip
+        lengths = batches[replica]
         ids = torch.arange(len(lengths)) + 1000 * replica + 10_000 * step
         mbs, handle = rebalance({"seq_id": ids}, lengths, max_tokens=PER_GPU_TOKENS, cp_size=CP,
                                 cost=cost, group=dp_group)  # fmt: skip
         out["ids"].append([mb["seq_id"].tolist() for mb in mbs])
-        mine = plan_pieces(handle.plan.pieces, handle.plan.micro_batches)[gpu]
-        timer._seconds = lambda mine=mine: [gpu_seconds(p) for p in mine]  # exact GPU times
+        slots = [[length_of[int(i)] for i in mb["seq_id"]] for mb in mbs]
+        timer._seconds = lambda slots=slots: [gpu_seconds(x, position) for x in slots]
         for _ in mbs:
             with timer.time():
                 pass

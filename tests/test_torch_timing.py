@@ -498,7 +498,7 @@ def test_end_step_refuses_lengths_or_steps_that_disagree_on_every_rank(case):
     out = run_distributed(_end_step_disagreeing, 2, case, timeout=TIMEOUT - 10,
                           collective_timeout=20)  # fmt: skip
     if case == "lengths":
-        assert all("ranks [1] timed micro-batches with lengths that are not the plan's" in m
+        assert all("ranks [1] timed micro-batches that are not their plan rank's" in m
                    and step == 0 for m, step in out), out
         assert "micro-batch 0 was timed with lengths" in out[1][0]
     else:

@@ -437,7 +437,9 @@ class TimingRecorder:
         :meth:`load` (or ``seqbalance refit``) reads it back; the format is in
         :mod:`seqbalance.costs.timing_files`. Records gathered by
         :class:`~seqbalance.torch.MicroBatchTimer` are the same on every rank: save them
-        on one.
+        on one. A file that a stream is writing to (this recorder's, or another's: its
+        lock, see :meth:`stream_to`) is refused with a ValueError: the new file would
+        replace it under the stream, whose later records would be lost.
 
         Examples
         --------
@@ -497,7 +499,7 @@ class TimingRecorder:
         ValueError
             The file holds records and ``resume`` is False; or it holds records without
             a header, or a header with another sync or CP link; or another stream is
-            writing to it. The current stream, if
+            writing to it, or this recorder already streams to it. The current stream, if
             any, goes on.
         OSError
             The file cannot be opened or written; or, on stopping or switching, the
@@ -518,10 +520,7 @@ class TimingRecorder:
         from .timing_files import TimingStream
 
         resume = check_bool(resume, "resume")
-        if (
-            path is not None and self._stream is not None and not self._stream.closed
-            and os.path.realpath(path) == self._stream._real
-        ):  # fmt: skip
+        if path is not None and self._stream is not None and self._stream.same_file(path):
             raise ValueError(f"this recorder already streams to {path}")
         # The new file is opened (and checked) first: a refused one leaves the stream as
         # it was.

@@ -90,6 +90,12 @@ def save_timings(recorder: TimingRecorder, path: str | os.PathLike[str]) -> Path
             f"{path} is the file this recorder streams to, which holds every record "
             "already; save to another path"
         )
+    if _held_elsewhere(target):
+        # The rename would leave that stream appending to a file no longer at path.
+        raise ValueError(
+            f"{path} is being streamed to by another recorder or process; save to another "
+            "path"
+        )
     text = _dumps(_header(recorder)) + "\n" + _lines(recorder.records)
     try:
         mode = target.stat().st_mode & 0o7777
@@ -156,6 +162,8 @@ class TimingStream:
         self.path = Path(path)
         self._file: IO[str] | None = None
         self._real = os.path.realpath(self.path)  # for save(): the same file?
+        # Made before the file is opened: a cost that cannot be written leaves no file.
+        fresh = _dumps(_header(recorder)) + "\n" + _lines(recorder.records)
         # Opened for appending (every write lands at the end, also after a crash) and
         # locked before it is read, so two writers cannot both find it empty.
         file = open(self.path, "a", encoding="utf-8")
@@ -163,7 +171,7 @@ class TimingStream:
             _lock(file, self.path)
             head = _existing_header(self.path)
             if head is None:
-                text = _dumps(_header(recorder)) + "\n" + _lines(recorder.records)
+                text = fresh
             else:
                 if not resume:
                     raise ValueError(
@@ -201,7 +209,25 @@ class TimingStream:
         written, after which it is closed all the same."""
         file, self._file = self._file, None
         if file is not None:
-            file.close()  # closes the descriptor even when the final flush fails
+            try:
+                file.flush()
+            finally:
+                # Unlocked explicitly: a forked child (a DataLoader worker) shares the
+                # open file and would otherwise hold the lock until it exits.
+                _unlock(file)
+                file.close()  # closes the descriptor even when the final flush fails
+
+    def same_file(self, path: str | os.PathLike[str]) -> bool:
+        """Whether ``path`` is the open file streamed to (the same inode: a renamed-away
+        file is not, a hard link is)."""
+        if self._file is None:
+            return False
+        try:
+            there = os.stat(path)
+        except OSError:
+            return False
+        mine = os.fstat(self._file.fileno())
+        return (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino)
 
     @property
     def closed(self) -> bool:
@@ -230,6 +256,33 @@ def _lock(file: IO[str], path: Path) -> None:
         ) from None
     except OSError:  # e.g. a network mount without locks
         return
+
+
+def _unlock(file: IO[str]) -> None:
+    try:
+        import fcntl
+
+        fcntl.flock(file.fileno(), fcntl.LOCK_UN)
+    except (ImportError, OSError, ValueError):  # no locks here, or the file is gone
+        pass
+
+
+def _held_elsewhere(path: Path) -> bool:
+    """Whether another stream holds ``path``'s lock (False where locks are unknown)."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        with open(path, "rb") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+    except OSError:
+        return False
+    return False
 
 
 def _existing_header(path: Path) -> dict[str, Any] | None:

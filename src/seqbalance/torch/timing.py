@@ -13,7 +13,7 @@
         for mb in mbs:
             with timer.time():
                 loss = model(mb).backward()
-        timer.end_step(handle.plan)                 # two small all_gathers
+        timer.end_step(handle)                      # two small all_gathers
         log(recorder.metrics() | handle.plan.metrics())
         if step == 10:
             balancer.set_cost(recorder.refit())     # same records on every rank: same cost
@@ -109,9 +109,10 @@ class MicroBatchTimer:
         :meth:`end_step` records every GPU under it on every rank alike. Records, their
         ``Timing.rank`` and the recorder's per-rank metrics are in plan ranks. Give
         :meth:`end_step` the rebalance handle (or :meth:`time` the lengths): a plan rank
-        that is not the process's (left out, or mapped wrongly) is then refused, where
-        with the plan alone its times would be recorded as another GPU's. Below
-        ``2**31``.
+        of another replica (left out, or mapped wrongly) is then refused, where with the
+        plan alone its times would be recorded as another GPU's. GPUs of one replica hold
+        the same sequences, so a swap among them cannot be told (their pieces differ
+        little in the balanced layout). Below ``2**31``.
 
     Attributes
     ----------
@@ -270,7 +271,8 @@ class MicroBatchTimer:
             On every rank, when a rank's plan is for another number of ranks than the
             group, the ranks' plans differ, some ranks passed a plan and others not, a
             rank timed a different number of micro-batches than the plan gives it, a
-            rank gave :meth:`time` lengths that are not its plan slot's, the ranks passed
+            rank gave :meth:`time` lengths that are not its plan slot's (or, given the
+            handle, received another replica's micro-batches), the ranks passed
             different ``step`` values, the ranks' ``plan_rank`` values are not
             ``0..world-1`` each once, or (without a plan) a micro-batch was timed without
             its lengths. Also, alike on every rank and with nothing recorded, when a
@@ -286,11 +288,12 @@ class MicroBatchTimer:
             step, unusable = self.step, ValueError(f"step must be an integer, got {step!r}")
             unusable.__cause__ = exc
         secs = self._seconds()
-        if isinstance(plan, RebalanceHandle):
+        handle = plan if isinstance(plan, RebalanceHandle) else None
+        if handle is not None:
             # The micro-batches this rank received stand for lengths not given to time():
             # a rank that ran another plan rank's micro-batches is then refused.
-            held = plan.micro_batch_lengths
-            plan = plan.plan
+            held = handle.micro_batch_lengths
+            plan = handle.plan
             self._pending = [
                 (held[j] if lens is None and j < len(held) else lens, *rest)
                 for j, (lens, *rest) in enumerate(self._pending)
@@ -318,11 +321,13 @@ class MicroBatchTimer:
                 slot_pieces = (
                     None if pieces is None else plan_pieces(pieces, plan.micro_batches)
                 )
+                if ok and unusable is None and handle is not None:
+                    unusable = _not_the_handles(handle, plan, me)
                 if ok and unusable is None:
                     unusable = _lengths_disagree(self._pending, mine, plan.lengths)
             except Exception as exc:  # not a Plan
                 unusable = unusable or ValueError(
-                    f"plan must be the step's Plan (e.g. handle.plan), got "
+                    f"plan must be the step's Plan or RebalanceHandle (e.g. handle), got "
                     f"{type(plan).__name__}: {exc}"
                 )
                 header = [1, 0, 0, 0, 0, 0]
@@ -452,7 +457,7 @@ def _check_headers(
         mine = f"this rank: {unusable}" if unusable is not None else "this rank's are fine"
         raise ValueError(
             f"ranks {bad_args} passed end_step arguments it cannot use ({mine}); pass the "
-            "step's Plan (e.g. handle.plan) and an integer step, or neither"
+            "step's Plan or RebalanceHandle (e.g. handle) and an integer step, or neither"
         )
     steps = heads[:, 7]
     if (steps != steps[0]).any():
@@ -503,8 +508,8 @@ def _check_headers(
     if disagree.size:
         mine = f"this rank: {unusable}" if unusable is not None else "this rank's match"
         raise ValueError(
-            f"{_ranks(disagree, heads)} timed micro-batches with lengths that are not the "
-            f"plan's ({mine}); run the plan's micro-batches in its order, and pass "
+            f"{_ranks(disagree, heads)} timed micro-batches that are not their plan rank's "
+            f"({mine}); run the plan's micro-batches in its order, and pass "
             "MicroBatchTimer(plan_rank=...) where the group's rank order is not the plan's "
             "(e.g. static CP)"
         )
@@ -543,6 +548,26 @@ def _check_plan_ranks(column: np.ndarray, world: int) -> None:
 
 class _Disagree(ValueError):
     """This rank timed a block with lengths that are not its plan slot's."""
+
+
+def _not_the_handles(handle: Any, plan: Any, me: int) -> _Disagree | None:
+    """Why plan rank ``me`` is not one whose micro-batches ``handle``'s rank received, or
+    None. The handle's rank is its rank in the rebalance group: a replica of a CP plan
+    planned over the data-parallel group (any of the replica's ``cp_size`` GPUs, which
+    hold the same sequences: a swap among them cannot be told), or a plan rank."""
+    cp = int(getattr(plan, "cp_size", 1) or 1)
+    if cp > 1 and handle.world_size * cp == len(plan.micro_batches):
+        if me // cp != handle.rank:
+            return _Disagree(
+                f"this process received replica {handle.rank}'s micro-batches (its rank in "
+                f"the rebalance group) but times plan rank {me}, a GPU of replica {me // cp}"
+            )
+    elif handle.world_size == len(plan.micro_batches) and me != handle.rank:
+        return _Disagree(
+            f"this process received rank {handle.rank}'s micro-batches but times plan rank "
+            f"{me}"
+        )
+    return None
 
 
 def _lengths_disagree(
