@@ -479,8 +479,8 @@ class TimingRecorder:
         Records gathered by :class:`~seqbalance.torch.MicroBatchTimer` are the same on
         every rank: stream on one (``if rank == 0``). The file is locked while streamed
         (an advisory lock, where the system and file system have them), so a second
-        stream to it, from another process or recorder, is refused. Streaming to another path first
-        closes the current file; :meth:`clear` and the window do not touch it.
+        stream to it, from another process or recorder, is refused. Streaming to another
+        path first closes the current file; :meth:`clear` and the window do not touch it.
 
         Returns
         -------

@@ -237,28 +237,37 @@ class TimingStream:
         return f"TimingStream({str(self.path)!r}{', closed' if self.closed else ''})"
 
 
-def _lock(file: IO[str], path: Path) -> None:
-    """Hold an exclusive advisory lock on ``file`` until it is closed, or raise a
-    ValueError when another stream holds one. Where the system or file system has no such
-    locks, go on without (one writer is then the caller's to ensure)."""
+def _try_lock(file: IO[Any]) -> bool | None:
+    """Take an exclusive advisory lock on ``file`` without waiting: True when taken, False
+    when another open file holds it, None where the system or file system has no such
+    locks (not POSIX; some network mounts)."""
     try:
         import fcntl
-    except ImportError:  # not POSIX
-        return
+    except ImportError:
+        return None
     try:
         fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        return False
+    except OSError:
+        return None
+    return True
+
+
+def _lock(file: IO[str], path: Path) -> None:
+    """Hold an exclusive advisory lock on ``file`` until it is unlocked or closed, or raise
+    a ValueError when another stream holds one. Where there are no such locks, go on
+    without (one writer is then the caller's to ensure)."""
+    if _try_lock(file) is False:
         raise ValueError(
             f"another stream is writing to {path} (another process, or another recorder "
             "in this one); their lines would interleave. Records gathered by "
             "MicroBatchTimer are the same on every rank: stream on one (if rank == 0), or "
             "give each writer its own file"
-        ) from None
-    except OSError:  # e.g. a network mount without locks
-        return
+        )
 
 
-def _unlock(file: IO[str]) -> None:
+def _unlock(file: IO[Any]) -> None:
     try:
         import fcntl
 
@@ -270,19 +279,13 @@ def _unlock(file: IO[str]) -> None:
 def _held_elsewhere(path: Path) -> bool:
     """Whether another stream holds ``path``'s lock (False where locks are unknown)."""
     try:
-        import fcntl
-    except ImportError:
-        return False
-    try:
         with open(path, "rb") as f:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-    except OSError:
+            taken = _try_lock(f)
+            if taken:
+                _unlock(f)
+    except OSError:  # no file there
         return False
-    return False
+    return taken is False
 
 
 def _existing_header(path: Path) -> dict[str, Any] | None:

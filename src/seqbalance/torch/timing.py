@@ -238,24 +238,24 @@ class MicroBatchTimer:
         plan : Plan or RebalanceHandle, optional
             The plan every rank ran (``handle.plan`` from :func:`rebalance`, a sampler's
             step plan), or the ``handle`` itself: then the lengths of the micro-batches
-            this rank received stand for those not given to :meth:`time`, so a rank that
-            ran micro-batches other than its plan rank's (a wrong or missing
+            this rank received stand for those not given to :meth:`time`, and the plan
+            rank is checked against the handle's rank (its replica under CP), so a rank
+            that ran micro-batches other than its plan rank's (a wrong or missing
             ``plan_rank``) is refused. The plan's ``micro_batches`` and ``lengths`` give
             every record's lengths, so only the times travel: one ``all_gather`` of ``m``
-            float64 per rank.
-            Without it, each rank's lengths (given to :meth:`time`) travel too
-            (``all_gather_object``). Either way a 9-float header goes first (whether a
-            plan was given, its rank and slot counts, a digest of it, whether this rank's
-            timing fits and its arguments are usable, the step, the plan rank it ran),
-            so ranks holding different plans, or a plan on some ranks only, all raise
-            instead of hanging or pairing times with the wrong lengths. In a padded plan
-            (``padded=True``) every row of a micro-batch is recorded at the longest one's
-            length, as it ran. For a
-            context-parallel plan (:class:`~seqbalance.planning.cp_plans.CPPlan`) the
-            group is every GPU of the mesh (``dp_size * cp_size``; a rank's GPU is its
-            group rank or the timer's ``plan_rank``) and each record carries the pieces
-            its GPU ran (``Timing.pieces``), which the recorder's report and refit price
-            as pieces. Records are kept under plan ranks.
+            float64 per rank. Without it, each rank's lengths (given to :meth:`time`)
+            travel too (``all_gather_object``). Either way a 9-float header goes first
+            (whether a plan was given, its rank and slot counts, a digest of it, whether
+            this rank's timing fits and its arguments are usable, the step, the plan rank
+            it ran), so ranks holding different plans, or a plan on some ranks only, all
+            raise instead of hanging or pairing times with the wrong lengths. In a padded
+            plan (``padded=True``) every row of a micro-batch is recorded at the longest
+            one's length, as it ran. For a context-parallel plan
+            (:class:`~seqbalance.planning.cp_plans.CPPlan`) the group is every GPU of the
+            mesh (``dp_size * cp_size``; a rank's GPU is its group rank or the timer's
+            ``plan_rank``) and each record carries the pieces its GPU ran
+            (``Timing.pieces``), which the recorder's report and refit price as pieces.
+            Records are kept under plan ranks.
         step : int, optional
             The step to record under (default :attr:`step`).
 
