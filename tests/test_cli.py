@@ -465,7 +465,10 @@ def test_compare_refuses_pipelines_with_context_parallelism(rl, capsys):
     argv = ["compare", str(txt), "--dp", "2", "--max-tokens", "32768", "--cp-size", "2",
             "--pp-size", "2"]
     assert main(argv) == 2
-    assert "do not combine with --cp-size" in capsys.readouterr().err
+    assert (
+        "combine with --cp-size > 1 only in 'seqbalance plan --cp static' (pipeline stages "
+        "that are CP rings); compare one of the two at a time" in capsys.readouterr().err
+    )
 
 
 def test_outputs_never_overwrite_the_lengths_file_or_each_other(tmp_path, capsys):

@@ -566,7 +566,6 @@ def test_cp_from_dict_refuses_a_num_micro_batches_that_disagrees():
         ("costs", lambda v: [c * 2 for c in v]),
         ("per_microbatch", lambda v: v + 1.0),
         ("padded", lambda v: True),
-        ("pipeline", lambda v: {"pp_size": 2}),
     ],
 )
 def test_cp_from_dict_refuses_derived_fields_that_disagree(key, edit):

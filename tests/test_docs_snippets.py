@@ -51,6 +51,7 @@ CASES: dict[str, str] = {
     "cp_size=8, cp=\"dynamic\",": "cp",
     "cost = UlyssesCost(sb.load_cost(\"qwen2.5-7b\"), sp_size=4, bandwidth=1.5e11)": "ulysses",
     "pp_size=4, schedule=\"1f1b\")": "pipeline",
+    "cp=\"static\", cp_cost={\"bandwidth\": 2.5e10}, pp_size=2)": "cp_pipeline",
     "from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions, "
     "rearrange_micro_batches": "verl_import",
     "seqbalance.compat.verl.patch()": "verl_patch",
@@ -180,6 +181,19 @@ def run_pipeline(code, tmp_path, monkeypatch):
     step = eval(lines[3].split("  #")[0], ns)
     bound = eval(lines[4].split("  #")[0], ns)
     assert step.step_time >= bound > 0
+
+
+def run_cp_pipeline(code, tmp_path, monkeypatch):
+    lengths = np.concatenate([_lengths(300), [60_000]])  # one over 4 GPUs of 16k
+    ns = _run(code, {"sb": sb, "lengths": lengths})
+    p = ns["p"]
+    assert p.pipeline.spec.pp_size == 2 and set(p.degrees()) == {4}
+    assert not any(p.violations().values())
+    sim = p.simulate_pipeline()
+    assert sim.step_time >= sim.lower_bound > 0
+    assert sorted(i for r in p.replica_micro_batches() for mb in r for i in mb) == list(
+        range(301)
+    )
 
 
 # ---- compat blocks -------------------------------------------------------------------

@@ -383,10 +383,11 @@ def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
         refuse_stray(stray, "--cp-size", "C", "context parallelism")
         if args.pp_size == 1:  # else the planner checks them together
             refuse_stray(_stray_pp_options(args), "--pp-size", "P", "pipeline parallelism")
-    elif _pp_kwargs(args):
+    elif _pp_kwargs(args) and (command != "plan" or args.cp != "static"):
         raise UserError(
-            "--pp-size/--schedule/--virtual-stages/--pp-comm do not combine with "
-            f"--cp-size > 1 yet; {command} one of the two at a time"
+            "--pp-size/--schedule/--virtual-stages/--pp-comm combine with --cp-size > 1 "
+            "only in 'seqbalance plan --cp static' (pipeline stages that are CP rings); "
+            + ("pass --cp static" if command == "plan" else f"{command} one of the two at a time")
         )
     elif args.padded:
         raise UserError(

@@ -69,6 +69,7 @@ from .._validate import (
     check_nonnegative_real,
 )
 from .base import CostModel, check_keys
+from .phases import BACKWARD_ATTENTION, BACKWARD_MATMUL, check_ratio
 
 __all__ = [
     "FLOPS_PER_SECOND",
@@ -411,6 +412,37 @@ class ContextParallelCost:
             compute = np.array(compute, dtype=np.float64, copy=True)
             compute[whole] = exact
         return compute
+
+    def _phases(self, length: Any, tok: Any, sq: Any, d: Any) -> tuple[np.ndarray, np.ndarray]:
+        """Forward and backward of pieces (arrays as :meth:`_cost` takes), adding up to
+        their cost; for pipeline schedules (:mod:`seqbalance.planning.cp_pipeline`).
+
+        As :func:`seqbalance.costs.phases.phase_costs` splits a sequence: the linear part
+        (``a / d + b * tokens``, or whatever the exact model adds beyond the attention)
+        has a backward ``backward_matmul`` times its forward, the attention ``c * sq``
+        ``backward_attention`` times. Of the exposed ring transfers the forward carries
+        ``1 / comm_passes`` (it sends K/V once; the backward sends K/V again and dK/dV).
+        """
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = np.asarray(self._cost(length, tok, sq, d), dtype=np.float64)
+            attention = np.asarray(self.per_token_sq * sq, dtype=np.float64)
+            comm = np.asarray(self._comm(length, attention, d, self.cost_per_second))
+        r_mm = check_ratio(getattr(self.cost, "backward_matmul", BACKWARD_MATMUL),
+                           "backward_matmul")
+        r_attn = check_ratio(getattr(self.cost, "backward_attention", BACKWARD_ATTENTION),
+                             "backward_attention")  # fmt: skip
+        linear = np.maximum(total - attention - comm, 0.0)  # rounding: never below 0
+        share = min(1.0, 1.0 / self.comm_passes) if self.comm_passes else 0.0
+        forward = linear / (1.0 + r_mm) + attention / (1.0 + r_attn) + share * comm
+        forward = np.minimum(forward, total)
+        return forward, total - forward
+
+    def microbatch_phases(self) -> tuple[float, float]:
+        """Forward and backward of the per-micro-batch cost (its matmul ratio)."""
+        r_mm = check_ratio(getattr(self.cost, "backward_matmul", BACKWARD_MATMUL),
+                           "backward_matmul")  # fmt: skip
+        forward = self.per_microbatch / (1.0 + r_mm)
+        return forward, self.per_microbatch - forward
 
     # ---- vectorised over sequences ----------------------------------------------------
     def rank_costs(self, lengths: Any, d: int) -> tuple[np.ndarray, np.ndarray]:

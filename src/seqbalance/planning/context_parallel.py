@@ -59,6 +59,7 @@ from .._validate import (
 from ..costs.context_parallel import ContextParallelCost, balanced_layout
 from ..partitioning._rules import SIZES
 from ._slots import fill_slack
+from .cp_pipeline import CPPipelineSetup, order_slots, pipeline_note, simulate_cp_pipeline
 from .cp_plans import (
     CP_MODES,
     CPPlan,
@@ -135,9 +136,12 @@ class _Request:
 
     def __init__(
         self, lens, dp, cp_size, cap, cpc, sync, m_min, mult, allow_empty, baselines=True,
-        rules=None,
+        rules=None, pp=None,
     ) -> None:
         self.lens, self.dp, self.cp_size, self.cap = lens, dp, cp_size, cap
+        # static CP in pipeline stages: the layout (None: no pipeline) and plan()'s keywords
+        self.pp: CPPipelineSetup | None = None if pp is None else pp[0]
+        self.pp_kwargs: dict[str, Any] = {} if pp is None else pp[1]
         self.cpc, self.sync, self.m_min, self.mult = cpc, sync, m_min, mult
         self.allow_empty, self.baselines = allow_empty, baselines
         # plan()'s rules for the replicas of static CP (a replica is a rank there)
@@ -208,9 +212,30 @@ def _check_rules(rules: dict[str, Any], cp: str) -> dict[str, Any]:
     return given
 
 
+def _check_pipeline(lens: np.ndarray, cp: str, pipeline: dict[str, Any] | None) -> Any:
+    """``(CPPipelineSetup, plan()'s keywords)`` for ``pp_size > 1``, else None; refused under
+    dynamic CP."""
+    from .pipeline_plans import pipeline_setup
+
+    kw = {"pp_size": 1, "schedule": "1f1b", "virtual_stages": 1, "pp_comm": 0.0,
+          **(pipeline or {})}  # fmt: skip
+    # Validates the keywords (pp_comm needs pp_size > 1; the schedule's rules), costs aside.
+    setup = pipeline_setup(lens, None, kw["pp_size"], kw["schedule"], kw["virtual_stages"],
+                           kw["pp_comm"])  # fmt: skip
+    if setup is None:
+        return None
+    if cp == "dynamic":
+        raise ValueError(
+            f"pp_size={kw['pp_size']} needs cp='static' with cp_size > 1: a pipeline stage's "
+            "GPUs must run the same slots, and dynamic CP gives them different ones; pass "
+            "cp='static', or pp_size=1"
+        )
+    return CPPipelineSetup(setup.spec, setup.comm_per_token), kw
+
+
 def _validate(
     lengths, dp_size, max_tokens, cp_size, cp, cost, cp_cost, sync, m_min, mult, allow_empty,
-    baselines=True, rules=None,
+    baselines=True, rules=None, pipeline=None,
 ) -> _Request:
     lens = as_lengths(lengths)
     dp = check_positive_int(dp_size, "dp_size")
@@ -219,7 +244,15 @@ def _validate(
     check_choice(cp, "cp", CP_MODES)
     check_choice(sync, "sync", SYNC_MODELS)
     given = _check_rules({**REPLICA_RULES, **(rules or {})}, cp)
+    pp = _check_pipeline(lens, cp, pipeline)
+    if pp is not None and (given.get("order") is not None
+                           or given.get("sequences_per_micro_batch") is not None):
+        raise ValueError(
+            "order= and sequences_per_micro_batch= cannot be combined with pp_size > 1: the "
+            "pipeline planner chooses the slots and their run order; drop one of them"
+        )  # fmt: skip
     cpc = make_cp_cost(cost, cp_cost)
+    mult = check_positive_int(mult, "micro_batch_multiple")
     return _Request(
         lens,
         dp,
@@ -228,10 +261,11 @@ def _validate(
         cpc,
         sync,
         check_positive_int(m_min, "min_micro_batches"),
-        check_positive_int(mult, "micro_batch_multiple"),
+        mult,
         check_bool(allow_empty, "allow_empty"),
         check_bool(baselines, "baselines"),
         given,
+        pp,
     )
 
 
@@ -283,6 +317,7 @@ def _static_base(req: _Request, **overrides: Any) -> Any:
         "micro_batch_multiple": req.mult,
         "allow_empty": req.allow_empty,
         "baselines": req.baselines,
+        **req.pp_kwargs,
         **rules,
         **overrides,
     }
@@ -297,7 +332,16 @@ def _static_step(req: _Request, base: Any) -> float:
 
     Every GPU of a replica holds a piece of every sequence of the replica's micro-batch, so
     the replica is one CP group per slot: under ``ddp`` it advances by its slowest GPU.
+    With a pipeline: the pipeline step of the pieces in the order :func:`_static_pieces`
+    gives them (the full search, so the count that wins here is never slower there).
     """
+    if req.pp is not None:
+        pieces = order_slots(
+            _replica_pieces(req, base), req.lens, req.cpc, req.cp_size, req.sync, req.pp
+        )
+        return simulate_cp_pipeline(
+            pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp
+        ).step_time
     costs, _ = req.cpc.rank_costs(req.lens, req.cp_size)  # (n, cp_size)
     c0 = req.cpc.per_microbatch
     m = base.num_micro_batches
@@ -329,7 +373,8 @@ def _static_notes(req: _Request, notes: Any) -> list[str]:
     return out
 
 
-def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
+def _replica_pieces(req: _Request, base: Any) -> Pieces:
+    """Every sequence of a replica's micro-batch over the replica's cp_size GPUs."""
     c = req.cp_size
     pieces: Pieces = [[] for _ in range(req.world)]
     for r, rank in enumerate(base.micro_batches):
@@ -337,20 +382,34 @@ def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
             members = _group_pieces(mb, req.lens, c)
             for k in range(c):
                 pieces[r * c + k].append(members[k])
-    return CPPlan._from_validated_pieces(
+    return pieces
+
+
+def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
+    pieces = _replica_pieces(req, base)
+    notes = _static_notes(req, base.notes)
+    if req.pp is not None:
+        # The replica plan's order and note priced each sequence at its slowest piece,
+        # with one backward ratio; order the slots on the pieces' own phases instead.
+        pieces = order_slots(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp)
+        notes = [n for n in notes if not n.startswith("pipeline (")]
+        notes.append(pipeline_note(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp))
+    p = CPPlan._from_validated_pieces(
         pieces,
         req.lens,
         max_tokens=req.cap,
-        cp_size=c,
+        cp_size=req.cp_size,
         cp="static",
         cp_cost=req.cpc,
         replicas=req.dp,
         sync=req.sync,
         strategy=strategy,
-        notes=_static_notes(req, base.notes),
+        notes=notes,
         size=base.size,
         groups=base.groups,
     )
+    p.pipeline = req.pp
+    return p
 
 
 def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
@@ -366,8 +425,9 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
         return base if isinstance(base, str) else _static_pieces(req, base, strategy)
     m = base.num_micro_batches
     best, best_step = base, _static_step(req, base)
+    step_mult = req.mult if req.pp is None else math.lcm(req.mult, req.pp.spec.count_multiple)
     for e in range(1, extra + 1):
-        count = m + e * req.mult
+        count = m + e * step_mult
         more = _static_base(req, min_micro_batches=count)
         if isinstance(more, str):
             break  # too few sequences for more slots: larger counts fail too
@@ -747,6 +807,10 @@ def plan_cp(
     oversized: str = "error",
     sequences_per_micro_batch: int | None = None,
     baselines: bool = True,
+    pp_size: int = 1,
+    schedule: str = "1f1b",
+    virtual_stages: int = 1,
+    pp_comm: float = 0.0,
 ) -> CPPlan:
     """Plan a ``dp_size x cp_size`` mesh with context parallelism (module docstring).
 
@@ -776,6 +840,13 @@ def plan_cp(
         As in :func:`seqbalance.plan`: False keeps the baselines' plans out of the
         candidates (the replica plan of static CP, and the Megatron-style layout that
         ``"dynamic"`` otherwise tries).
+    pp_size, schedule, virtual_stages, pp_comm
+        Static CP only: each replica is a pipeline of ``pp_size`` stages, each stage a CP
+        ring of ``cp_size`` GPUs running the same pieces
+        (:mod:`seqbalance.planning.cp_pipeline`). As in :func:`seqbalance.plan`;
+        ``pp_comm`` is per token one GPU sends to the next stage. The slots are ordered
+        for the lowest simulated pipeline step and :meth:`CPPlan.simulate_pipeline`
+        simulates it. ``order`` and ``sequences_per_micro_batch`` are refused with them.
 
     Returns
     -------
@@ -809,6 +880,12 @@ def plan_cp(
             "oversized": oversized,
             "extra_micro_batches": extra_micro_batches,
             "sequences_per_micro_batch": sequences_per_micro_batch,
+        },
+        {
+            "pp_size": pp_size,
+            "schedule": schedule,
+            "virtual_stages": virtual_stages,
+            "pp_comm": pp_comm,
         },
     )
     if cp == "static":

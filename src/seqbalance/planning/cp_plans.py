@@ -221,6 +221,29 @@ def _off_layout_exact(gpu: np.ndarray, slot: np.ndarray, seq: np.ndarray, s: np.
     return bad
 
 
+def _piece_entries(
+    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cp_cost: ContextParallelCost
+) -> tuple[np.ndarray, ...]:
+    """One entry per (gpu, slot, sequence) a GPU holds: arrays ``(gpu, slot, length, tokens,
+    sq, d)``, ``sq`` the sum of ``e² − s²`` its cost prices and ``d`` the GPUs holding that
+    sequence in that slot."""
+    m = max((len(g) for g in pieces), default=0)
+    gpu, slot, seq, s, e = _flatten(pieces)
+    n = int(lengths.shape[0])
+    key = (gpu * m + slot) * n + seq
+    uk, inv = np.unique(key, return_inverse=True)
+    tok = np.bincount(inv, weights=(e - s).astype(np.float64), minlength=uk.size)
+    sq = np.bincount(
+        inv, weights=cp_cost._sq(s.astype(np.float64), e.astype(np.float64)), minlength=uk.size
+    )
+    kseq = uk % n if n else uk
+    kslot = (uk // n) % m if n else uk
+    kgpu = uk // (n * m) if n else uk
+    _, ginv, gcount = np.unique(kslot * n + kseq, return_inverse=True, return_counts=True)
+    d = gcount[ginv].astype(np.float64)
+    return kgpu, kslot, lengths[kseq].astype(np.float64), tok, sq, d
+
+
 def piece_costs(
     pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cp_cost: ContextParallelCost
 ) -> np.ndarray:
@@ -233,24 +256,9 @@ def piece_costs(
     out = np.full((world, m), np.nan)
     for g, gpu in enumerate(pieces):
         out[g, : len(gpu)] = cp_cost.per_microbatch
-    gpu, slot, seq, s, e = _flatten(pieces)
-    if seq.size == 0:
-        return out
-    n = int(lengths.shape[0])
-    # One entry per (gpu, slot, sequence): its tokens and sum(e^2 - s^2).
-    key = (gpu * m + slot) * n + seq
-    uk, inv = np.unique(key, return_inverse=True)
-    tok = np.bincount(inv, weights=(e - s).astype(np.float64))
-    sq = np.bincount(inv, weights=cp_cost._sq(s.astype(np.float64), e.astype(np.float64)))
-    kseq = uk % n
-    kslot = (uk // n) % m
-    kgpu = uk // (n * m)
-    # d = number of GPUs holding the sequence in that slot.
-    group = kslot * n + kseq
-    _, ginv, gcount = np.unique(group, return_inverse=True, return_counts=True)
-    d = gcount[ginv].astype(np.float64)
-    cost = cp_cost._cost(lengths[kseq].astype(np.float64), tok, sq, d)
-    np.add.at(out, (kgpu, kslot), cost)
+    kgpu, kslot, length, tok, sq, d = _piece_entries(pieces, lengths, cp_cost)
+    if kgpu.size:
+        np.add.at(out, (kgpu, kslot), cp_cost._cost(length, tok, sq, d))
     return out
 
 
@@ -452,6 +460,10 @@ class CPPlan(Plan):
         Prices pieces for :meth:`simulate`.
     replicas : int
         The mesh's data-parallel size (``world_size / cp_size``); ``dp_size`` returns it.
+    pipeline : CPPipelineSetup or None
+        Static CP only: each replica is a pipeline whose stages are CP rings running the
+        same pieces (:mod:`seqbalance.planning.cp_pipeline`), its slots in run order. A
+        dict as :meth:`to_dict` writes it is accepted.
 
     ``micro_batches[g][j]`` lists the sequences GPU ``g`` touches in slot ``j``.
     """
@@ -471,6 +483,7 @@ class CPPlan(Plan):
         notes: Sequence[str] = (),
         size: str = "free",
         groups: Any = None,
+        pipeline: Any = None,
     ) -> None:
         lens = as_lengths(lengths)
         n = int(lens.shape[0])
@@ -525,6 +538,29 @@ class CPPlan(Plan):
         self.notes = check_notes(notes, "notes")
         self.size = check_choice(size, "size", SIZES)
         self.groups = None if groups is None else as_groups(groups, n)
+        self.pipeline = self._check_pipeline(pipeline)
+
+    def _check_pipeline(self, value: Any) -> Any:
+        """None, a CPPipelineSetup or its dict -> None or a CPPipelineSetup that this plan's
+        layout can run (static CP, equal slot counts, the schedule's count rule)."""
+        if value is None:
+            return None
+        from .cp_pipeline import CPPipelineSetup
+
+        if isinstance(value, dict):
+            value = CPPipelineSetup.from_dict(value)
+        if not isinstance(value, CPPipelineSetup):
+            kind = type(value).__name__
+            raise ValueError(f"pipeline must be None, a CPPipelineSetup or a dict, got {kind}")
+        if self.cp != "static":
+            raise ValueError(
+                "a pipeline needs cp='static': its stages' GPUs run the same slots, which a "
+                f"{self.cp} plan does not promise; drop the pipeline or plan with cp='static'"
+            )
+        if any(len(g) != self.num_micro_batches for g in self.pieces):
+            raise ValueError("every GPU needs the same number of slots for a pipeline")
+        value.spec.check_count(self.num_micro_batches)
+        return value
 
     def _init_fields(
         self, pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy
@@ -795,6 +831,29 @@ class CPPlan(Plan):
             lower_bound=bound,
         )
 
+    def simulate_pipeline(self, sync: str | None = None) -> Any:
+        """Simulate the pipeline step of a static CP plan made with ``pp_size > 1``
+        (:mod:`seqbalance.planning.cp_pipeline`: each slot of a replica as slow as its
+        slowest GPU, forward and backward apart).
+
+        Returns a :class:`~seqbalance.planning.pipeline_plans.PlanPipelineSimulation`.
+
+        Raises
+        ------
+        ValueError
+            The plan has no pipeline, or its pieces miss or repeat tokens or leave the
+            balanced layout (as :meth:`simulate`).
+        """
+        from .cp_pipeline import simulate_cp_pipeline
+
+        if self.pipeline is None:
+            raise ValueError("this plan has no pipeline; plan with cp='static' and pp_size > 1")
+        self._check_cover()
+        sync = self.sync if sync is None else check_choice(sync, "sync", SYNC_MODELS)
+        return simulate_cp_pipeline(
+            self.pieces, self.lengths, self.cp_cost, self.cp_size, sync, self.pipeline
+        )
+
     def _simulate(self, costs: Any, c0: float, sync: str, bound: float | None) -> Simulation:
         return simulate_pieces(
             self.pieces, self.lengths, self.cp_cost, sync=sync, lower_bound=bound
@@ -897,20 +956,14 @@ class CPPlan(Plan):
             notes=data.get("notes", ()),
             size=data.get("size", "free"),
             groups=data.get("groups"),
+            pipeline=data.get("pipeline"),
         )
         # Written by to_dict for a Plan's readers, but CP plans derive them from pieces,
         # lengths and cp_cost: an edited one would silently do nothing.
         check_derived(
             data,
             out,
-            (
-                "num_micro_batches",
-                "micro_batches",
-                "costs",
-                "per_microbatch",
-                "padded",
-                "pipeline",
-            ),
+            ("num_micro_batches", "micro_batches", "costs", "per_microbatch", "padded"),
             source="pieces, lengths and cp_cost",
         )
         if data.get("world_size") is not None:

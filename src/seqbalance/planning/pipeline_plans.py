@@ -51,6 +51,7 @@ __all__ = [
     "order_grid",
     "pipeline_setup",
     "reorder",
+    "simulate_phases",
     "simulate_plan_pipeline",
 ]
 
@@ -282,8 +283,16 @@ def simulate_plan_pipeline(
 ) -> PlanPipelineSimulation:
     """Simulate the pipeline step of a plan (see the module docstring for the sync models)."""
     f, b, c = micro_batch_phases(grid, costs, c0, lengths, padded, setup)
-    spec = setup.spec
+    return simulate_phases(f, b, c, sync, setup.spec)
+
+
+def simulate_phases(
+    f: np.ndarray, b: np.ndarray, c: np.ndarray, sync: str, spec: PipelineSpec
+) -> PlanPipelineSimulation:
+    """:func:`simulate_plan_pipeline` from ``(replicas, m)`` forward, backward and transfer
+    times of every micro-batch, in run order."""
     kw = {"schedule": spec.schedule, "virtual_stages": spec.virtual_stages}
+    replicas = len(f)
     if sync == "fsdp":
         f, b, c = _lockstep(f, b, c)
     m = f.shape[1]
@@ -296,7 +305,7 @@ def simulate_plan_pipeline(
     )
     step = float(times.max()) if times.size else 0.0
     if sync == "fsdp":
-        times = np.full(len(grid), step)
+        times = np.full(replicas, step)
     return PlanPipelineSimulation(
         sync, step, times, slowest, bound, float(relative_gap(step, bound))
     )

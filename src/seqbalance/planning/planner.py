@@ -1110,20 +1110,11 @@ def _plan_cp_hook(**kw: Any) -> Plan:
     """``cp_size > 1``: context-parallel planning; arguments it cannot honour are refused."""
     from .context_parallel import plan_cp  # lazily: it builds on plan() for static CP
 
-    for name, default, why in (
-        ("padded", False, "a CP piece is priced by its own tokens, never padded"),
-        ("pp_size", 1, "pipeline stages and CP rings are not planned together yet"),
-    ):
-        if kw[name] != default:
-            raise ValueError(
-                f"{name}={kw[name]!r} is not supported with cp_size > 1 ({why}); leave it "
-                f"at {default!r}"
-            )
-    # One stage per replica: the schedule keywords are checked as at pp_size=1 (a config
-    # may pass its schedule whatever its sizes), and pp_comm is refused there.
-    pipeline_setup(
-        kw["lengths"], kw["cost"], 1, kw["schedule"], kw["virtual_stages"], kw["pp_comm"]
-    )
+    if kw["padded"] is not False:
+        raise ValueError(
+            f"padded={kw['padded']!r} is not supported with cp_size > 1 (a CP piece is priced "
+            "by its own tokens, never padded); leave it at False"
+        )
     return plan_cp(
         kw["lengths"],
         kw["dp_size"],
@@ -1143,6 +1134,10 @@ def _plan_cp_hook(**kw: Any) -> Plan:
         oversized=kw["oversized"],
         sequences_per_micro_batch=kw["sequences_per_micro_batch"],
         baselines=kw["baselines"],
+        pp_size=kw["pp_size"],
+        schedule=kw["schedule"],
+        virtual_stages=kw["virtual_stages"],
+        pp_comm=kw["pp_comm"],
     )
 
 
@@ -1384,12 +1379,12 @@ def plan(
         ``cp="dynamic"`` picks a power-of-two degree per sequence; ``cp_cost`` prices the
         communication. ``cp_size > 1`` returns a
         :class:`~seqbalance.planning.cp_plans.CPPlan`; see
-        :func:`seqbalance.planning.context_parallel.plan_cp`, which honours ``baselines``
-        and checks ``schedule`` and ``virtual_stages`` as at ``pp_size=1``. Static CP
-        plans the replicas with ``size``, ``groups``, ``order``, ``oversized``,
+        :func:`seqbalance.planning.context_parallel.plan_cp`, which honours ``baselines``.
+        Static CP plans the replicas with ``size``, ``groups``, ``order``, ``oversized``,
         ``extra_micro_batches`` and ``sequences_per_micro_batch`` as without CP (a
-        replica is a rank); dynamic CP refuses them other than their defaults, and both
-        refuse ``padded``, ``pp_size`` and ``pp_comm``. At ``cp_size=1`` a
+        replica is a rank), and with ``pp_size > 1`` makes each replica a pipeline whose
+        stages are CP rings (:mod:`seqbalance.planning.cp_pipeline`); dynamic CP refuses
+        all of these other than their defaults, and both refuse ``padded``. At ``cp_size=1`` a
         ``cp_cost`` is still checked, and a sequence cost inside a ``ContextParallelCost``
         is the one planned with.
     pp_size : int

@@ -1,0 +1,223 @@
+"""Pipelines whose stages run static context parallelism: ``dp x pp x cp`` meshes.
+
+The mesh
+--------
+Each of ``dp`` data-parallel replicas is a pipeline of ``pp`` stages, and each stage is a CP
+ring of ``cp_size`` GPUs (Megatron-LM's ``dp x pp x cp`` layout; tensor parallelism, if
+any, sits inside a GPU here). A static CP plan (:class:`~seqbalance.planning.cp_plans.CPPlan`
+with ``cp="static"``) gives each replica whole micro-batches, every sequence split over its
+``cp_size`` GPUs. ``pieces[r * cp_size + k]`` is what CP position ``k`` of replica ``r``
+holds, at every stage: a stage runs the same pieces through its share of the layers.
+
+The phases of a slot
+--------------------
+Each piece's cost (:class:`~seqbalance.costs.context_parallel.ContextParallelCost`) splits
+into forward and backward as a sequence's does (:mod:`seqbalance.costs.phases`: linear terms
+with ``backward_matmul``, attention with ``backward_attention``); of the exposed ring
+transfers the forward carries ``1 / comm_passes`` (``ContextParallelCost._phases``). The ring
+runs inside every layer, so the ``cp_size`` GPUs of a stage advance together: replica
+``r``'s slot ``j`` costs the slowest of its GPUs, forward and backward apart::
+
+    F[r, j] = max_k (forward share of per_microbatch + sum of GPU k's piece forwards)
+    B[r, j] = max_k (backward share of per_microbatch + sum of GPU k's piece backwards)
+    C[r, j] = pp_comm x max_k (tokens GPU k holds)      # its activations to the next stage
+
+These ``(dp, m)`` arrays are micro-batches to the pipeline simulator
+(:mod:`seqbalance.planning.pipeline_plans`: ``ddp`` replicas meet once per step, ``fsdp``
+operations run in lockstep across replicas). A replica's slots may run in any order as long
+as its ``cp_size`` GPUs keep the same one (under ``fsdp`` every replica keeps it).
+
+Planning
+--------
+:func:`seqbalance.plan` with ``cp_size > 1``, ``cp="static"`` and ``pp_size > 1`` plans the
+replicas as a pipelined plan over ranks (each sequence's slowest piece as its cost, split
+with ``backward_matmul``: a proxy), builds the pieces, then searches the slot order on the
+phases above (:func:`order_slots`). Dynamic CP gives the GPUs of a replica different slots
+and is refused with a pipeline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from .._validate import as_weights
+from ..costs.context_parallel import ContextParallelCost
+from .cp_plans import _flatten, _piece_entries
+from .pipeline import PipelineSpec, check_pipeline
+from .pipeline_orders import EXACT_LIMIT, ORDERS, best_orders
+from .pipeline_plans import PlanPipelineSimulation, simulate_phases
+
+__all__ = ["CPPipelineSetup", "order_slots", "simulate_cp_pipeline", "slot_phases"]
+
+
+@dataclass(frozen=True)
+class CPPipelineSetup:
+    """The pipeline of a static CP plan: layout and per-token transfer time between stages.
+
+    The forward and backward costs come from the plan's pieces and ``cp_cost`` (module
+    docstring), so unlike :class:`~seqbalance.planning.pipeline_plans.PipelineSetup` this
+    holds no per-sequence costs.
+    """
+
+    spec: PipelineSpec
+    comm_per_token: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.spec.to_dict(), "comm_per_token": self.comm_per_token}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CPPipelineSetup:
+        """Inverse of :meth:`to_dict`; raises ValueError naming a bad or unknown key."""
+        if not isinstance(data, dict):
+            raise ValueError(
+                "pipeline must be an object with pp_size, schedule, virtual_stages and "
+                f"comm_per_token, got {type(data).__name__}"
+            )
+        known = {"pp_size", "schedule", "virtual_stages", "comm_per_token"}
+        if set(data) - known:
+            raise ValueError(
+                f"pipeline has keys {sorted(set(data) - known)} a CP plan does not take (its "
+                "forward costs come from its pieces); it takes "
+                f"{', '.join(sorted(known))}"
+            )
+        spec = check_pipeline(
+            data.get("pp_size"), data.get("schedule", "1f1b"), data.get("virtual_stages", 1)
+        )
+        comm = float(as_weights([data.get("comm_per_token", 0.0)], "pipeline.comm_per_token")[0])
+        return cls(spec, comm)
+
+
+def _gpu_phases(
+    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cpc: ContextParallelCost
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(world, m)`` forward, backward and tokens of every GPU's slot (per-micro-batch cost
+    included, also for an empty slot: a dummy step)."""
+    world = len(pieces)
+    m = max((len(g) for g in pieces), default=0)
+    f0, b0 = cpc.microbatch_phases()
+    fwd = np.full((world, m), f0)
+    bwd = np.full((world, m), b0)
+    kgpu, kslot, length, tok, sq, d = _piece_entries(pieces, lengths, cpc)
+    if kgpu.size:
+        pf, pb = cpc._phases(length, tok, sq, d)
+        np.add.at(fwd, (kgpu, kslot), pf)
+        np.add.at(bwd, (kgpu, kslot), pb)
+    toks = np.zeros((world, m))
+    gpu, slot, _, s, e = _flatten(pieces)
+    np.add.at(toks, (gpu, slot), (e - s).astype(np.float64))
+    return fwd, bwd, toks
+
+
+def slot_phases(
+    pieces: Sequence[Sequence[Sequence[Any]]],
+    lengths: np.ndarray,
+    cpc: ContextParallelCost,
+    cp_size: int,
+    comm_per_token: float = 0.0,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(replicas, m)`` forward, backward and stage-to-stage transfer time of every
+    replica's slot: the slowest of its ``cp_size`` GPUs (module docstring).
+
+    Raises
+    ------
+    ValueError
+        The GPUs do not all have the same number of slots.
+    """
+    m = max((len(g) for g in pieces), default=0)
+    if any(len(g) != m for g in pieces):
+        raise ValueError("every GPU needs the same number of slots for a pipeline")
+    fwd, bwd, toks = _gpu_phases(pieces, lengths, cpc)
+    shape = (len(pieces) // cp_size, cp_size, m)
+    return (
+        fwd.reshape(shape).max(axis=1),
+        bwd.reshape(shape).max(axis=1),
+        toks.reshape(shape).max(axis=1) * comm_per_token,
+    )
+
+
+def _permute(pieces: list, orders: np.ndarray, cp_size: int, sync: str) -> list:
+    """Each replica's slots (fsdp: every replica's) in the order ``orders`` gives."""
+    out = []
+    for g, gpu in enumerate(pieces):
+        perm = orders[0 if sync == "fsdp" else g // cp_size].tolist()
+        out.append([gpu[j] for j in perm])
+    return out
+
+
+def order_slots(
+    pieces: list,
+    lengths: np.ndarray,
+    cpc: ContextParallelCost,
+    cp_size: int,
+    sync: str,
+    setup: CPPipelineSetup,
+) -> list:
+    """The pieces with each replica's slots (fsdp: all replicas' slots alike) in the run
+    order that minimises the simulated pipeline step
+    (:func:`~seqbalance.planning.pipeline_orders.best_orders`: exact over all orders up to
+    ``EXACT_LIMIT`` slots, a local search beyond)."""
+    f, b, c = slot_phases(pieces, lengths, cpc, cp_size, setup.comm_per_token)
+    if f.shape[1] == 0:
+        return pieces
+    if sync == "fsdp":
+        f, b, c = f.max(axis=0)[None], b.max(axis=0)[None], c.max(axis=0)[None]
+    orders, _ = best_orders(f, b, c if setup.comm_per_token else None, setup.spec)
+    return _permute(pieces, orders, cp_size, sync)
+
+
+def simulate_cp_pipeline(
+    pieces: Sequence[Sequence[Sequence[Any]]],
+    lengths: np.ndarray,
+    cpc: ContextParallelCost,
+    cp_size: int,
+    sync: str,
+    setup: CPPipelineSetup,
+) -> PlanPipelineSimulation:
+    """The simulated pipeline step of a static CP plan's pieces, in their slot order."""
+    f, b, c = slot_phases(pieces, lengths, cpc, cp_size, setup.comm_per_token)
+    return simulate_phases(f, b, c, sync, setup.spec)
+
+
+def light_ends(pieces: list, lengths: np.ndarray, cpc: ContextParallelCost, cp_size: int,
+               sync: str) -> list:
+    """The pieces in verl's light-ends slot order (by each replica slot's training cost;
+    fsdp: by the heaviest replica's), the baseline the planner's note compares with."""
+    f, b, _ = slot_phases(pieces, lengths, cpc, cp_size)
+    w = f + b
+    if sync == "fsdp":
+        w = w.max(axis=0)[None]
+    if w.shape[1] == 0:
+        return pieces
+    orders = np.stack([ORDERS["light-ends"](row) for row in w])
+    return _permute(pieces, orders, cp_size, sync)
+
+
+def pipeline_note(
+    pieces: list, lengths: np.ndarray, cpc: ContextParallelCost, cp_size: int, sync: str,
+    setup: CPPipelineSetup,
+) -> str:
+    """What the order search did and gained, as :func:`~.pipeline_plans.finish_plan` says
+    it for plans without CP."""
+    spec = setup.spec
+    m = max((len(g) for g in pieces), default=0)
+    sim = simulate_cp_pipeline(pieces, lengths, cpc, cp_size, sync, setup)
+    layout = f"{spec.schedule}, pp_size={spec.pp_size}" + (
+        f", virtual_stages={spec.virtual_stages}" if spec.virtual_stages > 1 else ""
+    )
+    if sim.step_time <= 0:
+        return f"pipeline ({layout}, {sync}, static CP): every slot costs 0"
+    verl = simulate_cp_pipeline(
+        light_ends(pieces, lengths, cpc, cp_size, sync), lengths, cpc, cp_size, sync, setup
+    )
+    what = "slots" if sync == "fsdp" else "slots of each replica"
+    how = "exact over all orders" if m <= EXACT_LIMIT else "local search from the baselines"
+    return (
+        f"pipeline ({layout}, {sync}, static CP over cp_size={cp_size} GPUs a stage): {what} "
+        f"run in the order with the lowest simulated step ({how}), each slot as slow as its "
+        f"slowest GPU; step {sim.step_time:.6g}, {sim.gap:+.2%} vs the pipeline lower bound, "
+        f"bubble {sim.bubble_fraction:.1%}; verl's light-ends order of the same slots: "
+        f"{verl.step_time / sim.step_time - 1:+.2%}"
+    )
