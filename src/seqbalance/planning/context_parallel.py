@@ -299,13 +299,15 @@ def _in_replicas(text: str) -> str:
     return re.sub(r"\brank(s?)\b", r"replica\1", text)
 
 
-def _static_base(req: _Request, **overrides: Any) -> Any:
+def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
     """The replica-level plan of static CP (a :class:`Plan` over ``dp`` replicas), or why not.
 
     Each sequence counts its largest piece as tokens (so every GPU stays within
     ``max_tokens``) and its slowest piece as cost. ``extra_micro_batches`` is not passed
     on: the replica plan's costs carry no per-micro-batch term, so larger counts would
-    look free there; :func:`_static` tries them under the CP step instead.
+    look free there; :func:`_static` tries them under the CP step instead. With a
+    pipeline the replicas are planned for it, or (``flat``) without it, at the schedule's
+    count multiple.
     """
     from .planner import plan  # the CP hook sits in plan(); import lazily to avoid a cycle
 
@@ -321,10 +323,36 @@ def _static_base(req: _Request, **overrides: Any) -> Any:
         **rules,
         **overrides,
     }
+    if flat and req.pp is not None:
+        options = {k: v for k, v in options.items() if k not in req.pp_kwargs}
+        options["micro_batch_multiple"] = math.lcm(req.mult, req.pp.spec.count_multiple)
     try:
         return plan(ptok, req.dp, req.cap, cost=tmax, **options)
     except ValueError as exc:
         return _in_replicas(str(exc))
+
+
+def _replica_plan(req: _Request, **overrides: Any) -> Any:
+    """:func:`_static_base`; with a pipeline, the faster on the pieces' own pipeline of the
+    replicas planned for it and planned without it. The first prices each sequence at its
+    slowest piece split with one backward ratio, a proxy that can lose (bench/cp_pp.py:
+    1.5% slower in a long-context case under ddp), so the second is a candidate too."""
+    base = _static_base(req, **overrides)
+    if req.pp is None or isinstance(base, str):
+        return base
+    flat = _static_base(req, flat=True, **overrides)
+    if isinstance(flat, str):
+        return base
+    step, flat_step = _static_step(req, base), _static_step(req, flat)
+    if flat_step < step:
+        flat.notes = (
+            *flat.notes,
+            "the replicas planned without the pipeline, then ordered for it, ran "
+            f"{1 - flat_step / step:.2%} faster than those planned for it (each sequence "
+            "priced at its slowest piece there), and were kept",
+        )
+        return flat
+    return base
 
 
 def _static_step(req: _Request, base: Any) -> float:
@@ -419,7 +447,7 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
     (in steps of ``micro_batch_multiple``), and the lowest simulated CP step wins (ties:
     fewer slots), so the per-micro-batch cost is counted and asking is never slower.
     """
-    base = _static_base(req)
+    base = _replica_plan(req)
     extra = req.rules.get("extra_micro_batches", 0)
     if isinstance(base, str) or not extra:
         return base if isinstance(base, str) else _static_pieces(req, base, strategy)
@@ -428,7 +456,7 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
     step_mult = req.mult if req.pp is None else math.lcm(req.mult, req.pp.spec.count_multiple)
     for e in range(1, extra + 1):
         count = m + e * step_mult
-        more = _static_base(req, min_micro_batches=count)
+        more = _replica_plan(req, min_micro_batches=count)
         if isinstance(more, str):
             break  # too few sequences for more slots: larger counts fail too
         # its note would blame a min_micro_batches the caller did not pass
