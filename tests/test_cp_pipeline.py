@@ -198,6 +198,56 @@ def test_extra_micro_batches_never_slow_the_pipeline(sync):
     assert len(notes) == 1 and "static CP over cp_size=4 GPUs a stage" in notes[0]
 
 
+def test_extra_micro_batches_are_judged_by_the_pipeline_step():
+    # One slot per replica leaves a 4-stage pipeline idle 3/4 of the step; more slots
+    # shrink the bubble, which only the pipeline step (not the step without it) shows.
+    lens = sb.workloads.lengths("long-mix", 64, seed=0)
+    kw = dict(cost="qwen2.5-7b", cp_size=4, pp_size=4, cp_cost={"bandwidth": 2.5e10})
+    base = sb.plan(lens, 2, 8192, **kw)
+    more = sb.plan(lens, 2, 8192, extra_micro_batches=3, **kw)
+    assert base.num_micro_batches == 1 < more.num_micro_batches
+    assert more.simulate_pipeline().step_time < 0.8 * base.simulate_pipeline().step_time
+
+
+def test_extra_counts_step_by_the_interleaved_multiple():
+    # interleaved runs multiples of pp_size slots: extra_micro_batches=E tries the E next
+    # multiples, so it is as fast as the best of the plans asked for those counts.
+    lens = sb.workloads.lengths("long-mix", 64, seed=0)
+    kw = dict(cost="qwen2.5-7b", cp_size=4, pp_size=2, schedule="interleaved",
+              virtual_stages=2, cp_cost={"bandwidth": 2.5e10})  # fmt: skip
+    base = sb.plan(lens, 2, 8192, **kw)
+    m = base.num_micro_batches
+    best = min(
+        sb.plan(lens, 2, 8192, min_micro_batches=m + 2 * e, **kw).simulate_pipeline().step_time
+        for e in range(4)
+    )
+    more = sb.plan(lens, 2, 8192, extra_micro_batches=3, **kw)
+    assert more.num_micro_batches % 2 == 0
+    assert more.simulate_pipeline().step_time <= best * (1 + 1e-12)
+
+
+@pytest.mark.parametrize("sync", ["ddp", "fsdp"])
+@pytest.mark.parametrize("order", sorted(ORDERS))
+def test_baseline_orders_move_slots_on_every_gpu_of_a_replica(order, sync):
+    lens = _lens(7, 40, 9000)
+    p = sb.plan(lens, 3, 8192, cost="qwen2.5-7b", cp_size=2, pp_size=2, sync=sync)
+    q = sb.baselines.reorder(p, order)
+    assert isinstance(q, CPPlan) and q.strategy == f"seqbalance+{order}"
+    assert not any(q.violations().values())
+    before, after = p.replica_micro_batches(), q.replica_micro_batches()  # GPUs still agree
+    perms = []
+    for r in range(3):
+        assert sorted(map(tuple, after[r])) == sorted(map(tuple, before[r]))
+        perms.append([before[r].index(mb) for mb in after[r]])
+    if sync == "fsdp":
+        assert perms[0] == perms[1] == perms[2]  # slots stay aligned across replicas
+    assert q.simulate_pipeline().step_time >= p.simulate_pipeline().step_time * (1 - 1e-12)
+    if order == "largest-first":
+        f, b, _ = slot_phases(q.pieces, q.lengths, q.cp_cost, 2)
+        w = (f + b).max(axis=0, keepdims=True) if sync == "fsdp" else f + b
+        assert (np.diff(w, axis=1) <= 1e-9 * w.max()).all()
+
+
 def test_groups_and_rules_still_hold_per_replica_with_a_pipeline():
     lens = sb.workloads.lengths("rl-math", 64, seed=2)
     groups = np.arange(64) // 8  # GRPO: 8 responses a prompt, kept on one replica
@@ -237,6 +287,10 @@ def test_plan_documents_with_a_pipeline_are_checked():
     if d["num_micro_batches"] % 3:
         with pytest.raises(ValueError, match="multiple of pp_size=3"):
             CPPlan.from_dict(odd)
+    with pytest.raises(ValueError, match=r"pipeline: schedule must be one of"):
+        CPPlan.from_dict(dict(d, pipeline={**d["pipeline"], "schedule": "zigzag"}))
+    with pytest.raises(ValueError, match=r"pipeline.pp_size is 1"):
+        CPPlan.from_dict(dict(d, pipeline={**d["pipeline"], "pp_size": 1}))
     dyn = sb.plan([30, 5, 9, 17, 2, 8, 32, 3], 2, 16, cp_size=2, cp="dynamic").to_dict()
     with pytest.raises(ValueError, match="a pipeline needs cp='static'"):
         CPPlan.from_dict(dict(dyn, pipeline=d["pipeline"]))
@@ -248,6 +302,12 @@ def test_plan_documents_with_a_pipeline_are_checked():
     q = CPPlan(p.pieces, p.lengths, max_tokens=16, cp_size=2, cp="static",
                cp_cost=ContextParallelCost(QuadraticCost(1.0, 0.0)), pipeline=setup)  # fmt: skip
     assert q.simulate_pipeline().step_time > 0
+    # two 2-GPU rings in one 4-GPU replica: its stage's GPUs would run different slots
+    rings = [[[(0, 0, 4), (0, 12, 16)]], [[(0, 4, 12)]], [[(1, 0, 2), (1, 6, 8)]],
+             [[(1, 2, 6)]]]  # fmt: skip
+    with pytest.raises(ValueError, match="a pipeline needs static CP pieces: replica 0"):
+        CPPlan(rings, [16, 8], max_tokens=16, cp_size=4, cp="static",
+               cp_cost=ContextParallelCost(QuadraticCost(1.0, 0.0)), pipeline=setup)  # fmt: skip
 
 
 def test_cli_plans_pipelines_with_static_cp(tmp_path, capsys):
@@ -264,3 +324,8 @@ def test_cli_plans_pipelines_with_static_cp(tmp_path, capsys):
     assert p.pipeline.spec.pp_size == 2 and json.loads(out.read_text())["cp"] == "static"
     assert main([*argv[:-2], "--cp", "dynamic"]) == 2
     assert "pass --cp static" in capsys.readouterr().err
+    # a schedule without --pp-size would do nothing: refused, as without CP
+    k = argv.index("--pp-size")
+    no_pp = argv[:k] + argv[k + 2 : -2]
+    assert main([*no_pp, "--schedule", "gpipe"]) == 2
+    assert "--schedule only applies with --pp-size" in capsys.readouterr().err

@@ -383,6 +383,8 @@ def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
         refuse_stray(stray, "--cp-size", "C", "context parallelism")
         if args.pp_size == 1:  # else the planner checks them together
             refuse_stray(_stray_pp_options(args), "--pp-size", "P", "pipeline parallelism")
+    elif args.pp_size == 1 and _stray_pp_options(args):  # they would do nothing
+        refuse_stray(_stray_pp_options(args), "--pp-size", "P", "pipeline parallelism")
     elif _pp_kwargs(args) and (command != "plan" or args.cp != "static"):
         raise UserError(
             "--pp-size/--schedule/--virtual-stages/--pp-comm combine with --cp-size > 1 "

@@ -323,13 +323,22 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
         **rules,
         **overrides,
     }
+    mult = req.mult
     if flat and req.pp is not None:
         options = {k: v for k, v in options.items() if k not in req.pp_kwargs}
-        options["micro_batch_multiple"] = math.lcm(req.mult, req.pp.spec.count_multiple)
+        options["micro_batch_multiple"] = mult = math.lcm(req.mult, req.pp.spec.count_multiple)
     try:
-        return plan(ptok, req.dp, req.cap, cost=tmax, **options)
+        base = plan(ptok, req.dp, req.cap, cost=tmax, **options)
     except ValueError as exc:
         return _in_replicas(str(exc))
+    if mult != req.mult:  # a note would blame a micro_batch_multiple the caller did not pass
+        said = f"micro_batch_multiple={mult}"
+        base.notes = tuple(
+            n.replace(said, f"micro_batch_multiple={req.mult} (raised to {mult} by "
+                            f"schedule={req.pp.spec.schedule!r})")  # type: ignore[union-attr]
+            for n in base.notes
+        )  # fmt: skip
+    return base
 
 
 def _replica_plan(req: _Request, **overrides: Any) -> Any:
@@ -872,9 +881,11 @@ def plan_cp(
         Static CP only: each replica is a pipeline of ``pp_size`` stages, each stage a CP
         ring of ``cp_size`` GPUs running the same pieces
         (:mod:`seqbalance.planning.cp_pipeline`). As in :func:`seqbalance.plan`;
-        ``pp_comm`` is per token one GPU sends to the next stage. The slots are ordered
-        for the lowest simulated pipeline step and :meth:`CPPlan.simulate_pipeline`
-        simulates it. ``order`` and ``sequences_per_micro_batch`` are refused with them.
+        ``pp_comm`` is per token one GPU sends to the next stage. The replicas are
+        planned for the pipeline and without it, each candidate's slots ordered for the
+        lowest simulated pipeline step, and the faster kept;
+        :meth:`CPPlan.simulate_pipeline` simulates it. ``order`` and
+        ``sequences_per_micro_batch`` are refused with them.
 
     Returns
     -------

@@ -31,9 +31,15 @@ Planning
 --------
 :func:`seqbalance.plan` with ``cp_size > 1``, ``cp="static"`` and ``pp_size > 1`` plans the
 replicas as a pipelined plan over ranks (each sequence's slowest piece as its cost, split
-with ``backward_matmul``: a proxy), builds the pieces, then searches the slot order on the
-phases above (:func:`order_slots`). Dynamic CP gives the GPUs of a replica different slots
-and is refused with a pipeline.
+with ``backward_matmul``: a proxy), and also without the pipeline (at the schedule's count
+multiple); it builds both sets of pieces, searches their slot orders on the phases above
+(:func:`order_slots`) and keeps the lower simulated step (the second wins now and then
+under ``ddp``, by up to a few percent). Dynamic CP gives the GPUs of a replica different
+slots and is refused with a pipeline.
+
+JSON: ``CPPlan.to_dict()`` writes ``"pipeline": {"pp_size", "schedule", "virtual_stages",
+"comm_per_token"}`` (no per-sequence costs: the phases follow from the pieces and
+``cp_cost``).
 """
 
 from __future__ import annotations
@@ -50,7 +56,14 @@ from .pipeline import PipelineSpec, check_pipeline
 from .pipeline_orders import EXACT_LIMIT, ORDERS, best_orders
 from .pipeline_plans import PlanPipelineSimulation, simulate_phases
 
-__all__ = ["CPPipelineSetup", "order_slots", "simulate_cp_pipeline", "slot_phases"]
+__all__ = [
+    "CPPipelineSetup",
+    "baseline_order",
+    "order_slots",
+    "reorder_cp",
+    "simulate_cp_pipeline",
+    "slot_phases",
+]
 
 
 @dataclass(frozen=True)
@@ -83,9 +96,17 @@ class CPPipelineSetup:
                 "forward costs come from its pieces); it takes "
                 f"{', '.join(sorted(known))}"
             )
-        spec = check_pipeline(
-            data.get("pp_size"), data.get("schedule", "1f1b"), data.get("virtual_stages", 1)
-        )
+        try:
+            spec = check_pipeline(
+                data.get("pp_size"), data.get("schedule", "1f1b"), data.get("virtual_stages", 1)
+            )
+        except ValueError as exc:
+            raise ValueError(f"pipeline: {exc}") from None
+        if spec.pp_size == 1:
+            raise ValueError(
+                "pipeline.pp_size is 1: a plan without pipeline stages has no pipeline; drop "
+                "the key, or give pp_size > 1"
+            )
         comm = float(as_weights([data.get("comm_per_token", 0.0)], "pipeline.comm_per_token")[0])
         return cls(spec, comm)
 
@@ -181,18 +202,47 @@ def simulate_cp_pipeline(
     return simulate_phases(f, b, c, sync, setup.spec)
 
 
-def light_ends(pieces: list, lengths: np.ndarray, cpc: ContextParallelCost, cp_size: int,
-               sync: str) -> list:
-    """The pieces in verl's light-ends slot order (by each replica slot's training cost;
-    fsdp: by the heaviest replica's), the baseline the planner's note compares with."""
+def baseline_order(pieces: list, lengths: np.ndarray, cpc: ContextParallelCost, cp_size: int,
+                   sync: str, order: str) -> list:
+    """The pieces with each replica's slots (fsdp: all replicas' slots alike) in a baseline
+    order of :data:`~seqbalance.planning.pipeline_orders.ORDERS`, as
+    :func:`~seqbalance.planning.pipeline_plans.reorder` does without CP: first by smallest
+    sequence index (fsdp: over the replicas), then by each slot's training cost (fsdp: its
+    heaviest replica's)."""
+    big = np.iinfo(np.int64).max
+    first = np.array([[min((p[0] for p in slot), default=big) for slot in pieces[g]]
+                      for g in range(0, len(pieces), cp_size)], dtype=np.int64)  # fmt: skip
+    if first.size == 0:
+        return pieces
+    if sync == "fsdp":
+        key = first.min(axis=0)
+        start = np.lexsort((np.arange(key.size), key))[None]
+    else:
+        start = np.stack([np.lexsort((np.arange(row.size), row)) for row in first])
+    pieces = _permute(pieces, start, cp_size, sync)
     f, b, _ = slot_phases(pieces, lengths, cpc, cp_size)
     w = f + b
     if sync == "fsdp":
         w = w.max(axis=0)[None]
-    if w.shape[1] == 0:
-        return pieces
-    orders = np.stack([ORDERS["light-ends"](row) for row in w])
+    orders = np.stack([ORDERS[order](row) for row in w])
     return _permute(pieces, orders, cp_size, sync)
+
+
+def reorder_cp(plan: Any, order: str) -> Any:
+    """A copy of a pipelined static CP plan with its slots in a baseline order (what
+    :func:`~seqbalance.planning.pipeline_plans.reorder` returns for a CPPlan)."""
+    from .cp_plans import CPPlan
+
+    pieces = baseline_order([list(g) for g in plan.pieces], plan.lengths, plan.cp_cost,
+                            plan.cp_size, plan.sync, order)  # fmt: skip
+    out = CPPlan._from_validated_pieces(
+        pieces, plan.lengths, max_tokens=plan.max_tokens, cp_size=plan.cp_size, cp=plan.cp,
+        cp_cost=plan.cp_cost, replicas=plan.replicas, sync=plan.sync,
+        strategy=f"{plan.strategy}+{order}", notes=plan.notes, size=plan.size,
+        groups=plan.groups,
+    )  # fmt: skip
+    out.pipeline = plan.pipeline
+    return out
 
 
 def pipeline_note(
@@ -210,7 +260,8 @@ def pipeline_note(
     if sim.step_time <= 0:
         return f"pipeline ({layout}, {sync}, static CP): every slot costs 0"
     verl = simulate_cp_pipeline(
-        light_ends(pieces, lengths, cpc, cp_size, sync), lengths, cpc, cp_size, sync, setup
+        baseline_order(pieces, lengths, cpc, cp_size, sync, "light-ends"), lengths, cpc,
+        cp_size, sync, setup,
     )
     what = "slots" if sync == "fsdp" else "slots of each replica"
     how = "exact over all orders" if m <= EXACT_LIMIT else "local search from the baselines"

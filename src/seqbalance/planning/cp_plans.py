@@ -19,6 +19,8 @@ GPU)::
     "cp":         "static" | "dynamic"
     "world_size": int        # GPUs = dp_size * cp_size = len(pieces)
     "cp_cost":    {...}      # ContextParallelCost.to_dict(), the cost pieces are priced with
+    "pipeline":   {...}      # static CP with pp_size > 1 only: pp_size, schedule,
+                             # virtual_stages, comm_per_token (seqbalance.planning.cp_pipeline)
 
 and ``"dp_size"`` is the number of data-parallel replicas the mesh was given (``world_size /
 cp_size``). :meth:`Plan.from_json` returns a :class:`CPPlan` for such a document.
@@ -559,6 +561,10 @@ class CPPlan(Plan):
             )
         if any(len(g) != self.num_micro_batches for g in self.pieces):
             raise ValueError("every GPU needs the same number of slots for a pipeline")
+        try:  # a stage's cp_size GPUs run one slot together: they must share its sequences
+            self.replica_micro_batches()
+        except ValueError as exc:
+            raise ValueError(f"a pipeline needs static CP pieces: {exc}") from None
         value.spec.check_count(self.num_micro_batches)
         return value
 
@@ -901,7 +907,7 @@ class CPPlan(Plan):
     # ---- serialisation -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """:meth:`Plan.to_dict` plus ``pieces``, ``cp_size``, ``cp``, ``world_size``,
-        ``cp_cost`` (module docstring: the schema)."""
+        ``cp_cost``, and ``pipeline`` when planned with one (module docstring: the schema)."""
         out = super().to_dict()
         out.update(
             {

@@ -352,7 +352,8 @@ def finish_plan(plan: Plan, setup: PipelineSetup, user_multiple: int) -> Plan:
 
 
 def reorder(plan: Plan, order: str) -> Plan:
-    """A copy of a pipelined plan with its micro-batches in a baseline order (or ``"input"``).
+    """A copy of a pipelined plan with its micro-batches in a baseline order (or ``"input"``);
+    a static CP plan's slots move on all the GPUs of a replica (:func:`.cp_pipeline.reorder_cp`).
 
     ``order`` is a name of :data:`~.pipeline_orders.ORDERS`; each replica's micro-batches
     (fsdp: the slots, by their heaviest micro-batch) are put in input order (by smallest
@@ -364,6 +365,10 @@ def reorder(plan: Plan, order: str) -> Plan:
         raise ValueError("reorder needs a plan made with pp_size > 1 (plan.pipeline is None)")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}; got {order!r}")
+    if hasattr(plan, "pieces"):  # a static CP plan: its slots move on all its GPUs
+        from .cp_pipeline import reorder_cp
+
+        return reorder_cp(plan, order)
     grid = _first_index_order([list(r) for r in plan.micro_batches], plan.sync)
     f, b, _ = micro_batch_phases(
         grid, plan.costs, plan.per_microbatch, plan.lengths, plan.padded, plan.pipeline
