@@ -427,10 +427,7 @@ class ContextParallelCost:
             total = np.asarray(self._cost(length, tok, sq, d), dtype=np.float64)
             attention = np.asarray(self.per_token_sq * sq, dtype=np.float64)
             comm = np.asarray(self._comm(length, attention, d, self.cost_per_second))
-        r_mm = check_ratio(getattr(self.cost, "backward_matmul", BACKWARD_MATMUL),
-                           "backward_matmul")
-        r_attn = check_ratio(getattr(self.cost, "backward_attention", BACKWARD_ATTENTION),
-                             "backward_attention")  # fmt: skip
+        r_mm, r_attn = self._backward_ratios()
         linear = np.maximum(total - attention - comm, 0.0)  # rounding: never below 0
         share = min(1.0, 1.0 / self.comm_passes) if self.comm_passes else 0.0
         forward = linear / (1.0 + r_mm) + attention / (1.0 + r_attn) + share * comm
@@ -439,10 +436,18 @@ class ContextParallelCost:
 
     def microbatch_phases(self) -> tuple[float, float]:
         """Forward and backward of the per-micro-batch cost (its matmul ratio)."""
-        r_mm = check_ratio(getattr(self.cost, "backward_matmul", BACKWARD_MATMUL),
-                           "backward_matmul")  # fmt: skip
-        forward = self.per_microbatch / (1.0 + r_mm)
+        forward = self.per_microbatch / (1.0 + self._backward_ratios()[0])
         return forward, self.per_microbatch - forward
+
+    def _backward_ratios(self) -> tuple[float, float]:
+        """The sequence cost's backward / forward ratios (matmul, attention), or the
+        defaults of :mod:`seqbalance.costs.phases` where it carries none."""
+        return (
+            check_ratio(getattr(self.cost, "backward_matmul", BACKWARD_MATMUL),
+                        "backward_matmul"),
+            check_ratio(getattr(self.cost, "backward_attention", BACKWARD_ATTENTION),
+                        "backward_attention"),
+        )  # fmt: skip
 
     # ---- vectorised over sequences ----------------------------------------------------
     def rank_costs(self, lengths: Any, d: int) -> tuple[np.ndarray, np.ndarray]:

@@ -252,7 +252,6 @@ def _validate(
             "pipeline planner chooses the slots and their run order; drop one of them"
         )  # fmt: skip
     cpc = make_cp_cost(cost, cp_cost)
-    mult = check_positive_int(mult, "micro_batch_multiple")
     return _Request(
         lens,
         dp,
@@ -261,7 +260,7 @@ def _validate(
         cpc,
         sync,
         check_positive_int(m_min, "min_micro_batches"),
-        mult,
+        check_positive_int(mult, "micro_batch_multiple"),
         check_bool(allow_empty, "allow_empty"),
         check_bool(baselines, "baselines"),
         given,

@@ -51,10 +51,10 @@ import numpy as np
 
 from .._validate import as_weights
 from ..costs.context_parallel import ContextParallelCost
-from .cp_plans import _flatten, _piece_entries
+from .cp_plans import _piece_entries
 from .pipeline import PipelineSpec, check_pipeline
 from .pipeline_orders import EXACT_LIMIT, ORDERS, best_orders
-from .pipeline_plans import PlanPipelineSimulation, simulate_phases
+from .pipeline_plans import PlanPipelineSimulation, _lockstep, simulate_phases
 
 __all__ = [
     "CPPipelineSetup",
@@ -121,14 +121,13 @@ def _gpu_phases(
     f0, b0 = cpc.microbatch_phases()
     fwd = np.full((world, m), f0)
     bwd = np.full((world, m), b0)
+    toks = np.zeros((world, m))
     kgpu, kslot, length, tok, sq, d = _piece_entries(pieces, lengths, cpc)
     if kgpu.size:
         pf, pb = cpc._phases(length, tok, sq, d)
         np.add.at(fwd, (kgpu, kslot), pf)
         np.add.at(bwd, (kgpu, kslot), pb)
-    toks = np.zeros((world, m))
-    gpu, slot, _, s, e = _flatten(pieces)
-    np.add.at(toks, (gpu, slot), (e - s).astype(np.float64))
+        np.add.at(toks, (kgpu, kslot), tok)
     return fwd, bwd, toks
 
 
@@ -184,7 +183,7 @@ def order_slots(
     if f.shape[1] == 0:
         return pieces
     if sync == "fsdp":
-        f, b, c = f.max(axis=0)[None], b.max(axis=0)[None], c.max(axis=0)[None]
+        f, b, c = _lockstep(f, b, c)
     orders, _ = best_orders(f, b, c if setup.comm_per_token else None, setup.spec)
     return _permute(pieces, orders, cp_size, sync)
 
