@@ -79,6 +79,7 @@ class CPPipelineSetup:
     comm_per_token: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """The JSON form :meth:`CPPlan.to_dict` writes as ``"pipeline"``."""
         return {**self.spec.to_dict(), "comm_per_token": self.comm_per_token}
 
     @classmethod
