@@ -576,3 +576,57 @@ def test_plan_rank_problems_are_refused_on_every_rank_in_plan_rank_words(case):
         "miscount": "group ranks [0] (plan ranks [1]) timed a different number of micro-batches",
     }[case]
     assert all(want in msg and step == 0 for msg, step in out), out
+
+
+CP_SHARD_LENGTHS = [100, 5000, 300, 20, 2600, 7]
+
+
+def _cp_shard_reversed(rank: int, world: int, case: str):
+    """Process ``rank`` runs plan GPU ``world - 1 - rank`` (an order that is not the plan's),
+    takes its pieces with cp_shard and times them without lengths; the times say which
+    GPU and slot they came from."""
+    from seqbalance.torch import cp_shard
+
+    p = plan(CP_SHARD_LENGTHS, 1, 4096, cp_size=world)  # one replica of `world` GPUs
+    gpu = world - 1 - rank
+    cu = torch.as_tensor(np.concatenate([[0], np.cumsum(CP_SHARD_LENGTHS)]))
+    mbs, handle = cp_shard({"cu_seqlens": cu, "input_ids": torch.arange(int(cu[-1]))}, p, gpu)
+    mapped = case.endswith("mapped")
+    timer = MicroBatchTimer(device="cpu", clock="wall", plan_rank=gpu if mapped else None)
+    timer._seconds = lambda: [gpu * 10.0 + j + 1 for j in range(len(timer._pending))]
+    for _ in mbs:
+        with timer.time():
+            pass
+    try:
+        got = timer.end_step(handle if case.startswith("handle") else p)
+    except ValueError as exc:
+        return "error", str(exc)
+    return "ok", [(t.rank, t.slot, t.lengths.tolist(), t.seconds) for t in got]
+
+
+@pytest.mark.parametrize("case", ["handle-mapped", "plan-mapped", "handle", "plan"])
+def test_end_step_takes_a_cp_shard_handle_and_checks_its_gpu(case):
+    """cp_shard's handle stands for the lengths not given to time(), like rebalance's: a
+    process timing another GPU than the one it took pieces of (plan_rank missing in a rank
+    order that is not the plan's) is refused on every rank. With the plan alone and no
+    lengths nothing can tell, and the records carry the other GPU's times."""
+    world = 2
+    out = run_distributed(_cp_shard_reversed, world, case, timeout=TIMEOUT - 10,
+                          collective_timeout=20)  # fmt: skip
+    p = plan(CP_SHARD_LENGTHS, 1, 4096, cp_size=world)
+    assert len(p.micro_batches[0]) == len(p.micro_batches[1])  # a miscount cannot tell either
+    right = [
+        (g, j, p.lengths[mb].tolist(), g * 10.0 + j + 1)
+        for g in range(world)
+        for j, mb in enumerate(p.micro_batches[g])
+    ]
+    if case.endswith("mapped"):
+        assert out[0] == out[1] == ("ok", right)
+    elif case == "handle":
+        want = "ranks [0, 1] timed micro-batches that are not their plan rank's"
+        hint = "MicroBatchTimer(plan_rank=...)"
+        assert all(kind == "error" and want in msg and "cp_shard" in msg and hint in msg
+                   for kind, msg in out), out  # fmt: skip
+    else:  # the silent case the handle closes: GPU 0's records hold GPU 1's times
+        assert out[0] == out[1] and out[0][0] == "ok"
+        assert [s for *_, s in out[0][1]] == [(1 - g) * 10.0 + j + 1 for g, j, *_ in right]

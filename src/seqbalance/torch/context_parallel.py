@@ -94,17 +94,33 @@ def _token_indices(plan: Any, cu: np.ndarray, gpu: int) -> list[np.ndarray]:
 
 
 class CPShardHandle:
-    """Remembers where this GPU's tokens came from; :meth:`restore` brings outputs back."""
+    """Remembers where this GPU's tokens came from; :meth:`restore` brings outputs back.
 
-    def __init__(self, plan: Any, cu: np.ndarray, rank: int) -> None:
+    Attributes
+    ----------
+    plan : CPPlan or Plan
+        The plan :func:`cp_shard` was given.
+    rank : int
+        This GPU's index in the plan.
+    micro_batch_lengths : list of np.ndarray
+        Whole lengths of the sequences this GPU holds pieces of, per slot (what
+        :meth:`seqbalance.torch.timing.MicroBatchTimer.end_step` records, given the handle).
+    """
+
+    def __init__(self, plan: Any, layout: _Layout, cu: np.ndarray, rank: int) -> None:
+        self.plan = plan
         self.rank = rank
-        self.world_size = plan.world_size
+        self.world_size = layout.world_size
         self.total_tokens = int(cu[-1])
-        per_gpu = [_token_indices(plan, cu, g) for g in range(self.world_size)]
+        per_gpu = [_token_indices(layout, cu, g) for g in range(self.world_size)]
         # This GPU's token positions per slot: cp_shard gathers its micro-batches with them.
         self.slot_indices = per_gpu[rank]
         self._indices = [np.concatenate(slots or [np.zeros(0, np.int64)]) for slots in per_gpu]
         self.slot_tokens = [idx.size for idx in self.slot_indices]
+        self.micro_batch_lengths = [
+            np.asarray(self.plan.lengths)[np.asarray(mb, dtype=np.int64)]
+            for mb in self.plan.micro_batches[rank]
+        ]
         # What restore's agreement compares, hashed once: the whole layout, not just token
         # counts (GPUs that planned with another cost get equal counts, other tokens).
         layout = np.ascontiguousarray(np.concatenate(self._indices), dtype=np.int64)
@@ -276,7 +292,7 @@ def cp_shard(
         On a plan that misses or repeats a sequence (or, for a CPPlan, a token), a batch
         that does not match the plan's lengths, a bad rank or ``token_keys``.
     """
-    plan = _Layout(plan)
+    source, plan = plan, _Layout(plan)
     rank = _check_rank(rank, plan.world_size)
     check_token_keys(token_keys)
     if "cu_seqlens" not in batch:
@@ -334,7 +350,7 @@ def cp_shard(
             for i, s, e in slot:
                 if e > s:  # a GPU whose piece is empty drops it: no partner to wait for
                     deg.setdefault((j, i), set()).add(g)
-    handle = CPShardHandle(plan, cu, rank)
+    handle = CPShardHandle(source, plan, cu, rank)
     out = []
     for j, (slot, idx) in enumerate(zip(plan.pieces[rank], handle.slot_indices)):
         ranges = [(i, s, e) for i, s, e in slot if e > s]

@@ -64,6 +64,7 @@ from .._validate import as_index, as_lengths, check_choice
 from ..costs._cp_records import plan_pieces
 from ..costs.feedback import Timing, TimingRecorder
 from ._transport import comm_device
+from .context_parallel import CPShardHandle
 from .exchange import RebalanceHandle
 
 __all__ = ["CLOCKS", "MicroBatchTimer"]
@@ -235,22 +236,23 @@ class MicroBatchTimer:
 
         Parameters
         ----------
-        plan : Plan or RebalanceHandle, optional
-            The plan every rank ran (``handle.plan`` from :func:`rebalance`, a sampler's
-            step plan), or the ``handle`` itself: then the lengths of the micro-batches
-            this rank received stand for those not given to :meth:`time`, and the plan
-            rank is checked against the handle's rank (its replica under CP), so a rank
-            that ran micro-batches other than its plan rank's (a wrong or missing
-            ``plan_rank``) is refused. The plan's ``micro_batches`` and ``lengths`` give
-            every record's lengths, so only the times travel: one ``all_gather`` of ``m``
-            float64 per rank. Without it, each rank's lengths (given to :meth:`time`)
-            travel too (``all_gather_object``). Either way a 9-float header goes first
-            (whether a plan was given, its rank and slot counts, a digest of it, whether
-            this rank's timing fits and its arguments are usable, the step, the plan rank
-            it ran), so ranks holding different plans, or a plan on some ranks only, all
-            raise instead of hanging or pairing times with the wrong lengths. In a padded
-            plan (``padded=True``) every row of a micro-batch is recorded at the longest
-            one's length, as it ran. For a context-parallel plan
+        plan : Plan, RebalanceHandle or CPShardHandle, optional
+            The plan every rank ran (``handle.plan`` from :func:`rebalance` or
+            :func:`~seqbalance.torch.cp_shard`, a sampler's step plan), or the ``handle``
+            itself: then the lengths of the micro-batches this rank received stand for those
+            not given to :meth:`time`, and the plan rank is checked against the handle's
+            rank (its replica under CP for :func:`rebalance`'s, the GPU given to
+            ``cp_shard`` for its), so a rank that ran micro-batches other than its plan
+            rank's (a wrong or missing ``plan_rank``) is refused. The plan's
+            ``micro_batches`` and ``lengths`` give every record's lengths, so only the times
+            travel: one ``all_gather`` of ``m`` float64 per rank. Without it, each rank's
+            lengths (given to :meth:`time`) travel too (``all_gather_object``). Either way a
+            9-float header goes first (whether a plan was given, its rank and slot counts, a
+            digest of it, whether this rank's timing fits and its arguments are usable, the
+            step, the plan rank it ran), so ranks holding different plans, or a plan on some
+            ranks only, all raise instead of hanging or pairing times with the wrong
+            lengths. In a padded plan (``padded=True``) every row of a micro-batch is
+            recorded at the longest one's length, as it ran. For a context-parallel plan
             (:class:`~seqbalance.planning.cp_plans.CPPlan`) the group is every GPU of the
             mesh (``dp_size * cp_size``; a rank's GPU is its group rank or the timer's
             ``plan_rank``) and each record carries the pieces its GPU ran
@@ -288,7 +290,7 @@ class MicroBatchTimer:
             step, unusable = self.step, ValueError(f"step must be an integer, got {step!r}")
             unusable.__cause__ = exc
         secs = self._seconds()
-        handle = plan if isinstance(plan, RebalanceHandle) else None
+        handle = plan if isinstance(plan, (RebalanceHandle, CPShardHandle)) else None
         if handle is not None:
             # The micro-batches this rank received stand for lengths not given to time():
             # a rank that ran another plan rank's micro-batches is then refused.
@@ -327,7 +329,7 @@ class MicroBatchTimer:
                     unusable = _lengths_disagree(self._pending, mine, plan.lengths)
             except Exception as exc:  # not a Plan
                 unusable = unusable or ValueError(
-                    f"plan must be the step's Plan or RebalanceHandle (e.g. handle), got "
+                    f"plan must be the step's Plan or its handle (from rebalance or cp_shard), got "
                     f"{type(plan).__name__}: {exc}"
                 )
                 header = [1, 0, 0, 0, 0, 0]
@@ -457,7 +459,8 @@ def _check_headers(
         mine = f"this rank: {unusable}" if unusable is not None else "this rank's are fine"
         raise ValueError(
             f"ranks {bad_args} passed end_step arguments it cannot use ({mine}); pass the "
-            "step's Plan or RebalanceHandle (e.g. handle) and an integer step, or neither"
+            "step's Plan or its handle (from rebalance or cp_shard) and an integer step, or "
+            "neither"
         )
     steps = heads[:, 7]
     if (steps != steps[0]).any():
@@ -555,6 +558,13 @@ def _not_the_handles(handle: Any, plan: Any, me: int) -> _Disagree | None:
     None. The handle's rank is its rank in the rebalance group: a replica of a CP plan
     planned over the data-parallel group (any of the replica's ``cp_size`` GPUs, which
     hold the same sequences: a swap among them cannot be told), or a plan rank."""
+    if isinstance(handle, CPShardHandle):  # cp_shard's rank is a plan GPU
+        if me != handle.rank:
+            return _Disagree(
+                f"this process took plan GPU {handle.rank}'s pieces (the rank given to "
+                f"cp_shard) but times plan rank {me}"
+            )
+        return None
     cp = int(getattr(plan, "cp_size", 1) or 1)
     if cp > 1 and handle.world_size * cp == len(plan.micro_batches):
         if me // cp != handle.rank:
