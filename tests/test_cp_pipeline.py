@@ -329,3 +329,29 @@ def test_cli_plans_pipelines_with_static_cp(tmp_path, capsys):
     no_pp = argv[:k] + argv[k + 2 : -2]
     assert main([*no_pp, "--schedule", "gpipe"]) == 2
     assert "--schedule only applies with --pp-size" in capsys.readouterr().err
+
+
+def test_hand_made_pipelines_and_helpers_refuse_what_json_would():
+    """A CPPipelineSetup built by hand took pp_size 1 or a NaN transfer cost, so its plan
+    wrote JSON that Plan.from_json refused; the public helpers ran the ddp model for a
+    misspelt sync and failed inside numpy for a cp_size that does not divide the GPUs."""
+    from seqbalance.planning.pipeline import check_pipeline
+
+    p = sb.plan([30, 5, 9, 17, 2, 8, 32, 3], 2, 16, cp_size=2, pp_size=2, sync="fsdp")
+    with pytest.raises(ValueError, match=r"pipeline.pp_size is 1"):
+        CPPipelineSetup(check_pipeline(1))
+    for comm, why in ((float("nan"), "not finite"), (-1.0, "negative")):
+        with pytest.raises(ValueError, match=rf"pipeline.comm_per_token\[0\] = .* is {why}"):
+            CPPipelineSetup(check_pipeline(2), comm)
+    with pytest.raises(ValueError, match="spec must be a PipelineSpec"):
+        CPPipelineSetup({"pp_size": 2})
+    setup = CPPipelineSetup(check_pipeline(2), np.float32(0.5))
+    assert type(setup.comm_per_token) is float and setup.comm_per_token == 0.5
+    q = CPPlan(p.pieces, p.lengths, max_tokens=16, cp_size=2, cp="static", cp_cost=p.cp_cost,
+               pipeline=setup)  # fmt: skip
+    assert sb.Plan.from_json(q.to_json()) == q
+    for helper in (simulate_cp_pipeline, order_slots):
+        with pytest.raises(ValueError, match=r"sync must be one of 'fsdp', 'ddp'; got 'FSDP'"):
+            helper(p.pieces, p.lengths, p.cp_cost, 2, "FSDP", p.pipeline)
+    with pytest.raises(ValueError, match="cp_size=3 does not divide the 4 GPUs"):
+        slot_phases(p.pieces, p.lengths, p.cp_cost, 3)

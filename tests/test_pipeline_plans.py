@@ -415,3 +415,19 @@ def test_oversized_alone_splits_forward_and_backward_at_the_true_length(sync):
     b = [float(bwd[mb].sum()) for mb in p.micro_batches[0]]
     want = sb.simulate_pipeline(f, b, 2).step_time
     assert p.simulate_pipeline().step_time == pytest.approx(want)
+
+
+def test_notes_and_errors_name_the_schedule_that_raised_the_count_multiple():
+    """The interleaved schedule raises the count multiple: a note said
+    "micro_batch_multiple=2" to a caller who passed 1, and the too-few-sequences error
+    advised lowering micro_batch_multiple alone."""
+    lens = np.random.default_rng(0).integers(100, 4000, 64)
+    p = sb.plan(lens, 2, 8192, pp_size=2, schedule="interleaved", virtual_stages=2)
+    assert p.num_micro_batches % 2 == 0
+    raised = [n for n in p.notes if n.startswith(f"{p.num_micro_batches} micro-batches")]
+    assert raised, p.notes  # the capacity alone needs 9 here, an odd count
+    assert "the interleaved schedule's multiple of pp_size=2" in raised[0]
+    assert "micro_batch_multiple=2" not in raised[0]
+    needs = r"the interleaved schedule also needs a multiple of pp_size=4 micro-batches"
+    with pytest.raises(ValueError, match=needs):
+        sb.plan([5, 6, 7], 2, 8192, pp_size=4, schedule="interleaved", virtual_stages=2)

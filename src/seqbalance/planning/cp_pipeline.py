@@ -49,12 +49,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .._validate import as_weights
+from .._validate import as_weights, check_choice, check_positive_int
 from ..costs.context_parallel import ContextParallelCost
 from .cp_plans import _piece_entries
 from .pipeline import PipelineSpec, check_pipeline
 from .pipeline_orders import EXACT_LIMIT, ORDERS, best_orders
 from .pipeline_plans import PlanPipelineSimulation, _lockstep, simulate_phases
+from .simulation import SYNC_MODELS
 
 __all__ = [
     "CPPipelineSetup",
@@ -77,6 +78,22 @@ class CPPipelineSetup:
 
     spec: PipelineSpec
     comm_per_token: float = 0.0
+
+    def __post_init__(self) -> None:
+        # Checked here, not only in from_dict: a setup built by hand must be one that its
+        # plan's own JSON can load again.
+        if not isinstance(self.spec, PipelineSpec):
+            raise ValueError(
+                "CPPipelineSetup.spec must be a PipelineSpec (seqbalance.planning.pipeline."
+                f"check_pipeline), got {type(self.spec).__name__}"
+            )
+        if self.spec.pp_size == 1:
+            raise ValueError(
+                "pipeline.pp_size is 1: a plan without pipeline stages has no pipeline; drop "
+                "the key, or give pp_size > 1"
+            )
+        comm = as_weights([self.comm_per_token], "pipeline.comm_per_token")[0]
+        object.__setattr__(self, "comm_per_token", float(comm))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form :meth:`CPPlan.to_dict` writes as ``"pipeline"``."""
@@ -103,13 +120,7 @@ class CPPipelineSetup:
             )
         except ValueError as exc:
             raise ValueError(f"pipeline: {exc}") from None
-        if spec.pp_size == 1:
-            raise ValueError(
-                "pipeline.pp_size is 1: a plan without pipeline stages has no pipeline; drop "
-                "the key, or give pp_size > 1"
-            )
-        comm = float(as_weights([data.get("comm_per_token", 0.0)], "pipeline.comm_per_token")[0])
-        return cls(spec, comm)
+        return cls(spec, data.get("comm_per_token", 0.0))
 
 
 def _gpu_phases(
@@ -150,6 +161,12 @@ def slot_phases(
     m = max((len(g) for g in pieces), default=0)
     if any(len(g) != m for g in pieces):
         raise ValueError("every GPU needs the same number of slots for a pipeline")
+    cp_size = check_positive_int(cp_size, "cp_size")
+    if len(pieces) % cp_size:
+        raise ValueError(
+            f"cp_size={cp_size} does not divide the {len(pieces)} GPUs of the pieces into "
+            "replicas; give the plan's cp_size"
+        )
     fwd, bwd, toks = _gpu_phases(pieces, lengths, cpc)
     shape = (len(pieces) // cp_size, cp_size, m)
     return (
@@ -180,6 +197,7 @@ def order_slots(
     order that minimises the simulated pipeline step
     (:func:`~seqbalance.planning.pipeline_orders.best_orders`: exact over all orders up to
     ``EXACT_LIMIT`` slots, a local search beyond)."""
+    check_choice(sync, "sync", SYNC_MODELS)
     f, b, c = slot_phases(pieces, lengths, cpc, cp_size, setup.comm_per_token)
     if f.shape[1] == 0:
         return pieces

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from .._validate import as_weights
+from .._validate import as_weights, check_choice
 from ..partitioning.stats import relative_gap
 from ._grouping import bin_totals
 from .pipeline import (
@@ -40,6 +40,7 @@ from .pipeline import (
     simulate_pipeline,
 )
 from .pipeline_orders import EXACT_LIMIT, ORDERS, best_orders
+from .simulation import SYNC_MODELS
 
 if TYPE_CHECKING:
     from .plans import Plan
@@ -291,6 +292,7 @@ def simulate_phases(
 ) -> PlanPipelineSimulation:
     """:func:`simulate_plan_pipeline` from ``(replicas, m)`` forward, backward and transfer
     times of every micro-batch, in run order."""
+    check_choice(sync, "sync", SYNC_MODELS)  # a typo would run the ddp model silently
     kw = {"schedule": spec.schedule, "virtual_stages": spec.virtual_stages}
     replicas = len(f)
     if sync == "fsdp":

@@ -437,7 +437,13 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
         if req.m_min > m_low:
             why.append(f"min_micro_batches={req.m_min}")
         if m > max(m_low, req.m_min):
-            why.append(f"rounded up to a multiple of micro_batch_multiple={req.mult}")
+            spec = req.pp.spec if req.pp is not None else None
+            why.append(
+                f"rounded up to a multiple of {req.mult} (micro_batch_multiple and the "
+                f"{spec.schedule} schedule's multiple of pp_size={spec.pp_size})"
+                if spec is not None and spec.count_multiple > 1
+                else f"rounded up to a multiple of micro_batch_multiple={req.mult}"
+            )
         notes.append(
             f"{m} micro-batches per rank where the capacity alone needs {m_low}: "
             + " and ".join(why)
@@ -990,10 +996,18 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
             if n_splits > 1
             else ""
         )
+        spec = req.pp.spec if req.pp is not None else None
+        schedule = (
+            f" (the {spec.schedule} schedule also needs a multiple of pp_size={spec.pp_size} "
+            "micro-batches: fewer stages, or schedule='1f1b')"
+            if spec is not None and spec.count_multiple > 1
+            else ""
+        )
         raise ValueError(
             f"{problems[0] if problems else 'no plan found'}{hedge}; every micro-batch would "
-            "need a sequence. Lower dp_size, min_micro_batches or micro_batch_multiple, raise "
-            "max_tokens, or pass allow_empty=True to allow (marked) empty micro-batches"
+            "need a sequence. Lower dp_size, min_micro_batches or micro_batch_multiple"
+            f"{schedule}, raise max_tokens, or pass allow_empty=True to allow (marked) empty "
+            "micro-batches"
         )
 
     def key(p: Plan) -> tuple[float, ...]:
