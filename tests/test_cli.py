@@ -460,15 +460,17 @@ def test_plan_pp_comm_reaches_the_plan(rl, tmp_path, capsys):
     assert "--pp-comm" in capsys.readouterr().err
 
 
-def test_compare_refuses_pipelines_with_context_parallelism(rl, capsys):
+def test_compare_refuses_pipelines_with_dynamic_context_parallelism(rl, capsys):
     _, txt, _ = rl
-    argv = ["compare", str(txt), "--dp", "2", "--max-tokens", "32768", "--cp-size", "2",
-            "--pp-size", "2"]
-    assert main(argv) == 2
-    assert (
-        "combine with --cp-size > 1 only in 'seqbalance plan --cp static' (pipeline stages "
-        "that are CP rings); compare one of the two at a time" in capsys.readouterr().err
-    )
+    for command in ("compare", "plan"):
+        argv = [command, str(txt), "--dp", "2", "--max-tokens", "32768", "--cp-size", "2",
+                "--pp-size", "2"]  # fmt: skip
+        assert main(argv) == 2
+        assert (
+            "combine with --cp-size > 1 only under --cp static (pipeline stages that are CP "
+            "rings; dynamic CP gives the GPUs of a stage different slots); pass --cp static"
+            in capsys.readouterr().err
+        )
 
 
 def test_outputs_never_overwrite_the_lengths_file_or_each_other(tmp_path, capsys):

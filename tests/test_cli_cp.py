@@ -157,7 +157,7 @@ def test_plan_cp_errors(tmp_path, capsys):
     )
     assert main([*base, "--cp-size", "16", "--pp-size", "2"]) == 2
     # dynamic CP (the command line's default) gives a stage's GPUs different slots
-    assert "only in 'seqbalance plan --cp static'" in capsys.readouterr().err
+    assert "only under --cp static (pipeline stages that are CP rings" in capsys.readouterr().err
     assert main([*base, "--cp-size", "16", "--padded"]) == 2
     assert "--padded does not combine with --cp-size > 1" in capsys.readouterr().err
     assert main([*base, "--cp-size", "16"]) == 0  # 90,000 tokens over 16 GPUs fit
@@ -259,3 +259,92 @@ def test_plan_cp_comm_passes_by_flag(tmp_path, capsys):
     assert main(["plan", str(src), "--dp", "2", "--max-tokens", "32768",
                  "--cp-comm-passes", "1"]) == 2  # fmt: skip
     assert "--cp-comm-passes" in capsys.readouterr().err
+
+
+def test_compare_pipelines_of_static_cp_rings(tmp_path, capsys):
+    """``--cp static --pp-size P``: every plan through the same pipeline, seqbalance's against
+    the static plan made without the pipeline (at the schedule's multiple) and verl's
+    micro-batching of the largest pieces, each in its own slot order; no megatron-cp (its
+    stages' GPUs would run different slots)."""
+    import numpy as np
+
+    import seqbalance as sb
+    from seqbalance.costs.context_parallel import balanced_layout, largest_piece_tokens
+    from seqbalance.planning.cp_pipeline import CPPipelineSetup
+    from seqbalance.planning.cp_plans import CPPlan
+    from seqbalance.planning.pipeline import check_pipeline
+
+    lengths = workloads.lengths("long-mix", 160, seed=3)
+    src = tmp_path / "lengths.txt"
+    src.write_text("".join(f"{x}\n" for x in lengths))
+    out = tmp_path / "pp.json"
+    argv = ["compare", str(src), "--dp", "2", "--max-tokens", "16384", "--cp-size", "4",
+            "--cp", "static", "--pp-size", "2", "--model", "qwen2.5-7b", "--cp-bandwidth",
+            "2.5e10", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "dp=2 x cp=4 x pp=2 (1f1b)" in text and "bubble" in text
+    setup = json.loads(out.read_text())["setups"][0]
+    assert setup["pipeline"] == {"pp_size": 2, "schedule": "1f1b", "virtual_stages": 1,
+                                 "pp_comm": 0.0}  # fmt: skip
+    rows = {r["strategy"]: r for r in setup["results"]}
+    assert set(rows) == {"seqbalance", "static-cp", "verl-static-cp"}  # 1f1b runs any count
+    kw = {"cost": "qwen2.5-7b", "cp_size": 4, "cp_cost": {"bandwidth": 2.5e10,
+          "cost_per_second": 4e14, "overlap": 0.5, "comm_passes": 3.0}}  # fmt: skip
+    pipe = CPPipelineSetup(check_pipeline(2))
+    # static-cp: the static plan without the pipeline, run in its own order
+    flat = sb.plan(lengths, 2, 16384, cp="static", allow_empty=True, **kw)
+    mine = CPPlan(flat.pieces, flat.lengths, max_tokens=16384, cp_size=4, cp="static",
+                  cp_cost=flat.cp_cost, pipeline=pipe)  # fmt: skip
+    assert rows["static-cp"]["step_time"] == mine.simulate_pipeline().step_time
+    # verl-static-cp: verl's micro-batches of the largest pieces, each sequence over the
+    # replica's 4 GPUs in the balanced layout (built here from the baseline's grid)
+    grid = sb.baselines.verl(largest_piece_tokens(lengths, 4), 2, 16384).micro_batches
+    pieces = [[[(int(i), s, e) for i in mb for s, e in balanced_layout(int(lengths[i]), 4)[g % 4]]
+               for mb in grid[g // 4]] for g in range(8)]  # fmt: skip
+    verl = CPPlan(pieces, lengths, max_tokens=16384, cp_size=4, cp="static",
+                  cp_cost=flat.cp_cost, pipeline=pipe)  # fmt: skip
+    assert rows["verl-static-cp"]["slots"] == len(grid[0])
+    assert np.isclose(rows["verl-static-cp"]["step_time"], verl.simulate_pipeline().step_time)
+    ref = rows["static-cp"]["step_time"]
+    for r in rows.values():
+        assert r["over_capacity"] == 0 and r["vs_static"] == r["step_time"] / ref
+        assert r["lower_bound"] <= r["step_time"] * (1 + 1e-12)
+    # seqbalance tried the flat plan too and orders exactly up to 8 slots: never slower
+    if rows["seqbalance"]["slots"] <= 8:
+        assert rows["seqbalance"]["step_time"] <= ref * (1 + 1e-12)
+    # interleaved needs a multiple of pp_size: a baseline that misses it is left out, said
+    argv[argv.index("--pp-size") + 1] = "3"
+    assert main([*argv, "--schedule", "interleaved", "--virtual-stages", "2"]) == 0
+    setup = json.loads(out.read_text())["setups"][0]
+    for r in setup["results"]:
+        assert r["slots"] % 3 == 0
+    if len(grid[0]) % 3:
+        assert [r["strategy"] for r in setup["results"]] == ["seqbalance", "static-cp"]
+        assert "not run by this schedule: verl-static-cp" in capsys.readouterr().out
+
+
+def test_compare_pipelines_take_extra_counts_for_seqbalance(tmp_path, capsys):
+    """A pipeline trades micro-batches for bubble, so ``--extra-micro-batches`` is honoured
+    (seqbalance only, said in the header) with ``--pp-size`` and refused without it."""
+    import pytest
+
+    from seqbalance.planning.cp_baselines import verl_static_cp
+
+    lengths = workloads.lengths("long-mix", 160, seed=3)
+    src = tmp_path / "lengths.txt"
+    src.write_text("".join(f"{x}\n" for x in lengths))
+    out = tmp_path / "pp.json"
+    argv = ["compare", str(src), "--dp", "2", "--max-tokens", "16384", "--cp-size", "4",
+            "--cp", "static", "--model", "qwen2.5-7b", "--json", str(out)]  # fmt: skip
+    steps = []
+    for extra in ("0", "3"):
+        assert main([*argv, "--pp-size", "2", "--extra-micro-batches", extra]) == 0
+        rows = {r["strategy"]: r for r in json.loads(out.read_text())["setups"][0]["results"]}
+        steps.append((rows["seqbalance"]["slots"], rows["seqbalance"]["step_time"]))
+    assert "--extra-micro-batches apply to seqbalance only" in capsys.readouterr().out
+    assert steps[1][0] >= steps[0][0] and steps[1][1] <= steps[0][1]
+    assert main([*argv, "--extra-micro-batches", "3"]) == 2  # no pipeline: refused, as before
+    assert "does not take --extra-micro-batches" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"sequence 0 .* largest piece has 25000 tokens"):
+        verl_static_cp([100000, 10], 1, 16384, cp_size=4)

@@ -385,11 +385,11 @@ def _check_parallel_options(args: argparse.Namespace, command: str) -> None:
             refuse_stray(_stray_pp_options(args), "--pp-size", "P", "pipeline parallelism")
     elif args.pp_size == 1 and _stray_pp_options(args):  # they would do nothing
         refuse_stray(_stray_pp_options(args), "--pp-size", "P", "pipeline parallelism")
-    elif _pp_kwargs(args) and (command != "plan" or args.cp != "static"):
+    elif _pp_kwargs(args) and args.cp != "static":
         raise UserError(
             "--pp-size/--schedule/--virtual-stages/--pp-comm combine with --cp-size > 1 "
-            "only in 'seqbalance plan --cp static' (pipeline stages that are CP rings); "
-            + ("pass --cp static" if command == "plan" else f"{command} one of the two at a time")
+            "only under --cp static (pipeline stages that are CP rings; dynamic CP gives "
+            "the GPUs of a stage different slots); pass --cp static"
         )
     elif args.padded:
         raise UserError(

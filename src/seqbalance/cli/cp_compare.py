@@ -5,6 +5,14 @@ with seqbalance (``--cp dynamic`` by default, or ``static``) and with the two CP
 (``static-cp``, ``megatron-cp``), all priced by one
 :class:`~seqbalance.costs.context_parallel.ContextParallelCost`, and prints one table per
 input. ``--demo --cp-size N`` does this on built-in long-context workloads.
+
+With ``--cp static --pp-size P`` (a ``dp x pp x cp`` mesh: each replica a pipeline of CP
+rings) every plan runs through the same pipeline model and simulator
+(:mod:`seqbalance.planning.cp_pipeline`): seqbalance's pipelined plan against the
+``static-cp`` plan made without the pipeline (at the schedule's count multiple) and
+``verl-static-cp`` (:func:`~seqbalance.planning.cp_baselines.verl_static_cp`), each in its
+own slot order. ``megatron-cp`` is left out: dynamic CP gives a stage's GPUs different
+slots.
 """
 
 from __future__ import annotations
@@ -193,6 +201,80 @@ def _compare_one(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str, Any]
     return [_row(name, p, ref) for name, p in plans.items()]
 
 
+def _pipeline_row(name: str, p: CPPlan, ref: float | None) -> dict[str, Any]:
+    sim = p.simulate_pipeline()
+    v = p.violations()
+    return {
+        "strategy": name,
+        "step_time": sim.step_time,
+        "vs_static": sim.step_time / ref if ref else None,
+        "lower_bound": sim.lower_bound,
+        "gap": sim.gap,
+        "bubble": sim.bubble_fraction,
+        "slots": p.num_micro_batches,
+        "over_capacity": v["over_capacity"],
+        "empty": v["empty"],
+        "notes": list(p.notes),
+    }
+
+
+def _compare_pipelined(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str, Any]]:
+    """``--cp static --pp-size P``: every plan as the same pipeline (module docstring)."""
+    from ..planning.cp_baselines import verl_static_cp
+    from ..planning.cp_pipeline import as_pipeline
+    from .commands import _pp_kwargs
+
+    kw = {
+        "cp_size": args.cp_size,
+        "cost": cost.model,
+        "cp_cost": cp_cost_of(args, cost.unit, bandwidth, cost.model),
+        "sync": args.sync,
+    }
+    ours = plan_cp(lengths, dp, cap, cp="static", allow_empty=args.allow_empty,
+                   min_micro_batches=args.min_micro_batches,
+                   micro_batch_multiple=args.micro_batch_multiple,
+                   extra_micro_batches=args.extra_micro_batches, **_pp_kwargs(args),
+                   **kw)  # fmt: skip
+    setup = ours.pipeline
+    mult = setup.spec.count_multiple  # what the schedule needs of any plan it runs
+    plans = {"seqbalance": ours}
+    flat = plan_cp(lengths, dp, cap, cp="static", allow_empty=True, micro_batch_multiple=mult,
+                   **kw)  # fmt: skip
+    plans["static-cp"] = as_pipeline(flat, setup)
+    skipped = []
+    verl = verl_static_cp(lengths, dp, cap, **kw)
+    if verl.num_micro_batches % mult == 0:
+        plans["verl-static-cp"] = as_pipeline(verl, setup)
+    else:  # verl would raise its count (num_batches_divided_by), which it does not model
+        skipped.append(f"verl-static-cp ({verl.num_micro_batches} slots, not a multiple of {mult})")
+    ref = plans["static-cp"].simulate_pipeline().step_time
+    rows = [_pipeline_row(name, p, ref) for name, p in plans.items()]
+    if skipped:
+        rows[0]["notes"] = [*rows[0]["notes"], "not run by this schedule: " + ", ".join(skipped)]
+    return rows
+
+
+def _print_pipelined(rows: list[dict[str, Any]], unit: str, out: TextIO) -> None:
+    from .commands import _si, _table
+
+    headers = ["strategy", "step time", "vs static", "gap", "bubble", "slots", "over cap",
+               "empty"]  # fmt: skip
+    cells = [
+        [
+            r["strategy"],
+            _si(r["step_time"], unit),
+            f"{r['vs_static']:.3f}" if r["vs_static"] else "-",
+            f"{r['gap']:+.1%}",
+            f"{r['bubble']:.1%}",
+            str(r["slots"]),
+            str(r["over_capacity"]),
+            str(r["empty"]),
+        ]
+        for r in rows
+    ]
+    _table(headers, cells, out)
+
+
 def _print(rows: list[dict[str, Any]], unit: str, out: TextIO) -> None:
     from .commands import _si, _table
 
@@ -227,14 +309,16 @@ def _print(rows: list[dict[str, Any]], unit: str, out: TextIO) -> None:
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """``compare`` with ``--cp-size > 1`` (module docstring)."""
-    from .commands import UserError, _demo_cost, _load_cost, _read_inputs
+    from .commands import UserError, _demo_cost, _load_cost, _pp_kwargs, _read_inputs
     from .ulysses_options import group_capacity, wrap_cost
 
     # The CP baselines compared here do not honour these (--padded is refused before):
     # say so rather than compare plans made without them.
+    piped = bool(_pp_kwargs(args))
     for flag, used in (
         ("--size", args.size != "free"),
-        ("--extra-micro-batches", args.extra_micro_batches != 0),
+        # a pipeline trades micro-batches for bubble: seqbalance may take more counts there
+        ("--extra-micro-batches", args.extra_micro_batches != 0 and not piped),
     ):
         if used:
             raise UserError(
@@ -243,6 +327,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             )
     runs = []
     sp = f" x sp={args.sp_size}" if args.sp_size > 1 else ""  # each CP rank a Ulysses group
+    if piped:
+        v = f", v={args.virtual_stages}" if args.virtual_stages > 1 else ""
+        sp += f" x pp={args.pp_size} ({args.schedule}{v})"
     if args.demo:
         spec = args.model or args.cost
         cost = wrap_cost(_demo_cost() if spec is None else _load_cost(spec), args)
@@ -254,7 +341,9 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         print(
             f"seqbalance compare --demo --cp-size {args.cp_size}: simulated {args.sync} step "
             f"per CP strategy; cost = {cost.label}; overlap {args.cp_overlap}; ratios are "
-            "step / the baseline's step; gap = step / CP lower bound - 1",
+            "step / the baseline's step; gap = step / CP lower bound - 1"
+            + (" (pipelines: the pipeline step and its bound for the plan's own slots)"
+               if piped else ""),
             file=out,
         )
         for s in CP_DEMO_SETUPS:
@@ -287,6 +376,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
             for flag, used in (
                 ("--min-micro-batches", args.min_micro_batches != 1),
                 ("--micro-batch-multiple", args.micro_batch_multiple != 1),
+                ("--extra-micro-batches", args.extra_micro_batches != 0),
             )
             if used
         ]
@@ -298,11 +388,16 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
     setups = []
     for header, lengths, dp, cap, bw, label in runs:
         group_cap = group_capacity(args, cap)  # cap is a GPU's; a Ulysses group holds sp x
-        rows = _compare_one(lengths, dp, group_cap, args, cost, bw)
+        compare_one = _compare_pipelined if piped else _compare_one
+        rows = compare_one(lengths, dp, group_cap, args, cost, bw)
         group = {"sp_size": args.sp_size, "group_max_tokens": group_cap} if args.sp_size > 1 else {}
         print("", file=out)
         print(header, file=out)
-        _print(rows, cost.unit, out)
+        (_print_pipelined if piped else _print)(rows, cost.unit, out)
+        if piped:
+            for note in rows[0]["notes"]:
+                if note.startswith("not run by this schedule"):
+                    print(note, file=out)
         setups.append(
             {
                 "input": label,
@@ -314,6 +409,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
                 "bandwidth": bw,
                 "sync": args.sync,
                 "cost": cost.label,
+                **({"pipeline": _pp_kwargs(args)} if piped else {}),
                 "results": rows,
             }
         )

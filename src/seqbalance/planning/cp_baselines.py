@@ -4,6 +4,11 @@
     One CP degree for every sequence: each is split over its data-parallel replica's
     ``cp_size`` GPUs (how most trainers run CP). The replicas' micro-batches are planned by
     seqbalance itself, so this baseline isolates the cost of the fixed degree.
+``verl-static-cp`` (:func:`verl_static_cp`, not in :data:`CP_BASELINES`)
+    Static CP with verl's own micro-batching: verl's dynamic batching
+    (:func:`seqbalance.baselines.verl`: equal-count KK over replicas, KK micro-batches, one
+    more until the cap holds, light micro-batches at both ends) on each sequence's largest
+    piece, the tokens one GPU holds of it; then every sequence over its replica's GPUs.
 ``megatron-cp``
     Megatron-LM's dynamic ("hybrid") CP scheduler, re-implemented from its published
     description: each sample gets ``d = 2^ceil(log2(ceil(L / max_tokens)))`` GPUs (doubled
@@ -23,11 +28,12 @@ from typing import Any
 
 import numpy as np
 
-from ..costs.context_parallel import balanced_layout
+from ..costs.context_parallel import balanced_layout, largest_piece_tokens
+from ._pipelines import verl_pipeline
 from .context_parallel import _static, _validate
 from .cp_plans import CPPlan, Pieces
 
-__all__ = ["CP_BASELINES", "megatron_cp", "static_cp"]
+__all__ = ["CP_BASELINES", "megatron_cp", "static_cp", "verl_static_cp"]
 
 
 def _megatron_degrees(req: Any) -> np.ndarray:
@@ -175,6 +181,62 @@ def static_cp(
     if isinstance(p, str):
         raise ValueError(f"static CP: {p}")
     return p
+
+
+def verl_static_cp(
+    lengths: Any,
+    dp_size: int,
+    max_tokens: int,
+    *,
+    cp_size: int,
+    cost: Any = None,
+    cp_cost: Any = None,
+    sync: str = "fsdp",
+) -> CPPlan:
+    """Static CP with verl's micro-batching (module docstring), in verl's slot order.
+
+    ``max_tokens`` bounds the tokens of a GPU, so verl batches each sequence's largest
+    piece; ``cost`` prices the plan (verl's batching itself counts tokens).
+
+    Raises
+    ------
+    ValueError
+        As :func:`seqbalance.plan` with ``cp="static"``: bad arguments, or a sequence whose
+        largest piece exceeds ``max_tokens`` even over ``cp_size`` GPUs (named).
+    """
+    req = _validate(lengths, dp_size, max_tokens, cp_size, "static", cost, cp_cost, sync, 1, 1,
+                    True)  # fmt: skip
+    ptok = largest_piece_tokens(req.lens, req.cp_size)
+    if ptok.size and int(ptok.max()) > req.cap:
+        i = int(np.argmax(ptok))
+        raise ValueError(
+            f"sequence {i} ({int(req.lens[i])} tokens) has a piece of {int(ptok[i])} tokens "
+            f"over cp_size={req.cp_size} GPUs, above max_tokens={req.cap}; raise max_tokens "
+            "or cp_size"
+        )
+    grid = verl_pipeline(ptok, req.dp, req.cap)
+    c = req.cp_size
+    pieces: Pieces = [[] for _ in range(req.dp * c)]
+    for r, rank in enumerate(grid):
+        for mb in rank:
+            slot: list[list[tuple[int, int, int]]] = [[] for _ in range(c)]
+            for i in mb:
+                for k, ranges in enumerate(balanced_layout(int(req.lens[i]), c)):
+                    slot[k].extend((int(i), s, e) for s, e in ranges)
+            for k in range(c):
+                pieces[r * c + k].append(slot[k])
+    return CPPlan._from_validated_pieces(
+        pieces,
+        req.lens,
+        max_tokens=req.cap,
+        cp_size=c,
+        cp="static",
+        cp_cost=req.cpc,
+        replicas=req.dp,
+        sync=req.sync,
+        strategy="verl-static-cp",
+        notes=[],
+    )
 
 
 CP_BASELINES = {"static-cp": static_cp, "megatron-cp": megatron_cp}

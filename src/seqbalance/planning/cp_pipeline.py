@@ -59,6 +59,7 @@ from .simulation import SYNC_MODELS
 
 __all__ = [
     "CPPipelineSetup",
+    "as_pipeline",
     "baseline_order",
     "order_slots",
     "reorder_cp",
@@ -290,3 +291,24 @@ def pipeline_note(
         f"bubble {sim.bubble_fraction:.1%}; verl's light-ends order of the same slots: "
         f"{verl.step_time / sim.step_time - 1:+.2%}"
     )
+
+
+def as_pipeline(plan: Any, setup: CPPipelineSetup) -> Any:
+    """A copy of the static CP plan ``plan`` run as the pipeline ``setup``, its slots in
+    their own order (a plan made without the pipeline, as a user gets it without
+    seqbalance's pipeline planner).
+
+    Raises
+    ------
+    ValueError
+        ``plan`` is not static CP with aligned replicas, or its slot count does not suit
+        the schedule (interleaved: a multiple of ``pp_size``).
+    """
+    from .cp_plans import CPPlan
+
+    if not isinstance(setup, CPPipelineSetup):
+        raise ValueError(f"setup must be a CPPipelineSetup, got {type(setup).__name__}")
+    return CPPlan(plan.pieces, plan.lengths, max_tokens=plan.max_tokens, cp_size=plan.cp_size,
+                  cp=plan.cp, cp_cost=plan.cp_cost, dp_size=plan.dp_size, sync=plan.sync,
+                  strategy=plan.strategy, notes=plan.notes, size=plan.size, groups=plan.groups,
+                  pipeline=setup)  # fmt: skip
