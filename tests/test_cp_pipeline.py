@@ -29,6 +29,7 @@ from seqbalance.planning.cp_pipeline import (
     slot_phases,
 )
 from seqbalance.planning.cp_plans import CPPlan, piece_costs
+from seqbalance.planning.pipeline import check_pipeline
 from seqbalance.planning.pipeline_orders import ORDERS
 
 
@@ -201,12 +202,22 @@ def test_extra_micro_batches_never_slow_the_pipeline(sync):
 def test_extra_micro_batches_are_judged_by_the_pipeline_step():
     # One slot per replica leaves a 4-stage pipeline idle 3/4 of the step; more slots
     # shrink the bubble, which only the pipeline step (not the step without it) shows.
+    # With fewer slots than stages the planner now tries the counts up to pp_size itself.
+    from seqbalance.planning.cp_pipeline import as_pipeline
+
     lens = sb.workloads.lengths("long-mix", 64, seed=0)
-    kw = dict(cost="qwen2.5-7b", cp_size=4, pp_size=4, cp_cost={"bandwidth": 2.5e10})
-    base = sb.plan(lens, 2, 8192, **kw)
-    more = sb.plan(lens, 2, 8192, extra_micro_batches=3, **kw)
-    assert base.num_micro_batches == 1 < more.num_micro_batches
-    assert more.simulate_pipeline().step_time < 0.8 * base.simulate_pipeline().step_time
+    kw = dict(cost="qwen2.5-7b", cp_size=4, cp_cost={"bandwidth": 2.5e10})
+    flat = sb.plan(lens, 2, 8192, **kw)  # without the pipeline: the fewest, one slot
+    assert flat.num_micro_batches == 1
+    fewest = as_pipeline(flat, CPPipelineSetup(check_pipeline(4))).simulate_pipeline()
+    base = sb.plan(lens, 2, 8192, pp_size=4, **kw)
+    more = sb.plan(lens, 2, 8192, pp_size=4, extra_micro_batches=3, **kw)
+    assert 1 < base.num_micro_batches <= 4 and 1 < more.num_micro_batches
+    assert base.simulate_pipeline().step_time < 0.8 * fewest.step_time
+    assert more.simulate_pipeline().step_time < 0.8 * fewest.step_time
+    said = f"pipeline: {base.num_micro_batches} micro-batches per replica instead of the fewest, 1"
+    assert any(n.startswith(said) for n in base.notes), base.notes
+    assert not any("extra_micro_batches" in n for n in base.notes)  # the caller passed none
 
 
 def test_extra_counts_step_by_the_interleaved_multiple():
@@ -335,7 +346,6 @@ def test_hand_made_pipelines_and_helpers_refuse_what_json_would():
     """A CPPipelineSetup built by hand took pp_size 1 or a NaN transfer cost, so its plan
     wrote JSON that Plan.from_json refused; the public helpers ran the ddp model for a
     misspelt sync and failed inside numpy for a cp_size that does not divide the GPUs."""
-    from seqbalance.planning.pipeline import check_pipeline
 
     p = sb.plan([30, 5, 9, 17, 2, 8, 32, 3], 2, 16, cp_size=2, pp_size=2, sync="fsdp")
     with pytest.raises(ValueError, match=r"pipeline.pp_size is 1"):

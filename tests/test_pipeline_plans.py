@@ -431,3 +431,24 @@ def test_notes_and_errors_name_the_schedule_that_raised_the_count_multiple():
     needs = r"the interleaved schedule also needs a multiple of pp_size=4 micro-batches"
     with pytest.raises(ValueError, match=needs):
         sb.plan([5, 6, 7], 2, 8192, pp_size=4, schedule="interleaved", virtual_stages=2)
+
+
+@pytest.mark.parametrize("sync", ["fsdp", "ddp"])
+def test_fewer_micro_batches_than_stages_try_counts_up_to_pp_size(sync):
+    """Eight sequences of 100 tokens fit one micro-batch of 800, but a 4-stage 1F1B
+    pipeline then runs (m + p - 1) stage slots of work for m micro-batches: 4 x 800 / 4 =
+    800 at m = 1, (4 + 3) x 200 / 4 = 350 at m = 4. The planner tries the counts up to
+    pp_size when the fewest is below it and says so; more than that is the caller's call
+    (extra_micro_batches: 275 at m = 8); at or above pp_size nothing changes."""
+    p = sb.plan([100] * 8, 1, 800, pp_size=4, sync=sync)
+    assert p.num_micro_batches == 4
+    assert p.simulate_pipeline().step_time == pytest.approx(350.0)
+    assert any("4 micro-batches per rank instead of the fewest, 1" in n and "-56.2%" in n
+               for n in p.notes)  # fmt: skip
+    more = sb.plan([100] * 8, 1, 800, pp_size=4, sync=sync, extra_micro_batches=7)
+    assert more.num_micro_batches == 8
+    assert more.simulate_pipeline().step_time == pytest.approx(275.0)
+    full = sb.plan([100] * 8, 1, 100, pp_size=4, sync=sync)  # the cap alone needs 8 >= 4
+    assert full.num_micro_batches == 8 and not any("instead of the fewest" in n for n in full.notes)
+    flat = sb.plan([100] * 8, 1, 800, sync=sync)  # no pipeline: the fewest, as always
+    assert flat.num_micro_batches == 1

@@ -1405,7 +1405,11 @@ def plan(
         Pipeline stages per data-parallel replica (``dp_size`` counts replicas). Above 1,
         the plan orders each replica's micro-batches (``fsdp``: the slots) for the pipeline
         schedule and records the layout in ``plan.pipeline``; see
-        :meth:`Plan.simulate_pipeline`. 1 (default) plans exactly as without pipelines.
+        :meth:`Plan.simulate_pipeline`. When the fewest micro-batches are fewer than
+        ``pp_size`` (every stage idles part of the step) and ``extra_micro_batches`` is 0,
+        the counts up to ``pp_size`` are tried too and a larger one is kept when its
+        simulated pipeline step is shorter (``plan.notes`` says so). 1 (default) plans
+        exactly as without pipelines.
     schedule : {"1f1b", "interleaved", "gpipe"}
         Pipeline schedule (:mod:`seqbalance.planning.pipeline`). ``"interleaved"`` needs
         ``virtual_stages >= 2`` and a micro-batch count that is a multiple of ``pp_size``
@@ -1451,6 +1455,25 @@ def plan(
     """
     kw = dict(locals())  # every argument, so that a new one cannot be left out
     best = _plan_once(**kw)
+    auto = _pipeline_counts(best, extra_micro_batches, micro_batch_multiple)
+    if auto:
+        # Fewer micro-batches than stages leave every stage idle part of the step (1F1B:
+        # (m + p - 1) slots of work for m): the counts up to pp_size are tried too, and the
+        # fewest stays unless a larger count is faster (the extra counts' own plan compares
+        # it too, as below).
+        more = _plan_once(**{**kw, "extra_micro_batches": auto})
+        if _final_step(more) < _final_step(best):
+            m0, m1 = best.num_micro_batches, more.num_micro_batches
+            more.notes = (
+                # (the extra counts were this search's, not the caller's)
+                *(n for n in more.notes if "extra_micro_batches=" not in n),
+                f"pipeline: {m1} micro-batches per rank instead of the fewest, {m0}, which "
+                f"leave stages idle (pp_size={pp_size}): simulated step "
+                f"{_final_step(more) / _final_step(best) - 1:+.1%} (counts up to pp_size are "
+                "tried when the fewest is below it)",
+            )
+            return more
+        return best
     if extra_micro_batches and best.__class__ is Plan:
         # The pick between counts sees each count's step before the ddp rank exchange,
         # which runs on the winner only, and it skips the fewer-busy candidate: the plan
@@ -1466,6 +1489,20 @@ def plan(
             )
             return fewest
     return best
+
+
+def _pipeline_counts(p: Plan, extra_micro_batches: int, multiple: int) -> int:
+    """How many larger counts to try by default (none asked for): with a pipeline and fewer
+    micro-batches than stages, enough counts (in steps of ``multiple``, the caller's
+    ``micro_batch_multiple``; an interleaved schedule already runs ``pp_size`` or more) to
+    reach ``pp_size``; else 0."""
+    setup = p.pipeline
+    if setup is None or extra_micro_batches:
+        return 0
+    m, stages = p.num_micro_batches, setup.spec.pp_size
+    if m == 0 or m >= stages:
+        return 0
+    return -(-(stages - m) // multiple)
 
 
 def _final_step(p: Plan) -> float:
