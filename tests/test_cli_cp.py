@@ -293,7 +293,7 @@ def test_compare_pipelines_of_static_cp_rings(tmp_path, capsys):
           "cost_per_second": 4e14, "overlap": 0.5, "comm_passes": 3.0}}  # fmt: skip
     pipe = CPPipelineSetup(check_pipeline(2))
     # static-cp: the static plan without the pipeline, run in its own order
-    flat = sb.plan(lengths, 2, 16384, cp="static", allow_empty=True, **kw)
+    flat = sb.plan(lengths, 2, 16384, cp="static", **kw)
     mine = CPPlan(flat.pieces, flat.lengths, max_tokens=16384, cp_size=4, cp="static",
                   cp_cost=flat.cp_cost, pipeline=pipe)  # fmt: skip
     assert rows["static-cp"]["step_time"] == mine.simulate_pipeline().step_time
@@ -306,6 +306,9 @@ def test_compare_pipelines_of_static_cp_rings(tmp_path, capsys):
                   cp_cost=flat.cp_cost, pipeline=pipe)  # fmt: skip
     assert rows["verl-static-cp"]["slots"] == len(grid[0])
     assert np.isclose(rows["verl-static-cp"]["step_time"], verl.simulate_pipeline().step_time)
+    # seqbalance's row is the plan `plan` makes (the pipeline count search included)
+    ours = sb.plan(lengths, 2, 16384, cp="static", pp_size=2, **kw)
+    assert rows["seqbalance"]["step_time"] == ours.simulate_pipeline().step_time
     ref = rows["static-cp"]["step_time"]
     for r in rows.values():
         assert r["over_capacity"] == 0 and r["vs_static"] == r["step_time"] / ref
@@ -321,7 +324,8 @@ def test_compare_pipelines_of_static_cp_rings(tmp_path, capsys):
         assert r["slots"] % 3 == 0
     if len(grid[0]) % 3:
         assert [r["strategy"] for r in setup["results"]] == ["seqbalance", "static-cp"]
-        assert "not run by this schedule: verl-static-cp" in capsys.readouterr().out
+        assert "left out: verl-static-cp (1 slots, which the interleaved schedule cannot " \
+            "run: not a multiple of 3)" in capsys.readouterr().out
 
 
 def test_compare_pipelines_take_extra_counts_for_seqbalance(tmp_path, capsys):

@@ -215,7 +215,7 @@ def test_extra_micro_batches_are_judged_by_the_pipeline_step():
     assert 1 < base.num_micro_batches <= 4 and 1 < more.num_micro_batches
     assert base.simulate_pipeline().step_time < 0.8 * fewest.step_time
     assert more.simulate_pipeline().step_time < 0.8 * fewest.step_time
-    said = f"pipeline: {base.num_micro_batches} micro-batches per replica instead of the fewest, 1"
+    said = f"pipeline: {base.num_micro_batches} micro-batches per replica instead of 1, the fewest"
     assert any(n.startswith(said) for n in base.notes), base.notes
     assert not any("extra_micro_batches" in n for n in base.notes)  # the caller passed none
 
@@ -365,3 +365,25 @@ def test_hand_made_pipelines_and_helpers_refuse_what_json_would():
             helper(p.pieces, p.lengths, p.cp_cost, 2, "FSDP", p.pipeline)
     with pytest.raises(ValueError, match="cp_size=3 does not divide the 4 GPUs"):
         slot_phases(p.pieces, p.lengths, p.cp_cost, 3)
+    from seqbalance.planning.cp_pipeline import as_pipeline, baseline_order
+
+    with pytest.raises(ValueError, match=r"sync must be one of 'fsdp', 'ddp'; got 'FSDP'"):
+        baseline_order(p.pieces, p.lengths, p.cp_cost, 2, "FSDP", "light-ends")
+    with pytest.raises(ValueError, match="plan must be a static CPPlan"):
+        as_pipeline(sb.plan([30, 5, 9], 1, 64), setup)
+
+
+def test_static_cp_pipelines_search_counts_once_from_the_fewest_the_rules_allow():
+    """The replica plan searched the counts on its proxy costs and the CP plan again: the
+    note said "per rank" and "instead of the fewest, 7" for a plan whose fewest was 3
+    (min_micro_batches=3)."""
+    lengths = [1080, 240, 960, 1120, 1000, 1920, 1400, 2600]
+    kw = dict(cost="qwen2.5-7b", cp_size=2, cp="static", pp_size=8, allow_empty=True,
+              cp_cost={"bandwidth": 2.5e10})  # fmt: skip
+    p = sb.plan(lengths, 1, 3740, min_micro_batches=3, **kw)
+    said = [n for n in p.notes if n.startswith("pipeline: ")]
+    want = f"{p.num_micro_batches} micro-batches per replica instead of 3,"
+    assert len(said) == 1 and want in said[0], p.notes
+    assert not any("extra_micro_batches" in n for n in p.notes)
+    fixed = sb.plan(lengths, 1, 3740, min_micro_batches=3, extra_micro_batches=5, **kw)
+    assert p.simulate_pipeline().step_time <= fixed.simulate_pipeline().step_time * (1 + 1e-9)

@@ -443,8 +443,18 @@ def test_fewer_micro_batches_than_stages_try_counts_up_to_pp_size(sync):
     p = sb.plan([100] * 8, 1, 800, pp_size=4, sync=sync)
     assert p.num_micro_batches == 4
     assert p.simulate_pipeline().step_time == pytest.approx(350.0)
-    assert any("4 micro-batches per rank instead of the fewest, 1" in n and "-56.2%" in n
-               for n in p.notes)  # fmt: skip
+    assert any("4 micro-batches per rank instead of 1, the fewest the rules allow" in n
+               and "-56.2%" in n for n in p.notes)  # fmt: skip
+    # asking for fewer extra counts than the search runs is never slower (it gave 2 and 3)
+    for extra in (1, 2, 3):
+        q = sb.plan([100] * 8, 1, 800, pp_size=4, sync=sync, extra_micro_batches=extra)
+        assert q.num_micro_batches == 4 and q.simulate_pipeline().step_time == pytest.approx(350.0)
+    # the fewest the rules allow: min_micro_batches=2 -> counts 2..4 (500 at 2, 350 at 4)
+    q = sb.plan([100] * 8, 1, 800, pp_size=4, sync=sync, min_micro_batches=2)
+    assert q.num_micro_batches == 4 and any("instead of 2, the fewest" in n for n in q.notes)
+    # in steps of micro_batch_multiple: 3 -> 6 (the first at or above pp_size=4)
+    q = sb.plan([100] * 12, 1, 1200, pp_size=4, sync=sync, micro_batch_multiple=3)
+    assert q.num_micro_batches == 6
     more = sb.plan([100] * 8, 1, 800, pp_size=4, sync=sync, extra_micro_batches=7)
     assert more.num_micro_batches == 8
     assert more.simulate_pipeline().step_time == pytest.approx(275.0)
@@ -452,3 +462,14 @@ def test_fewer_micro_batches_than_stages_try_counts_up_to_pp_size(sync):
     assert full.num_micro_batches == 8 and not any("instead of the fewest" in n for n in full.notes)
     flat = sb.plan([100] * 8, 1, 800, sync=sync)  # no pipeline: the fewest, as always
     assert flat.num_micro_batches == 1
+
+
+def test_pipeline_counts_keep_ties_and_add_no_empty_micro_batches():
+    """A step that differs by rounding alone is a tie (the fewest stays), and counts whose
+    micro-batches would not all get a sequence are not tried (allow_empty would have filled
+    them with empty ones)."""
+    p = sb.plan([97, 81, 29, 62, 56], 1, 97, pp_size=5, sync="ddp", schedule="gpipe")
+    assert not any("instead of" in n for n in p.notes)
+    q = sb.plan([75, 56, 59, 6, 94, 99, 66, 87], 3, 236, pp_size=5, sync="ddp",
+                allow_empty=True, baselines=False)  # fmt: skip
+    assert q.violations()["empty"] == 0 and q.num_micro_batches <= 8 // 3

@@ -222,6 +222,7 @@ def _compare_pipelined(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str
     """``--cp static --pp-size P``: every plan as the same pipeline (module docstring)."""
     from ..planning.cp_baselines import verl_static_cp
     from ..planning.cp_pipeline import as_pipeline
+    from ..planning.planner import plan
     from .commands import _pp_kwargs
 
     kw = {
@@ -230,27 +231,34 @@ def _compare_pipelined(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str
         "cp_cost": cp_cost_of(args, cost.unit, bandwidth, cost.model),
         "sync": args.sync,
     }
-    ours = plan_cp(lengths, dp, cap, cp="static", allow_empty=args.allow_empty,
-                   min_micro_batches=args.min_micro_batches,
-                   micro_batch_multiple=args.micro_batch_multiple,
-                   extra_micro_batches=args.extra_micro_batches, **_pp_kwargs(args),
-                   **kw)  # fmt: skip
+    # the plan `seqbalance plan` makes (plan() also searches pipeline counts)
+    ours = plan(lengths, dp, cap, cp="static", allow_empty=args.allow_empty,
+                min_micro_batches=args.min_micro_batches,
+                micro_batch_multiple=args.micro_batch_multiple,
+                extra_micro_batches=args.extra_micro_batches, **_pp_kwargs(args),
+                **kw)  # fmt: skip
     setup = ours.pipeline
     mult = setup.spec.count_multiple  # what the schedule needs of any plan it runs
     plans = {"seqbalance": ours}
-    flat = plan_cp(lengths, dp, cap, cp="static", allow_empty=True, micro_batch_multiple=mult,
-                   **kw)  # fmt: skip
-    plans["static-cp"] = as_pipeline(flat, setup)
     skipped = []
+    try:  # as the caller allows empty slots, so that the two plans differ in their planning only
+        flat = plan_cp(lengths, dp, cap, cp="static", allow_empty=args.allow_empty,
+                       micro_batch_multiple=mult, **kw)  # fmt: skip
+        plans["static-cp"] = as_pipeline(flat, setup)
+    except ValueError as exc:
+        skipped.append(f"static-cp ({exc})")
     verl = verl_static_cp(lengths, dp, cap, **kw)
     if verl.num_micro_batches % mult == 0:
         plans["verl-static-cp"] = as_pipeline(verl, setup)
     else:  # verl would raise its count (num_batches_divided_by), which it does not model
-        skipped.append(f"verl-static-cp ({verl.num_micro_batches} slots, not a multiple of {mult})")
-    ref = plans["static-cp"].simulate_pipeline().step_time
+        skipped.append(
+            f"verl-static-cp ({verl.num_micro_batches} slots, which the {setup.spec.schedule} "
+            f"schedule cannot run: not a multiple of {mult})"
+        )
+    ref = plans["static-cp"].simulate_pipeline().step_time if "static-cp" in plans else None
     rows = [_pipeline_row(name, p, ref) for name, p in plans.items()]
     if skipped:
-        rows[0]["notes"] = [*rows[0]["notes"], "not run by this schedule: " + ", ".join(skipped)]
+        rows[0]["notes"] = [*rows[0]["notes"], "left out: " + "; ".join(skipped)]
     return rows
 
 
@@ -396,7 +404,7 @@ def run(args: argparse.Namespace, out: TextIO) -> int:
         (_print_pipelined if piped else _print)(rows, cost.unit, out)
         if piped:
             for note in rows[0]["notes"]:
-                if note.startswith("not run by this schedule"):
+                if note.startswith("left out: "):
                     print(note, file=out)
         setups.append(
             {

@@ -308,7 +308,9 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
     pipeline the replicas are planned for it, or (``flat``) without it, at the schedule's
     count multiple.
     """
-    from .planner import plan  # the CP hook sits in plan(); import lazily to avoid a cycle
+    # the CP hook sits in plan(); import lazily to avoid a cycle. The count search for
+    # pipelines runs once, on the CP plan (plan()'s wrapper), not here on the proxy costs.
+    from .planner import plan_replicas as plan
 
     tmax, _, ptok = req.tables[req.cp_size]
     rules = {k: v for k, v in req.rules.items() if k != "extra_micro_batches"}

@@ -204,17 +204,10 @@ def verl_static_cp(
         As :func:`seqbalance.plan` with ``cp="static"``: bad arguments, or a sequence whose
         largest piece exceeds ``max_tokens`` even over ``cp_size`` GPUs (named).
     """
+    # (_validate refuses a sequence whose largest piece exceeds max_tokens, naming it)
     req = _validate(lengths, dp_size, max_tokens, cp_size, "static", cost, cp_cost, sync, 1, 1,
                     True)  # fmt: skip
-    ptok = largest_piece_tokens(req.lens, req.cp_size)
-    if ptok.size and int(ptok.max()) > req.cap:
-        i = int(np.argmax(ptok))
-        raise ValueError(
-            f"sequence {i} ({int(req.lens[i])} tokens) has a piece of {int(ptok[i])} tokens "
-            f"over cp_size={req.cp_size} GPUs, above max_tokens={req.cap}; raise max_tokens "
-            "or cp_size"
-        )
-    grid = verl_pipeline(ptok, req.dp, req.cap)
+    grid = verl_pipeline(largest_piece_tokens(req.lens, req.cp_size), req.dp, req.cap)
     c = req.cp_size
     pieces: Pieces = [[] for _ in range(req.dp * c)]
     for r, rank in enumerate(grid):

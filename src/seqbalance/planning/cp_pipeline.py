@@ -228,6 +228,7 @@ def baseline_order(pieces: list, lengths: np.ndarray, cpc: ContextParallelCost, 
     :func:`~seqbalance.planning.pipeline_plans.reorder` does without CP: first by smallest
     sequence index (fsdp: over the replicas), then by each slot's training cost (fsdp: its
     heaviest replica's)."""
+    check_choice(sync, "sync", SYNC_MODELS)
     big = np.iinfo(np.int64).max
     first = np.array([[min((p[0] for p in slot), default=big) for slot in pieces[g]]
                       for g in range(0, len(pieces), cp_size)], dtype=np.int64)  # fmt: skip
@@ -306,6 +307,11 @@ def as_pipeline(plan: Any, setup: CPPipelineSetup) -> Any:
     """
     from .cp_plans import CPPlan
 
+    if not isinstance(plan, CPPlan):
+        raise ValueError(
+            f"plan must be a static CPPlan (seqbalance.plan(..., cp_size=C, cp='static')), got "
+            f"{type(plan).__name__}; a Plan without CP takes pp_size= in seqbalance.plan"
+        )
     if not isinstance(setup, CPPipelineSetup):
         raise ValueError(f"setup must be a CPPipelineSetup, got {type(setup).__name__}")
     return CPPlan(plan.pieces, plan.lengths, max_tokens=plan.max_tokens, cp_size=plan.cp_size,

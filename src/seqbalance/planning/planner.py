@@ -51,6 +51,7 @@ and ``_pipeline_candidates`` (the baselines) add candidates, and ``_pick`` is st
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 from dataclasses import dataclass, replace
 from typing import Any
@@ -1405,11 +1406,13 @@ def plan(
         Pipeline stages per data-parallel replica (``dp_size`` counts replicas). Above 1,
         the plan orders each replica's micro-batches (``fsdp``: the slots) for the pipeline
         schedule and records the layout in ``plan.pipeline``; see
-        :meth:`Plan.simulate_pipeline`. When the fewest micro-batches are fewer than
-        ``pp_size`` (every stage idles part of the step) and ``extra_micro_batches`` is 0,
-        the counts up to ``pp_size`` are tried too and a larger one is kept when its
-        simulated pipeline step is shorter (``plan.notes`` says so). 1 (default) plans
-        exactly as without pipelines.
+        :meth:`Plan.simulate_pipeline`. When the fewest micro-batches the rules allow are
+        fewer than ``pp_size`` (every stage idles part of the step), the larger counts up
+        to the first at or above ``pp_size`` are planned too (in steps of
+        ``micro_batch_multiple``, while every micro-batch still gets a sequence) and a
+        larger one is kept when its simulated pipeline step is shorter (``plan.notes``
+        says so); with ``extra_micro_batches`` the plan is never slower than without it.
+        1 (default) plans exactly as without pipelines.
     schedule : {"1f1b", "interleaved", "gpipe"}
         Pipeline schedule (:mod:`seqbalance.planning.pipeline`). ``"interleaved"`` needs
         ``virtual_stages >= 2`` and a micro-batch count that is a multiple of ``pp_size``
@@ -1454,27 +1457,21 @@ def plan(
     [1, 1, 2, 2]
     """
     kw = dict(locals())  # every argument, so that a new one cannot be left out
+    return _plan_checked(kw, pipeline_counts=True)
+
+
+def _plan_checked(kw: dict[str, Any], pipeline_counts: bool) -> Plan:
+    """:func:`plan` from its arguments ``kw``: the search, then the checks across counts.
+
+    ``pipeline_counts=False`` leaves out the count search for pipelines whose fewest
+    micro-batches are below ``pp_size`` (static CP plans its replicas through this, and
+    searches the counts once, on the CP plan).
+    """
+    extra = kw["extra_micro_batches"]
     best = _plan_once(**kw)
-    auto = _pipeline_counts(best, extra_micro_batches, micro_batch_multiple)
-    if auto:
-        # Fewer micro-batches than stages leave every stage idle part of the step (1F1B:
-        # (m + p - 1) slots of work for m): the counts up to pp_size are tried too, and the
-        # fewest stays unless a larger count is faster (the extra counts' own plan compares
-        # it too, as below).
-        more = _plan_once(**{**kw, "extra_micro_batches": auto})
-        if _final_step(more) < _final_step(best):
-            m0, m1 = best.num_micro_batches, more.num_micro_batches
-            more.notes = (
-                # (the extra counts were this search's, not the caller's)
-                *(n for n in more.notes if "extra_micro_batches=" not in n),
-                f"pipeline: {m1} micro-batches per rank instead of the fewest, {m0}, which "
-                f"leave stages idle (pp_size={pp_size}): simulated step "
-                f"{_final_step(more) / _final_step(best) - 1:+.1%} (counts up to pp_size are "
-                "tried when the fewest is below it)",
-            )
-            return more
-        return best
-    if extra_micro_batches and best.__class__ is Plan:
+    if best.pipeline is not None:
+        return _pipeline_count(kw, best, pipeline_counts)
+    if extra and best.__class__ is Plan:
         # The pick between counts sees each count's step before the ddp rank exchange,
         # which runs on the winner only, and it skips the fewer-busy candidate: the plan
         # made as without extra counts is checked too, so asking for more counts is never
@@ -1482,27 +1479,79 @@ def plan(
         # the larger won, and only the fewest's exchange would have gained).
         fewest = _plan_once(**{**kw, "extra_micro_batches": 0})
         if _final_step(fewest) <= _final_step(best):
-            fewest.notes = (
-                *fewest.notes,
-                f"extra_micro_batches={extra_micro_batches}: larger counts were tried, and "
-                f"{fewest.num_micro_batches} micro-batches per rank stayed the fastest",
-            )
-            return fewest
+            return _kept_fewest(fewest, extra)
     return best
 
 
-def _pipeline_counts(p: Plan, extra_micro_batches: int, multiple: int) -> int:
-    """How many larger counts to try by default (none asked for): with a pipeline and fewer
-    micro-batches than stages, enough counts (in steps of ``multiple``, the caller's
-    ``micro_batch_multiple``; an interleaved schedule already runs ``pp_size`` or more) to
-    reach ``pp_size``; else 0."""
-    setup = p.pipeline
-    if setup is None or extra_micro_batches:
-        return 0
-    m, stages = p.num_micro_batches, setup.spec.pp_size
+def plan_replicas(lengths: Any, dp_size: int, max_tokens: int, **options: Any) -> Plan:
+    """:func:`plan` without the count search for pipelines below ``pp_size`` micro-batches
+    (static CP plans its replicas with it, then searches the counts on the CP plan)."""
+    bound = inspect.signature(plan).bind(lengths, dp_size, max_tokens, **options)
+    bound.apply_defaults()
+    return _plan_checked(dict(bound.arguments), pipeline_counts=False)
+
+
+def _kept_fewest(fewest: Plan, extra: int) -> Plan:
+    fewest.notes = (
+        *fewest.notes,
+        f"extra_micro_batches={extra}: larger counts were tried, and "
+        f"{fewest.num_micro_batches} micro-batches per rank stayed the fastest",
+    )
+    return fewest
+
+
+#: A larger count must beat the fewest by more than this (relative) to be kept: steps that
+#: differ by rounding alone (142.6 against 142.60000000000002) are a tie.
+_COUNT_GAIN = 1e-9
+
+
+def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
+    """The count of a pipelined plan. Fewer micro-batches than stages leave every stage
+    idle part of the step (1F1B runs ``m + p - 1`` stage slots of work for ``m``), so when
+    the fewest count is below ``pp_size`` the larger counts up to it are planned too
+    (``search``), and whatever the caller's ``extra_micro_batches`` the plan is never
+    slower than the fewest count's or than that search's (ties: fewer micro-batches)."""
+    extra = kw["extra_micro_batches"]
+    fewest = best if not extra else _plan_once(**{**kw, "extra_micro_batches": 0})
+    auto = _pipeline_counts(fewest, kw["micro_batch_multiple"]) if search else 0
+    more = _plan_once(**{**kw, "extra_micro_batches": auto}) if auto > extra else None
+    chosen = fewest
+    for rival in (best, more):
+        if rival is not None and rival is not chosen and (
+            _final_step(rival) < _final_step(chosen) * (1 - _COUNT_GAIN)
+        ):
+            chosen = rival
+    if chosen is more:
+        assert more is not None
+        word = "replica" if getattr(more, "cp_size", 1) > 1 else "rank"
+        m0, m1 = fewest.num_micro_batches, more.num_micro_batches
+        more.notes = (
+            # (the extra counts were this search's, not the caller's)
+            *(n for n in more.notes if "extra_micro_batches=" not in n),
+            f"pipeline: {m1} micro-batches per {word} instead of {m0}, the fewest the rules "
+            f"allow, which leave stages idle (pp_size={more.pipeline.spec.pp_size}): "
+            f"simulated step {_final_step(more) / _final_step(fewest) - 1:+.1%} (larger "
+            "counts, up to the first at or above pp_size, are tried when the fewest is "
+            "below it)",
+        )
+    elif chosen is fewest and extra:
+        return _kept_fewest(fewest, extra)
+    return chosen
+
+
+def _pipeline_counts(p: Plan, multiple: int) -> int:
+    """How many larger counts (in steps of ``multiple``, the caller's
+    ``micro_batch_multiple``; an interleaved schedule already runs ``pp_size`` or more)
+    reach ``pp_size`` from ``p``'s count, when that is below it and every micro-batch of
+    the larger counts can still hold a sequence; else 0."""
+    m, stages = p.num_micro_batches, p.pipeline.spec.pp_size
     if m == 0 or m >= stages:
         return 0
-    return -(-(stages - m) // multiple)
+    want = -(-(stages - m) // multiple)
+    # counts whose micro-batches would not all get a sequence stay out (allow_empty would
+    # fill them with empty ones, which the fewest did without)
+    room = (int(p.lengths.shape[0]) // p.dp_size - m) // multiple
+    return max(0, min(want, room))
 
 
 def _final_step(p: Plan) -> float:
