@@ -30,7 +30,7 @@ import numpy as np
 
 from ..costs.context_parallel import balanced_layout, largest_piece_tokens
 from ._pipelines import verl_pipeline
-from .context_parallel import _static, _validate
+from .context_parallel import _replica_pieces, _static, _validate
 from .cp_plans import CPPlan, Pieces
 
 __all__ = ["CP_BASELINES", "megatron_cp", "static_cp", "verl_static_cp"]
@@ -208,21 +208,12 @@ def verl_static_cp(
     req = _validate(lengths, dp_size, max_tokens, cp_size, "static", cost, cp_cost, sync, 1, 1,
                     True)  # fmt: skip
     grid = verl_pipeline(largest_piece_tokens(req.lens, req.cp_size), req.dp, req.cap)
-    c = req.cp_size
-    pieces: Pieces = [[] for _ in range(req.dp * c)]
-    for r, rank in enumerate(grid):
-        for mb in rank:
-            slot: list[list[tuple[int, int, int]]] = [[] for _ in range(c)]
-            for i in mb:
-                for k, ranges in enumerate(balanced_layout(int(req.lens[i]), c)):
-                    slot[k].extend((int(i), s, e) for s, e in ranges)
-            for k in range(c):
-                pieces[r * c + k].append(slot[k])
+    pieces = _replica_pieces(req, grid)
     return CPPlan._from_validated_pieces(
         pieces,
         req.lens,
         max_tokens=req.cap,
-        cp_size=c,
+        cp_size=req.cp_size,
         cp="static",
         cp_cost=req.cpc,
         replicas=req.dp,

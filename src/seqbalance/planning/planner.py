@@ -1515,6 +1515,8 @@ def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
     fewest = best if not extra else _plan_once(**{**kw, "extra_micro_batches": 0})
     auto = _pipeline_counts(fewest, kw["micro_batch_multiple"]) if search else 0
     more = _plan_once(**{**kw, "extra_micro_batches": auto}) if auto > extra else None
+    if more is not None and _empties(more) > _empties(fewest):
+        more = None  # a rank short of sequences (groups, size rules): no empties added
     chosen = fewest
     for rival in (best, more):
         if rival is not None and rival is not chosen and (
@@ -1537,6 +1539,10 @@ def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
     elif chosen is fewest and extra:
         return _kept_fewest(fewest, extra)
     return chosen
+
+
+def _empties(p: Plan) -> int:
+    return int(p.violations().get("empty", 0))
 
 
 def _pipeline_counts(p: Plan, multiple: int) -> int:
