@@ -176,13 +176,18 @@ def _row(name: str, p: CPPlan, ref: dict[str, float]) -> dict[str, Any]:
     }
 
 
-def _compare_one(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str, Any]]:
-    kw = {
+def _shared_kwargs(args: argparse.Namespace, cost: Any, bandwidth: float | None) -> dict[str, Any]:
+    """The planning keywords seqbalance and every baseline of a table share."""
+    return {
         "cp_size": args.cp_size,
         "cost": cost.model,
         "cp_cost": cp_cost_of(args, cost.unit, bandwidth, cost.model),
         "sync": args.sync,
     }
+
+
+def _compare_one(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str, Any]]:
+    kw = _shared_kwargs(args, cost, bandwidth)
     plans = {
         "seqbalance": plan_cp(
             lengths,
@@ -225,12 +230,7 @@ def _compare_pipelined(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str
     from ..planning.planner import plan
     from .commands import _pp_kwargs
 
-    kw = {
-        "cp_size": args.cp_size,
-        "cost": cost.model,
-        "cp_cost": cp_cost_of(args, cost.unit, bandwidth, cost.model),
-        "sync": args.sync,
-    }
+    kw = _shared_kwargs(args, cost, bandwidth)
     # the plan `seqbalance plan` makes (plan() also searches pipeline counts)
     ours = plan(lengths, dp, cap, cp="static", allow_empty=args.allow_empty,
                 min_micro_batches=args.min_micro_batches,

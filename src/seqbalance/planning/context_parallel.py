@@ -375,8 +375,7 @@ def _static_step(req: _Request, base: Any) -> float:
     """
     if req.pp is not None:
         pieces = order_slots(
-            _replica_pieces(req, base.micro_batches), req.lens, req.cpc, req.cp_size, req.sync,
-            req.pp,
+            _replica_pieces(req, base), req.lens, req.cpc, req.cp_size, req.sync, req.pp
         )
         return simulate_cp_pipeline(
             pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp
@@ -412,12 +411,11 @@ def _static_notes(req: _Request, notes: Any) -> list[str]:
     return out
 
 
-def _replica_pieces(req: _Request, grid: Any) -> Pieces:
-    """Every sequence of a replica's micro-batch (``grid[replica][slot]``, e.g. a replica
-    plan's ``micro_batches``) over the replica's cp_size GPUs."""
+def _replica_pieces(req: _Request, base: Any) -> Pieces:
+    """Every sequence of a replica's micro-batch over the replica's cp_size GPUs."""
     c = req.cp_size
     pieces: Pieces = [[] for _ in range(req.world)]
-    for r, rank in enumerate(grid):
+    for r, rank in enumerate(base.micro_batches):
         for mb in rank:
             members = _group_pieces(mb, req.lens, c)
             for k in range(c):
@@ -426,7 +424,7 @@ def _replica_pieces(req: _Request, grid: Any) -> Pieces:
 
 
 def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
-    pieces = _replica_pieces(req, base.micro_batches)
+    pieces = _replica_pieces(req, base)
     notes = _static_notes(req, base.notes)
     if req.pp is not None:
         # The replica plan's order and note priced each sequence at its slowest piece,

@@ -29,8 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..costs.context_parallel import balanced_layout, largest_piece_tokens
-from ._pipelines import verl_pipeline
-from .context_parallel import _replica_pieces, _static, _validate
+from .context_parallel import _static, _static_pieces, _validate
 from .cp_plans import CPPlan, Pieces
 
 __all__ = ["CP_BASELINES", "megatron_cp", "static_cp", "verl_static_cp"]
@@ -204,23 +203,13 @@ def verl_static_cp(
         As :func:`seqbalance.plan` with ``cp="static"``: bad arguments, or a sequence whose
         largest piece exceeds ``max_tokens`` even over ``cp_size`` GPUs (named).
     """
+    from .baselines import verl  # lazily: the baselines module imports this one
+
     # (_validate refuses a sequence whose largest piece exceeds max_tokens, naming it)
     req = _validate(lengths, dp_size, max_tokens, cp_size, "static", cost, cp_cost, sync, 1, 1,
                     True)  # fmt: skip
-    grid = verl_pipeline(largest_piece_tokens(req.lens, req.cp_size), req.dp, req.cap)
-    pieces = _replica_pieces(req, grid)
-    return CPPlan._from_validated_pieces(
-        pieces,
-        req.lens,
-        max_tokens=req.cap,
-        cp_size=req.cp_size,
-        cp="static",
-        cp_cost=req.cpc,
-        replicas=req.dp,
-        sync=req.sync,
-        strategy="verl-static-cp",
-        notes=[],
-    )
+    replicas = verl(largest_piece_tokens(req.lens, req.cp_size), req.dp, req.cap, sync=req.sync)
+    return _static_pieces(req, replicas, "verl-static-cp")
 
 
 CP_BASELINES = {"static-cp": static_cp, "megatron-cp": megatron_cp}
