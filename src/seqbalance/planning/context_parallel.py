@@ -310,7 +310,7 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
     """
     # the CP hook sits in plan(); import lazily to avoid a cycle. The count search for
     # pipelines runs once, on the CP plan (plan()'s wrapper), not here on the proxy costs.
-    from .planner import plan_replicas as plan
+    from .planner import _plan_replicas as plan
 
     tmax, _, ptok = req.tables[req.cp_size]
     rules = {k: v for k, v in req.rules.items() if k != "extra_micro_batches"}

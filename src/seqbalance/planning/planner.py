@@ -1483,7 +1483,7 @@ def _plan_checked(kw: dict[str, Any], pipeline_counts: bool) -> Plan:
     return best
 
 
-def plan_replicas(lengths: Any, dp_size: int, max_tokens: int, **options: Any) -> Plan:
+def _plan_replicas(lengths: Any, dp_size: int, max_tokens: int, **options: Any) -> Plan:
     """:func:`plan` without the count search for pipelines below ``pp_size`` micro-batches
     (static CP plans its replicas with it, then searches the counts on the CP plan)."""
     bound = inspect.signature(plan).bind(lengths, dp_size, max_tokens, **options)
