@@ -301,7 +301,9 @@ class ContextParallelCost:
         Times the K/V volume crosses the ring per training step (3: forward K/V, backward
         K/V and dK/dV).
 
-    See the module docstring for the formula.
+    Notes
+    -----
+    The module docstring gives the formula.
     """
 
     def __init__(
