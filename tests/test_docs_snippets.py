@@ -1,4 +1,4 @@
-"""Every ```python block of the README and docs runs, with its placeholders filled in.
+"""Every ```python block of the README and docs/ runs, with its placeholders filled in.
 
 The blocks are sketches: they use names the reader supplies (``batch``, ``weights``,
 ``model``...). Each block has a case here that binds those names to small real values, runs
@@ -22,7 +22,7 @@ from _fakes import fake_module
 import seqbalance as sb
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "examples" / "README.md"]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "examples" / "README.md"]
 
 
 def _blocks() -> list[tuple[str, int, str]]:
@@ -41,10 +41,13 @@ BLOCKS = _blocks()
 # A case per block: a line of the block that names it, and the function that runs it.
 CASES: dict[str, str] = {
     "plan = sb.plan(lengths, dp_size=8, max_tokens=32768, cost=cost, sync=\"fsdp\")": "plan",
+    "for rank, load in enumerate(plan.stats()[\"rank_loads\"]):": "quickstart",
     "parts = sb.partition(weights, k, size=\"balanced\", groups=prompt_ids)": "partition",
     "sb.QuadraticCost(per_token=b, per_token_sq=c, per_sequence=a, per_microbatch=c0)": "costs",
     "sampler = BalancedDistributedSampler(dataset_lengths, global_batch_size=512,":
-        "torch_sft_rl",
+        "torch_sft",
+    "micro_batches, handle = rebalance(batch, lengths, max_tokens=32768, cost=\"qwen2.5-7b\")":
+        "torch_rl",
     "balancer = Rebalancer(max_tokens=16384, cost=recorder.cost, sync=\"ddp\")": "torch_loop",
     "from seqbalance.compat.verl import rearrange_micro_batches, get_seqlen_balanced_partitions":
         "compat_readme",
@@ -113,6 +116,27 @@ def run_plan(code, tmp_path, monkeypatch):
     assert ns["batch_in_plan_order"][plan.inverse_order()].tolist() == batch.tolist()
     assert ns["sim"].gap >= 0
     assert sb.Plan.from_json("plan.json").micro_batches == plan.micro_batches
+
+
+def run_quickstart(code, tmp_path, monkeypatch):
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ns = _run(code, {})
+    plan, sim = ns["plan"], ns["sim"]
+    lines = out.getvalue().splitlines()
+    # one line per rank with its load and micro-batch count, then the step, bound and gap
+    assert len(lines) == plan.dp_size + 1 == 9
+    loads = plan.stats()["rank_loads"]
+    for rank, line in enumerate(lines[:-1]):
+        assert line == (f"rank {rank}: {loads[rank]:.4g} FLOP in "
+                        f"{plan.num_micro_batches} micro-batches")  # fmt: skip
+    assert max(loads) <= sim.step_time and sim.lower_bound <= sim.step_time
+    step = f"step {sim.step_time:.4g} FLOP, bound {sim.lower_bound:.4g}, gap {sim.gap:.2%}"
+    assert lines[-1] == step
+    assert 0 <= sim.gap < 0.05
 
 
 def run_partition(code, tmp_path, monkeypatch):
@@ -273,35 +297,42 @@ def run_openrlhf(code, tmp_path, monkeypatch):
 # ---- torch blocks: two gloo processes ------------------------------------------------
 
 
-def _torch_sft_rl(rank, world, code):
+def _torch_sft(rank, world, code):
     import torch
     from torch.utils.data import DataLoader
 
     dataset_lengths = _lengths(1024)  # SFT: the same dataset on every rank
+    dataset = [{"input_ids": torch.ones(int(n), dtype=torch.long)} for n in dataset_lengths]
+    ns = _run(code, {"dataset_lengths": dataset_lengths, "dataset": dataset,
+                     "DataLoader": DataLoader})  # fmt: skip
+    first = next(iter(ns["loader"]))
+    drawn = [list(mb) for mb in ns["sampler"]]  # this rank's micro-batches of the epoch
+    return {
+        "drawn": drawn,
+        "tokens": [int(dataset_lengths[mb].sum()) for mb in drawn],
+        "first_keys": sorted(first.keys()),
+    }
+
+
+def _torch_rl(rank, world, code):
+    import torch
+
     lengths = _lengths(1024, seed=1 + rank)  # RL: this rank's own sequences
     width = 4096  # the same padded width on every rank
     ids = torch.zeros(1024, width, dtype=torch.long)
     for i, n in enumerate(lengths.tolist()):
         ids[i, :n] = torch.arange(1, n + 1) + i
     batch = {"input_ids": ids}
-    dataset = [{"input_ids": torch.ones(int(n), dtype=torch.long)} for n in dataset_lengths]
 
     # The outputs are computed between the block's two halves (its `...`): per-sequence
     # results in this rank's micro-batch order.
     head, tail = code.split("\n...\n")
-    ns = _run(head, {"dataset_lengths": dataset_lengths, "lengths": lengths,
-                     "dataset": dataset, "batch": batch,
-                     "DataLoader": DataLoader})  # fmt: skip
+    ns = _run(head, {"lengths": lengths, "batch": batch})
     ns["outputs"] = [mb["input_ids"].sum(dim=1) for mb in ns["micro_batches"]]
     _run(tail, ns)
     restored = ns["per_sequence_outputs"]
-    first = next(iter(ns["loader"]))
-    drawn = [list(mb) for mb in ns["sampler"]]  # this rank's micro-batches of the epoch
     return {
         "restored_ok": bool(torch.equal(restored, ids.sum(dim=1))),
-        "drawn": drawn,
-        "tokens": [int(dataset_lengths[mb].sum()) for mb in drawn],
-        "first_keys": sorted(first.keys()),
         "held": sum(int(mb["input_ids"].shape[0]) for mb in ns["micro_batches"]),
     }
 
@@ -330,19 +361,27 @@ def _torch_loop(rank, world, code):
             "cost": repr(ns["balancer"].cost)}  # fmt: skip
 
 
-def run_torch_sft_rl(code, tmp_path, monkeypatch):
+def run_torch_sft(code, tmp_path, monkeypatch):
     pytest.importorskip("torch")
     from seqbalance.torch.testing import run_distributed
 
-    out = run_distributed(_torch_sft_rl, 2, code, timeout=240)
+    out = run_distributed(_torch_sft, 2, code, timeout=240)
     for r in out:
-        assert r["restored_ok"], r
         assert len(r["drawn"]) == len(out[0]["drawn"])  # as many micro-batches on each rank
         assert max(r["tokens"]) <= 32768
         assert "input_ids" in r["first_keys"] and "cu_seqlens" in r["first_keys"]
-    assert sum(r["held"] for r in out) == 2048  # every sequence held once
     drawn = sorted(i for r in out for mb in r["drawn"] for i in mb)
     assert drawn == list(range(1024))  # the epoch covers the dataset once
+
+
+def run_torch_rl(code, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    from seqbalance.torch.testing import run_distributed
+
+    out = run_distributed(_torch_rl, 2, code, timeout=240)
+    for r in out:
+        assert r["restored_ok"], r
+    assert sum(r["held"] for r in out) == 2048  # every sequence held once
 
 
 def run_torch_loop(code, tmp_path, monkeypatch):
@@ -361,9 +400,9 @@ def test_block_runs(where, line, code, tmp_path, monkeypatch):
     globals()[f"run_{_case(code)}"](code, tmp_path, monkeypatch)
 
 
-def test_readme_layout_names_every_module():
-    # The README's layout block lists the modules of the three core packages by file name.
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_layout_names_every_module():
+    # The development page's layout block lists the modules of the three core packages.
+    text = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
     block = text.split("## Layout", 1)[1].split("```", 2)[1]
     named = set(re.findall(r"[\w]+\.py", block))
     src = ROOT / "src" / "seqbalance"
@@ -375,4 +414,4 @@ def test_readme_layout_names_every_module():
     ]
     top = [f.name for f in sorted(src.glob("*.py")) if f.name not in ("__init__.py", "__main__.py")]
     missing += [name for name in top if name not in named]
-    assert not missing, f"add to the README's Layout: {missing}"
+    assert not missing, f"add to the Layout of docs/development.md: {missing}"
