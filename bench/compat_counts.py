@@ -48,8 +48,8 @@ from seqbalance.compat import areal as c_areal
 from seqbalance.compat import verl as c_verl
 from seqbalance.planning import _pipelines
 
-# AReaL's first-fit decreasing reproduced (compat.areal._areal_ffd_once from 2026-11-23,
-# moved to the planner's baselines on 2026-11-24; absent before): None skips that check.
+# AReaL's first-fit decreasing reproduced: the planner's baselines hold it (older checkouts
+# keep it in compat.areal, or lack it); None skips that check.
 ffd_groups = getattr(_pipelines, "areal_ffd_groups", getattr(c_areal, "_areal_ffd_once", None))
 
 COLUMNS = ["call", "compared", "skipped", "more parts", "fewer parts", "heavier at equal count",

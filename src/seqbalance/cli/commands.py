@@ -338,7 +338,7 @@ def _stray_pp_options(args: argparse.Namespace) -> list[str]:
 
 
 def _pp_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """Pipeline keywords, only when pipelining (so pp_size 1 plans as before)."""
+    """Pipeline keywords, only when pipelining (so pp_size 1 plans as without a pipeline)."""
     if args.pp_size == 1 and not _stray_pp_options(args):
         return {}
     return {k: getattr(args, k) for k in ("pp_size", *_PP_DEFAULTS)}

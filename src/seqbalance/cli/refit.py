@@ -348,7 +348,7 @@ def _with_flags(seq: Any, link: dict[str, Any] | None, flags: dict[str, Any], sa
         else:  # it prices the start cost's row only; the refit is in seconds
             try:  # 4e14 for FLOPs (a UlyssesCost: its own rate), 1 in seconds
                 cps = _cost_per_second(seq, 1.0)
-            except ValueError:  # units unknown: as before, 1 (the start row only)
+            except ValueError:  # units unknown: 1 (it prices the start row only)
                 cps = 1.0
     return ContextParallelCost(
         seq,

@@ -1,4 +1,4 @@
-"""Cost models: what a sequence of L tokens costs to train.
+"""Layer 1: cost models, what a sequence of L tokens costs to train.
 
 - :class:`TokenCost`: cost = L.
 - :class:`QuadraticCost`: ``a + b·L + c·L²`` per sequence plus ``c0`` per micro-batch

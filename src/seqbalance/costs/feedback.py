@@ -322,8 +322,8 @@ class TimingRecorder:
     :class:`seqbalance.torch.timing.MicroBatchTimer`) computes the same report and the same
     refit, bit for bit: records are processed in (step, rank, slot) order, on hosts whose
     numpy uses the same BLAS kernels. The least-squares solves go through LAPACK, and
-    OpenBLAS picks its kernels by CPU generation: a review saw the last digits of a refit
-    differ between Haswell and Sandybridge kernels. Ranks on mixed CPUs should take one
+    OpenBLAS picks its kernels by CPU generation, and the last digits of a refit can differ
+    between, e.g., Haswell and Sandybridge kernels. Ranks on mixed CPUs should take one
     rank's refit (e.g. ``torch.distributed.broadcast_object_list`` of ``cost.to_dict()``,
     then :func:`seqbalance.costs.cost_from_dict`); :class:`seqbalance.torch.Rebalancer`'s
     agreement check raises rather than plan with two costs.

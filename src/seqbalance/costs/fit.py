@@ -413,7 +413,7 @@ def _weighted_nnls(
         u = np.abs(r) / (1.345 * sigma)
         h = np.minimum(1.0, 1.0 / np.maximum(u, 1e-300))  # Huber weights
         used = w * np.sqrt(h)
-        new = nnls(a * used[:, None], t * w * np.sqrt(h))  # as before: the same bits
+        new = nnls(a * used[:, None], t * w * np.sqrt(h))  # the same bits on every rank
         done = np.allclose(new, coef, rtol=1e-9, atol=0.0)
         coef = new
         if done:
@@ -666,8 +666,8 @@ def fit_cost(
     return cost
 
 
-# Zero residual degrees of freedom: a review's 4 noisy micro-batches for 4 coefficients
-# reported R² 0.9997 with c 10x too large.
+# Zero residual degrees of freedom: 4 noisy micro-batches for 4 coefficients can report
+# R² 0.9997 with c 10x too large.
 EXACTLY_DETERMINED = (
     "fit_cost: as many micro-batches as coefficients: the fit passes through every one, so "
     "its R² and errors say nothing of its error on other shapes; measure several "

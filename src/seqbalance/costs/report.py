@@ -121,7 +121,7 @@ class FitReport:
         """A JSON-ready dict (``holdout`` nested, or None).
 
         ``stderr`` is written only when there is one (a standard error that is None is
-        written as null), so a report without it is written as before.
+        written as null), so a report without it keeps the shorter form.
         """
         out = {
             "r2": _finite_or_none(self.r2),

@@ -1,4 +1,4 @@
-"""Layer 2a: k-way balanced partitioning of weights, with size rules, groups and bounds.
+"""Layer 1, beside costs: k-way balanced partitioning of weights, with size rules and groups.
 
 Knows nothing of transformers or micro-batches: weights in, ``k`` index lists out.
 

@@ -49,9 +49,9 @@ _TRY_LIGHTEST = 4
 #: O(k) plus O(m/k) per pair tried plus, when no light part helps, an O(m) scan, so the
 #: work cap keeps a pass near 2**24 operations (a few tenths of a second of numpy calls)
 #: however large k gets, and 64 steps of O(m + k) when m + k passes 2**18. The work is
-#: counted as done, not assumed: a cap of ``2**24 / (m + k)`` steps (as before) stopped
-#: cheap passes early (n = 65,536, k = 1,024, free: gap 2.4e-4 after 252 steps, 1.2e-5
-#: after 1,024, in 0.2 s).
+#: counted as done, not assumed: a cap of ``2**24 / (m + k)`` steps would stop cheap passes
+#: early (n = 65,536, k = 1,024, free: gap 2.4e-4 after 252 steps, 1.2e-5 after 1,024, in
+#: 0.2 s).
 MAX_STEPS = 1024
 MIN_STEPS = 64
 STEP_WORK = 2**24
@@ -331,9 +331,8 @@ def _apply(state: tuple, h: int, p: int, op: tuple[str, int, int]) -> bool:  # t
 
 # Problems with at most this many units get a first phase of steepest-descent swaps. A
 # pass takes O(k) steps and more on long-tailed inputs; a step costs O(m log m) plus
-# O(|h| k log m) (below). The limit dates from full scans of |h| * m pairs a step (m**2 <=
-# 2**21); kept, as raising it would change results. A pass on 1,024-1,448 verl-style
-# workloads into 8 equal parts now takes 0.4-15 ms (2-64 ms with full scans).
+# O(|h| k log m) (below). The limit keeps m**2 <= 2**21; raising it would change results.
+# A pass on 1,024-1,448 verl-style workloads into 8 equal parts takes 0.4-15 ms.
 STEEPEST_MAX_UNITS = 1448
 
 #: A step of :func:`steepest_swaps` scans all pairs when there are at most this many

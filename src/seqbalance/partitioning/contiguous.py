@@ -158,8 +158,8 @@ def _solve_runs(prefix: np.ndarray, k: int, s: int, lower: Any, upper: Any) -> l
     to the end of ``A``'s run ``t`` is valid: inside that run (so at most ``upper``) and
     around one of ``B``'s runs (so at least ``lower`` and ``s`` items). ``B`` up to that
     point, the run, then ``A`` make cut sets of ``p + D_{t-1} + 1`` to ``p + D_t`` runs,
-    ``p + 1`` among them. (Found by a review helper; also no gap in 34 million
-    brute-forced cases.) So the bisections ask :func:`_count_ranges` alone, and the trace
+    ``p + 1`` among them (and a brute force over 34 million cases finds no gap). So the
+    bisections ask :func:`_count_ranges` alone, and the trace
     below never fails; it still checks each run.
     """
     first, last = _windows(prefix, s, lower, upper)

@@ -56,8 +56,8 @@ KK_FREE_MAX_UNITS = 4096
 
 #: With more parts than this (and at most ``PAIR_MAX_COUNT`` units a part), "auto" evens
 #: out all parts in vectorised pair rounds before the refinement (in "free" mode too,
-#: except for ``fit`` queries, since 2026-11-23: at tight counts, e.g. 8,192 rl-math lengths into
-#: 1,170 parts, the gap to the bound falls from 1.4e-3 to 1.6e-4).
+#: except for ``fit`` queries: at tight counts, e.g. 8,192 rl-math lengths into 1,170
+#: parts, the rounds take the gap to the bound from 1.4e-3 to 1.6e-4).
 PAIR_MIN_PARTS = 256
 
 #: Under a size rule, :func:`partition` ("auto") first refines
@@ -65,7 +65,7 @@ PAIR_MIN_PARTS = 256
 #: integers with two of them 1 apart (see :func:`_foldable`), there are at most
 #: ``FOLD_MAX_PARTS`` parts and at least ``FOLD_MIN_PER_PART`` units a part, and keeps it
 #: only if it meets the lower bound (then it is optimal); otherwise the usual starts run
-#: as before. Measured on 360 such partitions (5 workloads, 1,024-32,768 lengths,
+#: after it. Measured on 360 such partitions (5 workloads, 1,024-32,768 lengths,
 #: k = 2-16, "balanced" and "equal"): the bound met in 354, 1.8 s in all against 9.5 s.
 #: The planner's own rank splits keep the usual starts: another optimal token split
 #: changed 192 of 1,280 plans (the same micro-batch counts, 52 steps longer by up to 1.6%
@@ -483,9 +483,9 @@ def _pairable(labels: np.ndarray, k: int, m: int, size: str, fit: float | None) 
 
     Not for a "free" ``fit`` query (the planner asking whether a count holds the cap): the
     better-paired parts keep the refinement's progress forecast hopeful for longer, so a
-    count that fails takes longer to give up (measured without this exception on 8,192
-    rl-math lengths: slime's default schedule 0.28 -> 0.45 s, AReaL's ffd_allocate
-    0.11 -> 0.17 s, for one micro-batch fewer in one of six AReaL calls).
+    count that fails takes longer to give up (with the rounds, on 8,192 rl-math lengths,
+    slime's default schedule would take 0.45 s instead of 0.28 s and AReaL's ffd_allocate
+    0.17 s instead of 0.11 s, for one micro-batch fewer in one of six AReaL calls).
     """
     if -(-m // k) > PAIR_MAX_COUNT:
         return False

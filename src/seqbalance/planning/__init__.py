@@ -1,4 +1,4 @@
-"""Layer 3: plans of ranks x micro-batches under a trainer's constraints, and their evidence.
+"""Layer 2: plans of ranks x micro-batches under a trainer's constraints, and their evidence.
 
 Combines a cost model (:mod:`seqbalance.costs`) with the partitioner
 (:mod:`seqbalance.partitioning`) under a token capacity per micro-batch, equal micro-batch

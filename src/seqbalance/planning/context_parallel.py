@@ -15,8 +15,8 @@ serve it.
     One pool of GPUs. Each sequence gets a power-of-two degree ``d <= cp_size``: the
     smallest whose largest piece fits ``max_tokens`` (``d = 1`` for sequences that fit;
     they fill the CP slots' slack and then ordinary micro-batches, packed by capacitated
-    LPT, not by :func:`seqbalance.plan`: within 0.5% of its step in a review's 360 random
-    cases, and the static layout stays a candidate), raised only where that lowers the
+    LPT, not by :func:`seqbalance.plan`: within 0.5% of its step on 360 random cases,
+    and the static layout stays a candidate), raised only where that lowers the
     simulated step. Steps:
 
     1. For a threshold ``theta``, every sequence whose slowest piece costs more than

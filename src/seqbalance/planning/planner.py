@@ -375,7 +375,7 @@ def _validate_request(
                 "drop one of them"
             )
         if extra:
-            # Its fixed-count path plans the fewest count only (it ignored the option).
+            # Its fixed-count path plans the fewest count only, so the option would be lost.
             raise ValueError(
                 "sequences_per_micro_batch cannot be combined with extra_micro_batches; "
                 "pass min_micro_batches= to plan more micro-batches"

@@ -1,6 +1,6 @@
 """Step-time simulation of a plan under the way data-parallel ranks synchronise.
 
-Two sync models (see DESIGN.md):
+Two sync models (docs/concepts/sync-and-bounds.md):
 
 ``ddp``
     DDP, ZeRO-1/2, Megatron's distributed optimizer: ranks meet once per optimizer step (the
