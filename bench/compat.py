@@ -32,7 +32,7 @@ this script (numba.njit becomes the identity). Calls measured, per standard work
   (:func:`check_experience_gather`). A "balancing only" row times the balancing alone.
 
 The per-rank calls run twice: on one rank's ``n / dp`` sequences of each rollout, and on a
-rank holding 8,192 sequences (``--rank-n``; the issue's speed target is for calls of
+rank holding 8,192 sequences (``--rank-n``; the drop-ins' speed target is for calls of
 n >= 8,192). One call of an original that runs past ``--orig-limit`` seconds is stopped
 (SIGALRM); its row then gives a lower bound on the speed-up and no quality figures.
 

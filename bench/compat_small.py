@@ -14,7 +14,7 @@ both settings side by side on the same inputs:
 - ``heavy sb/orig``, ``heavy exact/orig``: the drop-in's heaviest part (or micro-batch,
   or rank) over the original's, on inputs where both give the same number of parts:
   largest and mean, and the number of inputs where it is above 1 (``sb heavier``,
-  ``exact heavier``); the issue's quality point is "never above 1";
+  ``exact heavier``); the drop-ins promise "never above 1";
 - ``count sb-orig``: the drop-in's part count minus the original's, smallest and largest
   (never above 0: the drop-ins use no more micro-batches than the framework);
 - ``exact fewer``: inputs where the searches found a smaller count than the default.

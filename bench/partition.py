@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def acceptance(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's acceptance targets against the measured rows (method="auto")."""
+    """The partitioner's quality targets against the measured rows (method="auto")."""
     out = []
     free = [r for r in rows if r["size"] == "free" and r["n"] / r["k"] >= 16]
     if free:
