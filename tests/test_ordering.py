@@ -295,3 +295,72 @@ def test_padded_sequences_per_micro_batch_known_case():
     p = sb.plan([3, 4, 2, 5, 1], 1, 10, padded=True, sequences_per_micro_batch=3)
     assert p.num_micro_batches == 2
     assert sorted(map(sorted, p.micro_batches[0])) == [[0, 2, 4], [1, 3]]
+
+
+_options_st = st.fixed_dictionaries(
+    {},
+    optional={
+        "sequences_per_micro_batch": st.integers(1, 5),
+        "micro_batch_multiple": st.integers(1, 4),
+        "sync": st.sampled_from(["fsdp", "ddp"]),
+        "padded": st.booleans(),
+        "size": st.sampled_from(["free", "equal"]),
+        "cost": st.sampled_from([None, "qwen2.5-7b"]),
+        "extra_micro_batches": st.integers(0, 2),
+        "grouped": st.booleans(),
+    },
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 12), min_size=1, max_size=24),
+    st.lists(st.integers(13, 60), min_size=1, max_size=3),
+    st.integers(1, 3),
+    _options_st,
+    st.randoms(use_true_random=False),
+)
+def test_oversized_alone_beside_empty_sequences(short, long, dp, options, rnd):
+    """An oversized sequence runs alone even when zero-token sequences fit beside it by
+    tokens, whatever other option is given (packing sees it as exactly the cap)."""
+    cap = 12
+    lens = short + long
+    rnd.shuffle(lens)
+    options = dict(options)
+    if options.pop("grouped", False):
+        options["groups"] = [i // 2 for i in range(len(lens))]
+    if "sequences_per_micro_batch" in options:
+        for key in ("size", "groups", "extra_micro_batches"):
+            options.pop(key, None)
+    try:
+        p = sb.plan(lens, dp, cap, oversized="alone", allow_empty=True, **options)
+    except ValueError as e:  # a rule the lengths cannot meet, said as such
+        assert "oversized" not in str(e) or "max_tokens" in str(e)
+        return
+    v = p.violations()
+    assert v["missing"] == v["duplicated"] == v["unequal_counts"] == 0
+    for rank in p.micro_batches:
+        for mb in rank:
+            if any(lens[i] > cap for i in mb):
+                assert len(mb) == 1, (mb, [lens[i] for i in mb])
+
+
+@pytest.mark.parametrize(
+    ("lens", "dp", "cap", "options"),
+    [
+        # sequences_per_micro_batch dealt a 0-token sequence beside the 25-token one
+        ([4, 2, 0, 2, 25, 6, 1, 1, 3, 1, 1, 2, 0, 1, 1, 5], 1, 10,
+         {"sequences_per_micro_batch": 4, "micro_batch_multiple": 4}),
+        # one micro-batch per rank: the group {0, 1} needs a second one
+        ([0, 23], 1, 8, {"allow_empty": True, "groups": [0, 0]}),
+        ([0, 0, 20], 1, 12, {}),
+        # the ddp exchange, then no micro-batch of that rank without an oversized one
+        ([0, 33, 0, 0, 4, 0], 2, 17, {"extra_micro_batches": 2, "sync": "ddp"}),
+    ],
+)  # fmt: skip
+def test_oversized_alone_known_cases(lens, dp, cap, options):
+    p = sb.plan(lens, dp, cap, oversized="alone", **options)
+    over = {i for i, n in enumerate(lens) if n > cap}
+    for rank in p.micro_batches:
+        for mb in rank:
+            assert len(mb) == 1 or not over & set(mb)

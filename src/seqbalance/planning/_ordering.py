@@ -29,6 +29,7 @@ __all__ = [
     "inverse_permutation",
     "order_grid",
     "separate_oversized",
+    "shares_oversized",
 ]
 
 ORDERS = ("heaviest_first", "index", "light_ends")
@@ -155,38 +156,56 @@ def fixed_count_bins(
 
 
 def separate_oversized(
-    grid: list[list[list[int]]], true_lens: np.ndarray, cap: int
+    grid: list[list[list[int]]],
+    true_lens: np.ndarray,
+    cap: int,
+    *,
+    across_ranks: bool = False,
+    padded: bool = False,
 ) -> list[list[list[int]]]:
-    """``grid`` with every sequence longer than ``cap`` alone in its micro-batch (``grid``
-    itself when nothing moves).
+    """``grid`` with every sequence longer than ``cap`` alone in its micro-batch where the
+    rules allow it (``grid`` itself when nothing moves).
 
     Packing sees such a sequence as exactly ``cap`` tokens, so only empty (zero-token)
-    sequences can have joined it; each moves to the micro-batch of the same rank with the
-    fewest tokens that holds no oversized sequence and has room (ties: the first). A rank
-    whose every micro-batch holds an oversized sequence keeps its sharers there (nowhere
-    else on the rank to go; moving them to another rank could break a size rule or a
-    group).
+    sequences can have joined it; each moves to the micro-batch with the fewest tokens that
+    holds no oversized sequence and has room (ties: the first), on the same rank, else
+    (``across_ranks``: no size rule, no groups) on any rank. A sharer with nowhere to go
+    stays: :func:`shares_oversized` tells, and the planner then plans more micro-batches.
     """
-    out, moved = [], False
-    for rank in grid:
-        over = [any(true_lens[i] > cap for i in mb) for mb in rank]
-        if not any(o and len(mb) > 1 for o, mb in zip(over, rank)):
-            out.append(rank)
-            continue
-        rank = [list(mb) for mb in rank]
-        tokens = [int(sum(int(true_lens[i]) for i in mb)) for mb in rank]
+    over = [[any(true_lens[i] > cap for i in mb) for mb in rank] for rank in grid]
+    if not shares_oversized(grid, true_lens, cap):
+        return grid
+    out = [[list(mb) for mb in rank] for rank in grid]
+
+    def load(mb: list[int]) -> int:
+        if padded:
+            return len(mb) * max((int(true_lens[i]) for i in mb), default=0)
+        return int(sum(int(true_lens[i]) for i in mb))
+
+    def room(s: int, d: int, i: int) -> bool:
+        return not over[s][d] and load([*out[s][d], i]) <= cap
+
+    moved = False
+    for r, rank in enumerate(out):
         for j, mb in enumerate(rank):
-            if not over[j] or len(mb) < 2:
+            if not over[r][j] or len(mb) < 2:
                 continue
             for i in [i for i in mb if true_lens[i] <= cap]:
-                dest = [d for d in range(len(rank))
-                        if not over[d] and tokens[d] + int(true_lens[i]) <= cap]  # fmt: skip
+                dest = [(r, d) for d in range(len(rank)) if room(r, d, i)]
+                if not dest and across_ranks:
+                    dest = [(s, d) for s in range(len(out)) for d in range(len(out[s]))
+                            if room(s, d, i)]  # fmt: skip
                 if not dest:
                     continue
-                d = min(dest, key=lambda d: (tokens[d], d))
+                s, d = min(dest, key=lambda sd: (load(out[sd[0]][sd[1]]), sd))
                 mb.remove(i)
-                rank[d].append(i)
-                tokens[d] += int(true_lens[i])
+                out[s][d].append(i)
                 moved = True
-        out.append([sorted(mb) for mb in rank])
-    return out if moved else grid
+    return [[sorted(mb) for mb in rank] for rank in out] if moved else grid
+
+
+def shares_oversized(grid: list[list[list[int]]], true_lens: np.ndarray, cap: int) -> bool:
+    """Whether a sequence longer than ``cap`` shares its micro-batch in ``grid``."""
+    return any(
+        len(mb) > 1 and any(true_lens[i] > cap for i in mb) for rank in grid for mb in rank
+    )

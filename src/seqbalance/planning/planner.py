@@ -79,7 +79,14 @@ from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
 from ._grouping import bin_totals
-from ._ordering import ORDERS, OVERSIZED, fixed_count_bins, order_grid, separate_oversized
+from ._ordering import (
+    ORDERS,
+    OVERSIZED,
+    fixed_count_bins,
+    order_grid,
+    separate_oversized,
+    shares_oversized,
+)
 from ._packing import pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
@@ -1074,7 +1081,18 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
     """``sequences_per_micro_batch``: the fewest micro-batches of at most that many
     sequences (counts within one) that fit the capacity; bins balanced by cost."""
     per_mb = int(req.per_mb)  # type: ignore[arg-type]
-    m = _round_up(max(first_m, -(-req.n // (req.dp * per_mb))), req.mult)
+    # oversized="alone": each sequence above the cap gets a micro-batch of its own, the
+    # others share the remaining ones (at most per_mb each, counts within one).
+    alone = (
+        np.flatnonzero(req.true_lens > req.cap)
+        if req.true_lens is not None
+        else np.zeros(0, dtype=np.int64)
+    )
+    rest = np.setdiff1d(np.arange(req.n), alone)
+    k = int(alone.size)
+    m = _round_up(
+        max(first_m, -(-(k + -(-int(rest.size) // per_mb)) // req.dp)), req.mult
+    )
     start = m
     while True:
         if req.n < req.dp * m and not req.allow_empty:
@@ -1082,8 +1100,15 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
                 f"{req.n} sequences cannot fill {req.dp} ranks x {m} micro-batches; lower "
                 "dp_size, min_micro_batches or micro_batch_multiple, or pass allow_empty=True"
             )
-        bins = fixed_count_bins(req.lens, req.costs, req.dp * m, per_mb, req.cap, req.padded)
+        bins = (
+            fixed_count_bins(
+                req.lens[rest], req.costs[rest], req.dp * m - k, per_mb, req.cap, req.padded
+            )
+            if req.dp * m > k
+            else []
+        )
         if not isinstance(bins, str):
+            bins = [[int(i)] for i in alone] + [sorted(int(rest[i]) for i in b) for b in bins]
             break
         m += req.mult
     if m > first_m:
@@ -1156,7 +1181,43 @@ def _plan_cp_hook(**kw: Any) -> Plan:
     )
 
 
-def _plan_once(
+class _NeedsMore(Exception):
+    """A sequence longer than the cap (``oversized="alone"``) still shares its micro-batch
+    at ``m`` micro-batches per rank: every micro-batch of its rank holds such a sequence,
+    and the rank's size rule or groups keep the sharers on it."""
+
+    def __init__(self, m: int) -> None:
+        super().__init__(m)
+        self.m = m
+
+
+def _plan_once(**kw: Any) -> Plan:
+    """:func:`plan` for one request as given (``plan`` adds the checks across counts).
+
+    With ``oversized="alone"``, "alone" is kept: a count at which some oversized sequence
+    cannot be given a micro-batch of its own is planned again one count higher.
+    """
+    raised = None
+    while True:
+        try:
+            p = _plan_attempt(**kw)
+        except _NeedsMore as more:
+            raised = more.m + 1
+            kw = {**kw, "min_micro_batches": raised}
+            continue
+        if raised is not None:
+            tag = f"min_micro_batches={raised}"
+            p.notes = (
+                *(n for n in p.notes if tag not in n),
+                f"oversized='alone': {p.num_micro_batches} micro-batches per rank, the "
+                "fewest at which every sequence longer than max_tokens runs alone (at fewer, "
+                "every micro-batch of some rank held one, and the rank's other sequences "
+                "had nowhere else to go)",
+            )
+        return p
+
+
+def _plan_attempt(
     lengths: Any,
     dp_size: int,
     max_tokens: int,
@@ -1182,7 +1243,7 @@ def _plan_once(
     virtual_stages: int = 1,
     pp_comm: float = 0.0,
 ) -> Plan:
-    """:func:`plan` for one request as given (``plan`` adds the fewest-count check)."""
+    """One planning pass for the request as given (:func:`_plan_once` repeats it)."""
     # Checked here too, so cp_size=True or a bad cp= is refused rather than read as 1.
     if check_degree(cp_size, "cp_size") != 1:
         return _plan_cp_hook(**locals())
@@ -1290,7 +1351,12 @@ def _plan_once(
     grid = best.micro_batches
     if req.true_lens is not None:
         # Packing saw each oversized sequence as exactly the cap: empty ones may share it.
-        grid = separate_oversized(grid, req.true_lens, req.cap)
+        free = req.size == "free" and req.groups is None
+        grid = separate_oversized(
+            grid, req.true_lens, req.cap, across_ranks=free, padded=req.padded
+        )
+        if shares_oversized(grid, req.true_lens, req.cap):
+            raise _NeedsMore(best.num_micro_batches)
     if pp is not None:
         if grid is not best.micro_batches:
             best = _plan_of(req, grid, best.notes)
