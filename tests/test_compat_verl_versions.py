@@ -106,3 +106,41 @@ def test_pre_0_9_1_count_is_verls_where_its_own_split_holds_the_cap():
     lens = [25, 20, 10, 5]
     for version in ("0.8.0", "0.9.1"):
         assert len(c_verl.micro_batches_of_lengths(lens, 30, match_framework_count=version)) == 2
+
+
+# ---- verl before 0.8.0 agrees the count over the default group without a dp_group --------
+
+
+def worker_without_group(rank, world):
+    import torch
+    from test_compat import _batch, _rank_lengths
+
+    lens = _rank_lengths(rank)
+    batch = _batch(torch, lens, 100)
+    as_before_0_8 = c_verl._world_without_group(c_verl.rearrange_micro_batches)
+    agreed, _ = as_before_0_8(batch, 250)  # no dp_group, as verl's FSDP actor calls it
+    alone, _ = c_verl.rearrange_micro_batches(batch, 250)
+    return len(agreed), len(alone)
+
+
+@pytest.mark.timeout(200)
+def test_without_a_dp_group_the_pre_0_8_wrapper_agrees_over_the_default_group():
+    pytest.importorskip("torch.distributed")
+    from seqbalance.torch.testing import run_distributed
+
+    out = run_distributed(worker_without_group, 2, timeout=150)
+    assert len({o[0] for o in out}) == 1  # one count for the default group
+    assert len({o[1] for o in out}) == 2  # unwrapped, each rank kept its own
+    assert out[0][0] == max(o[1] for o in out)
+
+
+@pytest.mark.parametrize(("version", "wrapped"),
+                         [("0.7.0", True), ("0.8.0.dev", True), ("0.8.0", False),
+                          ("0.9.1", False), (None, False)])  # fmt: skip
+def test_patch_agrees_over_the_default_group_only_for_verl_before_0_8(monkeypatch, version,
+                                                                       wrapped):  # fmt: skip
+    monkeypatch.setattr(c_verl, "_installed_verl_version", lambda: version)
+    out = c_verl._replacements()
+    for name in ("rearrange_micro_batches", "prepare_dynamic_batch"):
+        assert (out[name] is not getattr(c_verl, name)) == wrapped
+        assert out[name].__wrapped__ is getattr(c_verl, name) if wrapped else True

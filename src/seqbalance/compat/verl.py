@@ -343,17 +343,59 @@ def _count_rule(match: Any) -> str | None:
         return None
     if match is True:
         match = _installed_verl_version() or ".".join(map(str, _FIRST_RETRYING))
-    if isinstance(match, str):
-        import re
-
-        found = re.match(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?", match)
-        if found:
-            version = tuple(int(x or 0) for x in found.groups())
-            return RETRY if version >= _FIRST_RETRYING else NO_RETRY
+    version = _version_tuple(match) if isinstance(match, str) else None
+    if version is not None:
+        return RETRY if version[:3] >= _FIRST_RETRYING else NO_RETRY
     raise ValueError(
         f"match_framework_count must be True, False or a verl version such as '0.9.1' or "
         f"'0.8.0', got {match!r}"
     )
+
+
+def _version_tuple(version: str) -> tuple[int, int, int, int] | None:
+    """``(major, minor, micro, final)`` of a version string (``final`` 0 for a dev, rc,
+    alpha or beta release, which comes before the release, 1 for the release and its
+    post-releases); None if it is not one."""
+    import re
+
+    found = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*?)\s*", version)
+    if not found:
+        return None
+    major, minor, micro, rest = found.groups()
+    rest = rest.lower()
+    final = 1 if not rest or rest.startswith("+") or rest.lstrip(".-_").startswith("post") else 0
+    return int(major), int(minor), int(micro or 0), final
+
+
+def _syncs_without_group(version: str | None) -> bool:
+    """Whether this verl agrees the micro-batch count over the default process group when
+    ``rearrange_micro_batches`` gets no ``dp_group`` (verl before 0.8.0: 0.7.0 and main up
+    to at least b178a3cd, whose FSDP actor and critic pass none), rather than not at all."""
+    parsed = _version_tuple(version) if version else None
+    return parsed is not None and parsed < (0, 8, 0, 1)
+
+
+def _world_without_group(fn: Any) -> Any:
+    """``fn`` (rearrange_micro_batches or prepare_dynamic_batch) agreeing the count over the
+    default process group when no ``dp_group`` is given, as verl before 0.8.0 does: its
+    callers rely on it, and ranks with different counts would hang in FSDP's collectives."""
+    import inspect
+
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        given = bound.arguments
+        if given.get("dp_group") is None and given.get("same_micro_num_in_dp", True) and (
+            _dist_ready()
+        ):
+            import torch.distributed as dist
+
+            bound.arguments["dp_group"] = dist.group.WORLD
+        return fn(*bound.args, **bound.kwargs)
+
+    return wrapper
 
 
 def _rule_or_error(match: Any) -> tuple[str | None, ValueError | None]:
@@ -773,6 +815,9 @@ def _replacements() -> dict[str, Any]:
     if _patch_options["match_framework_count"]:
         for name in ("rearrange_micro_batches", "prepare_dynamic_batch"):
             out[name] = _with_verl_count(out[name], _patch_options["match_framework_count"])
+    if _syncs_without_group(_installed_verl_version()):
+        for name in ("rearrange_micro_batches", "prepare_dynamic_batch"):
+            out[name] = _world_without_group(out[name])
     return out
 
 
