@@ -9,8 +9,8 @@ functions for the drop-in's, before any module that imports them by name can bin
 Unset, empty or ``0``: nothing is registered.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: importing __future__ costs a tenth of this
+# module's import time; the annotations that need it are strings.
 import os
 import sys
 
@@ -33,7 +33,7 @@ PTH_LINE = (
 )
 
 
-def parse(value: str | None) -> tuple[list[str], list[str]]:
+def parse(value: "str | None") -> "tuple[list[str], list[str]]":
     """The framework names in ``value`` (known ones, in order, once each) and the unknown
     ones. Case and spaces are ignored; unset, empty, ``0``, ``off``, ``none`` or ``false``
     mean none."""
@@ -42,7 +42,7 @@ def parse(value: str | None) -> tuple[list[str], list[str]]:
     return [v for v in names if v in MODULES], [v for v in names if v not in MODULES]
 
 
-def unknown_message(unknown: list[str]) -> str:
+def unknown_message(unknown: "list[str]") -> str:
     return (
         f"{ENV} names unknown frameworks {unknown}; valid values are "
         f"{', '.join(MODULES)} (comma-separated), or unset/0 for none"
@@ -55,7 +55,7 @@ class _Finder:
     right after the module's own code has run."""
 
     def __init__(self) -> None:
-        self.targets: dict[str, str] = {}  # module name -> framework name
+        self.targets = {}  # module name -> framework name
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> object:
         if name not in self.targets:
@@ -94,8 +94,8 @@ class _Loader:
 
 _finder = _Finder()
 #: What :func:`install` set up: framework name -> module names, and the modules patched.
-installed: dict[str, tuple[str, ...]] = {}
-patched: list[str] = []
+installed = {}
+patched = []
 
 
 def _patch(framework: str, module: str) -> None:
@@ -104,7 +104,7 @@ def _patch(framework: str, module: str) -> None:
     patched.extend(patch_module(framework, module))
 
 
-def install(names: list[str]) -> None:
+def install(names: "list[str]") -> None:
     """Patch ``names``' balancing modules now where loaded, else as soon as each loads.
 
     Idempotent. The framework is never imported here.
