@@ -164,10 +164,7 @@ def check(out: object = None) -> int:
         if on:
             for module, fns in replaced_names(fw).items():
                 write(f"    {module}: {', '.join(fns)}\n")
-    write(
-        "\nturn it off: unset SEQBALANCE_PATCH (or set it to 0) before the run starts"
-        + ("; VERL_USE_EXTERNAL_PLUGINS=none stops verl loading any plugin\n" if plugin else "\n")
-    )
+    write("\nturn it off: unset SEQBALANCE_PATCH (or set it to 0) before the run starts\n")
     return status
 
 
