@@ -43,7 +43,7 @@ SETUPS = (("rl-math", 1024, 8, 32768), ("sft-chat", 4096, 16, 32768),
           ("bimodal", 2048, 8, 32768), ("long-mix", 16384, 16, 131072))  # fmt: skip
 
 COLUMNS = ["workload", "n", "dp", "cap", "code", "micro-batches", "over cap", "largest",
-           "per-rank counts"]  # fmt: skip
+           "per-rank counts", "same counts as"]  # fmt: skip
 
 
 class _Nested:
@@ -149,7 +149,8 @@ def main() -> None:
         versions[label].VERSION = versions[label].VERSION
     rows = run(versions)
     table = [{**r, "micro-batches": r["micro_batches"], "over cap": r["over_cap"],
-              "per-rank counts": " ".join(map(str, r["counts"]))} for r in rows]  # fmt: skip
+              "per-rank counts": " ".join(map(str, r["counts"])),
+              "same counts as": ", ".join(r.get("same counts as", []))} for r in rows]  # fmt: skip
     print_table(table, COLUMNS)
     write_json(args.json, {"machine": machine_info(), "command": " ".join(sys.argv),
                            "rows": rows})  # fmt: skip
