@@ -422,9 +422,13 @@ class _Rank:
 
 
 def _read_rank(
-    lens: np.ndarray, cap: int, step_arg: Any, min_num: Any, g: int, order: str, rule: str
+    lens: np.ndarray, cap: int, step_arg: Any, min_num: Any, g: int, order: str,
+    rule: str | bool | None,
 ) -> _Rank:
-    """Validate one rank's lengths and plan it locally (no communication)."""
+    """Validate one rank's lengths and plan it locally (no communication). ``rule``: None,
+    :data:`RETRY` or :data:`NO_RETRY` (a bool is read as ``match_framework_count``)."""
+    if isinstance(rule, bool):
+        rule = _count_rule(rule)
     cap = count_arg(cap, "max_token_len")  # AssertionError, as verl
     step = count_arg(step_arg or 1, "num_batches_divided_by", ValueError)
     if g < 1 or lens.shape[0] % g:
