@@ -698,8 +698,10 @@ def rearrange_micro_batches(
         "min_num_micro_batch": min_num_micro_batch,
         "same_micro_num_in_dp": bool(same_micro_num_in_dp),
         "force_group_size": force_group_size,
-        "match_framework_count": rule or repr(match_framework_count),
+        "match_framework_count": match_framework_count,
     }
+    if match_framework_count is True:  # it follows the installed verl, which may differ
+        fingerprint["verl count rule of match_framework_count=True"] = rule
     group = dp_group if dp_group is not None and _dist_ready() else None
     groups_per_mb = _group_micro_batches(
         read, cap, group, bool(same_micro_num_in_dp), rule == RETRY, order, fingerprint,
