@@ -25,6 +25,31 @@ printed variants:
 verl's heavy imports that these tests never call (transformers, ray, omegaconf, ...) are
 stubbed by ``--work``/stubs (a ``sitecustomize``, so that spawned ranks get them too).
 Prints pytest's summary per framework and writes bench/results/framework_tests.json.
+
+``--switch``: the same tests with their imports *unchanged*, run with
+``SEQBALANCE_PATCH=<framework>`` set, so that the frameworks' own modules are imported and
+the start-up switch puts the drop-ins into them (what a user gets from the one-line
+switch)::
+
+    pip install --no-deps --target /tmp/td tensordict cloudpickle orjson pyvers \
+        importlib_metadata
+    python bench/framework_tests.py --switch --ext /work/ext --td /tmp/td \
+        --verl-code /work/ext --verl-code /work/verl_main --verl /work/verl_main \
+        --areal AREAL_TREE --slime /work/slime_main --openrlhf OPENRLHF_TREE \
+        [--python VENV/bin/python]
+
+``--python`` is an interpreter where seqbalance is pip-installed (its
+``seqbalance_switch.pth`` in site-packages); where there is none, the stubs'
+sitecustomize adds a site directory holding a copy of the repository's ``.pth`` (the same
+line, run by the same ``site`` machinery). The verl tests run once per ``--verl-code``
+tree (the verl that is imported: 0.9.1 from ``--ext``, main from a source tree). Each run
+records at the end of its session which functions of the frameworks' modules (and of the
+test modules, which import them by name) are seqbalance's; a run where none is fails its
+row. Named variants, printed: the package ``__init__`` files of AReaL and OpenRLHF are
+skipped (their trainers' dependencies are not installed; the balancing modules are still
+imported by their own names, through the import system), and OpenRLHF's test, which loads
+``experience.py`` by file path under a private name (no import hook sees that), imports it
+by its module name instead.
 """
 
 from __future__ import annotations
@@ -125,9 +150,10 @@ def keep_classes(src: str, classes: set[str]) -> str:
     return "\n\n\n".join(parts) + "\n"
 
 
-def pytest_run(work: Path, files: list[str], pythonpath: list[str], extra: list[str]) -> dict:
+def pytest_run(work: Path, files: list[str], pythonpath: list[str], extra: list[str],
+               python: str = sys.executable) -> dict:  # fmt: skip
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(pythonpath))
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore",
+    cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore",
            "-rf", *files, *extra]  # fmt: skip
     r = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=1800)
     lines = r.stdout.strip().splitlines()
@@ -145,8 +171,23 @@ def main() -> None:
         ap.add_argument(f"--{name}", required=True, help=f"{name} checkout (work tree or git dir)")
     ap.add_argument("--ext", default="/work/ext9", help="pip --target of verl 0.9.1 / areal 1.0.4")
     ap.add_argument("--work", default="/tmp/i9fw/runs")
-    ap.add_argument("--json", default="bench/results/framework_tests.json")
+    ap.add_argument("--json", default=None,
+                    help="default bench/results/framework_tests[_switch].json")  # fmt: skip
+    ap.add_argument("--switch", action="store_true",
+                    help="imports unchanged, SEQBALANCE_PATCH=<framework> set")  # fmt: skip
+    ap.add_argument("--td", default=None, help="tensordict & co. (default EXT/td)")
+    ap.add_argument("--verl-code", action="append", default=None,
+                    help="--switch: a verl tree to import (repeat; default --ext)")  # fmt: skip
+    ap.add_argument("--python", default=sys.executable,
+                    help="--switch: the interpreter that runs the tests")  # fmt: skip
     args = ap.parse_args()
+    args.td = args.td or str(Path(args.ext, "td"))
+    if args.switch:
+        from framework_tests_switch import run_switch
+
+        run_switch(args)
+        return
+    args.json = args.json or "bench/results/framework_tests.json"
     work = Path(args.work)
     (work / "stubs").mkdir(parents=True, exist_ok=True)
     (work / "stubs" / "sitecustomize.py").write_text(_CONFTEST)
@@ -163,7 +204,7 @@ def main() -> None:
     gloo = gloo.replace("backend=get_nccl_backend()", 'backend="gloo"')
     gloo = re.sub(r'device=f"\{get_device_name\(\)\}:\{rank\}"', 'device="cpu"', gloo)
     (work / "test_verl_seqlen_balancing_gloo.py").write_text(gloo)
-    path = [src, args.ext, str(Path(args.ext, "td")), str(work / "stubs")]
+    path = [src, args.ext, args.td, str(work / "stubs")]
     results["verl"] = pytest_run(work, ["test_verl_seqlen_balancing.py"], path, [])
     results["verl_gloo_variant"] = pytest_run(
         work, ["test_verl_seqlen_balancing_gloo.py"], path, ["-k", "distributed_params"]

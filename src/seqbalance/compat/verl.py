@@ -304,6 +304,107 @@ def _select(batch: Any, idx: list[int]) -> Any:
 
 _WHAT = "rearrange_micro_batches"
 
+# ---- which verl's micro-batch count ----------------------------------------------------
+
+#: verl 0.9.1 on: from ``ceil(tokens / max_token_len)``, raised until verl's split holds the
+#: cap. Before 0.9.1 (0.7.0, 0.8.0, 0.9.0 and main up to at least commit b178a3cd): that
+#: first count, whatever the split (which can break the cap).
+RETRY, NO_RETRY = "retry", "no-retry"
+_FIRST_RETRYING = (0, 9, 1)
+
+
+def _installed_verl_version() -> str | None:
+    """The version of the verl that ``import verl`` would load, without importing it: its
+    ``verl/version/version`` file (what verl reads for ``__version__``, also in source
+    checkouts), else the installed distribution's metadata; None when there is no verl."""
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    try:
+        spec = importlib.util.find_spec("verl")  # a top-level name: verl's code does not run
+    except (ImportError, ValueError):
+        spec = None
+    for loc in (spec.submodule_search_locations or []) if spec else []:
+        f = Path(loc, "version", "version")
+        if f.is_file():
+            return f.read_text().strip()
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _count_rule(match: Any) -> str | None:
+    """``match_framework_count`` as a rule: None (seqbalance's count), :data:`RETRY` or
+    :data:`NO_RETRY`. True reads the installed verl's version (0.9.1's rule without one);
+    a string is a verl version such as ``"0.9.1"`` or ``"0.8.0.dev"``."""
+    if match is False or match is None:
+        return None
+    if match is True:
+        match = _installed_verl_version() or ".".join(map(str, _FIRST_RETRYING))
+    version = _version_tuple(match) if isinstance(match, str) else None
+    if version is not None:
+        return RETRY if version[:3] >= _FIRST_RETRYING else NO_RETRY
+    raise ValueError(
+        f"match_framework_count must be True, False or a verl version such as '0.9.1' or "
+        f"'0.8.0', got {match!r}"
+    )
+
+
+def _version_tuple(version: str) -> tuple[int, int, int, int] | None:
+    """``(major, minor, micro, final)`` of a version string (``final`` 0 for a dev, rc,
+    alpha or beta release, which comes before the release, 1 for the release and its
+    post-releases); None if it is not one."""
+    import re
+
+    found = re.fullmatch(r"\s*v?(\d+)\.(\d+)(?:\.(\d+))?(.*?)\s*", version)
+    if not found:
+        return None
+    major, minor, micro, rest = found.groups()
+    rest = rest.lower()
+    final = 1 if not rest or rest.startswith("+") or rest.lstrip(".-_").startswith("post") else 0
+    return int(major), int(minor), int(micro or 0), final
+
+
+def _syncs_without_group(version: str | None) -> bool:
+    """Whether this verl agrees the micro-batch count over the default process group when
+    ``rearrange_micro_batches`` gets no ``dp_group`` (verl before 0.8.0: 0.7.0 and main up
+    to at least b178a3cd, whose FSDP actor and critic pass none), rather than not at all."""
+    parsed = _version_tuple(version) if version else None
+    return parsed is not None and parsed < (0, 8, 0, 1)
+
+
+def _world_without_group(fn: Any) -> Any:
+    """``fn`` (rearrange_micro_batches or prepare_dynamic_batch) agreeing the count over the
+    default process group when no ``dp_group`` is given, as verl before 0.8.0 does: its
+    callers rely on it, and ranks with different counts would hang in FSDP's collectives."""
+    import inspect
+
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        bound = signature.bind(*args, **kwargs)
+        given = bound.arguments
+        if given.get("dp_group") is None and given.get("same_micro_num_in_dp", True) and (
+            _dist_ready()
+        ):
+            import torch.distributed as dist
+
+            bound.arguments["dp_group"] = dist.group.WORLD
+        return fn(*bound.args, **bound.kwargs)
+
+    return wrapper
+
+
+def _rule_or_error(match: Any) -> tuple[str | None, ValueError | None]:
+    try:
+        return _count_rule(match), None
+    except ValueError as exc:
+        return None, exc
+
+
 
 @dataclass
 class _Rank:
@@ -321,9 +422,13 @@ class _Rank:
 
 
 def _read_rank(
-    lens: np.ndarray, cap: int, step_arg: Any, min_num: Any, g: int, order: str, match: bool
+    lens: np.ndarray, cap: int, step_arg: Any, min_num: Any, g: int, order: str,
+    rule: str | bool | None,
 ) -> _Rank:
-    """Validate one rank's lengths and plan it locally (no communication)."""
+    """Validate one rank's lengths and plan it locally (no communication). ``rule``: None,
+    :data:`RETRY` or :data:`NO_RETRY` (a bool is read as ``match_framework_count``)."""
+    if isinstance(rule, bool):
+        rule = _count_rule(rule)
     cap = count_arg(cap, "max_token_len")  # AssertionError, as verl
     step = count_arg(step_arg or 1, "num_batches_divided_by", ValueError)
     if g < 1 or lens.shape[0] % g:
@@ -342,10 +447,20 @@ def _read_rank(
             "A forced group exceeds max_token_len and cannot be split. Got "
             f"max_group_token_len={int(group_lens.max())} and max_token_len={cap}."
         )
-    if match:
+    if rule == RETRY:
         return _Rank(group_lens, group_work, step, count, None)
     parts = _plan_parts(group_lens, group_work, cap, count, step, order)
     r = _Rank(group_lens, group_work, step, len(parts), parts)
+    m = roundup_divisible(max(count, 1), step)
+    if rule == NO_RETRY and m < len(parts) and m <= n:
+        # verl before 0.9.1 uses m whatever its split; where that split holds the cap (the
+        # planner's packing can miss such a fit), m is verl's count and reachable here too.
+        try:
+            fit = _kk_fit(r, m, cap)
+        except Exception:  # any type: only a candidate
+            fit = None
+        if fit is not None:
+            return _Rank(group_lens, group_work, step, m, _parts_at(r, m, cap, order, fit))
     if n <= VERL_CHECK_MAX and len(parts) > count:
         # verl's own count, cheap on a few dozen groups: where it is lower (the planner's
         # budgeted exact packing can miss a fit there), take that count, with verl's split
@@ -508,7 +623,7 @@ def rearrange_micro_batches(
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
     *,
-    match_framework_count: bool = False,
+    match_framework_count: bool | str = False,
 ) -> tuple[list[Any], list[list[int]]]:
     """Split a batch into micro-batches of at most ``max_token_len`` tokens, balanced.
 
@@ -525,13 +640,19 @@ def rearrange_micro_batches(
     and backward, so fewer is cheaper on a rank: its summed work is the same and it pays
     the per-micro-batch overhead fewer times, though its heaviest micro-batch is heavier.
     (With pipeline parallelism more micro-batches shrink the bubble: keep verl's count
-    there, or set ``min_num_micro_batch``.) ``match_framework_count=True`` gives verl's own
-    count: its start ``min(rows, ceil(tokens / max_token_len))`` (at least
-    ``min_num_micro_batch``), the max over the DP group, rounded up to a multiple of
-    ``num_batches_divided_by``, then raised by that step until verl's count-free
-    Karmarkar-Karp split of the workloads (its tie rules reproduced, :mod:`._verl_kk`)
-    fits the cap on every rank. The micro-batches at that count
-    are the lightest of seqbalance's and verl's split, so never heavier than verl's.
+    there, or set ``min_num_micro_batch``.) ``match_framework_count`` gives verl's own
+    count, which depends on verl's version: a version string (``"0.9.1"``, ``"0.8.0"``,
+    ``"0.8.0.dev"``), or True for the verl that ``import verl`` would load (read from its
+    version file or metadata, without importing it; 0.9.1 when there is none). verl starts
+    at ``min(rows, ceil(tokens / max_token_len))`` (at least ``min_num_micro_batch``), the
+    max over the DP group, rounded up to a multiple of ``num_batches_divided_by``. From
+    0.9.1 on it then raises that count by the step until its count-free Karmarkar-Karp
+    split of the workloads (its tie rules reproduced, :mod:`._verl_kk`) fits the cap on
+    every rank; the micro-batches at that count are the lightest of seqbalance's and
+    verl's split, so never heavier than verl's. Before 0.9.1 verl keeps the first count
+    and its split can break the cap; here that count is kept wherever some split holds
+    the cap (verl's own, or the planner's), else the fewest above it that do: the cap is
+    always held.
 
     With a ``dp_group`` (and torch.distributed initialised) every rank of the group must
     call this, even with ``same_micro_num_in_dp=False``: one all-gather
@@ -554,7 +675,11 @@ def rearrange_micro_batches(
 
     # Nothing before the all-gather may raise outside read(): a rank raising alone there
     # would leave the others waiting.
+    rule, rule_error = _rule_or_error(match_framework_count)
+
     def read() -> _Rank:
+        if rule_error is not None:
+            raise rule_error
         lens, width = _effective_lengths(batch)
         count_arg(cap, "max_token_len")  # AssertionError, as verl
         if cap < width:
@@ -564,7 +689,7 @@ def rearrange_micro_batches(
             )
         return _read_rank(
             lens, cap, num_batches_divided_by, min_num_micro_batch, int(force_group_size),
-            order, match_framework_count,
+            order, rule,
         )  # fmt: skip
 
     fingerprint = {
@@ -573,12 +698,13 @@ def rearrange_micro_batches(
         "min_num_micro_batch": min_num_micro_batch,
         "same_micro_num_in_dp": bool(same_micro_num_in_dp),
         "force_group_size": force_group_size,
-        "match_framework_count": bool(match_framework_count),
+        "match_framework_count": match_framework_count,
     }
+    if match_framework_count is True:  # it follows the installed verl, which may differ
+        fingerprint["verl count rule of match_framework_count=True"] = rule
     group = dp_group if dp_group is not None and _dist_ready() else None
     groups_per_mb = _group_micro_batches(
-        read, cap, group, bool(same_micro_num_in_dp), bool(match_framework_count), order,
-        fingerprint,
+        read, cap, group, bool(same_micro_num_in_dp), rule == RETRY, order, fingerprint,
     )  # fmt: skip
     g = int(force_group_size)  # read() succeeded, so this does too
     idx = [[i * g + r for i in mb for r in range(g)] for mb in groups_per_mb]
@@ -590,22 +716,20 @@ def micro_batches_of_lengths(
     max_token_len: int,
     min_num_micro_batch: int | None = None,
     *,
-    match_framework_count: bool = False,
+    match_framework_count: bool | str = False,
 ) -> list[list[int]]:
     """The index lists :func:`rearrange_micro_batches` makes on one rank, from lengths alone
     (no tensors, no DP group): for benchmarks and for callers without a TensorDict.
     ``match_framework_count`` as there."""
     lens = token_counts(seqlens, "seqlens")
+    rule = _count_rule(match_framework_count)
 
     def read() -> _Rank:
         return _read_rank(
-            lens, max_token_len, None, min_num_micro_batch, 1, "light_ends",
-            match_framework_count,
+            lens, max_token_len, None, min_num_micro_batch, 1, "light_ends", rule
         )  # fmt: skip
 
-    return _group_micro_batches(
-        read, max_token_len, None, False, match_framework_count, "light_ends", {}
-    )
+    return _group_micro_batches(read, max_token_len, None, False, rule == RETRY, "light_ends", {})
 
 
 def _dist_ready() -> bool:
@@ -625,7 +749,7 @@ def prepare_dynamic_batch(
     min_num_micro_batch: int | None = None,
     use_dynamic_bsz_balance: bool = True,
     *,
-    match_framework_count: bool = False,
+    match_framework_count: bool | str = False,
 ) -> tuple[list[Any], list[list[int]]]:
     """:func:`rearrange_micro_batches` on a DataProto; returns DataProtos of the same type."""
     mbs, idx = rearrange_micro_batches(
@@ -685,7 +809,7 @@ def get_group_balanced_partitions(
     return [list(p) for p in parts]
 
 
-_patch_options = {"match_framework_count": False}
+_patch_options: dict[str, bool | str] = {"match_framework_count": False}
 
 
 def _replacements() -> dict[str, Any]:
@@ -696,14 +820,17 @@ def _replacements() -> dict[str, Any]:
     }
     if _patch_options["match_framework_count"]:
         for name in ("rearrange_micro_batches", "prepare_dynamic_batch"):
-            out[name] = _with_verl_count(out[name])
+            out[name] = _with_verl_count(out[name], _patch_options["match_framework_count"])
+    if _syncs_without_group(_installed_verl_version()):
+        for name in ("rearrange_micro_batches", "prepare_dynamic_batch"):
+            out[name] = _world_without_group(out[name])
     return out
 
 
-def _with_verl_count(fn: Any) -> Any:
+def _with_verl_count(fn: Any, match: bool | str) -> Any:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("match_framework_count", True)
+        kwargs.setdefault("match_framework_count", match)
         return fn(*args, **kwargs)
 
     return wrapper
@@ -712,22 +839,26 @@ def _with_verl_count(fn: Any) -> Any:
 _patcher = Patcher("verl.utils.seqlen_balancing", _replacements)
 
 
-def patch(*, match_framework_count: bool = False) -> list[str]:
+def patch(*, match_framework_count: bool | str = False) -> list[str]:
     """Replace verl's balancing functions with these (in ``verl.utils.seqlen_balancing``
     and in every loaded module that imported them by name). Returns what was replaced.
 
-    ``match_framework_count=True`` makes the patched ``rearrange_micro_batches`` and
-    ``prepare_dynamic_batch`` use verl's own micro-batch count (see
-    :func:`rearrange_micro_batches`), for callers inside verl that cannot pass the keyword.
-    To change it, :func:`unpatch` first (ValueError otherwise).
+    ``match_framework_count=True`` (or a verl version) makes the patched
+    ``rearrange_micro_batches`` and ``prepare_dynamic_batch`` use verl's own micro-batch
+    count (see :func:`rearrange_micro_batches`), for callers inside verl that cannot pass
+    the keyword. To change it, :func:`unpatch` first (ValueError otherwise).
     """
-    if _patcher.active and bool(match_framework_count) != _patch_options["match_framework_count"]:
+    _count_rule(match_framework_count)  # ValueError for a bad value, before anything changes
+    match = match_framework_count if isinstance(match_framework_count, str) else bool(
+        match_framework_count
+    )
+    if _patcher.active and match != _patch_options["match_framework_count"]:
         raise ValueError(
             f"verl is already patched with match_framework_count="
-            f"{_patch_options['match_framework_count']}; call unpatch() before patching with "
-            f"match_framework_count={bool(match_framework_count)}"
+            f"{_patch_options['match_framework_count']!r}; call unpatch() before patching with "
+            f"match_framework_count={match!r}"
         )
-    _patch_options["match_framework_count"] = bool(match_framework_count)
+    _patch_options["match_framework_count"] = match
     return _patcher.patch()
 
 

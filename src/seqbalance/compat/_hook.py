@@ -1,0 +1,63 @@
+"""What the start-up switch (``SEQBALANCE_PATCH``, module ``_seqbalance_switch``) does once
+a framework module has loaded, and what ``python -m seqbalance.compat --check`` reports.
+
+The switch itself lives in a top-level module of the standard library only, because it is
+imported at every interpreter start-up where the variable is set, and by every ``import
+verl`` (as a plugin) where it is not: importing seqbalance there would cost ~0.3 s a
+process. This module is imported only when a framework module named by the variable loads.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from ._inputs import Patcher
+
+__all__ = ["drop_in_module", "patch_module", "patchers"]
+
+#: seqbalance.compat module of each framework name the switch accepts.
+DROP_INS = {
+    "verl": "seqbalance.compat.verl",
+    "slime": "seqbalance.compat.slime",
+    "areal": "seqbalance.compat.areal",
+    "openrlhf": "seqbalance.compat.openrlhf",
+}
+
+
+def drop_in_module(framework: str) -> Any:
+    """The drop-in module of ``framework`` (``"verl"``, ``"slime"``, ``"areal"``,
+    ``"openrlhf"``); ValueError naming the valid names otherwise."""
+    if framework not in DROP_INS:
+        raise ValueError(
+            f"framework={framework!r} has no drop-in; valid values are {', '.join(DROP_INS)}"
+        )
+    return importlib.import_module(DROP_INS[framework])
+
+
+def patchers(framework: str) -> list[Patcher]:
+    """The :class:`Patcher` objects of ``framework``'s drop-in, one per framework module."""
+    found: list[Patcher] = []
+    for value in vars(drop_in_module(framework)).values():
+        for p in value if isinstance(value, list) else [value]:
+            if isinstance(p, Patcher) and p not in found:
+                found.append(p)
+    return found
+
+
+def patch_module(framework: str, module: str) -> list[str]:
+    """Put ``framework``'s drop-in into the loaded ``module``; the dotted names replaced.
+
+    Called by the start-up switch right after ``module`` has run. A failure is raised as
+    an ImportError of ``module`` that names the switch: with ``SEQBALANCE_PATCH`` set the
+    run must not silently train on the framework's own code.
+    """
+    try:
+        (p,) = [p for p in patchers(framework) if p.module == module]
+        return p.patch()
+    except Exception as exc:
+        raise ImportError(
+            f"SEQBALANCE_PATCH names {framework}, but seqbalance could not replace the "
+            f"functions of {module}: {type(exc).__name__}: {exc}. Unset SEQBALANCE_PATCH "
+            f"to run {framework}'s own code."
+        ) from exc
