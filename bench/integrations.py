@@ -79,7 +79,7 @@ HEAVY = ("ray", "omegaconf", "transformers", "codetiming", "numba", "hydra", "pe
 
 
 class _Anything(types.ModuleType):
-    __path__: list[str] = []
+    __path__: tuple[str, ...] = ()
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
@@ -242,9 +242,10 @@ def worker_inputs(verl: dict[str, Any], batch: Any, dp: int, mb_rows: int) -> li
     """Each rank's mini-batches, cut as verl does: TensorDict, dispatch chunks, iterator."""
     tu = verl["tu"]
     chunks = tu.chunk_tensordict(batch.to_tensordict(), dp)
-    return [list(tu.make_iterator(c, mini_batch_size=mb_rows // dp, epochs=1, seed=r,
-                                  dataloader_kwargs={"shuffle": False}))  # fmt: skip
-            for r, c in enumerate(chunks)]
+    size, no_shuffle = mb_rows // dp, {"shuffle": False}
+    iters = [tu.make_iterator(c, size, epochs=1, seed=r, dataloader_kwargs=no_shuffle)
+             for r, c in enumerate(chunks)]  # fmt: skip
+    return [list(it) for it in iters]
 
 
 def framework_path(verl: dict[str, Any], version: str, lens: np.ndarray, dp: int, cap: int,

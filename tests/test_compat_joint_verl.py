@@ -191,9 +191,9 @@ def _node(**kw):
 def fake_trainer(dp, cap, mini_rows, *, dynamic=True, sp=1):
     actor = _node(use_dynamic_bsz=dynamic, ppo_max_token_len_per_gpu=cap // sp,
                   ppo_mini_batch_size=mini_rows, ulysses_sequence_parallel_size=sp)  # fmt: skip
+    ref = _node(actor=actor, rollout=_node(n=1), model=_node(path=""))
     t = _node(
-        config=_node(actor_rollout_ref=_node(actor=actor, rollout=_node(n=1),
-                                             model=_node(path=""))),  # fmt: skip
+        config=_node(actor_rollout_ref=ref),
         actor_rollout_wg=_node(_dispatch_info={"actor": list(range(dp))}),
         _seqbalance_cost="qwen2.5-7b",
     )
@@ -272,7 +272,7 @@ def test_worker_follows_and_falls_back():
     table = batch.meta_info[jv.SLOTS_KEY]
     chunk = batch.chunk(2)[0]
     td = FakeTD(chunk.batch.data, {jv.SLOTS_KEY: table})
-    mbs, idx = jv.rearrange_micro_batches(td, 2048)
+    _, idx = jv.rearrange_micro_batches(td, 2048)
     assert idx == jv._followed(td, table, 2048, None, None, 1)
     assert [i for q in idx for i in q] == list(range(16))
     lens = td["attention_mask"].sum(1)
@@ -286,7 +286,7 @@ def test_worker_follows_and_falls_back():
                       ({"max_token_len": 2048}, FakeTD(chunk.batch.data))):  # fmt: skip
         assert jv._followed(t, _table(t), kwargs["max_token_len"],
                             kwargs.get("num_batches_divided_by"), None, 1) is None  # fmt: skip
-        mbs, idx = jv.rearrange_micro_batches(t, **kwargs)
+        _, idx = jv.rearrange_micro_batches(t, **kwargs)
         lens = t["attention_mask"].sum(1)
         assert sorted(i for q in idx for i in q) == list(range(16))
         assert all(int(lens[q].sum()) <= kwargs["max_token_len"] for q in idx)
@@ -333,6 +333,68 @@ def test_patch_replaces_worker_functions(monkeypatch):
     assert cls._balance_batch is old
 
 
+def test_patch_waits_for_the_trainer_module(monkeypatch, tmp_path):
+    """The trainer is patched when the driver imports it, after the switch."""
+    import sys
+
+    from _fakes import fake_module
+
+    def old(*a, **k):
+        return "verl"
+
+    fake_module(monkeypatch, "verl.utils.seqlen_balancing", rearrange_micro_batches=old)
+    pkg = tmp_path / "verl" / "trainer" / "ppo"
+    pkg.mkdir(parents=True)
+    (pkg / "ray_trainer.py").write_text(
+        "class RayPPOTrainer:\n    def _balance_batch(self, *a, **k):\n        return 'verl'\n"
+    )
+    for name in ("verl.trainer", "verl.trainer.ppo"):
+        mod = fake_module(monkeypatch, name)
+        mod.__path__ = [str(tmp_path / name.replace(".", "/"))]
+    monkeypatch.delitem(sys.modules, "verl.trainer.ppo.ray_trainer", raising=False)
+    try:
+        done = jv.patch()
+        assert "verl.trainer.ppo.ray_trainer.RayPPOTrainer._balance_batch (on import)" in done
+        import importlib
+
+        trainer = importlib.import_module("verl.trainer.ppo.ray_trainer")
+        assert trainer.RayPPOTrainer._balance_batch is jv._joint_method
+    finally:
+        jv.unpatch()
+        sys.modules.pop("verl.trainer.ppo.ray_trainer", None)
+    assert trainer.RayPPOTrainer._balance_batch(None) == "verl"
+    assert jv._HOOK not in sys.meta_path
+
+
+def test_verl_patch_switches_joint_mode_by_env(monkeypatch):
+    from _fakes import fake_module
+
+    from seqbalance.compat import verl as dropin
+
+    def old(*a, **k):
+        return "verl"
+
+    mod = fake_module(monkeypatch, "verl.utils.seqlen_balancing",
+                      rearrange_micro_batches=old, prepare_dynamic_batch=old)  # fmt: skip
+    trainer_mod = fake_module(monkeypatch, "verl.trainer.ppo.ray_trainer")
+    trainer_mod.RayPPOTrainer = type("RayPPOTrainer", (), {"_balance_batch": old})
+    monkeypatch.setenv(jv.MODE_ENV, "joint")
+    try:
+        dropin.patch()
+        assert mod.rearrange_micro_batches is jv.rearrange_micro_batches
+        assert trainer_mod.RayPPOTrainer._balance_batch is jv._joint_method
+    finally:
+        dropin.unpatch()
+    assert mod.rearrange_micro_batches is old
+    monkeypatch.setenv(jv.MODE_ENV, "dropin")
+    try:
+        dropin.patch()
+        assert mod.rearrange_micro_batches is dropin.rearrange_micro_batches
+        assert trainer_mod.RayPPOTrainer._balance_batch is old
+    finally:
+        dropin.unpatch()
+
+
 # ---- the worker side across processes (gloo) ------------------------------------------
 
 
@@ -374,7 +436,7 @@ def worker_follow(rank, world):
     lens = td["attention_mask"].sum(1)
     out.append((len(local) == before, len(idx), max(int(lens[q].sum()) for q in idx)))
     # prepare_dynamic_batch on the whole chunk (no share matches): local, agreed count.
-    mbs, idx = jv.prepare_dynamic_batch(chunk, 1200, dp_group=dist.group.WORLD)
+    _, idx = jv.prepare_dynamic_batch(chunk, 1200, dp_group=dist.group.WORLD)
     out.append((None, len(idx), sorted(i for q in idx for i in q) == list(range(24))))
     return out
 

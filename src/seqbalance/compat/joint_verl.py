@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -546,31 +547,75 @@ def _joint_method(
     balance_batch(self, batch, metrics, logging_prefix, keep_minibatch)
 
 
+class _PatchingLoader:
+    """Runs the trainer module, then switches its class to joint mode."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.inner.exec_module(module)
+        _patch_trainer(module)
+
+
+class _TrainerHook:
+    """Finds ``verl.trainer.ppo.ray_trainer`` through the other finders and has it
+    patched once it has run: the driver imports the trainer after the switch, and
+    importing it earlier (from inside the patch) would import half of verl mid-import."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != _TRAINER:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+_HOOK = _TrainerHook()
+
+
+def _patch_trainer(module: Any) -> None:
+    cls = getattr(module, "RayPPOTrainer", None)
+    if cls is None or "_balance_batch" in _ORIGINAL:
+        return
+    _ORIGINAL["_balance_batch"] = cls.__dict__["_balance_batch"]
+    _ORIGINAL["class"] = cls
+    cls._balance_batch = _joint_method
+
+
 def patch(*, trainer: bool = True) -> list[str]:
     """Switch verl to joint mode: the worker functions in ``verl.utils.seqlen_balancing``
     (and in modules that imported them by name) and, with ``trainer``, the driver's
-    ``RayPPOTrainer._balance_batch`` (importing ``verl.trainer.ppo.ray_trainer``; skipped
-    where that import fails, e.g. without ray). Returns the dotted names replaced.
-    :func:`unpatch` undoes it."""
+    ``RayPPOTrainer._balance_batch``: at once where ``verl.trainer.ppo.ray_trainer`` is
+    loaded, else when it is imported. Returns the dotted names replaced (the trainer's
+    with `` (on import)`` while it waits). :func:`unpatch` undoes it."""
     done = _worker_patcher.patch()
-    if trainer and "_balance_batch" not in _ORIGINAL:
-        import importlib
-
-        try:
-            cls = importlib.import_module(_TRAINER).RayPPOTrainer
-        except ImportError:
-            return done
-        _ORIGINAL["_balance_batch"] = cls.__dict__["_balance_batch"]
-        _ORIGINAL["class"] = cls
-        cls._balance_batch = _joint_method
+    if trainer:
+        if _TRAINER in sys.modules:
+            _patch_trainer(sys.modules[_TRAINER])
+        elif _HOOK not in sys.meta_path:
+            sys.meta_path.insert(0, _HOOK)
+    name = f"{_TRAINER}.RayPPOTrainer._balance_batch"
     if "class" in _ORIGINAL:
-        done.append(f"{_TRAINER}.RayPPOTrainer._balance_batch")
+        done.append(name)
+    elif _HOOK in sys.meta_path:
+        done.append(f"{name} (on import)")
     return sorted(done)
 
 
 def unpatch() -> None:
     """Undo :func:`patch`."""
     _worker_patcher.unpatch()
+    if _HOOK in sys.meta_path:
+        sys.meta_path.remove(_HOOK)
     cls = _ORIGINAL.pop("class", None)
     original = _ORIGINAL.pop("_balance_batch", None)
     if cls is not None:

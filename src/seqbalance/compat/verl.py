@@ -712,7 +712,7 @@ def _with_verl_count(fn: Any) -> Any:
 _patcher = Patcher("verl.utils.seqlen_balancing", _replacements)
 
 
-def patch(*, match_framework_count: bool = False) -> list[str]:
+def patch(*, match_framework_count: bool = False, joint: bool | None = None) -> list[str]:
     """Replace verl's balancing functions with these (in ``verl.utils.seqlen_balancing``
     and in every loaded module that imported them by name). Returns what was replaced.
 
@@ -720,6 +720,10 @@ def patch(*, match_framework_count: bool = False) -> list[str]:
     ``prepare_dynamic_batch`` use verl's own micro-batch count (see
     :func:`rearrange_micro_batches`), for callers inside verl that cannot pass the keyword.
     To change it, :func:`unpatch` first (ValueError otherwise).
+
+    ``joint=True`` also switches on joint mode (:mod:`seqbalance.compat.joint_verl`: the
+    driver plans ranks and micro-batches together per PPO mini-batch, the workers follow);
+    None (default) reads ``SEQBALANCE_VERL_MODE`` (``joint``, or ``dropin``/unset).
     """
     if _patcher.active and bool(match_framework_count) != _patch_options["match_framework_count"]:
         raise ValueError(
@@ -728,9 +732,17 @@ def patch(*, match_framework_count: bool = False) -> list[str]:
             f"match_framework_count={bool(match_framework_count)}"
         )
     _patch_options["match_framework_count"] = bool(match_framework_count)
-    return _patcher.patch()
+    from . import joint_verl  # joint mode sits on top of these functions
+
+    done = _patcher.patch()
+    if joint_verl.joint_requested() if joint is None else joint:
+        done = sorted({*done, *joint_verl.patch()})
+    return done
 
 
 def unpatch() -> None:
-    """Undo :func:`patch`."""
+    """Undo :func:`patch` (joint mode included)."""
+    from . import joint_verl
+
+    joint_verl.unpatch()
     _patcher.unpatch()
