@@ -39,13 +39,17 @@ micro-batch counts per rank; planning time (driver, and all workers in this one 
 (``size="equal"``: verl's dispatch gives every rank an equal share). The joint plan uses the
 FLOPs cost, as in a run without ``SEQBALANCE_VERL_COST``.
 
-slime: ``build_dp_schedule`` with ``balance_by_flops`` (slime's FLOPs packing, which
-ignores the cap) against ``seqbalance.compat.joint_slime.build_dp_schedule`` (FLOPs balance
-under the cap), on the same cases (one step; slime has no mini-batches there).
+slime (``--slime``): slime's ``build_dp_schedule`` with ``--balance-data
+--balance-by-flops`` (FLOPs packing that ignores the cap) against
+``seqbalance.compat.slime.build_dp_schedule`` (one plan per step over ranks x micro-batches:
+the same FLOPs balanced under the cap), on the same cases, a mini-batch being a slime step
+(``global_batch_size`` = rows / mini-batches, one sample per rollout). slime runs Megatron,
+whose data-parallel ranks wait once per step: the DDP step is compared.
 
 Ends with one line: ``integrations: cap violations N, worst step vs framework X.XXX, worst
 loss vs plan() Y.YY%``: N over all joint-mode cases, X the largest joint / framework FSDP
-step (FLOPs and H100 costs, every framework path), Y the largest joint / ``plan()`` - 1.
+step (FLOPs and H100 costs, every verl path) and DDP step (slime), Y the largest
+joint / ``plan()`` - 1 (verl).
 """
 
 from __future__ import annotations
@@ -371,6 +375,7 @@ def verl_cases(verl: dict[str, Any], args: Any, costs: dict[str, Any]) -> list[d
                                      "workers_s": f_wrk})  # fmt: skip
                         for c in costs:
                             out[f"vs_verl_{v}_{c}"] = joint[f"fsdp_{c}"] / fw[f"fsdp_{c}"]
+                            out[f"ddp_vs_verl_{v}_{c}"] = joint[f"ddp_{c}"] / fw[f"ddp_{c}"]
                     print(f"  {name} n={n} dp={dp} mini={n_mini}: joint/plan() "
                           f"{joint['fsdp_flops'] / ref['fsdp_flops']:.4f}, " + ", ".join(
                               f"vs verl {v} {out[f'vs_verl_{v}_flops']:.3f}" for v in versions),
@@ -378,17 +383,136 @@ def verl_cases(verl: dict[str, Any], args: Any, costs: dict[str, Any]) -> list[d
     return rows
 
 
+def load_slime(root: str) -> Any:
+    """slime's ``dp_schedule`` from a source checkout (package ``__init__`` files skipped;
+    the modules it imports are pure Python)."""
+    for pkg in ("slime", "slime.utils"):
+        mod = types.ModuleType(pkg)
+        mod.__path__ = [str(Path(root, *pkg.split(".")))]
+        sys.modules[pkg] = mod
+    return importlib.import_module("slime.utils.dp_schedule")
+
+
+def slime_args(cap: int) -> Any:
+    """Dynamic batch size, ``--balance-data --balance-by-flops``, Qwen2.5-7B's shapes."""
+    return types.SimpleNamespace(
+        micro_batch_size=1, use_dynamic_batch_size=True, max_tokens_per_gpu=cap,
+        balance_data=True, balance_by_flops=True, hidden_size=3584, num_attention_heads=28,
+        num_query_groups=4, vocab_size=152064, ffn_hidden_size=18944, num_experts=None,
+        num_layers=28, kv_channels=128,
+    )  # fmt: skip
+
+
+def slime_parts(schedule: Any, dp: int) -> list[list[list[list[int]]]]:
+    """``[step][rank][micro-batch]`` global sample indices of a ``build_dp_schedule`` answer."""
+    partitions, mb_indices, counts, _ = schedule
+    out, pos = [], [0] * dp
+    for c in counts:
+        step = []
+        for r in range(dp):
+            mbs = mb_indices[r][pos[r] : pos[r] + c]
+            step.append([[partitions[r][i] for i in mb] for mb in mbs])
+            pos[r] += c
+        out.append(step)
+    return out
+
+
+def slime_cases(slime: Any, args: Any, costs: dict[str, Any]) -> list[dict[str, Any]]:
+    """slime's ``build_dp_schedule`` (``--balance-by-flops``) against the seqbalance one,
+    which balances the same FLOPs under the cap: one step per mini-batch."""
+    from seqbalance.compat import slime as c_slime
+
+    rows = []
+    tp = {"dp_size": 0, "cp_size": 1, "vpp_size": 1, "microbatch_group_size_per_vp_stage": 1}
+    for name in args.workloads.split(","):
+        cap = WORKLOADS[name]
+        for n in args.n:
+            lens = np.asarray(sb.workloads.load(name, n, seed=0).lengths, dtype=np.int64)
+            for dp in args.dp:
+                for steps in args.minibatches:
+                    case = {"workload": name, "n": n, "dp": dp, "mini_batches": steps, "cap": cap}
+                    kw = {"global_batch_size": n // steps, "rollout_indices": list(range(n))}
+                    a, par = slime_args(cap), {**tp, "dp_size": dp}
+                    got = {}
+                    for label, fn in (("slime", slime.build_dp_schedule),
+                                      ("joint", c_slime.build_dp_schedule)):  # fmt: skip
+                        t0 = time.perf_counter()
+                        sched = fn(a, par, lens.tolist(), **kw)
+                        dt = time.perf_counter() - t0
+                        got[label] = {**evaluate(slime_parts(sched, dp), lens, cap, costs),
+                                      "driver_s": dt}  # fmt: skip
+                    j, o = got["joint"], got["slime"]
+                    ratio = max(j[f"ddp_{c}"] / o[f"ddp_{c}"] for c in costs)
+                    rows.append({**case, "path": "joint", **j, "vs_slime": ratio})
+                    rows.append({**case, "path": "slime by_flops", **o})
+                    print(f"  slime {name} n={n} dp={dp} steps={steps}: over cap slime "
+                          f"{o['over_cap']}, joint {j['over_cap']}; DDP joint/slime {ratio:.3f}",
+                          flush=True)  # fmt: skip
+    return rows
+
+
+def markdown(path: str) -> None:
+    """The docs' tables (docs/integrations/verl.md, slime.md) from a results JSON."""
+    data = json.loads(Path(path).read_text())
+    by = {}
+    for r in data["verl"]:
+        by.setdefault((r["workload"], r["n"], r["dp"], r["mini_batches"]), {})[r["path"]] = r
+
+    def mbs(r: dict[str, Any]) -> str:
+        return "+".join(str(max(c)) for c in r["mb_per_rank"])
+
+    print("| workload | n | dp | mini-batches | FSDP vs 0.9.1 (FLOPs / H100) | FSDP vs main "
+          "(FLOPs / H100) | DDP vs 0.9.1 (FLOPs / H100) | micro-batches per rank: joint; "
+          "0.9.1; main | over cap: joint; 0.9.1; main | driver s: joint; 0.9.1 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for (w, n, dp, k), c in by.items():
+        j, o, m = c["joint"], c["verl 0.9.1"], c.get("verl main", c["verl 0.9.1"])
+        print(f"| {w} | {n:,} | {dp} | {k} | {j['fsdp_flops'] / o['fsdp_flops']:.3f} / "
+              f"{j['fsdp_h100'] / o['fsdp_h100']:.3f} | {j['fsdp_flops'] / m['fsdp_flops']:.3f} / "
+              f"{j['fsdp_h100'] / m['fsdp_h100']:.3f} | {j['ddp_flops'] / o['ddp_flops']:.3f} / "
+              f"{j['ddp_h100'] / o['ddp_h100']:.3f} | {mbs(j)}; {mbs(o)}; {mbs(m)} | "
+              f"{j['over_cap']}; {o['over_cap']}; {m['over_cap']} | "
+              f"{j['driver_s']:.2f}; {o['driver_s']:.2f} |")
+    if data.get("slime"):
+        print()
+        print("| workload | n | dp | steps | DDP joint / slime (FLOPs / H100) | FSDP (FLOPs / "
+              "H100) | micro-batches per rank: joint; slime | over cap: joint; slime |")
+        print("|---|---|---|---|---|---|---|---|")
+        sl = {}
+        for r in data["slime"]:
+            sl.setdefault((r["workload"], r["n"], r["dp"], r["mini_batches"]), {})[r["path"]] = r
+        for (w, n, dp, k), c in sl.items():
+            j, o = c["joint"], c["slime by_flops"]
+            print(f"| {w} | {n:,} | {dp} | {k} | {j['ddp_flops'] / o['ddp_flops']:.3f} / "
+                  f"{j['ddp_h100'] / o['ddp_h100']:.3f} | {j['fsdp_flops'] / o['fsdp_flops']:.3f}"
+                  f" / {j['fsdp_h100'] / o['fsdp_h100']:.3f} | {mbs(j)}; {mbs(o)} | "
+                  f"{j['over_cap']}; {o['over_cap']} |")
+    print()
+    print(data["summary"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--ext", required=True, help="verl 0.9.1 (and areal) installed --no-deps")
-    ap.add_argument("--td", required=True, help="tensordict & co. installed --no-deps")
+    ap.add_argument("--ext", help="verl 0.9.1 (and areal) installed --no-deps")
+    ap.add_argument("--td", help="tensordict & co. installed --no-deps")
+    ap.add_argument("--markdown", metavar="JSON", help="print the docs' tables from a results "
+                    "JSON and exit")  # fmt: skip
     ap.add_argument("--verl-main", help="verl main source checkout")
     ap.add_argument("--slime", help="slime source checkout")
     ap.add_argument("--quick", action="store_true", help="n=1,024 only")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
-    ap.add_argument("--json", default=str(ROOT / "bench/results/integrations.json"))
+    ap.add_argument("--json", help="results file (default bench/results/integrations.json, "
+                    "with --quick integrations_quick.json)")  # fmt: skip
     args = ap.parse_args()
+    if args.markdown:
+        markdown(args.markdown)
+        return
+    if not (args.ext and args.td):
+        ap.error("--ext and --td are required (or --markdown)")
     args.n = [1024] if args.quick else [1024, 8192]
+    if args.json is None:
+        name = "integrations_quick.json" if args.quick else "integrations.json"
+        args.json = str(ROOT / "bench/results" / name)
     args.dp = [8, 64]
     args.minibatches = [1, 4]
     costs = {"flops": sb.load_cost("qwen2.5-7b"),
@@ -398,23 +522,33 @@ def main() -> None:
     rows = verl_cases(verl, args, costs)
     slime_rows: list[dict[str, Any]] = []
     if args.slime:
-        import integrations_slime  # the slime half, beside this script
-
-        slime_rows = integrations_slime.cases(args, costs)
+        slime_rows = slime_cases(load_slime(args.slime), args, costs)
+        print_table(slime_rows, ["workload", "n", "dp", "mini_batches", "path", "ddp_flops",
+                                 "ddp_h100", "fsdp_flops", "over_cap", "driver_s"])  # fmt: skip
     cols = ["workload", "n", "dp", "mini_batches", "path", "fsdp_flops", "fsdp_h100", "ddp_flops",
             "ddp_h100", "over_cap", "driver_s", "workers_s"]  # fmt: skip
     print_table(rows, cols)
     joint = [r for r in rows if r["path"] == "joint"]
     violations = sum(r["over_cap"] for r in joint) + sum(
         r["over_cap"] for r in slime_rows if r.get("path") == "joint")
-    ratios = [v for r in joint for k, v in r.items() if k.startswith("vs_")]
+    ratios = [v for r in joint for k, v in r.items() if k.startswith("vs_")]  # FSDP (verl)
+    ddp_verl = max(v for r in joint for k, v in r.items() if k.startswith("ddp_vs_"))
     ratios += [r["vs_slime"] for r in slime_rows if "vs_slime" in r]
     worst = max(ratios)
     loss = max(r["loss_vs_plan"] for r in joint)
     write_json(args.json, {"machine": machine_info(), "args": {k: v for k, v in vars(args).items()},
                            "verl": rows, "slime": slime_rows,
                            "summary": {"cap_violations": violations, "worst_vs_framework": worst,
+                                       "worst_ddp_vs_verl": ddp_verl,
+                                       "slime_over_cap": sum(r["over_cap"] for r in slime_rows
+                                                             if r["path"] != "joint"),
                                        "worst_loss_vs_plan": loss}})  # fmt: skip
+    verl_worst = max(r[k] for r in joint for k in r if k.startswith("vs_"))
+    slime_worst = max((r["vs_slime"] for r in slime_rows if "vs_slime" in r), default=None)
+    print(f"verl: worst FSDP step vs verl's own path {verl_worst:.3f} (DDP {ddp_verl:.4f}); "
+          + ("slime not run" if slime_worst is None else
+             f"slime: worst DDP step vs slime's {slime_worst:.3f}, slime's own schedule "
+             f"over the cap {sum(r['over_cap'] for r in slime_rows if r['path'] != 'joint')}"))
     print(f"integrations: cap violations {violations}, worst step vs framework {worst:.3f}, "
           f"worst loss vs plan() {100 * loss:.2f}%")
 
