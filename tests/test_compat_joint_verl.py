@@ -101,6 +101,30 @@ def test_groups_stay_on_one_rank():
             assert sum(uids.count(u) for u in mine) == len(rows)
 
 
+def test_groups_of_unequal_sizes_are_refused():
+    lens = np.arange(1, 13) * 10
+    uids = ["a", "a", "a", "b", "c", "c", "d", "d", "e", "e", "f", "f"]
+    with pytest.raises(ValueError, match="groups must be of one size"):
+        jv.plan_mini_batches(lens, 2, 400, 12, groups=uids)
+
+
+def test_worker_keeps_forced_groups():
+    """Boundaries that would split a forced group (``force_group_size``) are not followed."""
+    torch = pytest.importorskip("torch")
+    lens = [30, 40, 50, 60, 70, 80]
+    td = FakeTD({"attention_mask": (torch.arange(100)[None, :] < torch.tensor(lens)[:, None])
+                 .long()})  # fmt: skip
+    table = {jv.slots_key(lens): [3, 3]}
+    assert jv._followed(td, table, 250, None, None, 1) == [[0, 1, 2], [3, 4, 5]]
+    assert jv._followed(td, table, 250, None, None, 3) == [[0, 1, 2], [3, 4, 5]]
+    assert jv._followed(td, table, 250, None, None, 2) is None  # a pair spans slots 0 and 1
+    _, idx = jv.rearrange_micro_batches(FakeTD(td.data, {jv.SLOTS_KEY: table}), 250,
+                                        force_group_size=2)  # fmt: skip
+    assert all(len(q) % 2 == 0 and all(i % 2 == 0 for i in q[::2]) for q in idx)
+    assert jv._followed(td, table, 250, 2, None, 1) == [[0, 1, 2], [3, 4, 5]]
+    assert jv._followed(td, table, 250, None, 3, 1) is None  # min_num_micro_batch=3
+
+
 def test_plan_mini_batches_bad_input():
     with pytest.raises(ValueError, match="mini_batch_rows=5"):
         jv.plan_mini_batches([1] * 12, 2, 10, 5)

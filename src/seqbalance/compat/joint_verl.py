@@ -222,6 +222,13 @@ def _plan_each(
             groups=None if gids is None else gids[rows].tolist(),
         )  # fmt: skip
         parts = [[[int(rows[i]) for i in q] for q in rank] for rank in p.micro_batches]
+        shares = {sum(len(q) for q in rank) for rank in parts}
+        if shares != {len(rows) // dp}:  # groups of unequal sizes: equal counts of groups
+            raise ValueError(
+                f"groups: the ranks' shares of a mini-batch hold {sorted(shares)} rows, but "
+                f"verl's dispatch gives every rank {len(rows) // dp}; groups must be of one "
+                "size for joint mode (or leave the prefix grouper off)"
+            )
         mbs.append(parts)
         counts.append(p.num_micro_batches)
         for rank in parts:
