@@ -8,8 +8,9 @@ simulated step is longer than one plan over ranks x micro-batches. This module p
 plan inside verl's own path:
 
 - :func:`balance_batch` replaces the driver's ``_balance_batch``. For every PPO mini-batch
-  (``ppo_mini_batch_size x rollout.n`` consecutive rows, the unit of one optimizer step) it
-  makes one :func:`seqbalance.plan` over ``dp`` ranks under the actor's token cap
+  (``ppo_mini_batch_size x rollout.n`` rows, the unit of one optimizer step; which rows, see
+  :func:`plan_mini_batches`) it makes one :func:`seqbalance.plan` over ``dp`` ranks under
+  the actor's token cap
   (``ppo_max_token_len_per_gpu x ulysses_sequence_parallel_size``) with an equal row count
   per rank (verl's dispatch cuts the batch into equal contiguous chunks), reorders the batch
   so that each rank's chunk holds its planned rows micro-batch by micro-batch, and records
