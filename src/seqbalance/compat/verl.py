@@ -839,7 +839,9 @@ def _with_verl_count(fn: Any, match: bool | str) -> Any:
 _patcher = Patcher("verl.utils.seqlen_balancing", _replacements)
 
 
-def patch(*, match_framework_count: bool | str = False) -> list[str]:
+def patch(
+    *, match_framework_count: bool | str = False, joint: bool | None = None
+) -> list[str]:
     """Replace verl's balancing functions with these (in ``verl.utils.seqlen_balancing``
     and in every loaded module that imported them by name). Returns what was replaced.
 
@@ -847,6 +849,10 @@ def patch(*, match_framework_count: bool | str = False) -> list[str]:
     ``rearrange_micro_batches`` and ``prepare_dynamic_batch`` use verl's own micro-batch
     count (see :func:`rearrange_micro_batches`), for callers inside verl that cannot pass
     the keyword. To change it, :func:`unpatch` first (ValueError otherwise).
+
+    ``joint=True`` also switches on joint mode (:mod:`seqbalance.compat.joint_verl`: the
+    driver plans ranks and micro-batches together per PPO mini-batch, the workers follow);
+    None (default) reads ``SEQBALANCE_VERL_MODE`` (``joint``, or ``dropin``/unset).
     """
     _count_rule(match_framework_count)  # ValueError for a bad value, before anything changes
     match = match_framework_count if isinstance(match_framework_count, str) else bool(
@@ -859,9 +865,17 @@ def patch(*, match_framework_count: bool | str = False) -> list[str]:
             f"match_framework_count={match!r}"
         )
     _patch_options["match_framework_count"] = match
-    return _patcher.patch()
+    from . import joint_verl  # joint mode sits on top of these functions
+
+    done = _patcher.patch()
+    if joint_verl.joint_requested() if joint is None else joint:
+        done = sorted({*done, *joint_verl.patch()})
+    return done
 
 
 def unpatch() -> None:
-    """Undo :func:`patch`."""
+    """Undo :func:`patch` (joint mode included)."""
+    from . import joint_verl
+
+    joint_verl.unpatch()
     _patcher.unpatch()
