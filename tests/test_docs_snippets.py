@@ -58,6 +58,7 @@ CASES: dict[str, str] = {
     "from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions, "
     "rearrange_micro_batches": "verl_import",
     "seqbalance.compat.verl.patch()": "verl_patch",
+    "seqbalance.compat.verl.patch(joint=True)": "verl_joint",
     "from seqbalance.compat.areal import ffd_allocate, kk_allocate, balanced_greedy_partition":
         "areal",
     "from seqbalance.compat.slime import build_dp_schedule, calculate_fwd_flops, first_fit_pack":
@@ -266,6 +267,29 @@ def run_verl_import(code, tmp_path, monkeypatch):
 def run_verl_patch(code, tmp_path, monkeypatch):
     _patched(code, monkeypatch, "verl", {"verl.utils.seqlen_balancing": [
         "get_seqlen_balanced_partitions", "rearrange_micro_batches"]})  # fmt: skip
+
+
+def run_verl_joint(code, tmp_path, monkeypatch):
+    mods = _fake_modules(monkeypatch, {
+        "verl.utils.seqlen_balancing": ["rearrange_micro_batches", "prepare_dynamic_batch"],
+        "verl.trainer.ppo.ray_trainer": [],
+    })  # fmt: skip
+
+    class RayPPOTrainer:
+        def _balance_batch(self, *args, **kwargs):
+            return "original"
+
+    mods["verl.trainer.ppo.ray_trainer"].RayPPOTrainer = RayPPOTrainer
+    from seqbalance.compat import joint_verl, verl
+
+    try:
+        _run(code, {})
+        worker = mods["verl.utils.seqlen_balancing"]
+        assert worker.rearrange_micro_batches is joint_verl.rearrange_micro_batches
+        assert RayPPOTrainer._balance_batch is joint_verl._joint_method
+    finally:
+        verl.unpatch()
+    assert RayPPOTrainer._balance_batch(None) == "original"
 
 
 def run_areal(code, tmp_path, monkeypatch):
