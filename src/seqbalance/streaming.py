@@ -60,12 +60,14 @@ from typing import Any
 import numpy as np
 
 from ._validate import (
+    _as_1d,
     as_groups,
     as_lengths,
     check_bool,
     check_choice,
     check_max_tokens,
     check_positive_int,
+    first_not_whole,
     is_array_like,
     to_numpy,
 )
@@ -121,12 +123,24 @@ class StreamingRule:
 
     fill: float = 0.9
     balance: float = 0.95
+    hold: float = 1.0
+    idle_fill: float = 0.1
     retry: float = 0.05
     guard: bool = True
 
     def __post_init__(self) -> None:
         for name in ("fill", "balance", "retry"):
             object.__setattr__(self, name, _unit_real(getattr(self, name), name))
+        object.__setattr__(self, "idle_fill", _unit_real(self.idle_fill, "idle_fill", zero=True))
+        hold = self.hold
+        if isinstance(hold, bool) or not isinstance(hold, (int, float, np.integer, np.floating)) \
+                or not math.isfinite(float(hold)) or not float(hold) >= self.fill:
+            raise ValueError(
+                f"StreamingRule.hold = {hold!r} is invalid; pass a number >= fill "
+                f"({self.fill:g}): the buffer is released at hold x dp_size x max_tokens "
+                "tokens, and below fill no slot could meet the rule"
+            )
+        object.__setattr__(self, "hold", float(hold))
         object.__setattr__(self, "guard", check_bool(self.guard, "StreamingRule.guard"))
 
 
@@ -215,6 +229,8 @@ class StreamingPlanner:
         self._fill_tokens = self.rule.fill * self.max_tokens
         self._threshold = self._fill_tokens * self.dp_size
         self._step = self.rule.retry * self.dp_size * self.max_tokens
+        self._hold = self.rule.hold * self.dp_size * self.max_tokens
+        self._idle_tokens = self.rule.idle_fill * self.max_tokens
 
     @property
     def num_buffered(self) -> int:
@@ -258,12 +274,16 @@ class StreamingPlanner:
                     "this step; pass ids on every add call, or on none"
                 )
         else:
-            id_arr = to_numpy(ids, "ids")
-            if id_arr.ndim != 1 or id_arr.dtype.kind not in "iu" or id_arr.shape[0] != n:
+            id_arr = _as_1d(ids, "ids")
+            if id_arr.shape[0] != n:
                 raise ValueError(
-                    f"ids must be 1-D integers, one per length ({n}); got shape "
-                    f"{id_arr.shape} of {id_arr.dtype}"
+                    f"ids has {id_arr.shape[0]} entries but there are {n} lengths; "
+                    "pass one id per sequence"
                 )
+            if id_arr.dtype.kind == "f":
+                k = first_not_whole(id_arr)
+                if k is not None:
+                    raise ValueError(f"ids[{k}] = {id_arr[k].item()!r} is not an integer id")
             id_list = [int(i) for i in id_arr.tolist()]
             seen = set(self._seen)
             for k, i in enumerate(id_list):
@@ -303,17 +323,70 @@ class StreamingPlanner:
             return  # oversized="alone": held to the flush
         self._buffered_tokens += t
         while self._buffered_tokens >= max(self._threshold, self._next_try):
-            if not self._try_release():
-                self._next_try = self._buffered_tokens + self._step
+            mode = "force" if self._buffered_tokens >= self._hold else "rule"
+            if not self._try_release(mode):
+                self._next_try = min(self._buffered_tokens + self._step, self._hold)
                 break
 
-    def _try_release(self) -> bool:
-        """Form one slot from the buffer; release it if it meets the rule."""
-        dp, cap = self.dp_size, self.max_tokens
+    def _try_release(self, mode: str = "rule") -> bool:
+        """Form a slot from the buffer and release it if it meets the rule.
+
+        ``mode``: ``"rule"`` (fill and balance), ``"idle"`` (``idle_fill`` and balance),
+        ``"force"`` (the buffer is at ``hold``: the best slot formed, whatever it is).
+        """
+        cap = self.max_tokens
         lens, costs = self._lens, self._costs
         cand = [p for p in self._buffer if lens[p] <= cap]
         # Most expensive first, then longest, then earliest: a fixed order.
         cand.sort(key=lambda p: (-costs[p], -lens[p], p))
+        tries = [cand]
+        big = sum(2 * lens[p] > cap for p in cand)  # no two of these share a micro-batch
+        if 0 < big < self.dp_size:
+            # Too few to give every rank one: a slot without them, so they wait for more
+            # of their kind instead of leaving short-only micro-batches far lighter.
+            tries.append([p for p in cand if 2 * lens[p] <= cap])
+        fill = self._idle_tokens if mode == "idle" else self._fill_tokens
+        best = None
+        for order in tries:
+            if not order:
+                continue
+            bins, tok, work = self._form(order)
+            dp_time = self.dp_size * (max(work) + self._c0)
+            eff = (sum(work) + self.dp_size * self._c0) / dp_time if dp_time > 0 else 1.0
+            if mode == "idle":
+                # The fuller-balanced of the tries that fill every micro-batch to idle_fill.
+                if min(tok) >= fill and (best is None or eff > best[3]):
+                    best = (bins, tok, work, eff)
+                continue
+            if min(tok) >= fill and eff >= self.rule.balance:
+                best = (bins, tok, work)
+                break
+            if mode == "force" and (best is None or eff > best[3]):
+                best = (bins, tok, work, eff)
+        if best is None:
+            return False
+        bins, tok, work = best[:3]
+        taken = {p for b in bins for p in b}
+        self._buffer = [p for p in self._buffer if p not in taken]
+        self._buffered_tokens -= sum(tok)
+        self._next_try = 0
+        for r, b in enumerate(bins):
+            b.sort()
+            self._rank_work[r] += work[r] + self._c0
+            for p in b:
+                g = self._groups[p]
+                if g is not None:
+                    self._pinned.setdefault(g, r)
+        self._released.append(bins)
+        self._queue.append([[self._ids[p] for p in b] for b in bins])
+        return True
+
+    def _form(self, cand: list[int]) -> tuple[list[list[int]], list[int], list[float]]:
+        """``cand`` (in that order) into ``dp`` micro-batches: each sequence to the one of
+        least cost with room (capacitated LPT), sequences tied to a rank to that rank;
+        sequences that fit nowhere are left out. Returns bins, tokens, and cost."""
+        dp, cap = self.dp_size, self.max_tokens
+        lens, costs = self._lens, self._costs
         base = self._rank_work if self.sync == "ddp" else [0.0] * dp
         load = list(base)
         tok = [0] * dp
@@ -352,34 +425,30 @@ class StreamingPlanner:
             heapq.heappush(heap, (load[r], r))
             if g is not None:
                 here.setdefault(g, r)
-        if min(tok) < self._fill_tokens:
-            return False
-        work = [load[r] - base[r] for r in range(dp)]
-        slot_time = max(work) + self._c0
-        if sum(work) + dp * self._c0 < self.rule.balance * dp * slot_time:
-            return False
-        taken = {p for b in bins for p in b}
-        self._buffer = [p for p in self._buffer if p not in taken]
-        self._buffered_tokens -= sum(tok)
-        self._next_try = 0
-        for r, b in enumerate(bins):
-            b.sort()
-            self._rank_work[r] += work[r] + self._c0
-            for p in b:
-                g = self._groups[p]
-                if g is not None:
-                    self._pinned.setdefault(g, r)
-        self._released.append(bins)
-        self._queue.append([[self._ids[p] for p in b] for b in bins])
-        return True
+        return bins, tok, [load[r] - base[r] for r in range(dp)]
 
     # ---- output ------------------------------------------------------------------------
-    def ready(self) -> list[Slot]:
+    def ready(self, idle: bool = False) -> list[Slot]:
         """The slots released since the last call, oldest first.
 
-        Each slot is a list of ``dp_size`` lists of ids: micro-batch ``r`` runs on rank
-        ``r``. Returns ``[]`` when nothing was released.
+        Parameters
+        ----------
+        idle : bool
+            The trainer has nothing to run. When no slot is queued, one is released if
+            the buffer fills every micro-batch to ``rule.idle_fill * max_tokens`` (and
+            meets ``rule.balance``): work started now is work not left for the end of the
+            step. Slots then also depend on where in the arrivals ``ready(idle=True)`` was
+            called (call it at the same points on every rank).
+
+        Returns
+        -------
+        list of slots
+            Each slot is a list of ``dp_size`` lists of ids: micro-batch ``r`` runs on
+            rank ``r``. ``[]`` when nothing was released.
         """
+        idle = check_bool(idle, "idle")
+        if idle and not self._queue and self._buffer:
+            self._try_release("idle")
         out, self._queue = self._queue, []
         return out
 
