@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from ._validate import (
+from .._validate import (
     _as_1d,
     as_groups,
     as_lengths,
@@ -68,14 +68,14 @@ from ._validate import (
     check_max_tokens,
     check_positive_int,
     first_not_whole,
+    group_ids,
     is_array_like,
-    to_numpy,
 )
-from .costs import load_cost
-from .planning._costing import sequence_costs
-from .planning._ordering import OVERSIZED
-from .planning.planner import _plan_by_rank, plan
-from .planning.simulation import SYNC_MODELS, microbatch_costs, step_time_of
+from ..costs import load_cost
+from ..planning._costing import sequence_costs
+from ..planning._ordering import OVERSIZED
+from ..planning.planner import _plan_by_rank, plan
+from ..planning.simulation import SYNC_MODELS, microbatch_costs, step_time_of
 
 __all__ = ["StreamingPlanner", "StreamingRule"]
 
@@ -170,7 +170,7 @@ class StreamingPlanner:
     >>> sp = StreamingPlanner(2, 100)
     >>> sp.add([50, 45, 40, 60])
     >>> sp.ready()
-    [[[3, 2], [0, 1]]]
+    [[[2, 3], [0, 1]]]
     >>> sp.add([30, 30, 20])
     >>> sp.ready()
     []
@@ -296,8 +296,9 @@ class StreamingPlanner:
         if groups is None:
             group_list: list[Any] = [None] * n
         else:
-            as_groups(groups, n)  # shape and finiteness, with the argument's name
-            group_list = [_group_key(g) for g in to_numpy(groups, "groups").tolist()]
+            arr = group_ids(groups, "groups")
+            as_groups(arr, n)  # length and finiteness, with the argument's name
+            group_list = [_group_key(g) for g in arr.tolist()]
         if n and self.oversized == "error":
             over = np.flatnonzero(lens > self.max_tokens)
             if over.size:
@@ -434,8 +435,8 @@ class StreamingPlanner:
         Parameters
         ----------
         idle : bool
-            The trainer has nothing to run. When no slot is queued, one is released if
-            the buffer fills every micro-batch to ``rule.idle_fill * max_tokens`` (and
+            The trainer has nothing to run. One more slot is released if the buffer
+            fills every micro-batch to ``rule.idle_fill * max_tokens`` (and
             meets ``rule.balance``): work started now is work not left for the end of the
             step. Slots then also depend on where in the arrivals ``ready(idle=True)`` was
             called (call it at the same points on every rank).
@@ -447,7 +448,7 @@ class StreamingPlanner:
             rank ``r``. ``[]`` when nothing was released.
         """
         idle = check_bool(idle, "idle")
-        if idle and not self._queue and self._buffer:
+        if idle and self._buffer:
             self._try_release("idle")
         out, self._queue = self._queue, []
         return out
