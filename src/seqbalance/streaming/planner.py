@@ -80,6 +80,7 @@ from ..planning.simulation import SYNC_MODELS, microbatch_costs, step_time_of
 __all__ = ["StreamingPlanner", "StreamingRule"]
 
 Slot = list[list[int]]
+RELEASES = ("arrival", "pull")
 
 
 def _unit_real(value: Any, name: str, *, zero: bool = False) -> float:
@@ -127,8 +128,12 @@ class StreamingRule:
     idle_fill: float = 0.1
     retry: float = 0.05
     guard: bool = True
+    release: str = "arrival"
 
     def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "release", check_choice(self.release, "StreamingRule.release", RELEASES)
+        )
         for name in ("fill", "balance", "retry"):
             object.__setattr__(self, name, _unit_real(getattr(self, name), name))
         object.__setattr__(self, "idle_fill", _unit_real(self.idle_fill, "idle_fill", zero=True))
@@ -323,6 +328,8 @@ class StreamingPlanner:
         if t > self.max_tokens:
             return  # oversized="alone": held to the flush
         self._buffered_tokens += t
+        if self.rule.release == "pull":
+            return  # decided when the trainer asks (ready(idle=True))
         while self._buffered_tokens >= max(self._threshold, self._next_try):
             mode = "force" if self._buffered_tokens >= self._hold else "rule"
             if not self._try_release(mode):
@@ -356,7 +363,7 @@ class StreamingPlanner:
             eff = (sum(work) + self.dp_size * self._c0) / dp_time if dp_time > 0 else 1.0
             if mode == "idle":
                 # The fuller-balanced of the tries that fill every micro-batch to idle_fill.
-                if min(tok) >= fill and (best is None or eff > best[3]):
+                if sum(tok) >= fill * self.dp_size and (best is None or eff > best[3]):
                     best = (bins, tok, work, eff)
                 continue
             if min(tok) >= fill and eff >= self.rule.balance:
@@ -449,7 +456,13 @@ class StreamingPlanner:
         """
         idle = check_bool(idle, "idle")
         if idle and self._buffer:
-            self._try_release("idle")
+            if self.rule.release == "arrival":
+                self._try_release("idle")
+            elif not (
+                self._try_release("rule")
+                or (self._buffered_tokens >= self._hold and self._try_release("force"))
+            ):
+                self._try_release("idle")
         out, self._queue = self._queue, []
         return out
 
