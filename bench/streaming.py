@@ -37,7 +37,8 @@ dp 64.
     python bench/streaming.py --quick     # 4 workloads x dp {8, 64} x ratio {0.25, 1}
     python bench/streaming.py             # + 3 more workloads, ddp, ratio 3, 3 seeds
 
-Writes ``bench/results/streaming.json`` (``--out`` to change).
+Writes ``bench/results/streaming.json`` (``--quick``) or ``streaming_full.json``
+(``--out`` to change).
 """
 
 from __future__ import annotations
@@ -295,9 +296,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small grid (a few minutes)")
     ap.add_argument("--model", default="qwen2.5-7b", help="cost model (default qwen2.5-7b)")
-    ap.add_argument("--out", default="bench/results/streaming.json")
+    ap.add_argument("--out", default=None, help="JSON record (default: "
+                    "bench/results/streaming.json, full grid: streaming_full.json)")
     args = ap.parse_args(argv)
     model = load_cost(args.model)
+    if args.out is None:
+        name = "streaming.json" if args.quick else "streaming_full.json"
+        args.out = f"bench/results/{name}"
     if args.quick:
         names = ["rl-math", "rl-math-truncated", "bimodal", "sft-chat"]
         syncs, seeds, ratios = ["fsdp"], [0], [0.25, 1.0]

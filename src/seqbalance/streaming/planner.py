@@ -363,7 +363,7 @@ class StreamingPlanner:
             eff = (sum(work) + self.dp_size * self._c0) / dp_time if dp_time > 0 else 1.0
             if mode == "idle":
                 # The fuller-balanced of the tries that fill every micro-batch to idle_fill.
-                if sum(tok) >= fill * self.dp_size and (best is None or eff > best[3]):
+                if min(tok) >= fill and (best is None or eff > best[3]):
                     best = (bins, tok, work, eff)
                 continue
             if min(tok) >= fill and eff >= self.rule.balance:
