@@ -297,3 +297,14 @@ def test_ids_repeat_across_calls_and_mixing_with_running_index():
         sp.add([10], ids=[1])
     with pytest.raises(ValueError, match="running index 1 was already given"):
         sp.add([10])
+
+
+def test_release_choice_and_pull_mode():
+    with pytest.raises(ValueError, match=r"StreamingRule\.release"):
+        StreamingRule(release="eager")
+    lengths = [50, 45, 40, 60]
+    sp = StreamingPlanner(2, 100, rule=StreamingRule(release="pull"))
+    sp.add(lengths)
+    assert sp.ready() == []  # nothing on arrival
+    assert sp.ready(idle=True) == [[[2, 3], [0, 1]]]  # the same slot, when asked
+    assert sp.flush() == []

@@ -13,41 +13,63 @@ the clock. After each arrival, when the buffer holds at least ``fill * dp * max_
 tokens (a slot cannot be filled with less), the planner tries to form a slot from the
 buffer: buffered sequences, most expensive first, each into the micro-batch of least cost
 that still has room (capacitated LPT; under ``ddp`` the least cost counts the rank's work
-in the slots released before). The slot is released when
+in the slots released before). When fewer than ``dp`` buffered sequences are longer than
+half the cap (no two of them share a micro-batch), a second try leaves them out, so they
+wait for more of their kind instead of making short-only micro-batches look light. A slot
+is released when
 
 - every micro-batch holds at least ``fill * max_tokens`` tokens, and
-- the slot's work is at least ``balance`` of ``dp x`` its time (its heaviest micro-batch).
+- the slot's work is at least ``balance`` of ``dp x`` its time (its heaviest micro-batch
+  plus the per-micro-batch cost).
 
-What waiting could still gain for a released slot is bounded by the rule: no slot of
-``dp`` micro-batches under the cap holds more than ``dp * max_tokens`` tokens, so a
-released slot holds at least ``fill`` of the most any slot could, and its time is at most
-``1 / balance`` of a perfectly even slot of the same sequences. With the defaults
-(``fill=0.9``, ``balance=0.95``), waiting could make the slot at most 10% fuller and 5%
-shorter. A failed try is repeated only after another ``retry * dp * max_tokens`` tokens
-have arrived (tries cost a packing of the buffer; this keeps ``add`` incremental).
+What waiting could still gain for such a slot is bounded: no slot of ``dp`` micro-batches
+under the cap holds more than ``dp * max_tokens`` tokens, so a released slot holds at least
+``fill`` of the most any slot could, and its time is at most ``1 / balance`` of a
+perfectly even slot of the same sequences. With the defaults (``fill=0.9``,
+``balance=0.95``) waiting could make it at most 10% fuller and 5% shorter.
+
+Two more releases keep the end of the step short, where only the work left after the last
+arrival counts:
+
+- ``hold``: once the buffer holds ``hold * dp * max_tokens`` tokens (default: one full
+  slot's worth), the best slot formed is released even below ``fill`` or ``balance``
+  (the better-balanced of the two tries). Sequences that cannot be packed well (long ones
+  without short ones to fill their micro-batches) would otherwise pile up for the flush.
+- ``ready(idle=True)``: the trainer says it has nothing to run. Work started now is work
+  not left for the end, so one more slot is released if every micro-batch can hold at
+  least ``idle_fill * max_tokens`` tokens (default 0.1; the better-balanced try).
+
+A failed try is repeated only after another ``retry * dp * max_tokens`` tokens have
+arrived (a try packs the buffer once; this keeps :meth:`~StreamingPlanner.add` cheap).
+With ``release="pull"`` nothing is released on arrival: every decision waits for
+``ready(idle=True)`` (rule, then ``hold``, then ``idle_fill``), for trainers that ask for
+work only when they need it.
 
 The flush and its guard
 -----------------------
 :meth:`~StreamingPlanner.flush` plans the rest with :func:`seqbalance.plan`
 (``allow_empty=True``: a short remainder may leave micro-batches empty). With
-``guard=True`` (default) it also takes the offline plan of the *whole* batch, removes the
+``guard=True`` (default) it also takes the offline plan of the *whole* step, removes the
 sequences already released (and slots left empty everywhere), and returns whichever of the
 two is faster under the sync model. So the flush is never slower than the offline plan of
-the whole batch, and the step ends no later than "wait for every rollout, then
-:func:`seqbalance.plan`" whenever the trainer has finished the released slots by the time
-the last rollout arrives (the step then ends at that arrival plus the flush). When the
-trainer is still busy then, the released slots' fill and balance bound what releasing
-early can cost.
+the whole step. Hence, by construction, the step ends no later than "wait for every
+rollout, then :func:`seqbalance.plan`" whenever the trainer has run the released slots by
+the time the last rollout arrives: the step then ends at that arrival plus the flush, and
+waiting ends at that arrival plus the whole plan. When the trainer is still busy then
+(training slower than generation), releasing early can lose: a slot of short sequences
+released early cannot run beside a long sequence that arrives later, where the offline
+plan puts it for free.
 
 Guarantees
 ----------
 Every sequence appears exactly once across the released slots and the flush; every slot
 has ``dp_size`` micro-batches; no micro-batch exceeds ``max_tokens`` (``oversized="alone"``:
-a longer sequence is held to the flush, where it runs alone, as in ``plan``). The slots
-depend only on the sequence of arrivals (lengths, ids, groups, in order): how the
-arrivals are split into :meth:`~StreamingPlanner.add` calls, and when
-:meth:`~StreamingPlanner.ready` is called, changes only which call returns a slot, never
-the slots or their order.
+a longer sequence is held to the flush, where it runs alone, as in ``plan``); a group
+never spans ranks (once a group has a sequence in a released slot, its later sequences go
+to that rank). The slots, and their order, depend only on the sequence of arrivals
+(lengths, ids, groups, in order) and on the positions in it of the ``ready(idle=True)``
+calls: how the arrivals are split into :meth:`~StreamingPlanner.add` calls, and when
+plain :meth:`~StreamingPlanner.ready` is called, changes only which call returns a slot.
 """
 
 from __future__ import annotations
@@ -106,11 +128,19 @@ class StreamingRule:
         A released slot's work is at least ``balance * dp x`` its time (its heaviest
         micro-batch plus the per-micro-batch cost): the slot is within ``1 / balance`` of
         perfectly even.
+    hold : float >= fill
+        Once the buffer holds ``hold * dp * max_tokens`` tokens, the best slot formed is
+        released whatever its fill and balance.
+    idle_fill : float in [0, 1]
+        ``ready(idle=True)`` releases a slot whose micro-batches each hold at least
+        ``idle_fill * max_tokens`` tokens.
     retry : float in (0, 1]
         After a failed try, the next waits for ``retry * dp * max_tokens`` more tokens.
     guard : bool
-        The flush is never slower than the offline plan of the whole batch with the
+        The flush is never slower than the offline plan of the whole step with the
         released sequences taken out (it plans both and keeps the faster).
+    release : {"arrival", "pull"}
+        Release on arrival (default), or only when ``ready(idle=True)`` asks.
 
     Examples
     --------
