@@ -211,16 +211,12 @@ sys.stdout.write(json.dumps(out))
 
 
 def test_same_output_in_another_process():
-    runs = [
-        subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, timeout=120)
-        for _ in range(2)
-    ]
-    for r in runs:
-        assert r.returncode == 0, r.stderr.decode()
-    assert runs[0].stdout == runs[1].stdout
+    run = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr.decode()
     ns: dict = {}
     exec(_SCRIPT.replace("sys.stdout.write(json.dumps(out))", ""), ns)
-    assert json.dumps(ns["out"]).encode() == runs[0].stdout
+    assert json.dumps(ns["out"]).encode() == run.stdout  # the same bytes in both processes
+    assert ns["out"][-1] and any(ns["out"][:-1])  # slots released early and at the flush
 
 
 # ---- errors ----------------------------------------------------------------------------
