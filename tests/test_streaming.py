@@ -249,6 +249,7 @@ def test_rule_is_frozen():
     ("args", "kwargs", "match"),
     [
         ((0, 100), {}, "dp_size"),
+        ((10**9, 100), {}, "dp_size=1000000000 is beyond any real parallel layout"),
         ((2, 0), {}, "max_tokens"),
         ((2, 100), {"sync": "zero3"}, "sync"),
         ((2, 100), {"oversized": "drop"}, "oversized"),

@@ -87,8 +87,8 @@ from .._validate import (
     as_lengths,
     check_bool,
     check_choice,
+    check_degree,
     check_max_tokens,
-    check_positive_int,
     first_not_whole,
     group_ids,
     is_array_like,
@@ -123,14 +123,14 @@ class StreamingRule:
     ----------
     fill : float in (0, 1]
         Every micro-batch of a released slot holds at least ``fill * max_tokens`` tokens.
-        Lower releases sooner and fuller-looking steps get more slots.
+        Lower releases sooner, at the price of emptier slots (and so more of them).
     balance : float in (0, 1]
         A released slot's work is at least ``balance * dp x`` its time (its heaviest
         micro-batch plus the per-micro-batch cost): the slot is within ``1 / balance`` of
         perfectly even.
     hold : float >= fill
-        Once the buffer holds ``hold * dp * max_tokens`` tokens, the best slot formed is
-        released whatever its fill and balance.
+        Once the buffer holds ``hold * dp * max_tokens`` tokens, the best-balanced slot
+        formed is released whatever its fill and balance.
     idle_fill : float in [0, 1]
         ``ready(idle=True)`` releases a slot whose micro-batches each hold at least
         ``idle_fill * max_tokens`` tokens.
@@ -168,8 +168,8 @@ class StreamingRule:
             object.__setattr__(self, name, _unit_real(getattr(self, name), name))
         object.__setattr__(self, "idle_fill", _unit_real(self.idle_fill, "idle_fill", zero=True))
         hold = self.hold
-        if isinstance(hold, bool) or not isinstance(hold, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(float(hold)) or not float(hold) >= self.fill:
+        number = isinstance(hold, (int, float, np.integer, np.floating))
+        if isinstance(hold, bool) or not number or not self.fill <= float(hold) < math.inf:
             raise ValueError(
                 f"StreamingRule.hold = {hold!r} is invalid; pass a number >= fill "
                 f"({self.fill:g}): the buffer is released at hold x dp_size x max_tokens "
@@ -223,7 +223,7 @@ class StreamingPlanner:
         oversized: str = "error",
         rule: StreamingRule | None = None,
     ) -> None:
-        self.dp_size = check_positive_int(dp_size, "dp_size")
+        self.dp_size = check_degree(dp_size, "dp_size")
         self.max_tokens = check_max_tokens(max_tokens)
         if is_array_like(cost):
             raise ValueError(
