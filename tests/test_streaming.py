@@ -305,3 +305,14 @@ def test_release_choice_and_pull_mode():
     assert sp.ready() == []  # nothing on arrival
     assert sp.ready(idle=True) == [[[2, 3], [0, 1]]]  # the same slot, when asked
     assert sp.flush() == []
+
+
+def test_flush_keeps_released_groups_on_their_rank():
+    sp = StreamingPlanner(2, 100)
+    sp.add([30, 30], groups=["a", "b"])
+    assert sp.ready(idle=True) == [[[0], [1]]]  # a on rank 0, b on rank 1
+    sp.add([50, 50, 20], groups=["b", "a", "c"])
+    flushed = sp.flush()
+    ranks = {i: r for s in flushed for r, mb in enumerate(s) for i in mb}
+    assert ranks[2] == 1 and ranks[3] == 0  # b's and a's later sequences follow them
+    assert sorted(ranks) == [2, 3, 4]

@@ -594,11 +594,13 @@ class StreamingPlanner:
         over = [[p for p in items if lens[p] > cap] for items in rank_items]
         fits = [sorted(p for p in items if lens[p] <= cap) for items in rank_items]
         m = max(max(-(-int(lens[items].sum()) // cap) for items in fits), 1)
-        while True:  # ends: at the most sequences on a rank every packing fits
+        most = max(len(items) for items in fits)
+        grid = None
+        while grid is None and m <= most:
             grid = _plan_by_rank(lens, costs, fits, m, cap, False, self.sync)
-            if grid is not None:
-                break
             m += 1
+        if grid is None:  # one sequence a micro-batch always fits
+            grid = [[[p] for p in items] for items in fits]
         # Oversized sequences run alone, after the rank's packed micro-batches.
         grid = [rank + [[p] for p in sorted(big)] for rank, big in zip(grid, over)]
         longest = max(len(rank) for rank in grid)
