@@ -316,3 +316,11 @@ def test_flush_keeps_released_groups_on_their_rank():
     ranks = {i: r for s in flushed for r, mb in enumerate(s) for i in mb}
     assert ranks[2] == 1 and ranks[3] == 0  # b's and a's later sequences follow them
     assert sorted(ranks) == [2, 3, 4]
+
+
+def test_repr():
+    sp = StreamingPlanner(2, 100)
+    sp.add([10])
+    assert repr(sp) == (
+        "StreamingPlanner(dp_size=2, max_tokens=100, sync='fsdp', buffered=1, released=0)"
+    )

@@ -277,6 +277,12 @@ class StreamingPlanner:
         """Slots released so far in this step (returned by :meth:`ready` or queued)."""
         return len(self._released)
 
+    def __repr__(self) -> str:
+        return (
+            f"StreamingPlanner(dp_size={self.dp_size}, max_tokens={self.max_tokens}, "
+            f"sync={self.sync!r}, buffered={self.num_buffered}, released={self.num_released})"
+        )
+
     # ---- arrivals ----------------------------------------------------------------------
     def add(self, lengths: Any, ids: Any = None, groups: Any = None) -> None:
         """Record arriving sequences (in arrival order) and release the slots they complete.
