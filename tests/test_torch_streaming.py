@@ -20,6 +20,8 @@ from seqbalance import StreamingPlanner, StreamingRule  # noqa: E402
 from seqbalance.torch import StreamingRebalancer  # noqa: E402
 from seqbalance.torch.testing import run_distributed  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each test spawns 2-3 processes: 5-9 s
+
 TIMEOUT = 180
 CAP = 64
 
