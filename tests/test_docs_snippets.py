@@ -65,6 +65,8 @@ CASES: dict[str, str] = {
         "slime",
     "from seqbalance.compat.openrlhf import balance_experiences, "
     "get_minimum_num_micro_batch_size": "openrlhf",
+    "planner = sb.StreamingPlanner(dp_size=8, max_tokens=32768, cost=\"qwen2.5-7b\")":
+        "streaming",
 }
 
 
@@ -416,6 +418,21 @@ def run_torch_loop(code, tmp_path, monkeypatch):
     assert out[0] == out[1]  # the same records and refit on both ranks
     assert out[0]["logged"] == 12
     assert any(k.startswith("balance/") for k in out[0]["keys"])
+
+
+def run_streaming(code, tmp_path, monkeypatch):
+    # Rollouts finish shortest first, 64 at a time; every rank runs the loop alike.
+    w = sb.workloads.load("rl-math", 512, seed=0)
+    order = np.argsort(w.lengths, kind="stable")
+    batches = [(w.lengths[order[k:k + 64]], order[k:k + 64]) for k in range(0, 512, 64)]
+    per_rank = []
+    for rank in range(8):
+        ns = _run(code, {"rollout_batches": batches, "rank": rank, "train_step": list})
+        per_rank.append(ns["ran"])
+    assert len({len(r) for r in per_rank}) == 1  # the same number of steps on every rank
+    ids = [i for r in per_rank for mb in r for i in mb]
+    assert sorted(ids) == list(range(512))  # every rollout trained on exactly once
+    assert len(per_rank[0]) > 1
 
 
 @pytest.mark.parametrize(("where", "line", "code"), BLOCKS,

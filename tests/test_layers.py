@@ -27,6 +27,7 @@ LAYERS = {
     "cli": 3,
     "torch": 3,
     "compat": 3,
+    "streaming": 3,  # streaming plans, on top of plan()
     "": 3,  # the facade: seqbalance/__init__.py and __main__.py
 }
 

@@ -65,6 +65,7 @@ from .planning import (
     step_time_lower_bound,
 )
 from .planning.pipeline import pipeline_lower_bound, simulate_pipeline
+from .streaming import StreamingPlanner, StreamingRule
 
 __version__ = "0.1.0"
 
@@ -95,6 +96,8 @@ __all__ = [
     "Plan",
     "QuadraticCost",
     "Simulation",
+    "StreamingPlanner",
+    "StreamingRule",
     "TimingRecorder",
     "TokenCost",
     "__version__",

@@ -16,6 +16,8 @@ Importing this module imports torch (``import seqbalance`` alone never does).
   ``perf_counter`` after a synchronize) and gather the records at step end into a
   :class:`seqbalance.costs.TimingRecorder`; :class:`Rebalancer`: ``rebalance`` with a cost
   that can be swapped between steps (``set_cost``), as the sampler's ``set_cost``.
+- :class:`StreamingRebalancer`: rows that arrive on the ranks over a step (asynchronous RL)
+  moved into balanced slots as :class:`seqbalance.StreamingPlanner` releases them.
 - :func:`seqbalance.torch.testing.run_distributed`: run a function on local gloo processes
   (or NCCL ones, one per GPU).
 
@@ -45,6 +47,7 @@ from .context_parallel import CPShardHandle, cp_shard
 from .exchange import RebalanceHandle, rebalance
 from .loss import global_token_count, token_mean_loss
 from .sampler import BalancedDistributedSampler
+from .streaming import StreamingRebalancer
 from .timing import MicroBatchTimer
 
 __all__ = [
@@ -54,6 +57,7 @@ __all__ = [
     "RankAgreementError",
     "RebalanceHandle",
     "Rebalancer",
+    "StreamingRebalancer",
     "cp_shard",
     "global_token_count",
     "pack_collate",

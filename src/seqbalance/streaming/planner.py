@@ -1,0 +1,623 @@
+"""Streaming plans: micro-batch slots released while rollouts are still arriving.
+
+In asynchronous RL the trainer receives rollouts one by one, the long ones last. A
+:class:`StreamingPlanner` buffers them and releases *slots* (one micro-batch per rank, each
+under the token capacity, evened out against each other under the sync model) as soon as
+the buffer can fill one well; :meth:`StreamingPlanner.flush` plans what is left with the
+offline planner (:func:`seqbalance.plan`) at the end of the step.
+
+The release rule (:class:`StreamingRule`)
+------------------------------------------
+Decisions are made per arriving sequence, in arrival order, never per call and never by
+the clock. After each arrival, when the buffer holds at least ``fill * dp * max_tokens``
+tokens (a slot cannot be filled with less), the planner tries to form a slot from the
+buffer: buffered sequences, most expensive first, each into the micro-batch of least cost
+that still has room (capacitated LPT; under ``ddp`` the least cost counts the rank's work
+in the slots released before). When fewer than ``dp`` buffered sequences are longer than
+half the cap (no two of them share a micro-batch), a second try leaves them out, so they
+wait for more of their kind instead of making short-only micro-batches look light. A slot
+is released when
+
+- every micro-batch holds at least ``fill * max_tokens`` tokens, and
+- the slot's work is at least ``balance`` of ``dp x`` its time (its heaviest micro-batch
+  plus the per-micro-batch cost).
+
+What waiting could still gain for such a slot is bounded: no slot of ``dp`` micro-batches
+under the cap holds more than ``dp * max_tokens`` tokens, so a released slot holds at least
+``fill`` of the most any slot could, and its time is at most ``1 / balance`` of a
+perfectly even slot of the same sequences. With the defaults (``fill=0.9``,
+``balance=0.95``) waiting could make it at most 10% fuller and 5% shorter.
+
+Two more releases keep the end of the step short, where only the work left after the last
+arrival counts:
+
+- ``hold``: once the buffer holds ``hold * dp * max_tokens`` tokens (default: one full
+  slot's worth), the best slot formed is released even below ``fill`` or ``balance``
+  (the better-balanced of the two tries). Sequences that cannot be packed well (long ones
+  without short ones to fill their micro-batches) would otherwise pile up for the flush.
+- ``ready(idle=True)``: the trainer says it has nothing to run. Work started now is work
+  not left for the end, so one more slot is released if every micro-batch can hold at
+  least ``idle_fill * max_tokens`` tokens (default 0.1; the better-balanced try).
+
+A failed try is repeated only after another ``retry * dp * max_tokens`` tokens have
+arrived (a try packs the buffer once; this keeps :meth:`~StreamingPlanner.add` cheap).
+With ``release="pull"`` nothing is released on arrival: every decision waits for
+``ready(idle=True)`` (rule, then ``hold``, then ``idle_fill``), for trainers that ask for
+work only when they need it.
+
+The flush and its guard
+-----------------------
+:meth:`~StreamingPlanner.flush` plans the rest with :func:`seqbalance.plan`
+(``allow_empty=True``: a short remainder may leave micro-batches empty). With
+``guard=True`` (default) it also takes the offline plan of the *whole* step, removes the
+sequences already released (and slots left empty everywhere), and returns whichever of the
+two is faster under the sync model. So the flush is never slower than the offline plan of
+the whole step. Hence, by construction, the step ends no later than "wait for every
+rollout, then :func:`seqbalance.plan`" whenever the trainer has run the released slots by
+the time the last rollout arrives: the step then ends at that arrival plus the flush, and
+waiting ends at that arrival plus the whole plan. When the trainer is still busy then
+(training slower than generation), releasing early can lose: a slot of short sequences
+released early cannot run beside a long sequence that arrives later, where the offline
+plan puts it for free.
+
+Guarantees
+----------
+Every sequence appears exactly once across the released slots and the flush; every slot
+has ``dp_size`` micro-batches; no micro-batch exceeds ``max_tokens`` (``oversized="alone"``:
+a longer sequence is held to the flush, where it runs alone, as in ``plan``); a group
+never spans ranks (once a group has a sequence in a released slot, its later sequences go
+to that rank). The slots, and their order, depend only on the sequence of arrivals
+(lengths, ids, groups, in order) and on the positions in it of the ``ready(idle=True)``
+calls: how the arrivals are split into :meth:`~StreamingPlanner.add` calls, and when
+plain :meth:`~StreamingPlanner.ready` is called, changes only which call returns a slot.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .._validate import (
+    _as_1d,
+    as_groups,
+    as_lengths,
+    check_bool,
+    check_choice,
+    check_degree,
+    check_max_tokens,
+    first_not_whole,
+    group_ids,
+    is_array_like,
+)
+from ..costs import load_cost
+from ..planning._costing import sequence_costs
+from ..planning._ordering import OVERSIZED
+from ..planning.planner import _plan_by_rank, plan
+from ..planning.simulation import SYNC_MODELS, microbatch_costs, step_time_of
+
+__all__ = ["StreamingPlanner", "StreamingRule"]
+
+Slot = list[list[int]]
+RELEASES = ("arrival", "pull")
+
+
+def _unit_real(value: Any, name: str, *, zero: bool = False) -> float:
+    bad = isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating))
+    out = math.nan if bad else float(value)
+    low_ok = out >= 0 if zero else out > 0
+    if not (math.isfinite(out) and low_ok and out <= 1):
+        low = "[0, 1]" if zero else "(0, 1]"
+        raise ValueError(f"StreamingRule.{name} = {value!r} is invalid; pass a number in {low}")
+    return out
+
+
+@dataclass(frozen=True)
+class StreamingRule:
+    """When a :class:`StreamingPlanner` releases a slot (see the module docstring).
+
+    Parameters
+    ----------
+    fill : float in (0, 1]
+        Every micro-batch of a released slot holds at least ``fill * max_tokens`` tokens.
+        Lower releases sooner, at the price of emptier slots (and so more of them).
+    balance : float in (0, 1]
+        A released slot's work is at least ``balance * dp x`` its time (its heaviest
+        micro-batch plus the per-micro-batch cost): the slot is within ``1 / balance`` of
+        perfectly even.
+    hold : float >= fill
+        Once the buffer holds ``hold * dp * max_tokens`` tokens, the best-balanced slot
+        formed is released whatever its fill and balance.
+    idle_fill : float in [0, 1]
+        ``ready(idle=True)`` releases a slot whose micro-batches each hold at least
+        ``idle_fill * max_tokens`` tokens.
+    retry : float in (0, 1]
+        After a failed try, the next waits for ``retry * dp * max_tokens`` more tokens.
+    guard : bool
+        The flush is never slower than the offline plan of the whole step with the
+        released sequences taken out (it plans both and keeps the faster).
+    release : {"arrival", "pull"}
+        Release on arrival (default), or only when ``ready(idle=True)`` asks.
+
+    Examples
+    --------
+    >>> StreamingRule(fill=0.8).balance
+    0.95
+    >>> StreamingRule(fill=1.5)
+    Traceback (most recent call last):
+    ...
+    ValueError: StreamingRule.fill = 1.5 is invalid; pass a number in (0, 1]
+    """
+
+    fill: float = 0.9
+    balance: float = 0.95
+    hold: float = 1.0
+    idle_fill: float = 0.1
+    retry: float = 0.05
+    guard: bool = True
+    release: str = "arrival"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "release", check_choice(self.release, "StreamingRule.release", RELEASES)
+        )
+        for name in ("fill", "balance", "retry"):
+            object.__setattr__(self, name, _unit_real(getattr(self, name), name))
+        object.__setattr__(self, "idle_fill", _unit_real(self.idle_fill, "idle_fill", zero=True))
+        hold = self.hold
+        number = isinstance(hold, (int, float, np.integer, np.floating))
+        if isinstance(hold, bool) or not number or not self.fill <= float(hold) < math.inf:
+            raise ValueError(
+                f"StreamingRule.hold = {hold!r} is invalid; pass a number >= fill "
+                f"({self.fill:g}): the buffer is released at hold x dp_size x max_tokens "
+                "tokens, and below fill no slot could meet the rule"
+            )
+        object.__setattr__(self, "hold", float(hold))
+        object.__setattr__(self, "guard", check_bool(self.guard, "StreamingRule.guard"))
+
+
+class StreamingPlanner:
+    """Balance micro-batch slots across data-parallel ranks as sequences arrive.
+
+    Parameters
+    ----------
+    dp_size : int
+        Data-parallel ranks; every slot holds one micro-batch per rank.
+    max_tokens : int
+        Token capacity of one micro-batch (packed: sum of lengths).
+    cost : optional
+        What to balance: None (tokens), a cost model, or anything
+        :func:`seqbalance.costs.load_cost` accepts. Per-sequence cost arrays are refused
+        (they would have to be known before the sequences arrive).
+    sync : {"fsdp", "ddp"}
+        How ranks synchronise (see :func:`seqbalance.simulate`).
+    oversized : {"error", "alone"}
+        A sequence longer than ``max_tokens``: :meth:`add` raises ValueError, or it is held
+        to the flush and runs alone in a micro-batch, as ``plan(oversized="alone")``.
+    rule : StreamingRule, optional
+        When slots are released (default ``StreamingRule()``).
+
+    Examples
+    --------
+    >>> sp = StreamingPlanner(2, 100)
+    >>> sp.add([50, 45, 40, 60])
+    >>> sp.ready()
+    [[[2, 3], [0, 1]]]
+    >>> sp.add([30, 30, 20])
+    >>> sp.ready()
+    []
+    >>> sp.flush()
+    [[[4, 6], [5]]]
+    """
+
+    def __init__(
+        self,
+        dp_size: int,
+        max_tokens: int,
+        *,
+        cost: Any = None,
+        sync: str = "fsdp",
+        oversized: str = "error",
+        rule: StreamingRule | None = None,
+    ) -> None:
+        self.dp_size = check_degree(dp_size, "dp_size")
+        self.max_tokens = check_max_tokens(max_tokens)
+        if is_array_like(cost):
+            raise ValueError(
+                "cost must be None, a cost model or a model name, not per-sequence costs "
+                "(the sequences have not arrived yet); pass a cost model such as "
+                "seqbalance.QuadraticCost(...)"
+            )
+        self.cost = cost
+        # Loaded once (a name or a path fails here, not at the first add).
+        self._model = None if cost is None else load_cost(cost)
+        _, self._c0 = sequence_costs(np.zeros(1, dtype=np.int64), self._model)
+        self.sync = check_choice(sync, "sync", SYNC_MODELS)
+        self.oversized = check_choice(oversized, "oversized", OVERSIZED)
+        if rule is None:
+            rule = StreamingRule()
+        if not isinstance(rule, StreamingRule):
+            raise ValueError(
+                f"rule must be a StreamingRule, got {type(rule).__name__}; "
+                "pass seqbalance.StreamingRule(fill=..., balance=...)"
+            )
+        self.rule = rule
+        self._reset()
+
+    # ---- state -------------------------------------------------------------------------
+    def _reset(self) -> None:
+        self._ids: list[int] = []  # every arrival of the step, in order
+        self._lens: list[int] = []
+        self._costs: list[float] = []
+        self._groups: list[Any] = []  # None where no group was given
+        self._seen: set[int] = set()
+        self._buffer: list[int] = []  # arrival positions not yet released
+        self._buffered_tokens = 0
+        self._next_try = 0  # buffered tokens at which the next try is made
+        self._queue: list[Slot] = []  # released, not yet returned by ready()
+        self._released: list[list[list[int]]] = []  # slots as arrival positions
+        self._pinned: dict[Any, int] = {}  # group -> rank it was released on
+        self._rank_work = [0.0] * self.dp_size
+        self._fill_tokens = self.rule.fill * self.max_tokens
+        self._threshold = self._fill_tokens * self.dp_size
+        self._step = self.rule.retry * self.dp_size * self.max_tokens
+        self._hold = self.rule.hold * self.dp_size * self.max_tokens
+        self._idle_tokens = self.rule.idle_fill * self.max_tokens
+
+    @property
+    def num_buffered(self) -> int:
+        """Sequences that arrived and are not yet in a released slot."""
+        return len(self._buffer)
+
+    @property
+    def num_released(self) -> int:
+        """Slots released so far in this step (returned by :meth:`ready` or queued)."""
+        return len(self._released)
+
+    def __repr__(self) -> str:
+        return (
+            f"StreamingPlanner(dp_size={self.dp_size}, max_tokens={self.max_tokens}, "
+            f"sync={self.sync!r}, buffered={self.num_buffered}, released={self.num_released})"
+        )
+
+    # ---- arrivals ----------------------------------------------------------------------
+    def add(self, lengths: Any, ids: Any = None, groups: Any = None) -> None:
+        """Record arriving sequences (in arrival order) and release the slots they complete.
+
+        Parameters
+        ----------
+        lengths : array-like of int
+            Tokens per arriving sequence.
+        ids : array-like of int, optional
+            One id per sequence, unique within the step; default: the running arrival
+            index (0, 1, ... over the step, restarting after :meth:`flush`).
+        groups : array-like, optional
+            Group id per sequence (numbers or strings): a group never spans ranks. Once a
+            group has a sequence in a released slot, its later sequences go to that rank.
+
+        Raises
+        ------
+        ValueError
+            On bad input, before anything is recorded: the call then changes nothing.
+        """
+        lens = as_lengths(lengths)
+        n = lens.shape[0]
+        if ids is None:
+            start = len(self._ids)
+            id_list = list(range(start, start + n))
+            clash = next((i for i in id_list if i in self._seen), None)
+            if clash is not None:
+                raise ValueError(
+                    f"ids: the running index {clash} was already given as an explicit id in "
+                    "this step; pass ids on every add call, or on none"
+                )
+        else:
+            id_arr = _as_1d(ids, "ids")
+            if id_arr.shape[0] != n:
+                raise ValueError(
+                    f"ids has {id_arr.shape[0]} entries but there are {n} lengths; "
+                    "pass one id per sequence"
+                )
+            if id_arr.dtype.kind == "f":
+                k = first_not_whole(id_arr)
+                if k is not None:
+                    raise ValueError(f"ids[{k}] = {id_arr[k].item()!r} is not an integer id")
+            id_list = [int(i) for i in id_arr.tolist()]
+            seen = set(self._seen)
+            for k, i in enumerate(id_list):
+                if i in seen:
+                    raise ValueError(
+                        f"ids[{k}] = {i} was already added in this step; every id must be "
+                        "unique until flush()"
+                    )
+                seen.add(i)
+        if groups is None:
+            group_list: list[Any] = [None] * n
+        else:
+            arr = group_ids(groups, "groups")
+            as_groups(arr, n)  # length and finiteness, with the argument's name
+            group_list = [_group_key(g) for g in arr.tolist()]
+        if n and self.oversized == "error":
+            over = np.flatnonzero(lens > self.max_tokens)
+            if over.size:
+                i = int(over[0])
+                raise ValueError(
+                    f"lengths[{i}] = {int(lens[i])} is longer than max_tokens = "
+                    f"{self.max_tokens}; raise max_tokens, split or truncate such sequences, "
+                    "or pass oversized='alone' to run them alone at the flush"
+                )
+        costs, _ = sequence_costs(lens, self._model)
+        for i, t, c, g in zip(id_list, lens.tolist(), costs.tolist(), group_list):
+            self._arrive(i, t, c, g)
+
+    def _arrive(self, i: int, t: int, c: float, g: Any) -> None:
+        pos = len(self._ids)
+        self._ids.append(i)
+        self._lens.append(t)
+        self._costs.append(c)
+        self._groups.append(g)
+        self._seen.add(i)
+        self._buffer.append(pos)
+        if t > self.max_tokens:
+            return  # oversized="alone": held to the flush
+        self._buffered_tokens += t
+        if self.rule.release == "pull":
+            return  # decided when the trainer asks (ready(idle=True))
+        while self._buffered_tokens >= max(self._threshold, self._next_try):
+            mode = "force" if self._buffered_tokens >= self._hold else "rule"
+            if not self._try_release(mode):
+                self._next_try = min(self._buffered_tokens + self._step, self._hold)
+                break
+
+    def _try_release(self, mode: str = "rule") -> bool:
+        """Form a slot from the buffer and release it if it meets the rule.
+
+        ``mode``: ``"rule"`` (fill and balance), ``"idle"`` (``idle_fill`` and balance),
+        ``"force"`` (the buffer is at ``hold``: the best slot formed, whatever it is).
+        """
+        cap = self.max_tokens
+        lens, costs = self._lens, self._costs
+        cand = [p for p in self._buffer if lens[p] <= cap]
+        # Most expensive first, then longest, then earliest: a fixed order.
+        cand.sort(key=lambda p: (-costs[p], -lens[p], p))
+        tries = [cand]
+        big = sum(2 * lens[p] > cap for p in cand)  # no two of these share a micro-batch
+        if 0 < big < self.dp_size:
+            # Too few to give every rank one: a slot without them, so they wait for more
+            # of their kind instead of leaving short-only micro-batches far lighter.
+            tries.append([p for p in cand if 2 * lens[p] <= cap])
+        fill = self._idle_tokens if mode == "idle" else self._fill_tokens
+        best = None
+        for order in tries:
+            if not order:
+                continue
+            bins, tok, work = self._form(order)
+            dp_time = self.dp_size * (max(work) + self._c0)
+            eff = (sum(work) + self.dp_size * self._c0) / dp_time if dp_time > 0 else 1.0
+            if mode == "idle":
+                # The fuller-balanced of the tries that fill every micro-batch to idle_fill.
+                if min(tok) >= fill and (best is None or eff > best[3]):
+                    best = (bins, tok, work, eff)
+                continue
+            if min(tok) >= fill and eff >= self.rule.balance:
+                best = (bins, tok, work)
+                break
+            if mode == "force" and (best is None or eff > best[3]):
+                best = (bins, tok, work, eff)
+        if best is None:
+            return False
+        bins, tok, work = best[:3]
+        taken = {p for b in bins for p in b}
+        self._buffer = [p for p in self._buffer if p not in taken]
+        self._buffered_tokens -= sum(tok)
+        self._next_try = 0
+        for r, b in enumerate(bins):
+            b.sort()
+            self._rank_work[r] += work[r] + self._c0
+            for p in b:
+                g = self._groups[p]
+                if g is not None:
+                    self._pinned.setdefault(g, r)
+        self._released.append(bins)
+        self._queue.append([[self._ids[p] for p in b] for b in bins])
+        return True
+
+    def _form(self, cand: list[int]) -> tuple[list[list[int]], list[int], list[float]]:
+        """``cand`` (in that order) into ``dp`` micro-batches: each sequence to the one of
+        least cost with room (capacitated LPT), sequences tied to a rank to that rank;
+        sequences that fit nowhere are left out. Returns bins, tokens, and cost."""
+        dp, cap = self.dp_size, self.max_tokens
+        lens, costs = self._lens, self._costs
+        base = self._rank_work if self.sync == "ddp" else [0.0] * dp
+        load = list(base)
+        tok = [0] * dp
+        bins: list[list[int]] = [[] for _ in range(dp)]
+        here: dict[Any, int] = {}  # group -> rank inside this slot
+        heap = [(load[r], r) for r in range(dp)]  # entries go stale when a pin adds cost
+        heapq.heapify(heap)
+        # smallest[k]: the fewest tokens of cand[k:] (a bin with less room is done)
+        smallest = np.minimum.accumulate(
+            np.asarray([lens[p] for p in cand][::-1], dtype=np.int64)
+        )[::-1].tolist()
+        for k, p in enumerate(cand):
+            t, c = lens[p], costs[p]
+            g = self._groups[p]
+            r = None if g is None else self._pinned.get(g, here.get(g))
+            if r is None:
+                skipped = []
+                while heap:
+                    lr, b = heapq.heappop(heap)
+                    if lr != load[b]:
+                        continue  # stale: the bin's current entry is in the heap too
+                    if tok[b] + t <= cap:
+                        r = b
+                        break
+                    if cap - tok[b] >= smallest[k]:
+                        skipped.append((lr, b))  # else nothing left fits it: dropped
+                for s in skipped:
+                    heapq.heappush(heap, s)
+                if r is None:
+                    continue
+            elif tok[r] + t > cap:
+                continue
+            bins[r].append(p)
+            tok[r] += t
+            load[r] += c
+            heapq.heappush(heap, (load[r], r))
+            if g is not None:
+                here.setdefault(g, r)
+        return bins, tok, [load[r] - base[r] for r in range(dp)]
+
+    # ---- output ------------------------------------------------------------------------
+    def ready(self, idle: bool = False) -> list[Slot]:
+        """The slots released since the last call, oldest first.
+
+        Parameters
+        ----------
+        idle : bool
+            The trainer has nothing to run. One more slot is released if the buffer
+            fills every micro-batch to ``rule.idle_fill * max_tokens`` (and
+            meets ``rule.balance``): work started now is work not left for the end of the
+            step. Slots then also depend on where in the arrivals ``ready(idle=True)`` was
+            called (call it at the same points on every rank).
+
+        Returns
+        -------
+        list of slots
+            Each slot is a list of ``dp_size`` lists of ids: micro-batch ``r`` runs on
+            rank ``r``. ``[]`` when nothing was released.
+        """
+        idle = check_bool(idle, "idle")
+        if idle and self._buffer:
+            if self.rule.release == "arrival":
+                self._try_release("idle")
+            elif not (
+                self._try_release("rule")
+                or (self._buffered_tokens >= self._hold and self._try_release("force"))
+            ):
+                self._try_release("idle")
+        out, self._queue = self._queue, []
+        return out
+
+    def flush(self) -> list[Slot]:
+        """The slots not yet returned, then the rest planned offline; starts a new step.
+
+        Returns the queued slots (as :meth:`ready` would) followed by the buffered
+        sequences planned with :func:`seqbalance.plan` (and, with ``rule.guard``, never
+        slower than the offline plan of the whole step with the released sequences taken
+        out). After it every id of the step has appeared exactly once.
+        """
+        out = self.ready()
+        rest = list(self._buffer)
+        if rest:
+            grid = self._plan_rest(rest)
+            for j in range(len(grid[0])):
+                out.append([[self._ids[p] for p in grid[r][j]] for r in range(self.dp_size)])
+        self._reset()
+        return out
+
+    def _plan_rest(self, rest: list[int]) -> list[list[list[int]]]:
+        """The rest as ``[rank][micro-batch]`` lists of arrival positions."""
+
+        lens = np.asarray(self._lens, dtype=np.int64)
+        groups = self._groups
+        has_groups = any(g is not None for g in groups)
+
+        def offline(pos: list[int]) -> list[list[list[int]]]:
+            idx = np.asarray(pos, dtype=np.int64)
+            g = None
+            if has_groups:
+                # A sequence without a group is a group of its own.
+                g = [("g", groups[p]) if groups[p] is not None else ("s", p) for p in pos]
+                g = as_groups([_label(x) for x in g], len(pos))
+            p = plan(
+                lens[idx],
+                self.dp_size,
+                self.max_tokens,
+                cost=self._model,
+                sync=self.sync,
+                groups=g,
+                allow_empty=True,
+                oversized=self.oversized,
+            )
+            return [[[pos[k] for k in mb] for mb in rank] for rank in p.micro_batches]
+
+        pins = {g: r for g, r in self._pinned.items() if any(groups[p] == g for p in rest)}
+        if pins:
+            first = self._pinned_rest(rest, pins)
+        else:
+            first = offline(rest)
+        if not self.rule.guard or not self._released:
+            return first
+        # Guard: the offline plan of the whole step, released sequences taken out.
+        keep = set(rest)
+        whole = offline(list(range(len(self._ids))))
+        cut = [[[p for p in mb if p in keep] for mb in rank] for rank in whole]
+        slots = [j for j in range(len(cut[0])) if any(cut[r][j] for r in range(self.dp_size))]
+        cut = [[rank[j] for j in slots] for rank in cut]
+        if pins and not all(
+            groups[p] not in pins or pins[groups[p]] == r
+            for r, rank in enumerate(cut)
+            for mb in rank
+            for p in mb
+        ):
+            return first
+        return cut if self._time(cut) < self._time(first) else first
+
+    def _time(self, grid: list[list[list[int]]]) -> float:
+        costs = np.asarray(self._costs, dtype=np.float64)
+        mb = microbatch_costs(grid, costs, per_microbatch=self._c0)
+        return step_time_of(mb, self.sync)
+
+    def _pinned_rest(self, rest: list[int], pins: dict[Any, int]) -> list[list[list[int]]]:
+        """The rest when some groups are already tied to a rank: ranks first (pinned
+        groups on their rank, the other groups heaviest first onto the least-loaded rank),
+        then each rank packed by the planner's per-rank packer at the fewest common count."""
+        dp, cap = self.dp_size, self.max_tokens
+        lens = np.asarray(self._lens, dtype=np.int64)
+        costs = np.asarray(self._costs, dtype=np.float64)
+        units: dict[Any, list[int]] = {}
+        for p in rest:
+            g = self._groups[p]
+            units.setdefault(("g", g) if g is not None else ("s", p), []).append(p)
+        rank_items: list[list[int]] = [[] for _ in range(dp)]
+        load = [0.0] * dp
+        free = []
+        for key, members in units.items():
+            if key[0] == "g" and key[1] in pins:
+                r = pins[key[1]]
+                rank_items[r].extend(members)
+                load[r] += float(costs[members].sum())
+            else:
+                free.append((-float(costs[members].sum()), members[0], members))
+        for neg, _, members in sorted(free):
+            r = min(range(dp), key=lambda b: (load[b], b))
+            rank_items[r].extend(members)
+            load[r] -= neg
+        over = [[p for p in items if lens[p] > cap] for items in rank_items]
+        fits = [sorted(p for p in items if lens[p] <= cap) for items in rank_items]
+        m = max(max(-(-int(lens[items].sum()) // cap) for items in fits), 1)
+        most = max(len(items) for items in fits)
+        grid = None
+        while grid is None and m <= most:
+            grid = _plan_by_rank(lens, costs, fits, m, cap, False, self.sync)
+            m += 1
+        if grid is None:  # one sequence a micro-batch always fits
+            grid = [[[p] for p in items] for items in fits]
+        # Oversized sequences run alone, after the rank's packed micro-batches.
+        grid = [rank + [[p] for p in sorted(big)] for rank, big in zip(grid, over)]
+        longest = max(len(rank) for rank in grid)
+        return [rank + [[] for _ in range(longest - len(rank))] for rank in grid]
+
+
+def _group_key(g: Any) -> Any:
+    """A group id as a plain, hashable, order-free key (numpy scalars -> Python)."""
+    return g.item() if hasattr(g, "item") else g
+
+
+def _label(key: tuple[str, Any]) -> str:
+    """A group key as a string label (as_groups numbers labels by first appearance)."""
+    return f"{key[0]}:{key[1]!r}"

@@ -1,0 +1,326 @@
+"""StreamingPlanner: every id once, caps held, dp micro-batches a slot, the same slots for
+the same arrivals however they are split into calls, and clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import seqbalance as sb
+from seqbalance import StreamingPlanner, StreamingRule
+from seqbalance.planning.simulation import microbatch_costs, step_time_of
+
+
+def _stream(lengths, dp, cap, cuts=(), idle_at=(), groups=None, **kwargs):
+    """Feed ``lengths`` in the pieces ``cuts`` gives; ``ready(idle=True)`` after the
+    arrivals at the positions ``idle_at`` (which must be cuts), ``ready()`` after the others.
+    Returns (released slots, flushed slots)."""
+    sp = StreamingPlanner(dp, cap, **kwargs)
+    bounds = sorted({0, len(lengths), *cuts, *idle_at})
+    released = []
+    for a, b in zip(bounds, bounds[1:]):
+        g = None if groups is None else groups[a:b]
+        sp.add(lengths[a:b], groups=g)
+        released += sp.ready(idle=b in idle_at)
+    return released, sp.flush()
+
+
+def _check(slots, lengths, dp, cap):
+    ids = [i for s in slots for mb in s for i in mb]
+    assert sorted(ids) == list(range(len(lengths)))  # every id exactly once
+    for s in slots:
+        assert len(s) == dp  # one micro-batch per rank
+        for mb in s:
+            tokens = sum(lengths[i] for i in mb)
+            assert tokens <= cap or len(mb) == 1, (mb, tokens)  # oversized: alone
+
+
+arrivals = st.lists(st.integers(1, 120), min_size=0, max_size=60)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=arrivals,
+    dp=st.integers(1, 4),
+    cap=st.integers(60, 200),
+    data=st.data(),
+)
+def test_every_id_once_caps_and_slot_shape(lengths, dp, cap, data):
+    lengths = [min(x, cap) for x in lengths]
+    n = len(lengths)
+    cuts = data.draw(st.lists(st.integers(0, n), max_size=6))
+    idle = data.draw(st.lists(st.sampled_from(sorted({0, n, *cuts})), max_size=3))
+    released, flushed = _stream(lengths, dp, cap, cuts, idle)
+    _check(released + flushed, lengths, dp, cap)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 300), min_size=1, max_size=40),
+    dp=st.integers(1, 3),
+    data=st.data(),
+)
+def test_oversized_alone(lengths, dp, data):
+    cap = 100
+    cuts = data.draw(st.lists(st.integers(0, len(lengths)), max_size=4))
+    released, flushed = _stream(lengths, dp, cap, cuts, oversized="alone")
+    _check(released + flushed, lengths, dp, cap)
+    # Released slots never hold an oversized sequence (they wait for the flush).
+    assert all(lengths[i] <= cap for s in released for mb in s for i in mb)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 150), min_size=0, max_size=50),
+    dp=st.integers(1, 4),
+    data=st.data(),
+)
+def test_any_split_into_calls_gives_the_same_slots(lengths, dp, data):
+    cap = 160
+    n = len(lengths)
+    idle = data.draw(st.lists(st.integers(0, n), max_size=3, unique=True))
+    a = data.draw(st.lists(st.integers(0, n), max_size=8))
+    b = data.draw(st.lists(st.integers(0, n), max_size=8))
+    one = _stream(lengths, dp, cap, a, idle)
+    two = _stream(lengths, dp, cap, b, idle)
+    per_arrival = _stream(lengths, dp, cap, range(n + 1), idle)
+    assert one == two == per_arrival
+    # Without idle calls, when ready() is called does not matter at all.
+    released, flushed = _stream(lengths, dp, cap, a)
+    assert released + flushed == [s for part in _stream(lengths, dp, cap, b) for s in part]
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 6), min_size=1, max_size=12),
+    dp=st.integers(1, 4),
+    seed=st.integers(0, 2**16),
+    data=st.data(),
+)
+def test_a_group_never_spans_ranks(sizes, dp, seed, data):
+    rng = np.random.default_rng(seed)
+    groups = np.repeat(np.arange(len(sizes)), sizes)
+    rng.shuffle(groups)  # members of a group arrive apart
+    lengths = rng.integers(1, 60, size=groups.size).tolist()
+    cuts = data.draw(st.lists(st.integers(0, groups.size), max_size=5))
+    idle = data.draw(st.lists(st.sampled_from(sorted({0, groups.size, *cuts})), max_size=3))
+    released, flushed = _stream(lengths, dp, 100, cuts, idle, groups=groups.tolist())
+    slots = released + flushed
+    _check(slots, lengths, dp, 100)
+    rank_of = {}
+    for s in slots:
+        for r, mb in enumerate(s):
+            for i in mb:
+                assert rank_of.setdefault(groups[i], r) == r
+
+
+def test_group_strings_and_ids():
+    sp = StreamingPlanner(2, 100)
+    sp.add([60, 50], ids=[10, 11], groups=["a", "b"])
+    sp.add([40, 45], ids=[12, 13], groups=["a", "b"])
+    slots = sp.ready() + sp.flush()
+    ranks = {i: r for s in slots for r, mb in enumerate(s) for i in mb}
+    assert sorted(ranks) == [10, 11, 12, 13]
+    assert ranks[10] == ranks[12] and ranks[11] == ranks[13]
+
+
+def _offline_without(lengths, released, dp, cap, cost):
+    """The whole step's offline plan with the released sequences taken out (built here,
+    not by the planner), and its step time."""
+    p = sb.plan(lengths, dp, cap, cost=cost, allow_empty=True)
+    done = {i for s in released for mb in s for i in mb}
+    grid = [[[i for i in mb if i not in done] for mb in rank] for rank in p.micro_batches]
+    keep = [j for j in range(len(grid[0])) if any(grid[r][j] for r in range(dp))]
+    grid = [[rank[j] for j in keep] for rank in grid]
+    costs = np.asarray(lengths, dtype=np.float64)
+    return step_time_of(microbatch_costs(grid, costs), "fsdp")
+
+
+@settings(max_examples=30, deadline=None)
+@given(lengths=st.lists(st.integers(1, 100), min_size=1, max_size=60), dp=st.integers(1, 4))
+def test_guard_flush_never_slower_than_the_offline_plan(lengths, dp):
+    cap = 120
+    released, flushed = _stream(lengths, dp, cap, range(len(lengths) + 1))
+    grid = [[s[r] for s in flushed] for r in range(dp)]
+    costs = np.asarray(lengths, dtype=np.float64)
+    flush_time = step_time_of(microbatch_costs(grid, costs), "fsdp") if flushed else 0.0
+    assert flush_time <= _offline_without(lengths, released, dp, cap, None) * (1 + 1e-12)
+
+
+def test_released_slots_meet_the_rule_without_hold():
+    rule = StreamingRule(fill=0.8, balance=0.9, hold=1e9)
+    lengths = sb.workloads.lengths("bimodal", 400, seed=3)
+    cap = 32768
+    released, flushed = _stream(lengths.tolist(), 4, cap, range(401), rule=rule)
+    assert released, "bimodal arrivals fill slots long before the end"
+    for s in released:
+        tokens = [int(lengths[mb].sum()) for mb in s]
+        assert min(tokens) >= 0.8 * cap
+        assert sum(tokens) >= 0.9 * 4 * max(tokens)
+    _check(released + flushed, lengths.tolist(), 4, cap)
+
+
+def test_exact_small_case():
+    sp = StreamingPlanner(2, 100)
+    sp.add([50, 45, 40, 60])  # 195 tokens >= 0.9 x 2 x 100: two micro-batches of 95 and 100
+    assert sp.ready() == [[[2, 3], [0, 1]]]
+    assert sp.num_released == 1 and sp.num_buffered == 0
+    sp.add([30, 30, 20])
+    assert sp.ready() == []
+    assert sp.flush() == [[[4, 6], [5]]]
+    # flush starts a new step: ids restart at 0
+    sp.add([10])
+    assert sp.flush() == [[[0], []]]
+
+
+def test_flush_of_nothing_and_dp_one():
+    assert StreamingPlanner(3, 10).flush() == []
+    released, flushed = _stream([5, 5, 5, 5], 1, 10, [1, 2, 3])
+    assert released + flushed == [[[0, 1]], [[2, 3]]]
+
+
+def test_cost_model_and_ddp():
+    lengths = sb.workloads.lengths("rl-math", 256, seed=1)
+    for sync in ("fsdp", "ddp"):
+        released, flushed = _stream(lengths, 4, 32768, range(0, 257, 16), cost="qwen2.5-7b",
+                                    sync=sync)
+        _check(released + flushed, lengths, 4, 32768)
+        assert released
+
+
+_SCRIPT = """
+import json, sys
+import numpy as np
+from seqbalance import StreamingPlanner, workloads
+lengths = workloads.lengths("rl-math-truncated", 600, seed=5)
+order = np.argsort(lengths, kind="stable")
+sp = StreamingPlanner(8, 32768, cost="qwen2.5-7b")
+out = []
+for k in range(0, 600, 37):
+    sp.add(lengths[order[k:k + 37]], ids=order[k:k + 37])
+    out.append(sp.ready(idle=k % 3 == 0))
+out.append(sp.flush())
+sys.stdout.write(json.dumps(out))
+"""
+
+
+def test_same_output_in_another_process():
+    run = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, timeout=120)
+    assert run.returncode == 0, run.stderr.decode()
+    ns: dict = {}
+    exec(_SCRIPT.replace("sys.stdout.write(json.dumps(out))", ""), ns)
+    assert json.dumps(ns["out"]).encode() == run.stdout  # the same bytes in both processes
+    assert ns["out"][-1] and any(ns["out"][:-1])  # slots released early and at the flush
+
+
+# ---- errors ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"fill": 0}, r"StreamingRule.fill = 0 is invalid; pass a number in \(0, 1\]"),
+        ({"balance": 1.5}, "StreamingRule.balance"),
+        ({"retry": float("nan")}, "StreamingRule.retry"),
+        ({"idle_fill": -0.1}, r"StreamingRule.idle_fill = -0.1 is invalid; pass a number in \[0"),
+        ({"fill": 0.9, "hold": 0.5}, "StreamingRule.hold = 0.5 is invalid; pass a number >= fill"),
+        ({"hold": "2"}, "StreamingRule.hold"),
+        ({"guard": 1}, "StreamingRule.guard"),
+        ({"fill": True}, "StreamingRule.fill"),
+    ],
+)
+def test_rule_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        StreamingRule(**kwargs)
+
+
+def test_rule_is_frozen():
+    with pytest.raises(AttributeError):
+        StreamingRule().fill = 0.5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "match"),
+    [
+        ((0, 100), {}, "dp_size"),
+        ((10**9, 100), {}, "dp_size=1000000000 is beyond any real parallel layout"),
+        ((2, 0), {}, "max_tokens"),
+        ((2, 100), {"sync": "zero3"}, "sync"),
+        ((2, 100), {"oversized": "drop"}, "oversized"),
+        ((2, 100), {"cost": [1.0, 2.0]}, "not per-sequence costs"),
+        ((2, 100), {"cost": "no-such-model"}, "no-such-model"),
+        ((2, 100), {"rule": {"fill": 0.5}}, "rule must be a StreamingRule"),
+    ],
+)
+def test_constructor_errors(args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        StreamingPlanner(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda sp: sp.add([10, -1]), r"lengths\[1\] = -1 is negative"),
+        (lambda sp: sp.add([10, 101]), r"lengths\[1\] = 101 is longer than max_tokens = 100"),
+        (lambda sp: sp.add([[1, 2]]), "lengths must be 1-D"),
+        (lambda sp: sp.add([10, 20], ids=[1]), "ids has 1 entries but there are 2 lengths"),
+        (lambda sp: sp.add([10, 20], ids=[3, 3]), r"ids\[1\] = 3 was already added"),
+        (lambda sp: sp.add([10], ids=[1.5]), r"ids\[0\] = 1.5 is not an integer id"),
+        (lambda sp: sp.add([10], ids=["a"]), "ids must hold numbers"),
+        (lambda sp: sp.add([10, 20], groups=[1]), "groups has 1 entries but there are 2"),
+        (lambda sp: sp.ready(idle="yes"), "idle"),
+    ],
+)
+def test_add_errors_change_nothing(call, match):
+    sp = StreamingPlanner(2, 100)
+    sp.add([30, 40], ids=[5, 6])
+    with pytest.raises(ValueError, match=match):
+        call(sp)
+    assert sp.num_buffered == 2  # the failed call recorded nothing
+    sp.add([50], ids=[7])
+    assert sorted(i for s in sp.flush() for mb in s for i in mb) == [5, 6, 7]
+
+
+def test_ids_repeat_across_calls_and_mixing_with_running_index():
+    sp = StreamingPlanner(2, 100)
+    sp.add([10], ids=[1])
+    with pytest.raises(ValueError, match=r"ids\[0\] = 1 was already added in this step"):
+        sp.add([10], ids=[1])
+    with pytest.raises(ValueError, match="running index 1 was already given"):
+        sp.add([10])
+
+
+def test_release_choice_and_pull_mode():
+    with pytest.raises(ValueError, match=r"StreamingRule\.release"):
+        StreamingRule(release="eager")
+    lengths = [50, 45, 40, 60]
+    sp = StreamingPlanner(2, 100, rule=StreamingRule(release="pull"))
+    sp.add(lengths)
+    assert sp.ready() == []  # nothing on arrival
+    assert sp.ready(idle=True) == [[[2, 3], [0, 1]]]  # the same slot, when asked
+    assert sp.flush() == []
+
+
+def test_flush_keeps_released_groups_on_their_rank():
+    sp = StreamingPlanner(2, 100)
+    sp.add([30, 30], groups=["a", "b"])
+    assert sp.ready(idle=True) == [[[0], [1]]]  # a on rank 0, b on rank 1
+    sp.add([50, 50, 20], groups=["b", "a", "c"])
+    flushed = sp.flush()
+    ranks = {i: r for s in flushed for r, mb in enumerate(s) for i in mb}
+    assert ranks[2] == 1 and ranks[3] == 0  # b's and a's later sequences follow them
+    assert sorted(ranks) == [2, 3, 4]
+
+
+def test_repr():
+    sp = StreamingPlanner(2, 100)
+    sp.add([10])
+    assert repr(sp) == (
+        "StreamingPlanner(dp_size=2, max_tokens=100, sync='fsdp', buffered=1, released=0)"
+    )
