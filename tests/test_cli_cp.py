@@ -299,7 +299,7 @@ def test_compare_pipelines_of_static_cp_rings(tmp_path, capsys):
     assert rows["static-cp"]["step_time"] == mine.simulate_pipeline().step_time
     # verl-static-cp: verl's micro-batches of the largest pieces, each sequence over the
     # replica's 4 GPUs in the balanced layout (built here from the baseline's grid)
-    grid = sb.baselines.verl(largest_piece_tokens(lengths, 4), 2, 16384).micro_batches
+    grid = sb.planning.baselines.verl(largest_piece_tokens(lengths, 4), 2, 16384).micro_batches
     pieces = [[[(int(i), s, e) for i in mb for s, e in balanced_layout(int(lengths[i]), 4)[g % 4]]
                for mb in grid[g // 4]] for g in range(8)]  # fmt: skip
     verl = CPPlan(pieces, lengths, max_tokens=16384, cp_size=4, cp="static",

@@ -270,14 +270,14 @@ def test_pp_comm_is_a_per_token_transfer(sync):
 
 
 def test_order_baselines_reachable_from_baselines():
-    assert list(sb.baselines.PIPELINE_ORDERS) == [
+    assert list(sb.planning.baselines.PIPELINE_ORDERS) == [
         "input",
         "largest-first",
         "smallest-first",
         "light-ends",
     ]
     p = sb.plan(LENS, 2, 32768, pp_size=2, min_micro_batches=4)
-    verl = sb.baselines.reorder(p, "light-ends")
+    verl = sb.planning.baselines.reorder(p, "light-ends")
     assert verl.strategy.endswith("+light-ends")
     assert sorted(verl.order().tolist()) == list(range(LENS.size))
 

@@ -6,10 +6,10 @@ import sys
 
 import numpy as np
 import pytest
-from seqbalance.baselines import BASELINES
-from seqbalance.planner import plan
 
 from seqbalance.cli.plotting import _ranks_shown, plot_timeline
+from seqbalance.planning.baselines import BASELINES
+from seqbalance.planning.planner import plan
 
 pytest.importorskip("matplotlib")
 

@@ -226,7 +226,7 @@ def worker_packed(rank: int, world: int, seeds: list[int]) -> list[dict]:
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("world", [2, 3])
 def test_packed_rebalance_with_planner(world):
-    from seqbalance.planner import plan
+    from seqbalance.planning.planner import plan
 
     seeds = [11, 12, 13]
     results = run_distributed(worker_packed, world, seeds, timeout=TIMEOUT - 10)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_core_import_does_not_import_torch():
     code = (
-        "import sys, seqbalance, seqbalance.workloads, seqbalance.planner\n"
+        "import sys, seqbalance, seqbalance.workloads, seqbalance.planning.planner\n"
         "assert 'torch' not in sys.modules, 'import seqbalance pulled in torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -25,10 +25,10 @@ when one of them is first used.
 
 from __future__ import annotations
 
-import sys as _sys
 from typing import Any
 
 from . import workloads
+from ._version import __version__
 from .costs import (
     SHIPPED,
     CostModel,
@@ -43,36 +43,22 @@ from .costs import (
 from .partitioning import (
     Partition,
     balance_stats,
-    bounds,
     contiguous_partition,
     exact_searches,
     exact_searches_enabled,
     lower_bound,
     partition,
-    stats,
 )
 from .planning import (
     BASELINES,
     Plan,
     Simulation,
-    baselines,
     inverse_permutation,
     plan,
-    planner,
-    plans,
     simulate,
-    simulation,
     step_time_lower_bound,
 )
 from .planning.pipeline import pipeline_lower_bound, simulate_pipeline
-
-__version__ = "0.1.0"
-
-# 0.1.0 had these modules at the top level; keep `import seqbalance.simulation` and friends
-# working. Their homes are seqbalance.partitioning.* and seqbalance.planning.*.
-for _module in (bounds, stats, baselines, planner, plans, simulation):
-    _sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
-del _module
 
 _TORCH_NAMES = (
     "BalancedDistributedSampler",

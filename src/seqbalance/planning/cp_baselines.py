@@ -6,9 +6,10 @@
     seqbalance itself, so this baseline isolates the cost of the fixed degree.
 ``verl-static-cp`` (:func:`verl_static_cp`, not in :data:`CP_BASELINES`)
     Static CP with verl's own micro-batching: verl's dynamic batching
-    (:func:`seqbalance.baselines.verl`: equal-count KK over replicas, KK micro-batches, one
-    more until the cap holds, light micro-batches at both ends) on each sequence's largest
-    piece, the tokens one GPU holds of it; then every sequence over its replica's GPUs.
+    (:func:`seqbalance.planning.baselines.verl`: equal-count KK over replicas, KK
+    micro-batches, one more until the cap holds, light micro-batches at both ends) on each
+    sequence's largest piece, the tokens one GPU holds of it; then every sequence over its
+    replica's GPUs.
 ``megatron-cp``
     Megatron-LM's dynamic ("hybrid") CP scheduler, re-implemented from its published
     description: each sample gets ``d = 2^ceil(log2(ceil(L / max_tokens)))`` GPUs (doubled
