@@ -25,7 +25,7 @@ when one of them is first used.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any as _Any
 
 from . import workloads
 from ._version import __version__
@@ -104,7 +104,7 @@ __all__ = [
 # torch, and fail without it. They resolve on attribute access (below).
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     # Torch-backed names resolve on first use, so `import seqbalance` never imports torch.
     if name in _TORCH_NAMES:
         from . import torch as _integration
