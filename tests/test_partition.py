@@ -271,6 +271,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_deterministic_across_processes() -> None:
     outputs = []
     for seed in ("0", "12345"):

@@ -131,6 +131,7 @@ def test_exact_small_case():
     assert p.simulate().gap == 0.0
 
 
+@pytest.mark.slow
 def test_m_is_capacity_minimum_on_workloads():
     for name in ("rl-math", "sft-chat", "bimodal", "uniform"):
         lengths = workloads.lengths(name, 2048, seed=3)
@@ -295,6 +296,7 @@ print(hashlib.sha256("".join(out).encode()).hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_same_plan_in_every_process():
     digests = set()
     for seed in ("0", "12345"):
@@ -307,6 +309,7 @@ def test_same_plan_in_every_process():
     assert len(digests) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["rl-math", "sft-chat", "bimodal", "uniform"])
 @pytest.mark.parametrize("sync", ["fsdp", "ddp"])
 def test_never_slower_than_a_runnable_baseline(name, sync):

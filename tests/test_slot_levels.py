@@ -99,6 +99,7 @@ def test_refill_keeps_ranks_and_capacity_and_never_slows(lengths, dp, m, quad, s
     assert _fsdp_step(out, costs) <= _fsdp_step(grid, costs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("workload", "n", "dp", "m", "gap"),
     [

@@ -438,6 +438,7 @@ def outcomes(request):
     return world, results
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 def test_every_mismatch_raises_the_same_value_error_on_every_rank(outcomes):
     world, results = outcomes
