@@ -20,7 +20,6 @@ ROOT = Path(seqbalance.__file__).parent
 # package (or module) under seqbalance -> layer; higher numbers sit on top.
 LAYERS = {
     "_validate": 0,
-    "_version": 0,
     "workloads": 1,  # seeded data sets, beside the costs
     "costs": 1,
     "partitioning": 1,

@@ -238,6 +238,7 @@ def _restore_mismatch(rank: int, world: int, kind: str):
     return _restore_outcome(handle, outs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "expected"),
     [("rows", "failed on rank 1"), ("trailing", "different trailing shape of outputs")],

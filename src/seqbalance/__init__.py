@@ -28,7 +28,6 @@ from __future__ import annotations
 from typing import Any as _Any
 
 from . import workloads
-from ._version import __version__
 from .costs import (
     SHIPPED,
     CostModel,
@@ -59,6 +58,9 @@ from .planning import (
     step_time_lower_bound,
 )
 from .planning.pipeline import pipeline_lower_bound, simulate_pipeline
+
+# The one place the version is written: pyproject.toml reads it from here.
+__version__ = "1.0.0rc1"
 
 _TORCH_NAMES = (
     "BalancedDistributedSampler",
