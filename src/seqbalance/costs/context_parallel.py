@@ -216,9 +216,10 @@ def _cost_per_second(cost: CostModel, bandwidth: float | None) -> float:
     if getattr(cost, "architecture", None) is not None:  # a FlopsCost
         return FLOPS_PER_SECOND
     if getattr(cost, "sp_size", None):  # a UlyssesCost: the rate of its all-to-all, if
+        ulysses: Any = cost
         if getattr(cost, "bandwidth", None) is not None:  # priced; else its inner cost's
-            return float(getattr(cost, "cost_per_second"))  # noqa: B009
-        return _cost_per_second(getattr(cost, "cost"), bandwidth)  # noqa: B009
+            return float(ulysses.cost_per_second)
+        return _cost_per_second(ulysses.cost, bandwidth)
     meta = getattr(cost, "meta", None) or {}
     if bandwidth is None or "seconds" in (meta.get("unit"), meta.get("units")):
         return 1.0  # without a bandwidth no time is converted
