@@ -40,7 +40,11 @@ SLOW_TIER = "slow"
 collect_ignore_glob = [] if _HAS_TORCH else ["src/seqbalance/torch/*.py"]
 
 
-def pytest_report_header(config: object) -> str:
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    return [_torch_header(), *_tier_header(config)]
+
+
+def _torch_header() -> str:
     if not _HAS_TORCH:
         return f"seqbalance: {TORCH_HINT} (tests and doctests of seqbalance.torch are skipped)"
     from importlib.metadata import PackageNotFoundError, version
@@ -50,6 +54,19 @@ def pytest_report_header(config: object) -> str:
     except PackageNotFoundError:  # importable but not installed as a distribution
         found = "(version unknown)"
     return f"seqbalance: torch {found} found; the torch tests run"
+
+
+def _tier_header(config: pytest.Config) -> list[str]:
+    tier = (config.getoption("markexpr") or "").strip()
+    if tier == FAST_TIER:
+        return [
+            f"seqbalance: the fast tier (tests marked slow left out, hypothesis tests at "
+            f"1/{FAST_DIVISOR} of their examples); `python -m pytest -m slow` runs the rest"
+        ]
+    if tier == SLOW_TIER:
+        return ["seqbalance: the slow tier (the tests marked slow, and every hypothesis "
+                "test at its full max_examples)"]  # fmt: skip
+    return []
 
 
 def pytest_addoption(parser) -> None:
