@@ -14,10 +14,10 @@ forward and backward apart) and simulated by the same simulator. Rows:
     its own slot order: what a static-CP user gets today. ``no-pp+order`` is the same slots
     in the order seqbalance's search gives them (packing vs order).
 ``verl``
-    verl's dynamic micro-batching (:func:`seqbalance.baselines.verl`, its KK pipeline and
-    light-ends order; bench/pipelines_check.py compares it with verl's code) over the
-    replicas, each sequence's largest piece as its tokens, then split over the replica's
-    GPUs; ``verl+order`` the same slots in seqbalance's order. Under the interleaved
+    verl's dynamic micro-batching (:func:`seqbalance.planning.baselines.verl`, its KK
+    pipeline and light-ends order; bench/pipelines_check.py compares it with verl's code)
+    over the replicas, each sequence's largest piece as its tokens, then split over the
+    replica's GPUs; ``verl+order`` the same slots in seqbalance's order. Under the interleaved
     schedule only where verl's count is a multiple of ``pp`` (verl raises it with
     ``num_batches_divided_by``, which this baseline does not reproduce).
 
@@ -110,7 +110,7 @@ def run_case(workload, n, dp, cp, pp, cap, schedule, v, sync) -> dict:
     plans["no-pp"] = _as_pipelined(flat.pieces, lens, cap, cp, cpc, sync, setup, "no-pp")
     plans["no-pp+order"] = _ordered(plans["no-pp"], setup, sync)
     ptok = largest_piece_tokens(lens, cp)
-    grid = sb.baselines.verl(ptok, dp, cap, cost=None, sync=sync).micro_batches
+    grid = sb.planning.baselines.verl(ptok, dp, cap, cost=None, sync=sync).micro_batches
     if max(len(r) for r in grid) % mult == 0:  # else verl would raise its count (module doc)
         plans["verl"] = _as_pipelined(_pieces(grid, lens, cp), lens, cap, cp, cpc, sync, setup,
                                       "verl")  # fmt: skip

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from seqbalance.baselines import BASELINES, sequential, token_ffd
 
 from seqbalance import workloads
+from seqbalance.planning.baselines import BASELINES, sequential, token_ffd
 
 
 def test_sequential_contiguous_then_first_fit():

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from seqbalance.bounds import lower_bound
 
 from seqbalance.partitioning import partition
+from seqbalance.partitioning.bounds import lower_bound
 
 
 def brute_optimum(units: list[float], k: int, size: str) -> float:

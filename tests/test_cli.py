@@ -9,12 +9,12 @@ import sys
 
 import numpy as np
 import pytest
-from seqbalance.baselines import BASELINES
-from seqbalance.planner import plan
-from seqbalance.plans import Plan
 
 from seqbalance import workloads
 from seqbalance.cli.commands import DEMO_SETUPS, main
+from seqbalance.planning.baselines import BASELINES
+from seqbalance.planning.planner import plan
+from seqbalance.planning.plans import Plan
 
 STRATEGIES = ["seqbalance", *BASELINES]
 

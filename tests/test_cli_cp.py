@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from seqbalance import workloads
 from seqbalance.cli.commands import main
 from seqbalance.planning.cp_baselines import megatron_cp, static_cp
@@ -59,6 +61,7 @@ def test_compare_cp_errors(tmp_path, capsys):
     assert "--cp-size must be a power of two" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_cp_runs(capsys):
     assert main(["compare", "--demo", "--cp-size", "8"]) == 0
     text = capsys.readouterr().out
@@ -99,6 +102,7 @@ def test_compare_cp_refuses_or_honours_the_plan_options(tmp_path, capsys):
     assert slots >= 3 and slots % 2 == 0, slots
 
 
+@pytest.mark.slow
 def test_compare_cp_row_is_the_plan_plan_would_make(tmp_path, capsys):
     # seqbalance's row is `plan(cp_size=C)` with the same options, --allow-empty included
     # (it used to allow empty GPU-slots always, so the table and `plan` could disagree).
@@ -299,7 +303,7 @@ def test_compare_pipelines_of_static_cp_rings(tmp_path, capsys):
     assert rows["static-cp"]["step_time"] == mine.simulate_pipeline().step_time
     # verl-static-cp: verl's micro-batches of the largest pieces, each sequence over the
     # replica's 4 GPUs in the balanced layout (built here from the baseline's grid)
-    grid = sb.baselines.verl(largest_piece_tokens(lengths, 4), 2, 16384).micro_batches
+    grid = sb.planning.baselines.verl(largest_piece_tokens(lengths, 4), 2, 16384).micro_batches
     pieces = [[[(int(i), s, e) for i in mb for s, e in balanced_layout(int(lengths[i]), 4)[g % 4]]
                for mb in grid[g // 4]] for g in range(8)]  # fmt: skip
     verl = CPPlan(pieces, lengths, max_tokens=16384, cp_size=4, cp="static",

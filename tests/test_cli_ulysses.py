@@ -6,9 +6,6 @@ import json
 
 import numpy as np
 import pytest
-from seqbalance.baselines import BASELINES
-from seqbalance.planner import plan
-from seqbalance.plans import Plan
 
 from seqbalance import workloads
 from seqbalance.cli.commands import main
@@ -22,6 +19,9 @@ from seqbalance.costs import (
     ulysses_sp_size,
 )
 from seqbalance.costs.feedback import records_from_plan
+from seqbalance.planning.baselines import BASELINES
+from seqbalance.planning.planner import plan
+from seqbalance.planning.plans import Plan
 
 QWEN = FlopsCost.from_name("qwen2.5-7b")  # 28 heads, 4 K/V heads: sp 2, 4 or 28
 

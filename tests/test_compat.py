@@ -411,6 +411,7 @@ def worker_counts(rank, world):
     return len(mbs), len(mbs_free), len(groups), max(caps), sorted(i for p in idx for i in p)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_count_agreement_gloo(world):
     pytest.importorskip("torch.distributed")
@@ -570,6 +571,7 @@ def worker_agreement_paths(rank, world):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world", [2, 3])
 def test_count_agreement_error_paths_gloo(world):
@@ -676,6 +678,7 @@ def worker_match_count(rank, world):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("world", [2, 3])
 def test_verl_match_framework_count_gloo(world):

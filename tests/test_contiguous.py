@@ -294,6 +294,7 @@ def test_float_rounding_gap_is_bisected_not_stepped(monkeypatch):
     assert len(calls) <= 200
 
 
+@pytest.mark.slow
 def test_memory_is_linear_in_the_items():
     import tracemalloc
 

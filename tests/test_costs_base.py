@@ -194,7 +194,7 @@ def test_cost_model_is_abstract():
 
 
 def test_empty_microbatch_pays_the_fixed_cost_like_the_simulator():
-    from seqbalance.simulation import simulate
+    from seqbalance.planning.simulation import simulate
 
     cost = QuadraticCost(per_token=1.0, per_token_sq=0.0, per_microbatch=100.0)
     assert cost.microbatch_cost([]) == 100.0

@@ -242,7 +242,7 @@ def test_extra_counts_step_by_the_interleaved_multiple():
 def test_baseline_orders_move_slots_on_every_gpu_of_a_replica(order, sync):
     lens = _lens(7, 40, 9000)
     p = sb.plan(lens, 3, 8192, cost="qwen2.5-7b", cp_size=2, pp_size=2, sync=sync)
-    q = sb.baselines.reorder(p, order)
+    q = sb.planning.baselines.reorder(p, order)
     assert isinstance(q, CPPlan) and q.strategy == f"seqbalance+{order}"
     assert not any(q.violations().values())
     before, after = p.replica_micro_batches(), q.replica_micro_batches()  # GPUs still agree

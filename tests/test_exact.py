@@ -270,6 +270,7 @@ def milp_optimum(w: np.ndarray, k: int, size: str) -> float | None:
     return float(np.bincount(lab, weights=w, minlength=k).max())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", ["free", "equal", "balanced"])
 def test_auto_equals_milp_optimum(size: str) -> None:
     """n = 12..16, k = 3..4 on integer token counts: auto matches the ILP's proven optimum."""

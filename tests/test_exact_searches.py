@@ -268,6 +268,7 @@ def test_fast_node_limit_applies_only_with_the_searches_off(monkeypatch):
         assert _exact.pack_exact(t, 3, 10) == (None, "limit")
 
 
+@pytest.mark.slow
 def test_bound_does_not_depend_on_the_setting():
     # The heaviest-units term decides this bound (1.5e6 with it, 1.4e6 without), and a
     # plan's lower_bound() must not change with where it is called.

@@ -47,6 +47,7 @@ def _simulated_run(seed: int, steps: int = 12, dp: int = 8, max_tokens: int = 32
     return rec
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2, 3, 7])
 def test_refit_recovers_cost_and_names_the_slow_rank(seed):
     rec = _simulated_run(seed)
@@ -377,6 +378,7 @@ def test_record_errors_and_window():
     assert rec.steps == [1, 2] and len(rec) == 2
 
 
+@pytest.mark.slow
 @settings(max_examples=25, deadline=None)
 @given(st.randoms(use_true_random=False))
 def test_refit_is_independent_of_record_order(rnd):

@@ -342,6 +342,7 @@ def _spread(draws, mbs, noise, seed, **kwargs):
     return np.std(coefs, axis=0, ddof=1), np.sqrt(np.mean(np.square(errs), axis=0))
 
 
+@pytest.mark.slow
 def test_stderr_matches_the_spread_over_noise_draws():
     """300 seeded draws of 2% Gaussian noise on a designed grid: the reported standard
     error of every coefficient matches the spread of its fits (within 15%; the spread of
@@ -353,6 +354,7 @@ def test_stderr_matches_the_spread_over_noise_draws():
     assert (empirical / np.array(TRUTH.polynomial) < 0.03).all()
 
 
+@pytest.mark.slow
 def test_stderr_of_an_absolute_fit_matches_the_spread_of_additive_noise():
     """Absolute weighting with noise of one size on every micro-batch (what its covariance
     assumes). Measured ratios: 1.04, 0.95, 0.97, 0.99."""
@@ -369,6 +371,7 @@ def test_stderr_of_an_absolute_fit_matches_the_spread_of_additive_noise():
     np.testing.assert_allclose(ratio, 1.0, atol=0.15)
 
 
+@pytest.mark.slow
 def test_robust_stderr_from_the_final_huber_weights_runs_somewhat_low():
     """With robust=True the standard errors come from the final IRLS weights, which treat
     the Huber weights as fixed: on Gaussian noise (no outliers) they run up to ~15% below
@@ -522,6 +525,7 @@ def test_well_spread_design_with_timer_noise_does_not_warn(robust):
         assert _in_range_misprediction(cost) < 0.1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("robust", [False, True])
 def test_well_spread_design_with_5pct_noise_warns_rarely_and_rightly(robust):
     """The same design with 5% noise: a few seeds in 40 leave c0 or a poorly determined

@@ -127,6 +127,7 @@ def test_bound_and_zero_gap_against_brute_force(weights, k, grouped, data):
 
 
 # ---- plan ----------------------------------------------------------------------------
+@pytest.mark.slow
 @FAST
 @given(
     st.lists(st.integers(0, 64), max_size=40),
@@ -184,6 +185,7 @@ def test_plan_invariants(
     assert Plan.from_json(p.to_json()).micro_batches == mbs
 
 
+@pytest.mark.slow
 @FAST
 @given(st.lists(st.integers(0, 64), min_size=1, max_size=30), st.integers(1, 3), st.data())
 @pytest.mark.timeout(120)

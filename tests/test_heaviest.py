@@ -48,6 +48,7 @@ weights_st = st.one_of(
 SEARCHES = [heaviest_part_labels, bisection_labels]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("search", SEARCHES)
 @settings(max_examples=120, deadline=None)
 @given(weights=weights_st, k=st.sampled_from([3, 4, 5]),
@@ -128,6 +129,7 @@ def test_hard_real_valued_cases_are_proven_by_auto() -> None:
         assert counts_ok([len(part) for part in p], n, k, size)
 
 
+@pytest.mark.slow
 def test_hard_cases_match_the_milp() -> None:
     """The same cases against HiGHS (skipped without scipy): nothing is lighter."""
     checked = 0
@@ -189,6 +191,7 @@ def test_bisection_budget_runs_out_without_a_claim() -> None:
     assert bisection_labels(w, 8, "free", hi, lower_bound(w, 8), work=10) == (None, False)
 
 
+@pytest.mark.slow
 def test_eight_free_parts_reach_the_milp_optimum() -> None:
     # rl-math lengths (workloads seed 26), 24 into 8 parts, free counts: before bin
     # completion, auto ended 0.13% above the optimum, unproven; HiGHS proves 30,839

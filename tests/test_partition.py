@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from seqbalance.bounds import lower_bound
 
 from seqbalance.partitioning import Partition, partition
+from seqbalance.partitioning.bounds import lower_bound
 
 SIZES = ["free", "equal", "balanced"]
 METHODS = ["auto", "kk", "greedy"]
@@ -271,6 +271,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_deterministic_across_processes() -> None:
     outputs = []
     for seed in ("0", "12345"):

@@ -270,14 +270,14 @@ def test_pp_comm_is_a_per_token_transfer(sync):
 
 
 def test_order_baselines_reachable_from_baselines():
-    assert list(sb.baselines.PIPELINE_ORDERS) == [
+    assert list(sb.planning.baselines.PIPELINE_ORDERS) == [
         "input",
         "largest-first",
         "smallest-first",
         "light-ends",
     ]
     p = sb.plan(LENS, 2, 32768, pp_size=2, min_micro_batches=4)
-    verl = sb.baselines.reorder(p, "light-ends")
+    verl = sb.planning.baselines.reorder(p, "light-ends")
     assert verl.strategy.endswith("+light-ends")
     assert sorted(verl.order().tolist()) == list(range(LENS.size))
 
@@ -317,6 +317,7 @@ def test_pipelined_plan_properties(seed, n, dp, p, layout, sync):
         assert sim.step_time <= reorder(plan, name).simulate_pipeline().step_time * (1 + 1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sync", ["ddp", "fsdp"])
 @pytest.mark.parametrize("layout", [("1f1b", 1), ("interleaved", 2)])
 def test_plan_order_is_the_brute_force_optimum_for_its_micro_batches(sync, layout):
@@ -433,6 +434,7 @@ def test_notes_and_errors_name_the_schedule_that_raised_the_count_multiple():
         sb.plan([5, 6, 7], 2, 8192, pp_size=4, schedule="interleaved", virtual_stages=2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sync", ["fsdp", "ddp"])
 def test_fewer_micro_batches_than_stages_try_counts_up_to_pp_size(sync):
     """Eight sequences of 100 tokens fit one micro-batch of 800, but a 4-stage 1F1B

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-from seqbalance.baselines import token_ffd
-from seqbalance.planner import plan
-from seqbalance.plans import Plan
 
 from seqbalance import workloads
+from seqbalance.planning.baselines import token_ffd
+from seqbalance.planning.planner import plan
+from seqbalance.planning.plans import Plan
 
 
 def _flat(p: Plan) -> list[int]:
@@ -131,6 +131,7 @@ def test_exact_small_case():
     assert p.simulate().gap == 0.0
 
 
+@pytest.mark.slow
 def test_m_is_capacity_minimum_on_workloads():
     for name in ("rl-math", "sft-chat", "bimodal", "uniform"):
         lengths = workloads.lengths(name, 2048, seed=3)
@@ -286,7 +287,7 @@ def test_bad_arguments(kwargs, match):
 _SCRIPT = """
 import hashlib, numpy as np
 from seqbalance import workloads
-from seqbalance.planner import plan
+from seqbalance.planning.planner import plan
 w = workloads.load("rl-math", 4096, seed=7)
 out = []
 for kw in ({}, {"sync": "ddp"}, {"groups": w.groups, "size": "balanced"}):
@@ -295,6 +296,7 @@ print(hashlib.sha256("".join(out).encode()).hexdigest())
 """
 
 
+@pytest.mark.slow
 def test_same_plan_in_every_process():
     digests = set()
     for seed in ("0", "12345"):
@@ -307,10 +309,11 @@ def test_same_plan_in_every_process():
     assert len(digests) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["rl-math", "sft-chat", "bimodal", "uniform"])
 @pytest.mark.parametrize("sync", ["fsdp", "ddp"])
 def test_never_slower_than_a_runnable_baseline(name, sync):
-    from seqbalance.baselines import BASELINES
+    from seqbalance.planning.baselines import BASELINES
 
     lengths = workloads.lengths(name, 1024, seed=11)
     cost = lengths + lengths.astype(float) ** 2 / 7e4  # ~Qwen2.5-7B's linear/quadratic ratio

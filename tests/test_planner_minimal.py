@@ -123,6 +123,7 @@ def test_known_tight_packings(lengths, dp, cap, kw, m):
     assert p.notes == ()
 
 
+@pytest.mark.slow
 def test_verl_shaped_batches_use_the_fewest_micro_batches():
     # Inputs shaped like verl's dynamic-batch tests: 20-25 rows of 50-90 tokens, cap 300.
     rng = np.random.default_rng(0)

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from seqbalance.planner import plan
-from seqbalance.plans import Plan
 
 from seqbalance import workloads
+from seqbalance.planning.planner import plan
+from seqbalance.planning.plans import Plan
 
 
 @settings(max_examples=60, deadline=None)

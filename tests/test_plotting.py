@@ -6,10 +6,10 @@ import sys
 
 import numpy as np
 import pytest
-from seqbalance.baselines import BASELINES
-from seqbalance.planner import plan
 
 from seqbalance.cli.plotting import _ranks_shown, plot_timeline
+from seqbalance.planning.baselines import BASELINES
+from seqbalance.planning.planner import plan
 
 pytest.importorskip("matplotlib")
 
@@ -40,6 +40,7 @@ def test_writes_png(plans, tmp_path):
     assert path.read_bytes()[:8] == PNG_MAGIC
 
 
+@pytest.mark.slow
 def test_panels_blocks_and_lines(plans, tmp_path, captured):
     plot_timeline(plans, tmp_path / "t.png")
     (fig,) = captured
@@ -67,6 +68,7 @@ def test_panels_blocks_and_lines(plans, tmp_path, captured):
         assert (f"{n_over} over capacity" in ax.get_title(loc="left")) == (n_over > 0)
 
 
+@pytest.mark.slow
 def test_many_ranks_shows_the_busiest(tmp_path, captured):
     lengths = np.random.default_rng(1).integers(100, 3000, size=400)
     p = plan(lengths, 40, 8192)
@@ -87,6 +89,7 @@ def test_ranks_shown_ties_to_lower_rank():
     assert _ranks_shown(busy, 10).tolist() == list(range(6))
 
 
+@pytest.mark.slow
 def test_list_input_labels_by_strategy(plans, tmp_path, captured):
     plot_timeline(list(plans.values()), tmp_path / "t.png", sync="ddp")
     titles = [ax.get_title(loc="left") for ax in captured[0].axes]
@@ -114,6 +117,7 @@ def test_without_matplotlib_says_how_to_install(plans, tmp_path, monkeypatch):
         plot_timeline(plans, tmp_path / "t.png")
 
 
+@pytest.mark.slow
 def test_cli_plot(tmp_path):
     from seqbalance.cli.commands import main
 

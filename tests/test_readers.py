@@ -106,6 +106,7 @@ def _pyarrow():
     return pa, pq
 
 
+@pytest.mark.slow
 def test_parquet(tmp_path):
     pa, pq = _pyarrow()
     table = pa.table({"len": LENGTHS, "group": ["a", "a", "b", "b", "c"]})

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from seqbalance.simulation import simulate, step_time_lower_bound
+
+from seqbalance.planning.simulation import simulate, step_time_lower_bound
 
 # Two ranks, two micro-batches each. Costs by index: 0:4, 1:1, 2:2, 3:3, 4:5.
 COSTS = np.array([4.0, 1.0, 2.0, 3.0, 5.0])

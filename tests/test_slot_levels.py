@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from seqbalance.planner import plan
 
 from seqbalance import workloads
 from seqbalance.costs import load_cost
 from seqbalance.planning import _slots
 from seqbalance.planning._slots import _refill, fill_slack, fill_to_levels
+from seqbalance.planning.planner import plan
 
 
 def _fsdp_step(grid, costs):
@@ -99,6 +99,7 @@ def test_refill_keeps_ranks_and_capacity_and_never_slows(lengths, dp, m, quad, s
     assert _fsdp_step(out, costs) <= _fsdp_step(grid, costs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("workload", "n", "dp", "m", "gap"),
     [

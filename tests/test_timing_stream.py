@@ -435,6 +435,7 @@ def _stream_holder(path: str, ready, done) -> None:
     rec.stream_to(None)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(os.name != "posix", reason="advisory file locks are POSIX")
 def test_a_second_stream_to_one_file_is_refused(tmp_path):
     """Every rank holds the same gathered records; two ranks streaming to one file wrote

@@ -438,6 +438,7 @@ def outcomes(request):
     return world, results
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 def test_every_mismatch_raises_the_same_value_error_on_every_rank(outcomes):
     world, results = outcomes
@@ -455,6 +456,7 @@ def test_every_mismatch_raises_the_same_value_error_on_every_rank(outcomes):
         assert "gloo" not in msg.lower() and "timed out" not in msg.lower()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 def test_successes_after_errors(outcomes):
     world, results = outcomes

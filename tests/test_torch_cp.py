@@ -203,6 +203,7 @@ def _round_trip(rank: int, world: int, seeds: list[int], cp_size: int):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("world", "cp_size", "seeds"), [(4, 2, [3, 4]), (8, 4, [5]), (2, 1, [3, 4])]
 )
@@ -237,6 +238,7 @@ def _restore_mismatch(rank: int, world: int, kind: str):
     return _restore_outcome(handle, outs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("kind", "expected"),
     [("rows", "failed on rank 1"), ("trailing", "different trailing shape of outputs")],
@@ -295,6 +297,7 @@ def _restore_swapped(rank: int, world: int):
     return _restore_outcome(handle, [mb["payload"] for mb in mbs])
 
 
+@pytest.mark.slow
 def test_restore_refuses_a_plan_gpu_other_than_the_group_rank():
     """restore puts what group rank g sends where plan GPU g's tokens go: a process that
     sharded as another GPU got every other GPU's outputs in the wrong places."""
@@ -320,6 +323,7 @@ def _restore_with_another_plan(rank: int, world: int):
     return _restore_outcome(handle, [mb["input_ids"] for mb in mbs])
 
 
+@pytest.mark.slow
 def test_restore_refuses_plans_that_differ_with_equal_token_counts():
     """Ranks planning with different costs got plans with the same tokens per GPU, the only
     thing restore compared, so each put the other's rows in the wrong places, silently."""
@@ -390,6 +394,7 @@ def _usp_worker(rank: int, world: int):
     return bool(torch.equal(full, batch["input_ids"] * 3)), p.to_json()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 def test_usp_groups_shard_and_restore_over_their_ring():
     _, p = _usp_case()

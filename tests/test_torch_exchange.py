@@ -181,6 +181,7 @@ def _check_padded(world: int, results: list[list[dict]], seeds: list[int]) -> No
             )
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("world", [2, 3])
 def test_padded_round_trip_hand_made_layouts(world):
@@ -223,10 +224,11 @@ def worker_packed(rank: int, world: int, seeds: list[int]) -> list[dict]:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("world", [2, 3])
 def test_packed_rebalance_with_planner(world):
-    from seqbalance.planner import plan
+    from seqbalance.planning.planner import plan
 
     seeds = [11, 12, 13]
     results = run_distributed(worker_packed, world, seeds, timeout=TIMEOUT - 10)
@@ -296,6 +298,7 @@ def worker_errors(rank: int, world: int) -> list[str]:
     return msgs
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("world", [2, 3])
 def test_errors_raise_on_every_rank(world):
@@ -338,6 +341,7 @@ def worker_token_keys_string(rank: int, world: int) -> list[str]:
     return msgs
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 def test_token_keys_given_as_a_string_is_refused_on_every_rank():
     results = run_distributed(worker_token_keys_string, 2, timeout=TIMEOUT - 10)

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_core_import_does_not_import_torch():
     code = (
-        "import sys, seqbalance, seqbalance.workloads, seqbalance.planner\n"
+        "import sys, seqbalance, seqbalance.workloads, seqbalance.planning.planner\n"
         "assert 'torch' not in sys.modules, 'import seqbalance pulled in torch'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -41,6 +41,7 @@ def test_missing_torch_gives_a_clear_import_error():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_ddp_example_quick():
     pytest.importorskip("torch", reason=TORCH_MISSING)
@@ -57,6 +58,7 @@ def test_ddp_example_quick():
     assert re.fullmatch(r"speedup: \d+\.\d\d", lines[-1]), lines[-1]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("sync", ["ddp", "fsdp"])
 def test_ddp_example_adapt_quick(tmp_path, sync):

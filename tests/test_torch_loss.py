@@ -90,6 +90,7 @@ class _Null:
         return None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("world", [2, 3])
 def test_balanced_loss_equals_single_process_token_mean(world):
@@ -164,6 +165,7 @@ def _count_with_a_bad_rank(rank: int, world: int, bad):
         return "error", str(exc)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("bad", [-3, 2.5, "many", torch.tensor([1.5]), np.ma.masked])
 def test_global_token_count_raises_on_every_rank_when_one_count_is_bad(bad):
@@ -180,6 +182,7 @@ def _good_counts(rank: int, world: int):
     return [int(global_token_count(rank + 1)), int(global_token_count(torch.tensor([rank, 1])))]
 
 
+@pytest.mark.slow
 def test_global_token_count_sums_ints_and_tensors():
     out = run_distributed(_good_counts, 3, timeout=TIMEOUT - 10, collective_timeout=20)
     assert out == [[6, 6]] * 3
@@ -192,6 +195,7 @@ def _count_outside_the_group(rank: int, world: int):
     return int(global_token_count(7 + rank, group=pair))
 
 
+@pytest.mark.slow
 def test_global_token_count_on_a_rank_outside_the_group_is_its_own_count():
     """Rank 2 is not in the group: torch's collectives do nothing there, so the local
     count comes back (a CPU count raised "Invalid process group specified" for a while)."""
@@ -230,6 +234,7 @@ def _loss_in_a_subgroup(rank: int, world: int):
     return float(token_mean_loss(torch.tensor(8.0), count, group=pair))
 
 
+@pytest.mark.slow
 def test_token_mean_loss_takes_the_group_its_gradients_are_averaged_over():
     """Without group= the default world size was the whole world's: 3 where DDP averages
     over 2, so the loss came out 1.5x too large unless world_size= was passed."""

@@ -227,6 +227,7 @@ def worker_sampler(rank: int, world: int) -> list:
     return [s.rank, s.num_replicas, [list(map(int, mb)) for mb in s]]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 def test_sampler_in_process_group():
     results = run_distributed(worker_sampler, 3, timeout=TIMEOUT - 10)

@@ -71,6 +71,7 @@ def worker(rank: int, world: int, mode: str) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_rebalance_gives_each_replica_its_static_cp_micro_batches():
     world = 4
@@ -98,6 +99,7 @@ def test_rebalance_gives_each_replica_its_static_cp_micro_batches():
     assert seen == sorted(ids.tolist())
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_rebalance_refuses_dynamic_cp_on_every_rank():
     out = run_distributed(worker, 4, "dynamic", timeout=110)
@@ -186,6 +188,7 @@ def timed_worker(rank: int, world: int, case: str) -> dict:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_timer_records_every_gpu_of_a_static_cp_plan_under_its_plan_rank():
     """rebalance(cp_size=C) runs over a data-parallel group; the timer runs over every GPU
@@ -213,6 +216,7 @@ def test_timer_records_every_gpu_of_a_static_cp_plan_under_its_plan_rank():
     assert out[0]["refit_rows"] == len(recs)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("case", ["clash", "default", "handle-default", "handle-uniform"])
 def test_timer_refuses_plan_ranks_that_are_not_the_gpus_on_every_rank(case):
@@ -285,6 +289,7 @@ def loop_worker(rank: int, world: int) -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_static_cp_feedback_loop_refits_the_true_cost_alike_on_every_rank():
     """Times made from a known cost, per GPU and from its own pieces: the refit over every

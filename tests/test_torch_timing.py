@@ -76,6 +76,7 @@ def worker_timer(rank: int, world: int) -> dict:
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 def test_timer_gathers_identical_records_on_every_rank():
     world = 2
@@ -143,6 +144,7 @@ def test_rebalancer_rejects_per_sequence_arrays_and_unknown_names():
     assert bal.cost is None
 
 
+@pytest.mark.slow
 def test_sampler_set_cost_applies_from_the_next_step():
     lengths = np.random.default_rng(0).integers(1, 60, size=96)
     kw = dict(num_replicas=2, rank=0, shuffle=True, seed=3)
@@ -197,6 +199,7 @@ def _end_step_wrong_world(rank: int, world: int, planned: int):
     return _timed_step(p, p.micro_batches[rank] if rank < planned else [[0]])[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("planned", [1, 3])
 def test_end_step_refuses_a_plan_for_another_world_on_every_rank(planned):
     """A plan of 1 rank in a world of 2 raised IndexError on rank 1 alone (rank 0 waited in
@@ -220,6 +223,7 @@ def _end_step_different_plans(rank: int, world: int, case: str):
     return _timed_step(p, p.micro_batches[rank])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["count", "content", "world"])
 def test_end_step_refuses_different_plans_on_every_rank(case):
     """Rank 1 holding another plan than rank 0: with more micro-batches the ranks gathered
@@ -255,6 +259,7 @@ def _end_step_same_plan_twice(rank: int, world: int):
     return got
 
 
+@pytest.mark.slow
 def test_end_step_accepts_equal_plans_built_separately():
     out = run_distributed(_end_step_same_plan_twice, 2, timeout=TIMEOUT - 10,
                           collective_timeout=20)  # fmt: skip
@@ -275,6 +280,7 @@ def _end_step_plan_on_one_rank(rank: int, world: int):
     return "ok"
 
 
+@pytest.mark.slow
 def test_end_step_refuses_a_plan_on_some_ranks_only():
     """Rank 0 gathering a tensor row while rank 1 gathered Python objects: collectives of
     different kinds and sizes (a hang, or garbage)."""
@@ -308,6 +314,7 @@ def _end_step_not_a_plan_on_rank_1(rank: int, world: int):
     return _timed_step(given, p.micro_batches[rank])
 
 
+@pytest.mark.slow
 def test_end_step_reports_an_unreadable_plan_on_every_rank():
     """A dict where the Plan was due raised AttributeError on that rank alone, before the
     gather, while rank 0 waited in it."""
@@ -333,6 +340,7 @@ def _end_step_odd_arguments(rank: int, world: int, case: str):
     return "ok", [(r.rank, r.slot, r.lengths.tolist()) for r in got]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["step", "lengths list"])
 def test_end_step_odd_arguments_on_one_rank(case):
     """step="x" on one rank raised there before the gather (the other waited until the
@@ -378,6 +386,7 @@ def _end_step_cp_plan(rank: int, world: int, tamper: bool):
     ]
 
 
+@pytest.mark.slow
 def test_end_step_records_the_pieces_of_a_context_parallel_plan():
     """A CP plan was refused (its GPUs run pieces, which records could not hold); now each
     GPU's record carries its pieces, the same on every rank, as the plan gives them."""
@@ -395,6 +404,7 @@ def test_end_step_records_the_pieces_of_a_context_parallel_plan():
         assert sum(e - s for _, _, s, e in mine) == 2500
 
 
+@pytest.mark.slow
 def test_end_step_refuses_context_parallel_plans_that_differ_in_pieces_only():
     """The plan digest covered micro-batches and lengths only, so two CP plans listing the
     same sequences per GPU but cutting them elsewhere passed as one plan."""
@@ -416,6 +426,7 @@ def _end_step_padded(rank: int, world: int):
     return [t.lengths.tolist() for t in got] == want and len(got) == len(want)
 
 
+@pytest.mark.slow
 def test_end_step_records_a_padded_plan_as_it_ran():
     """Every row of a padded micro-batch runs at the longest row's length; raw lengths made
     refit learn a per-token cost too low (c = 6.6e-10 for a true 1e-9)."""
@@ -489,6 +500,7 @@ def _end_step_disagreeing(rank: int, world: int, case: str):
     return "ok", timer.step
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(TIMEOUT)
 @pytest.mark.parametrize("case", ["lengths", "step"])
 def test_end_step_refuses_lengths_or_steps_that_disagree_on_every_rank(case):
@@ -538,6 +550,7 @@ def _reversed_plan_ranks(rank: int, world: int, with_plan: bool):
     return [(t.rank, t.lengths.tolist(), t.seconds) for t in records]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("with_plan", [True, False])
 def test_records_are_kept_under_plan_ranks_in_plan_rank_order(with_plan):
     out = run_distributed(_reversed_plan_ranks, 2, with_plan, timeout=TIMEOUT - 10,
@@ -565,6 +578,7 @@ def _plan_rank_problems(rank: int, world: int, case: str):
     return "ok", timer.step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["clash", "miscount"])
 def test_plan_rank_problems_are_refused_on_every_rank_in_plan_rank_words(case):
     """Without a plan, two processes on plan rank 0 would record two rank-0 rows; with a
@@ -604,6 +618,7 @@ def _cp_shard_reversed(rank: int, world: int, case: str):
     return "ok", [(t.rank, t.slot, t.lengths.tolist(), t.seconds) for t in got]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", ["handle-mapped", "plan-mapped", "handle", "plan"])
 def test_end_step_takes_a_cp_shard_handle_and_checks_its_gpu(case):
     """cp_shard's handle stands for the lengths not given to time(), like rebalance's: a

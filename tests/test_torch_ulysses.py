@@ -63,9 +63,8 @@ def worker(rank: int, world: int) -> dict:
 
 @pytest.mark.timeout(120)
 def test_the_gpus_of_a_ulysses_group_get_the_same_micro_batches():
-    from seqbalance.planner import plan
-
     from seqbalance.costs import TokenCost, UlyssesCost
+    from seqbalance.planning.planner import plan
 
     world = 4
     out = run_distributed(worker, world, timeout=110)

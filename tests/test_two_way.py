@@ -61,6 +61,7 @@ def test_known_split():
     assert heavier(w, two_way_labels(w, "equal")) == 11
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", ["free", "equal", "balanced"])
 @pytest.mark.parametrize("seed", range(5))
 def test_partition_proves_two_way_optimum(size, seed):

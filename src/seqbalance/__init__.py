@@ -25,8 +25,7 @@ when one of them is first used.
 
 from __future__ import annotations
 
-import sys as _sys
-from typing import Any
+from typing import Any as _Any
 
 from . import workloads
 from .costs import (
@@ -43,37 +42,26 @@ from .costs import (
 from .partitioning import (
     Partition,
     balance_stats,
-    bounds,
     contiguous_partition,
     exact_searches,
     exact_searches_enabled,
     lower_bound,
     partition,
-    stats,
 )
 from .planning import (
     BASELINES,
     Plan,
     Simulation,
-    baselines,
     inverse_permutation,
     plan,
-    planner,
-    plans,
     simulate,
-    simulation,
     step_time_lower_bound,
 )
 from .planning.pipeline import pipeline_lower_bound, simulate_pipeline
 from .streaming import StreamingPlanner, StreamingRule
 
-__version__ = "0.1.0"
-
-# 0.1.0 had these modules at the top level; keep `import seqbalance.simulation` and friends
-# working. Their homes are seqbalance.partitioning.* and seqbalance.planning.*.
-for _module in (bounds, stats, baselines, planner, plans, simulation):
-    _sys.modules[f"{__name__}.{_module.__name__.rsplit('.', 1)[1]}"] = _module
-del _module
+# The one place the version is written: pyproject.toml reads it from here.
+__version__ = "1.0.0rc1"
 
 _TORCH_NAMES = (
     "BalancedDistributedSampler",
@@ -121,7 +109,7 @@ __all__ = [
 # torch, and fail without it. They resolve on attribute access (below).
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> _Any:
     # Torch-backed names resolve on first use, so `import seqbalance` never imports torch.
     if name in _TORCH_NAMES:
         from . import torch as _integration

@@ -53,6 +53,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ._validate import check_nonnegative_int
 
@@ -91,7 +92,10 @@ def _rl_math(
 
 
 def _sft_chat(n: int, rng: np.random.Generator) -> np.ndarray:
-    return np.round(np.clip(_lognormal(rng, 800.0, 1.0, n), 16, 32768)).astype(np.int64)
+    out: NDArray[np.int64] = np.round(np.clip(_lognormal(rng, 800.0, 1.0, n), 16, 32768)).astype(
+        np.int64
+    )
+    return out
 
 
 def _long_mix(n: int, rng: np.random.Generator) -> np.ndarray:

@@ -16,7 +16,7 @@ import re
 import sys
 import textwrap
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence, TextIO
+from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO, cast
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from .checks import (
     stray_options,
 )
 from .ulysses_options import group_capacity, wrap_cost
+
+if TYPE_CHECKING:
+    from ..planning.cp_plans import CPPlan
 
 __all__ = ["DEMO_SETUPS", "main"]
 
@@ -265,8 +268,10 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], out: TextIO) -
         from rich.console import Console
         from rich.table import Table
     except ImportError:
-        Console = None
-    if Console is not None:
+        have_rich = False
+    else:
+        have_rich = True
+    if have_rich:
         first = widths[0]
         natural = sum(widths) + 2 * (len(widths) - 1)
         term = _terminal_width(out)
@@ -468,7 +473,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     broken = {k: v for k, v in p.violations().items() if v}
     err = sys.stderr
     if cp_kwargs:
-        degrees = np.asarray(p.degrees())
+        degrees = np.asarray(cast("CPPlan", p).degrees())
         counts = " ".join(f"{d}:{int((degrees == d).sum())}" for d in np.unique(degrees))
         where = (
             f"{args.cp_size} GPUs x {p.num_micro_batches} slots of <= {p.max_tokens} tokens "
@@ -657,7 +662,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
             _say(padded, out)
         if args.pp_size > 1:
             _say(PP_TABLE_NOTE, out)
-        runs = []
+        runs: list[tuple[str, np.ndarray, np.ndarray | None, int, int, str]] = []
         for s in DEMO_SETUPS:
             w = workloads.load(s.workload, s.n, s.seed)
             header = (
@@ -746,7 +751,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
         from .pipeline_view import plot_pipeline
         from .plotting import plot_timeline
 
-        (plot_pipeline if args.pp_size > 1 else plot_timeline)(  # type: ignore[operator]
+        (plot_pipeline if args.pp_size > 1 else plot_timeline)(
             first_plans,
             args.plot,
             **({} if args.pp_size > 1 else {"sync": args.sync, "max_ranks": args.max_ranks}),

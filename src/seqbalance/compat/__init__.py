@@ -14,3 +14,5 @@ tensors. ``docs/migrating.md`` lists every behaviour difference.
 """
 
 from __future__ import annotations
+
+__all__ = ["areal", "openrlhf", "slime", "verl"]

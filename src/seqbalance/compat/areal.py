@@ -16,7 +16,7 @@ import heapq
 import itertools
 import logging
 import math
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -225,7 +225,8 @@ def kk_allocate(
             return theirs if groups is None else _no_worse_than(groups, v, theirs)
         if failed is not None:  # AReaL's fallback, first-fit decreasing, raises here too
             raise failed
-        return _no_worse_than_ffd(groups, v, int(capacity), int(min_groups),
+        found = cast("list[list[int]]", groups)  # _allocate raised, or it is set
+        return _no_worse_than_ffd(found, v, int(capacity), int(min_groups),
                                   int(n_groups_divisor), seen)  # fmt: skip
     if n % k:
         raise CompatRuntimeError(
@@ -393,7 +394,8 @@ def _contiguous_cuts(nums: Any, k: Any, min_size: Any) -> list[int]:
     k = count_arg(k, "k", ValueError)
     min_size = count_arg(min_size, "min_size", ValueError, minimum=0)
     runs = contiguous_partition(v, k, min_size=min_size)  # integers summed exactly
-    return np.concatenate(([0], np.cumsum([len(r) for r in runs]))).tolist()
+    cuts: list[int] = np.concatenate(([0], np.cumsum([len(r) for r in runs]))).tolist()
+    return cuts
 
 
 def partition_balanced(nums: Any, k: int, min_size: int = 1) -> list[int]:
@@ -572,6 +574,7 @@ def allocate_balanced_mbs_synced(mb_spec: Any, lens: Any, group: Any = None) -> 
         return {f: getattr(mb_spec, f, None) for f in _SPEC_FIELDS}, (len(box[0][1]), len(v))
 
     payloads = agree_on(check, group, "allocate_balanced_mbs_synced")
+    local: list[list[int]]
     v, local = box[0]
     m, fewest = max(c for c, _ in payloads), min(n for _, n in payloads)
     if m > fewest:  # decided from the gathered counts: raised alike on every rank

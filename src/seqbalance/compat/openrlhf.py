@@ -17,7 +17,7 @@ defines the experience class it is given.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -154,7 +154,9 @@ def get_minimum_num_micro_batch_size(
         theirs = len(first_fit_opening(range(n), lens, cap))
         if theirs >= found:
             return found
-        parts = parts_of_labels(verl_free_kk_labels(weights, theirs), theirs)
+        # (without a size, the differencing always labels)
+        labels = cast(np.ndarray, verl_free_kk_labels(weights, theirs))
+        parts = parts_of_labels(labels, theirs)
         if not holds(parts):
             return found  # OpenRLHF's partition breaks the cap there (a fixed bug)
         remember(theirs, [sorted(p) for p in parts])
@@ -219,7 +221,7 @@ def _item_lengths(rows: np.ndarray | None, items: list[Any]) -> np.ndarray:
         return float(to_numpy(it.total_length).sum())
 
     if rows is not None and rows.shape[0] == len(items) and items:
-        sums = rows.reshape(len(items), -1).sum(axis=1)
+        sums: np.ndarray = rows.reshape(len(items), -1).sum(axis=1)
         if sums[0] == one(items[0]) and sums[-1] == one(items[-1]):
             return sums
     return np.asarray([one(it) for it in items], dtype=np.float64)

@@ -59,7 +59,7 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -194,7 +194,7 @@ class Attention:
             return q + kv + out
         r = self.q_lora_rank
         q = h * n * self.qk_head_dim if r is None else h * r + r * n * self.qk_head_dim
-        c = int(self.kv_lora_rank)  # not None: is_mla
+        c = int(cast(int, self.kv_lora_rank))  # not None: is_mla
         nope = self.qk_head_dim - self.qk_rope_head_dim
         kv_a = h * (c + self.qk_rope_head_dim)
         kv_b = c * n * (nope + self.v_head_dim)

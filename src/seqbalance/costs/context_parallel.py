@@ -112,7 +112,8 @@ def largest_piece_tokens(lengths: Any, d: int) -> np.ndarray:
     [5, 4, 1]
     """
     lens = as_lengths(lengths)
-    return _layout_arrays(lens, check_degree(d, "d"))[0].max(axis=1, initial=0)
+    out: np.ndarray = _layout_arrays(lens, check_degree(d, "d"))[0].max(axis=1, initial=0)
+    return out
 
 
 def _length(value: Any, name: str) -> int:
@@ -215,9 +216,10 @@ def _cost_per_second(cost: CostModel, bandwidth: float | None) -> float:
     if getattr(cost, "architecture", None) is not None:  # a FlopsCost
         return FLOPS_PER_SECOND
     if getattr(cost, "sp_size", None):  # a UlyssesCost: the rate of its all-to-all, if
+        ulysses: Any = cost
         if getattr(cost, "bandwidth", None) is not None:  # priced; else its inner cost's
-            return float(cost.cost_per_second)
-        return _cost_per_second(cost.cost, bandwidth)
+            return float(ulysses.cost_per_second)
+        return _cost_per_second(ulysses.cost, bandwidth)
     meta = getattr(cost, "meta", None) or {}
     if bandwidth is None or "seconds" in (meta.get("unit"), meta.get("units")):
         return 1.0  # without a bandwidth no time is converted

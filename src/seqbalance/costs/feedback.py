@@ -47,7 +47,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -145,7 +145,7 @@ class Timing:
             == (other.rank, other.step, other.slot, other.seconds)
             and np.array_equal(self.lengths, other.lengths)
             and (self.pieces is None) == (other.pieces is None)
-            and (self.pieces is None or np.array_equal(self.pieces, other.pieces))
+            and (self.pieces is None or np.array_equal(self.pieces, cast(np.ndarray, other.pieces)))
         )
 
 
@@ -740,12 +740,15 @@ class TimingRecorder:
         factors = np.ones(ranks.size)
         cp = any(r.pieces is not None for r in recs)
         # CP records: rows [1, Σ1/d, Σtokens, Σ(e²−s²)] and the modelled communication.
+        # (None without CP pieces; used only with them, as are `active` and `comm` below.)
+        rows: Any
+        entries: Any
         rows, entries = fit_rows(mbs, [r.pieces for r in recs]) if cp else (None, None)
         link = self.cp_cost if cp and self.cp_cost and self.cp_cost.bandwidth else None
         # With a link, the exposed communication is linear in the fitted c while the set of
         # pieces that expose it stays fixed: fit with that set, recompute it from the new
         # c, until it stops changing (from "all exposed", usually one or two fits).
-        active = exposed_at(link, entries, 0.0) if link is not None else None
+        active: Any = exposed_at(link, entries, 0.0) if link is not None else None
         for _ in range(50 if per_rank else 1):
             base = t / factors[rank_idx]
             for _ in range(50):
@@ -779,7 +782,7 @@ class TimingRecorder:
                 )
                 return self.cost
             # The modelled exposed communication at the fitted c (zeros without a link).
-            comm = comm_seconds(link, entries, len(recs), cost.per_token_sq) if cp else None
+            comm: Any = comm_seconds(link, entries, len(recs), cost.per_token_sq) if cp else None
             if link is not None:
                 # A link model that leaves most records no time for their compute is wrong
                 # for these GPUs (a few such records are noise, which the robust fit weighs
@@ -954,7 +957,7 @@ def records_from_plan(
             )
         for j, mb in enumerate(rank):
             idx = _indices(mb, lens.size, f"micro_batches[{r}][{j}]")
-            rec = (r, step, j, lens[idx], _time(row[j], f"seconds[{r}][{j}]"))
+            rec: tuple[Any, ...] = (r, step, j, lens[idx], _time(row[j], f"seconds[{r}][{j}]"))
             if per_slot is not None:
                 rec += (check_pieces(per_slot[r][j], lens[idx], f"pieces[{r}][{j}]"),)
             out.append(rec)

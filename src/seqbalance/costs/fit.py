@@ -448,7 +448,8 @@ def _stderrs(aw: np.ndarray, rw: np.ndarray, dof: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         se = np.ldexp(_norm(rw) / np.sqrt(dof) * np.sqrt(unit), -exps)
     se[(np.abs(vt[~live]) > 1e-6).any(axis=0)] = np.inf
-    return se
+    out: np.ndarray = se
+    return out
 
 
 def _poorly_determined(

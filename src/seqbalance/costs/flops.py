@@ -87,7 +87,7 @@ def shipped_config(name: str) -> dict[str, Any]:
 
 def _pairs(lengths: np.ndarray, window: int | None) -> np.ndarray:
     """Query-key pairs a causal layer scores: L²/2, or W·L − W²/2 when W < L."""
-    full = lengths * lengths / 2.0
+    full: np.ndarray = lengths * lengths / 2.0
     if window is None:
         return full
     w = float(window)

@@ -423,7 +423,7 @@ def load_timings(
         if header is not None:
             headers.append((path, header))
         records.extend((path, line, rec) for line, rec in _latest_steps(path, recs))
-    settings = {
+    settings: dict[str, Any] = {
         "sync": _agreed(headers, "sync", "pass sync= to say which to use")
         if sync is None else sync,
         "window": max((h["window"] for _, h in headers if "window" in h), default=1),
@@ -432,14 +432,14 @@ def load_timings(
         chosen = _agreed(headers, "cost", "pass cost= to say which to use")
         if chosen is not None:
             src = next(p for p, h in headers if _setting(h, "cost") is not None)
-            key = "cost" if "kind" in chosen else "cp_cost"  # (a UlyssesCost has a "cost" too)
+            field = "cost" if "kind" in chosen else "cp_cost"  # (a UlyssesCost has a "cost" too)
             try:
-                if key == "cp_cost":
+                if field == "cp_cost":
                     chosen = ContextParallelCost.from_dict(dict(chosen))
                 else:
                     chosen = cost_from_dict(chosen)
             except ValueError as exc:
-                raise TimingFileError(f"{src}: the header's {key}: {exc}") from None
+                raise TimingFileError(f"{src}: the header's {field}: {exc}") from None
     elif isinstance(cost, ContextParallelCost):
         chosen = cost  # its link replaces the files', which need not agree
     else:
@@ -548,7 +548,8 @@ def read_link(paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
         header, _ = _read(path, header_only=True)
         if header is not None:
             headers.append((path, header))
-    return _agreed(headers, "link", "pass the link to use")
+    link: dict[str, Any] | None = _agreed(headers, "link", "pass the link to use")
+    return link
 
 
 def check_link_values(link: Mapping[str, Any], skip: Iterable[str] = ()) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, cast
 
 import numpy as np
 
@@ -410,7 +410,8 @@ def _solve(
     # than that. With ``fit`` the caller needs to know whether the cap can be met, so
     # search anyway.
     def close() -> bool:
-        return fit is None and size == "free" and best[0] <= bound * (1.0 + AUTO_RTOL)
+        top = cast("tuple[float, np.ndarray, str]", best)[0]  # set above: not None
+        return fit is None and size == "free" and top <= bound * (1.0 + AUTO_RTOL)
 
     def within_rtol() -> bool:
         # For the exact searches, only on float costs: they rarely meet the bound exactly,

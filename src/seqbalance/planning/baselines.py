@@ -52,7 +52,7 @@ in verl), applied with :func:`reorder` (:mod:`seqbalance.planning.pipeline_order
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -121,7 +121,15 @@ def _prepare(
     return lens, dp, cap, costs, c0
 
 
-def _plan(name: str, ranks: list[list[list[int]]], lens, cap, costs, c0, sync) -> Plan:
+def _plan(
+    name: str,
+    ranks: list[list[list[int]]],
+    lens: np.ndarray,
+    cap: int,
+    costs: np.ndarray,
+    c0: float,
+    sync: str,
+) -> Plan:
     return Plan(
         _equalize(ranks),
         lens,
@@ -158,7 +166,16 @@ def token_ffd(
     return _plan("token-ffd", ranks, lens, cap, costs, c0, sync)
 
 
-def _kk_two_level(name: str, weights: np.ndarray, lens, dp, cap, costs, c0, sync) -> Plan:
+def _kk_two_level(
+    name: str,
+    weights: np.ndarray,
+    lens: np.ndarray,
+    dp: int,
+    cap: int,
+    costs: np.ndarray,
+    c0: float,
+    sync: str,
+) -> Plan:
     from ..partitioning import partition  # lazy: keeps import order free
 
     rank_parts = [list(p) for p in partition(weights, dp, size="balanced", method="kk")]
@@ -200,7 +217,8 @@ def verl(
 ) -> Plan:
     """verl: equal-count KK ranks, per-rank KK micro-batches, one more until the cap holds."""
     lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
-    return _plan("verl", verl_pipeline(lens, dp, cap), lens, cap, costs, c0, sync)
+    ranks = cast("list[list[list[int]]]", verl_pipeline(lens, dp, cap))  # no max_count: found
+    return _plan("verl", ranks, lens, cap, costs, c0, sync)
 
 
 def slime_flops(

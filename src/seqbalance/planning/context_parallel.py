@@ -135,8 +135,19 @@ class _Request:
     """The validated arguments of :func:`plan_cp`."""
 
     def __init__(
-        self, lens, dp, cp_size, cap, cpc, sync, m_min, mult, allow_empty, baselines=True,
-        rules=None, pp=None,
+        self,
+        lens: np.ndarray,
+        dp: int,
+        cp_size: int,
+        cap: int,
+        cpc: ContextParallelCost,
+        sync: str,
+        m_min: int,
+        mult: int,
+        allow_empty: bool,
+        baselines: bool = True,
+        rules: dict[str, Any] | None = None,
+        pp: tuple[CPPipelineSetup, dict[str, Any]] | None = None,
     ) -> None:
         self.lens, self.dp, self.cp_size, self.cap = lens, dp, cp_size, cap
         # static CP in pipeline stages: the layout (None: no pipeline) and plan()'s keywords
@@ -160,10 +171,10 @@ class _Request:
             d_min[d_min == 0] = self.cp_size
         if (d_min == 0).any():
             i = int(np.flatnonzero(d_min == 0)[0])
-            ptok = int(self.tables[self.cp_size][2][i])
+            largest = int(self.tables[self.cp_size][2][i])
             raise ValueError(
                 f"sequence {i} has {int(self.lens[i])} tokens: split over cp_size="
-                f"{self.cp_size} GPUs its largest piece has {ptok} tokens, more than "
+                f"{self.cp_size} GPUs its largest piece has {largest} tokens, more than "
                 f"max_tokens={self.cap}; raise cp_size or max_tokens, or truncate it"
             )
         return d_min
@@ -234,8 +245,20 @@ def _check_pipeline(lens: np.ndarray, cp: str, pipeline: dict[str, Any] | None) 
 
 
 def _validate(
-    lengths, dp_size, max_tokens, cp_size, cp, cost, cp_cost, sync, m_min, mult, allow_empty,
-    baselines=True, rules=None, pipeline=None,
+    lengths: Any,
+    dp_size: int,
+    max_tokens: int,
+    cp_size: int,
+    cp: str,
+    cost: Any,
+    cp_cost: Any,
+    sync: str,
+    m_min: int,
+    mult: int,
+    allow_empty: bool,
+    baselines: bool = True,
+    rules: dict[str, Any] | None = None,
+    pipeline: dict[str, Any] | None = None,
 ) -> _Request:
     lens = as_lengths(lengths)
     dp = check_positive_int(dp_size, "dp_size")
@@ -523,7 +546,8 @@ class _Group:
     __slots__ = ("d", "seqs", "slot", "time", "tok")
 
     def __init__(self, d: int, slot: int) -> None:
-        self.d, self.slot, self.seqs, self.time, self.tok = d, slot, [], 0.0, 0
+        self.seqs: list[int] = []
+        self.d, self.slot, self.time, self.tok = d, slot, 0.0, 0
 
     def add(self, i: int, t: float, p: int) -> None:
         self.seqs.append(i)
@@ -585,7 +609,7 @@ def _fill_shorts(
     wl, tl = w.tolist(), t.tolist()
     for i in rest:
         wi, ti = wl[i], tl[i]
-        stash = []
+        stash: list[tuple[float, int]] = []
         b = -1
         while heap and len(stash) < 16:
             c, x = heapq.heappop(heap)
@@ -671,7 +695,17 @@ def _build_dynamic(req: _Request, deg: np.ndarray, refine: bool = True) -> CPPla
     return None
 
 
-def _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long, refine) -> CPPlan | None:
+def _assemble(
+    req: _Request,
+    groups: list[_Group],
+    owner: list[Any],
+    shorts: np.ndarray,
+    a_items: list[list[int]],
+    f_items: list[list[int]],
+    m: int,
+    m_long: int,
+    refine: bool,
+) -> CPPlan | None:
     W, lens = req.world, req.lens
     full_cost = req.tables[1][0]
     pieces: Pieces = [[[] for _ in range(m)] for _ in range(W)]

@@ -6,9 +6,10 @@
     seqbalance itself, so this baseline isolates the cost of the fixed degree.
 ``verl-static-cp`` (:func:`verl_static_cp`, not in :data:`CP_BASELINES`)
     Static CP with verl's own micro-batching: verl's dynamic batching
-    (:func:`seqbalance.baselines.verl`: equal-count KK over replicas, KK micro-batches, one
-    more until the cap holds, light micro-batches at both ends) on each sequence's largest
-    piece, the tokens one GPU holds of it; then every sequence over its replica's GPUs.
+    (:func:`seqbalance.planning.baselines.verl`: equal-count KK over replicas, KK
+    micro-batches, one more until the cap holds, light micro-batches at both ends) on each
+    sequence's largest piece, the tokens one GPU holds of it; then every sequence over its
+    replica's GPUs.
 ``megatron-cp``
     Megatron-LM's dynamic ("hybrid") CP scheduler, re-implemented from its published
     description: each sample gets ``d = 2^ceil(log2(ceil(L / max_tokens)))`` GPUs (doubled
@@ -29,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..costs.context_parallel import balanced_layout, largest_piece_tokens
-from .context_parallel import _static, _static_pieces, _validate
+from .context_parallel import _Request, _static, _static_pieces, _validate
 from .cp_plans import CPPlan, Pieces
 
 __all__ = ["CP_BASELINES", "megatron_cp", "static_cp", "verl_static_cp"]
@@ -38,7 +39,8 @@ __all__ = ["CP_BASELINES", "megatron_cp", "static_cp", "verl_static_cp"]
 def _megatron_degrees(req: Any) -> np.ndarray:
     need = np.maximum(1, -(-req.lens // req.cap))
     deg = np.array([1 << math.ceil(math.log2(int(x))) for x in need.tolist()], dtype=np.int64)
-    return np.maximum(deg, req.d_min)  # chunk rounding can need one doubling more
+    out: np.ndarray = np.maximum(deg, req.d_min)  # chunk rounding can need one doubling more
+    return out
 
 
 def megatron_cp_plan(req: Any) -> CPPlan:
@@ -75,7 +77,8 @@ def megatron_cp_plan(req: Any) -> CPPlan:
                 if p > room:  # fits no GPU of this slot: next slot
                     left.append(i)
                     continue
-                stash, g_ok = [], -1
+                stash: list[tuple[float, int]] = []
+                g_ok = -1
                 while heap and len(stash) < 16:
                     c, g = heapq.heappop(heap)
                     if width[g] > 1 or c != load[g]:
@@ -141,7 +144,16 @@ def megatron_cp_plan(req: Any) -> CPPlan:
     )
 
 
-def _request(lengths, dp_size, max_tokens, cp_size, cost, cp_cost, sync, allow_empty=True):
+def _request(
+    lengths: Any,
+    dp_size: int,
+    max_tokens: int,
+    cp_size: int,
+    cost: Any,
+    cp_cost: Any,
+    sync: str,
+    allow_empty: bool = True,
+) -> _Request:
     return _validate(
         lengths, dp_size, max_tokens, cp_size, "dynamic", cost, cp_cost, sync, 1, 1, allow_empty
     )

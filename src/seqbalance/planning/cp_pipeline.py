@@ -177,7 +177,7 @@ def slot_phases(
     )
 
 
-def _permute(pieces: list, orders: np.ndarray, cp_size: int, sync: str) -> list:
+def _permute(pieces: list[Any], orders: np.ndarray, cp_size: int, sync: str) -> list[Any]:
     """Each replica's slots (fsdp: every replica's) in the order ``orders`` gives."""
     out = []
     for g, gpu in enumerate(pieces):
@@ -187,13 +187,13 @@ def _permute(pieces: list, orders: np.ndarray, cp_size: int, sync: str) -> list:
 
 
 def order_slots(
-    pieces: list,
+    pieces: list[Any],
     lengths: np.ndarray,
     cpc: ContextParallelCost,
     cp_size: int,
     sync: str,
     setup: CPPipelineSetup,
-) -> list:
+) -> list[Any]:
     """The pieces with each replica's slots (fsdp: all replicas' slots alike) in the run
     order that minimises the simulated pipeline step
     (:func:`~seqbalance.planning.pipeline_orders.best_orders`: exact over all orders up to
@@ -221,8 +221,8 @@ def simulate_cp_pipeline(
     return simulate_phases(f, b, c, sync, setup.spec)
 
 
-def baseline_order(pieces: list, lengths: np.ndarray, cpc: ContextParallelCost, cp_size: int,
-                   sync: str, order: str) -> list:
+def baseline_order(pieces: list[Any], lengths: np.ndarray, cpc: ContextParallelCost, cp_size: int,
+                   sync: str, order: str) -> list[Any]:
     """The pieces with each replica's slots (fsdp: all replicas' slots alike) in a baseline
     order of :data:`~seqbalance.planning.pipeline_orders.ORDERS`, as
     :func:`~seqbalance.planning.pipeline_plans.reorder` does without CP: first by smallest
@@ -266,7 +266,7 @@ def reorder_cp(plan: Any, order: str) -> Any:
 
 
 def pipeline_note(
-    pieces: list, lengths: np.ndarray, cpc: ContextParallelCost, cp_size: int, sync: str,
+    pieces: list[Any], lengths: np.ndarray, cpc: ContextParallelCost, cp_size: int, sync: str,
     setup: CPPipelineSetup,
 ) -> str:
     """What the order search did and gained, as :func:`~.pipeline_plans.finish_plan` says

@@ -189,7 +189,8 @@ def _in_layout(gpu: np.ndarray, slot: np.ndarray, seq: np.ndarray, s: np.ndarray
     )
     runs_ok = np.bincount(which, weights=~good, minlength=uq.size) == 0
     gpus = np.bincount(which[gstart], minlength=uq.size)  # GPUs holding each sequence
-    return uq[fits & runs_ok & (gpus == d)]
+    out: np.ndarray = uq[fits & runs_ok & (gpus == d)]
+    return out
 
 
 def _off_layout_exact(gpu: np.ndarray, slot: np.ndarray, seq: np.ndarray, s: np.ndarray,
@@ -569,8 +570,17 @@ class CPPlan(Plan):
         return value
 
     def _init_fields(
-        self, pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy
-    ):
+        self,
+        pieces: Pieces,
+        lens: np.ndarray,
+        max_tokens: int,
+        cp_size: int,
+        cp: str,
+        cp_cost: ContextParallelCost,
+        replicas: int,
+        sync: str,
+        strategy: str,
+    ) -> None:
         self.pieces = pieces
         self.lengths = lens
         self.cp_size = cp_size
@@ -612,7 +622,7 @@ class CPPlan(Plan):
 
     # ---- shape -------------------------------------------------------------------------
     @property
-    def dp_size(self) -> int:  # type: ignore[override]
+    def dp_size(self) -> int:
         """Data-parallel replicas of the mesh (``world_size / cp_size``)."""
         return self.replicas
 
@@ -781,7 +791,7 @@ class CPPlan(Plan):
         fits = math.ceil(int(self.lengths[~over].sum()) / (self.world_size * self.max_tokens))
         return max(1, fits, -(-int(over.sum()) // self.world_size))
 
-    def lower_bound(self, cost: Any = None) -> float:
+    def lower_bound(self, cost: Any = None) -> float:  # type: ignore[override]  # no sync
         """:func:`cp_lower_bound` for these sequences on this mesh."""
         return cp_lower_bound(
             self.lengths, self.world_size, self.cp_size, self.max_tokens, self._cp_cost(cost)

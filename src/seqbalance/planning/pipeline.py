@@ -195,7 +195,10 @@ class PipelineGraph:
         self.spec, self.m = spec, m
         p, v = spec.pp_size, spec.virtual_stages
         orders = _stage_orders(p, m, spec.schedule, v)
-        stage, phase, pos, chunk = [], [], [], []
+        stage: list[int] = []
+        phase: list[int] = []
+        pos: list[int] = []
+        chunk: list[int] = []
         node = {}
         for s, ops in enumerate(orders):
             for ph, i, c in ops:

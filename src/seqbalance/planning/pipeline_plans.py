@@ -293,7 +293,7 @@ def simulate_phases(
     """:func:`simulate_plan_pipeline` from ``(replicas, m)`` forward, backward and transfer
     times of every micro-batch, in run order."""
     check_choice(sync, "sync", SYNC_MODELS)  # a typo would run the ddp model silently
-    kw = {"schedule": spec.schedule, "virtual_stages": spec.virtual_stages}
+    kw: dict[str, Any] = {"schedule": spec.schedule, "virtual_stages": spec.virtual_stages}
     replicas = len(f)
     if sync == "fsdp":
         f, b, c = _lockstep(f, b, c)
@@ -370,7 +370,8 @@ def reorder(plan: Plan, order: str) -> Plan:
     if hasattr(plan, "pieces"):  # a static CP plan: its slots move on all its GPUs
         from .cp_pipeline import reorder_cp
 
-        return reorder_cp(plan, order)
+        reordered: Plan = reorder_cp(plan, order)
+        return reordered
     grid = _first_index_order([list(r) for r in plan.micro_batches], plan.sync)
     f, b, _ = micro_batch_phases(
         grid, plan.costs, plan.per_microbatch, plan.lengths, plan.padded, plan.pipeline

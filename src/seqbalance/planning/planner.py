@@ -54,7 +54,7 @@ import dataclasses
 import inspect
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -181,7 +181,7 @@ def _global_bins(
     starts = ["lpt"]
     if lengths.size * nbins <= _FFD_START_WORK:
         starts.append("ffd")  # tighter packing sometimes lines slots up better
-    memo: dict = {}  # the starts share FFD and the token partition at this count
+    memo: dict[Any, Any] = {}  # the starts share FFD and the token partition at this count
     found = [
         pack(costs, lengths, nbins, cap, padded=padded, start=s, memo=memo) for s in starts
     ]
@@ -193,9 +193,9 @@ def _global_bins(
         found.append(
             pack(costs, lengths, nbins, cap, padded=padded, refine=False, start="ffd", memo=memo)
         )
-    found = [b for b in found if b is not None]
-    if found:
-        return found, "found"
+    packed = [b for b in found if b is not None]
+    if packed:
+        return packed, "found"
     if lengths.size > EXACT_MAX_ITEMS:
         # A token partition refined to its end, after pack's own one (stopped at the cap)
         # failed, never fitted in 879 measured tries (planner sweeps of 64-8,192 sequences)
@@ -506,7 +506,7 @@ def _rank_splits(req: _Request, first_m: int) -> list[list[list[int]] | None]:
                 splits.append(parts)
         if req.groups is not None:
             # Few, large units per rank: exact re-splits of rank pairs even out the cost.
-            even = _resplit_groups(req, splits[0])
+            even = _resplit_groups(req, cast("list[list[int]]", splits[0]))  # a split
             if even not in splits:
                 splits.append(even)
             if req.size == "free":
@@ -616,10 +616,10 @@ def _joint_exact(req: _Request, m: int, memo: dict[Any, Any]) -> tuple[Any, str]
     Returns ``(rank_items, status)``; small inputs only (else status ``"skipped"``).
     """
     if m in memo:
-        return memo[m]
+        return cast("tuple[Any, str]", memo[m])
     if req.n > _JOINT_EXACT_MAX_ITEMS:
         memo[m] = (None, "skipped")
-        return memo[m]
+        return cast("tuple[Any, str]", memo[m])
     if req.groups is None:
         units = [[i] for i in range(req.n)]
     else:
@@ -642,7 +642,7 @@ def _joint_exact(req: _Request, m: int, memo: dict[Any, Any]) -> tuple[Any, str]
     )
     items = None if ranks is None else [sorted(i for mb in r for i in mb) for r in ranks]
     memo[m] = (items, status)
-    return memo[m]
+    return cast("tuple[Any, str]", memo[m])
 
 
 _JOINT_EXACT_MAX_ITEMS = 24  # the joint rank x micro-batch search runs on at most this many
@@ -734,7 +734,7 @@ def _by_rank_at(
     """
     key = ("by_rank", id(rank_items), m, blocked)
     if key in memo:
-        return memo[key]
+        return cast("tuple[list[list[list[int]]] | None, str]", memo[key])
     mbs, st = None, "infeasible"
     if not blocked:
         mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded, req.sync)
@@ -746,7 +746,7 @@ def _by_rank_at(
     if mbs is not None:
         mbs = _fill_rank_slack(req, mbs)
     memo[key] = (mbs, st)
-    return memo[key]
+    return cast("tuple[list[list[list[int]]] | None, str]", memo[key])
 
 
 def _ddp_rank_first_at_bound(
@@ -816,14 +816,18 @@ def _pipeline_candidates(
         return []
     if req.dp * (m_best or 1) > _PIPELINE_MAX_ITEMS:
         return []  # mostly empty slots (allow_empty): the pipelines' cost is per slot
-    grids = {}
+    grids: dict[str, Callable[[], list[list[list[int]]]]] = {}
     for name, fn in BASELINES.items():
         if name == "verl":
             # verl's loop runs one KK per count until the cap holds; counts above the best
             # plan's are discarded below, so its loop stops there (the same plan otherwise).
             grids[name] = lambda: _equalize(verl_pipeline(req.lens, req.dp, req.cap, m_best) or [])
             continue
-        grids[name] = lambda fn=fn: fn(req.lens, req.dp, req.cap, cost=req.costs).micro_batches
+
+        def run(fn: Callable[..., Plan] = fn) -> list[list[list[int]]]:
+            return fn(req.lens, req.dp, req.cap, cost=req.costs).micro_batches
+
+        grids[name] = run
     out = []
     for name, make in grids.items():
         grid = make()
@@ -1675,7 +1679,7 @@ def _pipeline_counts(p: Plan, multiple: int) -> int:
     # counts whose micro-batches would not all get a sequence stay out (allow_empty would
     # fill them with empty ones, which the fewest did without)
     room = (int(p.lengths.shape[0]) // p.dp_size - m) // multiple
-    return max(0, min(want, room))
+    return int(max(0, min(want, room)))
 
 
 def _final_step(p: Plan) -> float:

@@ -67,7 +67,7 @@ def check_derived(
     ``source`` names what those fields follow from, for the message."""
     for key in keys:
         # What to_dict writes: the attribute as plain data (a pipeline as its dict).
-        value = getattr(plan, key, None)
+        value: Any = getattr(plan, key, None)
         written = value.to_dict() if hasattr(value, "to_dict") else _plain(value)
         if data.get(key) is None and written is not None:
             continue  # absent: nothing was edited
@@ -337,7 +337,7 @@ class Plan:
             held = [np.unique(self.groups[u]) for u in per_rank]
             counts = np.array([h.size for h in held])
             total = int(np.unique(self.groups).size)
-            split = int(counts.sum()) - int(np.unique(np.concatenate(held or [[]])).size)
+            split = int(counts.sum()) - int(np.unique(np.concatenate(held or [np.array([])])).size)
         lo = min_count(total, max(self.dp_size, 1), self.size)
         hi = lo if self.size == "equal" else (lo + 1 if self.size == "balanced" else total)
         bad = int(((counts < lo) | (counts > hi)).sum())

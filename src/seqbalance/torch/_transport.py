@@ -58,17 +58,6 @@ def comm_device(group: Any, home: torch.device | None = None) -> torch.device:
     return home
 
 
-def all_gather_checked(obj: dict[str, Any], group: Any, what: str) -> list[dict[str, Any]]:
-    """All-gather one small dict per rank; if any rank reported an ``"error"``, raise on all.
-
-    Kept for callers written against 0.1.0; new code uses :func:`.agreement.agree`, which also
-    compares the arguments that must agree across ranks.
-    """
-    from .agreement import agree
-
-    return agree(obj.get("error"), {}, obj, group, what)
-
-
 def to_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     """View ``t`` (first dim ``rows``) as a ``[rows, bytes_per_row]`` uint8 tensor."""
     per_row = math.prod(t.shape[1:])

@@ -103,7 +103,9 @@ def pack_collate(
     if template is not None and len(samples) == 0:
         one = pack_collate([template], token_key=token_key, token_keys=token_keys,
                            cu_seqlens_dtype=cu_seqlens_dtype)  # fmt: skip
-        empty = {k: v[:0] if isinstance(v, torch.Tensor) else [] for k, v in one.items()}
+        empty: dict[str, Any] = {
+            k: v[:0] if isinstance(v, torch.Tensor) else [] for k, v in one.items()
+        }
         empty["cu_seqlens"] = one["cu_seqlens"][:1]  # [0]
         empty["max_seqlen"] = 0
         return empty

@@ -123,8 +123,8 @@ class CPShardHandle:
         ]
         # What restore's agreement compares, hashed once: the whole layout, not just token
         # counts (GPUs that planned with another cost get equal counts, other tokens).
-        layout = np.ascontiguousarray(np.concatenate(self._indices), dtype=np.int64)
-        self._layout_digest = hashlib.sha256(layout.tobytes()).hexdigest()
+        order = np.ascontiguousarray(np.concatenate(self._indices), dtype=np.int64)
+        self._layout_digest = hashlib.sha256(order.tobytes()).hexdigest()
 
     def _local_outputs(self, outputs: torch.Tensor | Sequence[torch.Tensor]) -> torch.Tensor:
         """This GPU's outputs as one ``[tokens, ...]`` tensor, checked against the plan."""
@@ -169,7 +169,7 @@ class CPShardHandle:
 
         local = None
 
-        def check() -> tuple[dict, None]:
+        def check() -> tuple[dict[str, Any], None]:
             # Local checks only; agree_on sends any error (and the shape every rank will
             # gather) to every rank, so a bad output on one GPU never leaves the rest
             # waiting in the all-gather.
@@ -344,7 +344,7 @@ def cp_shard(
         if isinstance(cu_in, torch.Tensor)
         else torch.device("cpu")
     )
-    deg = {}
+    deg: dict[tuple[int, int], set[int]] = {}
     for g, gpu in enumerate(plan.pieces):
         for j, slot in enumerate(gpu):
             for i, s, e in slot:

@@ -52,7 +52,7 @@ Example (every rank runs this)::
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Collection, Mapping, Sequence, Union
+from typing import Any, Callable, Collection, Mapping, Sequence, Union, cast
 
 import numpy as np
 import torch
@@ -492,7 +492,7 @@ class RebalanceHandle:
 
 def _concat(items: Sequence[Outputs]) -> Outputs:
     if all(isinstance(x, torch.Tensor) for x in items):
-        return torch.cat(list(items))
+        return torch.cat(cast("list[torch.Tensor]", list(items)))
     if all(isinstance(x, Mapping) for x in items):
         keys = list(items[0])
         if any(list(x) != keys for x in items):
@@ -847,10 +847,10 @@ def _rebalance(
     }
     out: list[dict[str, torch.Tensor]] = []
     for j, mb_lens in enumerate(handle.micro_batch_lengths):
-        mb = {k: pieces[k][j] for k in batch if k in pieces}
+        mb: dict[str, Any] = {k: pieces[k][j] for k in batch if k in pieces}
         if packed:
-            cu = np.concatenate([[0], np.cumsum(mb_lens)])
-            mb[cu_seqlens_key] = torch.as_tensor(cu, dtype=cu_dtype, device=device)
+            offsets = np.concatenate([[0], np.cumsum(mb_lens)])
+            mb[cu_seqlens_key] = torch.as_tensor(offsets, dtype=cu_dtype, device=device)
             if max_seqlen is not None:
                 longest = int(mb_lens.max()) if len(mb_lens) else 0
                 kind = max_seqlen[0]

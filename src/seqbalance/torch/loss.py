@@ -179,7 +179,7 @@ def _as_count(global_count: Any) -> torch.Tensor:
             raise ValueError(f"global_count must be a whole number of tokens, got {count!r}")
         value = count
         try:
-            count = torch.tensor(float(count) if isinstance(count, float) else int(count))
+            count = torch.tensor(float(count) if isinstance(count, float) else int(count))  # type: ignore[call-overload]  # a Real
         except (ValueError, OverflowError, RuntimeError):
             raise ValueError(
                 f"global_count must be a whole number of tokens below 2**63, got {count!r}"

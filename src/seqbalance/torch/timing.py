@@ -54,7 +54,7 @@ import contextlib
 import hashlib
 import math
 import time
-from typing import Any, Iterator
+from typing import Any, Iterator, cast
 
 import numpy as np
 import torch
@@ -209,7 +209,7 @@ class MicroBatchTimer:
 
     def _mark(self) -> Any:
         if self.clock == "cuda":
-            ev = torch.cuda.Event(enable_timing=True)
+            ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             ev.record()
             return ev
         if self.clock == "thread":
@@ -367,7 +367,9 @@ class MicroBatchTimer:
                 if not math.isnan(table[r, j])  # the block raised
             ]  # fmt: skip
         else:
-            mine_obj = [(lens.tolist(), s) for (lens, *_), s in zip(self._pending, secs)]
+            mine_obj = [
+                (cast(np.ndarray, lens).tolist(), s) for (lens, *_), s in zip(self._pending, secs)
+            ]  # (every record has its lengths without a plan: checked above)
             gathered: list[Any] = [mine_obj]
             g0 = self._now()
             if world > 1:
