@@ -31,6 +31,7 @@ PUBLIC = {
     "seqbalance.compat.areal": SRC / "compat" / "areal.py",
     "seqbalance.compat.slime": SRC / "compat" / "slime.py",
     "seqbalance.compat.openrlhf": SRC / "compat" / "openrlhf.py",
+    "seqbalance.compat.joint_verl": SRC / "compat" / "joint_verl.py",
 }
 
 

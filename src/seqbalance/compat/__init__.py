@@ -8,6 +8,8 @@ error types of one framework's balancing module, implemented on seqbalance, and 
 - :mod:`seqbalance.compat.areal`: ``areal.utils.seqpack`` and AReaL's micro-batch allocation.
 - :mod:`seqbalance.compat.openrlhf`: OpenRLHF's ``seqlen_balancing`` and experience balancing.
 - :mod:`seqbalance.compat.slime`: slime's ``seqlen_balancing``, ``dp_schedule`` and FLOPs.
+- :mod:`seqbalance.compat.joint_verl`: verl's joint mode (the driver plans ranks and
+  micro-batches together per PPO mini-batch; the workers follow).
 
 None of them imports its framework; torch is imported only inside functions that take
 tensors. ``docs/migrating.md`` lists every behaviour difference.
@@ -15,4 +17,4 @@ tensors. ``docs/migrating.md`` lists every behaviour difference.
 
 from __future__ import annotations
 
-__all__ = ["areal", "openrlhf", "slime", "verl"]
+__all__ = ["areal", "joint_verl", "openrlhf", "slime", "verl"]

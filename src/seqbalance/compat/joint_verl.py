@@ -456,7 +456,7 @@ def _followed(
 def _micro_batches(
     batch: Any, table: Any, max_token_len: int, dp_group: Any, num_batches_divided_by: Any,
     same_micro_num_in_dp: bool, min_num_micro_batch: Any, use_dynamic_bsz_balance: bool,
-    force_group_size: int, match_framework_count: bool,
+    force_group_size: int, match_framework_count: bool | str,
 ) -> tuple[list[Any], list[list[int]]]:  # fmt: skip
     idx = _followed(batch, table, max_token_len, num_batches_divided_by, min_num_micro_batch,
                     int(force_group_size))  # fmt: skip
@@ -487,7 +487,7 @@ def rearrange_micro_batches(
     use_dynamic_bsz_balance: bool = True,
     force_group_size: int = 1,
     *,
-    match_framework_count: bool = False,
+    match_framework_count: bool | str = False,
 ) -> tuple[list[Any], list[list[int]]]:
     """verl's ``rearrange_micro_batches`` that follows the driver's plan where it can.
 
@@ -515,7 +515,7 @@ def prepare_dynamic_batch(
     min_num_micro_batch: int | None = None,
     use_dynamic_bsz_balance: bool = True,
     *,
-    match_framework_count: bool = False,
+    match_framework_count: bool | str = False,
 ) -> tuple[list[Any], list[list[int]]]:
     """:func:`rearrange_micro_batches` on a DataProto (boundaries from ``data.meta_info``);
     returns DataProtos of the same type, without the boundaries table."""
@@ -582,7 +582,7 @@ class _TrainerHook:
                 continue
             spec = finder.find_spec(name, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader)
+                spec.loader = _PatchingLoader(spec.loader)  # type: ignore[assignment]
                 return spec
         return None
 

@@ -207,7 +207,7 @@ class StreamingRebalancer:
             for r in range(self.world_size)
         ]
 
-        def layout(global_lengths: np.ndarray, global_costs: Any) -> tuple[None, list]:
+        def layout(global_lengths: np.ndarray, global_costs: Any) -> tuple[None, list[Any]]:
             return None, micro
 
         sub_lens = [self._lengths[i] for i in mine] if problem is None else []
