@@ -110,7 +110,11 @@ def test_bound_and_zero_gap_against_brute_force(weights, k, grouped, data):
             for j in range(k))
         for lab in itertools.product(range(k), repeat=len(ids))
     )
-    assert Fraction(sb.lower_bound(weights, k, groups=groups)) <= best
+    # Float weights: the bound is computed in floats, so it may sit a rounding step above
+    # the exact optimum ([1, 0.7, 1.2, 1.6, 0.1, 0, 0.4] over 2 with groups: 3.0 against
+    # 3 - 3 * 2**-55); integers are exact.
+    slack = 1 if all(float(x).is_integer() for x in weights) else 1 + Fraction(1, 10**12)
+    assert Fraction(sb.lower_bound(weights, k, groups=groups)) <= best * slack
     p = sb.partition(weights, k, groups=groups)
     real = max(sum((exact[i] for i in part), Fraction(0)) for part in p)
     assert real >= best
@@ -123,7 +127,7 @@ def test_bound_and_zero_gap_against_brute_force(weights, k, grouped, data):
         else:
             assert real <= best * (1 + Fraction(1, 10**12))
     else:
-        assert Fraction(p.lower_bound) <= best
+        assert Fraction(p.lower_bound) <= best * slack
 
 
 # ---- plan ----------------------------------------------------------------------------
