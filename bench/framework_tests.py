@@ -43,7 +43,7 @@ switch)::
 sitecustomize adds a site directory holding a copy of the repository's ``.pth`` (the same
 line, run by the same ``site`` machinery). The verl tests run once per ``--verl-code``
 tree (the verl that is imported: 0.9.1 from ``--ext``, main from a source tree). Each run
-records at the end of its session which functions of the frameworks' modules (and of the
+records at the end of its pytest run which functions of the frameworks' modules (and of the
 test modules, which import them by name) are seqbalance's; a run where none is fails its
 row. Named variants, printed: the package ``__init__`` files of AReaL and OpenRLHF are
 skipped (their trainers' dependencies are not installed; the balancing modules are still

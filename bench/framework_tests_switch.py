@@ -19,7 +19,7 @@ _STUB_NUMBA = (
 )
 
 # Written into each run's directory: package __init__ files skipped (``packages``: name ->
-# directory), logging-only modules stood in for, and at the end of the session a record of
+# directory), logging-only modules stood in for, and at the end of the run a record of
 # which functions are seqbalance's.
 _SWITCH_CONFTEST = """
 import json, logging, sys, types
