@@ -618,7 +618,8 @@ def pipeline_lower_bound(
     hops = p * v - 1 if p > 1 else 0  # with one stage nothing is sent
     trips = p * (f + b) + 2 * hops * c
     chain = float(np.max(trips))
-    if schedule is not None and p > 1 and 2 <= m <= _WINDOW_MAX_M:
+    if (schedule is not None and p > 1 and 2 <= m <= _WINDOW_MAX_M
+            and 2 * p * v * m**3 <= _WINDOW_WORK):  # fmt: skip
         spec = check_pipeline(p, schedule, v)
         spec.check_count(m)
         chain = max(chain, _window_term(trips, f / v, b / v, _windows(spec, m)))
@@ -626,6 +627,10 @@ def pipeline_lower_bound(
 
 
 _WINDOW_MAX_M = 512  # the window term costs O(m^3): beyond this many micro-batches, skip it
+# ... and its tables O(p v m^3) time and O(p v m^2) memory (stage 0's 2 p v m operations
+# against m positions, for m positions): beyond this much work the term is left out (a
+# weaker bound, never a wrong one; 8 stages x 4 chunks reach it at m = 161)
+_WINDOW_WORK = 1 << 28
 
 
 @lru_cache(maxsize=32)
