@@ -1,9 +1,9 @@
 """Resource bounds: absurd requests are refused before work starts, and the searches that
 could grow combinatorially stop on deterministic work budgets.
 
-Regression tests for each reproducer of the resource-bounds issue (and the time cliffs of
-the fuzz findings) assert the behaviour (a clear ValueError naming the argument, or a valid
-plan), never the time: ``bench/bounds.py --reproducers`` measures time and peak memory,
+Regression tests for requests that ran for seconds or exhausted memory before they were
+refused (or planned) assert the behaviour (a clear ValueError naming the argument, or a
+valid plan), never the time: ``bench/bounds.py --reproducers`` measures time and peak memory,
 each in a child process. A hypothesis test over option combinations checks the core
 guarantees (coverage, caps, equal counts, determinism); the ``slow`` tier runs more
 examples (``-m slow``).
@@ -105,7 +105,7 @@ def test_limits_table_lists_every_limit():
 
 
 def test_many_empty_slots_plan_without_quadratic_memory():
-    # fill_slack kept one destination list per slot: m x (dp x m) entries (11.6 GB here).
+    # One destination list per slot would hold m x (dp x m) entries here (11.6 GB).
     p = sb.plan(L5, 2, 1000, min_micro_batches=32768, allow_empty=True)
     assert p.num_micro_batches == 32768
     _valid(p, 5, 1000)
@@ -119,7 +119,7 @@ def test_many_empty_slots_plan_without_quadratic_memory():
     ],
 )
 def test_pipelines_with_thousands_of_micro_batches_plan(kwargs):
-    # The order search built every neighbour order at once (65,472 x 4,096 int64).
+    # Every neighbour order at once would be 65,472 x 4,096 int64 here (2 GiB).
     p = sb.plan(L5, 2, 1000, allow_empty=True, **kwargs)
     assert p.num_micro_batches == kwargs["min_micro_batches"]
     _valid(p, 5, 1000)
@@ -223,7 +223,8 @@ def test_exact_work_pool_is_shared_and_deterministic():
 
 def test_grouped_ranks_with_extra_counts_stay_valid():
     # GRPO-like: groups of 4 over 16 ranks, extra counts, DDP, allow_empty, order="index"
-    # (20 s of exact searches before the request's pool of nodes).
+    # Ranks of about 64 sequences each run exact searches at every count; the request's
+    # pool of exact-search nodes bounds their sum (unbounded: 20 s).
     rng = np.random.default_rng(0)
     lens = rng.integers(64, 8000, 240)
     lens[rng.random(240) < 0.1] = 32768
@@ -442,3 +443,27 @@ def test_cli_refuses_absurd_sizes_naming_the_flag(tmp_path, capsys, flags, word)
     assert main(["plan", str(f), "--max-tokens", "1000", *flags]) == 2
     err = capsys.readouterr().err
     assert word in err and "error" in err
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 5), st.sampled_from(["1f1b", "gpipe", "interleaved"]),
+       st.integers(1, 12), st.integers(1, 3), st.booleans(), st.integers(0, 2**16))
+def test_pipeline_simulation_node_by_node_matches_the_level_passes(p, schedule, k, rows, comm,
+                                                                    seed):  # fmt: skip
+    from seqbalance.planning import pipeline
+
+    v = 2 if schedule == "interleaved" else 1
+    m = k * (p if schedule == "interleaved" else 1)
+    g = pipeline.graph(pipeline.PipelineSpec(p, schedule, v), m)
+    rng = np.random.default_rng(seed)
+    f, b = rng.random((rows, m)) * 1e3, rng.random((rows, m)) * 2e3
+    c = rng.random((rows, m)) if comm else None
+    saved = pipeline._SCALAR_RATIO
+    try:
+        pipeline._SCALAR_RATIO = 0
+        by_level = g._run(f, b, c)[1]
+        pipeline._SCALAR_RATIO = 2**40
+        by_node = g._run(f, b, c)[1]
+    finally:
+        pipeline._SCALAR_RATIO = saved
+    assert np.array_equal(by_level, by_node)

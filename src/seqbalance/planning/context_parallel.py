@@ -642,9 +642,9 @@ def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[in
     t_long = np.array([req.tables[int(deg[i])][0][i] for i in longs.tolist()])
     groups: list[_Group] = []
     # Every group's degree, slot, time and tokens as arrays, so that each sequence scans
-    # the groups in one numpy pass (a loop over them was quadratic in Python). A group
-    # whose token room is below every long sequence's piece at its degree can never take
-    # one again (its tokens only grow) and is closed.
+    # the groups in one numpy pass (a Python loop over them is quadratic in the sequences).
+    # A group whose token room is below every long sequence's piece at its degree can
+    # never take one again (its tokens only grow) and is closed.
     degrees = sorted(req.tables)
     row = {d: k for k, d in enumerate(degrees)}
     t_tab = np.stack([req.tables[d][0] for d in degrees])  # (degrees, n)
