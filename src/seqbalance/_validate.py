@@ -499,19 +499,25 @@ def too_long(
 
 
 def check_size_limit(
-    value: int, name: str, n: int, unit: str = "parts", limit: int = MAX_EMPTY
+    value: int,
+    name: str,
+    n: int,
+    unit: str = "parts",
+    limit: int = MAX_EMPTY,
+    fix: str | None = None,
 ) -> int:
     """Refuse ``value`` (already an int) above ``n + limit``: absurd for ``n`` items.
 
     ``unit`` names what ``value`` counts, for the message; ``limit`` is ``MAX_EMPTY``
-    (2**20) or ``MAX_EMPTY_SLOTS`` (2**16).
+    (2**20) or ``MAX_EMPTY_SLOTS`` (2**16); ``fix`` is what to do (default: pass ``name``
+    near the real number).
     """
     if value > n + limit:
         power = f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
+        fix = fix or f"pass {name} near the real number (at most {n + limit} here)"
         raise ValueError(
             f"{name}={value} asks for {value} {unit} for {n} items, so at least "
-            f"{value - n} would stay empty (limit: n + {power}); pass a {name} near the "
-            "real number"
+            f"{value - n} would stay empty (limit: n + {power}); {fix}"
         )
     return value
 

@@ -315,6 +315,11 @@ def read_config(config: Any) -> dict[str, Any]:
             data = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ValueError(f"config {str(path)!r} could not be read as JSON ({exc})") from exc
+        except ValueError:  # json.loads applies Python's digit limit for int()
+            raise ValueError(
+                f"config {str(path)!r} holds an integer of more than 4,300 digits, which no "
+                "config field needs; fix the config.json"
+            ) from None
         if not isinstance(data, dict):
             raise ValueError(
                 f"config {str(path)!r} must hold a JSON object, got {type(data).__name__}"
@@ -471,11 +476,22 @@ def _moe_layers(cfg: Mapping[str, Any], r: _Reader, n: int) -> list[bool]:
         raise ValueError(
             f"config field 'mlp_only_layers' must be a list of layer indices, got {only!r}"
         )
+    bad = [i for i in only if not 0 <= i < n]
+    if bad:
+        raise ValueError(
+            f"config field 'mlp_only_layers' names layer {bad[0]}, outside the model's "
+            f"{n} layers (0 to {n - 1}); fix the config.json"
+        )
     only_set = set(only)
     step = r.opt("decoder_sparse_step", 1)
     first_dense = r.opt("first_k_dense_replace", 0, minimum=0)
     freq = r.opt("moe_layer_freq", 1)
     assert step is not None and first_dense is not None and freq is not None
+    if first_dense > n:
+        raise ValueError(
+            f"config field 'first_k_dense_replace' = {first_dense} is more than "
+            f"'num_hidden_layers' = {n}; fix the config.json"
+        )
     return [
         i not in only_set and (i + 1) % step == 0 and i >= first_dense and i % freq == 0
         for i in range(n)
@@ -505,6 +521,22 @@ def parse_config(config: Any) -> Architecture:
     (2, 16, 6400)
     """
     cfg = text_model_config(read_config(config))
+    if isinstance(config, (str, os.PathLike)):
+        try:
+            return _parse(cfg)
+        except ValueError as exc:  # (the message's "config.json" is this file)
+            raise ValueError(f"{exc} [in {config_file(config)}]") from None
+    return _parse(cfg)
+
+
+def config_file(config: str | os.PathLike) -> str:
+    """The ``config.json`` a path names (the path, or the file in the folder it names)."""
+    path = Path(config)
+    return str(path / "config.json" if path.is_dir() else path)
+
+
+def _parse(cfg: dict[str, Any]) -> Architecture:
+    """:func:`parse_config` of a config read into a dict."""
     model_type = cfg.get("model_type") or "unknown"
     if not isinstance(model_type, str):  # str() of a list would match no family, silently
         raise ValueError(
@@ -525,7 +557,7 @@ def parse_config(config: Any) -> Architecture:
             "fields. Compare cost.matmul_params with the model's size (without its "
             "embedding), or fit a cost to measured times",
             UserWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
     r = _Reader(cfg, model_type)
 
@@ -535,12 +567,23 @@ def parse_config(config: Any) -> Architecture:
     vocab = r.req("vocab_size")
 
     experts = 0
+    experts_key = None
     for key in ("num_local_experts", "num_experts", "n_routed_experts"):
         value = r.opt(key, None, minimum=0)
         if value is not None:
-            experts = value
+            experts, experts_key = value, key
             break
     top_k = r.req("num_experts_per_tok") if experts else 0
+    if experts_key is not None and not experts:
+        routed = r.opt("num_experts_per_tok", 0, minimum=0)
+        if routed:
+            # Costed as dense, the MoE layers' expert work would be silently wrong.
+            raise ValueError(
+                f"config field {experts_key!r} = 0 but 'num_experts_per_tok' = {routed}: a "
+                "model cannot route tokens to experts it does not have; give the number of "
+                f"experts, or drop 'num_experts_per_tok' for a dense model (fix the "
+                "config.json)"
+            )
     r.done()  # the layer rules below need these numbers
     if top_k > experts:
         raise ValueError(

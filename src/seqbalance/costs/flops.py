@@ -39,6 +39,7 @@ model always gives the exact, windowed count.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,7 +48,14 @@ from typing import Any
 import numpy as np
 
 from .._validate import as_lengths, check_bool
-from .architecture import ARCH_KEYS, Architecture, parse_config, read_config, text_model_config
+from .architecture import (
+    ARCH_KEYS,
+    Architecture,
+    config_file,
+    parse_config,
+    read_config,
+    text_model_config,
+)
 from .base import CostModel, check_keys, finite_costs
 
 __all__ = ["SHIPPED", "FlopsCost", "shipped_config"]
@@ -161,7 +169,13 @@ class FlopsCost(CostModel):
         """Build from a Hugging Face config: a dict, a path to a ``config.json`` or its
         folder, or an object with ``to_dict()`` (transformers is not required)."""
         data = text_model_config(read_config(config))
-        arch = parse_config(data)
+        if isinstance(config, (str, os.PathLike)):
+            try:
+                arch = parse_config(data)
+            except ValueError as exc:  # (the message's "config.json" is this file)
+                raise ValueError(f"{exc} [in {config_file(config)}]") from None
+        else:
+            arch = parse_config(data)
         kept = {k: data[k] for k in ARCH_KEYS if k in data}
         name = data.get("_name_or_path")
         name = name if isinstance(name, str) and name else None  # a label only

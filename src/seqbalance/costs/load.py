@@ -102,9 +102,19 @@ def load_cost(spec: Any = None) -> CostModel:
                 data = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
                 raise ValueError(f"cost file {str(path)!r} is not valid JSON ({exc})") from exc
+            except ValueError:  # json.loads applies Python's digit limit for int()
+                raise ValueError(
+                    f"cost file {str(path)!r} holds an integer of more than 4,300 digits, "
+                    "which no cost field needs; fix the file"
+                ) from None
             if not isinstance(data, dict):
                 raise ValueError(f"cost file {str(path)!r} must hold a JSON object")
-            return _from_mapping(data)
+            try:
+                return _from_mapping(data)
+            except ValueError as exc:
+                if str(path) in str(exc):
+                    raise
+                raise ValueError(f"{exc} [in {path}]") from None
         raise ValueError(
             f"unknown cost {str(spec)!r}: not 'tokens', not a shipped model name "
             f"({', '.join(SHIPPED)}), and no such file or folder (a HF config.json, its "

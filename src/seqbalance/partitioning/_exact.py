@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .searches import spend_nodes, take_nodes
+
 __all__ = [
     "EXACT_MAX_NODES",
     "EXACT_MAX_UNITS",
@@ -103,7 +105,7 @@ def exact_labels(
     lo = float(np.ceil(bound)) if integer else float(bound)
     order = np.argsort(-w, kind="stable")
     search = _Decision(w[order].tolist(), k, size, slack)
-    budget = max_nodes
+    budget = start_budget = take_nodes(max_nodes)
     # Searches that run out of nodes are cut short at a slice of what is left, so one
     # hard capacity cannot eat the whole budget; the memo of refuted states makes a later
     # retry at that capacity (or lower) resume cheaply.
@@ -134,6 +136,7 @@ def exact_labels(
             lo = cap + 1.0 if integer else max(cap, np.nextafter(cap, np.inf))
         else:  # out of nodes: look higher, where solutions are easier to find
             failed_at = cap
+    spend_nodes(start_budget - budget)
     return best, not _open(lo, hi, integer)
 
 

@@ -56,6 +56,11 @@ FAST_TWO_WAY_MAX_UNITS = 24
 _EXACT_SEARCHES: ContextVar[bool | None] = ContextVar("seqbalance_exact_searches", default=None)
 
 
+# The exact-search nodes one request (one call of plan()) may still spend, or None outside
+# such a request: see exact_work_pool.
+_POOL: ContextVar[list[int] | None] = ContextVar("seqbalance_exact_pool", default=None)
+
+
 def exact_searches_enabled() -> bool:
     """Whether :func:`~seqbalance.partition` runs its small-problem exact searches here.
 
@@ -63,9 +68,48 @@ def exact_searches_enabled() -> bool:
     -------
     bool
         False inside ``with exact_searches(False)`` (or a compat drop-in called outside any
-        such block), True otherwise.
+        such block), or inside a planning request that has spent its pool of exact-search
+        nodes (:func:`exact_work_pool`); True otherwise.
     """
-    return _EXACT_SEARCHES.get() is not False
+    if _EXACT_SEARCHES.get() is False:
+        return False
+    pool = _POOL.get()
+    return pool is None or pool[0] > 0
+
+
+@contextlib.contextmanager
+def exact_work_pool(nodes: int) -> Iterator[None]:
+    """Let the exact searches inside the block spend at most about ``nodes`` nodes in all.
+
+    Each search is bounded on its own; a request that runs many of them (a plan searches
+    every rank at every count it tries) could still add up to minutes. Inside the block
+    every node-counted search takes its budget out of this pool (:func:`take_nodes`), and
+    once the pool is spent the rest of the block runs as inside
+    ``exact_searches(False)``. Counted in nodes, never in time: every rank computes the
+    same result. A nested block shares the outer pool.
+    """
+    if _POOL.get() is not None:
+        yield
+        return
+    token = _POOL.set([int(nodes)])
+    try:
+        yield
+    finally:
+        _POOL.reset(token)
+
+
+def take_nodes(want: int) -> int:
+    """The node budget a search asking for ``want`` gets: ``want`` outside a pool, else at
+    most what the pool has left (0 when it is spent)."""
+    pool = _POOL.get()
+    return want if pool is None else max(0, min(want, pool[0]))
+
+
+def spend_nodes(nodes: int) -> None:
+    """Charge ``nodes`` to the pool of the enclosing :func:`exact_work_pool`, if any."""
+    pool = _POOL.get()
+    if pool is not None:
+        pool[0] -= int(nodes)
 
 
 @contextlib.contextmanager

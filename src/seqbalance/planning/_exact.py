@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..partitioning.searches import exact_searches_enabled
+from ..partitioning.searches import exact_searches_enabled, spend_nodes, take_nodes
 from .bounds import min_bins
 
 __all__ = ["FAST_NODE_LIMIT", "NODE_LIMIT", "pack_exact", "pack_ranked_exact"]
@@ -47,8 +47,14 @@ class _OutOfBudget(Exception):
 
 
 class _Budget:
+    """Search nodes left; taken from (and, by :meth:`close`, charged to) the request's
+    pool of exact-search nodes, if any (:func:`..partitioning.searches.exact_work_pool`)."""
+
     def __init__(self, nodes: int) -> None:
-        self.left = nodes
+        self.left = self.given = take_nodes(nodes)
+
+    def close(self) -> None:
+        spend_nodes(self.given - max(self.left, 0))
 
     def spend(self) -> None:
         self.left -= 1
@@ -188,11 +194,14 @@ def pack_exact(
         return (None, "infeasible") if order else ([], "found")
     if order and min_bins(np.asarray(t, dtype=np.int64), cap) > nbins:
         return None, "infeasible"  # the bin-packing bound already rules it out
+    budget = _Budget(_limit(node_limit))
     try:
         search = _dfs_bins if padded else _bin_completion_any
-        bins = search(order, t, nbins, cap, padded, _Budget(_limit(node_limit)))
+        bins = search(order, t, nbins, cap, padded, budget)
     except _OutOfBudget:
         return None, "limit"
+    finally:
+        budget.close()
     return (bins, "found") if bins is not None else (None, "infeasible")
 
 
@@ -279,4 +288,6 @@ def pack_ranked_exact(
         ok = go(0)
     except _OutOfBudget:
         return None, "limit"
+    finally:
+        budget.close()
     return (result, "found") if ok else (None, "infeasible")

@@ -65,7 +65,8 @@ def _pad_to_multiple(values: list, k: int) -> list:
 
 # ---- verl ---------------------------------------------------------------------------------
 def verl_pipeline(
-    lengths: np.ndarray, dp: int, cap: int, max_count: int | None = None
+    lengths: np.ndarray, dp: int, cap: int, max_count: int | None = None,
+    max_work: int | None = None,
 ) -> list[list[list[int]]] | None:
     """verl: ranks by equal-count KK on its workload, then per rank KK into ``m`` micro-batches.
 
@@ -78,7 +79,10 @@ def verl_pipeline(
     middle: sorted by workload, then ``mbs[::2][::-1] + mbs[1::2]``.
 
     ``max_count``: give up (return None) once ``m`` would pass it; the planner uses it to
-    skip the counts whose plans it would discard anyway.
+    skip the counts whose plans it would discard anyway. ``max_work``: give up (None) once
+    the KK runs would pass this much work, counted as sequences x parts per run (a KK
+    state holds one sum per part): with tiny micro-batches verl climbs through hundreds
+    of counts, each a KK over thousands of parts.
     """
     n = int(lengths.size)
     work = verl_workload(lengths)
@@ -97,6 +101,7 @@ def verl_pipeline(
     check = list(range(len(ranks)))
     rank_work = [_kk_weights([work[i] for i in r]) for r in ranks]
     rank_toks = [np.asarray([toks[i] for i in r], dtype=np.int64) for r in ranks]
+    spent = 0
     while True:
         if max_count is not None and m > max_count:
             return None
@@ -106,6 +111,9 @@ def verl_pipeline(
         for x in check:
             r = ranks[x]
             k = min(m, len(r))
+            spent += len(r) * k
+            if max_work is not None and spent > max_work:
+                return None
             # Below the last count a part over the cap fails the count: the split stops
             # there (None) rather than finishing.
             labels = verl_free_kk_labels(

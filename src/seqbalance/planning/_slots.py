@@ -49,7 +49,10 @@ def fill_slack(
     for b, x in enumerate(items):
         where[np.asarray(x, dtype=np.int64)] = b
     placed = np.flatnonzero(where >= 0)
-    dests: dict[int, np.ndarray] = {}  # bin -> the bins its sequences may move to
+    # bin -> the bins its sequences may move to; kept while the cache stays within
+    # _DEST_CACHE entries (each holds up to dp * m bins: one per slot would grow with m**2)
+    dests: dict[int, np.ndarray] = {}
+    cached = 0
     swap_budget = _SWAP_BUDGET  # elements of (top-bin items x sequences) left to scan
     tiny = 1e-12 * max(float(cost.max()), 1e-300)
     # Nothing to gain once the step is within 1e-4 of the simple bound max(sum/dp, max).
@@ -65,12 +68,15 @@ def fill_slack(
         room = cap - tok
         step = None
         for j in np.lexsort((np.arange(m), -level)).tolist():
+            if level[j] <= tiny:
+                break  # this slot and the rest hold no cost: nothing to move off them
             b = int(top[j])
-            if b not in dests:  # same-slot moves are the packer's job
-                dests[b] = np.flatnonzero((slot != slot[b]) & (rank == rank[b]))
-            step = _best_move(
-                items, b, second[j], dests[b], cost, slack, room, costs, lengths, tiny
-            )
+            to = dests.get(b)
+            if to is None:  # same-slot moves are the packer's job
+                to = np.flatnonzero((slot != slot[b]) & (rank == rank[b]))
+                if cached + to.size <= _DEST_CACHE:
+                    dests[b], cached = to, cached + to.size
+            step = _best_move(items, b, second[j], to, cost, slack, room, costs, lengths, tiny)
             if step is None and swap_budget > 0:
                 swap_budget -= (len(items[int(top[j])]) + 8) * placed.size
                 step = _best_swap(
@@ -100,6 +106,9 @@ def fill_slack(
             _shift(items, cost, tok, where, costs, lengths, yi, dest, b)
     return [[items[j * dp + r] for j in range(m)] for r in range(dp)]
 
+
+# Destination lists kept between steps, in entries (8 bytes each): 32 MiB.
+_DEST_CACHE = 1 << 22
 
 # Swap scans cost (items of a top bin) x (all sequences) each; this caps their total, which
 # keeps the pass well under a second on large batches while small ones get the full search.

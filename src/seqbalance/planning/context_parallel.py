@@ -58,6 +58,7 @@ from .._validate import (
 )
 from ..costs.context_parallel import ContextParallelCost, balanced_layout
 from ..partitioning._rules import SIZES
+from ..partitioning.searches import exact_work_pool
 from ._slots import fill_slack
 from .cp_pipeline import CPPipelineSetup, order_slots, pipeline_note, simulate_cp_pipeline
 from .cp_plans import (
@@ -69,6 +70,7 @@ from .cp_plans import (
     degree_tables,
     simulate_pieces,
 )
+from .limits import EXACT_NODES_PER_REQUEST, check_counts, check_mesh, check_slots
 from .simulation import SYNC_MODELS
 
 __all__ = ["cost_without_cp", "make_cp_cost", "plan_cp"]
@@ -274,21 +276,38 @@ def _validate(
             "order= and sequences_per_micro_batch= cannot be combined with pp_size > 1: the "
             "pipeline planner chooses the slots and their run order; drop one of them"
         )  # fmt: skip
+    m_min = check_positive_int(m_min, "min_micro_batches")
+    mult = check_positive_int(mult, "micro_batch_multiple")
+    allow_empty = check_bool(allow_empty, "allow_empty")
+    _check_bounds(lens, dp, cap, c, cp, m_min, mult, allow_empty, given, pipeline)
     cpc = make_cp_cost(cost, cp_cost)
     return _Request(
-        lens,
-        dp,
-        c,
-        cap,
-        cpc,
-        sync,
-        check_positive_int(m_min, "min_micro_batches"),
-        check_positive_int(mult, "micro_batch_multiple"),
-        check_bool(allow_empty, "allow_empty"),
-        check_bool(baselines, "baselines"),
-        given,
-        pp,
+        lens, dp, c, cap, cpc, sync, m_min, mult, allow_empty, check_bool(baselines, "baselines"),
+        given, pp,
     )
+
+
+def _check_bounds(
+    lens: np.ndarray, dp: int, cap: int, c: int, cp: str, m_min: int, mult: int,
+    allow_empty: bool, rules: dict[str, Any], pipeline: dict[str, Any] | None,
+) -> None:
+    """The limits of :mod:`.limits` for this mesh, before the degree tables (which grow
+    with ``n x log2(cp_size)``) or any slot is built."""
+    n = int(lens.shape[0])
+    extra = int(rules.get("extra_micro_batches", 0))
+    check_counts(n, dp, m_min, mult, extra, ranks="replicas", prefix=f"{cp} CP: ")
+    p = int((pipeline or {}).get("pp_size", 1))
+    v = int((pipeline or {}).get("virtual_stages", 1))
+    check_mesh(n, dp, c, p, v)
+    # The fewest slots any plan has: the capacity minimum over every GPU of the mesh.
+    m_cap = max(1, -(-int(lens.sum()) // (dp * c * cap)))
+    m = _round_up(max(m_cap, m_min), mult)
+    if p > 1:
+        m_hi = max(m, min(p, n // dp))
+        check_slots(n, dp, m_hi, allow_empty=allow_empty, cp_size=c, chunks=p * v)
+    else:
+        check_slots(n, dp, m, allow_empty=allow_empty, cp_size=c,
+                    need_pieces=cp == "dynamic" and not allow_empty)  # fmt: skip
 
 
 # ---- pieces from groups -------------------------------------------------------------------
@@ -646,28 +665,60 @@ def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[in
     longs = np.flatnonzero(deg >= 2)
     t_long = np.array([req.tables[int(deg[i])][0][i] for i in longs.tolist()])
     groups: list[_Group] = []
+    # Every group's degree, slot, time and tokens as arrays, so that each sequence scans
+    # the groups in one numpy pass (a Python loop over them is quadratic in the sequences).
+    # A group whose token room is below every long sequence's piece at its degree can
+    # never take one again (its tokens only grow) and is closed.
+    degrees = sorted(req.tables)
+    row = {d: k for k, d in enumerate(degrees)}
+    t_tab = np.stack([req.tables[d][0] for d in degrees])  # (degrees, n)
+    p_tab = np.stack([req.tables[d][2] for d in degrees])
+    smallest = {
+        d: int(req.tables[d][2][longs].min()) if longs.size else 0 for d in req.tables
+    }
+    size = max(int(longs.size), 1)
+    g_deg = np.zeros(size, dtype=np.int64)
+    g_row = np.zeros(size, dtype=np.int64)
+    g_slot = np.zeros(size, dtype=np.int64)
+    g_time = np.zeros(size)
+    g_tok = np.zeros(size, dtype=np.int64)
+    g_open = np.zeros(size, dtype=bool)
+    lvl = np.zeros(size)  # level per slot (slots <= groups)
     used: list[int] = []
     level: list[float] = []
+    first: dict[int, int] = {}
     for k in np.lexsort((longs, -t_long)).tolist():
         i, d = int(longs[k]), int(deg[longs[k]])
-        best, best_head = None, -1.0
-        for g in groups:
-            if g.d < d or 2 * g.d > lens[i]:
-                continue
-            t = float(req.tables[g.d][0][i])
-            head = level[g.slot] - g.time - t
-            if head >= 0 and g.tok + int(req.tables[g.d][2][i]) <= cap and head > best_head:
-                best, best_head = g, head
+        best = None
+        ng = len(groups)
+        if ng:
+            gd, gr = g_deg[:ng], g_row[:ng]
+            # (level - time - piece cost, as the scalar loop computed it: the same floats)
+            head = lvl[g_slot[:ng]] - g_time[:ng] - t_tab[gr, i]
+            ok = (g_open[:ng] & (gd >= d) & (2 * gd <= lens[i]) & (head >= 0)
+                  & (g_tok[:ng] + p_tab[gr, i] <= cap))  # fmt: skip
+            if ok.any():
+                b = int(np.argmax(np.where(ok, head, -np.inf)))  # the first best
+                best = groups[b]
         if best is None:
-            j = next((j for j in range(len(used)) if used[j] + d <= W), len(used))
+            # the first slot with d GPUs left (slots only fill up, so it never moves back)
+            j = first.get(d, 0)
+            while j < len(used) and used[j] + d > W:
+                j += 1
+            first[d] = j
             if j == len(used):
                 used.append(0)
                 level.append(0.0)
-            best = _Group(d, j)
+            best, b = _Group(d, j), ng
+            g_deg[b], g_row[b], g_slot[b], g_open[b] = d, row[d], j, True
             groups.append(best)
             used[j] += d
         best.add(i, float(req.tables[best.d][0][i]), int(req.tables[best.d][2][i]))
+        g_time[b], g_tok[b] = best.time, best.tok
         level[best.slot] = max(level[best.slot], best.time)
+        lvl[best.slot] = level[best.slot]
+        if best.tok + smallest[best.d] > cap:
+            g_open[b] = False
     return groups, used, level
 
 
@@ -775,6 +826,12 @@ def _step(p: CPPlan, sync: str) -> float:
 def _dynamic(req: _Request) -> CPPlan:
     from .cp_baselines import megatron_cp_plan  # sits beside this module, built on it
 
+    if req.n == 0:  # (allow_empty: _check_bounds refused it otherwise) every slot empty
+        base = _static_base(req)
+        assert not isinstance(base, str)
+        empty = _static_pieces(req, base, "seqbalance")
+        empty.cp = "dynamic"
+        return empty
     tried: list[tuple[str, CPPlan, float]] = []
     seen: list[np.ndarray] = []
     t_top = float(max(req.tables[int(d)][0][i] for i, d in enumerate(req.d_min.tolist())))
@@ -934,37 +991,38 @@ def plan_cp(
         non-empty micro-batches; a rule the replicas cannot meet (as :func:`seqbalance.plan`
         says it, after ``"static CP: "``).
     """
-    req = _validate(
-        lengths,
-        dp_size,
-        max_tokens,
-        cp_size,
-        cp,
-        cost,
-        cp_cost,
-        sync,
-        min_micro_batches,
-        micro_batch_multiple,
-        allow_empty,
-        baselines,
-        {
-            "size": size,
-            "groups": groups,
-            "order": order,
-            "oversized": oversized,
-            "extra_micro_batches": extra_micro_batches,
-            "sequences_per_micro_batch": sequences_per_micro_batch,
-        },
-        {
-            "pp_size": pp_size,
-            "schedule": schedule,
-            "virtual_stages": virtual_stages,
-            "pp_comm": pp_comm,
-        },
-    )
-    if cp == "static":
-        p = _static(req)
-        if isinstance(p, str):
-            raise ValueError(f"static CP: {p}")
-        return p
-    return _dynamic(req)
+    with exact_work_pool(EXACT_NODES_PER_REQUEST):  # (plan()'s, when it called this)
+        req = _validate(
+            lengths,
+            dp_size,
+            max_tokens,
+            cp_size,
+            cp,
+            cost,
+            cp_cost,
+            sync,
+            min_micro_batches,
+            micro_batch_multiple,
+            allow_empty,
+            baselines,
+            {
+                "size": size,
+                "groups": groups,
+                "order": order,
+                "oversized": oversized,
+                "extra_micro_batches": extra_micro_batches,
+                "sequences_per_micro_batch": sequences_per_micro_batch,
+            },
+            {
+                "pp_size": pp_size,
+                "schedule": schedule,
+                "virtual_stages": virtual_stages,
+                "pp_comm": pp_comm,
+            },
+        )
+        if cp == "static":
+            p = _static(req)
+            if isinstance(p, str):
+                raise ValueError(f"static CP: {p}")
+            return p
+        return _dynamic(req)

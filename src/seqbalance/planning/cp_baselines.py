@@ -43,6 +43,16 @@ def _megatron_degrees(req: Any) -> np.ndarray:
     return out
 
 
+def _rooms(width: np.ndarray, tok: np.ndarray, cap: int) -> tuple[int, int]:
+    """Upper bounds on the tokens a GPU of a slot can still take: a split (d = 1) sequence
+    (GPUs outside CP groups) and a CP piece (any GPU of a group, ``cap`` while a GPU is
+    free)."""
+    solo = width <= 1
+    room1 = cap - int(tok[solo].min()) if solo.any() else -1
+    room2 = cap if (width == 0).any() else cap - int(tok[width > 1].min(initial=cap + 1))
+    return room1, room2
+
+
 def megatron_cp_plan(req: Any) -> CPPlan:
     """The ``megatron-cp`` plan for a validated request of :mod:`.context_parallel`."""
     W, cap, lens = req.world, req.cap, req.lens
@@ -62,6 +72,16 @@ def megatron_cp_plan(req: Any) -> CPPlan:
     remaining = np.lexsort((np.arange(req.n), -req.tables[1][0])).tolist()
     slots: list[list[list[int]]] = []  # slot -> per GPU: sequences (CP ones on each member)
     while remaining:
+        # The smallest piece among the sequences from each position on, split (d = 1) and
+        # not: once no GPU could take such a piece, none of them fits this slot, so the
+        # slot is closed there (the same slots as trying each one, without a pass of numpy
+        # calls per sequence left over).
+        rest = np.asarray(remaining, dtype=np.int64)
+        big = np.iinfo(np.int64).max
+        rest_min = [
+            np.minimum.accumulate(np.where(sel, ptok[rest], big)[::-1])[::-1].tolist()
+            for sel in (deg[rest] == 1, deg[rest] > 1)
+        ]
         width = np.zeros(W, dtype=np.int64)  # group size each GPU belongs to (0: free)
         tok = np.zeros(W, dtype=np.int64)
         load = np.zeros(W)
@@ -69,7 +89,11 @@ def megatron_cp_plan(req: Any) -> CPPlan:
         heap: list[tuple[float, int]] = [(0.0, g) for g in range(W)]  # for d = 1 samples
         left = []
         room = -1  # most token room on a GPU open to d = 1 samples; -1: recompute
-        for i in remaining:
+        room1 = room2 = cap  # most room for a d = 1 piece, for a CP piece (upper bounds)
+        for k, i in enumerate(remaining):
+            if room1 < rest_min[0][k] and room2 < rest_min[1][k]:
+                left.extend(remaining[k:])
+                break
             d, p, t = int(deg[i]), int(ptok[i]), float(tmax[i])
             if d == 1:
                 if room < 0:
@@ -103,6 +127,7 @@ def megatron_cp_plan(req: Any) -> CPPlan:
                 load[g_ok] += t
                 members[g_ok].append(i)
                 heapq.heappush(heap, (load[g_ok], g_ok))
+                room1, room2 = _rooms(width, tok, cap)
                 continue
             w = width.reshape(-1, d)
             tk = tok.reshape(-1, d)
@@ -120,6 +145,7 @@ def megatron_cp_plan(req: Any) -> CPPlan:
             load[off : off + d] += t
             for g in range(off, off + d):
                 members[g].append(i)
+            room1, room2 = _rooms(width, tok, cap)
         if len(left) == len(remaining):  # cannot happen: an empty slot fits any sample
             raise RuntimeError("megatron-cp made no progress")
         slots.append(members)

@@ -27,6 +27,7 @@ largest lower bound over replicas).
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Callable
 
 import numpy as np
@@ -82,6 +83,20 @@ _STARTS = (*ORDERS.values(), _light_then_heavy)
 EXACT_LIMIT = 8
 BUDGET = 40_000_000  # simulated operations per search
 _BATCH = 8  # replicas searched side by side
+
+
+def _move_count(m: int) -> int:
+    """How many permutations :func:`_moves` returns for ``m``, without building them."""
+    if m <= 24:
+        return m * (m - 1) // 2 + max(m * m - m - 2 * (m - 1), 0)
+    ends = (0, 1, m - 2, m - 1)
+
+    def touching(gap: int) -> int:  # ordered pairs (i, j), |i - j| >= gap, an end among them
+        one = sum(m - (min(e + gap - 1, m - 1) - max(e - gap + 1, 0) + 1) for e in ends)
+        both = sum(1 for a in ends for b in ends if abs(a - b) >= gap)
+        return 2 * one - both
+
+    return (4 * m - 10) + touching(5) // 2 + touching(2)
 
 
 def _moves(m: int) -> np.ndarray:
@@ -154,9 +169,13 @@ def best_orders(
     weights = forward + backward
     best = np.zeros((r_count, m), dtype=np.int64)
     times = np.full(r_count, np.inf)
-    for start in _STARTS:
-        perms = np.stack([start(weights[r]) for r in range(r_count)])
-        t = evaluate(np.arange(r_count), perms)
+    # Every start of every replica in one simulation (one pass over the graph's levels
+    # instead of one per start), then taken in order as before: a later start wins only
+    # when strictly faster.
+    starts = np.stack([np.stack([start(weights[r]) for r in range(r_count)])
+                       for start in _STARTS])  # fmt: skip
+    every = evaluate(np.tile(np.arange(r_count), len(_STARTS)), starts.reshape(-1, m))
+    for perms, t in zip(starts, every.reshape(len(_STARTS), r_count)):
         better = t < times
         best[better], times[better] = perms[better], t[better]
     bounds = np.array(
@@ -181,7 +200,10 @@ def best_orders(
         settled = max(floor, float(times[done].max()) if done.any() else 0.0)
         return np.flatnonzero(~done & (times > settled * (1 + 1e-12)))
 
-    if m <= exact_limit:
+    # Each search below runs only where one pass of it over one replica fits the budget
+    # (else the best start stands): a pass builds and simulates every neighbour order at
+    # once, so its memory and time grow with m**2 (m**2 * pp_size * virtual_stages).
+    if m <= exact_limit and math.factorial(m) * g.n_nodes <= budget:
         all_perms = np.asarray(list(itertools.permutations(range(m))), dtype=np.int64)
         while True:
             rows = active()
@@ -195,6 +217,8 @@ def best_orders(
             done[r] = True
         return best, times
 
+    if _move_count(m) * g.n_nodes > budget:
+        return best, times
     moves = _moves(m)
     per = moves.shape[0] * g.n_nodes
     spent = 0

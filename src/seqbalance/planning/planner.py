@@ -58,7 +58,6 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
-from .._validate import MAX_EMPTY_SLOTS as _SLOTS
 from .._validate import (
     as_groups,
     as_lengths,
@@ -68,12 +67,12 @@ from .._validate import (
     check_max_tokens,
     check_nonnegative_int,
     check_positive_int,
-    check_size_limit,
     too_long,
 )
 from ..partitioning._rules import SIZES
 from ..partitioning.bounds import lower_bound
 from ..partitioning.kway import AUTO_RTOL, partition_arrays
+from ..partitioning.searches import exact_work_pool
 from ._costing import sequence_costs
 from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
@@ -100,6 +99,7 @@ from .bounds import (
     min_padded_bins,
 )
 from .cp_plans import CP_MODES
+from .limits import EXACT_NODES_PER_REQUEST, check_counts, check_mesh, check_slots
 from .pipeline_orders import largest_first
 from .pipeline_plans import (
     PipelineSetup,
@@ -138,9 +138,18 @@ def _deal_slots(
     ranks: list[list[list[int]]] = [[] for _ in range(dp)]
     load = np.zeros(dp)
     rank_ids = np.arange(dp)
+    busy = np.flatnonzero(bin_cost[order])
+    costless_from = int(busy[-1]) + 1 if busy.size else 0  # sorted position
     for j in range(m):
         slot = order[j * dp : (j + 1) * dp]
         lightest = np.lexsort((rank_ids, load))
+        if j * dp >= costless_from:
+            # Only costless bins left (empty ones, allow_empty): the loads stop changing,
+            # so every remaining slot goes to the ranks in this same order.
+            rest = order[j * dp :].reshape(-1, dp)[:, np.argsort(lightest)].T.tolist()
+            for r in range(dp):
+                ranks[r].extend(bins[b] for b in rest[r])
+            break
         for r, b in zip(lightest.tolist(), slot.tolist()):
             ranks[r].append(bins[b])
             load[r] += bin_cost[b]
@@ -356,17 +365,15 @@ def _validate_request(
     """Step 0: check every argument of :func:`plan` and resolve the costs."""
     lens = as_lengths(lengths)
     n = lens.shape[0]
-    # Sizes are bounded relative to n before anything is allocated (see check_size_limit).
-    dp = check_size_limit(check_positive_int(dp_size, "dp_size"), "dp_size", n, "ranks", _SLOTS)
+    dp = check_positive_int(dp_size, "dp_size")
     cap = check_max_tokens(max_tokens, "max_tokens")
     check_choice(sync, "sync", SYNC_MODELS)
     check_choice(size, "size", SIZE_RULES)
     m_min = check_positive_int(min_micro_batches, "min_micro_batches")
-    check_size_limit(m_min, "min_micro_batches", n, "micro-batches per rank", _SLOTS)
     mult = check_positive_int(micro_batch_multiple, "micro_batch_multiple")
-    check_size_limit(mult, "micro_batch_multiple", n, "micro-batches per rank", _SLOTS)
     extra = check_nonnegative_int(extra_micro_batches, "extra_micro_batches")
-    check_size_limit(extra, "extra_micro_batches", n, "extra micro-batch counts", _SLOTS)
+    # Sizes are bounded relative to n before anything is allocated (see .limits).
+    check_counts(n, dp, m_min, mult, extra)
     padded = check_bool(padded, "padded")
     allow_empty = check_bool(allow_empty, "allow_empty")
     group_ids = None if groups is None else as_groups(groups, lens.shape[0])
@@ -435,11 +442,12 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
         )
     m_low = max(m_cap, m_bins, m_rule)
     m = max(m, _round_up(m_low, req.mult))
-    if req.allow_empty:  # without it, too few sequences is refused before packing
-        check_size_limit(
-            req.dp * m, f"dp_size x micro-batches ({req.dp} x {m})", req.n, "micro-batches",
-            _SLOTS,
-        )
+    # (without allow_empty, too few sequences is refused before packing)
+    spec = req.pp.spec if req.pp is not None else None
+    chunks = spec.pp_size * spec.virtual_stages if spec is not None else 1
+    # a pipeline's count search goes up to pp_size micro-batches, while each gets a sequence
+    m_hi = m if spec is None else max(m, min(spec.pp_size, req.n // req.dp))
+    check_slots(req.n, req.dp, m_hi, allow_empty=req.allow_empty, chunks=chunks)
     if m > m_low:
         why = []
         if req.m_min > m_low:
@@ -792,6 +800,10 @@ def _ddp_rank_first_at_bound(
 
 
 _PIPELINE_MAX_ITEMS = 20_000  # the framework pipelines run as candidates up to this size
+# verl's count loop as a candidate: at most this much KK work (sequences x parts, summed
+# over its runs; see verl_pipeline). A normal batch needs a few counts, well under 1% of
+# it; tiny micro-batches (thousands of counts of thousands of parts) would take minutes.
+_VERL_WORK = 1 << 23
 
 
 def _pipeline_candidates(
@@ -821,7 +833,9 @@ def _pipeline_candidates(
         if name == "verl":
             # verl's loop runs one KK per count until the cap holds; counts above the best
             # plan's are discarded below, so its loop stops there (the same plan otherwise).
-            grids[name] = lambda: _equalize(verl_pipeline(req.lens, req.dp, req.cap, m_best) or [])
+            grids[name] = lambda: _equalize(
+                verl_pipeline(req.lens, req.dp, req.cap, m_best, _VERL_WORK) or []
+            )
             continue
 
         def run(fn: Callable[..., Plan] = fn) -> list[list[list[int]]]:
@@ -1285,6 +1299,7 @@ def _plan_attempt(
     pp = pipeline_setup(req.run_lens, cost, pp_size, schedule, virtual_stages, pp_comm)
     user_mult = req.mult
     if pp is not None:
+        check_mesh(req.n, req.dp, 1, pp.spec.pp_size, pp.spec.virtual_stages)
         req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
     first_m, notes = _starting_micro_batches(req)
     alone_note = []
@@ -1506,9 +1521,12 @@ def plan(
     ValueError
         On bad arguments, a sequence longer than ``max_tokens``, too few sequences for
         non-empty micro-batches, or a size rule that cannot be met. Absurd sizes are
-        refused before anything is allocated: ``max_tokens >= 2**62``; ``dp_size``,
+        refused before anything is allocated (the table of
+        :mod:`seqbalance.planning.limits`): ``max_tokens >= 2**62``; ``dp_size``,
         ``min_micro_batches``, ``micro_batch_multiple``, ``extra_micro_batches`` or (with
-        ``allow_empty``) ``dp_size x m`` above ``n + 2**16``; costs whose sum overflows.
+        ``allow_empty``) ``dp_size x m`` above ``n + 2**16``; ``pp_size`` or ``pp_size x
+        virtual_stages`` above ``2**8``; CP meshes beyond ``2**20`` GPUs or
+        ``cp_size x n + 2**16`` GPU slots; costs whose sum overflows.
 
     Notes
     -----
@@ -1527,7 +1545,8 @@ def plan(
     [1, 1, 2, 2]
     """
     kw = dict(locals())  # every argument, so that a new one cannot be left out
-    return _plan_checked(kw, pipeline_counts=True)
+    with exact_work_pool(EXACT_NODES_PER_REQUEST):
+        return _plan_checked(kw, pipeline_counts=True)
 
 
 def _plan_checked(kw: dict[str, Any], pipeline_counts: bool) -> Plan:

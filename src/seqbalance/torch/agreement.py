@@ -80,10 +80,21 @@ def canonical(value: Any) -> str:
     dtype, shape and a SHA-256 of their bytes; objects with ``to_dict()`` (cost models) by
     that dict. Long texts are replaced by ``sha256:<hex>`` so the all-gather stays small.
     """
+    label = None
+    if isinstance(value, Mapping) and isinstance(value.get(_LABEL), str):
+        # A value that names itself (describe_cost's models): the name is for the reader
+        # of a mismatch message; it repeats compared fields, so it is left out of them.
+        label = value[_LABEL]
+        value = {k: v for k, v in value.items() if k != _LABEL}
     text = json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), allow_nan=True)
     if len(text) > _INLINE_LIMIT:
-        return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+        digest = "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()[:32]
+        return digest if label is None else f"{label} ({digest})"
     return text
+
+
+#: The key of a readable name that :func:`canonical` keeps beside a long value's digest.
+_LABEL = "name"
 
 
 def _plain(value: Any) -> Any:
@@ -142,7 +153,14 @@ def describe_cost(cost: Any) -> Any:
         return "per-sequence array"
     from seqbalance.costs import load_cost
 
-    return {"model": load_cost(cost).to_dict()}
+    model = load_cost(cost)
+    fields = model.to_dict()
+    # The label repeats compared fields only (kind and name), so it never differs alone.
+    name = fields.get("name")
+    label = f"{fields.get('kind', type(model).__name__)} cost" + (
+        f" {str(name)[:100]!r}" if name is not None else ""
+    )
+    return {_LABEL: label, "model": fields}
 
 
 def describe_error(exc: BaseException) -> str:

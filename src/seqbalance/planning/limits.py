@@ -1,0 +1,170 @@
+"""Resource limits of a planning request, checked before any work starts.
+
+Every entry point that plans checks its sizes here: :func:`seqbalance.plan` on every path
+(plain, static CP, dynamic CP, pipelines),
+:func:`seqbalance.planning.context_parallel.plan_cp`, and through ``plan`` the sampler and
+``rebalance`` of :mod:`seqbalance.torch` and the CLI. So an absurd request (a typo such as
+``dp_size=10**9``) is refused in milliseconds, with a :class:`ValueError` naming the
+argument, its value and the fix, instead of running for minutes or exhausting memory.
+``n`` is the number of sequences, ``m`` the micro-batches per rank (or CP replica), and
+``2**16`` is :data:`MAX_SLOTS_BEYOND_N`.
+
+=================================  ======================  ================================
+Quantity                           Limit                   What grows with it
+=================================  ======================  ================================
+a length (tokens)                  below ``2**40``         token sums (int64)
+``max_tokens``                     below ``2**62``         sums of lengths and caps (int64)
+``dp_size`` (ranks, replicas)      ``n + 2**16``           a micro-batch list per rank
+``min_micro_batches``              ``n + 2**16``           micro-batch lists per rank
+``micro_batch_multiple``           ``n + 2**16``           the same (counts are multiples)
+``extra_micro_batches``            ``n + 2**16``           one candidate plan per count
+``dp_size x m`` (slots)            ``n + 2**16``           packing, step times and slack
+                                                           filling: linear in the slots
+``cp_size``                        power of 2, ``2**14``   a cost table per power of two
+``dp_size x cp_size`` (GPUs)       ``2**20``               a list of slots per GPU
+``dp_size x cp_size x m``          ``cp_size x n + 2**16``  a piece list per GPU and slot
+(GPU slots of a CP mesh)           (dynamic CP without     (a sequence gives at most
+                                   ``allow_empty``:        ``cp_size`` pieces)
+                                   ``cp_size x n``)
+``pp_size``                        ``2**8``                pipeline graph: ``2 pp v m``
+``pp_size x virtual_stages``       ``2**8``                operations, ``~2 (pp v + m)``
+(model chunks)                                             levels, a numpy pass each; a
+                                                           chunk holds one layer or more
+``pp_size x virtual_stages x``     ``2**22``               the simulations of all replicas
+``dp_size x m`` (pipeline                                  at once (float64 arrays of this
+operations of a step)                                      size: 32 MiB each)
+=================================  ======================  ================================
+
+Searches that can grow combinatorially under rare option combinations stop on work
+budgets, counted in work (never in wall-clock time, so every rank computes the same plan),
+and sized so that the plans of normal requests do not reach them:
+
+- the exact searches of one request share :data:`EXACT_NODES_PER_REQUEST` nodes
+  (:func:`seqbalance.partitioning.searches.exact_work_pool`; each search keeps its own
+  limit too); past it the request finishes as inside ``exact_searches(False)``;
+- the pipeline order search (:data:`seqbalance.planning.pipeline_orders.BUDGET`
+  simulated operations) runs a pass over all neighbour orders of a replica only where one
+  pass fits the budget, and its exhaustive search only where ``m!`` orders do; the
+  pipeline lower bound's window term only up to ``2 pp v m**3 = 2**28``;
+- verl's count loop as a planner candidate stops after ``2**23`` sequences x parts of KK
+  work; the slot refinement keeps its destination lists within ``2**22`` entries and its
+  swap scans within its own budget (:mod:`seqbalance.planning._slots`).
+"""
+
+from __future__ import annotations
+
+from .._validate import MAX_EMPTY_SLOTS, check_size_limit
+
+__all__ = [
+    "EXACT_NODES_PER_REQUEST",
+    "MAX_GPUS",
+    "MAX_PIPELINE_CHUNKS",
+    "MAX_PIPELINE_OPERATIONS",
+    "MAX_SLOTS_BEYOND_N",
+    "check_counts",
+    "check_mesh",
+    "check_slots",
+]
+
+#: Micro-batch slots (ranks x micro-batches), ranks, and counts beyond one per sequence.
+MAX_SLOTS_BEYOND_N = MAX_EMPTY_SLOTS
+
+#: GPUs of a context-parallel mesh (``dp_size x cp_size``): beyond any real cluster.
+MAX_GPUS = 2**20
+
+#: Pipeline stages, and stages x model chunks per stage (``pp_size x virtual_stages``).
+MAX_PIPELINE_CHUNKS = 2**8
+
+#: Operations of one simulated pipeline step over all replicas
+#: (``pp_size x virtual_stages x dp_size x m``).
+MAX_PIPELINE_OPERATIONS = 2**22
+
+#: Exact-search nodes one request may spend in all (each search has its own limit too, up
+#: to 200,000): past it the request finishes as inside ``exact_searches(False)``.
+EXACT_NODES_PER_REQUEST = 2**18
+
+_POWER = f"2**{MAX_SLOTS_BEYOND_N.bit_length() - 1}"
+
+
+def check_counts(n: int, dp: int, m_min: int, mult: int, extra: int, *, ranks: str = "ranks",
+                 prefix: str = "") -> None:  # fmt: skip
+    """Refuse ``dp_size`` and the micro-batch counts above ``n + 2**16`` (all ints >= 0).
+
+    ``ranks`` names what ``dp_size`` counts (``"replicas"`` under CP); ``prefix`` starts
+    the message (``"static CP: "``)."""
+    for value, name, unit in (
+        (dp, "dp_size", ranks),
+        (m_min, "min_micro_batches", "micro-batches per rank"),
+        (mult, "micro_batch_multiple", "micro-batches per rank"),
+        (extra, "extra_micro_batches", "extra micro-batch counts"),
+    ):
+        try:
+            check_size_limit(value, name, n, unit, MAX_SLOTS_BEYOND_N)
+        except ValueError as exc:
+            raise ValueError(f"{prefix}{exc}") from None
+
+
+def check_mesh(
+    n: int, dp: int, cp_size: int = 1, pp_size: int = 1, virtual_stages: int = 1
+) -> None:
+    """Refuse meshes beyond :data:`MAX_GPUS` GPUs or :data:`MAX_PIPELINE_CHUNKS` chunks.
+
+    The arguments are validated ints (``cp_size`` a power of two)."""
+    if cp_size > 1 and dp * cp_size > MAX_GPUS:
+        raise ValueError(
+            f"dp_size x cp_size = {dp} x {cp_size} = {dp * cp_size} GPUs is beyond any real "
+            f"cluster (at most 2**{MAX_GPUS.bit_length() - 1}); pass the mesh's real "
+            "dp_size and cp_size"
+        )
+    for value, name in ((pp_size, "pp_size"), (pp_size * virtual_stages,
+                                                "pp_size x virtual_stages")):  # fmt: skip
+        if value > MAX_PIPELINE_CHUNKS:
+            raise ValueError(
+                f"{name} = {value} is beyond any real pipeline (at most "
+                f"{MAX_PIPELINE_CHUNKS} model chunks, each at least one layer); pass the "
+                "pipeline's real pp_size and virtual_stages"
+            )
+
+
+def check_slots(
+    n: int,
+    dp: int,
+    m: int,
+    *,
+    allow_empty: bool,
+    cp_size: int = 1,
+    chunks: int = 1,
+    need_pieces: bool = False,
+) -> None:
+    """Refuse a micro-batch count ``m`` whose slots exceed the limits of the table above.
+
+    ``chunks``: ``pp_size x virtual_stages`` when pipelined (1 otherwise); ``need_pieces``:
+    every GPU slot must hold a piece (dynamic CP without ``allow_empty``).
+    """
+    name = f"dp_size x micro-batches ({dp} x {m})"
+    fix = "lower dp_size, min_micro_batches or micro_batch_multiple"
+    if allow_empty:
+        check_size_limit(dp * m, name, n, "micro-batches", MAX_SLOTS_BEYOND_N, fix=fix)
+    if cp_size > 1:
+        gpu_slots = dp * cp_size * m
+        pieces = cp_size * n
+        if need_pieces and gpu_slots > pieces:
+            raise ValueError(
+                f"{n} sequences cannot give each of {dp * cp_size} GPUs x {m} micro-batches "
+                f"a piece (a sequence is split into at most cp_size={cp_size} pieces); lower "
+                "dp_size or cp_size, raise max_tokens, or pass allow_empty=True to allow "
+                "(marked) empty micro-batches"
+            )
+        if gpu_slots > pieces + MAX_SLOTS_BEYOND_N:
+            raise ValueError(
+                f"dp_size x cp_size x micro-batches = {dp} x {cp_size} x {m} = {gpu_slots} GPU "
+                f"slots for {n} sequences, so at least {gpu_slots - pieces} would stay empty "
+                f"(limit: cp_size x n + {_POWER}); {fix}"
+            )
+    if chunks > 1 and chunks * dp * m > MAX_PIPELINE_OPERATIONS:
+        raise ValueError(
+            f"pp_size x virtual_stages x dp_size x micro-batches = {chunks} x {dp} x {m} = "
+            f"{chunks * dp * m} pipeline operations per step, beyond the limit of "
+            f"2**{MAX_PIPELINE_OPERATIONS.bit_length() - 1}; {fix}, or use fewer pipeline "
+            "stages or virtual stages"
+        )
