@@ -529,7 +529,7 @@ def parse_config(config: Any) -> Architecture:
     return _parse(cfg)
 
 
-def config_file(config: str | os.PathLike) -> str:
+def config_file(config: str | os.PathLike[str]) -> str:
     """The ``config.json`` a path names (the path, or the file in the folder it names)."""
     path = Path(config)
     return str(path / "config.json" if path.is_dir() else path)

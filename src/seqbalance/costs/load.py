@@ -114,7 +114,7 @@ def load_cost(spec: Any = None) -> CostModel:
             except ValueError as exc:
                 if str(path) in str(exc):
                     raise
-                raise ValueError(f"{exc} [in {path}]") from None
+                raise ValueError(f"{path}: {exc}") from None
         raise ValueError(
             f"unknown cost {str(spec)!r}: not 'tokens', not a shipped model name "
             f"({', '.join(SHIPPED)}), and no such file or folder (a HF config.json, its "

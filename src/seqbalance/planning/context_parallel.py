@@ -306,8 +306,14 @@ def _check_bounds(
         m_hi = max(m, min(p, n // dp))
         check_slots(n, dp, m_hi, allow_empty=allow_empty, cp_size=c, chunks=p * v)
     else:
-        check_slots(n, dp, m, allow_empty=allow_empty, cp_size=c,
-                    need_pieces=cp == "dynamic" and not allow_empty)  # fmt: skip
+        # (too few sequences for every GPU slot is the planner's own error, after the one
+        # that names a sequence too long for its pieces; no sequence at all is refused here)
+        if cp == "dynamic" and n == 0 and not allow_empty:
+            raise ValueError(
+                f"0 sequences cannot give each of {dp * c} GPUs a piece; pass "
+                "allow_empty=True for a plan of (marked) empty micro-batches"
+            )
+        check_slots(n, dp, m, allow_empty=allow_empty, cp_size=c)
 
 
 # ---- pieces from groups -------------------------------------------------------------------

@@ -134,12 +134,10 @@ def check_slots(
     allow_empty: bool,
     cp_size: int = 1,
     chunks: int = 1,
-    need_pieces: bool = False,
 ) -> None:
     """Refuse a micro-batch count ``m`` whose slots exceed the limits of the table above.
 
-    ``chunks``: ``pp_size x virtual_stages`` when pipelined (1 otherwise); ``need_pieces``:
-    every GPU slot must hold a piece (dynamic CP without ``allow_empty``).
+    ``chunks``: ``pp_size x virtual_stages`` when pipelined (1 otherwise).
     """
     name = f"dp_size x micro-batches ({dp} x {m})"
     fix = "lower dp_size, min_micro_batches or micro_batch_multiple"
@@ -148,13 +146,6 @@ def check_slots(
     if cp_size > 1:
         gpu_slots = dp * cp_size * m
         pieces = cp_size * n
-        if need_pieces and gpu_slots > pieces:
-            raise ValueError(
-                f"{n} sequences cannot give each of {dp * cp_size} GPUs x {m} micro-batches "
-                f"a piece (a sequence is split into at most cp_size={cp_size} pieces); lower "
-                "dp_size or cp_size, raise max_tokens, or pass allow_empty=True to allow "
-                "(marked) empty micro-batches"
-            )
         if gpu_slots > pieces + MAX_SLOTS_BEYOND_N:
             raise ValueError(
                 f"dp_size x cp_size x micro-batches = {dp} x {cp_size} x {m} = {gpu_slots} GPU "
