@@ -766,10 +766,12 @@ def _pack(
         t = lens[k : k + m]
         c = costs[k : k + m]
         lo = load[by_load]
-        np.less_equal(t, room[by_load], out=ok[:m])
+        free = room[by_load]
+        np.less_equal(t, free, out=ok[:m])
         ok[m] = False
+        new = lo + c
         if m > 1:
-            ok[1:m] &= lo[1:] < minimum_acc(lo[:-1] + c[:-1])
+            ok[1:m] &= lo[1:] < minimum_acc(new[:-1])
         j = int(ok[: m + 1].argmin())
         if j == 0:  # the lightest has no room: the lightest of those with room
             fit = np.flatnonzero(room >= lens[k])
@@ -783,10 +785,11 @@ def _pack(
                 fits = np.flatnonzero(lens[k:] <= room.max())
                 k = n if not fits.size else k + int(fits[0])
             continue
-        b = by_load[:j]
-        where[k : k + j] = b
-        load[b] += c[:j]
-        room[b] -= t[:j]
+        if j < m:
+            by_load, new, free, t = by_load[:j], new[:j], free[:j], t[:j]
+        where[k : k + j] = by_load
+        load[by_load] = new
+        room[by_load] = free - t
         k += j
     return where, cap - room, load - base
 
