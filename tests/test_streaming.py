@@ -344,7 +344,7 @@ def _pack_one_at_a_time(lens, costs, base, cap):
     return where, tok, [load[r] - float(base[r]) for r in range(len(load))]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     lengths=st.lists(st.integers(0, 120), min_size=1, max_size=80),
     dp=st.integers(1, 9),

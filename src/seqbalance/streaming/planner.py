@@ -758,11 +758,17 @@ def _pack(
     room = np.full(dp, cap, dtype=np.int64)
     where = np.full(n, -1, dtype=np.int64)
     ok = np.empty(dp + 1, dtype=bool)  # ok[m] = False: argmin finds the first miss
-    minimum_acc = np.minimum.accumulate
+    minimum_acc, add_acc = np.minimum.accumulate, np.add.accumulate
+    smallest = minimum_acc(lens[::-1])[::-1]  # smallest[k]: the fewest tokens of lens[k:]
+    active = None  # the micro-batches that may still take a sequence (None: all)
     k = 0
     while k < n:
-        m = min(dp, n - k)
-        by_load = load.argsort(kind="stable")[:m]  # ties: lowest index first
+        if active is None:
+            m = min(dp, n - k)
+            by_load = load.argsort(kind="stable")[:m]  # ties: lowest index first
+        else:
+            m = min(active.shape[0], n - k)
+            by_load = active[load[active].argsort(kind="stable")[:m]]
         t = lens[k : k + m]
         c = costs[k : k + m]
         lo = load[by_load]
@@ -774,6 +780,10 @@ def _pack(
             ok[1:m] &= lo[1:] < minimum_acc(new[:-1])
         j = int(ok[: m + 1].argmin())
         if j == 0:  # the lightest has no room: the lightest of those with room
+            # One with less room than every sequence left is done: later runs skip it.
+            active = np.flatnonzero(room >= smallest[k])
+            if not active.shape[0]:
+                break
             fit = np.flatnonzero(room >= lens[k])
             if fit.size:
                 r = fit[int(np.argmin(load[fit]))]
@@ -784,6 +794,23 @@ def _pack(
             else:  # it and the next ones too long for every micro-batch are left out
                 fits = np.flatnonzero(lens[k:] <= room.max())
                 k = n if not fits.size else k + int(fits[0])
+            continue
+        if j == 1 and m > 1:
+            # The lightest takes the next sequences too while it stays lighter than the
+            # second lightest and has room (loads summed one at a time, as above).
+            run = min(n - k, dp)
+            after = add_acc(np.concatenate((lo[:1], costs[k : k + run])))[1:]
+            used = lens[k : k + run].cumsum()
+            good = np.empty(run + 1, dtype=bool)
+            np.less_equal(used, free[0], out=good[:run])
+            good[1:run] &= after[:-1] < lo[1]
+            good[run] = False
+            j = int(good.argmin())
+            b = by_load[0]
+            where[k : k + j] = b
+            load[b] = after[j - 1]
+            room[b] = free[0] - used[j - 1]
+            k += j
             continue
         if j < m:
             by_load, new, free, t = by_load[:j], new[:j], free[:j], t[:j]
