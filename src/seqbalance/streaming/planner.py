@@ -779,21 +779,40 @@ def _pack(
         if m > 1:
             ok[1:m] &= lo[1:] < minimum_acc(new[:-1])
         j = int(ok[: m + 1].argmin())
-        if j == 0:  # the lightest has no room: the lightest of those with room
+        if j == 0:  # the lightest has no room: a run among those with room
             # One with less room than every sequence left is done: later runs skip it.
             active = np.flatnonzero(room >= smallest[k])
             if not active.shape[0]:
                 break
-            fit = np.flatnonzero(room >= lens[k])
-            if fit.size:
-                r = fit[int(np.argmin(load[fit]))]
-                where[k] = r
-                load[r] += costs[k]
-                room[r] -= lens[k]
-                k += 1
-            else:  # it and the next ones too long for every micro-batch are left out
-                fits = np.flatnonzero(lens[k:] <= room.max())
+            has = room[active] >= lens[k]
+            fit = active[has]
+            if not fit.shape[0]:  # it and the next ones too long for every one: left out
+                fits = np.flatnonzero(lens[k:] <= room[active].max())
                 k = n if not fits.size else k + int(fits[0])
+                continue
+            # Those left aside may take a later, shorter sequence: the run stops before
+            # one that fits one of them lighter than its own target.
+            aside = active[~has]
+            x_load, x_room = math.inf, -1
+            if aside.shape[0]:
+                x_load, x_room = float(load[aside].min()), int(room[aside].max())
+            m = min(fit.shape[0], n - k)
+            by_load = fit[load[fit].argsort(kind="stable")[:m]]
+            t = lens[k : k + m]
+            lo = load[by_load]
+            free = room[by_load]
+            new = lo + costs[k : k + m]
+            np.less_equal(t, free, out=ok[:m])
+            ok[m] = False
+            if m > 1:
+                ok[1:m] &= lo[1:] < minimum_acc(new[:-1])
+            ok[:m] &= (lo < x_load) | (t > x_room)
+            j = int(ok[: m + 1].argmin())  # >= 1: the first fits and no aside one can
+            by_load, new, free, t = by_load[:j], new[:j], free[:j], t[:j]
+            where[k : k + j] = by_load
+            load[by_load] = new
+            room[by_load] = free - t
+            k += j
             continue
         if j == 1 and m > 1:
             # The lightest takes the next sequences too while it stays lighter than the
