@@ -253,6 +253,11 @@ class StreamingPlanner:
         self._lens: list[int] = []
         self._costs: list[float] = []
         self._groups: list[Any] = []  # None where no group was given
+        self._grouped = False  # some arrival of the step has a group
+        # The same lengths and costs as arrays (grown by doubling), for the vectorised tries.
+        self._len_arr = np.zeros(256, dtype=np.int64)
+        self._cost_arr = np.zeros(256, dtype=np.float64)
+        self._id_arr = np.zeros(256, dtype=np.int64)
         self._seen: set[int] = set()
         self._buffer: list[int] = []  # arrival positions not yet released
         self._buffered_tokens = 0
@@ -350,27 +355,65 @@ class StreamingPlanner:
                     "or pass oversized='alone' to run them alone at the flush"
                 )
         costs, _ = sequence_costs(lens, self._model)
-        for i, t, c, g in zip(id_list, lens.tolist(), costs.tolist(), group_list):
-            self._arrive(i, t, c, g)
+        self._record(id_list, lens, costs, group_list)
 
-    def _arrive(self, i: int, t: int, c: float, g: Any) -> None:
-        pos = len(self._ids)
-        self._ids.append(i)
-        self._lens.append(t)
-        self._costs.append(c)
-        self._groups.append(g)
-        self._seen.add(i)
-        self._buffer.append(pos)
-        if t > self.max_tokens:
-            return  # oversized="alone": held to the flush
-        self._buffered_tokens += t
-        if self.rule.release == "pull":
-            return  # decided when the trainer asks (ready(idle=True))
-        while self._buffered_tokens >= max(self._threshold, self._next_try):
-            mode = "force" if self._buffered_tokens >= self._hold else "rule"
-            if not self._try_release(mode):
-                self._next_try = min(self._buffered_tokens + self._step, self._hold)
-                break
+    def _record(
+        self, id_list: list[int], lens: np.ndarray, costs: np.ndarray, group_list: list[Any]
+    ) -> None:
+        """Append validated arrivals and make the decisions they trigger, in order.
+
+        The rule is checked after each arrival that fits the cap; it can only trigger once
+        the buffered tokens reach ``max(threshold, next try)``, so the arrivals between two
+        such points are appended at once (cumulative sums find the next one).
+        """
+        n = lens.shape[0]
+        start = len(self._ids)
+        self._ids.extend(id_list)
+        self._lens.extend(lens.tolist())
+        self._costs.extend(costs.tolist())
+        self._groups.extend(group_list)
+        self._seen.update(id_list)
+        if any(g is not None for g in group_list):
+            self._grouped = True
+        size = self._len_arr.shape[0]
+        if start + n > size:
+            while start + n > size:
+                size *= 2
+            self._len_arr = np.resize(self._len_arr, size)
+            self._cost_arr = np.resize(self._cost_arr, size)
+            self._id_arr = np.resize(self._id_arr, size)
+        self._len_arr[start : start + n] = lens
+        self._id_arr[start : start + n] = id_list
+        self._cost_arr[start : start + n] = costs
+        fits = lens <= self.max_tokens  # longer ones (oversized="alone") wait for the flush
+        total = np.cumsum(np.where(fits, lens, 0))
+        if self.rule.release == "arrival":
+            checked = np.flatnonzero(fits)  # arrivals after which the rule is checked
+            done = 0  # new arrivals [0, done) are in the buffer
+            while True:
+                before = int(total[done - 1]) if done else 0
+                # The first checked arrival j at which buffered + total[j] - before
+                # reaches the target (an integer count reaches a number at its ceiling).
+                target = math.ceil(max(self._threshold, self._next_try))
+                need = target - self._buffered_tokens + before
+                lo = int(np.searchsorted(checked, done))
+                at = lo + int(np.searchsorted(total[checked[lo:]], need))
+                if at >= checked.shape[0]:
+                    break
+                j = int(checked[at])
+                self._buffer.extend(range(start + done, start + j + 1))
+                self._buffered_tokens += int(total[j]) - before
+                done = j + 1
+                while self._buffered_tokens >= max(self._threshold, self._next_try):
+                    mode = "force" if self._buffered_tokens >= self._hold else "rule"
+                    if not self._try_release(mode):
+                        self._next_try = min(self._buffered_tokens + self._step, self._hold)
+                        break
+        else:
+            done = 0  # pull: decided when the trainer asks (ready(idle=True))
+        if done < n:
+            self._buffer.extend(range(start + done, start + n))
+            self._buffered_tokens += int(total[-1]) - (int(total[done - 1]) if done else 0)
 
     def _try_release(self, mode: str = "rule") -> bool:
         """Form a slot from the buffer and release it if it meets the rule.
@@ -378,6 +421,8 @@ class StreamingPlanner:
         ``mode``: ``"rule"`` (fill and balance), ``"idle"`` (``idle_fill`` and balance),
         ``"force"`` (the buffer is at ``hold``: the best slot formed, whatever it is).
         """
+        if not self._grouped:
+            return self._try_release_fast(mode)
         cap = self.max_tokens
         lens, costs = self._lens, self._costs
         cand = [p for p in self._buffer if lens[p] <= cap]
@@ -423,6 +468,87 @@ class StreamingPlanner:
                     self._pinned.setdefault(g, r)
         self._released.append(bins)
         self._queue.append([[self._ids[p] for p in b] for b in bins])
+        return True
+
+    def _try_release_fast(self, mode: str) -> bool:
+        """:meth:`_try_release` without groups, on arrays: the same slots, decided the same
+        way (the same candidate order, the same packing, the same sums in the same order),
+        at a cost that grows with the buffer divided by ``dp`` rather than the buffer."""
+        cap, dp = self.max_tokens, self.dp_size
+        buf = np.asarray(self._buffer, dtype=np.int64)
+        lens_b = self._len_arr[buf]
+        costs_b = self._cost_arr[buf]
+        fit = np.flatnonzero(lens_b <= cap)
+        # Most expensive first, then longest, then earliest: a fixed order (the buffer is
+        # in arrival order and the sort is stable).
+        fit = fit[np.lexsort((-lens_b[fit], -costs_b[fit]))]
+        tries = [fit]
+        halves = 2 * lens_b[fit] <= cap
+        big = fit.size - int(np.count_nonzero(halves))  # no two of these share a micro-batch
+        if 0 < big < dp:
+            # Too few to give every rank one: a slot without them, so they wait for more
+            # of their kind instead of leaving short-only micro-batches far lighter.
+            tries.append(fit[halves])
+        fill = self._idle_tokens if mode == "idle" else self._fill_tokens
+        base = (
+            np.asarray(self._rank_work, dtype=np.float64)
+            if self.sync == "ddp"
+            else np.zeros(dp, dtype=np.float64)
+        )
+        best = None
+        c0, need = self._c0, self.rule.balance * dp
+        for order in tries:
+            if not order.size:
+                continue
+            costs_o = costs_b[order]
+            if mode == "rule" and (float(costs_o.sum()) + dp * c0) * (1 + 1e-6) < need * (
+                float(costs_o[0]) + c0
+            ):
+                # Cannot meet balance: the slot's work is at most all of it, and its time at
+                # least the most expensive sequence's (with a margin for rounding).
+                continue
+            where, tok, work_arr = _pack(lens_b[order], costs_o, base, cap)
+            work = work_arr.tolist()
+            low = int(tok.min())
+            dp_time = dp * (max(work) + self._c0)
+            eff = (sum(work) + dp * self._c0) / dp_time if dp_time > 0 else 1.0
+            if mode == "idle":
+                # The fuller-balanced of the tries that fill every micro-batch to idle_fill.
+                if low >= fill and (best is None or eff > best[3]):
+                    best = (order, where, work, eff)
+                continue
+            if low >= fill and eff >= self.rule.balance:
+                best = (order, where, work, eff)
+                break
+            if mode == "force" and (best is None or eff > best[3]):
+                best = (order, where, work, eff)
+        if best is None:
+            return False
+        order, where, work = best[:3]
+        rank_of = np.full(buf.shape[0], -1, dtype=np.int64)  # per buffered sequence
+        rank_of[order] = where
+        taken = np.flatnonzero(rank_of >= 0)  # in arrival order
+        ranks = rank_of[taken]
+        by_rank = taken[np.argsort(ranks, kind="stable")]  # arrival order within a rank
+        pos = buf[by_rank]
+        pos_list = pos.tolist()
+        id_list = self._id_arr[pos].tolist()
+        ends = np.cumsum(np.bincount(ranks, minlength=dp)).tolist()
+        bins: list[list[int]] = []
+        slot: list[list[int]] = []
+        at = 0
+        for end in ends:
+            bins.append(pos_list[at:end])
+            slot.append(id_list[at:end])
+            at = end
+        rank_of[taken] = -2
+        self._buffer = buf[rank_of == -1].tolist()
+        self._buffered_tokens -= int(lens_b[taken].sum())
+        self._next_try = 0
+        for r in range(dp):
+            self._rank_work[r] += work[r] + self._c0
+        self._released.append(bins)
+        self._queue.append(slot)
         return True
 
     def _form(self, cand: list[int]) -> tuple[list[list[int]], list[int], list[float]]:
@@ -611,6 +737,107 @@ class StreamingPlanner:
         grid = [rank + [[p] for p in sorted(big)] for rank, big in zip(grid, over)]
         longest = max(len(rank) for rank in grid)
         return [rank + [[] for _ in range(longest - len(rank))] for rank in grid]
+
+
+def _pack(
+    lens: np.ndarray, costs: np.ndarray, base: np.ndarray, cap: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Capacitated LPT of sequences given in packing order into ``base.size`` micro-batches:
+    each to the micro-batch of least cost (ties: lowest index) that has room; a sequence
+    that fits nowhere is left out (``-1``). Returns each sequence's micro-batch, the
+    tokens and the cost (above ``base``) of each micro-batch.
+
+    Sequence by sequence in effect, but a run of sequences is placed at once while the
+    ``j``-th of the run goes to the ``j``-th lightest micro-batch: that holds while the
+    ``j``-th is lighter than every micro-batch the run has already added to, and the
+    sequence fits. Each micro-batch gets at most one sequence of a run, so every cost is
+    summed in the same order as one at a time.
+    """
+    n, dp = lens.shape[0], base.shape[0]
+    load = base.copy()
+    room = np.full(dp, cap, dtype=np.int64)
+    where = np.full(n, -1, dtype=np.int64)
+    ok = np.empty(dp + 1, dtype=bool)  # ok[m] = False: argmin finds the first miss
+    minimum_acc, add_acc = np.minimum.accumulate, np.add.accumulate
+    smallest = minimum_acc(lens[::-1])[::-1]  # smallest[k]: the fewest tokens of lens[k:]
+    active = None  # the micro-batches that may still take a sequence (None: all)
+    k = 0
+    while k < n:
+        if active is None:
+            m = min(dp, n - k)
+            by_load = load.argsort(kind="stable")[:m]  # ties: lowest index first
+        else:
+            m = min(active.shape[0], n - k)
+            by_load = active[load[active].argsort(kind="stable")[:m]]
+        t = lens[k : k + m]
+        c = costs[k : k + m]
+        lo = load[by_load]
+        free = room[by_load]
+        np.less_equal(t, free, out=ok[:m])
+        ok[m] = False
+        new = lo + c
+        if m > 1:
+            ok[1:m] &= lo[1:] < minimum_acc(new[:-1])
+        j = int(ok[: m + 1].argmin())
+        if j == 0:  # the lightest has no room: a run among those with room
+            # One with less room than every sequence left is done: later runs skip it.
+            active = np.flatnonzero(room >= smallest[k])
+            if not active.shape[0]:
+                break
+            has = room[active] >= lens[k]
+            fit = active[has]
+            if not fit.shape[0]:  # it and the next ones too long for every one: left out
+                fits = np.flatnonzero(lens[k:] <= room[active].max())
+                k = n if not fits.size else k + int(fits[0])
+                continue
+            # Those left aside may take a later, shorter sequence: the run stops before
+            # one that fits one of them lighter than its own target.
+            aside = active[~has]
+            x_load, x_room = math.inf, -1
+            if aside.shape[0]:
+                x_load, x_room = float(load[aside].min()), int(room[aside].max())
+            m = min(fit.shape[0], n - k)
+            by_load = fit[load[fit].argsort(kind="stable")[:m]]
+            t = lens[k : k + m]
+            lo = load[by_load]
+            free = room[by_load]
+            new = lo + costs[k : k + m]
+            np.less_equal(t, free, out=ok[:m])
+            ok[m] = False
+            if m > 1:
+                ok[1:m] &= lo[1:] < minimum_acc(new[:-1])
+            ok[:m] &= (lo < x_load) | (t > x_room)
+            j = int(ok[: m + 1].argmin())  # >= 1: the first fits and no aside one can
+            by_load, new, free, t = by_load[:j], new[:j], free[:j], t[:j]
+            where[k : k + j] = by_load
+            load[by_load] = new
+            room[by_load] = free - t
+            k += j
+            continue
+        if j == 1 and m > 1:
+            # The lightest takes the next sequences too while it stays lighter than the
+            # second lightest and has room (loads summed one at a time, as above).
+            run = min(n - k, dp)
+            after = add_acc(np.concatenate((lo[:1], costs[k : k + run])))[1:]
+            used = lens[k : k + run].cumsum()
+            good = np.empty(run + 1, dtype=bool)
+            np.less_equal(used, free[0], out=good[:run])
+            good[1:run] &= after[:-1] < lo[1]
+            good[run] = False
+            j = int(good.argmin())
+            b = by_load[0]
+            where[k : k + j] = b
+            load[b] = after[j - 1]
+            room[b] = free[0] - used[j - 1]
+            k += j
+            continue
+        if j < m:
+            by_load, new, free, t = by_load[:j], new[:j], free[:j], t[:j]
+        where[k : k + j] = by_load
+        load[by_load] = new
+        room[by_load] = free - t
+        k += j
+    return where, cap - room, load - base
 
 
 def _group_key(g: Any) -> Any:
