@@ -261,7 +261,7 @@ class StreamingPlanner:
         self._seen: set[int] = set()
         self._buffer: list[int] = []  # arrival positions not yet released
         self._buffered_tokens = 0
-        self._next_try = 0  # buffered tokens at which the next try is made
+        self._next_try: float = 0  # buffered tokens at which the next try is made
         self._queue: list[Slot] = []  # released, not yet returned by ready()
         self._released: list[list[list[int]]] = []  # slots as arrival positions
         self._pinned: dict[Any, int] = {}  # group -> rank it was released on
@@ -448,7 +448,7 @@ class StreamingPlanner:
                     best = (bins, tok, work, eff)
                 continue
             if min(tok) >= fill and eff >= self.rule.balance:
-                best = (bins, tok, work)
+                best = (bins, tok, work, eff)
                 break
             if mode == "force" and (best is None or eff > best[3]):
                 best = (bins, tok, work, eff)
@@ -657,8 +657,8 @@ class StreamingPlanner:
             g = None
             if has_groups:
                 # A sequence without a group is a group of its own.
-                g = [("g", groups[p]) if groups[p] is not None else ("s", p) for p in pos]
-                g = as_groups([_label(x) for x in g], len(pos))
+                keys = [("g", groups[p]) if groups[p] is not None else ("s", p) for p in pos]
+                g = as_groups([_label(x) for x in keys], len(pos))
             p = plan(
                 lens[idx],
                 self.dp_size,
