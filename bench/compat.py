@@ -490,8 +490,8 @@ def main() -> None:
         type=int,
         nargs="*",
         default=None,
-        help="sizes of the per-rank calls besides n / dp (default 8192; the "
-        "issue's speed target is for calls of n >= 8,192)",
+        help="sizes of the per-rank calls besides n / dp (default 8192: the speed "
+        "comparison is made for calls of n >= 8,192)",
     )
     ap.add_argument(
         "--orig-limit",

@@ -1,6 +1,6 @@
 """Reliability figures: bad inputs refused fast, distributed mistakes raised on every rank.
 
-1. Every bad input listed in issue 15 (absurd sizes, overflowing sums, inputs users pass
+1. A list of bad inputs (absurd sizes, overflowing sums, inputs users pass
    from pandas or torch...): the outcome (a ValueError/TypeError naming the argument, or a
    result where the input is acceptable) and the time it took (limit of interest: 1 s).
 2. Every multi-process scenario of ``tests/test_torch_agreement.py`` on gloo at world sizes
