@@ -39,7 +39,10 @@ How a plan is built (every step deterministic):
 
 With ``pp_size > 1`` the simulated pipeline step decides instead, every packing compared in
 the best of the baseline run orders; the chosen plan's order is then searched to minimise
-that step (:func:`seqbalance.planning.pipeline_plans.finish_plan`).
+that step (:func:`seqbalance.planning.pipeline_plans.finish_plan`). For at most 1,024
+sequences in at most 4,096 micro-batches (all ranks) the plan made without the pipeline is
+a candidate too, so the pipelined plan is never slower than it run through the same
+pipeline.
 
 :func:`plan` reads as these steps: ``_validate_request`` checks every argument once (the
 functions below it take validated arrays), ``_starting_micro_batches`` is step 1,
@@ -1583,16 +1586,33 @@ def _plan_replicas(lengths: Any, dp_size: int, max_tokens: int, **options: Any) 
     return _plan_checked(dict(bound.arguments), pipeline_counts=False)
 
 
+#: Pipelined requests of at most this many sequences, in at most this many micro-batches
+#: over all ranks, also plan without the pipeline, and keep that plan when it runs the
+#: pipeline faster (see :func:`_flat_candidate`).
+FLAT_CANDIDATE_MAX_SEQUENCES = 1024
+FLAT_CANDIDATE_MAX_SLOTS = 4096
+
+
 def _flat_candidate(kw: dict[str, Any], chosen: Plan) -> Plan:
-    """``chosen``, or the plan made without the pipeline (at the schedule's count multiple)
-    and then ordered for it, whichever has the lower simulated pipeline step.
+    """``chosen``, or the plan made without the pipeline (at the schedule's count multiple),
+    run in its own order or the pipeline's best starting order and, when one of those is
+    faster than ``chosen``, in the searched order too: whichever has the lowest simulated
+    pipeline step.
 
     The pipelined packings are judged in their best starting order with each sequence's
     forward and backward apart; a packing made for the sync step alone can still run the
     pipeline faster, so a pipelined plan is never slower than the plain plan run through
     the same pipeline. (The pipeline's lower bound is of a plan's own slots, so a plan at
-    its bound can still lose to another packing.)
+    its bound can still lose to another packing.) Planning that plan costs about as much
+    again as the pipelined packings, and on larger requests they rarely lose to it: it is
+    made for at most :data:`FLAT_CANDIDATE_MAX_SEQUENCES` sequences in at most
+    :data:`FLAT_CANDIDATE_MAX_SLOTS` micro-batches (all ranks).
     """
+    if (
+        chosen.num_sequences > FLAT_CANDIDATE_MAX_SEQUENCES
+        or chosen.dp_size * chosen.num_micro_batches > FLAT_CANDIDATE_MAX_SLOTS
+    ):
+        return chosen
     setup = chosen.pipeline
     flat_kw = {
         **kw,
@@ -1608,18 +1628,28 @@ def _flat_candidate(kw: dict[str, Any], chosen: Plan) -> Plan:
         flat = _plan_checked(flat_kw, pipeline_counts=False)
     except ValueError:  # a count the schedule needs that the rules cannot fill
         return chosen
+    target = _final_step(chosen) * (1 - _COUNT_GAIN)
     own = _plan_of_pipelined(flat, setup)
-    ordered = finish_plan(_plan_of_pipelined(flat, setup), setup, int(kw["micro_batch_multiple"]))
-    rival = min((ordered, own), key=_final_step)  # ties: the searched order
-    if _final_step(rival) < _final_step(chosen) * (1 - _COUNT_GAIN):
-        rival.notes = (
-            *ordered.notes,
-            "pipeline: the plan made without the pipeline, then ordered for it, has the "
-            f"lower simulated step ({_final_step(rival) / _final_step(chosen) - 1:+.2%} "
-            "against the pipelined packings)",
-        )
-        return rival
-    return chosen
+    quick = _plan_of_pipelined(flat, setup)
+    quick.micro_batches = pipeline_order_grid(
+        [list(r) for r in flat.micro_batches], flat.costs, flat.per_microbatch, flat.lengths,
+        flat.padded, flat.sync, setup, quick=True,
+    )  # fmt: skip
+    steps = {id(c): _final_step(c) for c in (own, quick)}
+    cheap = min((quick, own), key=lambda c: steps[id(c)])  # ties: the pipeline's start
+    if steps[id(cheap)] >= target:
+        # Its own order and the best starting order both lose: the order search is left
+        # out (it costs as much as the packing, and the guarantee is against these).
+        return chosen
+    ordered = finish_plan(_plan_of_pipelined(cheap, setup), setup, int(kw["micro_batch_multiple"]))
+    rival = ordered if _final_step(ordered) <= steps[id(cheap)] else cheap
+    rival.notes = (
+        *(ordered.notes if rival is ordered else flat.notes),
+        "pipeline: the plan made without the pipeline, then ordered for it, has the "
+        f"lower simulated step ({_final_step(rival) / _final_step(chosen) - 1:+.2%} "
+        "against the pipelined packings)",
+    )
+    return rival
 
 
 def _plan_of_pipelined(p: Plan, setup: Any) -> Plan:
