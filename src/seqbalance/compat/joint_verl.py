@@ -458,6 +458,10 @@ def _micro_batches(
     same_micro_num_in_dp: bool, min_num_micro_batch: Any, use_dynamic_bsz_balance: bool,
     force_group_size: int, match_framework_count: bool | str,
 ) -> tuple[list[Any], list[list[int]]]:  # fmt: skip
+    # patch(match_framework_count=...) reaches verl's callers, who cannot pass it
+    match_framework_count = (
+        match_framework_count or _dropin._patch_options["match_framework_count"]
+    )
     idx = _followed(batch, table, max_token_len, num_batches_divided_by, min_num_micro_batch,
                     int(force_group_size))  # fmt: skip
     group = dp_group if dp_group is not None and _dropin._dist_ready() else None
@@ -502,7 +506,7 @@ def rearrange_micro_batches(
     return _micro_batches(
         batch, _table_of(batch), max_token_len, dp_group, num_batches_divided_by,
         same_micro_num_in_dp, min_num_micro_batch, use_dynamic_bsz_balance, force_group_size,
-        match_framework_count or _dropin._patch_options["match_framework_count"],
+        match_framework_count,
     )  # fmt: skip
 
 
@@ -523,7 +527,7 @@ def prepare_dynamic_batch(
     mbs, idx = _micro_batches(
         data.batch, table, max_token_len, dp_group, num_batches_divided_by,
         same_micro_num_in_dp, min_num_micro_batch, use_dynamic_bsz_balance, 1,
-        match_framework_count or _dropin._patch_options["match_framework_count"],
+        match_framework_count,
     )  # fmt: skip
     meta = {k: v for k, v in data.meta_info.items() if k != SLOTS_KEY}
     out = []

@@ -172,9 +172,9 @@ def separate_oversized(
     (``across_ranks``: no size rule, no groups) on any rank. A sharer with nowhere to go
     stays: :func:`shares_oversized` tells, and the planner then plans more micro-batches.
     """
-    over = [[any(true_lens[i] > cap for i in mb) for mb in rank] for rank in grid]
     if not shares_oversized(grid, true_lens, cap):
         return grid
+    over = [[any(true_lens[i] > cap for i in mb) for mb in rank] for rank in grid]
     out = [[list(mb) for mb in rank] for rank in grid]
 
     def load(mb: list[int]) -> int:

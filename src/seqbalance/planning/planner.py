@@ -1628,35 +1628,39 @@ def _flat_candidate(kw: dict[str, Any], chosen: Plan) -> Plan:
         flat = _plan_checked(flat_kw, pipeline_counts=False)
     except ValueError:  # a count the schedule needs that the rules cannot fill
         return chosen
-    target = _final_step(chosen) * (1 - _COUNT_GAIN)
-    own = _plan_of_pipelined(flat, setup)
-    quick = _plan_of_pipelined(flat, setup)
-    quick.micro_batches = pipeline_order_grid(
+    chosen_step = _final_step(chosen)
+    own = _plan_of_pipelined(flat, setup, flat.micro_batches)
+    quick = _plan_of_pipelined(flat, setup, pipeline_order_grid(
         [list(r) for r in flat.micro_batches], flat.costs, flat.per_microbatch, flat.lengths,
         flat.padded, flat.sync, setup, quick=True,
-    )  # fmt: skip
-    steps = {id(c): _final_step(c) for c in (own, quick)}
-    cheap = min((quick, own), key=lambda c: steps[id(c)])  # ties: the pipeline's start
-    if steps[id(cheap)] >= target:
+    ))  # fmt: skip
+    # ties: the pipeline's best start (min keeps the first)
+    cheap_step, cheap = min(((_final_step(p), p) for p in (quick, own)), key=lambda c: c[0])
+    if cheap_step >= chosen_step * (1 - _COUNT_GAIN):
         # Its own order and the best starting order both lose: the order search is left
         # out (it costs as much as the packing, and the guarantee is against these).
         return chosen
-    ordered = finish_plan(_plan_of_pipelined(cheap, setup), setup, int(kw["micro_batch_multiple"]))
-    rival = ordered if _final_step(ordered) <= steps[id(cheap)] else cheap
+    ordered = finish_plan(
+        _plan_of_pipelined(cheap, setup, cheap.micro_batches), setup,
+        int(kw["micro_batch_multiple"]),
+    )  # fmt: skip
+    ordered_step = _final_step(ordered)
+    rival, step = (ordered, ordered_step) if ordered_step <= cheap_step else (cheap, cheap_step)
     rival.notes = (
         *(ordered.notes if rival is ordered else flat.notes),
         "pipeline: the plan made without the pipeline, then ordered for it, has the "
-        f"lower simulated step ({_final_step(rival) / _final_step(chosen) - 1:+.2%} "
-        "against the pipelined packings)",
+        f"lower simulated step ({step / chosen_step - 1:+.2%} against the pipelined "
+        "packings)",
     )
     return rival
 
 
-def _plan_of_pipelined(p: Plan, setup: Any) -> Plan:
-    """A copy of the plain plan ``p`` that runs through the pipeline ``setup``."""
+def _plan_of_pipelined(p: Plan, setup: Any, grid: list[list[list[int]]]) -> Plan:
+    """A copy of the plain plan ``p`` with the micro-batches ``grid`` (its own, reordered)
+    that runs through the pipeline ``setup``."""
     out = Plan.__new__(Plan)
     out.__dict__.update(p.__dict__)
-    out.micro_batches = [[list(mb) for mb in rank] for rank in p.micro_batches]
+    out.micro_batches = [[list(mb) for mb in rank] for rank in grid]
     out.notes = tuple(p.notes)
     out.pipeline = setup
     return out
