@@ -1100,7 +1100,9 @@ def _empty_note(grid: Any) -> list[str]:
 
 def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
     """``sequences_per_micro_batch``: the fewest micro-batches of at most that many
-    sequences (counts within one) that fit the capacity; bins balanced by cost."""
+    sequences (counts within one) that fit the capacity; bins balanced by cost. With
+    ``oversized="alone"`` each oversized sequence has a micro-batch of its own, outside the
+    count rule."""
     per_mb = int(req.per_mb)  # type: ignore[arg-type]
     # oversized="alone": each sequence above the cap gets a micro-batch of its own, the
     # others share the remaining ones (at most per_mb each, counts within one).
@@ -1204,8 +1206,8 @@ def _plan_cp_hook(**kw: Any) -> Plan:
 
 class _NeedsMore(Exception):
     """A sequence longer than the cap (``oversized="alone"``) still shares its micro-batch
-    at ``m`` micro-batches per rank: every micro-batch of its rank holds such a sequence,
-    and the rank's size rule or groups keep the sharers on it."""
+    at ``m`` micro-batches per rank: no micro-batch the rules let its sharers move to (its
+    rank's, or with no size rule and no groups any rank's) is free of such a sequence."""
 
     def __init__(self, m: int) -> None:
         super().__init__(m)
@@ -1469,8 +1471,9 @@ def plan(
     sequences_per_micro_batch : int, optional
         Every micro-batch holds at most this many sequences and the counts differ by at
         most one; ``m`` is the smallest count that holds all sequences (and meets the
-        capacity, ``min_micro_batches`` and the multiple). Not with ``size``, ``groups``
-        or ``extra_micro_batches``.
+        capacity, ``min_micro_batches`` and the multiple); with ``oversized="alone"`` a
+        sequence above ``max_tokens`` takes a micro-batch of its own outside that count
+        rule. Not with ``size``, ``groups`` or ``extra_micro_batches``.
     baselines : bool
         Also run the framework pipelines of :data:`BASELINES` as candidates, so that the
         plan is never worse than any of them (default). False skips them: much faster on
