@@ -703,12 +703,13 @@ def areal_cases(areal: dict[str, Any], args: Any, costs: dict[str, Any]) -> list
 def markdown(path: str) -> None:
     """The docs' tables (docs/integrations/verl.md, slime.md) from a results JSON."""
     data = json.loads(Path(path).read_text())
-    by = {}
-    for r in data["verl"]:
-        by.setdefault((r["workload"], r["n"], r["dp"], r["mini_batches"]), {})[r["path"]] = r
 
     def mbs(r: dict[str, Any]) -> str:
         return "+".join(str(max(c)) for c in r["mb_per_rank"])
+
+    by = {}
+    for r in data["verl"]:
+        by.setdefault((r["workload"], r["n"], r["dp"], r["mini_batches"]), {})[r["path"]] = r
 
     print("| workload | n | dp | mini-batches | FSDP vs 0.9.1 (FLOPs / H100) | FSDP vs main "
           "(FLOPs / H100) | DDP vs 0.9.1 (FLOPs / H100) | micro-batches per rank: joint; "
@@ -736,6 +737,22 @@ def markdown(path: str) -> None:
                   f"{j['ddp_h100'] / o['ddp_h100']:.3f} | {j['fsdp_flops'] / o['fsdp_flops']:.3f}"
                   f" / {j['fsdp_h100'] / o['fsdp_h100']:.3f} | {mbs(j)}; {mbs(o)} | "
                   f"{j['over_cap']}; {o['over_cap']} |")
+    if data.get("areal"):
+        print()
+        print("| workload | n | dp | mini-batches | FSDP joint / AReaL: FLOPs-planned (FLOPs; "
+              "H100) | H100-planned (H100; FLOPs) | joint / plan() | micro-batches per rank: "
+              "joint; AReaL | over cap: joint; AReaL | controller s: joint; AReaL |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        ar = {}
+        for r in data["areal"]:
+            ar.setdefault((r["workload"], r["n"], r["dp"], r["mini_batches"]), {})[r["path"]] = r
+        for (w, n, dp, k), c in ar.items():
+            j, h, o = c["joint"], c["joint (h100 cost)"], c["areal 1.0.4"]
+            loss = max(j["loss_vs_plan"], h["loss_vs_plan"])
+            print(f"| {w} | {n:,} | {dp} | {k} | {j['fsdp_vs_areal_flops']:.3f}; "
+                  f"{j['fsdp_vs_areal_h100']:.3f} | {h['fsdp_vs_areal_h100']:.3f}; "
+                  f"{h['fsdp_vs_areal_flops']:.3f} | {1 + loss:.4f} | {mbs(j)}; {mbs(o)} | "
+                  f"{j['over_cap']}; {o['over_cap']} | {j['driver_s']:.2f}; {o['driver_s']:.2f} |")
     print()
     print(data["summary"])
 

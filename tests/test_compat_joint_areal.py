@@ -325,6 +325,46 @@ def test_controller_leaves_what_it_cannot_plan_to_areal(fakes):
     assert idx[0] == list(range(0, 16, 2))
 
 
+class RemoteMask:
+    """AReaL's RTensor as the controller holds it: a shard and a meta tensor."""
+
+    def __init__(self, shape):
+        self.shard = object()
+        self.data = torch.empty(shape, device="meta")
+
+
+def test_remote_trajectories_are_planned_by_their_width(fakes):
+    from seqbalance.compat import areal as dropin
+
+    _, ctl = fakes
+    dropin.patch(joint=True)
+    widths = [30, 500, 40, 450, 60, 420, 80, 400]
+    items = [{"attention_mask": RemoteMask((2, w)), "input_ids": RemoteMask((2, w))}
+             for w in widths]  # fmt: skip
+    (splits,), _, idx = controller(ctl, 2, 1000, 1)._partition_inputs(1, items)
+    p = ja.last_plan()
+    for r, share in enumerate(splits):
+        for i, d in zip(idx[r], share):
+            code = d[ja.SLOT_KEY]
+            assert tuple(code.shape) == (2, widths[i]) and code.device.type == "cpu"
+    for rank in p.micro_batches[0]:
+        for q in rank:  # planned with the widths: the real rows (no longer) fit too
+            assert sum(widths[row // 2] for row in q) <= 1000
+
+
+def test_stale_codes_are_dropped_where_areal_dispatches(fakes):
+    from seqbalance.compat import areal as dropin
+
+    _, ctl = fakes
+    dropin.patch(joint=True)
+    items = make_items(list(range(10, 26)))
+    for d in items:  # as returned by the workers after an earlier joint dispatch
+        d[ja.SLOT_KEY] = torch.ones_like(d["attention_mask"])
+    (splits,), _, _ = controller(ctl, 2, None, 1)._partition_inputs(1, items)
+    assert all(ja.SLOT_KEY not in d for s in splits for d in s)
+    assert all(ja.SLOT_KEY in d for d in items)  # the caller's dicts are not changed
+
+
 def test_worker_falls_back_without_codes_or_when_they_break_the_rules(fakes):
     from seqbalance.compat import areal as dropin
 
@@ -422,6 +462,77 @@ def test_switch_patches_the_controller_in_joint_mode_only(fakes, monkeypatch):
         from seqbalance.compat import areal as dropin
 
         dropin.unpatch()
+
+
+AREAL_PROBE = """
+import multiprocessing as mp
+
+
+def child(q):
+    import areal.utils.data as data
+    from areal.infra.controller import train_controller as tc
+
+    q.put((data.split_padded_tensor_dict_into_mb_list.__module__,
+           data.allocate_balanced_mbs_synced.__module__, tc._dispatch_tensors.__module__,
+           tc.TrainController._partition_inputs.__module__))
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    print("spawned child:", *q.get())
+    p.join()
+    assert p.exitcode == 0
+"""
+
+
+@pytest.mark.parametrize("mode", ["joint", None])
+def test_switch_reaches_a_spawned_child_in_joint_mode(tmp_path, mode):
+    import subprocess
+
+    import _seqbalance_switch as switch
+
+    src = Path(__file__).resolve().parents[1] / "src"
+    fw = tmp_path / "fw"
+    files = {
+        "areal/__init__.py": "", "areal/utils/__init__.py": "", "areal/infra/__init__.py": "",
+        "areal/infra/controller/__init__.py": "",
+        "areal/utils/seqpack.py": "def ffd_allocate(*a, **k):\n    return 'areal'\n",
+        "areal/utils/data.py": "def allocate_balanced_mbs(*a, **k):\n    return 'areal'\n"
+        "def allocate_balanced_mbs_synced(*a, **k):\n    return 'areal'\n"
+        "def split_padded_tensor_dict_into_mb_list(*a, **k):\n    return 'areal'\n",
+        "areal/infra/controller/train_controller.py":
+            "def _dispatch_tensors(*a, **k):\n    return 'areal'\n"
+            "class TrainController:\n    def _partition_inputs(self, g, *a, **k):\n"
+            "        return 'areal'\n",
+        "probe.py": AREAL_PROBE,
+    }  # fmt: skip
+    for name, text in files.items():
+        (fw / name).parent.mkdir(parents=True, exist_ok=True)
+        (fw / name).write_text(text)
+    site_dir = tmp_path / "site"
+    site_dir.mkdir()
+    (site_dir / "seqbalance_switch.pth").write_text((src / "seqbalance_switch.pth").read_text())
+    (tmp_path / "boot").mkdir()
+    (tmp_path / "boot" / "sitecustomize.py").write_text(
+        f"import site\nsite.addsitedir({str(site_dir)!r})\n")
+    env = {k: v for k, v in os.environ.items() if k not in (switch.ENV, ja.MODE_ENV)}
+    env[switch.ENV] = "areal"
+    if mode:
+        env[ja.MODE_ENV] = mode
+    env["PYTHONPATH"] = os.pathsep.join(map(str, [tmp_path / "boot", fw, src]))
+    r = subprocess.run([sys.executable, str(fw / "probe.py")], env=env, capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    if mode:
+        assert ("spawned child: seqbalance.compat.joint_areal seqbalance.compat.joint_areal "
+                "seqbalance.compat.joint_areal seqbalance.compat.joint_areal") in r.stdout
+    else:  # the drop-in only: AReaL's own split and dispatch
+        assert ("spawned child: areal.utils.data seqbalance.compat.areal "
+                "areal.infra.controller.train_controller "
+                "areal.infra.controller.train_controller") in r.stdout
 
 
 # ---- the worker side across processes (gloo) ------------------------------------------

@@ -28,9 +28,13 @@ This module puts one plan over ranks x micro-batches inside AReaL's own path:
   joint mode. The tensor work is AReaL's own function, handed the groups through its
   allocator.
 
+Trajectories held as remote tensors (AReaL's ``RTensor``: only their shape is on the
+controller) are planned with their width as every row's length, as AReaL's own dispatch
+weighs them; the workers check the cap on the real lengths.
+
 Where joint mode does not apply (no ``max_tokens_per_mb``, trajectory pairs kept together
-by ``group_size`` or ``granularity``, remote tensors whose lengths the controller cannot
-read, a count not divisible by ``dp``), AReaL's own dispatch runs and carries nothing.
+by ``group_size`` or ``granularity``, fewer trajectories than ``dp x ppo_n_minibatches``,
+a mini-batch ``seqbalance.plan`` refuses), AReaL's own dispatch runs and carries nothing.
 
 Switch it on with :func:`patch` (or ``seqbalance.compat.areal.patch(joint=True)``, or
 ``SEQBALANCE_AREAL_MODE=joint`` beside ``SEQBALANCE_PATCH=areal``).
@@ -357,9 +361,18 @@ def _controller_cost(controller: Any, config: Any) -> Any:
 
 
 def _rows_of(item: Any) -> np.ndarray | None:
-    """Token counts of a trajectory's rows, from a local 2-D ``attention_mask``."""
+    """Token counts of a trajectory's rows: the row sums of a local 2-D
+    ``attention_mask``; for a remote one (AReaL's ``RTensor``, whose ``data`` holds only
+    the shape of a trajectory stored with its padding trimmed) its width for every row,
+    what AReaL's own dispatch weighs it by: never below a row's length, so the cap
+    planned with holds for the real rows."""
     mask = item.get("attention_mask") if isinstance(item, dict) else None
-    if mask is None or not hasattr(mask, "detach") or getattr(mask, "ndim", 0) != 2:
+    if mask is not None and not hasattr(mask, "detach"):
+        shape = getattr(getattr(mask, "data", None), "shape", None)
+        if shape is not None and len(shape) == 2:
+            return np.full(int(shape[0]), int(shape[1]), dtype=np.int64)
+        return None
+    if mask is None or getattr(mask, "ndim", 0) != 2:
         return None
     return np.asarray(mask.detach().sum(-1).cpu().numpy(), dtype=np.int64)
 
@@ -391,6 +404,10 @@ def dispatch_tensors(
         if original is None:
             raise ValueError(f"joint mode does not apply ({why}) and AReaL is not patched")
         logger.info("seqbalance joint mode: AReaL's own dispatch runs (%s)", why)
+        if isinstance(item_list, list) and any(
+            isinstance(d, dict) and SLOT_KEY in d for d in item_list
+        ):  # codes of an earlier dispatch (returned by the workers) would be stale
+            item_list = [_without_codes(d) if isinstance(d, dict) else d for d in item_list]
         return original(item_list, dp_size, group_size=group_size)
     _local.last_plan = plan_
     import torch
@@ -401,8 +418,11 @@ def dispatch_tensors(
         for i in part:
             d = item_list[i]
             mask = d["attention_mask"]
-            code = torch.as_tensor(plan_.codes[i], dtype=torch.int64, device=mask.device)
-            out.append({**d, SLOT_KEY: code[:, None].expand(mask.shape).contiguous()})
+            local = hasattr(mask, "detach")  # an RTensor: its shape, codes on the CPU
+            shape = tuple(mask.shape if local else mask.data.shape)
+            code = torch.as_tensor(plan_.codes[i], dtype=torch.int64,
+                                   device=mask.device if local else "cpu")  # fmt: skip
+            out.append({**d, SLOT_KEY: code[:, None].expand(shape).contiguous()})
         splits.append(out)
     return splits, [list(p) for p in plan_.group_indices]
 
@@ -417,7 +437,7 @@ def _why_not(items: Any, settings: Any, group_size: int) -> str | None:
     if not isinstance(items, list) or not items:
         return "the batch is not a list of trajectories"
     if any(_rows_of(d) is None for d in items):
-        return "a trajectory has no local 2-D attention_mask (remote tensors)"
+        return "a trajectory has no 2-D attention_mask"
     return None
 
 
