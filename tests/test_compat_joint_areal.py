@@ -105,6 +105,23 @@ def test_plan_dispatch_counts_follow_min_and_multiple():
     assert p.counts[0] >= 3 and p.counts[0] % 2 == 0
 
 
+def test_controller_settings_follow_the_engine_config():
+    c = types.SimpleNamespace(
+        config=types.SimpleNamespace(mb_spec=Spec(n_mbs=3, max_tokens_per_mb=1000,
+                                                  n_mbs_divisor=2), ppo_n_minibatches=4, path=""),
+        parallel_strategy=types.SimpleNamespace(dp_size=2, pipeline_parallel_size=1))  # fmt: skip
+    got = ja.controller_settings(c)
+    assert (got.max_tokens, got.n_minibatches, got.min_micro_batches,
+            got.micro_batch_multiple, got.cost) == (1000, 4, 3, 2, None)  # fmt: skip
+    c.parallel_strategy.pipeline_parallel_size = 4  # Megatron: >= 2 pp, a multiple of pp
+    got = ja.controller_settings(c)
+    assert (got.min_micro_batches, got.micro_batch_multiple) == (8, 4)
+    c.config.mb_spec = Spec(n_mbs=1, max_tokens_per_mb=None)
+    assert "max_tokens_per_mb" in ja.controller_settings(c)
+    c.config.mb_spec = Spec(max_tokens_per_mb=10, granularity=2)
+    assert "granularity" in ja.controller_settings(c)
+
+
 def test_plan_dispatch_bad_input():
     with pytest.raises(ValueError, match="dp_size"):
         ja.plan_dispatch([[1]] * 4, 0, 10)

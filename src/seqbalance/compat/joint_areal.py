@@ -299,7 +299,8 @@ class ControllerSettings:
     n_minibatches : int
         ``ppo_n_minibatches`` (1 for configs without it).
     min_micro_batches, micro_batch_multiple : int
-        ``mb_spec.n_mbs`` and ``mb_spec.n_mbs_divisor``.
+        ``mb_spec.n_mbs`` and ``mb_spec.n_mbs_divisor``; with pipeline stages (``pp``),
+        at least ``2 x pp`` and a multiple of ``pp``, as AReaL's Megatron engine asks.
     cost : object
         A cost model, or None for tokens.
     """
@@ -326,9 +327,14 @@ def controller_settings(controller: Any) -> ControllerSettings | str:
         return "mb_spec.max_tokens_per_mb is not set (micro-batches have no token cap)"
     if int(_get(spec, "granularity", 1) or 1) != 1:
         return "mb_spec.granularity > 1 (rows are paired)"
+    min_mbs = int(_get(spec, "n_mbs", 1) or 1)
+    multiple = int(_get(spec, "n_mbs_divisor", 1) or 1)
+    strategy = getattr(controller, "parallel_strategy", None)
+    pp = int(getattr(strategy, "pipeline_parallel_size", 1) or 1)
+    if pp > 1:  # the Megatron engine's split: at least 2 x pp micro-batches, a multiple of pp
+        min_mbs, multiple = max(min_mbs, 2 * pp), pp
     return ControllerSettings(
-        int(cap), int(_get(config, "ppo_n_minibatches", 1) or 1),
-        int(_get(spec, "n_mbs", 1) or 1), int(_get(spec, "n_mbs_divisor", 1) or 1),
+        int(cap), int(_get(config, "ppo_n_minibatches", 1) or 1), min_mbs, multiple,
         _controller_cost(controller, config),
     )  # fmt: skip
 
@@ -408,7 +414,10 @@ def dispatch_tensors(
             isinstance(d, dict) and SLOT_KEY in d for d in item_list
         ):  # codes of an earlier dispatch (returned by the workers) would be stale
             item_list = [_without_codes(d) if isinstance(d, dict) else d for d in item_list]
-        return original(item_list, dp_size, group_size=group_size)
+        theirs: tuple[list[list[dict[str, Any]]], list[list[int]]] = original(
+            item_list, dp_size, group_size=group_size
+        )
+        return theirs
     _local.last_plan = plan_
     import torch
 
@@ -501,7 +510,8 @@ def _groups_to_follow(data: Any, mb_spec: Any) -> tuple[str, list[list[int]]] | 
         if m < n_mbs or (divisor > 1 and m % divisor):
             return None
         lens = np.asarray(mask.sum(1).long().cpu().numpy(), dtype=np.int64)
-        if any(int(lens[q].sum()) > int(cap) for q in groups):
+        limit = int(cap) if cap is not None else 0
+        if any(int(lens[q].sum()) > limit for q in groups):
             return None
         return kind, groups
     except Exception:  # any container: a malformed code only means the drop-in runs
