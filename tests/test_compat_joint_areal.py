@@ -307,6 +307,23 @@ def test_controller_plans_and_workers_follow(fakes):
                 assert int(mb["attention_mask"].sum()) <= 900
 
 
+def test_a_step_plans_its_trajectories_once(fakes, monkeypatch):
+    from seqbalance.compat import areal as dropin
+
+    _, ctl = fakes
+    dropin.patch(joint=True)
+    calls = []
+    inner = ja.plan_dispatch
+    monkeypatch.setattr(ja, "plan_dispatch", lambda *a, **k: (calls.append(1), inner(*a, **k))[1])
+    items = make_items(list(range(20, 52)))
+    c = controller(ctl, 2, 300, 2)
+    first = c._partition_inputs(1, items)[2]
+    again = c._partition_inputs(1, items)[2]  # log-probs, advantages, update: one plan
+    assert first == again and len(calls) == 1
+    controller(ctl, 2, 250, 2)._partition_inputs(1, items)  # another cap: planned anew
+    assert len(calls) == 2
+
+
 def test_multi_row_trajectories_stay_on_one_rank(fakes):
     from seqbalance.compat import areal as dropin
 

@@ -42,6 +42,7 @@ Switch it on with :func:`patch` (or ``seqbalance.compat.areal.patch(joint=True)`
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import os
@@ -393,17 +394,12 @@ def dispatch_tensors(
     where joint mode does not apply (see the module docstring)."""
     settings = getattr(_local, "settings", None)
     original = _ORIGINAL.get("_dispatch_tensors")
-    why = _why_not(item_list, settings, group_size)
+    why, rows = _why_not(item_list, settings, group_size)
     plan_ = None
     if why is None:
         assert isinstance(settings, ControllerSettings)
-        rows = [_rows_of(d) for d in item_list]
         try:
-            plan_ = plan_dispatch(
-                rows, dp_size, settings.max_tokens, settings.n_minibatches,
-                cost=settings.cost, min_micro_batches=settings.min_micro_batches,
-                micro_batch_multiple=settings.micro_batch_multiple,
-            )  # fmt: skip
+            plan_ = _cached_plan(rows, int(dp_size), settings)
         except ValueError as exc:
             why = str(exc)
     if plan_ is None:
@@ -436,18 +432,50 @@ def dispatch_tensors(
     return splits, [list(p) for p in plan_.group_indices]
 
 
-def _why_not(items: Any, settings: Any, group_size: int) -> str | None:
+#: The last plan made, by its inputs: a step dispatches the same trajectories several
+#: times (log-probabilities, advantages, the update), and the plan is a function of them.
+_CACHE: dict[str, DispatchPlan] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _cached_plan(rows: list[Any], dp: int, settings: ControllerSettings) -> DispatchPlan:
+    sizes = np.asarray([len(r) for r in rows], dtype="<i8")
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (sizes, np.concatenate(rows).astype("<i8")):
+        digest.update(np.ascontiguousarray(part).tobytes())
+    cost = settings.cost
+    described = "tokens" if cost is None else repr(getattr(cost, "to_dict", lambda: cost)())
+    key = repr((digest.hexdigest(), dp, settings.max_tokens, settings.n_minibatches,
+                settings.min_micro_batches, settings.micro_batch_multiple, described))  # fmt: skip
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    got = plan_dispatch(
+        rows, dp, settings.max_tokens, settings.n_minibatches, cost=cost,
+        min_micro_batches=settings.min_micro_batches,
+        micro_batch_multiple=settings.micro_batch_multiple,
+    )  # fmt: skip
+    with _CACHE_LOCK:
+        _CACHE.clear()
+        _CACHE[key] = got
+    return got
+
+
+def _why_not(items: Any, settings: Any, group_size: int) -> tuple[str | None, list[Any]]:
+    """Why joint mode does not apply (None if it does), and the trajectories' rows."""
     if settings is None:
-        return "not called from a patched TrainController._partition_inputs"
+        return "not called from a patched TrainController._partition_inputs", []
     if isinstance(settings, str):
-        return settings
+        return settings, []
     if int(group_size) != 1:
-        return f"group_size={group_size} (trajectory pairs)"
+        return f"group_size={group_size} (trajectory pairs)", []
     if not isinstance(items, list) or not items:
-        return "the batch is not a list of trajectories"
-    if any(_rows_of(d) is None for d in items):
-        return "a trajectory has no 2-D attention_mask"
-    return None
+        return "the batch is not a list of trajectories", []
+    rows = [_rows_of(d) for d in items]
+    if any(r is None for r in rows):
+        return "a trajectory has no 2-D attention_mask", []
+    return None, rows
 
 
 def _joint_partition_inputs(self: Any, group_size: int, /, *args: Any, **kwargs: Any) -> Any:
