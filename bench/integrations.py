@@ -828,7 +828,8 @@ def main() -> None:
     areal_worst = max((r["vs_areal"] for r in areal_joint), default=None)
     write_json(args.json, {"machine": machine_info(), "args": {k: v for k, v in vars(args).items()},
                            "kept_from_previous_run": kept,
-                           "previous_args": previous.get("args") if kept else None,
+                           "previous_args": (previous.get("previous_args")
+                                             or previous.get("args")) if kept else None,
                            "verl": rows, "slime": slime_rows, "areal": areal_rows,
                            "summary": {"cap_violations": violations, "worst_vs_framework": worst,
                                        "worst_ddp_vs_verl": ddp_verl,
