@@ -148,10 +148,7 @@ def _row_costs(model: Any, lens: np.ndarray) -> np.ndarray:
         return lens.astype(np.float64)
     if isinstance(model, np.ndarray):
         return model
-    return np.asarray(
-        model.per_sequence + model.per_token * lens + model.per_token_sq * lens.astype(float) ** 2,
-        dtype=np.float64,
-    )
+    return np.asarray(model(lens), dtype=np.float64)  # a cost model: per-sequence costs
 
 
 def _mini_compositions(item_cost: np.ndarray, dp: int, n_mini: int) -> list[list[np.ndarray]]:
