@@ -182,7 +182,7 @@ def _areal_mode() -> str:
         return f"error: {exc}"
     if joint:
         return (f"{MODE_ENV}=joint: joint mode (the controller plans ranks x micro-batches "
-                "per mini-batch; the workers follow; TrainController._partition_inputs too)")
+                "per mini-batch; the workers follow the carried slots)")
     return f"{MODE_ENV} unset or dropin: the one-for-one drop-in"
 
 

@@ -657,8 +657,14 @@ class _ControllerPatcher(Patcher):
 
 
 _data_patcher = _DataPatcher(_DATA, _data_replacements)
+# The method's dotted name is for ``--check``; module attributes are looked up by name, so
+# the function replacement skips it and ``_ControllerPatcher.patch`` swaps it.
 _controller_patcher = _ControllerPatcher(
-    _CONTROLLER, lambda: {"_dispatch_tensors": dispatch_tensors}
+    _CONTROLLER,
+    lambda: {
+        "_dispatch_tensors": dispatch_tensors,
+        "TrainController._partition_inputs": _joint_partition_inputs,
+    },
 )
 
 
