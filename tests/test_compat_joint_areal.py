@@ -324,6 +324,25 @@ def test_a_step_plans_its_trajectories_once(fakes, monkeypatch):
     assert len(calls) == 2
 
 
+def test_metrics_go_to_areals_stats_tracker(fakes, monkeypatch):
+    from seqbalance.compat import areal as dropin
+
+    _, ctl = fakes
+    got = []
+    tracker = types.ModuleType("areal.utils.stats_tracker")
+    tracker.scalar = lambda **kw: got.append(kw)
+    monkeypatch.setitem(sys.modules, tracker.__name__, tracker)
+    dropin.patch(joint=True)
+    items = make_items(list(range(20, 52)))
+    controller(ctl, 2, 300, 2)._partition_inputs(1, items)
+    p = ja.last_plan()
+    assert got[-1]["seqbalance/joint"] == 1.0
+    assert got[-1]["seqbalance/predicted_step"] == p.step_fsdp
+    assert got[-1]["seqbalance/micro_batches"] == max(p.counts)
+    controller(ctl, 2, None, 2)._partition_inputs(1, items)  # AReaL's own dispatch
+    assert got[-1] == {"seqbalance/joint": 0.0}
+
+
 def test_multi_row_trajectories_stay_on_one_rank(fakes):
     from seqbalance.compat import areal as dropin
 

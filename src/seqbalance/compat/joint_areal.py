@@ -410,8 +410,10 @@ def dispatch_tensors(
         theirs: tuple[list[list[dict[str, Any]]], list[list[int]]] = original(
             item_list, dp_size, group_size=group_size
         )
+        _log_metrics(None)
         return theirs
     _local.last_plan = plan_
+    _log_metrics(plan_)
     import torch
 
     splits = []
@@ -457,6 +459,31 @@ def _cached_plan(rows: list[Any], dp: int, settings: ControllerSettings) -> Disp
         _CACHE.clear()
         _CACHE[key] = got
     return got
+
+
+def _log_metrics(plan_: DispatchPlan | None) -> None:
+    """Scalars into AReaL's ``stats_tracker`` where AReaL has loaded it (the controller's
+    ``export_stats`` reports them): ``seqbalance/joint`` (1, or 0 where AReaL's dispatch
+    ran), ``seqbalance/predicted_step`` and ``seqbalance/predicted_step_ddp`` (simulated
+    step in cost units, summed over mini-batches), ``seqbalance/gap_to_bound`` (step / the
+    planner's lower bound - 1) and ``seqbalance/micro_batches`` (the most per rank)."""
+    tracker = sys.modules.get("areal.utils.stats_tracker")
+    scalar = getattr(tracker, "scalar", None)
+    if scalar is None:
+        return
+    values: dict[str, float] = {"seqbalance/joint": 0.0 if plan_ is None else 1.0}
+    if plan_ is not None:
+        gap = plan_.step_fsdp / plan_.lower_bound - 1 if plan_.lower_bound else 0.0
+        values.update({
+            "seqbalance/predicted_step": plan_.step_fsdp,
+            "seqbalance/predicted_step_ddp": plan_.step_ddp,
+            "seqbalance/gap_to_bound": gap,
+            "seqbalance/micro_batches": float(max(plan_.counts)),
+        })  # fmt: skip
+    try:
+        scalar(**values)
+    except Exception:  # metrics never stop a training step
+        logger.debug("seqbalance: AReaL's stats_tracker refused the joint-mode metrics")
 
 
 def _why_not(items: Any, settings: Any, group_size: int) -> tuple[str | None, list[Any]]:
