@@ -26,7 +26,11 @@ from hypothesis import strategies as st
 from seqbalance.compat import joint_areal as ja
 from seqbalance.compat._core import plan
 
-torch = pytest.importorskip("torch")
+try:
+    import torch
+except ImportError:  # the plan and the patching run without torch; the data path needs it
+    torch = None
+needs_torch = pytest.mark.skipif(torch is None, reason="torch is not installed")
 
 # ---- the plan (numpy only) ------------------------------------------------------------
 
@@ -281,6 +285,7 @@ def worker(data_mod, share, n_mini, cap):
 # ---- controller and workers on the stand-ins ------------------------------------------
 
 
+@needs_torch
 def test_controller_plans_and_workers_follow(fakes):
     from seqbalance.compat import areal as dropin
 
@@ -307,6 +312,7 @@ def test_controller_plans_and_workers_follow(fakes):
                 assert int(mb["attention_mask"].sum()) <= 900
 
 
+@needs_torch
 def test_a_step_plans_its_trajectories_once(fakes, monkeypatch):
     from seqbalance.compat import areal as dropin
 
@@ -324,6 +330,7 @@ def test_a_step_plans_its_trajectories_once(fakes, monkeypatch):
     assert len(calls) == 2
 
 
+@needs_torch
 def test_metrics_go_to_areals_stats_tracker(fakes, monkeypatch):
     from seqbalance.compat import areal as dropin
 
@@ -343,6 +350,7 @@ def test_metrics_go_to_areals_stats_tracker(fakes, monkeypatch):
     assert got[-1] == {"seqbalance/joint": 0.0}
 
 
+@needs_torch
 def test_multi_row_trajectories_stay_on_one_rank(fakes):
     from seqbalance.compat import areal as dropin
 
@@ -360,6 +368,7 @@ def test_multi_row_trajectories_stay_on_one_rank(fakes):
         assert all(int(mb["attention_mask"].sum()) <= 700 for mbs in got for mb in mbs)
 
 
+@needs_torch
 def test_controller_leaves_what_it_cannot_plan_to_areal(fakes):
     from seqbalance.compat import areal as dropin
 
@@ -386,6 +395,7 @@ class RemoteMask:
         self.data = torch.empty(shape, device="meta")
 
 
+@needs_torch
 def test_remote_trajectories_are_planned_by_their_width(fakes):
     from seqbalance.compat import areal as dropin
 
@@ -405,6 +415,7 @@ def test_remote_trajectories_are_planned_by_their_width(fakes):
             assert sum(widths[row // 2] for row in q) <= 1000
 
 
+@needs_torch
 def test_stale_codes_are_dropped_where_areal_dispatches(fakes):
     from seqbalance.compat import areal as dropin
 
@@ -418,6 +429,7 @@ def test_stale_codes_are_dropped_where_areal_dispatches(fakes):
     assert all(ja.SLOT_KEY in d for d in items)  # the caller's dicts are not changed
 
 
+@needs_torch
 def test_worker_falls_back_without_codes_or_when_they_break_the_rules(fakes):
     from seqbalance.compat import areal as dropin
 
@@ -631,6 +643,7 @@ def worker_follow(rank, world):
     return out
 
 
+@needs_torch
 @pytest.mark.parametrize("world", [2, 3])
 def test_worker_follows_carried_slots_gloo(world):
     pytest.importorskip("torch.distributed")
@@ -680,6 +693,7 @@ def worker_real_areal(rank, world, ext):
     return out
 
 
+@needs_torch
 @pytest.mark.skipif(not AREAL_EXT, reason="set SEQBALANCE_AREAL_EXT to a --no-deps "
                     "areal 1.0.4 install")  # fmt: skip
 @pytest.mark.parametrize("world", [2, 3])
