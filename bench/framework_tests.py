@@ -168,7 +168,9 @@ def pytest_run(work: Path, files: list[str], pythonpath: list[str], extra: list[
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     for name in ("verl", "areal", "slime", "openrlhf"):
-        ap.add_argument(f"--{name}", required=True, help=f"{name} checkout (work tree or git dir)")
+        ap.add_argument(f"--{name}", help=f"{name} checkout (work tree or git dir)")
+    ap.add_argument("--only", default=None,
+                    help="--switch: comma-separated frameworks to run (default: all four)")
     ap.add_argument("--ext", default="/work/ext9", help="pip --target of verl 0.9.1 / areal 1.0.4")
     ap.add_argument("--work", default="/tmp/i9fw/runs")
     ap.add_argument("--json", default=None,
@@ -182,6 +184,11 @@ def main() -> None:
                     help="--switch: the interpreter that runs the tests")  # fmt: skip
     args = ap.parse_args()
     args.td = args.td or str(Path(args.ext, "td"))
+    need = set(args.only.split(",")) if (args.switch and args.only) else {
+        "verl", "areal", "slime", "openrlhf"}
+    missing = [n for n in sorted(need) if not getattr(args, n)]
+    if missing:
+        ap.error(f"--{' --'.join(missing)} required")
     if args.switch:
         from framework_tests_switch import run_switch
 

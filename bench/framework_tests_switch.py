@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from _common import ROOT, machine_info, write_json
 from framework_tests import _CONFTEST, _STUBS, keep_classes, pytest_run, read
@@ -77,27 +78,59 @@ _experience_module = _import_experience_module()
 """
 
 
+# AReaL's ``areal.utils.data`` imported as is, for tests/test_utils.py: stand-ins for what it
+# imports but the split does not use, and ``MicroBatchSpec`` compiled from AReaL's
+# ``cli_args.py`` (whose module imports hydra, uvloop and much of AReaL).
+_AREAL_DATA_CONFTEST = """
+import ast, dataclasses
+mod = types.ModuleType("einops")
+mod.rearrange = None
+sys.modules["einops"] = mod
+for name in ("torchdata", "torchdata.stateful_dataloader"):
+    sys.modules[name] = types.ModuleType(name)
+sys.modules[name].StatefulDataLoader = type("StatefulDataLoader", (), {{}})
+mod = types.ModuleType("areal.infra.platforms")
+mod.current_platform = types.SimpleNamespace(device_type="cpu", current_device=lambda: "cpu")
+sys.modules["areal.infra.platforms"] = mod
+cli = types.ModuleType("areal.api.cli_args")
+sys.modules["areal.api.cli_args"] = cli
+_src = Path({cli_args!r}).read_text()
+_node = next(n for n in ast.parse(_src).body
+             if isinstance(n, ast.ClassDef) and n.name == "MicroBatchSpec")
+cli.__dict__.update(dataclass=dataclasses.dataclass, field=dataclasses.field,
+                    PACKING_ALGORITHMS={{"ffd", "kk"}}, NormConfig=type("NormConfig", (), {{}}))
+exec(compile("@dataclass\\n" + ast.get_source_segment(_src, _node), "<MicroBatchSpec>", "exec"),
+     cli.__dict__)
+"""
+
+
 def switch_run(
     python: str, d: Path, framework: str, files: dict[str, str], path: list[str],
     extra: list[str], packages: dict[str, str] | None = None, loggers: tuple[str, ...] = (),
+    env: dict[str, str] | None = None, conftest: str = "",
 ) -> dict:  # fmt: skip
-    """One pytest run in ``d`` with SEQBALANCE_PATCH=framework, and its switch record."""
+    """One pytest run in ``d`` with SEQBALANCE_PATCH=framework (and ``env``), and its
+    switch record; ``conftest`` is appended to the run's conftest."""
     d.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (d / name).write_text(text)
     (d / "conftest.py").write_text(
-        _SWITCH_CONFTEST.format(packages=packages or {}, loggers=list(loggers))
+        _SWITCH_CONFTEST.format(packages=packages or {}, loggers=list(loggers)) + conftest
     )
     (d / "switch_report.json").unlink(missing_ok=True)
-    saved = os.environ.get("SEQBALANCE_PATCH")
-    os.environ["SEQBALANCE_PATCH"] = framework
+    env = {"SEQBALANCE_PATCH": framework, **(env or {})}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         out = pytest_run(d, list(files), path, extra, python=python)
     finally:
-        if saved is None:
-            os.environ.pop("SEQBALANCE_PATCH")
-        else:
-            os.environ["SEQBALANCE_PATCH"] = saved
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k)
+            else:
+                os.environ[k] = v
+    out["python"] = python
+    out["env"] = env
     rep = d / "switch_report.json"
     out["switch"] = json.loads(rep.read_text()) if rep.is_file() else None
     mods = (out["switch"] or {}).get("modules", {})
@@ -137,6 +170,29 @@ def run_switch(args: object) -> None:
     src = str(ROOT / "src")
     results: dict = {"start_up_hook": "installed" if installed else "site directory added"}
 
+    only = set(args.only.split(",")) if getattr(args, "only", None) else None
+    if only is None or "verl" in only:
+        _run_verl(args, work, src, stubs, results)
+    if only is None or "areal" in only:
+        _run_areal(args, work, src, stubs, results)
+    if only is None or "slime" in only:
+        _run_slime(args, work, src, stubs, results)
+    if only is None or "openrlhf" in only:
+        _run_openrlhf(args, work, src, stubs, results)
+    path = args.json or "bench/results/framework_tests_switch.json"
+    if only is not None and Path(path).is_file():  # the other frameworks' entries stay
+        previous = json.loads(Path(path).read_text())
+        hook = results.pop("start_up_hook")
+        for entry in results.values():
+            entry["start_up_hook"] = hook
+        results = {**previous.get("results", {}), **results}
+        python = previous.get("python")
+    else:
+        python = args.python
+    write_json(path, {"machine": machine_info(), "python": python, "results": results})
+
+
+def _run_verl(args: Any, work: Path, src: str, stubs: Path, results: dict) -> None:
     t = read(args.verl, "tests/utils/test_seqlen_balancing.py")
     gloo = t.replace("get_torch_device().set_device(rank)", "pass")
     gloo = gloo.replace("backend=get_nccl_backend()", 'backend="gloo"')
@@ -153,25 +209,44 @@ def run_switch(args: object) -> None:
             {"test_verl_seqlen_balancing_gloo.py": gloo}, path,
             ["-k", "distributed_params"])  # fmt: skip
 
+
+
+def _run_areal(args: Any, work: Path, src: str, stubs: Path, results: dict) -> None:
     print("AReaL (tests/test_kk_allocate.py, seqpack classes of tests/test_seqpack.py; "
           "package __init__ files skipped)")  # fmt: skip
     sp = keep_classes(read(args.areal, "tests/test_seqpack.py"),
                       {"TestBalancedGreedyPartition", "TestFFDAllocate"})  # fmt: skip
+    files = {"test_areal_kk_allocate.py": read(args.areal, "tests/test_kk_allocate.py"),
+             "test_areal_seqpack.py": sp}  # fmt: skip
     results["areal"] = switch_run(
-        args.python, work / "areal", "areal",
-        {"test_areal_kk_allocate.py": read(args.areal, "tests/test_kk_allocate.py"),
-         "test_areal_seqpack.py": sp},
+        args.python, work / "areal", "areal", files,
         [src, args.ext, str(stubs)], ["-k", "not TestKKSet and not TestKKState"],
         packages={p: str(Path(args.ext, *p.split("."))) for p in ("areal", "areal.utils")},
         loggers=("areal.utils.logging",),
     )  # fmt: skip
+    print("AReaL joint mode (SEQBALANCE_AREAL_MODE=joint): the same, and tests/test_utils.py "
+          "(the micro-batch split of areal.utils.data, imported as is)")  # fmt: skip
+    results["areal joint mode"] = switch_run(
+        args.python, work / "areal_joint", "areal",
+        {**files, "test_areal_utils.py": read(args.areal, "tests/test_utils.py")},
+        [src, args.ext, str(stubs)], ["-k", "not TestKKSet and not TestKKState"],
+        packages={p: str(Path(args.ext, *p.split("."))) for p in
+                  ("areal", "areal.utils", "areal.api", "areal.infra")},
+        loggers=("areal.utils.logging",), env={"SEQBALANCE_AREAL_MODE": "joint"},
+        conftest=_AREAL_DATA_CONFTEST.format(
+            cli_args=str(Path(args.ext, "areal", "api", "cli_args.py"))),
+    )  # fmt: skip
 
+
+def _run_slime(args: Any, work: Path, src: str, stubs: Path, results: dict) -> None:
     print("slime (tests/test_dp_schedule.py)")
     results["slime"] = switch_run(
         args.python, work / "slime", "slime",
         {"test_slime_dp_schedule.py": read(args.slime, "tests/test_dp_schedule.py")},
         [src, args.slime, str(stubs)], [])  # fmt: skip
 
+
+def _run_openrlhf(args: Any, work: Path, src: str, stubs: Path, results: dict) -> None:
     print("OpenRLHF (tests/test_experience.py; experience.py imported by its module name)")
     tree = work / "openrlhf_src"
     exp_dir = tree / "openrlhf" / "trainer" / "ppo_utils"
@@ -190,5 +265,3 @@ def run_switch(args: object) -> None:
         packages={p: str(Path(tree, *p.split("."))) for p in
                   ("openrlhf", "openrlhf.trainer", "openrlhf.trainer.ppo_utils")},
     )  # fmt: skip
-    write_json(args.json or "bench/results/framework_tests_switch.json",
-               {"machine": machine_info(), "python": args.python, "results": results})  # fmt: skip

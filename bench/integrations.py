@@ -76,7 +76,10 @@ from _common import ROOT, machine_info, print_table, write_json
 
 import seqbalance as sb
 
-WORKLOADS = {"rl-math": 32768, "sft-chat": 32768, "bimodal": 32768, "long-mix": 131072}
+WORKLOADS = {"rl-math": 32768, "sft-chat": 32768, "bimodal": 32768, "long-mix": 131072,
+             "long-context": 262144}  # its longest rows (253k) need a 256k cap without CP
+VERL_WORKLOADS = "rl-math,sft-chat,bimodal,long-mix"
+AREAL_WORKLOADS = "rl-math,sft-chat,bimodal,long-mix,long-context"
 HEAVY = ("ray", "omegaconf", "transformers", "codetiming", "numba", "hydra", "peft",
          "accelerate", "flash_attn", "safetensors", "huggingface_hub", "datasets",
          "pydantic", "torchdata", "wandb", "sglang", "vllm", "megatron")  # fmt: skip
@@ -333,14 +336,16 @@ def evaluate(parts: list[list[list[list[int]]]], lens: np.ndarray, cap: int,
 
 
 def reference(lens: np.ndarray, dp: int, cap: int, minis: list[list[list[list[int]]]],
-              costs: dict[str, Any]) -> dict[str, Any]:  # fmt: skip
-    """A plain ``seqbalance.plan`` of each of joint mode's mini-batches (same rules: an
-    equal share per rank)."""
-    flops = costs["flops"]
+              costs: dict[str, Any], size: str = "equal", cost: Any = None
+              ) -> dict[str, Any]:  # fmt: skip
+    """A plain ``seqbalance.plan`` of each of joint mode's mini-batches, with the same rules
+    (verl: an equal share per rank, ``size="equal"``; AReaL: ``size="free"``) and the
+    cost joint mode planned with (default: FLOPs)."""
+    flops = costs["flops"] if cost is None else cost
     parts = []
     for mini in minis:
         rows = np.asarray(sorted(i for r in mini for q in r for i in q))
-        p = sb.plan(lens[rows], dp, cap, cost=flops, size="equal")
+        p = sb.plan(lens[rows], dp, cap, cost=flops, size=size)
         parts.append([[[int(rows[i]) for i in q] for q in r] for r in p.micro_batches])
     return evaluate(parts, lens, cap, costs)
 
@@ -451,15 +456,260 @@ def slime_cases(slime: Any, args: Any, costs: dict[str, Any]) -> list[dict[str, 
     return rows
 
 
+# ---- AReaL ---------------------------------------------------------------------------
+
+
+def load_areal(ext: str) -> dict[str, Any]:
+    """AReaL 1.0.4's ``areal.utils.seqpack`` and ``areal.utils.data`` (imported from
+    ``ext``, package ``__init__`` files skipped, stand-ins for numba, einops, torchdata,
+    logging, the platform and ``cli_args``, whose ``MicroBatchSpec`` is compiled from
+    AReaL's source), and the controller's dispatch (``_dispatch_tensors``,
+    ``_item_weight``, ``_merge_tensors``, ``TrainController._partition_inputs`` and
+    ``_prepare_dispatch``), compiled from ``train_controller.py`` into a module of that
+    name, so that patches reach it as they reach AReaL's."""
+    import dataclasses
+    import logging
+
+    import torch
+
+    if ext not in sys.path:
+        sys.path.insert(0, ext)
+    if not any(isinstance(f, _StubFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _StubFinder())
+    root = Path(ext, "areal")
+    for pkg in ("areal", "areal.utils", "areal.api", "areal.infra", "areal.infra.controller"):
+        mod = types.ModuleType(pkg)
+        mod.__path__ = [str(Path(ext, *pkg.split(".")))]
+        sys.modules[pkg] = mod
+    numba = types.ModuleType("numba")
+    numba.njit = lambda *a, **k: a[0] if a and callable(a[0]) else (lambda f: f)
+    numba.prange = range
+    einops = types.ModuleType("einops")
+    einops.rearrange = None
+    log = types.ModuleType("areal.utils.logging")
+    log.getLogger = lambda name=None, *a, **k: logging.getLogger(f"areal.{name}")
+    platforms = types.ModuleType("areal.infra.platforms")
+    platforms.current_platform = types.SimpleNamespace(device_type="cpu",
+                                                       current_device=lambda: "cpu")
+    sys.modules.update({"numba": numba, "einops": einops, "areal.utils.logging": log,
+                        "areal.infra.platforms": platforms})  # fmt: skip
+    seqpack = importlib.import_module("areal.utils.seqpack")
+    cli = types.ModuleType("areal.api.cli_args")
+    source = (root / "api/cli_args.py").read_text()
+    node = next(n for n in ast.parse(source).body
+                if isinstance(n, ast.ClassDef) and n.name == "MicroBatchSpec")  # fmt: skip
+    cli.__dict__.update(dataclass=dataclasses.dataclass, field=dataclasses.field,
+                        PACKING_ALGORITHMS=seqpack.PACKING_ALGORITHMS,
+                        NormConfig=type("NormConfig", (), {}))  # fmt: skip
+    sys.modules["areal.api.cli_args"] = cli
+    exec(compile("@dataclass\n" + ast.get_source_segment(source, node), "<areal MicroBatchSpec>",
+                 "exec"), cli.__dict__)  # fmt: skip
+    data = importlib.import_module("areal.utils.data")
+    ctl = types.ModuleType("areal.infra.controller.train_controller")
+    src = (root / "infra/controller/train_controller.py").read_text()
+    ctl.__dict__.update(torch=torch, Any=Any,
+                        balanced_greedy_partition=seqpack.balanced_greedy_partition,
+                        RTensor=type("RTensor", (), {}), make_dummy_eval_item=None,
+                        logger=logging.getLogger("areal.TrainController"))  # fmt: skip
+    tree = ast.parse(src)
+    wanted = {"_find_in_structure", "_is_tensor_like", "_item_weight", "_dispatch_tensors",
+              "_merge_tensors"}  # fmt: skip
+    for n in tree.body:
+        if isinstance(n, ast.FunctionDef) and n.name in wanted:
+            exec(compile(ast.get_source_segment(src, n), f"<areal {n.name}>", "exec"), ctl.__dict__)
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "TrainController")
+    methods = {}
+    for n in cls.body:
+        if isinstance(n, ast.FunctionDef) and n.name in ("_partition_inputs", "_prepare_dispatch"):
+            exec(compile(textwrap.dedent(ast.get_source_segment(src, n)), f"<areal {n.name}>",
+                         "exec"), ctl.__dict__)  # fmt: skip
+            methods[n.name] = ctl.__dict__.pop(n.name)
+    ctl.TrainController = type("TrainController", (), methods)
+    sys.modules[ctl.__name__] = ctl
+    return {"seqpack": seqpack, "data": data, "controller": ctl, "cli": cli}
+
+
+class _GatherGroup:
+    """An emulated process group for ``all_gather_object``: each rank a thread."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.barrier = threading.Barrier(size)
+        self.buf: list[Any] = [None] * size
+        self.local = threading.local()
+
+    def all_gather_object(self, out: list[Any], obj: Any) -> None:
+        self.buf[self.local.rank] = obj
+        self.barrier.wait()
+        out[:] = list(self.buf)
+        self.barrier.wait()
+
+
+def _gather_dist(group: _GatherGroup) -> Any:
+    """``torch.distributed`` as AReaL's ``areal.utils.data`` uses it, over ``group``."""
+    return types.SimpleNamespace(
+        is_initialized=lambda: True, get_world_size=lambda g=None: group.size,
+        all_gather_object=lambda out, obj, group=None, _g=group: _g.all_gather_object(out, obj),
+        ProcessGroup=object,
+    )  # fmt: skip
+
+
+def areal_items(lens: np.ndarray) -> list[dict[str, Any]]:
+    """One trajectory per row: a ``(1, 1)`` ``attention_mask`` holding its length (AReaL
+    reads lengths as mask sums, so a 117k-token row stays one number), and its index."""
+    import torch
+
+    return [{"attention_mask": torch.tensor([[int(v)]]), "input_ids": torch.zeros(1, 1),
+             "row": torch.tensor([[i]])} for i, v in enumerate(lens.tolist())]  # fmt: skip
+
+
+def areal_controller(areal: dict[str, Any], dp: int, cap: int, n_mini: int, cost: Any) -> Any:
+    """A controller holding what AReaL's reads: the engine config (``mb_spec``,
+    ``ppo_n_minibatches``) and the parallel strategy; ``cost`` stands for what the model's
+    ``config.json`` (or ``SEQBALANCE_AREAL_COST``) would give."""
+    spec = areal["cli"].MicroBatchSpec(max_tokens_per_mb=cap)
+    c = areal["controller"].TrainController()
+    c.config = types.SimpleNamespace(mb_spec=spec, ppo_n_minibatches=n_mini, path="")
+    c.parallel_strategy = types.SimpleNamespace(dp_size=dp)
+    c._seqbalance_cost = cost
+    return c
+
+
+def areal_worker(areal: dict[str, Any], items: list[dict[str, Any]], n_mini: int, cap: int,
+                 group: Any = None) -> list[list[list[int]]]:  # fmt: skip
+    """One rank of AReaL's actor: concatenation, the mini-batch split
+    (``MicroBatchSpec(n_mbs=ppo_n_minibatches)``), each mini-batch's micro-batches under
+    the engine's ``mb_spec``; rows per [mini-batch][micro-batch]."""
+    data, cli = areal["data"], areal["cli"]
+    batch = data.concat_padded_tensors(items)
+    minis = data.split_padded_tensor_dict_into_mb_list(batch, cli.MicroBatchSpec(n_mbs=n_mini),
+                                                      group=group)  # fmt: skip
+    out = []
+    for mini in minis.mbs:
+        mbl = data.split_padded_tensor_dict_into_mb_list(
+            mini, cli.MicroBatchSpec(max_tokens_per_mb=cap), group=group)
+        out.append([mb["row"][:, 0].tolist() for mb in mbl.mbs])
+    return out
+
+
+def areal_path(areal: dict[str, Any], lens: np.ndarray, dp: int, cap: int, n_mini: int,
+               joint: bool, cost: Any = None
+               ) -> tuple[list[list[list[list[int]]]], float, float]:  # fmt: skip
+    """AReaL's path (``joint=False``: its own functions, every rank a thread over an
+    emulated group) or joint mode's (patched; each rank alone, checked to follow the
+    plan); rows per [mini-batch][rank][micro-batch], controller and worker seconds."""
+    from seqbalance.compat import areal as c_areal
+    from seqbalance.compat import joint_areal
+
+    ctl = areal_controller(areal, dp, cap, n_mini, cost)
+    items = areal_items(lens)
+    if joint:
+        c_areal.patch(joint=True)
+    try:
+        t0 = time.perf_counter()
+        dp_args, _, _ = ctl._prepare_dispatch(items)
+        t1 = time.perf_counter()
+        shares = dp_args[0]
+        if joint:
+            got = []
+            for r, share in enumerate(shares):
+                codes = [int(d[joint_areal.SLOT_KEY][0, 0]) for d in share]
+                if not all(codes):
+                    raise AssertionError(f"rank {r}: rows without a slot code")
+                got.append(areal_worker(areal, share, n_mini, cap))
+        else:
+            module = areal["data"]
+            group = _GatherGroup(dp)
+            saved = module.dist
+            module.dist = _gather_dist(group)
+            try:
+                got = run_ranks_plain(
+                    lambda r, share: (setattr(group.local, "rank", r),
+                                      areal_worker(areal, share, n_mini, cap, group))[1],
+                    shares, group)  # fmt: skip
+            finally:
+                module.dist = saved
+        t2 = time.perf_counter()
+    finally:
+        if joint:
+            c_areal.unpatch()
+    return [[got[r][i] for r in range(dp)] for i in range(n_mini)], t1 - t0, t2 - t1
+
+
+def run_ranks_plain(fn: Any, args: list[Any], group: Any) -> list[Any]:
+    """``fn(rank, arg)`` on one thread per rank; the first error is raised after the join."""
+    out: list[Any] = [None] * len(args)
+    errors: list[BaseException] = []
+
+    def target(r: int) -> None:
+        try:
+            out[r] = fn(r, args[r])
+        except BaseException as exc:  # reported after the join
+            errors.append(exc)
+            group.barrier.abort()
+
+    threads = [threading.Thread(target=target, args=(r,)) for r in range(len(args))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
+
+
+def areal_cases(areal: dict[str, Any], args: Any, costs: dict[str, Any]) -> list[dict[str, Any]]:
+    """AReaL's own path against joint mode planned with each cost (FLOPs, H100), and a
+    plain ``plan()`` of joint mode's mini-batches with that cost, on every case."""
+    rows = []
+    for name in args.areal_workloads.split(","):
+        cap = WORKLOADS[name]
+        for n in args.n:
+            lens = np.asarray(sb.workloads.load(name, n, seed=0).lengths, dtype=np.int64)
+            for dp in args.dp:
+                for k in args.minibatches:
+                    case = {"workload": name, "n": n, "dp": dp, "mini_batches": k, "cap": cap}
+                    fw_parts, f_ctl, f_wrk = areal_path(areal, lens, dp, cap, k, joint=False)
+                    fw = evaluate(fw_parts, lens, cap, costs)
+                    rows.append({**case, "path": "areal 1.0.4", **fw, "driver_s": f_ctl,
+                                 "workers_s": f_wrk})  # fmt: skip
+                    said = []
+                    for planned in costs:  # the controller plans with each cost in turn
+                        parts, t_ctl, t_wrk = areal_path(areal, lens, dp, cap, k, joint=True,
+                                                         cost=costs[planned])  # fmt: skip
+                        for mini in parts:
+                            if len({len(r) for r in mini}) != 1:
+                                raise AssertionError(f"{case}: counts differ over ranks")
+                        joint = evaluate(parts, lens, cap, costs)
+                        ref = reference(lens, dp, cap, parts, costs, size="free",
+                                        cost=costs[planned])  # fmt: skip
+                        label = "joint" if planned == "flops" else f"joint ({planned} cost)"
+                        loss = joint[f"fsdp_{planned}"] / ref[f"fsdp_{planned}"] - 1
+                        out = {**case, "path": label, "planned_with": planned, **joint,
+                               "driver_s": t_ctl, "workers_s": t_wrk, "loss_vs_plan": loss}
+                        for c in costs:
+                            out[f"fsdp_vs_areal_{c}"] = joint[f"fsdp_{c}"] / fw[f"fsdp_{c}"]
+                            out[f"ddp_vs_areal_{c}"] = joint[f"ddp_{c}"] / fw[f"ddp_{c}"]
+                        out["vs_areal"] = out[f"fsdp_vs_areal_{planned}"]
+                        rows += [out, {**case, "path": f"plan() ({planned} cost)", **ref}]
+                        said.append(f"planned with {planned}: vs plan() "
+                                    f"{1 + out['loss_vs_plan']:.4f}, vs areal "
+                                    f"{out['vs_areal']:.3f}, over cap {joint['over_cap']}")
+                    print(f"  areal {name} n={n} dp={dp} mini={k} (areal over cap "
+                          f"{fw['over_cap']}): " + "; ".join(said), flush=True)
+    return rows
+
+
 def markdown(path: str) -> None:
     """The docs' tables (docs/integrations/verl.md, slime.md) from a results JSON."""
     data = json.loads(Path(path).read_text())
-    by = {}
-    for r in data["verl"]:
-        by.setdefault((r["workload"], r["n"], r["dp"], r["mini_batches"]), {})[r["path"]] = r
 
     def mbs(r: dict[str, Any]) -> str:
         return "+".join(str(max(c)) for c in r["mb_per_rank"])
+
+    by = {}
+    for r in data["verl"]:
+        by.setdefault((r["workload"], r["n"], r["dp"], r["mini_batches"]), {})[r["path"]] = r
 
     print("| workload | n | dp | mini-batches | FSDP vs 0.9.1 (FLOPs / H100) | FSDP vs main "
           "(FLOPs / H100) | DDP vs 0.9.1 (FLOPs / H100) | micro-batches per rank: joint; "
@@ -487,6 +737,22 @@ def markdown(path: str) -> None:
                   f"{j['ddp_h100'] / o['ddp_h100']:.3f} | {j['fsdp_flops'] / o['fsdp_flops']:.3f}"
                   f" / {j['fsdp_h100'] / o['fsdp_h100']:.3f} | {mbs(j)}; {mbs(o)} | "
                   f"{j['over_cap']}; {o['over_cap']} |")
+    if data.get("areal"):
+        print()
+        print("| workload | n | dp | mini-batches | FSDP joint / AReaL: FLOPs-planned (FLOPs; "
+              "H100) | H100-planned (H100; FLOPs) | joint / plan() | micro-batches per rank: "
+              "joint; AReaL | over cap: joint; AReaL | controller s: joint; AReaL |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        ar = {}
+        for r in data["areal"]:
+            ar.setdefault((r["workload"], r["n"], r["dp"], r["mini_batches"]), {})[r["path"]] = r
+        for (w, n, dp, k), c in ar.items():
+            j, h, o = c["joint"], c["joint (h100 cost)"], c["areal 1.0.4"]
+            loss = max(j["loss_vs_plan"], h["loss_vs_plan"])
+            print(f"| {w} | {n:,} | {dp} | {k} | {j['fsdp_vs_areal_flops']:.3f}; "
+                  f"{j['fsdp_vs_areal_h100']:.3f} | {h['fsdp_vs_areal_h100']:.3f}; "
+                  f"{h['fsdp_vs_areal_flops']:.3f} | {1 + loss:.4f} | {mbs(j)}; {mbs(o)} | "
+                  f"{j['over_cap']}; {o['over_cap']} | {j['driver_s']:.2f}; {o['driver_s']:.2f} |")
     print()
     print(data["summary"])
 
@@ -500,14 +766,18 @@ def main() -> None:
     ap.add_argument("--verl-main", help="verl main source checkout")
     ap.add_argument("--slime", help="slime source checkout")
     ap.add_argument("--quick", action="store_true", help="n=1,024 only")
-    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated")
+    ap.add_argument("--no-areal", action="store_true", help="skip AReaL (run where --ext "
+                    "holds areal)")  # fmt: skip
+    ap.add_argument("--no-verl", action="store_true", help="skip verl")
+    ap.add_argument("--workloads", default=VERL_WORKLOADS, help="comma-separated (verl, slime)")
+    ap.add_argument("--areal-workloads", default=AREAL_WORKLOADS, help="comma-separated")
     ap.add_argument("--json", help="results file (default bench/results/integrations.json, "
                     "with --quick integrations_quick.json)")  # fmt: skip
     args = ap.parse_args()
     if args.markdown:
         markdown(args.markdown)
         return
-    if not (args.ext and args.td):
+    if not args.ext or not (args.td or args.no_verl):
         ap.error("--ext and --td are required (or --markdown)")
     args.n = [1024] if args.quick else [1024, 8192]
     if args.json is None:
@@ -517,35 +787,72 @@ def main() -> None:
     args.minibatches = [1, 4]
     costs = {"flops": sb.load_cost("qwen2.5-7b"),
              "h100": h100_cost(ROOT / "bench/results/gpu_step_h100.json")}  # fmt: skip
-    verl = load_verl(args.ext, args.td, args.verl_main)
-    print("verl: 0.9.1 from", args.ext, "| main from", args.verl_main or "(not given)")
-    rows = verl_cases(verl, args, costs)
+    rows: list[dict[str, Any]] = []
+    if not args.no_verl:
+        verl = load_verl(args.ext, args.td, args.verl_main)
+        print("verl: 0.9.1 from", args.ext, "| main from", args.verl_main or "(not given)")
+        rows = verl_cases(verl, args, costs)
     slime_rows: list[dict[str, Any]] = []
     if args.slime:
         slime_rows = slime_cases(load_slime(args.slime), args, costs)
         print_table(slime_rows, ["workload", "n", "dp", "mini_batches", "path", "ddp_flops",
                                  "ddp_h100", "fsdp_flops", "over_cap", "driver_s"])  # fmt: skip
+    previous = json.loads(Path(args.json).read_text()) if Path(args.json).is_file() else {}
+    kept = []
+    if args.no_verl and previous.get("verl"):  # the summary covers every framework
+        rows, kept = previous["verl"], [*kept, "verl"]
+    if not args.slime and previous.get("slime"):
+        slime_rows, kept = previous["slime"], [*kept, "slime"]
+    if kept:
+        print(f"rows of {', '.join(kept)} kept from {args.json} (not run now)")
+    areal_rows: list[dict[str, Any]] = []
+    if not args.no_areal and Path(args.ext, "areal").is_dir():
+        print("areal: 1.0.4 from", args.ext)
+        areal_rows = areal_cases(load_areal(args.ext), args, costs)
     cols = ["workload", "n", "dp", "mini_batches", "path", "fsdp_flops", "fsdp_h100", "ddp_flops",
             "ddp_h100", "over_cap", "driver_s", "workers_s"]  # fmt: skip
     print_table(rows, cols)
+    if areal_rows:
+        print_table(areal_rows, cols)
     joint = [r for r in rows if r["path"] == "joint"]
-    violations = sum(r["over_cap"] for r in joint) + sum(
+    areal_joint = [r for r in areal_rows if "vs_areal" in r]
+    violations = sum(r["over_cap"] for r in joint + areal_joint) + sum(
         r["over_cap"] for r in slime_rows if r.get("path") == "joint")
     ratios = [v for r in joint for k, v in r.items() if k.startswith("vs_")]  # FSDP (verl)
-    ddp_verl = max(v for r in joint for k, v in r.items() if k.startswith("ddp_vs_"))
+    ddp_verl = max((v for r in joint for k, v in r.items() if k.startswith("ddp_vs_")),
+                   default=None)
     ratios += [r["vs_slime"] for r in slime_rows if "vs_slime" in r]
+    ratios += [r["vs_areal"] for r in areal_joint]  # FSDP, under the cost it planned with
     worst = max(ratios)
-    loss = max(r["loss_vs_plan"] for r in joint)
+    loss = max(r["loss_vs_plan"] for r in joint + areal_joint)
+    areal_worst = max((r["vs_areal"] for r in areal_joint), default=None)
     write_json(args.json, {"machine": machine_info(), "args": {k: v for k, v in vars(args).items()},
-                           "verl": rows, "slime": slime_rows,
+                           "kept_from_previous_run": kept,
+                           "previous_args": (previous.get("previous_args")
+                                             or previous.get("args")) if kept else None,
+                           "verl": rows, "slime": slime_rows, "areal": areal_rows,
                            "summary": {"cap_violations": violations, "worst_vs_framework": worst,
                                        "worst_ddp_vs_verl": ddp_verl,
                                        "slime_over_cap": sum(r["over_cap"] for r in slime_rows
                                                              if r["path"] != "joint"),
+                                       "worst_vs_areal": areal_worst,
+                                       "worst_vs_areal_other_cost": max(
+                                           (r[f"fsdp_vs_areal_{c}"] for r in areal_joint
+                                            for c in costs if c != r["planned_with"]),
+                                           default=None),
+                                       "areal_worst_loss_vs_plan": max(
+                                           (r["loss_vs_plan"] for r in areal_joint), default=None),
                                        "worst_loss_vs_plan": loss}})  # fmt: skip
-    verl_worst = max(r[k] for r in joint for k in r if k.startswith("vs_"))
+    if areal_joint:
+        print(f"areal: worst FSDP step vs AReaL's own path {areal_worst:.3f} (planned and "
+              f"measured with one cost), worst loss vs plan() "
+              f"{100 * max(r['loss_vs_plan'] for r in areal_joint):.2f}%, over the cap "
+              f"{sum(r['over_cap'] for r in areal_joint)} (AReaL's own "
+              f"{sum(r['over_cap'] for r in areal_rows if r['path'] == 'areal 1.0.4')})")
+    verl_worst = max((r[k] for r in joint for k in r if k.startswith("vs_")), default=None)
     slime_worst = max((r["vs_slime"] for r in slime_rows if "vs_slime" in r), default=None)
-    print(f"verl: worst FSDP step vs verl's own path {verl_worst:.3f} (DDP {ddp_verl:.4f}); "
+    print(("verl not run; " if verl_worst is None else
+           f"verl: worst FSDP step vs verl's own path {verl_worst:.3f} (DDP {ddp_verl:.4f}); ")
           + ("slime not run" if slime_worst is None else
              f"slime: worst DDP step vs slime's {slime_worst:.3f}, slime's own schedule "
              f"over the cap {sum(r['over_cap'] for r in slime_rows if r['path'] != 'joint')}"))

@@ -24,7 +24,21 @@ MODULES = {
     "areal": ("areal.utils.seqpack", "areal.utils.data"),
     "openrlhf": ("openrlhf.utils.seqlen_balancing", "openrlhf.trainer.ppo_utils.experience"),
 }
+#: Modules watched only in joint mode: framework -> (variable, modules). The variable is
+#: read here (``joint``), so that the module is not watched, and nothing replaced in it,
+#: otherwise.
+JOINT_MODULES = {
+    "areal": ("SEQBALANCE_AREAL_MODE", ("areal.infra.controller.train_controller",)),
+}
 OFF = ("", "0", "off", "none", "false")
+
+
+def modules(framework: str) -> "tuple[str, ...]":
+    """The modules the switch patches for ``framework`` in this environment."""
+    extra = JOINT_MODULES.get(framework)
+    if extra and os.environ.get(extra[0], "").strip().lower() == "joint":
+        return MODULES[framework] + extra[1]
+    return MODULES[framework]
 #: The line of ``seqbalance_switch.pth`` (site-packages): the variable is read before
 #: anything is imported, so an unset switch costs one dictionary lookup at start-up.
 PTH_LINE = (
@@ -112,8 +126,8 @@ def install(names: "list[str]") -> None:
     for fw in names:
         if fw in installed:
             continue
-        installed[fw] = MODULES[fw]
-        for module in MODULES[fw]:
+        installed[fw] = modules(fw)
+        for module in installed[fw]:
             if module in sys.modules:
                 _patch(fw, module)
             else:

@@ -32,6 +32,7 @@ PUBLIC = {
     "seqbalance.compat.slime": SRC / "compat" / "slime.py",
     "seqbalance.compat.openrlhf": SRC / "compat" / "openrlhf.py",
     "seqbalance.compat.joint_verl": SRC / "compat" / "joint_verl.py",
+    "seqbalance.compat.joint_areal": SRC / "compat" / "joint_areal.py",
 }
 
 

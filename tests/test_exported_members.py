@@ -100,7 +100,7 @@ EXPORTED = {
         "step_time_lower_bound",
     ],
     "seqbalance.cli": ["main"],
-    "seqbalance.compat": ["areal", "joint_verl", "openrlhf", "slime", "verl"],
+    "seqbalance.compat": ["areal", "joint_areal", "joint_verl", "openrlhf", "slime", "verl"],
     "seqbalance.torch": [
         "BalancedDistributedSampler",
         "CPShardHandle",

@@ -10,6 +10,9 @@ error types of one framework's balancing module, implemented on seqbalance, and 
 - :mod:`seqbalance.compat.slime`: slime's ``seqlen_balancing``, ``dp_schedule`` and FLOPs.
 - :mod:`seqbalance.compat.joint_verl`: verl's joint mode (the driver plans ranks and
   micro-batches together per PPO mini-batch; the workers follow).
+- :mod:`seqbalance.compat.joint_areal`: AReaL's joint mode (the training controller plans
+  ranks and micro-batches together per PPO mini-batch; the workers follow the carried
+  slots).
 
 None of them imports its framework; torch is imported only inside functions that take
 tensors. ``docs/migrating.md`` lists every behaviour difference.
@@ -17,4 +20,4 @@ tensors. ``docs/migrating.md`` lists every behaviour difference.
 
 from __future__ import annotations
 
-__all__ = ["areal", "joint_verl", "openrlhf", "slime", "verl"]
+__all__ = ["areal", "joint_areal", "joint_verl", "openrlhf", "slime", "verl"]

@@ -85,7 +85,10 @@ def replaced_names(framework: str) -> dict[str, list[str]]:
     """Per framework module, the names the drop-in replaces where the module has them."""
     from ._hook import patchers
 
-    return {p.module: sorted(p._replacements()) for p in patchers(framework)}
+    out: dict[str, list[str]] = {}
+    for p in patchers(framework):
+        out[p.module] = sorted({*out.get(p.module, []), *p._replacements()})
+    return out
 
 
 def check(out: object = None) -> int:
@@ -161,11 +164,26 @@ def check(out: object = None) -> int:
             else:
                 how = "the count before 0.9.1 (ceil(tokens / cap), no retry; the cap still held)"
             write(f"    match_framework_count=True follows {how}\n")
+        if fw == "areal" and where:
+            write(f"    {_areal_mode()}\n")
         if on:
             for module, fns in replaced_names(fw).items():
                 write(f"    {module}: {', '.join(fns)}\n")
     write("\nturn it off: unset SEQBALANCE_PATCH (or set it to 0) before the run starts\n")
     return status
+
+
+def _areal_mode() -> str:
+    from .joint_areal import MODE_ENV, joint_requested
+
+    try:
+        joint = joint_requested()
+    except ValueError as exc:
+        return f"error: {exc}"
+    if joint:
+        return (f"{MODE_ENV}=joint: joint mode (the controller plans ranks x micro-batches "
+                "per mini-batch; the workers follow the carried slots)")
+    return f"{MODE_ENV} unset or dropin: the one-for-one drop-in"
 
 
 _loaded_at_start = "_seqbalance_switch" in sys.modules

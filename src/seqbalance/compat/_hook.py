@@ -35,13 +35,25 @@ def drop_in_module(framework: str) -> Any:
     return importlib.import_module(DROP_INS[framework])
 
 
+#: Joint-mode module of a framework, and the variable that selects it.
+JOINT = {"areal": ("seqbalance.compat.joint_areal", "SEQBALANCE_AREAL_MODE")}
+
+
 def patchers(framework: str) -> list[Patcher]:
-    """The :class:`Patcher` objects of ``framework``'s drop-in, one per framework module."""
+    """The :class:`Patcher` objects of ``framework``'s drop-in, then (where its joint-mode
+    variable says ``joint``) those of its joint mode, applied after the drop-in's."""
+    modules = [drop_in_module(framework)]
+    if framework in JOINT:
+        name, _ = JOINT[framework]
+        joint = importlib.import_module(name)
+        if joint.joint_requested():
+            modules.append(joint)
     found: list[Patcher] = []
-    for value in vars(drop_in_module(framework)).values():
-        for p in value if isinstance(value, list) else [value]:
-            if isinstance(p, Patcher) and p not in found:
-                found.append(p)
+    for mod in modules:
+        for value in vars(mod).values():
+            for p in value if isinstance(value, list) else [value]:
+                if isinstance(p, Patcher) and p not in found:
+                    found.append(p)
     return found
 
 
@@ -53,8 +65,13 @@ def patch_module(framework: str, module: str) -> list[str]:
     run must not silently train on the framework's own code.
     """
     try:
-        (p,) = [p for p in patchers(framework) if p.module == module]
-        return p.patch()
+        found = [p for p in patchers(framework) if p.module == module]
+        if not found:
+            raise ValueError(f"no drop-in replaces functions of {module}")
+        done: list[str] = []
+        for p in found:  # the drop-in first, joint mode on top
+            done += p.patch()
+        return sorted(set(done))
     except Exception as exc:
         raise ImportError(
             f"SEQBALANCE_PATCH names {framework}, but seqbalance could not replace the "

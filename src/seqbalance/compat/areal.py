@@ -611,18 +611,33 @@ _data = Patcher(
 )
 
 
-def patch() -> list[str]:
+def patch(*, joint: bool | None = None) -> list[str]:
     """Replace AReaL's allocators (``areal.utils.seqpack``, and ``areal.utils.data`` where
-    it is importable) with these; returns what was replaced."""
+    it is importable) with these; returns what was replaced.
+
+    ``joint=True`` also switches on joint mode (:mod:`seqbalance.compat.joint_areal`: the
+    training controller plans ranks and micro-batches together per PPO mini-batch and the
+    workers follow); None (default) reads ``SEQBALANCE_AREAL_MODE`` (``joint``, or
+    ``dropin``/unset).
+    """
+    from . import joint_areal  # joint mode sits on top of these functions
+
+    on = joint_areal.joint_requested() if joint is None else joint
     done = _seqpack.patch()
     try:
         done += _data.patch()
     except ImportError:
-        pass
+        if on:
+            raise
+    if on:
+        done = sorted({*done, *joint_areal.patch()})
     return done
 
 
 def unpatch() -> None:
-    """Undo :func:`patch`."""
+    """Undo :func:`patch` (joint mode included)."""
+    from . import joint_areal
+
+    joint_areal.unpatch()
     _data.unpatch()
     _seqpack.unpatch()
