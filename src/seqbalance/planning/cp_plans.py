@@ -44,6 +44,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._validate import (
+    ArgumentError,
     as_groups,
     as_index,
     as_lengths,
@@ -89,9 +90,10 @@ def check_cp_size(value: Any, name: str = "cp_size") -> int:
     :class:`CPPlan` meets."""
     c = check_degree(value, name)
     if c & (c - 1):
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must be a power of two (CP degrees are), got {value}; use "
-            f"{1 << (c.bit_length() - 1)} or {1 << c.bit_length()}"
+            f"{1 << (c.bit_length() - 1)} or {1 << c.bit_length()}",
+            argument=name,
         )
     return c
 
@@ -623,7 +625,8 @@ class CPPlan(Plan):
     # ---- shape -------------------------------------------------------------------------
     @property
     def dp_size(self) -> int:
-        """Data-parallel replicas of the mesh (``world_size / cp_size``)."""
+        """Data-parallel ranks: the mesh's replicas (``world_size / cp_size``), as in a
+        :class:`Plan`; ``micro_batches`` has a row per GPU (:attr:`world_size`)."""
         return self.replicas
 
     @property
@@ -791,8 +794,14 @@ class CPPlan(Plan):
         fits = math.ceil(int(self.lengths[~over].sum()) / (self.world_size * self.max_tokens))
         return max(1, fits, -(-int(over.sum()) // self.world_size))
 
-    def lower_bound(self, cost: Any = None) -> float:  # type: ignore[override]  # no sync
-        """:func:`cp_lower_bound` for these sequences on this mesh."""
+    def lower_bound(self, cost: Any = None, sync: str | None = None) -> float:
+        """:func:`cp_lower_bound` for these sequences on this mesh.
+
+        ``sync`` is checked as :meth:`Plan.lower_bound` checks it; the bound holds under
+        both sync models (no step, lockstep or not, is shorter than a GPU's share of the
+        work or than the slowest piece), so it is the same for either.
+        """
+        check_choice(self.sync if sync is None else sync, "sync", SYNC_MODELS)
         return cp_lower_bound(
             self.lengths, self.world_size, self.cp_size, self.max_tokens, self._cp_cost(cost)
         )

@@ -134,6 +134,10 @@ class Plan:
     """
 
     pipeline: Any = None  # subclasses that build themselves (CPPlan) have no pipeline
+    #: GPUs per data-parallel rank for context parallelism: 1 here, ``cp_size`` in a
+    #: :class:`~seqbalance.planning.cp_plans.CPPlan`. Code that reads any plan asks this
+    #: (and :attr:`pipeline`) instead of its class.
+    cp_size: int = 1
 
     def __init__(
         self,
@@ -227,7 +231,14 @@ class Plan:
     # ---- shape -------------------------------------------------------------------------
     @property
     def dp_size(self) -> int:
-        """Number of data-parallel ranks."""
+        """Number of data-parallel ranks (replicas, when a rank is a CP group or a
+        pipeline)."""
+        return len(self.micro_batches)
+
+    @property
+    def world_size(self) -> int:
+        """Rows of :attr:`micro_batches`: ``dp_size`` here, one per GPU of the
+        ``dp_size x cp_size`` mesh in a CP plan (pipeline stages not counted)."""
         return len(self.micro_batches)
 
     @property

@@ -51,7 +51,6 @@ Example (every rank runs this)::
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Collection, Mapping, Sequence, Union, cast
 
 import numpy as np
@@ -68,6 +67,7 @@ from .._validate import (
     too_long,
 )
 from ..partitioning.searches import exact_searches_enabled
+from ..planning.request import PlanSpec
 from ._transport import METHODS, Spec, from_rows, group_info, move, to_rows
 from .agreement import agree, canonical, describe_cost
 from .collate import check_token_keys, is_integer_dtype
@@ -594,14 +594,13 @@ def rebalance(
         if "groups" in plan_options or "cost" in plan_options:
             raise TypeError("pass groups= and cost= as rebalance's own arguments")
         cp_size_of("rebalance", plan_options)
-        # An unknown keyword fails here, on its rank, instead of after the exchange.
-        bound = inspect.signature(make_plan).bind(
-            np.zeros(0, np.int64), world, max_tokens, **options
-        )
-        bound.apply_defaults()
-        agreed = {
-            k: v for k, v in bound.arguments.items() if k not in ("lengths", "cost", "groups")
-        }
+        # An unknown keyword or a bad option fails here, on its rank, instead of after
+        # the exchange; the checked request is what the ranks must agree on.
+        flat = dict(options)
+        effort = flat.pop("effort", "default")
+        spec = PlanSpec.from_keywords(world, max_tokens, effort=effort, flat=flat)
+        agreed = {k: v for k, v in spec.keywords().items() if k not in ("cost", "groups")}
+        agreed["effort"] = spec.effort
         # Every rank plans the same global layout on its own; a rank inside
         # exact_searches(True) among ranks outside it could plan another one.
         agreed["exact_searches"] = exact_searches_enabled()
