@@ -213,13 +213,6 @@ def _describe(cycle: list[str], root: Path = ROOT) -> str:
 #: when one listed here is gone (then delete it from this list).
 KNOWN_CYCLES: list[list[str]] = [
     ["seqbalance.compat.joint_verl", "seqbalance.compat.verl"],
-    ["seqbalance.costs.base", "seqbalance.costs.context_parallel", "seqbalance.costs.flops",
-     "seqbalance.costs.load", "seqbalance.costs.phases", "seqbalance.costs.ulysses"],
-    ["seqbalance.costs.feedback", "seqbalance.costs.timing_files"],
-    ["seqbalance.partitioning.bounds", "seqbalance.partitioning.kway",
-     "seqbalance.partitioning.stats"],
-    ["seqbalance.planning.cp_pipeline", "seqbalance.planning.cp_plans",
-     "seqbalance.planning.pipeline_plans", "seqbalance.planning.plans"],
 ]
 
 

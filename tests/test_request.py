@@ -265,6 +265,19 @@ def test_the_value_form_and_the_flat_form_give_the_same_plan(req):
                                  baselines=baselines)) == by_keywords  # fmt: skip
 
 
+def test_a_whole_spec_is_the_request():
+    lengths = [900, 100, 500, 500, 300, 700] * 2
+    spec = PlanSpec(Mesh(2, sync="ddp"), Capacity(1000), batching=MicroBatching(min_count=3))
+    assert plan(lengths, spec).to_json() == plan(
+        lengths, dp_size=2, max_tokens=1000, sync="ddp", min_micro_batches=3
+    ).to_json()
+    with pytest.raises(ArgumentError, match="next to a PlanSpec") as info:
+        plan(lengths, spec, cost="qwen2.5-7b")
+    assert info.value.argument == "cost"
+    with pytest.raises(ArgumentError, match="next to a PlanSpec"):
+        plan(lengths, spec, padded=True)
+
+
 def test_plan_cp_takes_either_form():
     lengths = [900, 100, 500, 500, 300, 700] * 3
     a = plan_cp(lengths, Mesh(2, cp=2), Capacity(1000))

@@ -23,6 +23,7 @@ from ..partitioning.stats import relative_gap
 from ..planning.baselines import BASELINES
 from ..planning.planner import SIZE_RULES, plan
 from ..planning.plans import Plan
+from ..planning.request import PlanSpec
 from ..planning.simulation import SYNC_MODELS
 from ._common import (
     DEMO_COST,
@@ -268,10 +269,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         _check_sizes(lengths, groups, args.dp, cap, args)
     for note in cost.notes:
         _say(note, sys.stderr)
-    p = plan(
-        lengths, args.dp, cap, cost=cost.model, groups=groups,
-        **_plan_kwargs(args), **cp_kwargs,
-    )  # fmt: skip
+    # the request as values, checked once (the rules across options are PlanSpec's)
+    spec = PlanSpec.from_keywords(args.dp, cap, cost=cost.model,
+                                  flat={"groups": groups, **_plan_kwargs(args), **cp_kwargs})
+    p = plan(lengths, spec)
     text = p.to_json()
     if args.out in (None, "-"):
         sys.stdout.write(text + "\n")

@@ -30,6 +30,7 @@ from ._megatron import megatron_cp_plan
 from .baselines import verl
 from .context_parallel import _Request, _static, _static_pieces, _validate
 from .cp_plans import CPPlan
+from .planner import _plan_replicas
 
 __all__ = ["CP_BASELINES", "megatron_cp", "static_cp", "verl_static_cp"]
 
@@ -77,8 +78,6 @@ def static_cp(
 
     Empty micro-batches are allowed (and reported) when there are too few sequences.
     """
-    from .planner import _plan_replicas  # lazily: the planner runs this baseline's layout
-
     req = _request(lengths, dp_size, max_tokens, cp_size, cost, cp_cost, sync)
     req.replicas = _plan_replicas
     p = _static(req, strategy="static-cp")

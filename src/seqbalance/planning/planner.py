@@ -1346,7 +1346,7 @@ def _plan_attempt(
 
 def plan(
     lengths: Any,
-    mesh: Mesh | int | None = None,
+    mesh: Mesh | PlanSpec | int | None = None,
     capacity: Capacity | int | None = None,
     *,
     cost: Any = None,
@@ -1372,9 +1372,10 @@ def plan(
     ----------
     lengths : array-like of int
         Tokens per sequence.
-    mesh : Mesh or int
+    mesh : Mesh, PlanSpec or int
         The ranks, how they synchronise (``sync``), context parallelism and the pipeline;
-        an int is ``dp_size``.
+        an int is ``dp_size``. A :class:`~seqbalance.planning.request.PlanSpec` is the
+        whole request (``plan(lengths, spec)``), with nothing else given.
     capacity : Capacity or int
         Tokens per micro-batch, padding and oversized sequences; an int is ``max_tokens``.
     cost : optional
@@ -1534,7 +1535,7 @@ def plan(
 
 def plan_cp(
     lengths: Any,
-    mesh: Mesh | int | None = None,
+    mesh: Mesh | PlanSpec | int | None = None,
     capacity: Capacity | int | None = None,
     *,
     cost: Any = None,

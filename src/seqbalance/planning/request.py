@@ -521,7 +521,8 @@ class PlanSpec:
     ) -> PlanSpec:
         """The spec of a call of :func:`seqbalance.plan` in either form.
 
-        ``mesh`` is a :class:`Mesh` or the number of data-parallel ranks, ``capacity`` a
+        ``mesh`` is a :class:`Mesh` or the number of data-parallel ranks (or a whole
+        :class:`PlanSpec`, returned as it is, with nothing else given), ``capacity`` a
         :class:`Capacity` or ``max_tokens``; ``flat`` holds the flat form's keywords
         (:data:`FLAT_KEYWORDS`). A flat keyword fills a field of a part given as a number
         or left out; next to that part given as a value it is refused (one place says
@@ -536,6 +537,17 @@ class PlanSpec:
             A flat keyword next to the part it belongs to, or a bad value.
         """
         flat = dict(flat or {})
+        if isinstance(mesh, PlanSpec):
+            extra = [name for name, value in (("capacity", capacity), ("cost", cost),
+                     ("batching", batching), ("rules", rules)) if value is not None]
+            extra += [*(["effort"] if effort != "default" else []), *flat]
+            if extra:
+                raise ArgumentError(
+                    f"{extra[0]}= was passed next to a PlanSpec, which holds the whole "
+                    "request; change the spec (dataclasses.replace) or pass its parts",
+                    argument=extra[0],
+                )  # fmt: skip
+            return mesh
         unknown = sorted(set(flat) - set(FLAT_KEYWORDS))
         if unknown:
             raise TypeError(f"{caller}() got an unexpected keyword argument {unknown[0]!r}")

@@ -501,18 +501,8 @@ class BalancedDistributedSampler:
         from seqbalance.planning.planner import plan
 
         spec = self._spec
-        batching = spec.batching
         if last_partial and "allow_empty" not in self.plan_options:
-            batching = dataclasses.replace(batching, allow_empty=True)
+            spec = spec.replace(**{"batching.allow_empty": True})
         cost = self._cost_array[idx] if self._cost_array is not None else self.cost
         with exact_searches(self._exact_searches):
-            return plan(
-                self.lengths[idx],
-                spec.mesh,
-                spec.capacity,
-                cost=cost,
-                batching=batching,
-                rules=spec.rules,
-                effort=spec.effort,
-                baselines=spec.baselines,
-            )
+            return plan(self.lengths[idx], dataclasses.replace(spec, cost=cost))
