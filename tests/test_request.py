@@ -343,3 +343,41 @@ def test_the_sampler_takes_a_spec():
     assert info.value.argument == "padded"
     with pytest.raises(ArgumentError, match="differs from the spec's 64"):
         BalancedDistributedSampler(lengths, 40, 32, spec=spec, **kw)
+
+
+def worker_rebalance_spec(rank: int, world: int) -> list[str]:
+    import torch
+
+    from seqbalance.torch import Rebalancer, rebalance
+
+    lens = np.array([[5, 3, 7], [2, 9, 4]][rank])
+    tok = np.concatenate([np.full(n, 10 * rank + i) for i, n in enumerate(lens)])
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    batch = {"input_ids": torch.from_numpy(tok), "cu_seqlens": torch.from_numpy(cu)}
+    spec = PlanSpec(Mesh(world, sync="ddp"), Capacity(12), batching=MicroBatching(min_count=2))
+    out = []
+    for call in (
+        lambda: rebalance(batch, spec=spec),
+        lambda: rebalance(batch, max_tokens=12, sync="ddp", min_micro_batches=2),
+        lambda: Rebalancer(spec=spec, method="p2p")(batch),
+    ):
+        _, handle = call()
+        out.append(handle.plan.to_json())
+    try:
+        rebalance(batch, spec=spec, min_micro_batches=3)
+    except ValueError as exc:  # every rank raises the same error
+        out.append(str(exc))
+    return out
+
+
+def test_rebalance_takes_a_spec():
+    pytest.importorskip("torch")
+    pytest.importorskip("torch.distributed")
+    from seqbalance.torch.testing import run_distributed
+
+    results = run_distributed(worker_rebalance_spec, 2, timeout=100)
+    for got in results:
+        by_spec, by_keywords, by_balancer, refused = got
+        assert by_spec == by_keywords == by_balancer
+        assert "min_micro_batches= was passed next to spec=" in refused
+    assert results[0] == results[1]

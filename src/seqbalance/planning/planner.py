@@ -1389,8 +1389,9 @@ def plan(
     effort : {"fast", "default", "thorough"}
         The planner's work budget, counted in work, never in time.
     **flat
-        The flat form's keywords, described below; ``baselines`` has no place in the
-        values and is given here.
+        The flat form's keywords, described below (``baselines``, a field of
+        :class:`~seqbalance.planning.request.PlanSpec` but of none of its parts, is given
+        here next to the parts).
 
     Other Parameters
     ----------------
@@ -1399,10 +1400,6 @@ def plan(
     max_tokens : int
         Token capacity of one micro-batch (packed: sum of lengths; ``padded=True``:
         count x longest).
-    cost : optional
-        What to balance: None (tokens), a cost model or anything
-        :func:`seqbalance.costs.load_cost` accepts (model name, config path, cost JSON), or
-        a 1-D array of per-sequence costs.
     sync : {"fsdp", "ddp"}
         How ranks synchronise; the plan minimises that model's simulated step time.
     size : {"free", "equal", "balanced"}

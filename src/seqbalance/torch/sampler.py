@@ -15,7 +15,6 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from .._validate import (
-    ArgumentError,
     as_lengths,
     as_weights,
     check_bool,
@@ -26,56 +25,9 @@ from .._validate import (
 )
 from ..partitioning.searches import exact_searches, exact_searches_enabled
 from ..planning.request import PlanSpec
-from .exchange import cp_size_of, replica_grid, too_long_for_cp
+from .exchange import cp_size_of, replica_grid, spec_options, too_long_for_cp
 
 __all__ = ["BalancedDistributedSampler"]
-
-
-def _from_spec(
-    spec: Any, max_tokens: Any, num_replicas: Any, cost: Any, sync: Any,
-    plan_options: dict[str, Any],
-) -> tuple[Any, Any, Any, Any]:
-    """``(max_tokens, num_replicas, cost, sync)`` of a sampler built with ``spec=``; its
-    other options go to ``plan_options`` by their flat names."""
-    if not isinstance(spec, PlanSpec):
-        raise ArgumentError(
-            f"spec must be a seqbalance.planning.request.PlanSpec, got {type(spec).__name__}",
-            argument="spec",
-        )
-    if plan_options:
-        name = next(iter(plan_options))
-        raise ArgumentError(
-            f"{name}= was passed next to spec=; put it in the spec", argument=name
-        )
-    for name, given, own in (("max_tokens", max_tokens, spec.capacity.max_tokens),
-                             ("num_replicas", num_replicas, spec.mesh.dp)):  # fmt: skip
-        if given is not None and given != own:
-            raise ArgumentError(
-                f"{name}={given!r} differs from the spec's {own}; give it once", argument=name
-            )
-    if sync is not None:
-        raise ArgumentError(
-            "sync= was passed next to spec=; the spec's mesh says it (Mesh(sync=...))",
-            argument="sync",
-        )
-    if cost is not None and spec.cost is not None:
-        raise ArgumentError("cost= was passed next to a spec with a cost; give it once",
-                            argument="cost")  # fmt: skip
-    flat = spec.keywords()
-    defaults = PlanSpec.from_keywords(1, 1).keywords()
-    for name in ("dp_size", "max_tokens", "sync", "cost"):
-        flat.pop(name)
-    plan_options.update(
-        (k, v) for k, v in flat.items()
-        if not (isinstance(v, np.ndarray) or (v is None and defaults[k] is None))
-        and (k == "groups" or v != defaults[k])
-    )  # fmt: skip
-    if spec.rules.groups is not None:
-        plan_options["groups"] = spec.rules.groups
-    if spec.effort != "default":
-        plan_options["effort"] = spec.effort
-    return (spec.capacity.max_tokens, spec.mesh.dp,
-            spec.cost if cost is None else cost, spec.mesh.sync)  # fmt: skip
 
 
 def _distributed_ready() -> bool:
@@ -204,7 +156,7 @@ class BalancedDistributedSampler:
         fingerprint: dict[str, Any] = {}
         try:
             if spec is not None:
-                max_tokens, num_replicas, cost, sync = _from_spec(
+                max_tokens, num_replicas, cost, sync = spec_options(
                     spec, max_tokens, num_replicas, cost, sync, plan_options
                 )
             elif max_tokens is None:
