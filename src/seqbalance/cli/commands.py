@@ -161,7 +161,8 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _check_sizes(
-    lengths: np.ndarray, groups: np.ndarray | None, dp: int, cap: int, args: argparse.Namespace
+    lengths: np.ndarray, groups: np.ndarray | None, dp: int, cap: int, args: argparse.Namespace,
+    unit: str = "rank",
 ) -> None:
     check_sizes(
         lengths,
@@ -173,6 +174,7 @@ def _check_sizes(
         micro_batch_multiple=args.micro_batch_multiple,
         size=args.size,
         allow_empty=args.allow_empty,
+        unit=unit,
     )
 
 
@@ -243,10 +245,7 @@ def _check_static_cp_sizes(
     pieces = largest_piece_tokens(lengths, args.cp_size)
     if pieces.size and int(pieces.max()) > cap:
         return
-    try:
-        _check_sizes(pieces, groups, args.dp, cap, args)
-    except UserError as exc:
-        raise UserError(re.sub(r"\brank(s?)\b", r"replica\1", str(exc))) from None
+    _check_sizes(pieces, groups, args.dp, cap, args, unit="replica")
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
