@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import seqbalance.cli._common as common
 import seqbalance.cli.commands as cli
 from seqbalance import workloads
 from seqbalance.cli.checks import MAX_EMPTY_SLOTS, MAX_INT, UserError, check_sizes
@@ -303,7 +304,7 @@ def test_demo_table_fits_80_columns(capsys, monkeypatch):
 @pytest.mark.parametrize("columns", [72, 60])
 def test_table_follows_a_narrow_terminal(txt, capsys, monkeypatch, columns):
     pytest.importorskip("rich")
-    monkeypatch.setattr(cli, "_terminal_width", lambda out: columns)
+    monkeypatch.setattr(common, "_terminal_width", lambda out: columns)
     assert main(["compare", txt, "--dp", "2", "--max-tokens", "32768"]) == 0
     lines = capsys.readouterr().out.splitlines()
     table = _table_lines("\n".join(lines))
@@ -334,7 +335,7 @@ def test_table_to_a_file_is_never_wrapped(txt, tmp_path, monkeypatch):
 
     buf = io.StringIO()
     rows = [["a-strategy-name-" * 6, "1.0 s"]]
-    cli._table(["strategy", "step time"], rows, buf)
+    common._table(["strategy", "step time"], rows, buf)
     assert rows[0][0] in buf.getvalue()  # one line, whatever its length
 
 
@@ -352,7 +353,7 @@ def test_table_to_a_file_is_never_wrapped(txt, tmp_path, monkeypatch):
     ],
 )
 def test_seconds_format(x, text):
-    assert cli._si(x, "s") == text
+    assert common._si(x, "s") == text
 
 
 @pytest.mark.parametrize(
@@ -368,7 +369,7 @@ def test_seconds_format(x, text):
     ],
 )
 def test_si_format(x, unit, text):
-    assert cli._si(x, unit) == text
+    assert common._si(x, unit) == text
 
 
 def _calibrated(tmp_path, warnings=()):
@@ -395,7 +396,7 @@ def test_calibrated_cost_unit_reaches_table_json_and_plot(txt, tmp_path, capsys,
     (setup,) = json.loads(out.read_text())["setups"]
     assert setup["unit"] == "seconds"
     step = setup["results"][0]["step_time"]
-    assert cli._seconds(step) in text
+    assert common._seconds(step) in text
     assert seen["unit"] == "seconds"
 
 

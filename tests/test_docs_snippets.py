@@ -67,6 +67,7 @@ CASES: dict[str, str] = {
     "get_minimum_num_micro_batch_size": "openrlhf",
     "planner = sb.StreamingPlanner(dp_size=8, max_tokens=32768, cost=\"qwen2.5-7b\")":
         "streaming",
+    "mesh = sb.Mesh(dp=8, sync=\"ddp\", pp=2)": "request",
 }
 
 
@@ -119,6 +120,22 @@ def run_plan(code, tmp_path, monkeypatch):
     assert ns["batch_in_plan_order"][plan.inverse_order()].tolist() == batch.tolist()
     assert ns["sim"].gap >= 0
     assert sb.Plan.from_json("plan.json").micro_batches == plan.micro_batches
+
+
+def run_request(code, tmp_path, monkeypatch):
+    import contextlib
+    import io
+
+    lengths = np.concatenate([_lengths(120), [20_000]])  # one above the capacity: alone
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        ns = _run(code, {"lengths": lengths, "prompt_ids": np.arange(121) // 4})
+    p = ns["p"]
+    assert p.dp_size == 8 and p.sync == "ddp" and p.num_micro_batches >= 2
+    assert p.violations()["over_capacity"] == 1
+    first, second = out.getvalue().splitlines()
+    assert first == "True False 16"
+    assert second.startswith("cp_size - cp_size must be a power of two")
 
 
 def run_quickstart(code, tmp_path, monkeypatch):

@@ -11,6 +11,9 @@ The core needs only numpy:
   :class:`TimingRecorder` checks a cost against measured times and refits it.
 - :func:`plan` -> :class:`Plan`: ranks x micro-batches under a token capacity, optimised for
   the sync model (``fsdp`` or ``ddp``); :data:`BASELINES` for comparison; :func:`simulate`.
+  The request as checked values: :class:`Mesh`, :class:`Capacity`, :class:`MicroBatching`,
+  :class:`RankRules` (and :class:`PlanSpec`, all of them); a bad argument raises
+  :class:`ArgumentError`, a ``ValueError`` that names it.
 - :mod:`seqbalance.workloads`: seeded length sets shared by tests, benchmarks and the demo.
 
 The layers are packages: :mod:`seqbalance.costs` and :mod:`seqbalance.partitioning` at the
@@ -28,6 +31,7 @@ from __future__ import annotations
 from typing import Any as _Any
 
 from . import workloads
+from ._validate import ArgumentError
 from .costs import (
     SHIPPED,
     CostModel,
@@ -50,7 +54,12 @@ from .partitioning import (
 )
 from .planning import (
     BASELINES,
+    Capacity,
+    Mesh,
+    MicroBatching,
     Plan,
+    PlanSpec,
+    RankRules,
     Simulation,
     inverse_permutation,
     plan,
@@ -77,12 +86,18 @@ _TORCH_NAMES = (
 __all__ = [
     "BASELINES",
     "SHIPPED",
+    "ArgumentError",
+    "Capacity",
     "CostModel",
     "FitReport",
     "FlopsCost",
+    "Mesh",
+    "MicroBatching",
     "Partition",
     "Plan",
+    "PlanSpec",
     "QuadraticCost",
+    "RankRules",
     "Simulation",
     "StreamingPlanner",
     "StreamingRule",

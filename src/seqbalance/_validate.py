@@ -2,7 +2,8 @@
 
 Each function checks one kind of argument, widens it to a safe dtype (int64 / float64:
 int32 sums overflow on real batches) and raises a :class:`ValueError` that names the
-argument, the first offending value and how to fix it.
+argument, the first offending value and how to fix it (an :class:`ArgumentError`, whose
+``argument`` names it for callers that map it to their own words).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ __all__ = [
     "MAX_EMPTY_SLOTS",
     "MAX_LENGTH",
     "MAX_TOKENS",
+    "ArgumentError",
     "as_groups",
     "as_index",
     "as_lengths",
@@ -37,6 +39,31 @@ __all__ = [
     "to_numpy",
     "unwritable",
 ]
+
+
+class ArgumentError(ValueError):
+    """A bad argument: a :class:`ValueError` that names the argument it is about.
+
+    Parameters
+    ----------
+    message : str
+        What is wrong, the bad value and the fix, in the words of the function raising it.
+    argument : str
+        The keyword the caller passed the bad value as (``"dp_size"``, ``"max_tokens"``,
+        ``"groups"``...), as :func:`seqbalance.plan` spells it. Integrations map it to
+        their own names (the command line to its flags) without reading the message.
+    """
+
+    def __init__(self, message: str, *, argument: str) -> None:
+        super().__init__(message)
+        self.argument = argument
+
+    def __reduce__(self) -> Any:  # picklable, e.g. across worker processes
+        return (_argument_error, (str(self), self.argument))
+
+
+def _argument_error(message: str, argument: str) -> ArgumentError:
+    return ArgumentError(message, argument=argument)
 
 
 def is_array_like(value: Any) -> bool:
@@ -73,7 +100,9 @@ def to_numpy(values: Any, name: str) -> Any:
     if _is_tensor(values):
         t = values.detach().cpu()
         if getattr(t, "is_complex", lambda: False)():
-            raise ValueError(f"{name} must hold real numbers, got a complex tensor")
+            raise ArgumentError(
+                f"{name} must hold real numbers, got a complex tensor", argument=name
+            )
         if str(getattr(t, "dtype", "")) == "torch.bool":
             values = t.numpy()
         elif t.is_floating_point():
@@ -96,7 +125,9 @@ def _narrow_objects(arr: np.ndarray, name: str) -> np.ndarray:
     items = arr.tolist()
     for i, v in enumerate(items):
         if v is None or (isinstance(v, float) and v != v):
-            raise ValueError(f"{name}[{i}] is missing ({v!r}); give every item a value")
+            raise ArgumentError(
+                f"{name}[{i}] is missing ({v!r}); give every item a value", argument=name
+            )
     if all(isinstance(v, str) for v in items):
         return np.array(items, dtype=str) if items else np.zeros(0, dtype=np.int64)
     if all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in items):
@@ -120,35 +151,39 @@ def _floats(items: list[Any], name: str) -> np.ndarray:
         try:
             out[i] = float(v)
         except OverflowError:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name}[{i}] is an integer of {int(v).bit_length()} bits, beyond the float64 "
                 "range (~1.8e308); rescale the values"
-            ) from None
+            , argument=name) from None
     return out
 
 
 def _as_1d(values: Any, name: str) -> np.ndarray:
     if isinstance(values, (str, bytes)):
-        raise ValueError(f"{name} must be a 1-D sequence of numbers, got a string {values!r}")
+        raise ArgumentError(
+            f"{name} must be a 1-D sequence of numbers, got a string {values!r}", argument=name
+        )
     if not hasattr(values, "__len__") and not hasattr(values, "__array__"):
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must be an array or a list of numbers, got {type(values).__name__}; "
             "wrap iterators and generators in list(...)"
-        )
+        , argument=name)
     values = to_numpy(values, name)
     try:
         arr = np.asarray(values)
     except Exception as exc:  # ragged lists and the like
-        raise ValueError(f"{name} must be a 1-D sequence of numbers ({exc})") from exc
+        raise ArgumentError(
+            f"{name} must be a 1-D sequence of numbers ({exc})", argument=name
+        ) from exc
     if arr.dtype == object:
         arr = _narrow_objects(arr, name)
     if arr.ndim != 1:
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must be 1-D (one value per sequence), got shape {arr.shape}; "
             "flatten it or pass one value per item"
-        )
+        , argument=name)
     if arr.dtype == object or arr.dtype.kind not in "iuf":
-        raise ValueError(f"{name} must hold numbers, got dtype {arr.dtype}")
+        raise ArgumentError(f"{name} must hold numbers, got dtype {arr.dtype}", argument=name)
     return arr
 
 
@@ -164,22 +199,24 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
     bad = ~np.isfinite(arr)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(
+        raise ArgumentError(
             f"{name}[{i}] = {float(arr[i])!r} is not finite; {name} must be finite numbers "
             "(check the cost model or the data for NaN/inf)"
-        )
+        , argument=name)
     neg = arr < 0
     if neg.any():
         i = int(np.flatnonzero(neg)[0])
-        raise ValueError(f"{name}[{i}] = {float(arr[i])!r} is negative; {name} must be >= 0")
+        raise ArgumentError(
+            f"{name}[{i}] = {float(arr[i])!r} is negative; {name} must be >= 0", argument=name
+        )
     with np.errstate(over="ignore"):
         total = float(arr.sum())
     if not np.isfinite(total):
         # Loads, bounds and step times are sums: they would be inf/nan, so refuse early.
-        raise ValueError(
+        raise ArgumentError(
             f"{name} sum to more than the largest float64 (~1.8e308); rescale them "
             "(only ratios matter for balancing), e.g. divide by their maximum"
-        )
+        , argument=name)
     return arr
 
 
@@ -231,21 +268,25 @@ def as_lengths(values: Any, name: str = "lengths") -> np.ndarray:
     if arr.dtype.kind == "f":
         i = first_not_whole(arr)
         if i is not None:
-            raise ValueError(f"{name}[{i}] = {arr[i].item()!r} is not a whole number of tokens")
+            raise ArgumentError(
+                f"{name}[{i}] = {arr[i].item()!r} is not a whole number of tokens", argument=name
+            )
     if arr.size:
         # float16 cannot hold 2**40: compare in float64 (numpy warned of an overflow).
         wide = arr.astype(np.float64) if arr.dtype.kind == "f" and arr.dtype.itemsize < 8 else arr
         big = wide >= MAX_LENGTH
         if big.any():
             i = int(np.flatnonzero(big)[0])
-            raise ValueError(
+            raise ArgumentError(
                 f"{name}[{i}] = {arr[i].item()!r} is too large for a token count "
                 f"(limit 2**40); check the units"
-            )
+            , argument=name)
     neg = arr < 0  # before the cast, which would wrap values below -2**63
     if neg.any():
         i = int(np.flatnonzero(neg)[0])
-        raise ValueError(f"{name}[{i}] = {int(arr[i].item())} is negative; {name} must be >= 0")
+        raise ArgumentError(
+            f"{name}[{i}] = {int(arr[i].item())} is negative; {name} must be >= 0", argument=name
+        )
     return arr.astype(np.int64)
 
 
@@ -307,9 +348,9 @@ def _as_int(value: Any, name: str, minimum: int) -> int:
     try:
         out = as_index(value)
     except TypeError:
-        raise ValueError(f"{name} must be {kind}, got {value!r}") from None
+        raise ArgumentError(f"{name} must be {kind}, got {value!r}", argument=name) from None
     if out < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {out}")
+        raise ArgumentError(f"{name} must be >= {minimum}, got {out}", argument=name)
     return int(out)
 
 
@@ -326,7 +367,7 @@ def check_nonnegative_int(value: Any, name: str) -> int:
 def check_bool(value: Any, name: str) -> bool:
     """Return ``value`` if it is a bool (numpy bools too), else raise a ValueError."""
     if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+        raise ArgumentError(f"{name} must be True or False, got {value!r}", argument=name)
     return bool(value)
 
 
@@ -337,28 +378,32 @@ def check_nonnegative_real(
     ``name`` (``why`` is appended to the range message). Bools and non-numbers are refused;
     a Python int beyond float range counts as infinite."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"{name} must be a real number >= 0, got {value!r}")
+        raise ArgumentError(f"{name} must be a real number >= 0, got {value!r}", argument=name)
     try:
         out = float(value)
     except OverflowError:
         out = math.inf
     if not math.isfinite(out) or out < 0 or (upper is not None and out > upper):
         rng = f"in [0, {upper:g}]" if upper is not None else "finite and >= 0"
-        raise ValueError(f"{name} = {value!r} is invalid; it must be {rng}{why}")
+        raise ArgumentError(f"{name} = {value!r} is invalid; it must be {rng}{why}", argument=name)
     return out
 
 
 def check_choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
     """Return ``value`` if it is one of ``choices``, else raise a ValueError listing them."""
     if value not in choices:
-        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+        raise ArgumentError(
+            f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}", argument=name
+        )
     return str(value)
 
 
 def check_text(value: Any, name: str) -> str:
     """Return ``value`` if it is a ``str``, else raise a ValueError naming ``name``."""
     if not isinstance(value, str):
-        raise ValueError(f"{name} must be a string, got {value!r} ({type(value).__name__})")
+        raise ArgumentError(
+            f"{name} must be a string, got {value!r} ({type(value).__name__})", argument=name
+        )
     return value
 
 
@@ -368,16 +413,16 @@ def check_notes(value: Any, name: str = "notes") -> tuple[str, ...]:
     A bare string is refused too: it would otherwise become one note per character.
     """
     if not isinstance(value, (list, tuple)):
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must be a list of strings (one per note; [] for none), got {value!r} "
             f"({type(value).__name__})"
-        )
+        , argument=name)
     for i, note in enumerate(value):
         if not isinstance(note, str):
-            raise ValueError(
+            raise ArgumentError(
                 f"{name}[{i}] must be a string, got {note!r} ({type(note).__name__}); "
                 f"{name} is a list of strings"
-            )
+            , argument=name)
     return tuple(value)
 
 
@@ -393,25 +438,29 @@ def group_ids(groups: Any, name: str = "groups") -> np.ndarray:
         If the ids are not 1-D, mix strings and numbers, or are of another type.
     """
     if isinstance(groups, (str, bytes)):
-        raise ValueError(f"{name} must be one id per item, got a string {groups!r}")
+        raise ArgumentError(
+            f"{name} must be one id per item, got a string {groups!r}", argument=name
+        )
     if isinstance(groups, np.ndarray) and groups.dtype == object and groups.ndim == 1:
         groups = groups.tolist()  # e.g. string uids in an object array: checked as a list
     if isinstance(groups, (list, tuple)) and groups:
         kinds = {isinstance(g, str) for g in groups}
         if len(kinds) > 1:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name} mixes strings and numbers; use one kind of id so that 1 and '1' "
                 "cannot be confused"
-            )
+            , argument=name)
     arr = np.asarray(to_numpy(groups, name))
     if arr.dtype == object:
         arr = _narrow_objects(arr, name)
     if arr.dtype == object or arr.dtype.kind not in "biufUS":
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must hold numbers or strings (one kind), got dtype {arr.dtype}"
-        )
+        , argument=name)
     if arr.ndim != 1:
-        raise ValueError(f"{name} must be 1-D (one group id per item), got shape {arr.shape}")
+        raise ArgumentError(
+            f"{name} must be 1-D (one group id per item), got shape {arr.shape}", argument=name
+        )
     return arr
 
 
@@ -428,13 +477,15 @@ def as_groups(groups: Any, n: int, name: str = "groups") -> np.ndarray:
     """
     arr = group_ids(groups, name)
     if arr.shape[0] != n:
-        raise ValueError(
+        raise ArgumentError(
             f"{name} has {arr.shape[0]} entries but there are {n} items; "
             "pass exactly one group id per item"
-        )
+        , argument=name)
     if arr.dtype.kind == "f" and not np.isfinite(arr).all():
         i = int(np.flatnonzero(~np.isfinite(arr))[0])
-        raise ValueError(f"{name}[{i}] = {arr[i].item()!r} is not a valid group id")
+        raise ArgumentError(
+            f"{name}[{i}] = {arr[i].item()!r} is not a valid group id", argument=name
+        )
     if n == 0:
         return np.zeros(0, dtype=np.int64)
     _, first, inverse = np.unique(arr, return_index=True, return_inverse=True)
@@ -462,10 +513,10 @@ def check_max_tokens(value: Any, name: str = "max_tokens") -> int:
     """Return ``value`` as a positive ``int`` below ``2**62``, or raise a ValueError."""
     out = _as_int(value, name, 1)
     if out >= MAX_TOKENS:
-        raise ValueError(
+        raise ArgumentError(
             f"{name}={out} is beyond any real token capacity (it must be below 2**62); "
             "pass the capacity of one micro-batch in tokens"
-        )
+        , argument=name)
     return out
 
 
@@ -478,10 +529,10 @@ def check_degree(value: Any, name: str, limit: int = MAX_PARALLEL_DEGREE) -> int
     """Return ``value`` as an int in ``1..limit``, or raise a ValueError naming ``name``."""
     out = _as_int(value, name, 1)
     if out > limit:
-        raise ValueError(
+        raise ArgumentError(
             f"{name}={out} is beyond any real parallel layout (at most {limit}); pass the "
             "number of GPUs (or model chunks) it really has"
-        )
+        , argument=name)
     return out
 
 
@@ -515,10 +566,10 @@ def check_size_limit(
     if value > n + limit:
         power = f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
         fix = fix or f"pass {name} near the real number (at most {n + limit} here)"
-        raise ValueError(
+        raise ArgumentError(
             f"{name}={value} asks for {value} {unit} for {n} items, so at least "
             f"{value - n} would stay empty (limit: n + {power}); {fix}"
-        )
+        , argument=name)
     return value
 
 

@@ -165,8 +165,8 @@ def check_outputs(args: argparse.Namespace) -> None:
         check_plot_path(args.plot)
 
 
-def _ranks(k: int) -> str:
-    return "rank" if k == 1 else "ranks"
+def _ranks(k: int, unit: str = "rank") -> str:
+    return unit if k == 1 else f"{unit}s"
 
 
 def _round_up(x: int, k: int) -> int:
@@ -184,11 +184,12 @@ def check_sizes(
     size: str = "free",
     allow_empty: bool = False,
     cap_flag: str = "--max-tokens",
+    unit: str = "rank",
 ) -> None:
     """Refuse sizes no plan can meet, or plans too large to build, with the flags to change.
 
     ``cap_flag`` names what set ``max_tokens`` (``--sp-size x --max-tokens`` for a
-    Ulysses group).
+    Ulysses group); ``unit`` what ``--dp`` counts (``"replica"`` under static CP).
 
     Every plan needs at least ``m`` micro-batches per rank, ``m`` being the capacity
     minimum ``ceil(total tokens / (dp * max_tokens))`` raised to ``min_micro_batches`` and
@@ -216,7 +217,7 @@ def check_sizes(
             raise UserError(
                 f"--dp {dp} x {m} micro-batches = {dp * m:,} micro-batches for {n:,} sequences: "
                 f"with --allow-empty the plan would hold {dp * m - n:,} empty ones (hundreds of "
-                f"bytes each). Use at most {max(1, limit // m):,} ranks"
+                f"bytes each). Use at most {max(1, limit // m):,} {unit}s"
                 + (", or lower --min-micro-batches / --micro-batch-multiple" if m > m_cap else "")
             )
         return
@@ -226,15 +227,16 @@ def check_sizes(
         units = int(np.unique(groups).shape[0])
         if units < dp:
             raise UserError(
-                f"{units} groups for {dp} ranks: a group stays on one rank, so {dp - units} "
-                f"{_ranks(dp - units)} would get no sequence. Use --dp {units} or fewer, or "
-                "pass --allow-empty to let those ranks run empty (marked) micro-batches"
+                f"{units} groups for {dp} {unit}s: a group stays on one {unit}, so "
+                f"{dp - units} {_ranks(dp - units, unit)} would get no sequence. Use --dp "
+                f"{units} or fewer, or pass --allow-empty to let those {unit}s run empty "
+                "(marked) micro-batches"
             )
     elif n < dp:
         raise UserError(
-            f"{n} sequences for {dp} ranks: {dp - n} {_ranks(dp - n)} would get no sequence. Use "
-            f"--dp {n} or fewer, or pass --allow-empty to let those ranks run empty "
-            "(marked) micro-batches"
+            f"{n} sequences for {dp} {unit}s: {dp - n} {_ranks(dp - n, unit)} would get no "
+            f"sequence. Use --dp {n} or fewer, or pass --allow-empty to let those {unit}s run "
+            "empty (marked) micro-batches"
         )
     if size == "equal" and groups is None and n % dp:
         raise UserError(
@@ -252,8 +254,8 @@ def check_sizes(
             fixes.append("lower --micro-batch-multiple")
         if m == m_cap:
             fixes.append("raise --max-tokens")
-        fixes += ["use fewer ranks (--dp)", "pass --allow-empty"]
+        fixes += [f"use fewer {unit}s (--dp)", "pass --allow-empty"]
         raise UserError(
-            f"{n} sequences cannot fill {dp} ranks x {m} micro-batches ({'; '.join(why)}): "
+            f"{n} sequences cannot fill {dp} {unit}s x {m} micro-batches ({'; '.join(why)}): "
             f"every micro-batch needs at least one sequence. To fix: {', '.join(fixes)}"
         )

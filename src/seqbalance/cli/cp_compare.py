@@ -27,9 +27,9 @@ import numpy as np
 
 from .. import workloads
 from ..partitioning.stats import relative_gap
-from ..planning.context_parallel import plan_cp
 from ..planning.cp_baselines import CP_BASELINES
 from ..planning.cp_plans import CP_MODES, CPPlan
+from ..planning.planner import plan_cp
 
 __all__ = ["CP_DEMO_SETUPS", "add_arguments", "cp_cost_of", "run"]
 
@@ -228,7 +228,7 @@ def _compare_pipelined(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str
     from ..planning.cp_baselines import verl_static_cp
     from ..planning.cp_pipeline import as_pipeline
     from ..planning.planner import plan
-    from .commands import _pp_kwargs
+    from ._common import _pp_kwargs
 
     kw = _shared_kwargs(args, cost, bandwidth)
     # the plan `seqbalance plan` makes (plan() also searches pipeline counts)
@@ -263,7 +263,7 @@ def _compare_pipelined(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str
 
 
 def _print_pipelined(rows: list[dict[str, Any]], unit: str, out: TextIO) -> None:
-    from .commands import _si, _table
+    from ._common import _si, _table
 
     headers = ["strategy", "step time", "vs static", "gap", "bubble", "slots", "over cap",
                "empty"]  # fmt: skip
@@ -284,7 +284,7 @@ def _print_pipelined(rows: list[dict[str, Any]], unit: str, out: TextIO) -> None
 
 
 def _print(rows: list[dict[str, Any]], unit: str, out: TextIO) -> None:
-    from .commands import _si, _table
+    from ._common import _si, _table
 
     headers = [
         "strategy",
@@ -317,7 +317,7 @@ def _print(rows: list[dict[str, Any]], unit: str, out: TextIO) -> None:
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
     """``compare`` with ``--cp-size > 1`` (module docstring)."""
-    from .commands import UserError, _demo_cost, _load_cost, _pp_kwargs, _read_inputs
+    from ._common import UserError, _demo_cost, _load_cost, _pp_kwargs, _read_inputs
     from .ulysses_options import group_capacity, wrap_cost
 
     # The CP baselines compared here do not honour these (--padded is refused before):

@@ -206,7 +206,7 @@ def run(args: argparse.Namespace) -> int:
             _row(f"held-out start: {_label(old)}", held_before),
             _row("held-out refit", held_after),
         ]  # fmt: skip
-    from .commands import _table
+    from ._common import _table
 
     print(file=err)
     _table(["cost", "model error", "p90", "imbalance", "step time"], rows, err)

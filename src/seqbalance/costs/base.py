@@ -23,15 +23,15 @@ import abc
 import json
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from .._validate import as_lengths, check_nonnegative_real
-from .phases import BACKWARD_ATTENTION, BACKWARD_MATMUL, check_ratio
+from ._ratios import BACKWARD_ATTENTION, BACKWARD_MATMUL, check_ratio
 from .report import COEFFICIENTS, FitReport
 
-__all__ = ["CostModel", "QuadraticCost", "TokenCost"]
+__all__ = ["CostModel", "QuadraticCost", "TokenCost", "cost_from_dict"]
 
 
 def finite_costs(costs: np.ndarray, lengths: np.ndarray, model: Any) -> np.ndarray:
@@ -259,3 +259,41 @@ class QuadraticCost(CostModel):
         )
 
     __hash__ = None  # type: ignore[assignment]  # mutable meta: not hashable
+
+
+#: ``"kind"`` of a cost document -> the function rebuilding it. Each module that defines a
+#: cost model adds its own (the package imports them all), so a cost that wraps another
+#: (:class:`~seqbalance.costs.UlyssesCost`, ``ContextParallelCost``) rebuilds it from here
+#: without importing the loader above it.
+def _token_cost(data: Mapping[str, Any]) -> CostModel:
+    check_keys(data, ("kind",), "a token cost")
+    return TokenCost()
+
+
+FROM_DICT: dict[str, Callable[[Mapping[str, Any]], CostModel]] = {
+    "tokens": _token_cost,
+    "quadratic": QuadraticCost.from_dict,
+}
+
+
+def cost_from_dict(data: Mapping[str, Any]) -> CostModel:
+    """Rebuild a cost model from its ``to_dict()`` (dispatching on ``"kind"``).
+
+    Examples
+    --------
+    >>> cost_from_dict({"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.5})
+    QuadraticCost(per_microbatch=0, per_sequence=0, per_token=1, per_token_sq=0.5)
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(
+            "a cost JSON must be an object with a 'kind' ('tokens', 'quadratic', 'flops' or "
+            "'ulysses'), "
+            f"got {type(data).__name__}"
+        )
+    kind = data.get("kind")
+    if isinstance(kind, str) and kind in FROM_DICT:
+        return FROM_DICT[kind](data)
+    raise ValueError(
+        f"cost kind {kind!r} is unknown; a cost JSON has kind 'tokens', 'quadratic', 'flops' "
+        "or 'ulysses'"
+    )

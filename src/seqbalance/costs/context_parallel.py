@@ -68,8 +68,8 @@ from .._validate import (
     check_nonnegative_int,
     check_nonnegative_real,
 )
-from .base import CostModel, check_keys
-from .phases import BACKWARD_ATTENTION, BACKWARD_MATMUL, check_ratio
+from ._ratios import BACKWARD_ATTENTION, BACKWARD_MATMUL, check_ratio
+from .base import CostModel, check_keys, cost_from_dict
 
 __all__ = [
     "FLOPS_PER_SECOND",
@@ -495,8 +495,6 @@ class ContextParallelCost:
         ValueError
             ``data`` is not a dict with a ``"cost"``, or a parameter is invalid.
         """
-        from .load import cost_from_dict
-
         if not isinstance(data, Mapping) or "cost" not in data:
             got = f"keys {sorted(data)}" if isinstance(data, Mapping) else type(data).__name__
             raise ValueError(

@@ -56,7 +56,7 @@ from .architecture import (
     read_config,
     text_model_config,
 )
-from .base import CostModel, check_keys, finite_costs
+from .base import FROM_DICT, CostModel, check_keys, finite_costs
 
 __all__ = ["SHIPPED", "FlopsCost", "shipped_config"]
 
@@ -277,3 +277,6 @@ class FlopsCost(CostModel):
             f"FlopsCost({label}per_token={self.per_token:.6g}, "
             f"per_token_sq={self.per_token_sq:.6g}, recompute={self.recompute})"
         )
+
+
+FROM_DICT["flops"] = lambda data: FlopsCost.from_dict(dict(data))

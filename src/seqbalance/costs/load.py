@@ -8,42 +8,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .base import CostModel, QuadraticCost, TokenCost, check_keys
+from .base import CostModel, TokenCost, cost_from_dict
 from .flops import SHIPPED, FlopsCost
 
 __all__ = ["cost_from_dict", "load_cost"]
-
-
-def cost_from_dict(data: Mapping[str, Any]) -> CostModel:
-    """Rebuild a cost model from its ``to_dict()`` (dispatching on ``"kind"``).
-
-    Examples
-    --------
-    >>> cost_from_dict({"kind": "quadratic", "per_token": 1.0, "per_token_sq": 0.5})
-    QuadraticCost(per_microbatch=0, per_sequence=0, per_token=1, per_token_sq=0.5)
-    """
-    if not isinstance(data, Mapping):
-        raise ValueError(
-            "a cost JSON must be an object with a 'kind' ('tokens', 'quadratic', 'flops' or "
-            "'ulysses'), "
-            f"got {type(data).__name__}"
-        )
-    kind = data.get("kind")
-    if kind == "tokens":
-        check_keys(data, ("kind",), "a token cost")
-        return TokenCost()
-    if kind == "quadratic":
-        return QuadraticCost.from_dict(data)
-    if kind == "flops":
-        return FlopsCost.from_dict(dict(data))
-    if kind == "ulysses":
-        from .ulysses import UlyssesCost
-
-        return UlyssesCost.from_dict(data)
-    raise ValueError(
-        f"cost kind {kind!r} is unknown; a cost JSON has kind 'tokens', 'quadratic', 'flops' "
-        "or 'ulysses'"
-    )
 
 
 def _from_mapping(data: Mapping[str, Any]) -> CostModel:

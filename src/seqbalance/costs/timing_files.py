@@ -35,13 +35,16 @@ import tempfile
 import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .._validate import check_choice, check_positive_int
+from ._timing import SYNC_MODELS, Timing, _checked_timing, _nonneg_int, _resolve_cost
 from .base import TokenCost
 from .context_parallel import ContextParallelCost
-from .feedback import SYNC_MODELS, Timing, TimingRecorder, _checked_timing, _nonneg_int
 from .load import cost_from_dict
+
+if TYPE_CHECKING:  # the recorder builds on this module; these only name its type
+    from .feedback import TimingRecorder
 
 __all__ = [
     "FORMAT",
@@ -378,7 +381,7 @@ def load_timings(
     cost: Any = None,
     sync: str | None = None,
     window: int | None = None,
-    recorder_type: type[TimingRecorder] = TimingRecorder,
+    recorder_type: type[TimingRecorder],
 ) -> TimingRecorder:
     """A :class:`TimingRecorder` holding the records of one or more timing files.
 
@@ -399,8 +402,9 @@ def load_timings(
         Steps kept. Default: the largest of the headers' windows, raised to the number
         of steps in the files, so that loading drops nothing (a smaller ``window`` drops
         the oldest steps, after every record was checked).
-    recorder_type : type, optional
-        The class to build (:meth:`TimingRecorder.load` passes its own).
+    recorder_type : type
+        The class to build: :class:`TimingRecorder` or a subclass
+        (:meth:`TimingRecorder.load`, which callers use, passes its own).
 
     Raises
     ------
@@ -582,8 +586,6 @@ def with_link(cost: Any, link: Mapping[str, Any]) -> ContextParallelCost:
         When ``cost``'s units per second are unknown (e.g. a token cost other than the
         one saved): pass a :class:`ContextParallelCost` instead.
     """
-    from .feedback import _resolve_cost
-
     model = _resolve_cost(cost)
     same = model.to_dict() == link.get("saved_cost")
     params = {k: link[k] for k in ("bandwidth", "overlap", "kv_bytes_per_token", "comm_passes")

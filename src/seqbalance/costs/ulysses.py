@@ -54,7 +54,7 @@ from typing import Any
 import numpy as np
 
 from .._validate import as_lengths, check_nonnegative_real, check_positive_int
-from .base import CostModel, check_keys, finite_costs
+from .base import FROM_DICT, CostModel, check_keys, cost_from_dict, finite_costs
 
 __all__ = ["UlyssesCost", "ulysses_bytes_per_token", "ulysses_sp_size"]
 
@@ -251,8 +251,6 @@ class UlyssesCost(CostModel):
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> UlyssesCost:
         """Inverse of :meth:`to_dict`."""
-        from .load import cost_from_dict
-
         if not isinstance(data, Mapping) or "cost" not in data or "sp_size" not in data:
             got = f"keys {sorted(data)}" if isinstance(data, Mapping) else type(data).__name__
             raise ValueError(
@@ -282,3 +280,6 @@ class UlyssesCost(CostModel):
             f"cost_per_second={self.cost_per_second:g}, "
             f"bytes_per_token={self.bytes_per_token:g})"
         )
+
+
+FROM_DICT["ulysses"] = UlyssesCost.from_dict

@@ -2,7 +2,9 @@
 
 ``partition`` is the entry point; it returns a :class:`Partition`, which *is* the list of
 ``k`` ascending index lists and also carries the evidence (part loads, a proven lower
-bound, the gap to it). :func:`lower_bound` and :func:`balance_stats` are re-exported here.
+bound, the gap to it). The bound of validated units (:func:`bound_of_units`, whose term 4
+partitions the heaviest units with :func:`partition_arrays`) lives here too;
+:func:`seqbalance.partitioning.bounds.lower_bound` checks its arguments and calls it.
 """
 
 from __future__ import annotations
@@ -20,7 +22,14 @@ from .._validate import (
     check_positive_int,
     check_size_limit,
 )
-from ._exact import EXACT_MAX_NODES, EXACT_MAX_UNITS, exact_budget, exact_labels, exactness
+from ._exact import (
+    EXACT_MAX_NODES,
+    EXACT_MAX_UNITS,
+    REL_TOL,
+    exact_budget,
+    exact_labels,
+    exactness,
+)
 from ._greedy import folded_labels, lpt_labels
 from ._heaviest import (
     HEAVIEST_DEEP_WORK,
@@ -33,14 +42,13 @@ from ._heaviest import (
     heaviest_part_labels,
 )
 from ._kk import kk_free_labels, kk_labels
+from ._loads import relative_gap, stats_from_loads
 from ._refine import PAIR_MAX_COUNT, STEEPEST_MAX_UNITS, pair_rounds, refine_labels, steepest_swaps
-from ._rules import SIZES, check_size
+from ._rules import SIZES, check_size, min_count
 from ._two_way import TWO_WAY_MAX_UNITS, two_way_labels
-from .bounds import bound_of_units, lower_bound
-from .searches import FAST_TWO_WAY_MAX_UNITS, exact_searches_enabled
-from .stats import balance_stats, relative_gap, stats_from_loads
+from .searches import FAST_TWO_WAY_MAX_UNITS, exact_searches, exact_searches_enabled
 
-__all__ = ["METHODS", "Partition", "balance_stats", "lower_bound", "partition"]
+__all__ = ["HEAVIEST_UNITS", "METHODS", "Partition", "bound_of_units", "partition"]
 
 METHODS: tuple[str, ...] = ("auto", "kk", "greedy")
 
@@ -285,7 +293,7 @@ def partition_arrays(
     then any partition within ``fit``, not the lightest found, or one above it.
     ``fold``: allow the folded start (see :data:`FOLD_MAX_PARTS`); :func:`partition`
     does, the planner does not. ``heaviest``: the bound includes its heaviest-units term
-    (:func:`.bounds.bound_of_units`; False inside that term's own search).
+    (:func:`bound_of_units`; False inside that term's own search).
     ``kk_start``: ``labels_of(units, k)``, used by ``"auto"`` in place of its differencing
     start (not by the folded start, which is kept only at the bound). ``"auto"`` keeps the
     lightest of its refined starts and refinement never makes a start heavier, so the
@@ -522,3 +530,122 @@ def _lighter(
     """``(heaviest part, labels, name)`` of ``labels`` if strictly lighter than ``best``."""
     top = float(np.bincount(labels, weights=units, minlength=k).max())
     return (top, labels, name) if top < best[0] else best
+
+
+# ---- the lower bound of validated units -----------------------------------------------
+
+_EPS = float(np.finfo(np.float64).eps)
+
+#: Term 4 of :func:`lower_bound` looks at the optima of at most this many heaviest units.
+HEAVIEST_UNITS = 12
+
+
+def bound_of_units(
+    w: np.ndarray, k: int, size: str, items: np.ndarray | None = None, *,
+    heaviest: bool = True,
+) -> float:
+    """The bound of :func:`~seqbalance.partitioning.bounds.lower_bound` for validated unit
+    weights ``w`` (no checks).
+
+    ``items``: the item weights the units were summed from (groups), if any. Exactness is
+    decided on them: a group's float sum may already be rounded, and a rounded unit looks
+    as exact as any other float, while the parts' loads are summed item by item.
+    ``heaviest``: include term 4 (False inside its own search, which would recurse).
+    """
+    m = int(w.shape[0])
+    if m == 0:
+        return 0.0
+    s = np.sort(w)[::-1]  # descending
+    c = min_count(m, k, size)
+    total = float(s.sum())
+    unit = _exact_unit(s, total) if items is None else _exact_unit(items, float(items.sum()))
+    # Rounding: each unit sum (groups: each group's sum of items too) loses at most one
+    # eps * total per addition, so the allowance counts items, not only units.
+    adds = m if items is None else max(m, int(items.shape[0]))
+    slack = 0.0 if unit is not None else 2.0 * (adds + 1) * _EPS * total
+    # desc[i] = s[0] + ... + s[i-1]; asc[i] = the i lightest units.
+    desc = np.concatenate(([0.0], np.cumsum(s)))
+    asc = np.concatenate(([0.0], np.cumsum(s[::-1])))
+    j = np.arange((m - 1) // k + 1)
+    top = desc[j * k + 1] - desc[j * k - j]
+    extra = asc[np.maximum(c - j - 1, 0)]
+    terms = [total / k, float(np.max(top + extra))]
+    r = m % k
+    if size == "balanced" and r:
+        terms.append(float(asc[r * (c + 1)]) / r)
+    best = max(terms) - slack
+    if unit is not None:
+        # Every part's load is a multiple of the unit, so the bound rounds up to one.
+        best = float(np.ceil(best / unit) * unit)
+    # The largest unit is a bound as is, unless it is a rounded group sum.
+    largest = float(s[0]) if items is None or unit is not None else float(s[0]) - slack
+    best = float(max(best, largest, 0.0))
+    if heaviest:
+        best = _heaviest_units_term(s, k, best, unit, slack)
+    return best
+
+
+def _heaviest_units_term(
+    s: np.ndarray, k: int, best: float, unit: float | None, slack: float
+) -> float:
+    """``best`` raised to the proven optimum of the heaviest units alone (term 4 of
+    :func:`~seqbalance.partitioning.bounds.lower_bound`); ``s``: the unit weights, descending.
+
+    Both the optimum of the ``t`` heaviest units and longest-first's result on them (an
+    upper bound on it) only grow with ``t``: longest-first adds each further unit to a
+    part. So when longest-first on the ``t_max = min(m, HEAVIEST_UNITS)`` heaviest does not
+    exceed ``best``, no ``t`` helps; otherwise ``t_max`` is searched (``partition``
+    "auto", free), and fewer units only while a search leaves its optimum unproven. The
+    searches prove optima exactly on integers; on other weights only to within their
+    tolerance (``REL_TOL``), so there the optimum is lowered by that and by the rounding
+    allowance ``slack``, then rounded up to ``unit`` (every part's load is a multiple).
+    """
+    t_max = min(int(s.shape[0]), HEAVIEST_UNITS)
+    if k == 1 or t_max <= k:
+        return best  # one part: the total (term 1) is the optimum already
+    # Longest first: the k heaviest open the parts, each further unit to the lightest.
+    loads = s[:k].tolist()
+    lpt = {}
+    for t in range(k + 1, t_max + 1):
+        j = loads.index(min(loads))
+        loads[j] += float(s[t - 1])
+        lpt[t] = max(loads)
+    for t in range(t_max, k, -1):
+        if lpt[t] <= best:
+            break  # the optimum of these t units (and of fewer) is no heavier
+        # At most 12 units: the searches settle them in milliseconds, so the bound is the
+        # same whether or not the caller switched them off (searches.exact_searches).
+        with exact_searches(True):
+            got = partition_arrays(s[:t], k, "free", "auto", None, heaviest=False)
+        if got.optimal:
+            top = got.max_load
+            if not exactness(s[:t])[0]:
+                top = top * (1.0 - 4 * REL_TOL) - slack
+                if unit is not None:
+                    top = float(np.ceil(top / unit) * unit)
+            return max(best, top)
+    return best
+
+
+def _exact_unit(w: np.ndarray, total: float) -> float | None:
+    """A power of two ``u <= 1`` such that every weight, and so every sum of weights, is
+    an exact multiple of ``u`` in float64; None where sums may round.
+
+    Every weight is ``M * 2**e`` with an integer ``M``; if all are multiples of the
+    smallest such unit ``2**p`` and the total is below ``2**53`` units, every sum is an
+    integer number of units below ``2**53``, hence exact. (A rounded quotient such as
+    ``total / k`` then never exceeds the smallest multiple of the unit above the true
+    quotient, which no part can undercut, so the bound needs no allowance.) The unit is
+    capped at 1, so integer weights round bounds to integers, no coarser.
+    """
+    nz = w[w > 0]
+    if nz.size == 0:
+        return 1.0
+    frac, exp = np.frexp(nz)  # nz = frac * 2**exp, 0.5 <= frac < 1
+    mant = (frac * 2.0**53).astype(np.int64)  # exact: 53-bit integer mantissas
+    low_bit = mant & -mant  # value of the lowest set bit
+    unit_exp = int(np.min(exp - 53 + np.log2(low_bit.astype(np.float64)).astype(np.int64)))
+    with np.errstate(over="ignore"):  # inf units: not exact
+        if not np.ldexp(total, -unit_exp) < 2.0**53:
+            return None
+    return float(np.ldexp(1.0, min(unit_exp, 0)))

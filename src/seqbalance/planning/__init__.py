@@ -4,7 +4,9 @@ Combines a cost model (:mod:`seqbalance.costs`) with the partitioner
 (:mod:`seqbalance.partitioning`) under a token capacity per micro-batch, equal micro-batch
 counts on every rank, count multiples and the sync model.
 
-- :mod:`.planner`: :func:`plan`.
+- :mod:`.planner`: :func:`plan` (and ``plan_cp``, for a mesh with context parallelism).
+- :mod:`.request`: the request as checked values: :class:`Mesh`, :class:`Capacity`,
+  :class:`MicroBatching`, :class:`RankRules`, and :class:`PlanSpec` holding them.
 - :mod:`.plans`: :class:`Plan` (reorder and restore data, JSON, stats, violations).
 - :mod:`.simulation`: :func:`simulate` and the one step-time lower bound.
 - :mod:`.baselines`: the strategies other frameworks use, for comparison.
@@ -25,12 +27,18 @@ from .baselines import BASELINES
 from .cp_plans import CPPlan
 from .planner import plan
 from .plans import Plan
+from .request import Capacity, Mesh, MicroBatching, PlanSpec, RankRules
 from .simulation import Simulation, simulate, step_time_lower_bound
 
 __all__ = [
     "BASELINES",
     "CPPlan",
+    "Capacity",
+    "Mesh",
+    "MicroBatching",
     "Plan",
+    "PlanSpec",
+    "RankRules",
     "Simulation",
     "inverse_permutation",
     "plan",

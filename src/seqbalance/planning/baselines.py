@@ -36,9 +36,8 @@ The last three are written from the frameworks' code (:mod:`._pipelines`, which 
 files), tie breaking included; ``bench/pipelines_check.py`` compares them with the real
 functions where those import.
 
-The context-parallel baselines ``static-cp`` and ``megatron-cp`` (:data:`CP_BASELINES`,
-:func:`static_cp`, :func:`megatron_cp`) take a ``cp_size`` and return CP plans; they live
-in :mod:`seqbalance.planning.cp_baselines` and are re-exported here.
+The context-parallel baselines ``static-cp`` and ``megatron-cp`` take a ``cp_size`` and
+return CP plans: :mod:`seqbalance.planning.cp_baselines` (which builds on this module).
 
 Ranks that end with fewer micro-batches than the busiest rank split their fullest
 micro-batches until the counts match (what a trainer must do to avoid hung collectives);
@@ -60,7 +59,6 @@ from .._validate import as_lengths, check_choice, check_max_tokens, check_positi
 from ._costing import sequence_costs
 from ._packing import first_fit_opening
 from ._pipelines import areal_pipeline, slime_flops_pipeline, verl_pipeline
-from .cp_baselines import CP_BASELINES, megatron_cp, static_cp
 from .pipeline_orders import ORDERS as PIPELINE_ORDERS
 from .pipeline_plans import reorder
 from .plans import Plan
@@ -68,15 +66,12 @@ from .simulation import SYNC_MODELS
 
 __all__ = [
     "BASELINES",
-    "CP_BASELINES",
     "PIPELINE_ORDERS",
     "areal",
     "cost_kk_uncapped",
-    "megatron_cp",
     "reorder",
     "sequential",
     "slime_flops",
-    "static_cp",
     "token_ffd",
     "token_kk",
     "verl",

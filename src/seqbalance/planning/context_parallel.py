@@ -1,11 +1,11 @@
 """Context-parallel planning: sequences -> CP groups of GPUs x micro-batch slots.
 
-:func:`plan` calls :func:`plan_cp` when ``cp_size > 1``. The mesh has ``world = dp_size *
-cp_size`` GPUs and ``max_tokens`` is per GPU. A sequence with CP degree ``d`` runs on ``d``
-GPUs of one slot in the load-balanced layout (see :mod:`seqbalance.costs.context_parallel`);
-CP groups are aligned blocks of ``d`` GPUs (GPUs ``k*d .. k*d + d - 1``), so a group never
-crosses a data-parallel replica's ``cp_size`` GPUs and the mesh's own process groups can
-serve it.
+:func:`seqbalance.plan` calls :func:`plan_cp_spec` when ``cp_size > 1``. The mesh has
+``world = dp_size * cp_size`` GPUs and ``max_tokens`` is per GPU. A sequence with CP
+degree ``d`` runs on ``d`` GPUs of one slot in the load-balanced layout (see
+:mod:`seqbalance.costs.context_parallel`); CP groups are aligned blocks of ``d`` GPUs
+(GPUs ``k*d .. k*d + d - 1``), so a group never crosses a data-parallel replica's
+``cp_size`` GPUs and the mesh's own process groups can serve it.
 
 ``cp="static"``
     Every sequence is split over its replica's ``cp_size`` GPUs (the usual setting). The
@@ -43,7 +43,7 @@ from __future__ import annotations
 import heapq
 import math
 import re
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -59,6 +59,7 @@ from .._validate import (
 from ..costs.context_parallel import ContextParallelCost, balanced_layout
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
+from ._megatron import megatron_cp_plan, megatron_degrees
 from ._slots import fill_slack
 from .cp_pipeline import CPPipelineSetup, order_slots, pipeline_note, simulate_cp_pipeline
 from .cp_plans import (
@@ -73,7 +74,7 @@ from .cp_plans import (
 from .limits import EXACT_NODES_PER_REQUEST, check_counts, check_mesh, check_slots
 from .simulation import SYNC_MODELS
 
-__all__ = ["cost_without_cp", "make_cp_cost", "plan_cp"]
+__all__ = ["cost_without_cp", "make_cp_cost", "plan_cp_spec"]
 
 
 def make_cp_cost(cost: Any, cp_cost: Any) -> ContextParallelCost:
@@ -134,7 +135,7 @@ def _round_up(x: int, k: int) -> int:
 
 
 class _Request:
-    """The validated arguments of :func:`plan_cp`."""
+    """The validated arguments of :func:`plan_cp_spec`."""
 
     def __init__(
         self,
@@ -150,6 +151,7 @@ class _Request:
         baselines: bool = True,
         rules: dict[str, Any] | None = None,
         pp: tuple[CPPipelineSetup, dict[str, Any]] | None = None,
+        replicas: Callable[..., Any] | None = None,
     ) -> None:
         self.lens, self.dp, self.cp_size, self.cap = lens, dp, cp_size, cap
         # static CP in pipeline stages: the layout (None: no pipeline) and plan()'s keywords
@@ -159,6 +161,9 @@ class _Request:
         self.allow_empty, self.baselines = allow_empty, baselines
         # plan()'s rules for the replicas of static CP (a replica is a rank there)
         self.rules: dict[str, Any] = dict(rules or {})
+        # the planner of static CP's replicas (plan() without its pipeline count search),
+        # handed down by the entry point: that planner sits above this module
+        self.replicas = replicas
         self.world = dp * cp_size
         self.n = int(lens.shape[0])
         self.tables = degree_tables(lens, cpc, cp_size)
@@ -199,7 +204,7 @@ REPLICA_RULES: dict[str, Any] = {
 
 
 def _check_rules(rules: dict[str, Any], cp: str) -> dict[str, Any]:
-    """The rules away from their defaults; refused under dynamic CP."""
+    """The rules away from their defaults (under dynamic CP, PlanSpec refuses them)."""
     from ._ordering import ORDERS, OVERSIZED
 
     check_choice(rules["size"], "size", SIZES)
@@ -209,25 +214,16 @@ def _check_rules(rules: dict[str, Any], cp: str) -> dict[str, Any]:
     check_nonnegative_int(rules["extra_micro_batches"], "extra_micro_batches")
     if rules["sequences_per_micro_batch"] is not None:
         check_positive_int(rules["sequences_per_micro_batch"], "sequences_per_micro_batch")
-    given = {
+    return {
         k: v
         for k, v in rules.items()
         if ((v is not None) if REPLICA_RULES[k] is None else (v != REPLICA_RULES[k]))
     }
-    if given and cp == "dynamic":
-        k = next(iter(given))
-        value = "an array" if k == "groups" else repr(given[k])
-        raise ValueError(
-            f"{k}={value} needs cp='static' with cp_size > 1: dynamic CP shares one pool of "
-            "GPUs between replicas, so rules on replicas and their micro-batches do not "
-            f"apply; pass cp='static', or leave {k} at {REPLICA_RULES[k]!r}"
-        )
-    return given
 
 
 def _check_pipeline(lens: np.ndarray, cp: str, pipeline: dict[str, Any] | None) -> Any:
-    """``(CPPipelineSetup, plan()'s keywords)`` for ``pp_size > 1``, else None; refused under
-    dynamic CP."""
+    """``(CPPipelineSetup, plan()'s keywords)`` for ``pp_size > 1``, else None (under
+    dynamic CP, :class:`~seqbalance.planning.request.Mesh` refuses a pipeline)."""
     from .pipeline_plans import pipeline_setup
 
     kw = {"pp_size": 1, "schedule": "1f1b", "virtual_stages": 1, "pp_comm": 0.0,
@@ -237,12 +233,6 @@ def _check_pipeline(lens: np.ndarray, cp: str, pipeline: dict[str, Any] | None) 
                            kw["pp_comm"])  # fmt: skip
     if setup is None:
         return None
-    if cp == "dynamic":
-        raise ValueError(
-            f"pp_size={kw['pp_size']} needs cp='static' with cp_size > 1: a pipeline stage's "
-            "GPUs must run the same slots, and dynamic CP gives them different ones; pass "
-            "cp='static', or pp_size=1"
-        )
     return CPPipelineSetup(setup.spec, setup.comm_per_token), kw
 
 
@@ -261,6 +251,7 @@ def _validate(
     baselines: bool = True,
     rules: dict[str, Any] | None = None,
     pipeline: dict[str, Any] | None = None,
+    replicas: Callable[..., Any] | None = None,
 ) -> _Request:
     lens = as_lengths(lengths)
     dp = check_positive_int(dp_size, "dp_size")
@@ -270,12 +261,6 @@ def _validate(
     check_choice(sync, "sync", SYNC_MODELS)
     given = _check_rules({**REPLICA_RULES, **(rules or {})}, cp)
     pp = _check_pipeline(lens, cp, pipeline)
-    if pp is not None and (given.get("order") is not None
-                           or given.get("sequences_per_micro_batch") is not None):
-        raise ValueError(
-            "order= and sequences_per_micro_batch= cannot be combined with pp_size > 1: the "
-            "pipeline planner chooses the slots and their run order; drop one of them"
-        )  # fmt: skip
     m_min = check_positive_int(m_min, "min_micro_batches")
     mult = check_positive_int(mult, "micro_batch_multiple")
     allow_empty = check_bool(allow_empty, "allow_empty")
@@ -283,7 +268,7 @@ def _validate(
     cpc = make_cp_cost(cost, cp_cost)
     return _Request(
         lens, dp, c, cap, cpc, sync, m_min, mult, allow_empty, check_bool(baselines, "baselines"),
-        given, pp,
+        given, pp, replicas,
     )
 
 
@@ -356,10 +341,11 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
     pipeline the replicas are planned for it, or (``flat``) without it, at the schedule's
     count multiple.
     """
-    # the CP hook sits in plan(); import lazily to avoid a cycle. The count search for
-    # pipelines runs once, on the CP plan (plan()'s wrapper), not here on the proxy costs.
-    from .planner import _plan_replicas as plan
-
+    # The count search for pipelines runs once, on the CP plan (plan()'s wrapper), not
+    # here on the proxy costs: req.replicas leaves it out.
+    replicas = req.replicas
+    if replicas is None:
+        return "the replicas need a planner (static CP is planned through seqbalance.plan)"
     tmax, _, ptok = req.tables[req.cp_size]
     rules = {k: v for k, v in req.rules.items() if k != "extra_micro_batches"}
     options: dict[str, Any] = {
@@ -377,7 +363,7 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
         options = {k: v for k, v in options.items() if k not in req.pp_kwargs}
         options["micro_batch_multiple"] = mult = math.lcm(req.mult, req.pp.spec.count_multiple)
     try:
-        base = plan(ptok, req.dp, req.cap, cost=tmax, **options)
+        base = replicas(ptok, req.dp, req.cap, cost=tmax, **options)
     except ValueError as exc:
         return _in_replicas(str(exc))
     if mult != req.mult:  # a note would blame a micro_batch_multiple the caller did not pass
@@ -830,7 +816,6 @@ def _step(p: CPPlan, sync: str) -> float:
 
 
 def _dynamic(req: _Request) -> CPPlan:
-    from .cp_baselines import megatron_cp_plan  # sits beside this module, built on it
 
     if req.n == 0:  # (allow_empty: _check_bounds refused it otherwise) every slot empty
         base = _static_base(req)
@@ -876,8 +861,6 @@ def _dynamic(req: _Request) -> CPPlan:
                 tried[k] = (tried[k][0], refined, t)
                 best_time = t
     # The baselines' layouts are candidates too, unless a bound shows they cannot win.
-    from .cp_baselines import _megatron_degrees
-
     skipped = []
     static_deg = np.full(req.n, req.cp_size, dtype=np.int64)
     if best_time <= _fixed_bound(req, static_deg):
@@ -890,7 +873,7 @@ def _dynamic(req: _Request) -> CPPlan:
                 tried.append(("the static-CP layout", p, _step(p, req.sync)))
     if not req.baselines:
         skipped.append("the Megatron-style layout (baselines=False)")
-    elif best_time <= _fixed_bound(req, _megatron_degrees(req)):
+    elif best_time <= _fixed_bound(req, megatron_degrees(req)):
         skipped.append("the Megatron-style layout (its bound is no lower)")
     else:
         p = megatron_cp_plan(req)
@@ -922,35 +905,17 @@ def _dynamic(req: _Request) -> CPPlan:
     return best
 
 
-def plan_cp(
-    lengths: Any,
-    dp_size: int,
-    max_tokens: int,
-    *,
-    cp_size: int,
-    cp: str = "static",
-    cost: Any = None,
-    cp_cost: Any = None,
-    sync: str = "fsdp",
-    size: str = "free",
-    groups: Any = None,
-    min_micro_batches: int = 1,
-    micro_batch_multiple: int = 1,
-    allow_empty: bool = False,
-    extra_micro_batches: int = 0,
-    order: str | None = None,
-    oversized: str = "error",
-    sequences_per_micro_batch: int | None = None,
-    baselines: bool = True,
-    pp_size: int = 1,
-    schedule: str = "1f1b",
-    virtual_stages: int = 1,
-    pp_comm: float = 0.0,
-) -> CPPlan:
+def plan_cp_spec(lengths: Any, spec: Any, replicas: Callable[..., Any]) -> CPPlan:
     """Plan a ``dp_size x cp_size`` mesh with context parallelism (module docstring).
 
-    Parameters
-    ----------
+    :func:`seqbalance.plan` and :func:`seqbalance.planning.planner.plan_cp` call this for
+    ``cp_size > 1``, with the request as a checked
+    :class:`~seqbalance.planning.request.PlanSpec` and the planner of static CP's replicas
+    (``replicas``, :func:`seqbalance.plan` without its pipeline count search; it sits above
+    this module). The options, by their flat names:
+
+    Other Parameters
+    ----------------
     lengths, dp_size, max_tokens, sync, min_micro_batches, micro_batch_multiple, allow_empty
         As in :func:`seqbalance.plan`; ``max_tokens`` is per GPU.
     cp_size : int
@@ -997,36 +962,26 @@ def plan_cp(
         non-empty micro-batches; a rule the replicas cannot meet (as :func:`seqbalance.plan`
         says it, after ``"static CP: "``).
     """
+    kw = spec.keywords()
     with exact_work_pool(EXACT_NODES_PER_REQUEST):  # (plan()'s, when it called this)
         req = _validate(
             lengths,
-            dp_size,
-            max_tokens,
-            cp_size,
-            cp,
-            cost,
-            cp_cost,
-            sync,
-            min_micro_batches,
-            micro_batch_multiple,
-            allow_empty,
-            baselines,
-            {
-                "size": size,
-                "groups": groups,
-                "order": order,
-                "oversized": oversized,
-                "extra_micro_batches": extra_micro_batches,
-                "sequences_per_micro_batch": sequences_per_micro_batch,
-            },
-            {
-                "pp_size": pp_size,
-                "schedule": schedule,
-                "virtual_stages": virtual_stages,
-                "pp_comm": pp_comm,
-            },
+            kw["dp_size"],
+            kw["max_tokens"],
+            kw["cp_size"],
+            kw["cp"],
+            kw["cost"],
+            kw["cp_cost"],
+            kw["sync"],
+            kw["min_micro_batches"],
+            kw["micro_batch_multiple"],
+            kw["allow_empty"],
+            kw["baselines"],
+            {name: kw[name] for name in REPLICA_RULES},
+            {name: kw[name] for name in ("pp_size", "schedule", "virtual_stages", "pp_comm")},
+            replicas,
         )
-        if cp == "static":
+        if kw["cp"] == "static":
             p = _static(req)
             if isinstance(p, str):
                 raise ValueError(f"static CP: {p}")

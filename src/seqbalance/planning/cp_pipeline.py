@@ -51,7 +51,7 @@ import numpy as np
 
 from .._validate import as_weights, check_choice, check_positive_int
 from ..costs.context_parallel import ContextParallelCost
-from .cp_plans import _piece_entries
+from ._pieces import _piece_entries
 from .pipeline import PipelineSpec, check_pipeline
 from .pipeline_orders import EXACT_LIMIT, ORDERS, best_orders
 from .pipeline_plans import PlanPipelineSimulation, _lockstep, simulate_phases
@@ -251,11 +251,9 @@ def baseline_order(pieces: list[Any], lengths: np.ndarray, cpc: ContextParallelC
 def reorder_cp(plan: Any, order: str) -> Any:
     """A copy of a pipelined static CP plan with its slots in a baseline order (what
     :func:`~seqbalance.planning.pipeline_plans.reorder` returns for a CPPlan)."""
-    from .cp_plans import CPPlan
-
     pieces = baseline_order([list(g) for g in plan.pieces], plan.lengths, plan.cp_cost,
                             plan.cp_size, plan.sync, order)  # fmt: skip
-    out = CPPlan._from_validated_pieces(
+    out = type(plan)._from_validated_pieces(
         pieces, plan.lengths, max_tokens=plan.max_tokens, cp_size=plan.cp_size, cp=plan.cp,
         cp_cost=plan.cp_cost, replicas=plan.replicas, sync=plan.sync,
         strategy=f"{plan.strategy}+{order}", notes=plan.notes, size=plan.size,
@@ -305,16 +303,14 @@ def as_pipeline(plan: Any, setup: CPPipelineSetup) -> Any:
         ``plan`` is not static CP with aligned replicas, or its slot count does not suit
         the schedule (interleaved: a multiple of ``pp_size``).
     """
-    from .cp_plans import CPPlan
-
-    if not isinstance(plan, CPPlan):
+    if getattr(plan, "pieces", None) is None:  # (a CPPlan; this module sits below it)
         raise ValueError(
             f"plan must be a static CPPlan (seqbalance.plan(..., cp_size=C, cp='static')), got "
             f"{type(plan).__name__}; a Plan without CP takes pp_size= in seqbalance.plan"
         )
     if not isinstance(setup, CPPipelineSetup):
         raise ValueError(f"setup must be a CPPipelineSetup, got {type(setup).__name__}")
-    return CPPlan(plan.pieces, plan.lengths, max_tokens=plan.max_tokens, cp_size=plan.cp_size,
+    return type(plan)(plan.pieces, plan.lengths, max_tokens=plan.max_tokens, cp_size=plan.cp_size,
                   cp=plan.cp, cp_cost=plan.cp_cost, dp_size=plan.dp_size, sync=plan.sync,
                   strategy=plan.strategy, notes=plan.notes, size=plan.size, groups=plan.groups,
                   pipeline=setup)  # fmt: skip

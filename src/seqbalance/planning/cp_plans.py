@@ -44,6 +44,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .._validate import (
+    ArgumentError,
     as_groups,
     as_index,
     as_lengths,
@@ -57,7 +58,8 @@ from .._validate import (
 from ..costs.context_parallel import ContextParallelCost, balanced_layout
 from ..partitioning._rules import SIZES
 from ..partitioning.stats import relative_gap
-from .plans import FORMAT, Plan, check_derived
+from ._pieces import _flatten, _piece_entries
+from .plans import DOCUMENT_KINDS, FORMAT, Plan, check_derived
 from .simulation import SYNC_MODELS, Simulation, check_equal_counts, lockstep_timeline
 
 __all__ = [
@@ -89,9 +91,10 @@ def check_cp_size(value: Any, name: str = "cp_size") -> int:
     :class:`CPPlan` meets."""
     c = check_degree(value, name)
     if c & (c - 1):
-        raise ValueError(
+        raise ArgumentError(
             f"{name} must be a power of two (CP degrees are), got {value}; use "
-            f"{1 << (c.bit_length() - 1)} or {1 << c.bit_length()}"
+            f"{1 << (c.bit_length() - 1)} or {1 << c.bit_length()}",
+            argument=name,
         )
     return c
 
@@ -102,20 +105,6 @@ def _powers(cp_size: int) -> list[int]:
         out.append(d)
         d *= 2
     return out
-
-
-def _flatten(pieces: Sequence[Sequence[Sequence[Any]]]) -> tuple[np.ndarray, ...]:
-    """Arrays (gpu, slot, seq, start, end) of every range of ``pieces``."""
-    flat = [p for gpu in pieces for slot in gpu for p in slot]
-    if not flat:
-        return tuple(np.zeros(0, dtype=np.int64) for _ in range(5))
-    arr = np.array(flat, dtype=np.int64).reshape(-1, 3)
-    per_slot = [len(slot) for gpu in pieces for slot in gpu]
-    gpu_of = np.repeat(np.arange(len(pieces)), [len(gpu) for gpu in pieces])
-    slot_of = np.concatenate([np.arange(len(gpu)) for gpu in pieces])
-    gpu = np.repeat(gpu_of, per_slot)
-    slot = np.repeat(slot_of, per_slot)
-    return gpu, slot, arr[:, 0], arr[:, 1], arr[:, 2]
 
 
 def _merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -222,29 +211,6 @@ def _off_layout_exact(gpu: np.ndarray, slot: np.ndarray, seq: np.ndarray, s: np.
         if not ok:
             bad.append(i)
     return bad
-
-
-def _piece_entries(
-    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cp_cost: ContextParallelCost
-) -> tuple[np.ndarray, ...]:
-    """One entry per (gpu, slot, sequence) a GPU holds: arrays ``(gpu, slot, length, tokens,
-    sq, d)``, ``sq`` the sum of ``e² − s²`` its cost prices and ``d`` the GPUs holding that
-    sequence in that slot."""
-    m = max((len(g) for g in pieces), default=0)
-    gpu, slot, seq, s, e = _flatten(pieces)
-    n = int(lengths.shape[0])
-    key = (gpu * m + slot) * n + seq
-    uk, inv = np.unique(key, return_inverse=True)
-    tok = np.bincount(inv, weights=(e - s).astype(np.float64), minlength=uk.size)
-    sq = np.bincount(
-        inv, weights=cp_cost._sq(s.astype(np.float64), e.astype(np.float64)), minlength=uk.size
-    )
-    kseq = uk % n if n else uk
-    kslot = (uk // n) % m if n else uk
-    kgpu = uk // (n * m) if n else uk
-    _, ginv, gcount = np.unique(kslot * n + kseq, return_inverse=True, return_counts=True)
-    d = gcount[ginv].astype(np.float64)
-    return kgpu, kslot, lengths[kseq].astype(np.float64), tok, sq, d
 
 
 def piece_costs(
@@ -623,7 +589,8 @@ class CPPlan(Plan):
     # ---- shape -------------------------------------------------------------------------
     @property
     def dp_size(self) -> int:
-        """Data-parallel replicas of the mesh (``world_size / cp_size``)."""
+        """Data-parallel ranks: the mesh's replicas (``world_size / cp_size``), as in a
+        :class:`Plan`; ``micro_batches`` has a row per GPU (:attr:`world_size`)."""
         return self.replicas
 
     @property
@@ -791,11 +758,25 @@ class CPPlan(Plan):
         fits = math.ceil(int(self.lengths[~over].sum()) / (self.world_size * self.max_tokens))
         return max(1, fits, -(-int(over.sum()) // self.world_size))
 
-    def lower_bound(self, cost: Any = None) -> float:  # type: ignore[override]  # no sync
-        """:func:`cp_lower_bound` for these sequences on this mesh."""
+    def lower_bound(self, cost: Any = None, sync: str | None = None) -> float:
+        """:func:`cp_lower_bound` for these sequences on this mesh.
+
+        ``sync`` is checked as :meth:`Plan.lower_bound` checks it; the bound holds under
+        both sync models (no step, lockstep or not, is shorter than a GPU's share of the
+        work or than the slowest piece), so it is the same for either.
+        """
+        check_choice(self.sync if sync is None else sync, "sync", SYNC_MODELS)
         return cp_lower_bound(
             self.lengths, self.world_size, self.cp_size, self.max_tokens, self._cp_cost(cost)
         )
+
+    def _pipeline_reordered(self, order: str) -> CPPlan:
+        """:func:`~seqbalance.planning.pipeline_plans.reorder` of this pipelined plan: its
+        slots in a baseline order, moved on all the GPUs of a replica."""
+        from .cp_pipeline import reorder_cp
+
+        out: CPPlan = reorder_cp(self, order)
+        return out
 
     def _cp_cost(self, cost: Any) -> ContextParallelCost:
         if cost is None:
@@ -990,3 +971,6 @@ class CPPlan(Plan):
                     "be the number of GPUs (dp_size x cp_size)"
                 )
         return out
+
+
+DOCUMENT_KINDS["pieces"] = CPPlan

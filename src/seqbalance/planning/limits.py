@@ -2,7 +2,7 @@
 
 Every entry point that plans checks its sizes here: :func:`seqbalance.plan` on every path
 (plain, static CP, dynamic CP, pipelines),
-:func:`seqbalance.planning.context_parallel.plan_cp`, and through ``plan`` the sampler and
+:func:`seqbalance.planning.planner.plan_cp`, and through ``plan`` the sampler and
 ``rebalance`` of :mod:`seqbalance.torch` and the CLI. So an absurd request (a typo such as
 ``dp_size=10**9``) is refused in milliseconds, with a :class:`ValueError` naming the
 argument, its value and the fix, instead of running for minutes or exhausting memory.
@@ -53,7 +53,7 @@ and sized so that the plans of normal requests do not reach them:
 
 from __future__ import annotations
 
-from .._validate import MAX_EMPTY_SLOTS, check_size_limit
+from .._validate import MAX_EMPTY_SLOTS, ArgumentError, check_size_limit
 
 __all__ = [
     "EXACT_NODES_PER_REQUEST",
@@ -101,7 +101,7 @@ def check_counts(n: int, dp: int, m_min: int, mult: int, extra: int, *, ranks: s
         try:
             check_size_limit(value, name, n, unit, MAX_SLOTS_BEYOND_N)
         except ValueError as exc:
-            raise ValueError(f"{prefix}{exc}") from None
+            raise ArgumentError(f"{prefix}{exc}", argument=name) from None
 
 
 def check_mesh(
@@ -111,18 +111,20 @@ def check_mesh(
 
     The arguments are validated ints (``cp_size`` a power of two)."""
     if cp_size > 1 and dp * cp_size > MAX_GPUS:
-        raise ValueError(
+        raise ArgumentError(
             f"dp_size x cp_size = {dp} x {cp_size} = {dp * cp_size} GPUs is beyond any real "
             f"cluster (at most 2**{MAX_GPUS.bit_length() - 1}); pass the mesh's real "
-            "dp_size and cp_size"
+            "dp_size and cp_size",
+            argument="cp_size",
         )
     for value, name in ((pp_size, "pp_size"), (pp_size * virtual_stages,
                                                 "pp_size x virtual_stages")):  # fmt: skip
         if value > MAX_PIPELINE_CHUNKS:
-            raise ValueError(
+            raise ArgumentError(
                 f"{name} = {value} is beyond any real pipeline (at most "
                 f"{MAX_PIPELINE_CHUNKS} model chunks, each at least one layer); pass the "
-                "pipeline's real pp_size and virtual_stages"
+                "pipeline's real pp_size and virtual_stages",
+                argument="pp_size" if name == "pp_size" else "virtual_stages",
             )
 
 
@@ -142,20 +144,25 @@ def check_slots(
     name = f"dp_size x micro-batches ({dp} x {m})"
     fix = "lower dp_size, min_micro_batches or micro_batch_multiple"
     if allow_empty:
-        check_size_limit(dp * m, name, n, "micro-batches", MAX_SLOTS_BEYOND_N, fix=fix)
+        try:
+            check_size_limit(dp * m, name, n, "micro-batches", MAX_SLOTS_BEYOND_N, fix=fix)
+        except ValueError as exc:
+            raise ArgumentError(str(exc), argument="dp_size") from None
     if cp_size > 1:
         gpu_slots = dp * cp_size * m
         pieces = cp_size * n
         if gpu_slots > pieces + MAX_SLOTS_BEYOND_N:
-            raise ValueError(
+            raise ArgumentError(
                 f"dp_size x cp_size x micro-batches = {dp} x {cp_size} x {m} = {gpu_slots} GPU "
                 f"slots for {n} sequences, so at least {gpu_slots - pieces} would stay empty "
-                f"(limit: cp_size x n + {_POWER}); {fix}"
+                f"(limit: cp_size x n + {_POWER}); {fix}",
+                argument="dp_size",
             )
     if chunks > 1 and chunks * dp * m > MAX_PIPELINE_OPERATIONS:
-        raise ValueError(
+        raise ArgumentError(
             f"pp_size x virtual_stages x dp_size x micro-batches = {chunks} x {dp} x {m} = "
             f"{chunks * dp * m} pipeline operations per step, beyond the limit of "
             f"2**{MAX_PIPELINE_OPERATIONS.bit_length() - 1}; {fix}, or use fewer pipeline "
-            "stages or virtual stages"
+            "stages or virtual stages",
+            argument="pp_size",
         )

@@ -57,7 +57,13 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_weights, check_choice, check_degree, check_positive_int
+from .._validate import (
+    ArgumentError,
+    as_weights,
+    check_choice,
+    check_degree,
+    check_positive_int,
+)
 from ..partitioning.stats import relative_gap
 
 __all__ = [
@@ -113,14 +119,16 @@ def check_pipeline(pp_size: Any, schedule: Any = "1f1b", virtual_stages: Any = 1
     v = check_degree(virtual_stages, "virtual_stages")
     check_degree(p * v, "pp_size * virtual_stages")  # the simulation grows with both
     if schedule == "interleaved" and v < 2:
-        raise ValueError(
+        raise ArgumentError(
             f"schedule='interleaved' needs virtual_stages >= 2, got {v}; pass the number of "
-            "model chunks per stage, or use schedule='1f1b'"
+            "model chunks per stage, or use schedule='1f1b'",
+            argument="virtual_stages",
         )
     if schedule != "interleaved" and v != 1:
-        raise ValueError(
+        raise ArgumentError(
             f"virtual_stages={v} applies to schedule='interleaved' only; got schedule="
-            f"{schedule!r}. Pass virtual_stages=1, or schedule='interleaved'"
+            f"{schedule!r}. Pass virtual_stages=1, or schedule='interleaved'",
+            argument="virtual_stages",
         )
     return PipelineSpec(p, str(schedule), v)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
 
@@ -361,16 +361,12 @@ def reorder(plan: Plan, order: str) -> Plan:
     (fsdp: the slots, by their heaviest micro-batch) are put in input order (by smallest
     sequence index), then ordered by training cost as the baseline does.
     """
-    from .plans import Plan
-
     if plan.pipeline is None:
         raise ValueError("reorder needs a plan made with pp_size > 1 (plan.pipeline is None)")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}; got {order!r}")
     if hasattr(plan, "pieces"):  # a static CP plan: its slots move on all its GPUs
-        from .cp_pipeline import reorder_cp
-
-        reordered: Plan = reorder_cp(plan, order)
+        reordered: Plan = cast(Any, plan)._pipeline_reordered(order)  # (CPPlan's own)
         return reordered
     grid = _first_index_order([list(r) for r in plan.micro_batches], plan.sync)
     f, b, _ = micro_batch_phases(
@@ -380,7 +376,7 @@ def reorder(plan: Plan, order: str) -> Plan:
     if plan.sync == "fsdp":
         w = w.max(axis=0)[None]
     orders = np.stack([ORDERS[order](row) for row in w]) if w.size else np.zeros((len(w), 0), int)
-    out = Plan.__new__(Plan)
+    out = type(plan).__new__(type(plan))
     out.__dict__.update(plan.__dict__)
     out.micro_batches = _apply(grid, orders, plan.sync) if w.size else grid
     out.strategy = f"{plan.strategy}+{order}"

@@ -54,7 +54,6 @@ and ``_pipeline_candidates`` (the baselines) add candidates, and ``_pick`` is st
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable, cast
@@ -62,11 +61,11 @@ from typing import Any, Callable, cast
 import numpy as np
 
 from .._validate import (
+    ArgumentError,
     as_groups,
     as_lengths,
     check_bool,
     check_choice,
-    check_degree,
     check_max_tokens,
     check_nonnegative_int,
     check_positive_int,
@@ -101,7 +100,8 @@ from .bounds import (
     min_micro_batches,
     min_padded_bins,
 )
-from .cp_plans import CP_MODES
+from .context_parallel import cost_without_cp, plan_cp_spec
+from .cp_plans import CPPlan
 from .limits import EXACT_NODES_PER_REQUEST, check_counts, check_mesh, check_slots
 from .pipeline_orders import largest_first
 from .pipeline_plans import (
@@ -114,9 +114,10 @@ from .pipeline_plans import (
     order_grid as pipeline_order_grid,
 )
 from .plans import Plan, capacity_min_micro_batches
+from .request import FLAT_KEYWORDS, Capacity, Mesh, MicroBatching, PlanSpec, RankRules
 from .simulation import SYNC_MODELS, microbatch_costs, step_time_of
 
-__all__ = ["SIZE_RULES", "plan"]
+__all__ = ["SIZE_RULES", "plan", "plan_cp"]
 
 SIZE_RULES = SIZES
 
@@ -385,18 +386,8 @@ def _validate_request(
         check_choice(order, "order", ORDERS)
     per_mb = None
     if sequences_per_micro_batch is not None:
+        # (its combinations with other options are checked by PlanSpec, the entry's)
         per_mb = check_positive_int(sequences_per_micro_batch, "sequences_per_micro_batch")
-        if size != "free" or group_ids is not None:
-            raise ValueError(
-                "sequences_per_micro_batch cannot be combined with a size rule or groups; "
-                "drop one of them"
-            )
-        if extra:
-            # Its fixed-count path plans the fewest count only, so the option would be lost.
-            raise ValueError(
-                "sequences_per_micro_batch cannot be combined with extra_micro_batches; "
-                "pass min_micro_batches= to plan more micro-batches"
-            )
     true_lens = None
     if check_choice(oversized, "oversized", OVERSIZED) == "alone":
         # A sequence above the capacity fills a micro-batch on its own: pack it as if it
@@ -1169,41 +1160,6 @@ def _with_grid(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
     return _plan_of(req, grid, notes)
 
 
-def _plan_cp_hook(**kw: Any) -> Plan:
-    """``cp_size > 1``: context-parallel planning; arguments it cannot honour are refused."""
-    from .context_parallel import plan_cp  # lazily: it builds on plan() for static CP
-
-    if kw["padded"] is not False:
-        raise ValueError(
-            f"padded={kw['padded']!r} is not supported with cp_size > 1 (a CP piece is priced "
-            "by its own tokens, never padded); leave it at False"
-        )
-    return plan_cp(
-        kw["lengths"],
-        kw["dp_size"],
-        kw["max_tokens"],
-        cp_size=kw["cp_size"],
-        cp=kw["cp"],
-        cost=kw["cost"],
-        cp_cost=kw["cp_cost"],
-        sync=kw["sync"],
-        size=kw["size"],
-        groups=kw["groups"],
-        min_micro_batches=kw["min_micro_batches"],
-        micro_batch_multiple=kw["micro_batch_multiple"],
-        allow_empty=kw["allow_empty"],
-        extra_micro_batches=kw["extra_micro_batches"],
-        order=kw["order"],
-        oversized=kw["oversized"],
-        sequences_per_micro_batch=kw["sequences_per_micro_batch"],
-        baselines=kw["baselines"],
-        pp_size=kw["pp_size"],
-        schedule=kw["schedule"],
-        virtual_stages=kw["virtual_stages"],
-        pp_comm=kw["pp_comm"],
-    )
-
-
 class _NeedsMore(Exception):
     """A sequence longer than the cap (``oversized="alone"``) still shares its micro-batch
     at ``m`` micro-batches per rank: no micro-batch the rules let its sharers move to (its
@@ -1220,6 +1176,8 @@ def _plan_once(**kw: Any) -> Plan:
     With ``oversized="alone"``, "alone" is kept: a count at which some oversized sequence
     cannot be given a micro-batch of its own is planned again one count higher.
     """
+    if kw["cp_size"] != 1:  # the CP planner, on the same request (checked by PlanSpec)
+        return _plan_cp(kw)
     raised = None
     while True:
         try:
@@ -1267,13 +1225,8 @@ def _plan_attempt(
     pp_comm: float = 0.0,
 ) -> Plan:
     """One planning pass for the request as given (:func:`_plan_once` repeats it)."""
-    # Checked here too, so cp_size=True or a bad cp= is refused rather than read as 1.
-    if check_degree(cp_size, "cp_size") != 1:
-        return _plan_cp_hook(**locals())
-    check_choice(cp, "cp", CP_MODES)
+    # (cp_size > 1 is planned by plan_cp_spec: the entry points send it there)
     if cp_cost is not None:
-        from .context_parallel import cost_without_cp
-
         cost = cost_without_cp(cost, cp_cost)
     req = _validate_request(
         lengths,
@@ -1293,11 +1246,6 @@ def _plan_attempt(
         sequences_per_micro_batch,
     )
     use_baselines = check_bool(baselines, "baselines")
-    if pp_size != 1 and (order is not None or sequences_per_micro_batch is not None):
-        raise ValueError(
-            "order= and sequences_per_micro_batch= cannot be combined with pp_size > 1: the "
-            "pipeline planner chooses the micro-batches and their run order; drop one of them"
-        )
     # The forward share of each sequence's cost, from its true length: with
     # oversized="alone" req.lens is clipped to the cap, and an oversized sequence's
     # backward (cost - forward) came out 13x its forward instead of about 2x.
@@ -1338,8 +1286,11 @@ def _plan_attempt(
         candidates.append(
             _with_empty_tail(
                 req,
-                plan(lengths, dp_size, max_tokens, cost=cost, sync=sync, size=size,
-                     groups=groups, padded=padded, allow_empty=True, baselines=baselines),
+                _plan_checked(_flat_request(lengths, PlanSpec(
+                    Mesh(dp_size, sync), Capacity(max_tokens, padded), cost,
+                    MicroBatching(allow_empty=True), RankRules(size, groups),
+                    baselines=baselines,
+                )), pipeline_counts=True),
                 rival,
             )
         )  # fmt: skip
@@ -1395,45 +1346,60 @@ def _plan_attempt(
 
 def plan(
     lengths: Any,
-    dp_size: int,
-    max_tokens: int,
+    mesh: Mesh | PlanSpec | int | None = None,
+    capacity: Capacity | int | None = None,
     *,
     cost: Any = None,
-    sync: str = "fsdp",
-    size: str = "free",
-    groups: Any = None,
-    min_micro_batches: int = 1,
-    micro_batch_multiple: int = 1,
-    padded: bool = False,
-    allow_empty: bool = False,
-    extra_micro_batches: int = 0,
-    order: str | None = None,
-    oversized: str = "error",
-    sequences_per_micro_batch: int | None = None,
-    baselines: bool = True,
-    cp_size: int = 1,
-    cp: str = "static",
-    cp_cost: Any = None,
-    pp_size: int = 1,
-    schedule: str = "1f1b",
-    virtual_stages: int = 1,
-    pp_comm: float = 0.0,
+    batching: MicroBatching | None = None,
+    rules: RankRules | None = None,
+    effort: str = "default",
+    **flat: Any,
 ) -> Plan:
     """Plan which sequences every data-parallel rank runs, micro-batch by micro-batch.
+
+    Two forms, one planner: ``plan(lengths, Mesh(dp=8, sync="ddp"), Capacity(4096),
+    batching=MicroBatching(min_count=2))`` takes the request as values
+    (:mod:`seqbalance.planning.request`, each checked once when made); the flat form
+    ``plan(lengths, dp_size=8, max_tokens=4096, sync="ddp", min_micro_batches=2)`` takes
+    the same options one keyword each (``**flat``, the table
+    :data:`~seqbalance.planning.request.FLAT_KEYWORDS`) and builds those values from them
+    (:meth:`~seqbalance.planning.request.PlanSpec.from_keywords`), so both give the same
+    plan, byte for byte. A number in place of ``mesh`` or ``capacity`` is ``dp_size`` or
+    ``max_tokens``, and the flat keywords of that part fill it; next to a part given as a
+    value, a flat keyword of that part is refused (each option is said in one place).
 
     Parameters
     ----------
     lengths : array-like of int
         Tokens per sequence.
+    mesh : Mesh, PlanSpec or int
+        The ranks, how they synchronise (``sync``), context parallelism and the pipeline;
+        an int is ``dp_size``. A :class:`~seqbalance.planning.request.PlanSpec` is the
+        whole request (``plan(lengths, spec)``), with nothing else given.
+    capacity : Capacity or int
+        Tokens per micro-batch, padding and oversized sequences; an int is ``max_tokens``.
+    cost : optional
+        What to balance: None (tokens), a cost model or anything
+        :func:`seqbalance.costs.load_cost` accepts (model name, config path, cost JSON), or
+        a 1-D array of per-sequence costs.
+    batching : MicroBatching, optional
+        Micro-batch counts, order and sizes (default: the fewest that fit).
+    rules : RankRules, optional
+        What a rank may hold: a size rule, groups (default: free).
+    effort : {"fast", "default", "thorough"}
+        The planner's work budget, counted in work, never in time.
+    **flat
+        The flat form's keywords, described below (``baselines``, a field of
+        :class:`~seqbalance.planning.request.PlanSpec` but of none of its parts, is given
+        here next to the parts).
+
+    Other Parameters
+    ----------------
     dp_size : int
         Number of data-parallel ranks.
     max_tokens : int
         Token capacity of one micro-batch (packed: sum of lengths; ``padded=True``:
         count x longest).
-    cost : optional
-        What to balance: None (tokens), a cost model or anything
-        :func:`seqbalance.costs.load_cost` accepts (model name, config path, cost JSON), or
-        a 1-D array of per-sequence costs.
     sync : {"fsdp", "ddp"}
         How ranks synchronise; the plan minimises that model's simulated step time.
     size : {"free", "equal", "balanced"}
@@ -1525,7 +1491,8 @@ def plan(
     Raises
     ------
     ValueError
-        On bad arguments, a sequence longer than ``max_tokens``, too few sequences for
+        On bad arguments (an :class:`~seqbalance._validate.ArgumentError` naming the
+        flat keyword, ``.argument``), a sequence longer than ``max_tokens``, too few sequences for
         non-empty micro-batches, or a size rule that cannot be met. Absurd sizes are
         refused before anything is allocated (the table of
         :mod:`seqbalance.planning.limits`): ``max_tokens >= 2**62``; ``dp_size``,
@@ -1544,15 +1511,82 @@ def plan(
 
     Examples
     --------
+    >>> from seqbalance.planning.request import Capacity, Mesh
+    >>> p = plan([900, 100, 500, 500, 300, 700], Mesh(dp=2), Capacity(max_tokens=1000))
+    >>> p.num_micro_batches
+    2
+    >>> p.to_json() == plan([900, 100, 500, 500, 300, 700], dp_size=2, max_tokens=1000).to_json()
+    True
     >>> p = plan([900, 100, 500, 500, 300, 700], dp_size=2, max_tokens=1000)
     >>> p.num_micro_batches
     2
     >>> sorted(len(mb) for rank in p.micro_batches for mb in rank)
     [1, 1, 2, 2]
     """
-    kw = dict(locals())  # every argument, so that a new one cannot be left out
+    spec = PlanSpec.from_keywords(
+        mesh, capacity, cost=cost, batching=batching, rules=rules, effort=effort, flat=flat
+    )
     with exact_work_pool(EXACT_NODES_PER_REQUEST):
-        return _plan_checked(kw, pipeline_counts=True)
+        return _plan_checked(_flat_request(lengths, spec), pipeline_counts=True)
+
+
+def plan_cp(
+    lengths: Any,
+    mesh: Mesh | PlanSpec | int | None = None,
+    capacity: Capacity | int | None = None,
+    *,
+    cost: Any = None,
+    batching: MicroBatching | None = None,
+    rules: RankRules | None = None,
+    effort: str = "default",
+    **flat: Any,
+) -> CPPlan:
+    """:func:`plan` for a mesh with context parallelism: the same two forms, and a
+    :class:`~seqbalance.planning.cp_plans.CPPlan` always.
+
+    ``Mesh(dp, cp=C, cp_mode=...)`` (flat: ``cp_size=C, cp=...``) with ``C >= 2`` a power
+    of two; what each option means under CP is in
+    :func:`seqbalance.planning.context_parallel.plan_cp_spec`'s notes below.
+
+    Raises
+    ------
+    ArgumentError
+        ``cp_size`` below 2, or any bad value as :func:`plan` says it.
+    """
+    spec = PlanSpec.from_keywords(
+        mesh, capacity, cost=cost, batching=batching, rules=rules, effort=effort, flat=flat,
+        caller="plan_cp",
+    )
+    if not spec.mesh.cp_enabled:
+        raise ArgumentError(
+            f"plan_cp needs cp_size >= 2, got {spec.mesh.cp}; call plan() for cp_size=1",
+            argument="cp_size",
+        )
+    return plan_cp_spec(lengths, spec, _plan_replicas)
+
+
+def _flat_request(lengths: Any, spec: PlanSpec) -> dict[str, Any]:
+    """The keywords the planner's passes read (:meth:`PlanSpec.keywords`), with the
+    lengths."""
+    return {"lengths": lengths, **spec.keywords()}
+
+
+def _plan_cp(kw: dict[str, Any]) -> Plan:
+    """``cp_size > 1``: the request ``kw`` (:func:`_flat_request`'s) planned by
+    :func:`~seqbalance.planning.context_parallel.plan_cp_spec`."""
+    flat = {name: kw[name] for name in FLAT_KEYWORDS}
+    spec = PlanSpec.from_keywords(cost=kw["cost"], flat=flat)
+    return plan_cp_spec(kw["lengths"], spec, _plan_replicas)
+
+
+def _plan_replicas(
+    lengths: Any, dp_size: int, max_tokens: int, *, cost: Any, **options: Any
+) -> Plan:
+    """:func:`plan` without the count search for pipelines below ``pp_size`` micro-batches
+    (static CP plans its replicas with it, then searches the counts on the CP plan); the
+    CP planner is handed this function (it sits below this module)."""
+    spec = PlanSpec.from_keywords(dp_size, max_tokens, cost=cost, flat=options)
+    return _plan_checked(_flat_request(lengths, spec), pipeline_counts=False)
 
 
 def _plan_checked(kw: dict[str, Any], pipeline_counts: bool) -> Plan:
@@ -1579,14 +1613,6 @@ def _plan_checked(kw: dict[str, Any], pipeline_counts: bool) -> Plan:
         if _final_step(fewest) <= _final_step(best):
             return _kept_fewest(fewest, extra)
     return best
-
-
-def _plan_replicas(lengths: Any, dp_size: int, max_tokens: int, **options: Any) -> Plan:
-    """:func:`plan` without the count search for pipelines below ``pp_size`` micro-batches
-    (static CP plans its replicas with it, then searches the counts on the CP plan)."""
-    bound = inspect.signature(plan).bind(lengths, dp_size, max_tokens, **options)
-    bound.apply_defaults()
-    return _plan_checked(dict(bound.arguments), pipeline_counts=False)
 
 
 #: Pipelined requests of at most this many sequences, in at most this many micro-batches
@@ -1703,7 +1729,7 @@ def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
             chosen = rival
     if chosen is more:
         assert more is not None
-        word = "replica" if getattr(more, "cp_size", 1) > 1 else "rank"
+        word = "replica" if more.cp_size > 1 else "rank"
         m0, m1 = fewest.num_micro_batches, more.num_micro_batches
         more.notes = (
             # (the extra counts were this search's, not the caller's)

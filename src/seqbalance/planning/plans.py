@@ -98,6 +98,12 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+#: A key only a subclass's documents hold -> that subclass: :meth:`Plan.from_dict` reads
+#: any plan document (``"pieces"``: :class:`~seqbalance.planning.cp_plans.CPPlan`, which adds
+#: itself here), without this module importing the subclasses built on it.
+DOCUMENT_KINDS: dict[str, type[Plan]] = {}
+
+
 class Plan:
     """A micro-batch schedule for every data-parallel rank.
 
@@ -134,6 +140,10 @@ class Plan:
     """
 
     pipeline: Any = None  # subclasses that build themselves (CPPlan) have no pipeline
+    #: GPUs per data-parallel rank for context parallelism: 1 here, ``cp_size`` in a
+    #: :class:`~seqbalance.planning.cp_plans.CPPlan`. Code that reads any plan asks this
+    #: (and :attr:`pipeline`) instead of its class.
+    cp_size: int = 1
 
     def __init__(
         self,
@@ -227,7 +237,14 @@ class Plan:
     # ---- shape -------------------------------------------------------------------------
     @property
     def dp_size(self) -> int:
-        """Number of data-parallel ranks."""
+        """Number of data-parallel ranks (replicas, when a rank is a CP group or a
+        pipeline)."""
+        return len(self.micro_batches)
+
+    @property
+    def world_size(self) -> int:
+        """Rows of :attr:`micro_batches`: ``dp_size`` here, one per GPU of the
+        ``dp_size x cp_size`` mesh in a CP plan (pipeline stages not counted)."""
         return len(self.micro_batches)
 
     @property
@@ -536,10 +553,9 @@ class Plan:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             found = data.get("format") if isinstance(data, dict) else type(data).__name__
             raise ValueError(f"not a seqbalance plan: format is {found!r}, want {FORMAT!r}")
-        if "pieces" in data:  # a context-parallel plan
-            from .cp_plans import CPPlan
-
-            return CPPlan.from_dict(data)
+        for key, kind in DOCUMENT_KINDS.items():  # e.g. "pieces": a context-parallel plan
+            if key in data and kind is not cls:
+                return kind.from_dict(data)
         missing = [k for k in ("micro_batches", "lengths", "max_tokens") if k not in data]
         if missing:
             raise ValueError(f"plan document lacks {', '.join(missing)}")

@@ -7,7 +7,8 @@ from typing import Any, Mapping
 import torch
 
 from .._validate import check_positive_int
-from .exchange import RebalanceHandle, rebalance
+from ..planning.request import PlanSpec
+from .exchange import RebalanceHandle, rebalance, spec_options
 
 __all__ = ["Rebalancer"]
 
@@ -39,13 +40,16 @@ class Rebalancer:
     Parameters
     ----------
     max_tokens : int
-        Token capacity of a micro-batch.
+        Token capacity of a micro-batch (optional with ``spec``, whose capacity it is).
     cost : None, str, cost model or callable, optional
         The cost plans balance (default: tokens).
     sync : {"fsdp", "ddp"}
-        When ranks wait for each other.
+        When ranks wait for each other (default ``"fsdp"``; with ``spec``, its mesh's).
     group : ProcessGroup, optional
         Process group (default: the world).
+    spec : PlanSpec, optional
+        The planner's request as values, in place of the planner options of
+        ``**options`` (see :func:`rebalance`).
     **options
         Everything else :func:`rebalance` takes (``token_keys``, ``pad_values``,
         ``method``, planner options...).
@@ -60,16 +64,23 @@ class Rebalancer:
 
     def __init__(
         self,
-        max_tokens: int,
+        max_tokens: int | None = None,
         *,
         cost: Any = None,
-        sync: str = "fsdp",
+        sync: str | None = None,
         group: Any = None,
+        spec: PlanSpec | None = None,
         **options: Any,
     ) -> None:
+        if spec is not None:  # the request as values (the planner's options by name else)
+            options = dict(options)
+            max_tokens, _, cost, sync = spec_options(spec, max_tokens, None, cost, sync,
+                                                     options)  # fmt: skip
+        elif max_tokens is None:
+            raise TypeError("Rebalancer needs max_tokens (or spec= with a capacity)")
         self.max_tokens = check_positive_int(max_tokens, "max_tokens")
         self.cost = _check_cost(cost)
-        self.sync = sync
+        self.sync = "fsdp" if sync is None else sync
         self.group = group
         self.options = dict(options)
 

@@ -51,7 +51,6 @@ Example (every rank runs this)::
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, Callable, Collection, Mapping, Sequence, Union, cast
 
 import numpy as np
@@ -59,6 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from .._validate import (
+    ArgumentError,
     as_lengths,
     as_weights,
     check_choice,
@@ -68,6 +68,7 @@ from .._validate import (
     too_long,
 )
 from ..partitioning.searches import exact_searches_enabled
+from ..planning.request import FLAT_KEYWORDS, PlanSpec
 from ._transport import METHODS, Spec, from_rows, group_info, move, to_rows
 from .agreement import agree, canonical, describe_cost
 from .collate import check_token_keys, is_integer_dtype
@@ -501,19 +502,69 @@ def _concat(items: Sequence[Outputs]) -> Outputs:
     raise ValueError("outputs: a list must hold only tensors or only dicts of tensors")
 
 
+def spec_options(
+    spec: Any, max_tokens: Any, num_replicas: Any, cost: Any, sync: Any,
+    plan_options: dict[str, Any],
+) -> tuple[Any, Any, Any, Any]:
+    """``(max_tokens, num_replicas, cost, sync)`` of a sampler or rebalance given
+    ``spec=``; its other options go to ``plan_options`` by their flat names (each of those
+    given next to the spec is refused, as are values that differ from the spec's)."""
+    if not isinstance(spec, PlanSpec):
+        raise ArgumentError(
+            f"spec must be a seqbalance.planning.request.PlanSpec, got {type(spec).__name__}",
+            argument="spec",
+        )
+    said = [k for k in plan_options if k in FLAT_KEYWORDS or k == "effort"]
+    if said:
+        name = said[0]
+        raise ArgumentError(
+            f"{name}= was passed next to spec=; put it in the spec", argument=name
+        )
+    for name, given, own in (("max_tokens", max_tokens, spec.capacity.max_tokens),
+                             ("num_replicas", num_replicas, spec.mesh.dp)):  # fmt: skip
+        if given is not None and given != own:
+            raise ArgumentError(
+                f"{name}={given!r} differs from the spec's {own}; give it once", argument=name
+            )
+    if sync is not None:
+        raise ArgumentError(
+            "sync= was passed next to spec=; the spec's mesh says it (Mesh(sync=...))",
+            argument="sync",
+        )
+    if cost is not None and spec.cost is not None:
+        raise ArgumentError("cost= was passed next to a spec with a cost; give it once",
+                            argument="cost")  # fmt: skip
+    flat = spec.keywords()
+    defaults = PlanSpec.from_keywords(1, 1).keywords()
+    for name in ("dp_size", "max_tokens", "sync", "cost"):
+        flat.pop(name)
+    plan_options.update(
+        (k, v) for k, v in flat.items()
+        if not (isinstance(v, np.ndarray) or (v is None and defaults[k] is None))
+        and (k == "groups" or v != defaults[k])
+    )  # fmt: skip
+    if spec.rules.groups is not None:
+        plan_options["groups"] = spec.rules.groups
+    if spec.effort != "default":
+        plan_options["effort"] = spec.effort
+    return (spec.capacity.max_tokens, spec.mesh.dp,
+            spec.cost if cost is None else cost, spec.mesh.sync)  # fmt: skip
+
+
 def rebalance(
     batch: Mapping[str, torch.Tensor],
     lengths: Any = None,
     *,
-    max_tokens: int,
+    max_tokens: int | None = None,
     cost: Any = None,
-    sync: str = "fsdp",
+    sync: str | None = None,
     group: Any = None,
     token_keys: Collection[str] | None = None,
     pad_values: Mapping[str, float] | None = None,
     cu_seqlens_key: str = "cu_seqlens",
     method: str = "auto",
     groups: Any = None,
+    spec: PlanSpec | None = None,
     **plan_options: Any,
 ) -> tuple[list[dict[str, torch.Tensor]], RebalanceHandle]:
     """Balance the sequences held by the ranks of ``group`` and move them into place.
@@ -555,6 +606,11 @@ def rebalance(
         Group id per sequence of this rank (numbers or strings; a list, array, tensor or
         pandas Series). Ids are global: equal ids on two ranks are one group. The ids are
         gathered with the lengths, and the planner keeps every group on one rank.
+    spec : PlanSpec, optional
+        The planner's request as values (:class:`~seqbalance.planning.request.PlanSpec`)
+        in place of ``**plan_options`` (then empty): its capacity is ``max_tokens``, its
+        mesh's ``sync`` the sync model and its ``dp`` the size of ``group``; ``cost`` goes
+        in the spec or here, not both.
     **plan_options
         Forwarded to the planner (``min_micro_batches``, ``micro_batch_multiple``,
         ``padded``, ``allow_empty``, ``size``...). Like ``max_tokens``, ``cost`` (unless an
@@ -586,6 +642,19 @@ def rebalance(
     from seqbalance.planning.planner import plan as make_plan
 
     _, world = group_info(group)
+    if spec is not None:
+        plan_options = dict(plan_options)
+        max_tokens, dp, cost, sync = spec_options(spec, max_tokens, None, cost, sync,
+                                                  plan_options)  # fmt: skip
+        if dp != world:
+            raise ArgumentError(
+                f"the spec's mesh has dp={dp} but the group has {world} ranks; give the "
+                "data-parallel group its mesh's size",
+                argument="dp_size",
+            )
+    elif max_tokens is None:
+        raise TypeError("rebalance() needs max_tokens= (or spec= with a capacity)")
+    sync = "fsdp" if sync is None else sync
     options = dict(plan_options, sync=sync)
 
     def check() -> dict[str, Any]:
@@ -594,14 +663,13 @@ def rebalance(
         if "groups" in plan_options or "cost" in plan_options:
             raise TypeError("pass groups= and cost= as rebalance's own arguments")
         cp_size_of("rebalance", plan_options)
-        # An unknown keyword fails here, on its rank, instead of after the exchange.
-        bound = inspect.signature(make_plan).bind(
-            np.zeros(0, np.int64), world, max_tokens, **options
-        )
-        bound.apply_defaults()
-        agreed = {
-            k: v for k, v in bound.arguments.items() if k not in ("lengths", "cost", "groups")
-        }
+        # An unknown keyword or a bad option fails here, on its rank, instead of after
+        # the exchange; the checked request is what the ranks must agree on.
+        flat = dict(options)
+        effort = flat.pop("effort", "default")
+        spec = PlanSpec.from_keywords(world, max_tokens, effort=effort, flat=flat)
+        agreed = {k: v for k, v in spec.keywords().items() if k not in ("cost", "groups")}
+        agreed["effort"] = spec.effort
         # Every rank plans the same global layout on its own; a rank inside
         # exact_searches(True) among ranks outside it could plan another one.
         agreed["exact_searches"] = exact_searches_enabled()

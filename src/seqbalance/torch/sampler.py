@@ -9,7 +9,7 @@ mistake on any rank raises the same ValueError on every rank ("no hang from bad 
 
 from __future__ import annotations
 
-import inspect
+import dataclasses
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -24,7 +24,8 @@ from .._validate import (
     is_array_like,
 )
 from ..partitioning.searches import exact_searches, exact_searches_enabled
-from .exchange import cp_size_of, replica_grid, too_long_for_cp
+from ..planning.request import PlanSpec
+from .exchange import cp_size_of, replica_grid, spec_options, too_long_for_cp
 
 __all__ = ["BalancedDistributedSampler"]
 
@@ -69,15 +70,16 @@ class BalancedDistributedSampler:
     global_batch_size : int
         Sequences per optimizer step over all ranks.
     max_tokens : int
-        Token capacity of a micro-batch.
+        Token capacity of a micro-batch (optional with ``spec``, whose capacity it is).
     dataset : sized, optional
         The dataset; only needed when ``lengths`` is a callable (or to check its size).
     num_replicas, rank : int, optional
-        Data-parallel size and this rank (default: from torch.distributed).
+        Data-parallel size and this rank (default: from torch.distributed; with ``spec``
+        the number of replicas is its mesh's ``dp``).
     cost : None, str, cost model or array-like, optional
         Passed to the planner; an array gives one cost per dataset item.
     sync : {"fsdp", "ddp"}, optional
-        Sync model the plans optimise for.
+        Sync model the plans optimise for (default ``"fsdp"``; with ``spec``, its mesh's).
     shuffle : bool, optional
         Shuffle the sample order every epoch (seeded; see :meth:`set_epoch`).
     seed : int, optional
@@ -107,6 +109,13 @@ class BalancedDistributedSampler:
         of the check, and every step is planned under it, wherever it is iterated.
     group : ProcessGroup, optional
         The group for that check (default: the world).
+    spec : PlanSpec, optional
+        The planner's request as values (:class:`~seqbalance.planning.request.PlanSpec`:
+        mesh, capacity, micro-batching, rank rules, effort), in place of ``**plan_options``
+        (which must then be empty). Its mesh's ``dp`` is ``num_replicas`` and its capacity
+        ``max_tokens`` (either given as well must agree), its ``sync`` the sync model (do
+        not pass ``sync``), and ``cost`` goes in the spec or here, not both. The short last
+        step (``drop_last=False``) is planned with ``allow_empty=True``.
     **plan_options
         Forwarded to the planner (``min_micro_batches``, ``micro_batch_multiple``,
         ``padded``, ``allow_empty``...). ``cp_size=C`` plans static context parallelism:
@@ -128,26 +137,35 @@ class BalancedDistributedSampler:
         self,
         lengths: Sequence[int] | np.ndarray | Callable[[Any], int],
         global_batch_size: int,
-        max_tokens: int,
+        max_tokens: int | None = None,
         *,
         dataset: Any = None,
         num_replicas: int | None = None,
         rank: int | None = None,
         cost: Any = None,
-        sync: str = "fsdp",
+        sync: str | None = None,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
         check_ranks: bool = True,
         group: Any = None,
+        spec: PlanSpec | None = None,
         **plan_options: Any,
     ) -> None:
         error: Exception | None = None
         fingerprint: dict[str, Any] = {}
         try:
+            if spec is not None:
+                max_tokens, num_replicas, cost, sync = spec_options(
+                    spec, max_tokens, num_replicas, cost, sync, plan_options
+                )
+            elif max_tokens is None:
+                raise TypeError(
+                    "BalancedDistributedSampler needs max_tokens (or spec= with a capacity)"
+                )
             self._setup(
                 lengths, global_batch_size, max_tokens, dataset, num_replicas, rank, cost,
-                sync, shuffle, seed, drop_last, plan_options,
+                "fsdp" if sync is None else sync, shuffle, seed, drop_last, plan_options,
             )
             if check_ranks is True and _distributed_ready():
                 fingerprint = self._fingerprint()
@@ -233,6 +251,16 @@ class BalancedDistributedSampler:
         self.seed = check_nonnegative_int(seed, "seed")
         self.drop_last = check_bool(drop_last, "drop_last")
         self.plan_options = dict(plan_options)
+        # The options as one checked request (a bad or unknown option fails here, when
+        # built); each step plans with it, the cost aside (an array is cut per step).
+        try:
+            flat = {"sync": sync, **self.plan_options}
+            effort = flat.pop("effort", "default")
+            self._spec = PlanSpec.from_keywords(
+                self.num_replicas, self.max_tokens, effort=effort, flat=flat
+            )
+        except TypeError as exc:
+            raise ValueError(f"BalancedDistributedSampler: bad planner option: {exc}") from None
         # Plans are made lazily (per step, per epoch), maybe under another exact_searches
         # setting than at construction; pinning it keeps every step and every rank on the
         # setting the ranks agreed on here.
@@ -265,16 +293,7 @@ class BalancedDistributedSampler:
         every rank's micro-batches depends on the sequences it draws; such a step raises
         when it is planned (with allow_empty=True none does).
         """
-        from seqbalance.planning.planner import plan
-
-        try:
-            inspect.signature(plan).bind(
-                self.lengths[:0], self.num_replicas, self.max_tokens, cost=self.cost,
-                sync=self.sync, **self.plan_options,
-            )  # fmt: skip
-        except TypeError as exc:
-            raise ValueError(f"BalancedDistributedSampler: bad planner option: {exc}") from None
-        if "groups" in self.plan_options:
+        if self._spec.rules.groups is not None:
             # The plan would take ids by position in each shuffled step (or refuse per-item
             # ids with a wrong count), and a shuffle puts a group's items in several steps.
             raise ValueError(
@@ -433,16 +452,9 @@ class BalancedDistributedSampler:
     def _step_plan(self, idx: np.ndarray, last_partial: bool) -> Any:
         from seqbalance.planning.planner import plan
 
-        options = dict(self.plan_options)
-        if last_partial:
-            options.setdefault("allow_empty", True)
+        spec = self._spec
+        if last_partial and "allow_empty" not in self.plan_options:
+            spec = spec.replace(**{"batching.allow_empty": True})
         cost = self._cost_array[idx] if self._cost_array is not None else self.cost
         with exact_searches(self._exact_searches):
-            return plan(
-                self.lengths[idx],
-                self.num_replicas,
-                self.max_tokens,
-                cost=cost,
-                sync=self.sync,
-                **options,
-            )
+            return plan(self.lengths[idx], dataclasses.replace(spec, cost=cost))
