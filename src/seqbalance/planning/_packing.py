@@ -363,11 +363,18 @@ def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
     return True
 
 
-def _refine(bins: _Bins, max_steps: int) -> None:
+def _refine(bins: _Bins, max_steps: int, stop_rtol: float | None = None) -> None:
+    """Even out the bins by moves and swaps between the heaviest (then the lightest) bin
+    and its nearest partners. ``stop_rtol``: stop once the heaviest bin is within this of
+    the mean bin (then any ``m`` bins add up to within it of ``m`` mean bins, the bound of
+    a rank's total and of a sum of slot maxima alike)."""
     nb = bins.cost.size
     k = min(_PARTNERS, nb - 1)
     if k < 1:
         return
+    enough = -np.inf
+    if stop_rtol is not None and bins.w.size:
+        enough = (1 + stop_rtol) * float(bins.w.sum()) / nb
     pool_size = min(nb, 4 * k + 1)
     steps = 0
     for phase in ("max", "min", "max"):
@@ -385,6 +392,8 @@ def _refine(bins: _Bins, max_steps: int) -> None:
             part = pool[np.lexsort((pool, sign * cost[pool]))][: k + 1].tolist()
             if phase == "max":
                 hi = int(np.argmax(cost))
+                if cost[hi] <= enough:
+                    return
                 done = not any(p != hi and _improve_pair(bins, hi, p) for p in part)
             else:
                 lo = int(np.argmin(cost))
@@ -433,6 +442,7 @@ def pack(
     refine: bool = True,
     start: str = "lpt",
     memo: dict | None = None,
+    stop_rtol: float | None = None,
 ) -> list[list[int]] | None:
     """Pack items (cost ``w``, tokens ``t``) into exactly ``nbins`` bins of ``cap`` tokens.
 
@@ -442,7 +452,8 @@ def pack(
     or None when no heuristic fits everything. Bins may be empty only when there are fewer
     items than bins. ``memo``: a dict shared by calls on the same ``w`` and ``t`` (other
     starts, other counts), so first-fit decreasing and the token partition, which every
-    start falls back on, run once per count.
+    start falls back on, run once per count. ``stop_rtol``: refinement stops once the
+    heaviest bin is within this of the mean (or the costliest item).
     """
     bins = _lpt(w, t, nbins, cap, padded) if start == "lpt" else None
     if bins is None:
@@ -452,6 +463,6 @@ def pack(
     if bins is None:
         return None
     if refine and not padded:
-        _refine(bins, max_steps=4 * nbins + 2000)
+        _refine(bins, max_steps=4 * nbins + 2000, stop_rtol=stop_rtol)
     _fill_empty(bins)
     return bins.items

@@ -28,12 +28,18 @@ def fill_slack(
     *,
     max_steps: int,
     same_rank: bool = False,
+    swap_work: float | None = None,
+    move_work: float | None = None,
 ) -> list[list[list[int]]]:
     """Return ``grid`` (``[rank][slot] -> indices``) with a lower or equal ``sum_j max_r``.
 
     Packed micro-batches only. Never breaks the capacity, never empties a micro-batch.
     ``same_rank=True`` moves and swaps sequences only between micro-batches of one rank, so
-    every rank keeps its sequences (a size rule and groups stay met).
+    every rank keeps its sequences (a size rule and groups stay met). ``swap_work``: the
+    budget of the swap scans, in (top-bin sequences + 8) x (all sequences) elements
+    (default ``_SWAP_BUDGET``); ``move_work``: the budget of the move scans, in
+    (top-bin sequences) x (destination bins) elements (default: none). Both are counted
+    in elements, never in time, so every rank stops at the same step.
     """
     dp = len(grid)
     m = len(grid[0]) if dp else 0
@@ -53,7 +59,9 @@ def fill_slack(
     # _DEST_CACHE entries (each holds up to dp * m bins: one per slot would grow with m**2)
     dests: dict[int, np.ndarray] = {}
     cached = 0
-    swap_budget = _SWAP_BUDGET  # elements of (top-bin items x sequences) left to scan
+    # elements of (top-bin items x sequences) left to scan, and of (items x bins) for moves
+    swap_budget = _SWAP_BUDGET if swap_work is None else swap_work
+    move_budget = np.inf if move_work is None else move_work
     tiny = 1e-12 * max(float(cost.max()), 1e-300)
     # Nothing to gain once the step is within 1e-4 of the simple bound max(sum/dp, max).
     good_enough = (1 + 1e-4) * max(float(cost.sum()) / dp, float(costs.max(initial=0.0)))
@@ -76,6 +84,9 @@ def fill_slack(
                 to = np.flatnonzero((slot != slot[b]) & (rank == rank[b]))
                 if cached + to.size <= _DEST_CACHE:
                     dests[b], cached = to, cached + to.size
+            if move_budget <= 0:
+                break
+            move_budget -= len(items[b]) * to.size
             step = _best_move(items, b, second[j], to, cost, slack, room, costs, lengths, tiny)
             if step is None and swap_budget > 0:
                 swap_budget -= (len(items[int(top[j])]) + 8) * placed.size

@@ -75,8 +75,9 @@ from .._validate import (
 from ..partitioning._rules import SIZES
 from ..partitioning.bounds import lower_bound
 from ..partitioning.kway import AUTO_RTOL, partition_arrays
-from ..partitioning.searches import exact_work_pool
+from ..partitioning.searches import exact_searches_unless_chosen, exact_work_pool
 from ._costing import sequence_costs
+from ._effort import Effort, effort_of
 from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
@@ -160,6 +161,18 @@ def _deal_slots(
 
 
 _FFD_START_WORK = 5e7  # items x bins: above this, first-fit-decreasing as a second start is slow
+_THOROUGH = effort_of("thorough")
+
+
+def _fill_slack(
+    grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int,
+    budget: Effort, same_rank: bool = False,
+) -> list[list[list[int]]]:
+    """:func:`._slots.fill_slack` within the request's work budget."""
+    dp, m = len(grid), len(grid[0]) if grid else 0
+    work = None if budget.thorough else budget.swap_work
+    return fill_slack(grid, costs, lengths, cap, max_steps=budget.step_factor * dp * m + 100,
+                      same_rank=same_rank, swap_work=work, move_work=work)  # fmt: skip
 
 
 def _step_time(
@@ -178,7 +191,7 @@ def _step_in_order(req: _Request, grid: list[list[list[int]]]) -> float:
 
 def _global_bins(
     lengths: np.ndarray, costs: np.ndarray, nbins: int, cap: int, padded: bool,
-    full: bool = False,
+    full: bool = False, budget: Effort = _THOROUGH,
 ) -> tuple[list[list[list[int]]], str]:
     """Candidate packings of all sequences into ``nbins`` bins, and how the search ended.
 
@@ -188,14 +201,21 @@ def _global_bins(
     (:mod:`seqbalance.planning._fitting`). Status: ``"found"``,
     ``"infeasible"`` (proven: no packing exists) or ``"limit"`` (not found within the
     search limit). ``full`` adds first-fit decreasing left unbalanced (bins filled to the
-    cap, the rest in the last ones), for lockstep slots.
+    cap, the rest in the last ones), for lockstep slots. ``budget``: the refinement's stop
+    and, without further candidates (``effort="fast"``), the first start that packs alone.
     """
     starts = ["lpt"]
+    rtol = budget.refine_rtol
+    if not budget.candidates:
+        first = pack(costs, lengths, nbins, cap, padded=padded, start="lpt", stop_rtol=rtol)
+        if first is not None:
+            return [first], "found"
     if lengths.size * nbins <= _FFD_START_WORK:
         starts.append("ffd")  # tighter packing sometimes lines slots up better
     memo: dict[Any, Any] = {}  # the starts share FFD and the token partition at this count
     found = [
-        pack(costs, lengths, nbins, cap, padded=padded, start=s, memo=memo) for s in starts
+        pack(costs, lengths, nbins, cap, padded=padded, start=s, memo=memo, stop_rtol=rtol)
+        for s in starts
     ]
     if full and "ffd" in starts and not padded:
         # Under lockstep slots (fsdp) a slot of full bins on every rank wastes nothing, and
@@ -232,6 +252,7 @@ def _plan_global(
     c0: float,
     pp: PipelineSetup | None = None,
     sent: np.ndarray | None = None,
+    budget: Effort = _THOROUGH,
 ) -> tuple[list[list[list[int]]] | None, str]:
     """``sent``: the tokens a pipeline stage sends per sequence (the true lengths where
     ``lengths`` are clipped to the cap for packing); default ``lengths``."""
@@ -240,11 +261,11 @@ def _plan_global(
     # One rank has nothing to line up with: its step is the sum of its bins whatever they
     # hold, and float rounding must not let unbalanced bins win a tie.
     full = sync == "fsdp" and dp > 1
-    packings, status = _global_bins(lengths, costs, dp * m, cap, padded, full=full)
+    packings, status = _global_bins(lengths, costs, dp * m, cap, padded, full=full, budget=budget)
     for bins in packings:
         grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if sync == "fsdp" and not padded:
-            grid = fill_slack(grid, costs, lengths, cap, max_steps=2 * dp * m + 100)
+            grid = _fill_slack(grid, costs, lengths, cap, budget)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if pp is None:
@@ -329,6 +350,7 @@ class _Request:
     order: str | None = None
     true_lens: np.ndarray | None = None
     per_mb: int | None = None
+    budget: Effort = _THOROUGH  # plan(effort=): see _effort.py
 
     @property
     def run_lens(self) -> np.ndarray:
@@ -663,10 +685,7 @@ def _fill_rank_slack(req: _Request, mbs: list[list[list[int]]]) -> list[list[lis
     """FSDP slack filling that keeps every rank's contents (so the rule and groups hold)."""
     if req.sync != "fsdp" or req.padded:
         return mbs
-    dp, m = len(mbs), len(mbs[0]) if mbs else 0
-    filled = fill_slack(
-        mbs, req.costs, req.lens, req.cap, max_steps=2 * dp * m + 100, same_rank=True
-    )
+    filled = _fill_slack(mbs, req.costs, req.lens, req.cap, req.budget, same_rank=True)
     return min(
         (mbs, filled),
         key=lambda g: _step_time(g, req.costs, req.c0, req.padded, req.sync),
@@ -710,7 +729,7 @@ def _search(
                 return found if found else str(problem)
             mbs, st = _plan_global(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp,
-                req.run_lens,
+                req.run_lens, req.budget,
             )
         else:
             mbs, st = _by_rank_at(req, rank_items, m, memo, blocked)
@@ -865,11 +884,13 @@ def _pipeline_candidates(
             and _busiest_floor(req, grid) > best_step * (1.0 + 1e-9)  # (float sums)
         ):
             continue
+        filled = req.budget.baselines == "filled"
         cand = _plan_of(  # req.padded is False here (checked on entry)
             req,
-            _fill_rank_slack(req, grid),
-            [f"the {name} baseline's plan, slack-filled, was the fastest candidate"],
-        )
+            _fill_rank_slack(req, grid) if filled else grid,
+            [f"the {name} baseline's plan{', slack-filled,' if filled else ''} was the "
+             "fastest candidate"],
+        )  # fmt: skip
         if any(cand._rule_violations().values()):
             continue
         out.append(cand)
@@ -943,6 +964,25 @@ def _full_rank_candidates(
         if not any(cand._rule_violations().values()):
             out.append(cand)
     return out
+
+
+def _close_enough(req: _Request, candidates: list[Plan], first_m: int) -> bool:
+    """Whether the fastest of ``candidates`` is within the budget's ``stop_gap`` of the
+    step-time lower bound (:func:`.bounds.capacity_step_bound`) and has ``first_m``
+    micro-batches, the fewest any plan can have: then no further candidate, a baseline
+    included, can win by more than ``stop_gap``, and none can win by having fewer
+    micro-batches. Plain plans only (no pipeline, no extra counts)."""
+    gap = req.budget.stop_gap
+    if gap is None or req.pp is not None or req.extra or not candidates:
+        return False
+    if min(p.num_micro_batches for p in candidates) != first_m:
+        return False
+    best = min(_step_in_order(req, p.micro_batches) for p in candidates)
+    bound = capacity_step_bound(
+        req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
+        size=req.size, groups=req.groups, min_micro_batches_given=first_m,
+    )  # fmt: skip
+    return best <= bound * (1.0 + gap)
 
 
 def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
@@ -1217,8 +1257,50 @@ class _NeedsMore(Exception):
 def _plan_once(**kw: Any) -> Plan:
     """:func:`plan` for one request as given (``plan`` adds the checks across counts).
 
-    With ``oversized="alone"``, "alone" is kept: a count at which some oversized sequence
-    cannot be given a micro-batch of its own is planned again one count higher.
+    Below ``effort="thorough"`` (plain plans: no pipeline, no context parallelism) the
+    partition exact searches are off unless the caller chose, and with a per-micro-batch
+    cost a few larger counts are planned too (:func:`_by_count`).
+    """
+    budget = effort_of(kw.get("effort", "default"))
+    plain = kw.get("pp_size", 1) == 1 and kw.get("cp_size", 1) == 1
+    if budget.thorough or not plain:
+        return _plan_alone(**kw)
+    with exact_searches_unless_chosen(budget.exact):
+        return _by_count(kw, _plan_alone(**kw), budget)
+
+
+def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
+    """``fewest``, or a plan with up to ``budget.counts`` more micro-batches per rank when
+    its simulated step is shorter.
+
+    With a per-micro-batch cost every micro-batch index costs that much more, while more
+    micro-batches leave the packing more freedom to even out slots (under ``fsdp``) and
+    ranks: which wins depends on the batch, so the count is chosen by the step, starting
+    at the fewest (kept on ties). Without that term the fewest stays (the packing at more
+    micro-batches rarely gains, and planning them costs as much again).
+    """
+    if (not budget.counts or fewest.per_microbatch <= 0 or kw.get("extra_micro_batches")
+            or kw.get("sequences_per_micro_batch") is not None):  # fmt: skip
+        return fewest
+    more = _plan_alone(**{**kw, "extra_micro_batches": budget.counts})
+    if more.num_micro_batches == fewest.num_micro_batches:
+        return fewest
+    step0, step1 = _final_step(fewest), _final_step(more)
+    if not step1 < step0 * (1 - _COUNT_GAIN):
+        return fewest
+    more.notes = (
+        *(n for n in more.notes if "extra_micro_batches=" not in n),
+        f"{more.num_micro_batches} micro-batches per rank instead of the fewest, "
+        f"{fewest.num_micro_batches}: with the per-micro-batch cost, the shortest simulated "
+        f"step of the {budget.counts + 1} counts tried ({step1 / step0 - 1:+.2%})",
+    )
+    return more
+
+
+def _plan_alone(**kw: Any) -> Plan:
+    """One request as given. With ``oversized="alone"``, "alone" is kept: a count at which
+    some oversized sequence cannot be given a micro-batch of its own is planned again one
+    count higher.
     """
     raised = None
     while True:
@@ -1265,11 +1347,15 @@ def _plan_attempt(
     schedule: str = "1f1b",
     virtual_stages: int = 1,
     pp_comm: float = 0.0,
+    effort: str = "default",
 ) -> Plan:
     """One planning pass for the request as given (:func:`_plan_once` repeats it)."""
+    budget = effort_of(effort)
     # Checked here too, so cp_size=True or a bad cp= is refused rather than read as 1.
     if check_degree(cp_size, "cp_size") != 1:
-        return _plan_cp_hook(**locals())
+        kw = dict(locals())
+        del kw["budget"], kw["effort"]  # context-parallel plans keep their own budgets
+        return _plan_cp_hook(**kw)
     check_choice(cp, "cp", CP_MODES)
     if cp_cost is not None:
         from .context_parallel import cost_without_cp
@@ -1306,6 +1392,8 @@ def _plan_attempt(
     if pp is not None:
         check_mesh(req.n, req.dp, 1, pp.spec.pp_size, pp.spec.virtual_stages)
         req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
+    else:  # (pipelined plans keep the full search: they have budgets of their own)
+        req = replace(req, budget=budget)
     first_m, notes = _starting_micro_batches(req)
     alone_note = []
     if req.true_lens is not None and (req.true_lens > req.cap).any():
@@ -1324,6 +1412,7 @@ def _plan_attempt(
     early = _ddp_rank_first_at_bound(req, splits, first_m, notes, memo)
     if early is not None:
         candidates.append(early)
+    close = False  # the best candidate is within the budget's stop_gap of the bound
     for rank_items in splits if early is None else []:
         m_stop = min((p.num_micro_batches for p in candidates), default=None)
         found = _search(req, rank_items, first_m, notes, memo, m_stop)
@@ -1331,27 +1420,35 @@ def _plan_attempt(
             problems.append(found)
         else:
             candidates.extend(found)
+        close = _close_enough(req, candidates, first_m)
+        if close or (candidates and not req.budget.candidates):
+            break
+    more = req.budget.candidates and not close
     m_best = min((p.num_micro_batches for p in candidates), default=None)
-    candidates.extend(_full_rank_candidates(req, m_best, candidates))
+    if more:
+        candidates.extend(_full_rank_candidates(req, m_best, candidates))
     if m_best is not None and _fewer_busy_may_win(req, m_best):
         rival = next(p for p in candidates if p.num_micro_batches == m_best)
         candidates.append(
             _with_empty_tail(
                 req,
                 plan(lengths, dp_size, max_tokens, cost=cost, sync=sync, size=size,
-                     groups=groups, padded=padded, allow_empty=True, baselines=baselines),
+                     groups=groups, padded=padded, allow_empty=True, baselines=baselines,
+                     effort=effort),
                 rival,
             )
         )  # fmt: skip
     known: dict[int, float] = {}  # id(plan) -> step in order, for _levelled
     # With extra counts too: the baselines at the fewest count are candidates as well, or
     # asking for more counts could end slower than not asking (+23% on 7 lengths).
-    if use_baselines:
+    if use_baselines and more and req.budget.baselines != "none":
         known = {id(p): _step_in_order(req, p.micro_batches) for p in candidates
                  if p.num_micro_batches == m_best}  # fmt: skip
         best_step = min(known.values(), default=None)
         candidates.extend(_pipeline_candidates(req, m_best, best_step))
-    best = _pick(req, _levelled(req, candidates, known), problems, len(splits))
+    if more:
+        candidates = _levelled(req, candidates, known)
+    best = _pick(req, candidates, problems, len(splits))
     alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
     if (
         pp is None
@@ -1359,6 +1456,7 @@ def _plan_attempt(
         and not req.padded
         and req.groups is None
         and best is not early
+        and more
     ):
         # (the early plan's busiest rank is within AUTO_RTOL of the bound: the exchange
         # could gain at most that)
@@ -1418,6 +1516,7 @@ def plan(
     schedule: str = "1f1b",
     virtual_stages: int = 1,
     pp_comm: float = 0.0,
+    effort: str = "default",
 ) -> Plan:
     """Plan which sequences every data-parallel rank runs, micro-batch by micro-batch.
 
@@ -1515,6 +1614,18 @@ def plan(
         Model chunks per stage for ``"interleaved"``.
     pp_comm : float
         Time (in cost units) to send one token's activations between two stages; default 0.
+    effort : {"default", "fast", "thorough"}
+        How much work the search may spend, counted in operations (never in time, so every
+        rank computes the same plan). ``"default"``, for planning every step: the search
+        stops once the best plan is provably within 0.1% of the step-time lower bound
+        (then no other candidate can beat it by more), otherwise the baseline pipelines
+        still run as candidates; the partition exact searches on small inputs are off
+        (unless inside ``exact_searches(True)``); with a per-micro-batch cost the count
+        with the shortest simulated step among the fewest and the next three is kept.
+        ``"thorough"``: the full search, slower, at most a fraction of a per cent better.
+        ``"fast"``: the first packing at the fewest micro-batches, slack-filled on a small
+        budget. Pipelined and context-parallel plans keep the full search at every
+        level (:mod:`seqbalance.planning._effort`).
 
     Returns
     -------
@@ -1584,6 +1695,7 @@ def _plan_checked(kw: dict[str, Any], pipeline_counts: bool) -> Plan:
 def _plan_replicas(lengths: Any, dp_size: int, max_tokens: int, **options: Any) -> Plan:
     """:func:`plan` without the count search for pipelines below ``pp_size`` micro-batches
     (static CP plans its replicas with it, then searches the counts on the CP plan)."""
+    options.setdefault("effort", "thorough")  # (CP keeps its own budgets)
     bound = inspect.signature(plan).bind(lengths, dp_size, max_tokens, **options)
     bound.apply_defaults()
     return _plan_checked(dict(bound.arguments), pipeline_counts=False)
@@ -1623,6 +1735,7 @@ def _flat_candidate(kw: dict[str, Any], chosen: Plan) -> Plan:
         "schedule": "1f1b",
         "virtual_stages": 1,
         "pp_comm": 0.0,
+        "effort": "thorough",  # (pipelined plans keep the full search)
         "micro_batch_multiple": math.lcm(
             int(kw["micro_batch_multiple"]), setup.spec.count_multiple
         ),
