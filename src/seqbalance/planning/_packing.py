@@ -363,18 +363,15 @@ def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
     return True
 
 
-def _refine(bins: _Bins, max_steps: int, stop_rtol: float | None = None) -> None:
+def _refine(bins: _Bins, max_steps: int, stop_at: float | None = None) -> None:
     """Even out the bins by moves and swaps between the heaviest (then the lightest) bin
-    and its nearest partners. ``stop_rtol``: stop once the heaviest bin is within this of
-    the mean bin (then any ``m`` bins add up to within it of ``m`` mean bins, the bound of
-    a rank's total and of a sum of slot maxima alike)."""
+    and its nearest partners. ``stop_at``: stop once the heaviest bin costs at most this
+    (the caller's level at which evening out cannot gain enough to matter)."""
     nb = bins.cost.size
     k = min(_PARTNERS, nb - 1)
     if k < 1:
         return
-    enough = -np.inf
-    if stop_rtol is not None and bins.w.size:
-        enough = (1 + stop_rtol) * float(bins.w.sum()) / nb
+    enough = -np.inf if stop_at is None else stop_at
     pool_size = min(nb, 4 * k + 1)
     steps = 0
     for phase in ("max", "min", "max"):
@@ -442,7 +439,7 @@ def pack(
     refine: bool = True,
     start: str = "lpt",
     memo: dict | None = None,
-    stop_rtol: float | None = None,
+    stop_at: float | None = None,
 ) -> list[list[int]] | None:
     """Pack items (cost ``w``, tokens ``t``) into exactly ``nbins`` bins of ``cap`` tokens.
 
@@ -452,8 +449,8 @@ def pack(
     or None when no heuristic fits everything. Bins may be empty only when there are fewer
     items than bins. ``memo``: a dict shared by calls on the same ``w`` and ``t`` (other
     starts, other counts), so first-fit decreasing and the token partition, which every
-    start falls back on, run once per count. ``stop_rtol``: refinement stops once the
-    heaviest bin is within this of the mean (or the costliest item).
+    start falls back on, run once per count. ``stop_at``: refinement stops once the
+    heaviest bin costs at most this.
     """
     bins = _lpt(w, t, nbins, cap, padded) if start == "lpt" else None
     if bins is None:
@@ -463,6 +460,6 @@ def pack(
     if bins is None:
         return None
     if refine and not padded:
-        _refine(bins, max_steps=4 * nbins + 2000, stop_rtol=stop_rtol)
+        _refine(bins, max_steps=4 * nbins + 2000, stop_at=stop_at)
     _fill_empty(bins)
     return bins.items

@@ -30,6 +30,7 @@ def fill_slack(
     same_rank: bool = False,
     swap_work: float | None = None,
     move_work: float | None = None,
+    retry: bool = True,
 ) -> list[list[list[int]]]:
     """Return ``grid`` (``[rank][slot] -> indices``) with a lower or equal ``sum_j max_r``.
 
@@ -39,7 +40,9 @@ def fill_slack(
     budget of the swap scans, in (top-bin sequences + 8) x (all sequences) elements
     (default ``_SWAP_BUDGET``); ``move_work``: the budget of the move scans, in
     (top-bin sequences) x (destination bins) elements (default: none). Both are counted
-    in elements, never in time, so every rank stops at the same step.
+    in elements, never in time, so every rank stops at the same step. ``retry=False``: a
+    slot where no move or swap was found is not searched again until a step changes it
+    (faster; a step elsewhere can open room for it, which is then missed).
     """
     dp = len(grid)
     m = len(grid[0]) if dp else 0
@@ -62,6 +65,7 @@ def fill_slack(
     # elements of (top-bin items x sequences) left to scan, and of (items x bins) for moves
     swap_budget = _SWAP_BUDGET if swap_work is None else swap_work
     move_budget = np.inf if move_work is None else move_work
+    stuck = np.zeros(m, dtype=bool)  # retry=False: slots searched in vain since they changed
     tiny = 1e-12 * max(float(cost.max()), 1e-300)
     # Nothing to gain once the step is within 1e-4 of the simple bound max(sum/dp, max).
     good_enough = (1 + 1e-4) * max(float(cost.sum()) / dp, float(costs.max(initial=0.0)))
@@ -78,6 +82,8 @@ def fill_slack(
         for j in np.lexsort((np.arange(m), -level)).tolist():
             if level[j] <= tiny:
                 break  # this slot and the rest hold no cost: nothing to move off them
+            if stuck[j]:
+                continue
             b = int(top[j])
             to = dests.get(b)
             if to is None:  # same-slot moves are the packer's job
@@ -109,9 +115,11 @@ def fill_slack(
                 )
             if step is not None:
                 break
+            stuck[j] = not retry
         if step is None:
             break
         b, xi, dest, yi = step
+        stuck[slot[b]] = stuck[slot[dest]] = False
         _shift(items, cost, tok, where, costs, lengths, xi, b, dest)
         if yi >= 0:
             _shift(items, cost, tok, where, costs, lengths, yi, dest, b)

@@ -94,7 +94,7 @@ from ._packing import pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
-from .baselines import BASELINES, _equalize
+from .baselines import BASELINE_GRIDS, BASELINES, _equalize
 from .bounds import (
     capacity_step_bound,
     fsdp_slot_bound,
@@ -172,7 +172,8 @@ def _fill_slack(
     dp, m = len(grid), len(grid[0]) if grid else 0
     work = None if budget.thorough else budget.swap_work
     return fill_slack(grid, costs, lengths, cap, max_steps=budget.step_factor * dp * m + 100,
-                      same_rank=same_rank, swap_work=work, move_work=work)  # fmt: skip
+                      same_rank=same_rank, swap_work=work, move_work=work,
+                      retry=budget.thorough)  # fmt: skip
 
 
 def _step_time(
@@ -189,9 +190,25 @@ def _step_in_order(req: _Request, grid: list[list[list[int]]]) -> float:
     return _step_time(grid, req.costs, req.c0, req.padded, req.sync)
 
 
+def _refine_stop(costs: np.ndarray, nbins: int, dp: int, budget: Effort) -> float | None:
+    """The bin cost at which the packer's refinement may stop under ``budget``.
+
+    Bins within ``refine_rtol`` of the mean bin leave every rank's ``m`` bins, and every
+    sum of ``m`` slot maxima, within it of ``m`` mean bins, the bound of both. With one
+    bin per rank the step is the heaviest bin, at least the costliest sequence, so that
+    counts too.
+    """
+    if budget.refine_rtol is None or not costs.size or not nbins:
+        return None
+    level = float(costs.sum()) / nbins
+    if nbins <= dp:
+        level = max(level, float(costs.max()))
+    return (1.0 + budget.refine_rtol) * level
+
+
 def _global_bins(
     lengths: np.ndarray, costs: np.ndarray, nbins: int, cap: int, padded: bool,
-    full: bool = False, budget: Effort = _THOROUGH,
+    full: bool = False, budget: Effort = _THOROUGH, dp: int = 0,
 ) -> tuple[list[list[list[int]]], str]:
     """Candidate packings of all sequences into ``nbins`` bins, and how the search ended.
 
@@ -203,18 +220,19 @@ def _global_bins(
     search limit). ``full`` adds first-fit decreasing left unbalanced (bins filled to the
     cap, the rest in the last ones), for lockstep slots. ``budget``: the refinement's stop
     and, without further candidates (``effort="fast"``), the first start that packs alone.
+    ``dp``: the ranks the bins are dealt to.
     """
     starts = ["lpt"]
-    rtol = budget.refine_rtol
+    stop = _refine_stop(costs, nbins, dp, budget)
     if not budget.candidates:
-        first = pack(costs, lengths, nbins, cap, padded=padded, start="lpt", stop_rtol=rtol)
+        first = pack(costs, lengths, nbins, cap, padded=padded, start="lpt", stop_at=stop)
         if first is not None:
             return [first], "found"
     if lengths.size * nbins <= _FFD_START_WORK:
         starts.append("ffd")  # tighter packing sometimes lines slots up better
     memo: dict[Any, Any] = {}  # the starts share FFD and the token partition at this count
     found = [
-        pack(costs, lengths, nbins, cap, padded=padded, start=s, memo=memo, stop_rtol=rtol)
+        pack(costs, lengths, nbins, cap, padded=padded, start=s, memo=memo, stop_at=stop)
         for s in starts
     ]
     if full and "ffd" in starts and not padded:
@@ -261,7 +279,9 @@ def _plan_global(
     # One rank has nothing to line up with: its step is the sum of its bins whatever they
     # hold, and float rounding must not let unbalanced bins win a tie.
     full = sync == "fsdp" and dp > 1
-    packings, status = _global_bins(lengths, costs, dp * m, cap, padded, full=full, budget=budget)
+    packings, status = _global_bins(
+        lengths, costs, dp * m, cap, padded, full=full, budget=budget, dp=dp
+    )
     for bins in packings:
         grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if sync == "fsdp" and not padded:
@@ -851,7 +871,7 @@ def _pipeline_candidates(
     if req.dp * (m_best or 1) > _PIPELINE_MAX_ITEMS:
         return []  # mostly empty slots (allow_empty): the pipelines' cost is per slot
     grids: dict[str, Callable[[], list[list[list[int]]]]] = {}
-    for name, fn in BASELINES.items():
+    for name in BASELINES:
         if name == "verl":
             # verl's loop runs one KK per count until the cap holds; counts above the best
             # plan's are discarded below, so its loop stops there (the same plan otherwise).
@@ -860,10 +880,13 @@ def _pipeline_candidates(
             )
             continue
 
-        def run(fn: Callable[..., Plan] = fn) -> list[list[list[int]]]:
-            return fn(req.lens, req.dp, req.cap, cost=req.costs).micro_batches
+        def run(make: Any = BASELINE_GRIDS[name]) -> list[list[list[int]]]:
+            # the baseline's micro-batches as its Plan holds them, without building one
+            grid = _equalize(make(req.lens, req.dp, req.cap, req.costs))
+            return [[sorted(int(i) for i in mb) for mb in rank] for rank in grid]
 
         grids[name] = run
+    filled = req.budget.baselines == "filled"
     out = []
     for name, make in grids.items():
         grid = make()
@@ -884,7 +907,9 @@ def _pipeline_candidates(
             and _busiest_floor(req, grid) > best_step * (1.0 + 1e-9)  # (float sums)
         ):
             continue
-        filled = req.budget.baselines == "filled"
+        if (not filled and best_step is not None and m == m_best and not req.extra
+                and _step_in_order(req, grid) >= best_step):  # fmt: skip
+            continue  # as it is, it cannot win the pick (ties go to the plans found first)
         cand = _plan_of(  # req.padded is False here (checked on entry)
             req,
             _fill_rank_slack(req, grid) if filled else grid,
@@ -994,7 +1019,8 @@ def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
 
 
 def _levelled(
-    req: _Request, candidates: list[Plan], known: dict[int, float] | None = None
+    req: _Request, candidates: list[Plan], known: dict[int, float] | None = None,
+    limit: int | None = None,
 ) -> list[Plan]:
     """Step 4a (fsdp, packed, no pipeline): each candidate that may still win, its slots
     refilled toward their levels (:func:`._slots.fill_to_levels`) where that is faster.
@@ -1009,7 +1035,8 @@ def _levelled(
     slots are far apart before refilling, get it where the plan is well above the bound,
     and most candidates are never refilled. Steps are compared in the requested
     micro-batch order (``order="index"`` sorts each rank on its own, which can undo what
-    the refill lined up). ``known`` maps ``id(plan)`` to steps already computed.
+    the refill lined up). ``known`` maps ``id(plan)`` to steps already computed. ``limit``:
+    refill at most this many candidates (lowest floor first).
     """
     if req.sync != "fsdp" or req.padded or req.pp is not None or req.dp < 2 or not candidates:
         return candidates
@@ -1028,6 +1055,8 @@ def _levelled(
     for i in sorted(pool, key=lambda i: (floors[i], i)):
         if floors[i] >= best:
             break  # no refill of this or a later candidate can beat the best step
+        if limit is not None and limit <= 0:
+            break
         # Each candidate on its own: refilled only if it could gain _LEVEL_MIN_GAIN. (Not
         # relative to the best step: then more candidates could make the pick worse.)
         if floors[i] >= step[i] * (1.0 - _LEVEL_MIN_GAIN):
@@ -1041,6 +1070,8 @@ def _levelled(
             continue
         grid = fill_to_levels(candidates[i].micro_batches, req.costs, req.lens, req.cap,
                               slot_bound=slots)  # fmt: skip
+        if limit is not None:
+            limit -= 1
         if grid is candidates[i].micro_batches:
             continue
         t = _step_in_order(req, grid)
@@ -1412,7 +1443,8 @@ def _plan_attempt(
     early = _ddp_rank_first_at_bound(req, splits, first_m, notes, memo)
     if early is not None:
         candidates.append(early)
-    close = False  # the best candidate is within the budget's stop_gap of the bound
+    # the best candidate is within the budget's stop_gap of the bound
+    close = early is not None and _close_enough(req, candidates, first_m)
     for rank_items in splits if early is None else []:
         m_stop = min((p.num_micro_batches for p in candidates), default=None)
         found = _search(req, rank_items, first_m, notes, memo, m_stop)
@@ -1425,7 +1457,15 @@ def _plan_attempt(
             break
     more = req.budget.candidates and not close
     m_best = min((p.num_micro_batches for p in candidates), default=None)
-    if more:
+    if more and not req.budget.thorough:
+        # The full-rank splits and the refill toward slot levels, then the baselines
+        # (below, as they are) only while the plan may still be more than stop_gap above
+        # the bound.
+        candidates.extend(_full_rank_candidates(req, m_best, candidates))
+        candidates = _levelled(req, candidates)
+        close = _close_enough(req, candidates, first_m)
+        more = not close
+    elif more:
         candidates.extend(_full_rank_candidates(req, m_best, candidates))
     if m_best is not None and _fewer_busy_may_win(req, m_best):
         rival = next(p for p in candidates if p.num_micro_batches == m_best)
@@ -1446,7 +1486,7 @@ def _plan_attempt(
                  if p.num_micro_batches == m_best}  # fmt: skip
         best_step = min(known.values(), default=None)
         candidates.extend(_pipeline_candidates(req, m_best, best_step))
-    if more:
+    if req.budget.thorough:
         candidates = _levelled(req, candidates, known)
     best = _pick(req, candidates, problems, len(splits))
     alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
@@ -1456,7 +1496,8 @@ def _plan_attempt(
         and not req.padded
         and req.groups is None
         and best is not early
-        and more
+        and req.budget.candidates
+        and not close
     ):
         # (the early plan's busiest rank is within AUTO_RTOL of the bound: the exchange
         # could gain at most that)
