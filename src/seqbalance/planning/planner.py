@@ -299,14 +299,19 @@ def _plan_global(
 
 
 def _rank_bins(
-    lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool, balance: bool
+    lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool, balance: bool,
+    rtol: float | None = None,
 ) -> list[list[int]] | None:
     """One rank's sequences into ``m`` bins: fast packer; then, on small inputs only (see
     :func:`_global_bins`), partition-based and exact.
 
     ``balance=False`` skips evening out the bins (under DDP only a rank's total counts).
+    ``rtol``: evening out stops once every bin is within it of the rank's mean bin (its
+    ``m`` slots then add up to within it of the rank's total, which the rank's sequences
+    need whatever their bins).
     """
-    bins = pack(costs, lengths, m, cap, padded=padded, refine=balance)
+    stop = None if rtol is None or not costs.size else (1.0 + rtol) * float(costs.sum()) / m
+    bins = pack(costs, lengths, m, cap, padded=padded, refine=balance, stop_at=stop)
     if bins is None and lengths.size <= EXACT_MAX_ITEMS:
         if not padded:
             bins = fit_by_partition(costs, lengths, m, cap)
@@ -326,11 +331,13 @@ def _plan_by_rank(
     cap: int,
     padded: bool,
     sync: str,
+    rtol: float | None = None,
 ) -> list[list[list[int]]] | None:
     out = []
     for items in rank_items:
         idx = np.asarray(items, dtype=np.int64)
-        bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp")
+        bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp",
+                          rtol=rtol)  # fmt: skip
         if bins is None:
             return None
         out.append(_heaviest_first(idx, bins, costs, padded))
@@ -787,11 +794,13 @@ def _by_rank_at(
         return cast("tuple[list[list[list[int]]] | None, str]", memo[key])
     mbs, st = None, "infeasible"
     if not blocked:
-        mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded, req.sync)
+        mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded, req.sync,
+                            req.budget.refine_rtol)  # fmt: skip
     if mbs is None:
         joint, st = _joint_exact(req, m, memo)
         if joint is not None:
-            mbs = _plan_by_rank(req.lens, req.costs, joint, m, req.cap, req.padded, req.sync)
+            mbs = _plan_by_rank(req.lens, req.costs, joint, m, req.cap, req.padded, req.sync,
+                                req.budget.refine_rtol)  # fmt: skip
             st = "found" if mbs is not None else "limit"
     if mbs is not None:
         mbs = _fill_rank_slack(req, mbs)
@@ -1306,26 +1315,41 @@ def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
 
     With a per-micro-batch cost every micro-batch index costs that much more, while more
     micro-batches leave the packing more freedom to even out slots (under ``fsdp``) and
-    ranks: which wins depends on the batch, so the count is chosen by the step, starting
-    at the fewest (kept on ties). Without that term the fewest stays (the packing at more
-    micro-batches rarely gains, and planning them costs as much again).
+    ranks: which wins depends on the batch, so the count is chosen by the step. The search
+    starts at the fewest and tries one count more at a time (in steps of
+    ``micro_batch_multiple``) while each is shorter than the best so far; not at all when
+    the fewest is within ``budget.stop_gap`` of its lower bound (no count can then gain
+    more: the bound only grows with the count). Without that term the fewest stays.
     """
     if (not budget.counts or fewest.per_microbatch <= 0 or kw.get("extra_micro_batches")
-            or kw.get("sequences_per_micro_batch") is not None):  # fmt: skip
+            or kw.get("sequences_per_micro_batch") is not None
+            or budget.stop_gap is None):  # fmt: skip
         return fewest
-    more = _plan_alone(**{**kw, "extra_micro_batches": budget.counts})
-    if more.num_micro_batches == fewest.num_micro_batches:
+    best, best_step = fewest, _final_step(fewest)
+    if fewest.simulate().gap <= budget.stop_gap:
         return fewest
-    step0, step1 = _final_step(fewest), _final_step(more)
-    if not step1 < step0 * (1 - _COUNT_GAIN):
+    mult = int(kw.get("micro_batch_multiple", 1))
+    for k in range(1, budget.counts + 1):
+        m = fewest.num_micro_batches + k * mult
+        try:
+            more = _plan_alone(**{**kw, "min_micro_batches": m})
+        except ValueError:  # too few sequences for that many micro-batches
+            break
+        step = _final_step(more)
+        if more.num_micro_batches != m or not step < best_step * (1 - _COUNT_GAIN):
+            break
+        best, best_step = more, step
+    if best is fewest:
         return fewest
-    more.notes = (
-        *(n for n in more.notes if "extra_micro_batches=" not in n),
-        f"{more.num_micro_batches} micro-batches per rank instead of the fewest, "
-        f"{fewest.num_micro_batches}: with the per-micro-batch cost, the shortest simulated "
-        f"step of the {budget.counts + 1} counts tried ({step1 / step0 - 1:+.2%})",
+    tag = f"min_micro_batches={best.num_micro_batches}"
+    best.notes = (
+        *(n for n in best.notes if tag not in n),
+        f"{best.num_micro_batches} micro-batches per rank instead of the fewest, "
+        f"{fewest.num_micro_batches}: with the per-micro-batch cost, its simulated step is "
+        f"{best_step / _final_step(fewest) - 1:+.2%} (counts above the fewest are tried one "
+        "at a time while each is shorter)",
     )
-    return more
+    return best
 
 
 def _plan_alone(**kw: Any) -> Plan:
@@ -1488,6 +1512,9 @@ def _plan_attempt(
         candidates.extend(_pipeline_candidates(req, m_best, best_step))
     if req.budget.thorough:
         candidates = _levelled(req, candidates, known)
+    elif more and req.budget.baselines == "filled":
+        # a slack-filled baseline refilled toward slot levels can still win
+        candidates = _levelled(req, candidates)
     best = _pick(req, candidates, problems, len(splits))
     alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
     if (
