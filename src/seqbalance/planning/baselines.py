@@ -176,14 +176,15 @@ def _token_ffd_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> G
 
 
 def _kk_two_level(weights: np.ndarray, lens: np.ndarray, dp: int, cap: int) -> Grid:
-    from ..partitioning import partition  # lazy: keeps import order free
+    from ..partitioning.kway import kk_parts  # lazy: keeps import order free
 
-    rank_parts = [list(p) for p in partition(weights, dp, size="balanced", method="kk")]
+    weights = np.asarray(weights, dtype=np.float64)
+    rank_parts = kk_parts(weights, dp, "balanced")
     m = max((max(1, math.ceil(int(lens[p].sum()) / cap)) for p in rank_parts if p), default=1)
     ranks = []
     for items in rank_parts:
         idx = np.asarray(items, dtype=np.int64)
-        parts = partition(weights[idx], m, method="kk") if idx.size else [[] for _ in range(m)]
+        parts = kk_parts(weights[idx], m) if idx.size else [[] for _ in range(m)]
         ranks.append([idx[np.asarray(p, dtype=np.int64)].tolist() for p in parts])
     return ranks
 

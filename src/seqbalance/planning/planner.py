@@ -209,6 +209,7 @@ def _refine_stop(costs: np.ndarray, nbins: int, dp: int, budget: Effort) -> floa
 def _global_bins(
     lengths: np.ndarray, costs: np.ndarray, nbins: int, cap: int, padded: bool,
     full: bool = False, budget: Effort = _THOROUGH, dp: int = 0,
+    first: list[list[int]] | None = None,
 ) -> tuple[list[list[list[int]]], str]:
     """Candidate packings of all sequences into ``nbins`` bins, and how the search ended.
 
@@ -220,7 +221,7 @@ def _global_bins(
     search limit). ``full`` adds first-fit decreasing left unbalanced (bins filled to the
     cap, the rest in the last ones), for lockstep slots. ``budget``: the refinement's stop
     and, without further candidates (``effort="fast"``), the first start that packs alone.
-    ``dp``: the ranks the bins are dealt to.
+    ``dp``: the ranks the bins are dealt to. ``first``: the LPT start's packing, if made.
     """
     starts = ["lpt"]
     stop = _refine_stop(costs, nbins, dp, budget)
@@ -232,9 +233,10 @@ def _global_bins(
         starts.append("ffd")  # tighter packing sometimes lines slots up better
     memo: dict[Any, Any] = {}  # the starts share FFD and the token partition at this count
     found = [
-        pack(costs, lengths, nbins, cap, padded=padded, start=s, memo=memo, stop_at=stop)
+        first if s == "lpt" and first is not None
+        else pack(costs, lengths, nbins, cap, padded=padded, start=s, memo=memo, stop_at=stop)
         for s in starts
-    ]
+    ]  # fmt: skip
     if full and "ffd" in starts and not padded:
         # Under lockstep slots (fsdp) a slot of full bins on every rank wastes nothing, and
         # bins near the cap line up across ranks better than bins evened out around the
@@ -271,18 +273,19 @@ def _plan_global(
     pp: PipelineSetup | None = None,
     sent: np.ndarray | None = None,
     budget: Effort = _THOROUGH,
+    enough: float | None = None,
 ) -> tuple[list[list[list[int]]] | None, str]:
     """``sent``: the tokens a pipeline stage sends per sequence (the true lengths where
-    ``lengths`` are clipped to the cap for packing); default ``lengths``."""
+    ``lengths`` are clipped to the cap for packing); default ``lengths``. ``enough``: a
+    step at which the first packing (LPT) is kept without trying the others (the budget's
+    stop gap above the step bound; plain plans only)."""
     sent = lengths if sent is None else sent
     best, best_time = None, np.inf
     # One rank has nothing to line up with: its step is the sum of its bins whatever they
     # hold, and float rounding must not let unbalanced bins win a tie.
     full = sync == "fsdp" and dp > 1
-    packings, status = _global_bins(
-        lengths, costs, dp * m, cap, padded, full=full, budget=budget, dp=dp
-    )
-    for bins in packings:
+
+    def finish(bins: list[list[int]]) -> tuple[list[list[list[int]]], float]:
         grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if sync == "fsdp" and not padded:
             grid = _fill_slack(grid, costs, lengths, cap, budget)
@@ -293,6 +296,22 @@ def _plan_global(
         else:  # the pipeline step, in the best starting order
             grid = pipeline_order_grid(grid, costs, c0, sent, padded, sync, pp, quick=True)
             t = pipeline_step_time(grid, costs, c0, sent, padded, sync, pp)
+        return grid, t
+
+    first = None
+    if enough is not None and pp is None:
+        stop = _refine_stop(costs, dp * m, dp, budget)
+        lpt = pack(costs, lengths, dp * m, cap, padded=padded, start="lpt", stop_at=stop)
+        if lpt is not None:
+            first = (lpt, *finish(lpt))
+            if first[2] <= enough:
+                return first[1], "found"
+    packings, status = _global_bins(
+        lengths, costs, dp * m, cap, padded, full=full, budget=budget, dp=dp,
+        first=None if first is None else first[0],
+    )  # fmt: skip
+    for bins in packings:
+        grid, t = finish(bins) if first is None or bins is not first[0] else first[1:]
         if t < best_time:
             best, best_time = grid, t
     return best, status
@@ -756,7 +775,7 @@ def _search(
                 return found if found else str(problem)
             mbs, st = _plan_global(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp,
-                req.run_lens, req.budget,
+                req.run_lens, req.budget, _enough(req, m, memo),
             )
         else:
             mbs, st = _by_rank_at(req, rank_items, m, memo, blocked)
@@ -1000,7 +1019,29 @@ def _full_rank_candidates(
     return out
 
 
-def _close_enough(req: _Request, candidates: list[Plan], first_m: int) -> bool:
+def _enough(req: _Request, m: int, memo: dict[Any, Any] | None = None) -> float | None:
+    """A step within the budget's stop gap of the step bound at ``m`` micro-batches
+    (:func:`.bounds.capacity_step_bound`), or None where the budget never stops early or
+    the step is judged otherwise (pipelines, extra counts, ``order=``, padded).
+    Kept in ``memo`` per count."""
+    gap = req.budget.stop_gap
+    if gap is None or req.pp is not None or req.extra or req.order is not None or req.padded:
+        return None
+    key = ("step_bound", m)
+    if memo is None or key not in memo:
+        bound = capacity_step_bound(
+            req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
+            size=req.size, groups=req.groups, min_micro_batches_given=m,
+        )  # fmt: skip
+        if memo is None:
+            return bound * (1.0 + gap)
+        memo[key] = bound
+    return float(memo[key]) * (1.0 + gap)
+
+
+def _close_enough(
+    req: _Request, candidates: list[Plan], first_m: int, memo: dict[Any, Any] | None = None
+) -> bool:
     """Whether the fastest of ``candidates`` is within the budget's ``stop_gap`` of the
     step-time lower bound (:func:`.bounds.capacity_step_bound`) and has ``first_m``
     micro-batches, the fewest any plan can have: then no further candidate, a baseline
@@ -1015,7 +1056,7 @@ def _close_enough(req: _Request, candidates: list[Plan], first_m: int) -> bool:
     bound = capacity_step_bound(
         req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
         size=req.size, groups=req.groups, min_micro_batches_given=first_m,
-    )  # fmt: skip
+    ) if memo is None or ("step_bound", first_m) not in memo else memo[("step_bound", first_m)]
     return best <= bound * (1.0 + gap)
 
 
@@ -1315,15 +1356,18 @@ def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
 
     With a per-micro-batch cost every micro-batch index costs that much more, while more
     micro-batches leave the packing more freedom to even out slots (under ``fsdp``) and
-    ranks: which wins depends on the batch, so the count is chosen by the step. The search
+    ranks: which wins depends on the batch, so the count is chosen by the step (not with
+    ``allow_empty``, ``extra_micro_batches`` or ``sequences_per_micro_batch``). The search
     starts at the fewest and tries one count more at a time (in steps of
     ``micro_batch_multiple``) while each is shorter than the best so far; not at all when
     the fewest is within ``budget.stop_gap`` of its lower bound (no count can then gain
     more: the bound only grows with the count). Without that term the fewest stays.
     """
     if (not budget.counts or fewest.per_microbatch <= 0 or kw.get("extra_micro_batches")
-            or kw.get("sequences_per_micro_batch") is not None
+            or kw.get("sequences_per_micro_batch") is not None or kw.get("allow_empty")
             or budget.stop_gap is None):  # fmt: skip
+        # (allow_empty: larger counts would be planned with empty micro-batches, which the
+        # fewer-busy candidate already weighs)
         return fewest
     best, best_step = fewest, _final_step(fewest)
     if fewest.simulate().gap <= budget.stop_gap:
@@ -1468,7 +1512,7 @@ def _plan_attempt(
     if early is not None:
         candidates.append(early)
     # the best candidate is within the budget's stop_gap of the bound
-    close = early is not None and _close_enough(req, candidates, first_m)
+    close = early is not None and _close_enough(req, candidates, first_m, memo)
     for rank_items in splits if early is None else []:
         m_stop = min((p.num_micro_batches for p in candidates), default=None)
         found = _search(req, rank_items, first_m, notes, memo, m_stop)
@@ -1476,7 +1520,7 @@ def _plan_attempt(
             problems.append(found)
         else:
             candidates.extend(found)
-        close = _close_enough(req, candidates, first_m)
+        close = _close_enough(req, candidates, first_m, memo)
         if close or (candidates and not req.budget.candidates):
             break
     more = req.budget.candidates and not close
@@ -1487,7 +1531,7 @@ def _plan_attempt(
         # the bound.
         candidates.extend(_full_rank_candidates(req, m_best, candidates))
         candidates = _levelled(req, candidates)
-        close = _close_enough(req, candidates, first_m)
+        close = _close_enough(req, candidates, first_m, memo)
         more = not close
     elif more:
         candidates.extend(_full_rank_candidates(req, m_best, candidates))
