@@ -90,7 +90,7 @@ class Effort:
 # which no candidate is worth building.
 _LEVELS = {
     "thorough": Effort("thorough", None, 1.5e7, 2, True, "filled", True, 0, None),
-    "default": Effort("default", 1e-3, 1.5e7, 2, True, "filled", False, 3, 5e-4),
+    "default": Effort("default", 1e-3, 4e6, 2, True, "filled", False, 3, 5e-4),
     "fast": Effort("fast", None, 2e5, 1, False, "none", False, 0, 1e-3),
 }
 

@@ -1070,7 +1070,7 @@ def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
 
 def _levelled(
     req: _Request, candidates: list[Plan], known: dict[int, float] | None = None,
-    limit: int | None = None,
+    limit: int | None = None, skip: set[int] | None = None,
 ) -> list[Plan]:
     """Step 4a (fsdp, packed, no pipeline): each candidate that may still win, its slots
     refilled toward their levels (:func:`._slots.fill_to_levels`) where that is faster.
@@ -1086,7 +1086,8 @@ def _levelled(
     and most candidates are never refilled. Steps are compared in the requested
     micro-batch order (``order="index"`` sorts each rank on its own, which can undo what
     the refill lined up). ``known`` maps ``id(plan)`` to steps already computed. ``limit``:
-    refill at most this many candidates (lowest floor first).
+    refill at most this many candidates (lowest floor first). ``skip``: ``id``s of
+    candidates not to refill (already were), which still count toward the best step.
     """
     if req.sync != "fsdp" or req.padded or req.pp is not None or req.dp < 2 or not candidates:
         return candidates
@@ -1107,6 +1108,8 @@ def _levelled(
             break  # no refill of this or a later candidate can beat the best step
         if limit is not None and limit <= 0:
             break
+        if skip is not None and id(candidates[i]) in skip:
+            continue
         # Each candidate on its own: refilled only if it could gain _LEVEL_MIN_GAIN. (Not
         # relative to the best step: then more candidates could make the pick worse.)
         if floors[i] >= step[i] * (1.0 - _LEVEL_MIN_GAIN):
@@ -1513,6 +1516,7 @@ def _plan_attempt(
         candidates.append(early)
     # the best candidate is within the budget's stop_gap of the bound
     close = early is not None and _close_enough(req, candidates, first_m, memo)
+    levelled: set[int] = set()  # (default effort) candidates already refilled, by id
     for rank_items in splits if early is None else []:
         m_stop = min((p.num_micro_batches for p in candidates), default=None)
         found = _search(req, rank_items, first_m, notes, memo, m_stop)
@@ -1531,6 +1535,7 @@ def _plan_attempt(
         # the bound.
         candidates.extend(_full_rank_candidates(req, m_best, candidates))
         candidates = _levelled(req, candidates)
+        levelled = {id(p) for p in candidates}
         close = _close_enough(req, candidates, first_m, memo)
         more = not close
     elif more:
@@ -1558,7 +1563,7 @@ def _plan_attempt(
         candidates = _levelled(req, candidates, known)
     elif more and req.budget.baselines == "filled":
         # a slack-filled baseline refilled toward slot levels can still win
-        candidates = _levelled(req, candidates)
+        candidates = _levelled(req, candidates, skip=levelled)
     best = _pick(req, candidates, problems, len(splits))
     alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
     if (
