@@ -79,6 +79,7 @@ def fill_slack(
         slack = level[slot] - cost
         room = cap - tok
         step = None
+        view = None  # the swap scans' per-sequence arrays, made once a step when needed
         for j in np.lexsort((np.arange(m), -level)).tolist():
             if level[j] <= tiny:
                 break  # this slot and the rest hold no cost: nothing to move off them
@@ -96,23 +97,12 @@ def fill_slack(
             step = _best_move(items, b, second[j], to, cost, slack, room, costs, lengths, tiny)
             if step is None and swap_budget > 0:
                 swap_budget -= (len(items[int(top[j])]) + 8) * placed.size
+                if view is None:
+                    view = _swap_view(placed, where, slot, rank, costs, lengths, slack, room)
                 step = _best_swap(
-                    items,
-                    int(top[j]),
-                    second[j],
-                    slot,
-                    rank,
-                    cost,
-                    slack,
-                    room,
-                    tok,
-                    cap,
-                    costs,
-                    lengths,
-                    placed,
-                    where,
-                    tiny,
-                )
+                    items, int(top[j]), second[j], slot, rank, cost, tok, cap, costs, lengths,
+                    placed, view, tiny,
+                )  # fmt: skip
             if step is not None:
                 break
             stuck[j] = not retry
@@ -161,20 +151,26 @@ def _best_move(items, b, second, dests, cost, slack, room, costs, lengths, tiny)
     return b, int(ib[x]), int(dests[int(np.argmin(left))]), -1
 
 
-def _best_swap(
-    items, b, second, slot, rank, cost, slack, room, tok, cap, costs, lengths, placed, where, tiny
-):
-    """Swap a sequence of top bin ``b`` with a cheaper one of another slot's bin that has slack."""
+def _swap_view(placed, where, slot, rank, costs, lengths, slack, room) -> tuple:
+    """Per placed sequence (ascending): its bin, that bin's slot, rank, slack and room, and
+    the sequence's cost and tokens; shared by a step's swap scans (nothing moves between
+    them)."""
+    d = where[placed]
+    return d, slot[d], rank[d], costs[placed], lengths[placed], slack[d], room[d]
+
+
+def _best_swap(items, b, second, slot, rank, cost, tok, cap, costs, lengths, placed, view, tiny):
+    """Swap a sequence of top bin ``b`` with a cheaper one of another slot's bin that has
+    slack (``view``: :func:`_swap_view` of this step)."""
     ib = np.asarray(items[b], dtype=np.int64)
     wx, tx = costs[ib][:, None], lengths[ib][:, None]
-    d = where[placed]
-    other = (slot[d] != slot[b]) & (rank[d] == rank[b])
-    y, d = placed[other], d[other]
-    wy, ty = costs[y][None, :], lengths[y][None, :]
+    d_all, slot_d, rank_d, w_all, t_all, slack_d, room_d = view
+    other = (slot_d != slot[b]) & (rank_d == rank[b])
+    wy, ty = w_all[other][None, :], t_all[other][None, :]
     ok = (
         (wy < wx)
-        & (slack[d][None, :] + wy >= wx)  # the other slot's level does not rise
-        & (room[d][None, :] + ty >= tx)
+        & (slack_d[other][None, :] + wy >= wx)  # the other slot's level does not rise
+        & (room_d[other][None, :] + ty >= tx)
         & (cap - tok[b] + tx >= ty)
     )
     gain = np.where(ok, np.minimum(wx - wy, cost[b] - second), 0.0)
@@ -184,7 +180,8 @@ def _best_swap(
     if gain.flat[flat] <= tiny:
         return None
     x, k = divmod(flat, gain.shape[1])
-    return b, int(ib[x]), int(d[k]), int(y[k])
+    at = int(np.flatnonzero(other)[k])
+    return b, int(ib[x]), int(d_all[at]), int(placed[at])
 
 
 # Subsets of a rank's costliest sequences tried as the core of each slot's micro-batch:
