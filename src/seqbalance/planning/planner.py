@@ -1534,9 +1534,11 @@ def _plan_attempt(
         # (below, as they are) only while the plan may still be more than stop_gap above
         # the bound.
         candidates.extend(_full_rank_candidates(req, m_best, candidates))
-        candidates = _levelled(req, candidates)
-        levelled = {id(p) for p in candidates}
         close = _close_enough(req, candidates, first_m, memo)
+        if not close:
+            candidates = _levelled(req, candidates)
+            levelled = {id(p) for p in candidates}
+            close = _close_enough(req, candidates, first_m, memo)
         more = not close
     elif more:
         candidates.extend(_full_rank_candidates(req, m_best, candidates))
