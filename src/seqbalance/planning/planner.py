@@ -1514,6 +1514,14 @@ def _plan_attempt(
     early = _ddp_rank_first_at_bound(req, splits, first_m, notes, memo)
     if early is not None:
         candidates.append(early)
+    if early is None and first_m == 1 and not req.budget.thorough and req.n <= _PIPELINE_MAX_ITEMS:
+        # One micro-batch per rank: the plan is a partition of the sequences over the
+        # ranks, which the full-rank split (a partition stopped within 0.1% of its bound)
+        # makes directly; when it is within the stop gap, the packings are not needed.
+        first = _full_rank_candidates(req, 1, [])
+        if _close_enough(req, first, first_m, memo):
+            early = min(first, key=lambda p: _step_in_order(req, p.micro_batches))
+            candidates.append(early)
     # the best candidate is within the budget's stop_gap of the bound
     close = early is not None and _close_enough(req, candidates, first_m, memo)
     levelled: set[int] = set()  # (default effort) candidates already refilled, by id
