@@ -1520,7 +1520,9 @@ def _plan_attempt(
         # makes directly; when it is within the stop gap, the packings are not needed.
         first = _full_rank_candidates(req, 1, [])
         if _close_enough(req, first, first_m, memo):
-            early = min(first, key=lambda p: _step_in_order(req, p.micro_batches))
+            # (with the request's notes only, as the packings' plan would have)
+            fastest = min(first, key=lambda p: _step_in_order(req, p.micro_batches))
+            early = _plan_of(req, fastest.micro_batches, notes)
             candidates.append(early)
     # the best candidate is within the budget's stop_gap of the bound
     close = early is not None and _close_enough(req, candidates, first_m, memo)
