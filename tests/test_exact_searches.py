@@ -158,15 +158,26 @@ def test_compat_default_is_off_and_the_caller_can_turn_it_on(search_calls):
 
 
 def test_plan_follows_the_switch(search_calls):
+    # effort="thorough": the searches run unless switched off
     lens = sb.workloads.lengths("long-mix", 48, seed=1)
     with sb.exact_searches(False):
-        off = sb.plan(lens, 8, 16384, sync="ddp", baselines=False)
+        off = sb.plan(lens, 8, 16384, sync="ddp", baselines=False, effort="thorough")
     assert search_calls == []
-    on = sb.plan(lens, 8, 16384, sync="ddp", baselines=False)
+    on = sb.plan(lens, 8, 16384, sync="ddp", baselines=False, effort="thorough")
     assert search_calls
     for p in (off, on):
         assert sorted(i for rank in p.micro_batches for mb in rank for i in mb) == list(range(48))
         assert not any(p.violations().values())
+
+
+def test_default_effort_leaves_the_searches_off_unless_the_caller_chose(search_calls):
+    lens = sb.workloads.lengths("long-mix", 48, seed=1)
+    sb.plan(lens, 8, 16384, sync="ddp", baselines=False)
+    assert search_calls == []
+    assert sb.exact_searches_enabled()  # the planner's choice does not leak out
+    with sb.exact_searches(True):
+        sb.plan(lens, 8, 16384, sync="ddp", baselines=False)
+    assert search_calls
 
 
 def test_areal_kk_allocate_no_heavier_than_areals_differencing_hand_case():

@@ -336,6 +336,25 @@ def partition_arrays(
         return Partition(parts, loads, bound, used, optimal=proven or k == 1)
 
 
+def kk_parts(w: np.ndarray, k: int, rule: str = "free") -> list[list[int]]:
+    """The parts of ``partition(w, k, size=rule, method="kk")`` (validated float64 ``w``,
+    no groups), without the lower bound its :class:`Partition` reports: the baselines
+    that run KK as a step of their own pipeline need the parts only."""
+    check_size(rule, w.shape[0], k, grouped=False)
+    if w.shape[0] <= k:  # as partition_arrays: one unit per part, heaviest first
+        labels = np.empty(w.shape[0], dtype=np.int64)
+        labels[np.argsort(-w, kind="stable")] = np.arange(w.shape[0])
+    else:
+        labels = kk_labels(w, k)
+    counts = np.bincount(labels, minlength=k)
+    order = np.argsort(labels, kind="stable").tolist()  # ascending within each part
+    ends = np.cumsum(counts)
+    parts: list[list[int]] = [[] for _ in range(k)]
+    for p in np.flatnonzero(counts).tolist():
+        parts[p] = order[int(ends[p] - counts[p]) : int(ends[p])]
+    return parts
+
+
 def _at_most_floor(
     units: np.ndarray, k: int, size: str, bound: float, fit: float | None,
     labels: np.ndarray, used: str, floor: Callable[[np.ndarray, int], np.ndarray],

@@ -363,11 +363,15 @@ def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
     return True
 
 
-def _refine(bins: _Bins, max_steps: int) -> None:
+def _refine(bins: _Bins, max_steps: int, stop_at: float | None = None) -> None:
+    """Even out the bins by moves and swaps between the heaviest (then the lightest) bin
+    and its nearest partners. ``stop_at``: stop once the heaviest bin costs at most this
+    (the caller's level at which evening out cannot gain enough to matter)."""
     nb = bins.cost.size
     k = min(_PARTNERS, nb - 1)
     if k < 1:
         return
+    enough = -np.inf if stop_at is None else stop_at
     pool_size = min(nb, 4 * k + 1)
     steps = 0
     for phase in ("max", "min", "max"):
@@ -385,6 +389,8 @@ def _refine(bins: _Bins, max_steps: int) -> None:
             part = pool[np.lexsort((pool, sign * cost[pool]))][: k + 1].tolist()
             if phase == "max":
                 hi = int(np.argmax(cost))
+                if cost[hi] <= enough:
+                    return
                 done = not any(p != hi and _improve_pair(bins, hi, p) for p in part)
             else:
                 lo = int(np.argmin(cost))
@@ -433,6 +439,7 @@ def pack(
     refine: bool = True,
     start: str = "lpt",
     memo: dict | None = None,
+    stop_at: float | None = None,
 ) -> list[list[int]] | None:
     """Pack items (cost ``w``, tokens ``t``) into exactly ``nbins`` bins of ``cap`` tokens.
 
@@ -442,7 +449,8 @@ def pack(
     or None when no heuristic fits everything. Bins may be empty only when there are fewer
     items than bins. ``memo``: a dict shared by calls on the same ``w`` and ``t`` (other
     starts, other counts), so first-fit decreasing and the token partition, which every
-    start falls back on, run once per count.
+    start falls back on, run once per count. ``stop_at``: refinement stops once the
+    heaviest bin costs at most this.
     """
     bins = _lpt(w, t, nbins, cap, padded) if start == "lpt" else None
     if bins is None:
@@ -452,6 +460,6 @@ def pack(
     if bins is None:
         return None
     if refine and not padded:
-        _refine(bins, max_steps=4 * nbins + 2000)
+        _refine(bins, max_steps=4 * nbins + 2000, stop_at=stop_at)
     _fill_empty(bins)
     return bins.items

@@ -28,12 +28,21 @@ def fill_slack(
     *,
     max_steps: int,
     same_rank: bool = False,
+    swap_work: float | None = None,
+    move_work: float | None = None,
+    retry: bool = True,
 ) -> list[list[list[int]]]:
     """Return ``grid`` (``[rank][slot] -> indices``) with a lower or equal ``sum_j max_r``.
 
     Packed micro-batches only. Never breaks the capacity, never empties a micro-batch.
     ``same_rank=True`` moves and swaps sequences only between micro-batches of one rank, so
-    every rank keeps its sequences (a size rule and groups stay met).
+    every rank keeps its sequences (a size rule and groups stay met). ``swap_work``: the
+    budget of the swap scans, in (top-bin sequences + 8) x (all sequences) elements
+    (default ``_SWAP_BUDGET``); ``move_work``: the budget of the move scans, in
+    (top-bin sequences) x (destination bins) elements (default: none). Both are counted
+    in elements, never in time, so every rank stops at the same step. ``retry=False``: a
+    slot where no move or swap was found is not searched again until a step changes it
+    (faster; a step elsewhere can open room for it, which is then missed).
     """
     dp = len(grid)
     m = len(grid[0]) if dp else 0
@@ -53,7 +62,10 @@ def fill_slack(
     # _DEST_CACHE entries (each holds up to dp * m bins: one per slot would grow with m**2)
     dests: dict[int, np.ndarray] = {}
     cached = 0
-    swap_budget = _SWAP_BUDGET  # elements of (top-bin items x sequences) left to scan
+    # elements of (top-bin items x sequences) left to scan, and of (items x bins) for moves
+    swap_budget = _SWAP_BUDGET if swap_work is None else swap_work
+    move_budget = np.inf if move_work is None else move_work
+    stuck = np.zeros(m, dtype=bool)  # retry=False: slots searched in vain since they changed
     tiny = 1e-12 * max(float(cost.max()), 1e-300)
     # Nothing to gain once the step is within 1e-4 of the simple bound max(sum/dp, max).
     good_enough = (1 + 1e-4) * max(float(cost.sum()) / dp, float(costs.max(initial=0.0)))
@@ -67,40 +79,37 @@ def fill_slack(
         slack = level[slot] - cost
         room = cap - tok
         step = None
+        view = None  # the swap scans' per-sequence arrays, made once a step when needed
         for j in np.lexsort((np.arange(m), -level)).tolist():
             if level[j] <= tiny:
                 break  # this slot and the rest hold no cost: nothing to move off them
+            if stuck[j]:
+                continue
             b = int(top[j])
             to = dests.get(b)
             if to is None:  # same-slot moves are the packer's job
                 to = np.flatnonzero((slot != slot[b]) & (rank == rank[b]))
                 if cached + to.size <= _DEST_CACHE:
                     dests[b], cached = to, cached + to.size
+            if move_budget <= 0:
+                break
+            move_budget -= len(items[b]) * to.size
             step = _best_move(items, b, second[j], to, cost, slack, room, costs, lengths, tiny)
             if step is None and swap_budget > 0:
                 swap_budget -= (len(items[int(top[j])]) + 8) * placed.size
+                if view is None:
+                    view = _swap_view(placed, where, slot, rank, costs, lengths, slack, room)
                 step = _best_swap(
-                    items,
-                    int(top[j]),
-                    second[j],
-                    slot,
-                    rank,
-                    cost,
-                    slack,
-                    room,
-                    tok,
-                    cap,
-                    costs,
-                    lengths,
-                    placed,
-                    where,
-                    tiny,
-                )
+                    items, int(top[j]), second[j], slot, rank, cost, tok, cap, costs, lengths,
+                    placed, view, tiny,
+                )  # fmt: skip
             if step is not None:
                 break
+            stuck[j] = not retry
         if step is None:
             break
         b, xi, dest, yi = step
+        stuck[slot[b]] = stuck[slot[dest]] = False
         _shift(items, cost, tok, where, costs, lengths, xi, b, dest)
         if yi >= 0:
             _shift(items, cost, tok, where, costs, lengths, yi, dest, b)
@@ -142,20 +151,26 @@ def _best_move(items, b, second, dests, cost, slack, room, costs, lengths, tiny)
     return b, int(ib[x]), int(dests[int(np.argmin(left))]), -1
 
 
-def _best_swap(
-    items, b, second, slot, rank, cost, slack, room, tok, cap, costs, lengths, placed, where, tiny
-):
-    """Swap a sequence of top bin ``b`` with a cheaper one of another slot's bin that has slack."""
+def _swap_view(placed, where, slot, rank, costs, lengths, slack, room) -> tuple:
+    """Per placed sequence (ascending): its bin, that bin's slot, rank, slack and room, and
+    the sequence's cost and tokens; shared by a step's swap scans (nothing moves between
+    them)."""
+    d = where[placed]
+    return d, slot[d], rank[d], costs[placed], lengths[placed], slack[d], room[d]
+
+
+def _best_swap(items, b, second, slot, rank, cost, tok, cap, costs, lengths, placed, view, tiny):
+    """Swap a sequence of top bin ``b`` with a cheaper one of another slot's bin that has
+    slack (``view``: :func:`_swap_view` of this step)."""
     ib = np.asarray(items[b], dtype=np.int64)
     wx, tx = costs[ib][:, None], lengths[ib][:, None]
-    d = where[placed]
-    other = (slot[d] != slot[b]) & (rank[d] == rank[b])
-    y, d = placed[other], d[other]
-    wy, ty = costs[y][None, :], lengths[y][None, :]
+    d_all, slot_d, rank_d, w_all, t_all, slack_d, room_d = view
+    other = (slot_d != slot[b]) & (rank_d == rank[b])
+    wy, ty = w_all[other][None, :], t_all[other][None, :]
     ok = (
         (wy < wx)
-        & (slack[d][None, :] + wy >= wx)  # the other slot's level does not rise
-        & (room[d][None, :] + ty >= tx)
+        & (slack_d[other][None, :] + wy >= wx)  # the other slot's level does not rise
+        & (room_d[other][None, :] + ty >= tx)
         & (cap - tok[b] + tx >= ty)
     )
     gain = np.where(ok, np.minimum(wx - wy, cost[b] - second), 0.0)
@@ -165,7 +180,8 @@ def _best_swap(
     if gain.flat[flat] <= tiny:
         return None
     x, k = divmod(flat, gain.shape[1])
-    return b, int(ib[x]), int(d[k]), int(y[k])
+    at = int(np.flatnonzero(other)[k])
+    return b, int(ib[x]), int(d_all[at]), int(placed[at])
 
 
 # Subsets of a rank's costliest sequences tried as the core of each slot's micro-batch:

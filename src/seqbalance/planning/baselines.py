@@ -78,6 +78,9 @@ __all__ = [
 ]
 
 
+Grid = list[list[list[int]]]
+
+
 def _equalize(ranks: list[list[list[int]]]) -> list[list[list[int]]]:
     """Give every rank the same micro-batch count by splitting its fullest micro-batches."""
     m = max((len(r) for r in ranks), default=0)
@@ -145,9 +148,12 @@ def sequential(
     capacity violation).
     """
     lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
+    return _plan("sequential", _sequential_grid(lens, dp, cap, costs), lens, cap, costs, c0, sync)
+
+
+def _sequential_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> Grid:
     slices = np.array_split(np.arange(lens.size), dp)
-    ranks = [_first_fit(s.tolist(), lens, cap) for s in slices]
-    return _plan("sequential", ranks, lens, cap, costs, c0, sync)
+    return [_first_fit(s.tolist(), lens, cap) for s in slices]
 
 
 def token_ffd(
@@ -155,32 +161,27 @@ def token_ffd(
 ) -> Plan:
     """First-fit decreasing on tokens over the batch; bins dealt to ranks round-robin."""
     lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
+    return _plan("token-ffd", _token_ffd_grid(lens, dp, cap, costs), lens, cap, costs, c0, sync)
+
+
+def _token_ffd_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> Grid:
     order = np.lexsort((np.arange(lens.size), -lens)).tolist()
     bins = _first_fit(order, lens, cap)
-    ranks = [bins[r::dp] for r in range(dp)]
-    return _plan("token-ffd", ranks, lens, cap, costs, c0, sync)
+    return [bins[r::dp] for r in range(dp)]
 
 
-def _kk_two_level(
-    name: str,
-    weights: np.ndarray,
-    lens: np.ndarray,
-    dp: int,
-    cap: int,
-    costs: np.ndarray,
-    c0: float,
-    sync: str,
-) -> Plan:
-    from ..partitioning import partition  # lazy: keeps import order free
+def _kk_two_level(weights: np.ndarray, lens: np.ndarray, dp: int, cap: int) -> Grid:
+    from ..partitioning.kway import kk_parts  # lazy: keeps import order free
 
-    rank_parts = [list(p) for p in partition(weights, dp, size="balanced", method="kk")]
+    weights = np.asarray(weights, dtype=np.float64)
+    rank_parts = kk_parts(weights, dp, "balanced")
     m = max((max(1, math.ceil(int(lens[p].sum()) / cap)) for p in rank_parts if p), default=1)
     ranks = []
     for items in rank_parts:
         idx = np.asarray(items, dtype=np.int64)
-        parts = partition(weights[idx], m, method="kk") if idx.size else [[] for _ in range(m)]
+        parts = kk_parts(weights[idx], m) if idx.size else [[] for _ in range(m)]
         ranks.append([idx[np.asarray(p, dtype=np.int64)].tolist() for p in parts])
-    return _plan(name, ranks, lens, cap, costs, c0, sync)
+    return ranks
 
 
 def token_kk(
@@ -188,7 +189,11 @@ def token_kk(
 ) -> Plan:
     """KK on tokens for ranks and micro-batches; micro-batch count synced to the maximum."""
     lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
-    return _kk_two_level("token-kk", lens.astype(np.float64), lens, dp, cap, costs, c0, sync)
+    return _plan("token-kk", _token_kk_grid(lens, dp, cap, costs), lens, cap, costs, c0, sync)
+
+
+def _token_kk_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> Grid:
+    return _kk_two_level(lens.astype(np.float64), lens, dp, cap)
 
 
 def cost_kk_uncapped(
@@ -196,7 +201,8 @@ def cost_kk_uncapped(
 ) -> Plan:
     """KK on cost for ranks and micro-batches; the capacity is not enforced."""
     lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
-    return _kk_two_level("cost-kk-uncapped", costs, lens, dp, cap, costs, c0, sync)
+    grid = _kk_two_level(costs, lens, dp, cap)
+    return _plan("cost-kk-uncapped", grid, lens, cap, costs, c0, sync)
 
 
 def areal(
@@ -212,8 +218,11 @@ def verl(
 ) -> Plan:
     """verl: equal-count KK ranks, per-rank KK micro-batches, one more until the cap holds."""
     lens, dp, cap, costs, c0 = _prepare(lengths, dp_size, max_tokens, cost, sync)
-    ranks = cast("list[list[list[int]]]", verl_pipeline(lens, dp, cap))  # no max_count: found
-    return _plan("verl", ranks, lens, cap, costs, c0, sync)
+    return _plan("verl", _verl_grid(lens, dp, cap, costs), lens, cap, costs, c0, sync)
+
+
+def _verl_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> Grid:
+    return cast("Grid", verl_pipeline(lens, dp, cap))  # no max_count: found
 
 
 def slime_flops(
@@ -225,6 +234,10 @@ def slime_flops(
     return _plan("slime-flops", ranks, lens, cap, costs, c0, sync)
 
 
+def _slime_flops_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> Grid:
+    return slime_flops_pipeline(lens, costs, dp, cap)
+
+
 BASELINES: dict[str, Callable[..., Plan]] = {
     "sequential": sequential,
     "token-ffd": token_ffd,
@@ -233,4 +246,17 @@ BASELINES: dict[str, Callable[..., Plan]] = {
     "areal": areal,
     "verl": verl,
     "slime-flops": slime_flops,
+}
+
+#: The micro-batches of each of :data:`BASELINES` (``[rank][micro-batch] -> indices``, counts
+#: not yet equalized, unsorted) from validated arrays: ``(lengths, dp, cap, costs) -> grid``.
+#: The planner runs the baselines as candidates through these, without building a Plan.
+BASELINE_GRIDS: dict[str, Callable[[np.ndarray, int, int, np.ndarray], Grid]] = {
+    "sequential": _sequential_grid,
+    "token-ffd": _token_ffd_grid,
+    "token-kk": _token_kk_grid,
+    "cost-kk-uncapped": lambda lens, dp, cap, costs: _kk_two_level(costs, lens, dp, cap),
+    "areal": lambda lens, dp, cap, costs: areal_pipeline(lens, dp, cap),
+    "verl": _verl_grid,
+    "slime-flops": _slime_flops_grid,
 }

@@ -74,8 +74,9 @@ from .._validate import (
 from ..partitioning._rules import SIZES
 from ..partitioning.bounds import lower_bound
 from ..partitioning.kway import AUTO_RTOL, partition_arrays
-from ..partitioning.searches import exact_work_pool
+from ..partitioning.searches import exact_searches_unless_chosen, exact_work_pool
 from ._costing import sequence_costs
+from ._effort import Effort, effort_of
 from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
@@ -92,7 +93,7 @@ from ._packing import pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
-from .baselines import BASELINES, _equalize
+from .baselines import BASELINE_GRIDS, BASELINES, _equalize
 from .bounds import (
     capacity_step_bound,
     fsdp_slot_bound,
@@ -161,6 +162,19 @@ def _deal_slots(
 
 
 _FFD_START_WORK = 5e7  # items x bins: above this, first-fit-decreasing as a second start is slow
+_THOROUGH = effort_of("thorough")
+
+
+def _fill_slack(
+    grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int,
+    budget: Effort, same_rank: bool = False,
+) -> list[list[list[int]]]:
+    """:func:`._slots.fill_slack` within the request's work budget."""
+    dp, m = len(grid), len(grid[0]) if grid else 0
+    work = None if budget.thorough else budget.swap_work
+    return fill_slack(grid, costs, lengths, cap, max_steps=budget.step_factor * dp * m + 100,
+                      same_rank=same_rank, swap_work=work, move_work=work,
+                      retry=budget.thorough)  # fmt: skip
 
 
 def _step_time(
@@ -177,9 +191,26 @@ def _step_in_order(req: _Request, grid: list[list[list[int]]]) -> float:
     return _step_time(grid, req.costs, req.c0, req.padded, req.sync)
 
 
+def _refine_stop(costs: np.ndarray, nbins: int, dp: int, budget: Effort) -> float | None:
+    """The bin cost at which the packer's refinement may stop under ``budget``.
+
+    Bins within ``refine_rtol`` of the mean bin leave every rank's ``m`` bins, and every
+    sum of ``m`` slot maxima, within it of ``m`` mean bins, the bound of both. With one
+    bin per rank the step is the heaviest bin, at least the costliest sequence, so that
+    counts too.
+    """
+    if budget.refine_rtol is None or not costs.size or not nbins:
+        return None
+    level = float(costs.sum()) / nbins
+    if nbins <= dp:
+        level = max(level, float(costs.max()))
+    return (1.0 + budget.refine_rtol) * level
+
+
 def _global_bins(
     lengths: np.ndarray, costs: np.ndarray, nbins: int, cap: int, padded: bool,
-    full: bool = False,
+    full: bool = False, budget: Effort = _THOROUGH, dp: int = 0,
+    first: list[list[int]] | None = None,
 ) -> tuple[list[list[list[int]]], str]:
     """Candidate packings of all sequences into ``nbins`` bins, and how the search ended.
 
@@ -189,15 +220,24 @@ def _global_bins(
     (:mod:`seqbalance.planning._fitting`). Status: ``"found"``,
     ``"infeasible"`` (proven: no packing exists) or ``"limit"`` (not found within the
     search limit). ``full`` adds first-fit decreasing left unbalanced (bins filled to the
-    cap, the rest in the last ones), for lockstep slots.
+    cap, the rest in the last ones), for lockstep slots. ``budget``: the refinement's stop
+    and, without further candidates (``effort="fast"``), the first start that packs alone.
+    ``dp``: the ranks the bins are dealt to. ``first``: the LPT start's packing, if made.
     """
     starts = ["lpt"]
+    stop = _refine_stop(costs, nbins, dp, budget)
+    if not budget.candidates:
+        first = pack(costs, lengths, nbins, cap, padded=padded, start="lpt", stop_at=stop)
+        if first is not None:
+            return [first], "found"
     if lengths.size * nbins <= _FFD_START_WORK:
         starts.append("ffd")  # tighter packing sometimes lines slots up better
     memo: dict[Any, Any] = {}  # the starts share FFD and the token partition at this count
     found = [
-        pack(costs, lengths, nbins, cap, padded=padded, start=s, memo=memo) for s in starts
-    ]
+        first if s == "lpt" and first is not None
+        else pack(costs, lengths, nbins, cap, padded=padded, start=s, memo=memo, stop_at=stop)
+        for s in starts
+    ]  # fmt: skip
     if full and "ffd" in starts and not padded:
         # Under lockstep slots (fsdp) a slot of full bins on every rank wastes nothing, and
         # bins near the cap line up across ranks better than bins evened out around the
@@ -233,19 +273,23 @@ def _plan_global(
     c0: float,
     pp: PipelineSetup | None = None,
     sent: np.ndarray | None = None,
+    budget: Effort = _THOROUGH,
+    enough: float | None = None,
 ) -> tuple[list[list[list[int]]] | None, str]:
     """``sent``: the tokens a pipeline stage sends per sequence (the true lengths where
-    ``lengths`` are clipped to the cap for packing); default ``lengths``."""
+    ``lengths`` are clipped to the cap for packing); default ``lengths``. ``enough``: a
+    step at which the first packing (LPT) is kept without trying the others (the budget's
+    stop gap above the step bound; plain plans only)."""
     sent = lengths if sent is None else sent
     best, best_time = None, np.inf
     # One rank has nothing to line up with: its step is the sum of its bins whatever they
     # hold, and float rounding must not let unbalanced bins win a tie.
     full = sync == "fsdp" and dp > 1
-    packings, status = _global_bins(lengths, costs, dp * m, cap, padded, full=full)
-    for bins in packings:
+
+    def finish(bins: list[list[int]]) -> tuple[list[list[list[int]]], float]:
         grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if sync == "fsdp" and not padded:
-            grid = fill_slack(grid, costs, lengths, cap, max_steps=2 * dp * m + 100)
+            grid = _fill_slack(grid, costs, lengths, cap, budget)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if pp is None:
@@ -253,20 +297,41 @@ def _plan_global(
         else:  # the pipeline step, in the best starting order
             grid = pipeline_order_grid(grid, costs, c0, sent, padded, sync, pp, quick=True)
             t = pipeline_step_time(grid, costs, c0, sent, padded, sync, pp)
+        return grid, t
+
+    first = None
+    if enough is not None and pp is None:
+        stop = _refine_stop(costs, dp * m, dp, budget)
+        lpt = pack(costs, lengths, dp * m, cap, padded=padded, start="lpt", stop_at=stop)
+        if lpt is not None:
+            first = (lpt, *finish(lpt))
+            if first[2] <= enough:
+                return first[1], "found"
+    packings, status = _global_bins(
+        lengths, costs, dp * m, cap, padded, full=full, budget=budget, dp=dp,
+        first=None if first is None else first[0],
+    )  # fmt: skip
+    for bins in packings:
+        grid, t = finish(bins) if first is None or bins is not first[0] else first[1:]
         if t < best_time:
             best, best_time = grid, t
     return best, status
 
 
 def _rank_bins(
-    lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool, balance: bool
+    lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool, balance: bool,
+    rtol: float | None = None,
 ) -> list[list[int]] | None:
     """One rank's sequences into ``m`` bins: fast packer; then, on small inputs only (see
     :func:`_global_bins`), partition-based and exact.
 
     ``balance=False`` skips evening out the bins (under DDP only a rank's total counts).
+    ``rtol``: evening out stops once every bin is within it of the rank's mean bin (its
+    ``m`` slots then add up to within it of the rank's total, which the rank's sequences
+    need whatever their bins).
     """
-    bins = pack(costs, lengths, m, cap, padded=padded, refine=balance)
+    stop = None if rtol is None or not costs.size else (1.0 + rtol) * float(costs.sum()) / m
+    bins = pack(costs, lengths, m, cap, padded=padded, refine=balance, stop_at=stop)
     if bins is None and lengths.size <= EXACT_MAX_ITEMS:
         if not padded:
             bins = fit_by_partition(costs, lengths, m, cap)
@@ -286,11 +351,13 @@ def _plan_by_rank(
     cap: int,
     padded: bool,
     sync: str,
+    rtol: float | None = None,
 ) -> list[list[list[int]]] | None:
     out = []
     for items in rank_items:
         idx = np.asarray(items, dtype=np.int64)
-        bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp")
+        bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp",
+                          rtol=rtol)  # fmt: skip
         if bins is None:
             return None
         out.append(_heaviest_first(idx, bins, costs, padded))
@@ -330,6 +397,7 @@ class _Request:
     order: str | None = None
     true_lens: np.ndarray | None = None
     per_mb: int | None = None
+    budget: Effort = _THOROUGH  # plan(effort=): see _effort.py
 
     @property
     def run_lens(self) -> np.ndarray:
@@ -654,10 +722,7 @@ def _fill_rank_slack(req: _Request, mbs: list[list[list[int]]]) -> list[list[lis
     """FSDP slack filling that keeps every rank's contents (so the rule and groups hold)."""
     if req.sync != "fsdp" or req.padded:
         return mbs
-    dp, m = len(mbs), len(mbs[0]) if mbs else 0
-    filled = fill_slack(
-        mbs, req.costs, req.lens, req.cap, max_steps=2 * dp * m + 100, same_rank=True
-    )
+    filled = _fill_slack(mbs, req.costs, req.lens, req.cap, req.budget, same_rank=True)
     return min(
         (mbs, filled),
         key=lambda g: _step_time(g, req.costs, req.c0, req.padded, req.sync),
@@ -701,7 +766,7 @@ def _search(
                 return found if found else str(problem)
             mbs, st = _plan_global(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp,
-                req.run_lens,
+                req.run_lens, req.budget, _enough(req, m, memo),
             )
         else:
             mbs, st = _by_rank_at(req, rank_items, m, memo, blocked)
@@ -739,11 +804,13 @@ def _by_rank_at(
         return cast("tuple[list[list[list[int]]] | None, str]", memo[key])
     mbs, st = None, "infeasible"
     if not blocked:
-        mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded, req.sync)
+        mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded, req.sync,
+                            req.budget.refine_rtol)  # fmt: skip
     if mbs is None:
         joint, st = _joint_exact(req, m, memo)
         if joint is not None:
-            mbs = _plan_by_rank(req.lens, req.costs, joint, m, req.cap, req.padded, req.sync)
+            mbs = _plan_by_rank(req.lens, req.costs, joint, m, req.cap, req.padded, req.sync,
+                                req.budget.refine_rtol)  # fmt: skip
             st = "found" if mbs is not None else "limit"
     if mbs is not None:
         mbs = _fill_rank_slack(req, mbs)
@@ -823,7 +890,7 @@ def _pipeline_candidates(
     if req.dp * (m_best or 1) > _PIPELINE_MAX_ITEMS:
         return []  # mostly empty slots (allow_empty): the pipelines' cost is per slot
     grids: dict[str, Callable[[], list[list[list[int]]]]] = {}
-    for name, fn in BASELINES.items():
+    for name in BASELINES:
         if name == "verl":
             # verl's loop runs one KK per count until the cap holds; counts above the best
             # plan's are discarded below, so its loop stops there (the same plan otherwise).
@@ -832,10 +899,13 @@ def _pipeline_candidates(
             )
             continue
 
-        def run(fn: Callable[..., Plan] = fn) -> list[list[list[int]]]:
-            return fn(req.lens, req.dp, req.cap, cost=req.costs).micro_batches
+        def run(make: Any = BASELINE_GRIDS[name]) -> list[list[list[int]]]:
+            # the baseline's micro-batches as its Plan holds them, without building one
+            grid = _equalize(make(req.lens, req.dp, req.cap, req.costs))
+            return [[sorted(int(i) for i in mb) for mb in rank] for rank in grid]
 
         grids[name] = run
+    filled = req.budget.baselines == "filled"
     out = []
     for name, make in grids.items():
         grid = make()
@@ -856,11 +926,15 @@ def _pipeline_candidates(
             and _busiest_floor(req, grid) > best_step * (1.0 + 1e-9)  # (float sums)
         ):
             continue
+        if (not filled and best_step is not None and m == m_best and not req.extra
+                and _step_in_order(req, grid) >= best_step):  # fmt: skip
+            continue  # as it is, it cannot win the pick (ties go to the plans found first)
         cand = _plan_of(  # req.padded is False here (checked on entry)
             req,
-            _fill_rank_slack(req, grid),
-            [f"the {name} baseline's plan, slack-filled, was the fastest candidate"],
-        )
+            _fill_rank_slack(req, grid) if filled else grid,
+            [f"the {name} baseline's plan{', slack-filled,' if filled else ''} was the "
+             "fastest candidate"],
+        )  # fmt: skip
         if any(cand._rule_violations().values()):
             continue
         out.append(cand)
@@ -936,6 +1010,47 @@ def _full_rank_candidates(
     return out
 
 
+def _enough(req: _Request, m: int, memo: dict[Any, Any] | None = None) -> float | None:
+    """A step within the budget's stop gap of the step bound at ``m`` micro-batches
+    (:func:`.bounds.capacity_step_bound`), or None where the budget never stops early or
+    the step is judged otherwise (pipelines, extra counts, ``order=``, padded).
+    Kept in ``memo`` per count."""
+    gap = req.budget.stop_gap
+    if gap is None or req.pp is not None or req.extra or req.order is not None or req.padded:
+        return None
+    key = ("step_bound", m)
+    if memo is None or key not in memo:
+        bound = capacity_step_bound(
+            req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
+            size=req.size, groups=req.groups, min_micro_batches_given=m,
+        )  # fmt: skip
+        if memo is None:
+            return bound * (1.0 + gap)
+        memo[key] = bound
+    return float(memo[key]) * (1.0 + gap)
+
+
+def _close_enough(
+    req: _Request, candidates: list[Plan], first_m: int, memo: dict[Any, Any] | None = None
+) -> bool:
+    """Whether the fastest of ``candidates`` is within the budget's ``stop_gap`` of the
+    step-time lower bound (:func:`.bounds.capacity_step_bound`) and has ``first_m``
+    micro-batches, the fewest any plan can have: then no further candidate, a baseline
+    included, can win by more than ``stop_gap``, and none can win by having fewer
+    micro-batches. Plain plans only (no pipeline, no extra counts)."""
+    gap = req.budget.stop_gap
+    if gap is None or req.pp is not None or req.extra or not candidates:
+        return False
+    if min(p.num_micro_batches for p in candidates) != first_m:
+        return False
+    best = min(_step_in_order(req, p.micro_batches) for p in candidates)
+    bound = capacity_step_bound(
+        req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
+        size=req.size, groups=req.groups, min_micro_batches_given=first_m,
+    ) if memo is None or ("step_bound", first_m) not in memo else memo[("step_bound", first_m)]
+    return best <= bound * (1.0 + gap)
+
+
 def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
     """The busiest rank's total plus ``m`` per-micro-batch costs: a floor of the FSDP step of
     any grid with these rank contents and ``m`` (a sum of slot maxima is at least the
@@ -945,7 +1060,8 @@ def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
 
 
 def _levelled(
-    req: _Request, candidates: list[Plan], known: dict[int, float] | None = None
+    req: _Request, candidates: list[Plan], known: dict[int, float] | None = None,
+    limit: int | None = None, skip: set[int] | None = None,
 ) -> list[Plan]:
     """Step 4a (fsdp, packed, no pipeline): each candidate that may still win, its slots
     refilled toward their levels (:func:`._slots.fill_to_levels`) where that is faster.
@@ -960,7 +1076,9 @@ def _levelled(
     slots are far apart before refilling, get it where the plan is well above the bound,
     and most candidates are never refilled. Steps are compared in the requested
     micro-batch order (``order="index"`` sorts each rank on its own, which can undo what
-    the refill lined up). ``known`` maps ``id(plan)`` to steps already computed.
+    the refill lined up). ``known`` maps ``id(plan)`` to steps already computed. ``limit``:
+    refill at most this many candidates (lowest floor first). ``skip``: ``id``s of
+    candidates not to refill (already were), which still count toward the best step.
     """
     if req.sync != "fsdp" or req.padded or req.pp is not None or req.dp < 2 or not candidates:
         return candidates
@@ -979,6 +1097,10 @@ def _levelled(
     for i in sorted(pool, key=lambda i: (floors[i], i)):
         if floors[i] >= best:
             break  # no refill of this or a later candidate can beat the best step
+        if limit is not None and limit <= 0:
+            break
+        if skip is not None and id(candidates[i]) in skip:
+            continue
         # Each candidate on its own: refilled only if it could gain _LEVEL_MIN_GAIN. (Not
         # relative to the best step: then more candidates could make the pick worse.)
         if floors[i] >= step[i] * (1.0 - _LEVEL_MIN_GAIN):
@@ -992,6 +1114,8 @@ def _levelled(
             continue
         grid = fill_to_levels(candidates[i].micro_batches, req.costs, req.lens, req.cap,
                               slot_bound=slots)  # fmt: skip
+        if limit is not None:
+            limit -= 1
         if grid is candidates[i].micro_batches:
             continue
         t = _step_in_order(req, grid)
@@ -1173,8 +1297,68 @@ class _NeedsMore(Exception):
 def _plan_once(**kw: Any) -> Plan:
     """:func:`plan` for one request as given (``plan`` adds the checks across counts).
 
-    With ``oversized="alone"``, "alone" is kept: a count at which some oversized sequence
-    cannot be given a micro-batch of its own is planned again one count higher.
+    Below ``effort="thorough"`` (plain plans: no pipeline, no context parallelism) the
+    partition exact searches are off unless the caller chose, and with a per-micro-batch
+    cost a few larger counts are planned too (:func:`_by_count`).
+    """
+    budget = effort_of(kw.get("effort", "default"))
+    plain = kw.get("pp_size", 1) == 1 and kw.get("cp_size", 1) == 1
+    if budget.thorough or not plain:
+        return _plan_alone(**kw)
+    with exact_searches_unless_chosen(budget.exact):
+        return _by_count(kw, _plan_alone(**kw), budget)
+
+
+def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
+    """``fewest``, or a plan with up to ``budget.counts`` more micro-batches per rank when
+    its simulated step is shorter.
+
+    With a per-micro-batch cost every micro-batch index costs that much more, while more
+    micro-batches leave the packing more freedom to even out slots (under ``fsdp``) and
+    ranks: which wins depends on the batch, so the count is chosen by the step (not with
+    ``allow_empty``, ``extra_micro_batches`` or ``sequences_per_micro_batch``). The search
+    starts at the fewest and tries one count more at a time (in steps of
+    ``micro_batch_multiple``) while each is shorter than the best so far; not at all when
+    the fewest is within ``budget.stop_gap`` of its lower bound (no count can then gain
+    more: the bound only grows with the count). Without that term the fewest stays.
+    """
+    if (not budget.counts or fewest.per_microbatch <= 0 or kw.get("extra_micro_batches")
+            or kw.get("sequences_per_micro_batch") is not None or kw.get("allow_empty")
+            or budget.stop_gap is None):  # fmt: skip
+        # (allow_empty: larger counts would be planned with empty micro-batches, which the
+        # fewer-busy candidate already weighs)
+        return fewest
+    best, best_step = fewest, _final_step(fewest)
+    if fewest.simulate().gap <= budget.stop_gap:
+        return fewest
+    mult = int(kw.get("micro_batch_multiple", 1))
+    for k in range(1, budget.counts + 1):
+        m = fewest.num_micro_batches + k * mult
+        try:
+            more = _plan_alone(**{**kw, "min_micro_batches": m})
+        except ValueError:  # too few sequences for that many micro-batches
+            break
+        step = _final_step(more)
+        if more.num_micro_batches != m or not step < best_step * (1 - _COUNT_GAIN):
+            break
+        best, best_step = more, step
+    if best is fewest:
+        return fewest
+    tag = f"min_micro_batches={best.num_micro_batches}"
+    best.notes = (
+        *(n for n in best.notes if tag not in n),
+        f"{best.num_micro_batches} micro-batches per rank instead of the fewest, "
+        f"{fewest.num_micro_batches}: with the per-micro-batch cost, its simulated step is "
+        f"{best_step / _final_step(fewest) - 1:+.2%} (counts above the fewest are tried one "
+        "at a time while each is shorter)",
+    )
+    return best
+
+
+def _plan_alone(**kw: Any) -> Plan:
+    """One request as given. With ``oversized="alone"``, "alone" is kept: a count at which
+    some oversized sequence cannot be given a micro-batch of its own is planned again one
+    count higher.
     """
     if kw["cp_size"] != 1:  # the CP planner, on the same request (checked by PlanSpec)
         return _plan_cp(kw)
@@ -1223,8 +1407,10 @@ def _plan_attempt(
     schedule: str = "1f1b",
     virtual_stages: int = 1,
     pp_comm: float = 0.0,
+    effort: str = "default",
 ) -> Plan:
     """One planning pass for the request as given (:func:`_plan_once` repeats it)."""
+    budget = effort_of(effort)
     # (cp_size > 1 is planned by plan_cp_spec: the entry points send it there)
     if cp_cost is not None:
         cost = cost_without_cp(cost, cp_cost)
@@ -1254,6 +1440,8 @@ def _plan_attempt(
     if pp is not None:
         check_mesh(req.n, req.dp, 1, pp.spec.pp_size, pp.spec.virtual_stages)
         req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
+    else:  # (pipelined plans keep the full search: they have budgets of their own)
+        req = replace(req, budget=budget)
     first_m, notes = _starting_micro_batches(req)
     alone_note = []
     if req.true_lens is not None and (req.true_lens > req.cap).any():
@@ -1272,6 +1460,19 @@ def _plan_attempt(
     early = _ddp_rank_first_at_bound(req, splits, first_m, notes, memo)
     if early is not None:
         candidates.append(early)
+    if early is None and first_m == 1 and not req.budget.thorough and req.n <= _PIPELINE_MAX_ITEMS:
+        # One micro-batch per rank: the plan is a partition of the sequences over the
+        # ranks, which the full-rank split (a partition stopped within 0.1% of its bound)
+        # makes directly; when it is within the stop gap, the packings are not needed.
+        first = _full_rank_candidates(req, 1, [])
+        if _close_enough(req, first, first_m, memo):
+            # (with the request's notes only, as the packings' plan would have)
+            fastest = min(first, key=lambda p: _step_in_order(req, p.micro_batches))
+            early = _plan_of(req, fastest.micro_batches, notes)
+            candidates.append(early)
+    # the best candidate is within the budget's stop_gap of the bound
+    close = early is not None and _close_enough(req, candidates, first_m, memo)
+    levelled: set[int] = set()  # (default effort) candidates already refilled, by id
     for rank_items in splits if early is None else []:
         m_stop = min((p.num_micro_batches for p in candidates), default=None)
         found = _search(req, rank_items, first_m, notes, memo, m_stop)
@@ -1279,8 +1480,24 @@ def _plan_attempt(
             problems.append(found)
         else:
             candidates.extend(found)
+        close = _close_enough(req, candidates, first_m, memo)
+        if close or (candidates and not req.budget.candidates):
+            break
+    more = req.budget.candidates and not close
     m_best = min((p.num_micro_batches for p in candidates), default=None)
-    candidates.extend(_full_rank_candidates(req, m_best, candidates))
+    if more and not req.budget.thorough:
+        # The full-rank splits and the refill toward slot levels, then the baselines
+        # (below, as they are) only while the plan may still be more than stop_gap above
+        # the bound.
+        candidates.extend(_full_rank_candidates(req, m_best, candidates))
+        close = _close_enough(req, candidates, first_m, memo)
+        if not close:
+            candidates = _levelled(req, candidates)
+            levelled = {id(p) for p in candidates}
+            close = _close_enough(req, candidates, first_m, memo)
+        more = not close
+    elif more:
+        candidates.extend(_full_rank_candidates(req, m_best, candidates))
     if m_best is not None and _fewer_busy_may_win(req, m_best):
         rival = next(p for p in candidates if p.num_micro_batches == m_best)
         candidates.append(
@@ -1289,7 +1506,7 @@ def _plan_attempt(
                 _plan_checked(_flat_request(lengths, PlanSpec(
                     Mesh(dp_size, sync), Capacity(max_tokens, padded), cost,
                     MicroBatching(allow_empty=True), RankRules(size, groups),
-                    baselines=baselines,
+                    baselines=baselines, effort=effort,
                 )), pipeline_counts=True),
                 rival,
             )
@@ -1297,12 +1514,17 @@ def _plan_attempt(
     known: dict[int, float] = {}  # id(plan) -> step in order, for _levelled
     # With extra counts too: the baselines at the fewest count are candidates as well, or
     # asking for more counts could end slower than not asking (+23% on 7 lengths).
-    if use_baselines:
+    if use_baselines and more and req.budget.baselines != "none":
         known = {id(p): _step_in_order(req, p.micro_batches) for p in candidates
                  if p.num_micro_batches == m_best}  # fmt: skip
         best_step = min(known.values(), default=None)
         candidates.extend(_pipeline_candidates(req, m_best, best_step))
-    best = _pick(req, _levelled(req, candidates, known), problems, len(splits))
+    if req.budget.thorough:
+        candidates = _levelled(req, candidates, known)
+    elif more and req.budget.baselines == "filled":
+        # a slack-filled baseline refilled toward slot levels can still win
+        candidates = _levelled(req, candidates, skip=levelled)
+    best = _pick(req, candidates, problems, len(splits))
     alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
     if (
         pp is None
@@ -1310,6 +1532,8 @@ def _plan_attempt(
         and not req.padded
         and req.groups is None
         and best is not early
+        and req.budget.candidates
+        and not close
     ):
         # (the early plan's busiest rank is within AUTO_RTOL of the bound: the exchange
         # could gain at most that)
@@ -1387,7 +1611,17 @@ def plan(
     rules : RankRules, optional
         What a rank may hold: a size rule, groups (default: free).
     effort : {"fast", "default", "thorough"}
-        The planner's work budget, counted in work, never in time.
+        How much work the search may spend, counted in operations (never in time, so every
+        rank computes the same plan). ``"default"``, for planning every step: the search
+        stops once the best plan is provably within 0.1% of the step-time lower bound
+        (then no other candidate can beat it by more), otherwise the baseline pipelines
+        still run as candidates; the partition exact searches on small inputs are off
+        (unless inside ``exact_searches(True)``); with a per-micro-batch cost, counts
+        above the fewest are tried one at a time while each gives a shorter simulated
+        step. ``"thorough"``: the full search, slower, at most a fraction of a per cent
+        better. ``"fast"``: the first packing at the fewest micro-batches, slack-filled on
+        a small budget. Pipelined and context-parallel plans keep the full search at
+        every level (:mod:`seqbalance.planning._effort`).
     **flat
         The flat form's keywords, described below (``baselines``, a field of
         :class:`~seqbalance.planning.request.PlanSpec` but of none of its parts, is given
@@ -1481,7 +1715,6 @@ def plan(
         Model chunks per stage for ``"interleaved"``.
     pp_comm : float
         Time (in cost units) to send one token's activations between two stages; default 0.
-
     Returns
     -------
     Plan
@@ -1568,7 +1801,7 @@ def plan_cp(
 def _flat_request(lengths: Any, spec: PlanSpec) -> dict[str, Any]:
     """The keywords the planner's passes read (:meth:`PlanSpec.keywords`), with the
     lengths."""
-    return {"lengths": lengths, **spec.keywords()}
+    return {"lengths": lengths, **spec.keywords(), "effort": spec.effort}
 
 
 def _plan_cp(kw: dict[str, Any]) -> Plan:
@@ -1585,7 +1818,10 @@ def _plan_replicas(
     """:func:`plan` without the count search for pipelines below ``pp_size`` micro-batches
     (static CP plans its replicas with it, then searches the counts on the CP plan); the
     CP planner is handed this function (it sits below this module)."""
-    spec = PlanSpec.from_keywords(dp_size, max_tokens, cost=cost, flat=options)
+    # (CP keeps its own budgets: the replicas get the full search)
+    spec = PlanSpec.from_keywords(
+        dp_size, max_tokens, cost=cost, effort=options.pop("effort", "thorough"), flat=options
+    )
     return _plan_checked(_flat_request(lengths, spec), pipeline_counts=False)
 
 
@@ -1649,6 +1885,7 @@ def _flat_candidate(kw: dict[str, Any], chosen: Plan) -> Plan:
         "schedule": "1f1b",
         "virtual_stages": 1,
         "pp_comm": 0.0,
+        "effort": "thorough",  # (pipelined plans keep the full search)
         "micro_batch_multiple": math.lcm(
             int(kw["micro_batch_multiple"]), setup.spec.count_multiple
         ),

@@ -1,0 +1,221 @@
+"""Per-step latency of ``plan()`` by effort, side by side with AReaL's FFD pipeline.
+
+``plan`` runs on every training step, on the critical path. This times it at the default
+effort (and ``--thorough``: also at ``effort="thorough"``, the full search) on the standard
+workloads, FSDP and DDP, the Qwen2.5-7B FLOPs cost, ``max_tokens = max(32768, longest)``;
+for n >= 1,024 AReaL's own FFD pipeline runs on the same lengths in the same run: its
+token-balanced equal-count rank split (``areal.utils.seqpack.balanced_greedy_partition``)
+and, per rank, its first-fit-decreasing micro-batches (``ffd_allocate``), every rank
+re-allocated with the largest count until the counts agree (what its synced allocation
+does across ranks). AReaL is imported from ``--ext`` (``pip install --no-deps --target DIR
+areal==1.0.4``) with stand-ins for what ``seqpack`` imports but does not use (``numba``,
+its logging module); without it the column is left empty.
+
+Columns: ``ms`` best of ``--repeat`` wall times of ``plan`` (``time.perf_counter``), the
+target for that size, ``m`` and ``gap`` (the plan's simulated step over the capacity-aware
+lower bound, minus 1), ``areal_ms`` and ``areal/sb`` (above 1: seqbalance is faster).
+Then two checks: no n <= 4,096 slower than the same workload and sync at n = 8,192, and the
+count chosen with a per-micro-batch cost (the H100 fit of ``bench/results/gpu_step_h100.json``)
+on GRPO rl-math 1,024 x dp 64 with groups: the simulated step of each count and the pick.
+
+    python bench/latency.py --ext /work/ext                 # the full grid (minutes)
+    python bench/latency.py --ext /work/ext --quick         # n <= 8,192
+    python bench/latency.py --ext /work/ext --thorough      # also effort="thorough"
+
+Writes ``bench/results/latency.json``. The machine is shared: compare the ratios of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import os
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import best_time, machine_info, print_table, write_json
+
+import seqbalance as sb
+from seqbalance import workloads
+from seqbalance.costs import load_cost
+
+NAMES = ("rl-math", "sft-chat", "long-mix", "long-context")
+# (n, dp, target ms at the default effort)
+SIZES = [
+    (48, 8, 5.0), (64, 8, 5.0), (256, 16, 5.0), (1024, 8, 15.0), (4096, 32, None),
+    (8192, 64, 60.0), (32768, 256, 150.0), (65536, 1024, 400.0),
+]  # fmt: skip
+QUICK_SIZES = [s for s in SIZES if s[0] <= 8192]
+H100 = Path(__file__).resolve().parent / "results" / "gpu_step_h100.json"
+
+
+def load_areal(ext: str) -> Any:
+    """``areal.utils.seqpack`` from ``ext``, its package ``__init__``s skipped."""
+    sys.path.insert(0, ext)
+    for pkg in ("areal", "areal.utils"):
+        mod = types.ModuleType(pkg)
+        mod.__path__ = [str(Path(ext, *pkg.split(".")))]
+        sys.modules[pkg] = mod
+    for name, attrs in (
+        ("numba", {"njit": lambda f=None, **k: f if f else (lambda g: g)}),
+        ("areal.utils.logging", {"getLogger": logging.getLogger}),
+    ):
+        stub = types.ModuleType(name)
+        stub.__dict__.update(attrs)
+        sys.modules.setdefault(name, stub)
+    import importlib
+
+    return importlib.import_module("areal.utils.seqpack")
+
+
+def areal_ffd(seqpack: Any, lengths: list[int], dp: int, cap: int) -> list[list[list[int]]]:
+    """AReaL's pipeline: equal-count greedy rank split by tokens, then per-rank FFD
+    micro-batches, re-allocated with the largest count until every rank agrees."""
+    ranks = seqpack.balanced_greedy_partition(lengths, K=dp)
+    per_rank = [[lengths[i] for i in r] for r in ranks]
+    groups = [seqpack.ffd_allocate(v, cap, min_groups=1) for v in per_rank]
+    while len({len(g) for g in groups}) > 1:  # the all-gather of counts, then a re-run
+        m = max(len(g) for g in groups)
+        groups = [g if len(g) == m else seqpack.ffd_allocate(v, cap, min_groups=m)
+                  for g, v in zip(groups, per_rank)]  # fmt: skip
+    return [[[r[j] for j in mb] for mb in g] for r, g in zip(ranks, groups)]
+
+
+def latency_rows(
+    sizes: list[tuple[int, int, float | None]], repeat: int, seqpack: Any, thorough: bool
+) -> list[dict[str, Any]]:
+    cost = load_cost("qwen2.5-7b")
+    rows = []
+    for name in NAMES:
+        for n, dp, target in sizes:
+            lens = workloads.load(name, n, seed=0).lengths
+            cap = max(32768, int(lens.max()))
+            areal_s = None
+            if seqpack is not None and n >= 1024:
+                run = functools.partial(areal_ffd, seqpack, lens.tolist(), dp, cap)
+                areal_s, grid = best_time(run, repeat)
+                assert sorted(i for r in grid for mb in r for i in mb) == list(range(n))
+            for sync in ("fsdp", "ddp"):
+                ours = functools.partial(sb.plan, lens, dp, cap, cost=cost, sync=sync)
+                t, p = best_time(ours, repeat)
+                row: dict[str, Any] = {
+                    "workload": name, "n": n, "dp": dp, "sync": sync, "ms": t * 1e3,
+                    "target_ms": target, "ok": None if target is None else t * 1e3 <= target,
+                    "m": p.num_micro_batches, "gap": p.simulate().gap,
+                    "areal_ms": None if areal_s is None else areal_s * 1e3,
+                    "areal/sb": None if areal_s is None else areal_s / t,
+                }  # fmt: skip
+                if thorough:
+                    tt, q = best_time(functools.partial(ours, effort="thorough"), repeat)
+                    row["thorough_ms"] = tt * 1e3
+                    row["step/thorough"] = p.simulate().step_time / q.simulate().step_time
+                rows.append(row)
+                print(
+                    f"{name:13} {n:6} x {dp:5} {sync}  {t * 1e3:8.1f} ms"
+                    + ("" if target is None else f" (target {target:g})")
+                    + ("" if areal_s is None else f"  areal {areal_s * 1e3:8.1f} ms")
+                    + (f"  thorough {row['thorough_ms']:8.1f} ms" if thorough else ""),
+                    flush=True,
+                )
+    return rows
+
+
+def monotone_check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rows of n <= 4,096 slower than the same workload and sync at n = 8,192."""
+    at = {(r["workload"], r["sync"]): r["ms"] for r in rows if r["n"] == 8192}
+    return [
+        {"workload": r["workload"], "n": r["n"], "sync": r["sync"], "ms": r["ms"],
+         "ms_8192": at[(r["workload"], r["sync"])]}
+        for r in rows
+        if r["n"] <= 4096 and (r["workload"], r["sync"]) in at
+        and r["ms"] > at[(r["workload"], r["sync"])]
+    ]  # fmt: skip
+
+
+def count_demo(repeat: int) -> dict[str, Any]:
+    """GRPO rl-math 1,024 x dp 64, FSDP, an equal share per rank and with groups: the
+    simulated step at each count (``min_micro_batches``, full search) and the default
+    effort's pick, without and with a per-micro-batch cost."""
+    w = workloads.load("rl-math", 1024, seed=0)
+    cap = max(32768, int(w.lengths.max()))
+    costs = {"qwen2.5-7b (no per-micro-batch term)": load_cost("qwen2.5-7b")}
+    if H100.exists():
+        costs[f"H100 fit (per micro-batch {_h100_c0():.4g} s)"] = sb.load_cost(
+            json.loads(H100.read_text())["calibration"]["cost"]
+        )
+    out: dict[str, Any] = {"max_tokens": cap, "cases": []}
+    for rule, kw in (("size='equal'", {"size": "equal"}), ("groups", {"groups": w.groups})):
+        for label, cost in costs.items():
+            run = functools.partial(sb.plan, w.lengths, 64, cap, cost=cost, **kw)
+            m0 = run(effort="thorough").num_micro_batches
+            steps = {m: run(min_micro_batches=m, effort="thorough").simulate().step_time
+                     for m in range(m0, m0 + 4)}  # fmt: skip
+            t, chosen = best_time(run, repeat)
+            case = {
+                "case": f"rl-math 1,024 x dp 64, {rule}, fsdp", "cost": label,
+                "step_by_count": steps, "fewest": m0,
+                "default_picks": chosen.num_micro_batches,
+                "default_step": chosen.simulate().step_time, "default_ms": t * 1e3,
+                "note": chosen.notes[-1] if chosen.notes else "",
+            }  # fmt: skip
+            out["cases"].append(case)
+            print(f"{case['case']}, {label}: steps by count {{"
+                  + ", ".join(f"{m}: {v:.6g}" for m, v in steps.items())
+                  + f"}}; default effort picks {chosen.num_micro_batches} ({t * 1e3:.1f} ms)")
+    return out
+
+
+def _h100_c0() -> float:
+    return float(json.loads(H100.read_text())["calibration"]["cost"]["per_microbatch"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ext", default=os.environ.get("SEQBALANCE_EXT"),
+                    help="folder with areal==1.0.4 installed --no-deps")  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="n <= 8,192 only")
+    ap.add_argument("--thorough", action="store_true", help='also time effort="thorough"')
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", default="bench/results/latency.json")
+    args = ap.parse_args(argv)
+    seqpack = None
+    if args.ext:
+        try:
+            seqpack = load_areal(args.ext)
+        except Exception as exc:  # (a peer that fails to import is skipped)
+            print(f"areal not loaded from {args.ext}: {exc!r}")
+    rows = latency_rows(QUICK_SIZES if args.quick else SIZES, args.repeat, seqpack,
+                        args.thorough)  # fmt: skip
+    columns = ["workload", "n", "dp", "sync", "ms", "target_ms", "ok", "m", "gap",
+               "areal_ms", "areal/sb"] + (["thorough_ms", "step/thorough"] if args.thorough
+                                          else [])  # fmt: skip
+    print_table(rows, columns)
+    slower = monotone_check(rows)
+    missed = [r for r in rows if r["ok"] is False]
+    behind = [r for r in rows if r["areal/sb"] is not None and r["areal/sb"] < 1]
+    print(f"\ntargets missed: {len(missed)} of {sum(r['ok'] is not None for r in rows)}")
+    print(f"n <= 4,096 slower than n = 8,192: {len(slower)}")
+    print(f"slower than AReaL's FFD pipeline (n >= 1,024): {len(behind)} of "
+          f"{sum(r['areal/sb'] is not None for r in rows)}")  # fmt: skip
+    counts = count_demo(args.repeat)
+    out = write_json(args.json, {
+        "machine": machine_info(),
+        "load_average": os.getloadavg(),
+        "cost": "qwen2.5-7b",
+        "repeat": args.repeat,
+        "rows": rows,
+        "slower_than_8192": slower,
+        "count_choice": counts,
+    })  # fmt: skip
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

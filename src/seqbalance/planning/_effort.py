@@ -1,0 +1,105 @@
+"""How much work one call of :func:`seqbalance.plan` may spend: ``effort=``.
+
+A plan is made on every training step, on the critical path, so its search is bounded by a
+work budget counted in operations (never in wall-clock time: every rank must compute the
+same plan, byte for byte). Three levels:
+
+``"thorough"``
+    The full search: every candidate packing, every rank split, every baseline pipeline
+    slack-filled as a candidate, the exact searches on small inputs, slack filling up to
+    its own limits. The plan is never slower than any baseline that runs.
+``"default"``
+    For per-step use. The search stops adding candidates once the best plan so far is
+    provably within ``stop_gap`` of the step-time lower bound at the fewest micro-batches
+    (:func:`seqbalance.planning.bounds.capacity_step_bound`): then no other candidate, a
+    baseline included, can be shorter by more than that. It checks after the first
+    packing (LPT), after the other starts and rank splits, and after the full-rank splits
+    and the refill toward slot levels; otherwise the baselines run as candidates, as in
+    the full search, so the plan is never slower than any of them. The packer's
+    refinement stops within ``refine_rtol`` of the mean bin; slack filling does not search
+    a slot again until a step changes it; the partition exact searches are off (as inside
+    ``exact_searches(False)``, unless the caller chose). When the cost has a
+    per-micro-batch term, counts above the fewest are planned one at a time while each
+    runs a shorter simulated step.
+``"fast"``
+    The cheapest reasonable plan: the first packing at the fewest micro-batches, slack
+    filled on a small budget; no other candidates, no baselines.
+
+Pipelined (``pp_size > 1``) and context-parallel plans run their own budgets
+(:mod:`seqbalance.planning.limits`) and keep the full search at every level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .._validate import check_choice
+
+__all__ = ["EFFORTS", "Effort", "effort_of"]
+
+EFFORTS = ("fast", "default", "thorough")
+
+
+@dataclass(frozen=True)
+class Effort:
+    """The work budget of one planning request.
+
+    Attributes
+    ----------
+    name : str
+        One of :data:`EFFORTS`.
+    stop_gap : float or None
+        Stop adding candidates once the best plan is within this relative gap of the
+        step-time lower bound at the fewest micro-batches; None never stops early.
+    swap_work : float
+        Slack filling's swap scans, in (sequences of a slot's heaviest micro-batch) x (all
+        sequences) elements, per call; the moves that come first cost little.
+    step_factor : int
+        Slack filling's steps: ``step_factor * dp * m + 100`` at most.
+    candidates : bool
+        Build more than the first candidate (other rank splits, the full-rank split, the
+        refill toward slot levels, the DDP exchange).
+    baselines : str
+        ``"filled"``: the baseline pipelines are candidates after slack filling;
+        ``"raw"``: as they are; ``"none"``: not run.
+    exact : bool
+        Run the partition exact searches on small inputs (unless the caller turned them
+        off with ``exact_searches(False)``).
+    counts : int
+        With a per-micro-batch cost, how many counts above the fewest are planned too (the
+        shortest simulated step wins; ties keep the fewer); 0: the fewest only.
+    refine_rtol : float or None
+        The packer's refinement stops once its heaviest bin is within this of the mean bin
+        (or the costliest sequence); None: it runs until stuck or out of steps.
+    """
+
+    name: str
+    stop_gap: float | None
+    swap_work: float
+    step_factor: int
+    candidates: bool
+    baselines: str
+    exact: bool
+    counts: int
+    refine_rtol: float | None
+
+    @property
+    def thorough(self) -> bool:
+        return self.name == "thorough"
+
+
+# The budgets. "default": 1e-3 is the gap to the bound within which no candidate is worth
+# building; slack filling keeps the full search's swap budget (at 4e6 elements three of
+# bench/plan.py's FSDP configurations came out 0.12-0.22% slower than the full search; at
+# 1.5e7 none by more than 0.05%); refinement within 5e-4 of the mean bin moved near-bound
+# plans by at most 0.04%.
+_LEVELS = {
+    "thorough": Effort("thorough", None, 1.5e7, 2, True, "filled", True, 0, None),
+    "default": Effort("default", 1e-3, 1.5e7, 2, True, "filled", False, 3, 5e-4),
+    "fast": Effort("fast", None, 2e5, 1, False, "none", False, 0, 1e-3),
+}
+
+
+def effort_of(value: object) -> Effort:
+    """The budget named ``value``; a ValueError naming ``effort`` otherwise."""
+    return _LEVELS[check_choice(value, "effort", EFFORTS)]

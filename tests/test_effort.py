@@ -1,0 +1,186 @@
+"""plan(effort=): the work budget of one planning request.
+
+Properties at every effort (every index once, the capacity held, equal counts, the same plan
+on every call); ``"thorough"`` is the full search, pinned on samples to the plans it made
+before the budgets existed; the default is never more than its stop gap behind a baseline
+with as many micro-batches, and within 0.1% of the full search on the standard workloads;
+with a per-micro-batch cost the default never picks a count slower than the fewest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import seqbalance as sb
+from seqbalance import workloads
+from seqbalance.costs import QuadraticCost
+from seqbalance.planning._effort import EFFORTS, effort_of
+from seqbalance.planning.baselines import BASELINES
+
+_SETTINGS = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@st.composite
+def requests(draw: st.DrawFn) -> dict:
+    n = draw(st.integers(0, 60))
+    cap = draw(st.integers(50, 2000))
+    lengths = draw(st.lists(st.integers(0, cap), min_size=n, max_size=n))
+    dp = draw(st.integers(1, 6))
+    sync = draw(st.sampled_from(["fsdp", "ddp"]))
+    squared = draw(st.booleans())
+    costs = None if not squared else [x + x * x / 500.0 for x in lengths]
+    return {"lengths": lengths, "dp_size": dp, "max_tokens": cap, "sync": sync,
+            "cost": costs, "allow_empty": True}  # fmt: skip
+
+
+def _check(p: sb.Plan, n: int, cap: int) -> None:
+    seen = sorted(i for rank in p.micro_batches for mb in rank for i in mb)
+    assert seen == list(range(n))  # every index exactly once
+    assert len({len(rank) for rank in p.micro_batches}) <= 1  # equal counts
+    lens = np.asarray(p.lengths)
+    for rank in p.micro_batches:
+        for mb in rank:
+            assert int(lens[mb].sum()) <= cap
+
+
+@_SETTINGS
+@given(req=requests(), effort=st.sampled_from(EFFORTS))
+def test_every_effort_plans_validly_and_deterministically(req: dict, effort: str) -> None:
+    p = sb.plan(**req, effort=effort)
+    _check(p, len(req["lengths"]), req["max_tokens"])
+    assert sb.plan(**req, effort=effort).to_json() == p.to_json()
+
+
+@_SETTINGS
+@given(req=requests())
+def test_default_is_never_behind_a_baseline_by_more_than_its_stop_gap(req: dict) -> None:
+    """Either the plan is within the stop gap of the bound (no plan beats it by more) or
+    the baselines ran as candidates: against every baseline that keeps the capacity, has
+    no empty micro-batch and as many micro-batches, the step is at most 0.1% longer."""
+    req = {**req, "allow_empty": False}
+    n, dp = len(req["lengths"]), req["dp_size"]
+    if n < dp:
+        return
+    try:
+        p = sb.plan(**req)
+    except ValueError:
+        return
+    gap = effort_of("default").stop_gap
+    step = p.simulate().step_time
+    for name, fn in BASELINES.items():
+        b = fn(req["lengths"], dp, req["max_tokens"], cost=req["cost"], sync=req["sync"])
+        v = b.violations()
+        if v["over_capacity"] or v["empty"] or b.num_micro_batches != p.num_micro_batches:
+            continue
+        assert step <= b.simulate().step_time * (1 + gap) * (1 + 1e-12), name
+
+
+def test_effort_is_validated_by_name() -> None:
+    for bad in ("Default", "slow", None, 1):
+        with pytest.raises(ValueError, match="effort must be one of"):
+            sb.plan([5, 3, 2], 1, 10, effort=bad)
+
+
+def test_effort_is_keyword_only() -> None:
+    with pytest.raises(TypeError):
+        sb.plan([5, 3, 2], 1, 10, None, "fsdp")  # type: ignore[misc]
+
+
+def _pin(p: sb.Plan) -> str:
+    return hashlib.sha256(json.dumps([p.micro_batches, list(p.notes)]).encode()).hexdigest()[:16]
+
+
+_QWEN = "qwen2.5-7b"
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "dp", "sync", "options", "pin"),
+    [
+        ("rl-math", 256, 8, "fsdp", {}, "72488c9cdcce6803"),
+        ("sft-chat", 200, 4, "ddp", {}, "c7ba2a67af18caa5"),
+        ("long-context", 64, 8, "fsdp", {}, "4fa5dc1c02b9e1af"),
+        ("rl-math", 128, 4, "fsdp", {"groups": True}, "8ab88c5072608dd1"),
+        ("uniform", 304, 8, "ddp", {"size": "equal"}, "9407933d8940acc4"),
+        ("long-mix", 48, 8, "ddp", {}, "4d17b9641a37c01e"),
+    ],
+)
+def test_thorough_reproduces_the_full_search(name, n, dp, sync, options, pin) -> None:
+    """The micro-batches and notes of the plans made before effort existed (their hashes,
+    taken then), reproduced by effort="thorough"."""
+    w = workloads.load(name, n, seed=0)
+    options = dict(options)
+    if options.pop("groups", False):
+        options["groups"] = w.groups
+    cap = max(32768, int(w.lengths.max()))
+    p = sb.plan(w.lengths, dp, cap, cost=_QWEN, sync=sync, effort="thorough", **options)
+    assert _pin(p) == pin
+
+
+def test_thorough_reproduces_the_full_search_on_random_lengths() -> None:
+    lengths = np.random.default_rng(7).integers(1, 1000, 40)
+    assert _pin(sb.plan(lengths, 3, 1500, effort="thorough")) == "ffd73f4bb690c91e"
+
+
+@pytest.mark.parametrize("name", ["rl-math", "sft-chat", "long-mix", "long-context"])
+@pytest.mark.parametrize("sync", ["fsdp", "ddp"])
+def test_default_is_within_a_tenth_of_a_percent_of_the_full_search(name, sync) -> None:
+    w = workloads.load(name, 512, seed=0)
+    cap = max(32768, int(w.lengths.max()))
+    full = sb.plan(w.lengths, 8, cap, cost=_QWEN, sync=sync, effort="thorough")
+    default = sb.plan(w.lengths, 8, cap, cost=_QWEN, sync=sync)
+    assert default.num_micro_batches == full.num_micro_batches
+    assert default.simulate().step_time <= full.simulate().step_time * (1 + 1e-3)
+
+
+def test_fast_is_a_valid_plan_no_slower_to_make() -> None:
+    w = workloads.load("rl-math", 512, seed=0)
+    p = sb.plan(w.lengths, 8, 32768, cost=_QWEN, effort="fast")
+    _check(p, 512, 32768)
+    assert p.num_micro_batches == sb.plan(w.lengths, 8, 32768, cost=_QWEN).num_micro_batches
+
+
+def test_count_by_the_step_with_a_per_micro_batch_cost() -> None:
+    """A per-micro-batch cost: the default's count is the fewest or a larger one with a
+    shorter simulated step, never slower than the fewest; without the term the fewest."""
+    w = workloads.load("rl-math", 256, seed=0)
+    cap = 32768
+    for c0 in (0.0, 1e-3, 5e-2):
+        cost = QuadraticCost(per_token=1e-6, per_token_sq=1e-11, per_microbatch=c0)
+        fewest = sb.plan(w.lengths, 16, cap, cost=cost, effort="thorough")
+        chosen = sb.plan(w.lengths, 16, cap, cost=cost)
+        assert chosen.num_micro_batches >= fewest.num_micro_batches
+        assert chosen.simulate().step_time <= fewest.simulate().step_time * (1 + 1e-3)
+        if c0 == 0.0:
+            assert chosen.num_micro_batches == fewest.num_micro_batches
+        if chosen.num_micro_batches > fewest.num_micro_batches:
+            assert "instead of the fewest" in chosen.notes[-1]
+
+
+def test_pipelined_and_context_parallel_plans_keep_the_full_search() -> None:
+    w = workloads.load("rl-math", 64, seed=0)
+    for kw in ({"pp_size": 2}, {"cp_size": 2}):
+        a = sb.plan(w.lengths, 4, 32768, cost=_QWEN, **kw)
+        b = sb.plan(w.lengths, 4, 32768, cost=_QWEN, effort="thorough", **kw)
+        assert a.micro_batches == b.micro_batches
+
+
+def test_a_larger_count_is_kept_when_its_step_is_shorter() -> None:
+    """GRPO with groups (rl-math, 1,024 over 64 ranks) and a cost with ~10 ms a micro-batch:
+    one micro-batch more than the fewest runs a shorter simulated step, and is picked."""
+    w = workloads.load("rl-math", 1024, seed=0)
+    cost = QuadraticCost(per_token=7.64e-5, per_token_sq=1.296e-9, per_sequence=5.37e-3,
+                         per_microbatch=9.76e-3)  # fmt: skip
+    fewest = sb.plan(w.lengths, 64, 32768, cost=cost, groups=w.groups, effort="thorough")
+    chosen = sb.plan(w.lengths, 64, 32768, cost=cost, groups=w.groups)
+    assert chosen.num_micro_batches == fewest.num_micro_batches + 1
+    assert chosen.simulate().step_time < fewest.simulate().step_time
+    assert "instead of the fewest" in chosen.notes[-1]
+    assert not any("min_micro_batches=" in n for n in chosen.notes)
