@@ -28,6 +28,7 @@ MODULES = {
 #: read here (``joint``), so that the module is not watched, and nothing replaced in it,
 #: otherwise.
 JOINT_MODULES = {
+    "verl": ("SEQBALANCE_VERL_MODE", ("verl.trainer.ppo.ray_trainer",)),
     "areal": ("SEQBALANCE_AREAL_MODE", ("areal.infra.controller.train_controller",)),
 }
 OFF = ("", "0", "off", "none", "false")
@@ -69,7 +70,7 @@ class _Finder:
     right after the module's own code has run."""
 
     def __init__(self) -> None:
-        self.targets = {}  # module name -> framework name
+        self.targets: dict[str, str] = {}  # module name -> framework name
 
     def find_spec(self, name: str, path: object = None, target: object = None) -> object:
         if name not in self.targets:
@@ -108,8 +109,8 @@ class _Loader:
 
 _finder = _Finder()
 #: What :func:`install` set up: framework name -> module names, and the modules patched.
-installed = {}
-patched = []
+installed: "dict[str, tuple[str, ...]]" = {}
+patched: "list[str]" = []
 
 
 def _patch(framework: str, module: str) -> None:

@@ -419,6 +419,58 @@ def test_verl_patch_switches_joint_mode_by_env(monkeypatch):
         dropin.unpatch()
 
 
+def test_joint_patch_leaves_the_drop_ins_own_functions(monkeypatch):
+    """Joint mode replaces the drop-in's functions inside verl, not in
+    seqbalance.compat.verl, whose rearrange_micro_batches is joint mode's local fallback
+    (replacing it there made the fallback call itself)."""
+    torch = pytest.importorskip("torch")
+    from _fakes import fake_module
+
+    from seqbalance.compat import verl as dropin
+
+    def old(*a, **k):
+        return "verl"
+
+    mod = fake_module(monkeypatch, "verl.utils.seqlen_balancing",
+                      rearrange_micro_batches=old, prepare_dynamic_batch=old)  # fmt: skip
+    own = dropin.rearrange_micro_batches, dropin.prepare_dynamic_batch
+    try:
+        done = dropin.patch(joint=True)
+        assert not [d for d in done if d.startswith("seqbalance.")]
+        assert (dropin.rearrange_micro_batches, dropin.prepare_dynamic_batch) == own
+        assert mod.rearrange_micro_batches is jv.rearrange_micro_batches
+        td = FakeTD({"attention_mask": torch.ones(4, 5, dtype=torch.long)})
+        _, idx = mod.rearrange_micro_batches(td, 10)  # no carried slots: the fallback
+        assert sorted(i for q in idx for i in q) == [0, 1, 2, 3]
+    finally:
+        dropin.unpatch()
+    assert mod.rearrange_micro_batches is old
+
+
+def test_joint_workers_agree_over_the_world_where_verl_does(monkeypatch):
+    """verl before 0.8.0 agrees the count over the default group when its callers pass
+    no DP group; joint mode's functions get the drop-in's wrapper for that there."""
+    from seqbalance.compat import verl as dropin
+
+    monkeypatch.setattr(dropin, "_installed_verl_version", lambda: "0.7.0")
+    got = jv._worker_replacements()
+    assert got["rearrange_micro_batches"] is not jv.rearrange_micro_batches
+    assert got["rearrange_micro_batches"].__wrapped__ is jv.rearrange_micro_batches
+    assert got["prepare_dynamic_batch"].__wrapped__ is jv.prepare_dynamic_batch
+    monkeypatch.setattr(dropin, "_installed_verl_version", lambda: "0.9.1")
+    assert jv._worker_replacements()["rearrange_micro_batches"] is jv.rearrange_micro_batches
+
+
+def test_trainer_patcher_refuses_a_trainer_without_the_method(monkeypatch):
+    from _fakes import fake_module
+
+    fake_module(monkeypatch, "verl.trainer.ppo.ray_trainer",
+                RayPPOTrainer=type("RayPPOTrainer", (), {}))  # fmt: skip
+    with pytest.raises(ValueError, match=r"has no RayPPOTrainer\._balance_batch"):
+        jv._trainer_patcher.patch()
+    assert not jv._trainer_patcher.active
+
+
 # ---- the worker side across processes (gloo) ------------------------------------------
 
 

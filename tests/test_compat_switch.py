@@ -223,3 +223,185 @@ def test_check_reports_the_switch_the_versions_and_the_wiring(tree):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "SEQBALANCE_PATCH is not set: patches nothing" in r.stdout
     assert "in this process: the start-up hook did not run" in r.stdout
+
+
+# ---- verl's joint mode through the switch (SEQBALANCE_VERL_MODE) ----------------------
+
+FAKE_TRAINER = '''
+from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
+
+
+class RayPPOTrainer:
+    def _balance_batch(self, batch, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        return "verl's own"
+'''
+
+# A spawned child imports verl's trainer and its engine-worker helpers (which import
+# rearrange_micro_batches by name, as verl 0.9.1's verl.workers.engine.utils does); in
+# joint mode it then runs the trainer's _balance_batch on a stand-in batch and a rank's
+# worker split of its first mini-batch (the stand-ins of tests/test_compat_joint_verl.py).
+JOINT_PROBE = '''
+import multiprocessing as mp
+import sys
+
+
+def child(q, tests):
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.workers.engine import utils as engine_utils
+
+    found = [RayPPOTrainer._balance_batch.__module__,
+             engine_utils.rearrange_micro_batches.__module__]
+    if found[0] == "seqbalance.compat.joint_verl":
+        sys.path.insert(0, tests)
+        import numpy as np
+        from test_compat_joint_verl import LENS, FakeTD, fake_batch, fake_trainer
+
+        from seqbalance.compat import joint_verl as jv
+
+        batch, metrics = fake_batch(LENS), {}
+        RayPPOTrainer._balance_batch(fake_trainer(2, 1024, 16), batch, metrics)
+        table = batch.meta_info[jv.SLOTS_KEY]
+        rank0 = batch.chunk(2)[0]  # verl's dispatch: equal contiguous chunks
+        td = FakeTD(rank0.batch[slice(0, 8)].data, {jv.SLOTS_KEY: table})  # mini-batch 1
+        sizes = table[jv.slots_key(td["attention_mask"].sum(1).numpy())]
+        _, idx = engine_utils.rearrange_micro_batches(td, 1024)
+        bounds = np.cumsum([0, *sizes]).tolist()
+        planned = [list(range(a, b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        found += [f"joint={metrics['seqbalance/joint']}", f"follows={idx == planned}",
+                  f"micro-batches={len(idx)}"]
+    q.put(found)
+
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q, sys.argv[1]))
+    p.start()
+    p.join(120)
+    assert p.exitcode == 0, p.exitcode
+    print("spawned child:", *q.get())
+'''
+
+
+def _joint_tree(tree: Path) -> None:
+    fw = tree / "fw" / "verl"
+    for pkg in ("trainer", "trainer/ppo", "workers", "workers/engine"):
+        _write(fw / pkg / "__init__.py", "")
+    _write(fw / "trainer" / "ppo" / "ray_trainer.py", FAKE_TRAINER)
+    _write(fw / "workers" / "engine" / "utils.py",
+           "from verl.utils.seqlen_balancing import rearrange_micro_batches\n")  # fmt: skip
+    _write(tree / "fw" / "joint_probe.py", JOINT_PROBE)
+
+
+def _run_joint(tree: Path, mode: str | None, *args: str, **kw: object):
+    old = os.environ.get("SEQBALANCE_VERL_MODE")
+    os.environ.pop("SEQBALANCE_VERL_MODE", None)
+    if mode is not None:
+        os.environ["SEQBALANCE_VERL_MODE"] = mode
+    try:
+        args = args or (str(tree / "fw" / "joint_probe.py"), str(ROOT / "tests"))
+        return _run(tree, "verl", *args, **kw)  # type: ignore[arg-type]
+    finally:
+        os.environ.pop("SEQBALANCE_VERL_MODE", None)
+        if old is not None:
+            os.environ["SEQBALANCE_VERL_MODE"] = old
+
+
+def test_verl_joint_mode_reaches_a_spawned_child(tree):
+    pytest.importorskip("torch", reason="the driver and worker stand-ins hold torch tensors")
+    _joint_tree(tree)
+    r = _run_joint(tree, "joint")
+    assert r.returncode == 0, r.stderr
+    # The driver's method is joint mode's; the worker function, bound by name in the
+    # engine helpers, is joint mode's and follows the boundaries the driver carried.
+    assert ("spawned child: seqbalance.compat.joint_verl seqbalance.compat.joint_verl "
+            "joint=1 follows=True micro-batches=") in r.stdout  # fmt: skip
+
+
+@pytest.mark.parametrize("mode", [None, "dropin", " DropIn "])
+def test_without_verl_joint_mode_only_the_drop_in(tree, mode):
+    _joint_tree(tree)
+    r = _run_joint(tree, mode)
+    assert r.returncode == 0, r.stderr
+    assert ("spawned child: verl.trainer.ppo.ray_trainer seqbalance.compat.verl\n"
+            in r.stdout)  # fmt: skip
+
+
+def test_an_invalid_verl_mode_fails_the_import_with_the_valueerror(tree):
+    _joint_tree(tree)
+    r = _run_joint(tree, "fast", "-c", "import verl.trainer.ppo.ray_trainer")
+    assert r.returncode == 1
+    assert "ImportError: SEQBALANCE_PATCH names verl, but seqbalance could not replace" in r.stderr
+    assert ("ValueError: SEQBALANCE_VERL_MODE='fast': use 'joint' or 'dropin' (or leave it "
+            "unset)") in r.stderr  # fmt: skip
+    from seqbalance.compat import _hook
+
+    old = os.environ.get("SEQBALANCE_VERL_MODE")
+    os.environ["SEQBALANCE_VERL_MODE"] = "fast"
+    try:
+        with pytest.raises(ValueError, match="SEQBALANCE_VERL_MODE='fast': use 'joint' or"):
+            _hook.patchers("verl")
+    finally:
+        os.environ.pop("SEQBALANCE_VERL_MODE")
+        if old is not None:
+            os.environ["SEQBALANCE_VERL_MODE"] = old
+
+
+def test_verls_plugin_entry_point_switches_on_joint_mode(tree):
+    _joint_tree(tree)
+    _write(tree / "fw" / "verl" / "__init__.py", """
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group="verl.plugins"):
+            ep.load()
+        """)
+    meta = tree / "meta" / "seqbalance_stand_in-0.dist-info"
+    _write(meta / "METADATA", "Metadata-Version: 2.1\nName: seqbalance-stand-in\nVersion: 0\n")
+    _write(meta / "entry_points.txt", "[verl.plugins]\nseqbalance = _seqbalance_switch\n")
+    code = ("from verl.trainer.ppo.ray_trainer import RayPPOTrainer as T; "
+            "from verl.workers.engine import utils as u; "
+            "print(T._balance_batch.__module__, u.rearrange_micro_batches.__module__)")  # fmt: skip
+    on = _run_joint(tree, "joint", "-c", code, boot=False, extra_path=(tree / "meta",))
+    assert on.returncode == 0, on.stderr
+    assert on.stdout.split() == ["seqbalance.compat.joint_verl"] * 2
+    off = _run_joint(tree, None, "-c", code, boot=False, extra_path=(tree / "meta",))
+    assert off.returncode == 0, off.stderr
+    assert off.stdout.split() == ["verl.trainer.ppo.ray_trainer", "seqbalance.compat.verl"]
+
+
+def test_check_reports_verls_joint_mode_and_its_modules(tree):
+    _joint_tree(tree)
+    # Status 1 where this interpreter has no installed .pth (nothing carries the switch).
+    r = _run_joint(tree, "joint", "-m", "seqbalance.compat", "--check")
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    out = r.stdout
+    assert ("SEQBALANCE_VERL_MODE=joint: joint mode (the driver plans ranks x micro-batches "
+            "per PPO mini-batch; the workers follow the carried slots)") in out  # fmt: skip
+    assert "    verl.trainer.ppo.ray_trainer: RayPPOTrainer._balance_batch\n" in out
+    assert ("waiting for verl.trainer.ppo.ray_trainer, verl.utils.seqlen_balancing"
+            in out)  # fmt: skip
+    r = _run_joint(tree, None, "-m", "seqbalance.compat", "--check")
+    assert r.returncode in (0, 1), r.stdout + r.stderr
+    assert "SEQBALANCE_VERL_MODE unset or dropin: the one-for-one drop-in" in r.stdout
+    assert "ray_trainer" not in r.stdout
+    r = _run_joint(tree, "fast", "-m", "seqbalance.compat", "--check")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "error: SEQBALANCE_VERL_MODE='fast': use 'joint' or 'dropin'" in r.stdout
+    assert ("nothing replaced: importing verl.utils.seqlen_balancing would fail with that "
+            "error") in r.stdout  # fmt: skip
+
+
+def test_the_switch_watches_verls_trainer_in_joint_mode_only(monkeypatch):
+    from seqbalance.compat import _hook
+    from seqbalance.compat import joint_verl as jv
+
+    monkeypatch.delenv("SEQBALANCE_VERL_MODE", raising=False)
+    assert switch.modules("verl") == ("verl.utils.seqlen_balancing",)
+    assert jv._trainer_patcher not in _hook.patchers("verl")
+    monkeypatch.setenv("SEQBALANCE_VERL_MODE", "joint")
+    assert switch.modules("verl") == ("verl.utils.seqlen_balancing",
+                                      "verl.trainer.ppo.ray_trainer")  # fmt: skip
+    found = _hook.patchers("verl")
+    # The drop-in first, joint mode on top of it.
+    assert found.index(jv._worker_patcher) > 0 and jv._trainer_patcher in found
+    assert sorted({p.module for p in found}) == sorted(switch.modules("verl"))

@@ -5,8 +5,9 @@ versions, read from their metadata without importing them), which functions the 
 replaces in each, whether the switch is active in this process, and how it reaches new
 processes: the ``seqbalance_switch.pth`` start-up hook in site-packages and verl's
 ``verl.plugins`` entry point. Exit status 0; 2 when the variable names an unknown
-framework; 1 when it names frameworks but nothing installed would carry it to new
-processes.
+framework or a joint-mode variable (``SEQBALANCE_VERL_MODE``, ``SEQBALANCE_AREAL_MODE``)
+holds an invalid value; 1 when it names frameworks but nothing installed would carry it to
+new processes.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import os
 import site
 import sys
 from pathlib import Path
+from typing import Any, TextIO
 
 #: Distribution names on the package index, per framework name of the switch.
 DISTRIBUTIONS = {"verl": "verl", "slime": "slime", "areal": "areal", "openrlhf": "openrlhf"}
 
 
-def _switch() -> object:
+def _switch() -> Any:
     # Standard library only; its import installs the hook if the variable is set, which
     # the start-up hook would already have done in this process.
     import _seqbalance_switch
@@ -91,9 +93,9 @@ def replaced_names(framework: str) -> dict[str, list[str]]:
     return out
 
 
-def check(out: object = None) -> int:
+def check(out: TextIO | None = None) -> int:
     """Print the report; the exit status (see the module docstring)."""
-    write = (out or sys.stdout).write  # type: ignore[attr-defined]
+    write = (out or sys.stdout).write
     switch = _switch()
     loaded_at_start = _loaded_at_start
     value = os.environ.get(switch.ENV)
@@ -164,26 +166,46 @@ def check(out: object = None) -> int:
             else:
                 how = "the count before 0.9.1 (ceil(tokens / cap), no retry; the cap still held)"
             write(f"    match_framework_count=True follows {how}\n")
-        if fw == "areal" and where:
-            write(f"    {_areal_mode()}\n")
-        if on:
+        mode_ok = True
+        if fw in _JOINT_TEXT and (where or on):
+            line, joint = joint_mode(fw)
+            write(f"    {line}\n")
+            mode_ok = joint is not None
+        if on and not mode_ok:  # the switch would fail the framework module's import
+            write(f"    nothing replaced: importing {', '.join(switch.modules(fw))} would "
+                  "fail with that error\n")  # fmt: skip
+            status = 2
+        elif on:
             for module, fns in replaced_names(fw).items():
                 write(f"    {module}: {', '.join(fns)}\n")
     write("\nturn it off: unset SEQBALANCE_PATCH (or set it to 0) before the run starts\n")
     return status
 
 
-def _areal_mode() -> str:
-    from .joint_areal import MODE_ENV, joint_requested
+#: What joint mode does, per framework that has one.
+_JOINT_TEXT = {
+    "verl": "the driver plans ranks x micro-batches per PPO mini-batch; the workers follow "
+    "the carried slots",
+    "areal": "the controller plans ranks x micro-batches per mini-batch; the workers follow "
+    "the carried slots",
+}
 
+
+def joint_mode(framework: str) -> tuple[str, bool | None]:
+    """The line on ``framework``'s joint-mode variable, and whether it asks for joint mode
+    (None: the value is not valid)."""
+    import importlib
+
+    from ._hook import JOINT
+
+    module, var = JOINT[framework]
     try:
-        joint = joint_requested()
+        joint = importlib.import_module(module).joint_requested()
     except ValueError as exc:
-        return f"error: {exc}"
+        return f"error: {exc}", None
     if joint:
-        return (f"{MODE_ENV}=joint: joint mode (the controller plans ranks x micro-batches "
-                "per mini-batch; the workers follow the carried slots)")
-    return f"{MODE_ENV} unset or dropin: the one-for-one drop-in"
+        return f"{var}=joint: joint mode ({_JOINT_TEXT[framework]})", True
+    return f"{var} unset or dropin: the one-for-one drop-in", False
 
 
 _loaded_at_start = "_seqbalance_switch" in sys.modules

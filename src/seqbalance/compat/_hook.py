@@ -35,13 +35,24 @@ def drop_in_module(framework: str) -> Any:
     return importlib.import_module(DROP_INS[framework])
 
 
-#: Joint-mode module of a framework, and the variable that selects it.
-JOINT = {"areal": ("seqbalance.compat.joint_areal", "SEQBALANCE_AREAL_MODE")}
+#: Joint-mode module of a framework, and the variable that selects it (the same names as
+#: ``_seqbalance_switch.JOINT_MODULES``, which watches the modules only joint mode patches).
+JOINT = {
+    "verl": ("seqbalance.compat.joint_verl", "SEQBALANCE_VERL_MODE"),
+    "areal": ("seqbalance.compat.joint_areal", "SEQBALANCE_AREAL_MODE"),
+}
 
 
 def patchers(framework: str) -> list[Patcher]:
     """The :class:`Patcher` objects of ``framework``'s drop-in, then (where its joint-mode
-    variable says ``joint``) those of its joint mode, applied after the drop-in's."""
+    variable says ``joint``) those of its joint mode, applied after the drop-in's.
+
+    Raises
+    ------
+    ValueError
+        If ``framework`` has no drop-in, or its joint-mode variable holds a value other
+        than ``joint`` or ``dropin``.
+    """
     modules = [drop_in_module(framework)]
     if framework in JOINT:
         name, _ = JOINT[framework]

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import importlib
 import os
 import sys
 from dataclasses import dataclass, field
@@ -539,14 +540,36 @@ def prepare_dynamic_batch(
 
 # ---- patching -------------------------------------------------------------------------
 
-_worker_patcher = Patcher(
-    "verl.utils.seqlen_balancing",
-    lambda: {
+_SEQLEN = "verl.utils.seqlen_balancing"
+_TRAINER = "verl.trainer.ppo.ray_trainer"
+
+
+def _worker_replacements() -> dict[str, Any]:
+    out = {
         "rearrange_micro_batches": rearrange_micro_batches,
         "prepare_dynamic_batch": prepare_dynamic_batch,
-    },
-)
-_TRAINER = "verl.trainer.ppo.ray_trainer"
+    }
+    # A verl whose callers pass no DP group and rely on a count agreed over the default
+    # group gets the drop-in's wrapper here too: ranks must decide follow-or-plan together.
+    if _dropin._syncs_without_group(_dropin._installed_verl_version()):
+        out = {name: _dropin._world_without_group(fn) for name, fn in out.items()}
+    return out
+
+
+class _WorkerPatcher(Patcher):
+    """A :class:`Patcher` that leaves seqbalance's own modules alone: the functions it
+    replaces are usually the drop-in's (patched first), which the fallback path of
+    :func:`rearrange_micro_batches` calls through ``seqbalance.compat.verl``."""
+
+    def patch(self) -> list[str]:
+        if self._saved:
+            return super().patch()
+        super().patch()
+        own = [e for e in self._saved if getattr(e[0], "__name__", "").startswith("seqbalance.")]
+        for mod, name, orig in own:
+            setattr(mod, name, orig)
+        self._saved = [e for e in self._saved if e not in own]
+        return sorted({f"{getattr(m, '__name__', m)}.{n}" for m, n, _ in self._saved})
 
 
 def _joint_method(
@@ -557,6 +580,41 @@ def _joint_method(
     keep_minibatch: bool = False,
 ) -> None:
     balance_batch(self, batch, metrics, logging_prefix, keep_minibatch)
+
+
+class _TrainerPatcher(Patcher):
+    """``RayPPOTrainer._balance_batch`` of verl's trainer module (a method, so not a
+    module attribute: the dotted name in the replacements is for ``--check``)."""
+
+    def patch(self) -> list[str]:
+        name = f"{self.module}.RayPPOTrainer._balance_batch"
+        if self._saved:
+            return [name]
+        cls = getattr(importlib.import_module(self.module), "RayPPOTrainer", None)
+        if cls is None or "_balance_batch" not in vars(cls):
+            raise ValueError(
+                f"{self.module} has no RayPPOTrainer._balance_batch; is this the verl "
+                "version joint mode was written for?"
+            )
+        _ORIGINAL["_balance_batch"] = vars(cls)["_balance_batch"]
+        self._saved.append((cls, "_balance_batch", vars(cls)["_balance_batch"]))
+        cls._balance_batch = _joint_method
+        return [name]
+
+    def unpatch(self) -> None:
+        super().unpatch()
+        _ORIGINAL.pop("_balance_batch", None)
+
+
+#: What joint mode replaces, one :class:`Patcher` per verl module; the start-up switch
+#: (``SEQBALANCE_PATCH=verl`` with ``SEQBALANCE_VERL_MODE=joint``) applies these after
+#: the drop-in's, each when its module loads. Modules that imported the worker functions
+#: by name (verl 0.9.1's ``verl.workers.engine.utils``) are patched with the module they
+#: came from, or bind the replacement when they load after it.
+_worker_patcher = _WorkerPatcher(_SEQLEN, _worker_replacements)
+_trainer_patcher = _TrainerPatcher(
+    _TRAINER, lambda: {"RayPPOTrainer._balance_batch": _joint_method}
+)
 
 
 class _PatchingLoader:
@@ -570,7 +628,7 @@ class _PatchingLoader:
 
     def exec_module(self, module: Any) -> None:
         self.inner.exec_module(module)
-        _patch_trainer(module)
+        _trainer_patcher.patch()
 
 
 class _TrainerHook:
@@ -594,15 +652,6 @@ class _TrainerHook:
 _HOOK = _TrainerHook()
 
 
-def _patch_trainer(module: Any) -> None:
-    cls = getattr(module, "RayPPOTrainer", None)
-    if cls is None or "_balance_batch" in _ORIGINAL:
-        return
-    _ORIGINAL["_balance_batch"] = cls.__dict__["_balance_batch"]
-    _ORIGINAL["class"] = cls
-    cls._balance_batch = _joint_method
-
-
 def patch(*, trainer: bool = True) -> list[str]:
     """Switch verl to joint mode: the worker functions in ``verl.utils.seqlen_balancing``
     (and in modules that imported them by name) and, with ``trainer``, the driver's
@@ -612,23 +661,17 @@ def patch(*, trainer: bool = True) -> list[str]:
     done = _worker_patcher.patch()
     if trainer:
         if _TRAINER in sys.modules:
-            _patch_trainer(sys.modules[_TRAINER])
+            done += _trainer_patcher.patch()
         elif _HOOK not in sys.meta_path:
             sys.meta_path.insert(0, _HOOK)
-    name = f"{_TRAINER}.RayPPOTrainer._balance_batch"
-    if "class" in _ORIGINAL:
-        done.append(name)
-    elif _HOOK in sys.meta_path:
-        done.append(f"{name} (on import)")
-    return sorted(done)
+        if _HOOK in sys.meta_path and not _trainer_patcher.active:
+            done.append(f"{_TRAINER}.RayPPOTrainer._balance_batch (on import)")
+    return sorted(set(done))
 
 
 def unpatch() -> None:
-    """Undo :func:`patch`."""
-    _worker_patcher.unpatch()
+    """Undo :func:`patch` (also what the start-up switch applied in joint mode)."""
     if _HOOK in sys.meta_path:
         sys.meta_path.remove(_HOOK)
-    cls = _ORIGINAL.pop("class", None)
-    original = _ORIGINAL.pop("_balance_batch", None)
-    if cls is not None:
-        cls._balance_batch = original
+    _trainer_patcher.unpatch()
+    _worker_patcher.unpatch()
