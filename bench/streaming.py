@@ -83,13 +83,21 @@ def finish_times(lengths: np.ndarray, workers: int, share: float = 0.75) -> np.n
 
 
 # ---- strategies: each returns [(release time, slot)] with slots as [rank][ids] --------------
-def run_streaming(order, lens, times, dp, cap, cost, sync, rule=None, pace=None):
+def run_streaming(order, lens, times, dp, cap, cost, sync, rule=None, pace=None,
+                  horizon=None):
     """``pace``: (costs, c0, k) of the trainer, which calls ``ready(idle=True)`` whenever
     it has run every slot released so far (after an arrival, or when it finishes a slot);
-    None: ``ready()`` after each arrival only."""
+    None: ``ready()`` after each arrival only. ``horizon``: when the trainer expects the
+    last rollout; each call then passes the budget of work it can still finish by then
+    (None: no budget)."""
     sp = StreamingPlanner(dp, cap, cost=cost, sync=sync, rule=rule)
     out = []
     free = np.zeros(dp if sync == "ddp" else 1)  # when the trainer is done with its slots
+
+    def budget(now):
+        if horizon is None or pace is None:
+            return None
+        return max(0.0, horizon - max(now, float(free.max()))) / pace[2]
 
     def take(now, slots):
         for s in slots:
@@ -109,9 +117,10 @@ def run_streaming(order, lens, times, dp, cap, cost, sync, rule=None, pace=None)
         # The trainer finished its slots before this arrival: it asks for more then.
         while pace is not None and polled < float(free.max()) <= now:
             polled = t = float(free.max())
-            take(t, sp.ready(idle=True))
-        sp.add(lens[i : i + 1], ids=[i])
-        take(now, sp.ready(idle=pace is not None and float(free.max()) <= now))
+            take(t, sp.ready(idle=True, budget=budget(t)))
+        sp.add(lens[i : i + 1], ids=[i], budget=budget(now))
+        idle = pace is not None and float(free.max()) <= now
+        take(now, sp.ready(idle=idle, budget=budget(now)))
     last = times[order[-1]]
     take(last, sp.flush())
     return out

@@ -89,6 +89,7 @@ from .._validate import (
     check_choice,
     check_degree,
     check_max_tokens,
+    check_nonnegative_real,
     first_not_whole,
     group_ids,
     is_array_like,
@@ -270,7 +271,8 @@ class StreamingPlanner:
         self._threshold = self._fill_tokens * self.dp_size
         self._step = self.rule.retry * self.dp_size * self.max_tokens
         self._hold = self.rule.hold * self.dp_size * self.max_tokens
-        self._idle_tokens = self.rule.idle_fill * self.max_tokens
+        self._budget = math.inf  # the work a slot released in this call may take
+        self._over_budget = False  # the last try formed a slot over the budget
 
     @property
     def num_buffered(self) -> int:
@@ -289,7 +291,9 @@ class StreamingPlanner:
         )
 
     # ---- arrivals ----------------------------------------------------------------------
-    def add(self, lengths: Any, ids: Any = None, groups: Any = None) -> None:
+    def add(
+        self, lengths: Any, ids: Any = None, groups: Any = None, *, budget: Any = None
+    ) -> None:
         """Record arriving sequences (in arrival order) and release the slots they complete.
 
         Parameters
@@ -302,6 +306,10 @@ class StreamingPlanner:
         groups : array-like, optional
             Group id per sequence (numbers or strings): a group never spans ranks. Once a
             group has a sequence in a released slot, its later sequences go to that rank.
+        budget : float, optional
+            The most work (in the cost model's units, as :func:`seqbalance.simulate`'s
+            step time) a slot released in this call may take: see :meth:`ready`. None:
+            no limit.
 
         Raises
         ------
@@ -309,6 +317,7 @@ class StreamingPlanner:
             On bad input, before anything is recorded: the call then changes nothing.
         """
         lens = as_lengths(lengths)
+        limit = _budget(budget)
         n = lens.shape[0]
         if ids is None:
             start = len(self._ids)
@@ -355,7 +364,11 @@ class StreamingPlanner:
                     "or pass oversized='alone' to run them alone at the flush"
                 )
         costs, _ = sequence_costs(lens, self._model)
-        self._record(id_list, lens, costs, group_list)
+        self._budget = limit
+        try:
+            self._record(id_list, lens, costs, group_list)
+        finally:
+            self._budget = math.inf
 
     def _record(
         self, id_list: list[int], lens: np.ndarray, costs: np.ndarray, group_list: list[Any]
@@ -406,8 +419,13 @@ class StreamingPlanner:
                 done = j + 1
                 while self._buffered_tokens >= max(self._threshold, self._next_try):
                     mode = "force" if self._buffered_tokens >= self._hold else "rule"
+                    self._over_budget = False
                     if not self._try_release(mode):
-                        self._next_try = min(self._buffered_tokens + self._step, self._hold)
+                        self._next_try = self._buffered_tokens + self._step
+                        if not self._over_budget:
+                            # At hold every arrival may release (the best slot formed);
+                            # over the budget, the next try waits like any other.
+                            self._next_try = min(self._next_try, self._hold)
                         break
         else:
             done = 0  # pull: decided when the trainer asks (ready(idle=True))
@@ -416,14 +434,37 @@ class StreamingPlanner:
             self._buffered_tokens += int(total[-1]) - (int(total[done - 1]) if done else 0)
 
     def _try_release(self, mode: str = "rule") -> bool:
-        """Form a slot from the buffer and release it if it meets the rule.
+        """Form a slot from the buffer and release it if it meets the rule and the budget.
 
         ``mode``: ``"rule"`` (fill and balance), ``"idle"`` (``idle_fill`` and balance),
         ``"force"`` (the buffer is at ``hold``: the best slot formed, whatever it is).
+
+        A slot that takes more than the call's budget is not released. When the trainer
+        is idle, a smaller one is formed instead: the token cap is scaled down by the
+        budget over the slot's time (a micro-batch's cost grows at least in proportion to
+        its tokens), a few times at most, and ``idle_fill`` counts against that cap.
         """
-        if not self._grouped:
-            return self._try_release_fast(mode)
         cap = self.max_tokens
+        for _ in range(4):
+            got = self._try_release_fast(mode, cap) if not self._grouped else (
+                self._try_release_grouped(mode, cap)
+            )
+            if isinstance(got, bool):
+                return got
+            if mode != "idle" or got <= self._c0:
+                self._over_budget = True
+                return False
+            smaller = int(cap * (self._budget - self._c0) / (got - self._c0))
+            cap = min(smaller, cap - 1)
+            if cap < 1:
+                break
+        self._over_budget = True
+        return False
+
+    def _try_release_grouped(self, mode: str, cap: int) -> bool | float:
+        """:meth:`_try_release` with groups, at token cap ``cap``: True when a slot was
+        released, False when none met the rule, or the time of the slot formed when it
+        met the rule but not the budget."""
         lens, costs = self._lens, self._costs
         cand = [p for p in self._buffer if lens[p] <= cap]
         # Most expensive first, then longest, then earliest: a fixed order.
@@ -434,27 +475,32 @@ class StreamingPlanner:
             # Too few to give every rank one: a slot without them, so they wait for more
             # of their kind instead of leaving short-only micro-batches far lighter.
             tries.append([p for p in cand if 2 * lens[p] <= cap])
-        fill = self._idle_tokens if mode == "idle" else self._fill_tokens
+        fill = self._fill_for(mode, cap)
         best = None
+        idle: list[Any] = []  # idle mode: the tries that fill every micro-batch to fill
         for order in tries:
             if not order:
                 continue
-            bins, tok, work = self._form(order)
+            bins, tok, work = self._form(order, cap)
             dp_time = self.dp_size * (max(work) + self._c0)
             eff = (sum(work) + self.dp_size * self._c0) / dp_time if dp_time > 0 else 1.0
             if mode == "idle":
-                # The fuller-balanced of the tries that fill every micro-batch to idle_fill.
-                if min(tok) >= fill and (best is None or eff > best[3]):
-                    best = (bins, tok, work, eff)
+                if min(tok) >= fill:
+                    idle.append((bins, tok, work, eff))
                 continue
             if min(tok) >= fill and eff >= self.rule.balance:
                 best = (bins, tok, work, eff)
                 break
             if mode == "force" and (best is None or eff > best[3]):
                 best = (bins, tok, work, eff)
+        if mode == "idle":
+            best = self._pick_idle(idle)
         if best is None:
             return False
         bins, tok, work = best[:3]
+        took = max(work) + self._c0
+        if took > self._budget:
+            return took
         taken = {p for b in bins for p in b}
         self._buffer = [p for p in self._buffer if p not in taken]
         self._buffered_tokens -= sum(tok)
@@ -470,11 +516,12 @@ class StreamingPlanner:
         self._queue.append([[self._ids[p] for p in b] for b in bins])
         return True
 
-    def _try_release_fast(self, mode: str) -> bool:
-        """:meth:`_try_release` without groups, on arrays: the same slots, decided the same
-        way (the same candidate order, the same packing, the same sums in the same order),
-        at a cost that grows with the buffer divided by ``dp`` rather than the buffer."""
-        cap, dp = self.max_tokens, self.dp_size
+    def _try_release_fast(self, mode: str, cap: int) -> bool | float:
+        """:meth:`_try_release_grouped` without groups, on arrays: the same slots, decided
+        the same way (the same candidate order, the same packing, the same sums in the
+        same order), at a cost that grows with the buffer divided by ``dp`` rather than
+        the buffer."""
+        dp = self.dp_size
         buf = np.asarray(self._buffer, dtype=np.int64)
         lens_b = self._len_arr[buf]
         costs_b = self._cost_arr[buf]
@@ -489,13 +536,14 @@ class StreamingPlanner:
             # Too few to give every rank one: a slot without them, so they wait for more
             # of their kind instead of leaving short-only micro-batches far lighter.
             tries.append(fit[halves])
-        fill = self._idle_tokens if mode == "idle" else self._fill_tokens
+        fill = self._fill_for(mode, cap)
         base = (
             np.asarray(self._rank_work, dtype=np.float64)
             if self.sync == "ddp"
             else np.zeros(dp, dtype=np.float64)
         )
         best = None
+        idle: list[Any] = []  # idle mode: the tries that fill every micro-batch to fill
         c0, need = self._c0, self.rule.balance * dp
         for order in tries:
             if not order.size:
@@ -513,18 +561,22 @@ class StreamingPlanner:
             dp_time = dp * (max(work) + self._c0)
             eff = (sum(work) + dp * self._c0) / dp_time if dp_time > 0 else 1.0
             if mode == "idle":
-                # The fuller-balanced of the tries that fill every micro-batch to idle_fill.
-                if low >= fill and (best is None or eff > best[3]):
-                    best = (order, where, work, eff)
+                if low >= fill:
+                    idle.append((order, where, work, eff))
                 continue
             if low >= fill and eff >= self.rule.balance:
                 best = (order, where, work, eff)
                 break
             if mode == "force" and (best is None or eff > best[3]):
                 best = (order, where, work, eff)
+        if mode == "idle":
+            best = self._pick_idle(idle)
         if best is None:
             return False
         order, where, work = best[:3]
+        took = max(work) + self._c0
+        if took > self._budget:
+            return took
         rank_of = np.full(buf.shape[0], -1, dtype=np.int64)  # per buffered sequence
         rank_of[order] = where
         taken = np.flatnonzero(rank_of >= 0)  # in arrival order
@@ -551,11 +603,34 @@ class StreamingPlanner:
         self._queue.append(slot)
         return True
 
-    def _form(self, cand: list[int]) -> tuple[list[list[int]], list[int], list[float]]:
+    def _pick_idle(self, formed: list[Any]) -> Any:
+        """The slot an idle trainer gets among the tries ``formed`` (each ending in its
+        work per micro-batch and its balance). Without a budget: the best balanced. With
+        one: the most work that fits it (work run while the trainer would idle, and done
+        before the last rollout arrives, is work not left for the end), else the best
+        balanced (the caller then forms a smaller one)."""
+        if not formed:
+            return None
+        best = max(formed, key=lambda f: f[3])  # the first of equals: a fixed choice
+        if math.isfinite(self._budget):
+            fits = [f for f in formed if max(f[2]) + self._c0 <= self._budget]
+            if fits:
+                best = max(fits, key=lambda f: (sum(f[2]), f[3]))
+        return best
+
+    def _fill_for(self, mode: str, cap: int) -> float:
+        """Tokens every micro-batch of a slot released in ``mode`` holds at least."""
+        if mode == "idle":
+            return self.rule.idle_fill * cap
+        return self._fill_tokens
+
+    def _form(
+        self, cand: list[int], cap: int
+    ) -> tuple[list[list[int]], list[int], list[float]]:
         """``cand`` (in that order) into ``dp`` micro-batches: each sequence to the one of
         least cost with room (capacitated LPT), sequences tied to a rank to that rank;
         sequences that fit nowhere are left out. Returns bins, tokens, and cost."""
-        dp, cap = self.dp_size, self.max_tokens
+        dp = self.dp_size
         lens, costs = self._lens, self._costs
         base = self._rank_work if self.sync == "ddp" else [0.0] * dp
         load = list(base)
@@ -598,7 +673,7 @@ class StreamingPlanner:
         return bins, tok, [load[r] - base[r] for r in range(dp)]
 
     # ---- output ------------------------------------------------------------------------
-    def ready(self, idle: bool = False) -> list[Slot]:
+    def ready(self, idle: bool = False, *, budget: Any = None) -> list[Slot]:
         """The slots released since the last call, oldest first.
 
         Parameters
@@ -609,6 +684,18 @@ class StreamingPlanner:
             meets ``rule.balance``): work started now is work not left for the end of the
             step. Slots then also depend on where in the arrivals ``ready(idle=True)`` was
             called (call it at the same points on every rank).
+        budget : float, optional
+            The most work a slot released in this call may take (in the cost model's
+            units: its heaviest micro-batch plus the per-micro-batch cost, as
+            :func:`seqbalance.simulate`'s step time). A trainer that expects the last
+            rollout of the step at time ``A``, runs ``speed`` cost units per second and
+            will be free at time ``t`` passes ``(A - t) * speed``: a released slot then
+            ends before the last rollout arrives, and the step ends no later than waiting
+            for every rollout and then :func:`seqbalance.plan` (see ``docs/streaming.md``).
+            When the trainer is idle (``idle=True``) and the slot formed is over the
+            budget, a smaller one is formed; otherwise nothing is released. None: no
+            limit. Slots then also depend on the budgets passed (pass the same on every
+            rank).
 
         Returns
         -------
@@ -617,16 +704,25 @@ class StreamingPlanner:
             rank ``r``. ``[]`` when nothing was released.
         """
         idle = check_bool(idle, "idle")
+        limit = _budget(budget)
         if idle and self._buffer:
-            if self.rule.release == "arrival":
-                self._try_release("idle")
-            elif not (
-                self._try_release("rule")
-                or (self._buffered_tokens >= self._hold and self._try_release("force"))
-            ):
-                self._try_release("idle")
+            self._budget = limit
+            try:
+                self._ready_idle()
+            finally:
+                self._budget = math.inf
         out, self._queue = self._queue, []
         return out
+
+    def _ready_idle(self) -> None:
+        """The releases of ``ready(idle=True)``."""
+        if self.rule.release == "arrival":
+            self._try_release("idle")
+        elif not (
+            self._try_release("rule")
+            or (self._buffered_tokens >= self._hold and self._try_release("force"))
+        ):
+            self._try_release("idle")
 
     def flush(self) -> list[Slot]:
         """The slots not yet returned, then the rest planned offline; starts a new step.
@@ -848,3 +944,12 @@ def _group_key(g: Any) -> Any:
 def _label(key: tuple[str, Any]) -> str:
     """A group key as a string label (as_groups numbers labels by first appearance)."""
     return f"{key[0]}:{key[1]!r}"
+
+
+def _budget(value: Any) -> float:
+    """A call's budget: None (no limit) or a real number >= 0."""
+    if value is None:
+        return math.inf
+    return check_nonnegative_real(
+        value, "budget", why=" (the most work a released slot may take; None: no limit)"
+    )
