@@ -510,3 +510,51 @@ def test_never_later_than_waiting_when_the_budget_ends_by_the_last_arrival(
     whole = [[p.micro_batches[r][j] for r in range(dp)] for j in range(p.num_micro_batches)]
     wait = _trainer_end([], whole, last, costs, k, sync, dp)
     assert stream <= wait * (1 + 1e-9) + 1e-9
+
+
+# ---- handing back unstarted slots --------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 120), min_size=1, max_size=60),
+    dp=st.integers(1, 4),
+    grouped=st.booleans(),
+    data=st.data(),
+)
+def test_unstarted_slots_are_planned_again_and_every_id_runs_once(lengths, dp, grouped, data):
+    cap = 150
+    n = len(lengths)
+    groups = [k % 5 for k in range(n)] if grouped else None
+    released, flushed_plain = _stream(lengths, dp, cap, range(n + 1), groups=groups)
+    back = data.draw(st.integers(0, len(released)))
+    sp = StreamingPlanner(dp, cap)
+    got = []
+    for k in range(n):
+        sp.add(lengths[k : k + 1], groups=None if groups is None else groups[k : k + 1])
+        got += sp.ready()
+    assert got == released
+    started, unstarted = got[: len(got) - back], got[len(got) - back :]
+    flushed = sp.flush(unstarted=unstarted[::-1])  # any order
+    _check(started + flushed, lengths, dp, cap)
+    if groups is not None:
+        rank_of = {}
+        for s in started + flushed:
+            for r, mb in enumerate(s):
+                for i in mb:
+                    assert rank_of.setdefault(groups[i], r) == r
+    if not back:
+        assert flushed == flushed_plain
+
+
+def test_unstarted_errors_change_nothing():
+    sp = StreamingPlanner(2, 100)
+    sp.add([50, 45, 40, 60])
+    slots = sp.ready()
+    assert slots == [[[2, 3], [0, 1]]]
+    for bad in ([[[2], [0, 1]]], [slots[0], slots[0]], [[[9, 9], [9]]], "slot", [None]):
+        with pytest.raises(ValueError, match="unstarted"):
+            sp.flush(unstarted=bad)
+    assert sp.num_released == 1 and sp.num_buffered == 0
+    flushed = sp.flush(unstarted=[[[2, 3], [0, 1]]])  # handed back: planned again
+    _check(flushed, [50, 45, 40, 60], 2, 100)

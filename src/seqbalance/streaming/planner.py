@@ -39,6 +39,24 @@ arrival counts:
   not left for the end, so one more slot is released if every micro-batch can hold at
   least ``idle_fill * max_tokens`` tokens (default 0.1; the better-balanced try).
 
+The budget: never later than waiting
+-------------------------------------
+No rule that sees only the arrivals can promise to end the step no later than "wait for
+every rollout, then :func:`seqbalance.plan`": when the trainer is slower than generation,
+a slot released early may still be running when a long last rollout arrives, and the
+offline plan would have run that slot's sequences beside it for free. What decides it is
+time, which the planner does not see. So :meth:`~StreamingPlanner.add` and
+:meth:`~StreamingPlanner.ready` take a ``budget``: the most work (in the cost model's
+units) a slot released in that call may take. A trainer that expects the last rollout at
+time ``A``, will be free at ``t`` and runs ``speed`` cost units per second passes
+``(A - t) * speed``. A slot over the budget is not released (an idle call forms a smaller
+one: the token cap scaled down until it fits, the most work that fits, any fill). If
+``A`` is no later than the real last arrival, every released slot is done by then; the
+flush starts at the last arrival and is never slower than the offline plan of the whole
+step (the guard below), so the step ends no later than waiting. Times stay outside the
+planner: the budget is an input, in work, and the same budgets at the same points give
+the same slots.
+
 A failed try is repeated only after another ``retry * dp * max_tokens`` tokens have
 arrived (a try packs the buffer once; this keeps :meth:`~StreamingPlanner.add` cheap).
 With ``release="pull"`` nothing is released on arrival: every decision waits for
@@ -55,10 +73,9 @@ two is faster under the sync model. So the flush is never slower than the offlin
 the whole step. Hence, by construction, the step ends no later than "wait for every
 rollout, then :func:`seqbalance.plan`" whenever the trainer has run the released slots by
 the time the last rollout arrives: the step then ends at that arrival plus the flush, and
-waiting ends at that arrival plus the whole plan. When the trainer is still busy then
-(training slower than generation), releasing early can lose: a slot of short sequences
-released early cannot run beside a long sequence that arrives later, where the offline
-plan puts it for free.
+waiting ends at that arrival plus the whole plan. The budget above makes sure of that
+case; without one, a trainer still busy then (training slower than generation) can end
+later than waiting.
 
 Guarantees
 ----------
@@ -68,8 +85,9 @@ a longer sequence is held to the flush, where it runs alone, as in ``plan``); a 
 never spans ranks (once a group has a sequence in a released slot, its later sequences go
 to that rank). The slots, and their order, depend only on the sequence of arrivals
 (lengths, ids, groups, in order) and on the positions in it of the ``ready(idle=True)``
-calls: how the arrivals are split into :meth:`~StreamingPlanner.add` calls, and when
-plain :meth:`~StreamingPlanner.ready` is called, changes only which call returns a slot.
+calls and of the budgets: without budgets, how the arrivals are split into
+:meth:`~StreamingPlanner.add` calls, and when plain :meth:`~StreamingPlanner.ready` is
+called, changes only which call returns a slot.
 """
 
 from __future__ import annotations
@@ -260,7 +278,12 @@ class StreamingPlanner:
         self._cost_arr = np.zeros(256, dtype=np.float64)
         self._id_arr = np.zeros(256, dtype=np.int64)
         self._seen: set[int] = set()
-        self._buffer: list[int] = []  # arrival positions not yet released
+        # Arrival positions not yet released, in order: those kept back from the last
+        # release, then the run [tail, upto) added since (kept as an array: a try reads
+        # the buffer as one).
+        self._kept = np.zeros(0, dtype=np.int64)
+        self._tail = 0
+        self._upto = 0
         self._buffered_tokens = 0
         self._next_try: float = 0  # buffered tokens at which the next try is made
         self._queue: list[Slot] = []  # released, not yet returned by ready()
@@ -277,7 +300,7 @@ class StreamingPlanner:
     @property
     def num_buffered(self) -> int:
         """Sequences that arrived and are not yet in a released slot."""
-        return len(self._buffer)
+        return int(self._kept.shape[0]) + self._upto - self._tail
 
     @property
     def num_released(self) -> int:
@@ -414,7 +437,7 @@ class StreamingPlanner:
                 if at >= checked.shape[0]:
                     break
                 j = int(checked[at])
-                self._buffer.extend(range(start + done, start + j + 1))
+                self._upto = start + j + 1
                 self._buffered_tokens += int(total[j]) - before
                 done = j + 1
                 while self._buffered_tokens >= max(self._threshold, self._next_try):
@@ -430,7 +453,7 @@ class StreamingPlanner:
         else:
             done = 0  # pull: decided when the trainer asks (ready(idle=True))
         if done < n:
-            self._buffer.extend(range(start + done, start + n))
+            self._upto = start + n
             self._buffered_tokens += int(total[-1]) - (int(total[done - 1]) if done else 0)
 
     def _try_release(self, mode: str = "rule") -> bool:
@@ -466,7 +489,8 @@ class StreamingPlanner:
         released, False when none met the rule, or the time of the slot formed when it
         met the rule but not the budget."""
         lens, costs = self._lens, self._costs
-        cand = [p for p in self._buffer if lens[p] <= cap]
+        buffer = self._buffer_array().tolist()
+        cand = [p for p in buffer if lens[p] <= cap]
         # Most expensive first, then longest, then earliest: a fixed order.
         cand.sort(key=lambda p: (-costs[p], -lens[p], p))
         tries = [cand]
@@ -502,7 +526,7 @@ class StreamingPlanner:
         if took > self._budget:
             return took
         taken = {p for b in bins for p in b}
-        self._buffer = [p for p in self._buffer if p not in taken]
+        self._keep([p for p in buffer if p not in taken])
         self._buffered_tokens -= sum(tok)
         self._next_try = 0
         for r, b in enumerate(bins):
@@ -522,7 +546,7 @@ class StreamingPlanner:
         same order), at a cost that grows with the buffer divided by ``dp`` rather than
         the buffer."""
         dp = self.dp_size
-        buf = np.asarray(self._buffer, dtype=np.int64)
+        buf = self._buffer_array()
         lens_b = self._len_arr[buf]
         costs_b = self._cost_arr[buf]
         fit = np.flatnonzero(lens_b <= cap)
@@ -594,7 +618,7 @@ class StreamingPlanner:
             slot.append(id_list[at:end])
             at = end
         rank_of[taken] = -2
-        self._buffer = buf[rank_of == -1].tolist()
+        self._keep(buf[rank_of == -1])
         self._buffered_tokens -= int(lens_b[taken].sum())
         self._next_try = 0
         for r in range(dp):
@@ -602,6 +626,18 @@ class StreamingPlanner:
         self._released.append(bins)
         self._queue.append(slot)
         return True
+
+    def _buffer_array(self) -> np.ndarray:
+        """The buffered arrival positions, in order."""
+        if self._upto == self._tail:
+            return self._kept
+        run = np.arange(self._tail, self._upto, dtype=np.int64)
+        return np.concatenate((self._kept, run)) if self._kept.shape[0] else run
+
+    def _keep(self, positions: Any) -> None:
+        """After a release: ``positions`` (in order) stay in the buffer."""
+        self._kept = np.asarray(positions, dtype=np.int64)
+        self._tail = self._upto
 
     def _pick_idle(self, formed: list[Any]) -> Any:
         """The slot an idle trainer gets among the tries ``formed`` (each ending in its
@@ -621,7 +657,9 @@ class StreamingPlanner:
     def _fill_for(self, mode: str, cap: int) -> float:
         """Tokens every micro-batch of a slot released in ``mode`` holds at least."""
         if mode == "idle":
-            return self.rule.idle_fill * cap
+            # Within a budget an idle release ends before the last arrival: any work it
+            # does is work not left for the end, however few tokens it holds.
+            return 0.0 if math.isfinite(self._budget) else self.rule.idle_fill * cap
         return self._fill_tokens
 
     def _form(
@@ -705,7 +743,7 @@ class StreamingPlanner:
         """
         idle = check_bool(idle, "idle")
         limit = _budget(budget)
-        if idle and self._buffer:
+        if idle and self.num_buffered:
             self._budget = limit
             try:
                 self._ready_idle()
@@ -724,22 +762,79 @@ class StreamingPlanner:
         ):
             self._try_release("idle")
 
-    def flush(self) -> list[Slot]:
+    def flush(self, unstarted: Any = None) -> list[Slot]:
         """The slots not yet returned, then the rest planned offline; starts a new step.
+
+        Parameters
+        ----------
+        unstarted : list of slots, optional
+            Slots that :meth:`ready` returned and the trainer has not started: their
+            sequences are planned again with the rest (a slot queued behind a busy trainer
+            can then run beside the last arrivals). Each exactly as :meth:`ready` returned
+            it. The trainer drops them and runs the returned slots instead.
 
         Returns the queued slots (as :meth:`ready` would) followed by the buffered
         sequences planned with :func:`seqbalance.plan` (and, with ``rule.guard``, never
         slower than the offline plan of the whole step with the released sequences taken
-        out). After it every id of the step has appeared exactly once.
+        out). After it every id of the step has appeared exactly once in the slots
+        returned and not handed back.
+
+        Raises
+        ------
+        ValueError
+            If an entry of ``unstarted`` is not a slot released in this step, or appears
+            twice; nothing changes then.
         """
+        if unstarted is not None:
+            self._take_back(unstarted)
         out = self.ready()
-        rest = list(self._buffer)
+        rest = self._buffer_array().tolist()
         if rest:
             grid = self._plan_rest(rest)
             for j in range(len(grid[0])):
                 out.append([[self._ids[p] for p in grid[r][j]] for r in range(self.dp_size)])
         self._reset()
         return out
+
+    def _take_back(self, unstarted: Any) -> None:
+        """Return the sequences of released, unstarted slots to the buffer."""
+        if not isinstance(unstarted, (list, tuple)):
+            raise ValueError(
+                f"unstarted must be a list of slots as ready() returned them, got "
+                f"{type(unstarted).__name__}"
+            )
+        ids = self._ids
+        index = {
+            tuple(tuple(ids[p] for p in mb) for mb in slot): j
+            for j, slot in enumerate(self._released)
+        }
+        chosen: list[int] = []
+        for k, slot in enumerate(unstarted):
+            try:
+                key = tuple(tuple(int(i) for i in mb) for mb in slot)
+            except (TypeError, ValueError):
+                key = None
+            j = index.get(key) if key is not None else None
+            if j is None or j in chosen:
+                raise ValueError(
+                    f"unstarted[{k}] is not a slot released in this step, or is given "
+                    "twice; pass each unstarted slot once, exactly as ready() returned it"
+                )
+            chosen.append(j)
+        if not chosen:
+            return
+        back = sorted(p for j in chosen for mb in self._released[j] for p in mb)
+        keep = set(chosen)
+        self._released = [s for j, s in enumerate(self._released) if j not in keep]
+        merged = np.concatenate((self._buffer_array(), np.asarray(back, dtype=np.int64)))
+        self._keep(np.sort(merged, kind="stable"))
+        self._pinned = {}  # the groups' ranks, from the slots that stay released
+        for slot in self._released:
+            for r, mb in enumerate(slot):
+                for p in mb:
+                    g = self._groups[p]
+                    if g is not None:
+                        self._pinned.setdefault(g, r)
 
     def _plan_rest(self, rest: list[int]) -> list[list[list[int]]]:
         """The rest as ``[rank][micro-batch]`` lists of arrival positions."""

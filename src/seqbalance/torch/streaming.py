@@ -22,7 +22,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._validate import as_lengths, too_long
+from .._validate import as_lengths, check_nonnegative_real, too_long
 from ..streaming import StreamingPlanner, StreamingRule
 from ._transport import group_info
 from .agreement import agree, describe_cost
@@ -94,6 +94,7 @@ class StreamingRebalancer:
         *,
         idle: bool = False,
         final: bool = False,
+        budget: float | None = None,
     ) -> tuple[list[dict[str, torch.Tensor]], RebalanceHandle | None, list[list[int]]]:
         """Record the rows that arrived on this rank; return this rank's released
         micro-batches.
@@ -112,6 +113,9 @@ class StreamingRebalancer:
         final : bool
             The step's last call: the rest is planned offline and released
             (:meth:`StreamingPlanner.flush`), and the next call starts a new step.
+        budget : float, optional
+            The most work a slot released in this call may take (see
+            :meth:`StreamingPlanner.ready`); the same on every rank.
 
         Returns
         -------
@@ -129,7 +133,12 @@ class StreamingRebalancer:
         what = "StreamingRebalancer.step"
         error: Exception | None = None
         lens = np.zeros(0, dtype=np.int64)
+        limit = None
         try:
+            if budget is not None:
+                limit = check_nonnegative_real(
+                    budget, "budget", why=" (the most work a released slot may take)"
+                )
             if not isinstance(batch, Mapping):
                 raise ValueError(f"batch must be a dict of tensors, got {type(batch).__name__}")
             lens = as_lengths(lengths, "lengths")
@@ -157,13 +166,14 @@ class StreamingRebalancer:
             "rule": repr(self.planner.rule),
             "idle": bool(idle),
             "final": bool(final),
+            "budget": limit,
             "keys": sorted(batch) if isinstance(batch, Mapping) else None,
             "arrivals so far in this step": self._next_id,
         }
         gathered = agree(error, fingerprint, lens, self.group, what)
         for q, q_lens in enumerate(gathered):
             ids = list(range(self._next_id, self._next_id + len(q_lens)))
-            self.planner.add(q_lens, ids=ids)
+            self.planner.add(q_lens, ids=ids, budget=limit)
             self._origin += [q] * len(q_lens)
             self._lengths += [int(x) for x in q_lens]
             if q == self.rank:
@@ -171,7 +181,7 @@ class StreamingRebalancer:
                     self._rows[a] = {k: v[i : i + 1] for k, v in batch.items()}
             self._next_id += len(q_lens)
         template = {k: v[:0] for k, v in batch.items()}
-        slots = self.planner.flush() if final else self.planner.ready(idle=idle)
+        slots = self.planner.flush() if final else self.planner.ready(idle=idle, budget=limit)
         if not slots:
             if final:
                 self._new_step()
