@@ -14,7 +14,12 @@ times the generation span (``ratio`` 0.25: generation-bound, 1: even, 3: trainer
 Strategies, each given the rollouts in finishing order:
 
 - ``streaming``: :class:`seqbalance.StreamingPlanner` (default rule), ``add`` per arrival,
-  ``ready`` after each, ``flush`` at the last arrival;
+  ``ready`` after each (``idle=True`` whenever the trainer has run every slot released so
+  far), ``flush`` at the last arrival. Every call passes the budget of work the trainer can
+  still finish before its horizon, the step's last arrival (in steady state, what the
+  earlier steps' generation spans tell it), at its own speed; slots still queued behind
+  the trainer at the last arrival are handed back to the flush. ``no_budget``: the same
+  without budgets; the full grid also runs it with the horizon 10% early and 10% late;
 - ``wait``: wait for every rollout, then :func:`seqbalance.plan` (``allow_empty=True``);
 - ``fifo``: micro-batches filled in arrival order up to the cap, rank after rank; a slot is
   released when all ``dp`` are full, the partial one at the end;
@@ -36,7 +41,8 @@ dp 64 (``rl-math``; the full grid also every workload under both sync models): m
 mean and median over the calls, each call the least of 7 runs.
 
     python bench/streaming.py --quick     # 4 workloads x dp {8, 64} x ratio {0.25, 1}
-    python bench/streaming.py             # + 3 more workloads, ddp, ratio 3, 3 seeds
+    python bench/streaming.py             # + uniform, ddp, ratio 3, seeds 0-2, horizons
+    python bench/streaming.py --only sft-chat --no-calls --out /tmp/s.json   # a subset
 
 Writes ``bench/results/streaming.json`` (``--quick``) or ``streaming_full.json``
 (``--out`` to change).

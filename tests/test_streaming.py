@@ -558,3 +558,23 @@ def test_unstarted_errors_change_nothing():
     assert sp.num_released == 1 and sp.num_buffered == 0
     flushed = sp.flush(unstarted=[[[2, 3], [0, 1]]])  # handed back: planned again
     _check(flushed, [50, 45, 40, 60], 2, 100)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 70000), max_size=40),
+    cap=st.sampled_from([100, 32768, 65535, 70000]),
+    kind=st.sampled_from(["flops", "ties", "flat"]),
+    seed=st.integers(0, 2**16),
+)
+def test_packing_order_is_the_lexsort(lengths, cap, kind, seed):
+    from seqbalance.streaming.planner import _packing_order
+
+    lens = np.minimum(np.asarray(lengths, dtype=np.int64), cap)
+    rng = np.random.default_rng(seed)
+    costs = {
+        "flops": lens * 3.0 + lens.astype(np.float64) ** 2,
+        "ties": rng.integers(0, 3, lens.shape[0]).astype(np.float64),  # not by length
+        "flat": np.ones(lens.shape[0]),
+    }[kind]
+    assert _packing_order(lens, costs, cap).tolist() == np.lexsort((-lens, -costs)).tolist()

@@ -550,9 +550,7 @@ class StreamingPlanner:
         lens_b = self._len_arr[buf]
         costs_b = self._cost_arr[buf]
         fit = np.flatnonzero(lens_b <= cap)
-        # Most expensive first, then longest, then earliest: a fixed order (the buffer is
-        # in arrival order and the sort is stable).
-        fit = fit[np.lexsort((-lens_b[fit], -costs_b[fit]))]
+        fit = fit[_packing_order(lens_b[fit], costs_b[fit], cap)]
         tries = [fit]
         halves = 2 * lens_b[fit] <= cap
         big = fit.size - int(np.count_nonzero(halves))  # no two of these share a micro-batch
@@ -605,7 +603,9 @@ class StreamingPlanner:
         rank_of[order] = where
         taken = np.flatnonzero(rank_of >= 0)  # in arrival order
         ranks = rank_of[taken]
-        by_rank = taken[np.argsort(ranks, kind="stable")]  # arrival order within a rank
+        # Arrival order within a rank (a stable sort of small integers is a radix sort).
+        small = ranks.astype(np.int16) if dp <= np.iinfo(np.int16).max else ranks
+        by_rank = taken[np.argsort(small, kind="stable")]
         pos = buf[by_rank]
         pos_list = pos.tolist()
         id_list = self._id_arr[pos].tolist()
@@ -928,6 +928,21 @@ class StreamingPlanner:
         grid = [rank + [[p] for p in sorted(big)] for rank, big in zip(grid, over)]
         longest = max(len(rank) for rank in grid)
         return [rank + [[] for _ in range(longest - len(rank))] for rank in grid]
+
+
+def _packing_order(lens: np.ndarray, costs: np.ndarray, cap: int) -> np.ndarray:
+    """The order in which sequences are packed: most expensive first, then longest, then
+    earliest (the input is in arrival order).
+
+    The same permutation as ``np.lexsort((-lens, -costs))``. Costs almost always grow
+    with length; then sorting by length alone (a stable sort of 16-bit keys is a radix
+    sort) gives it, and costs that never increase along that order prove it."""
+    if lens.shape[0] > 1 and cap <= np.iinfo(np.uint16).max:
+        by_len = np.argsort((cap - lens).astype(np.uint16), kind="stable")
+        c = costs[by_len]
+        if not np.any(c[1:] > c[:-1]):
+            return by_len
+    return np.lexsort((-lens, -costs))
 
 
 def _pack(
