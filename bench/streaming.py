@@ -105,7 +105,9 @@ def run_streaming(order, lens, times, dp, cap, cost, sync, rule=None, pace=None,
     def budget(now):
         if horizon is None or pace is None:
             return None
-        return max(0.0, horizon - max(now, float(free.max()))) / pace[2]
+        # Per rank under ddp, where each rank is free at its own time.
+        left = np.maximum(0.0, horizon - np.maximum(now, free)) / pace[2]
+        return left.tolist() if sync == "ddp" else float(left[0])
 
     def take(now, slots):
         for s in slots:

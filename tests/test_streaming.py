@@ -388,11 +388,6 @@ def test_array_path_releases_what_the_per_sequence_path_does(lengths, dp, sync, 
 # ---- budgets ---------------------------------------------------------------------------
 
 
-def _slot_time(slot, costs, sync):
-    """A slot's time as the budget counts it: its heaviest micro-batch."""
-    return max(float(costs[mb].sum()) for mb in slot)
-
-
 @settings(max_examples=30, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 120), min_size=1, max_size=60),
@@ -403,7 +398,12 @@ def _slot_time(slot, costs, sync):
 def test_released_slots_fit_their_call_budget(lengths, dp, sync, data):
     cap = 150
     n = len(lengths)
-    budgets = data.draw(st.lists(st.floats(0, 400), min_size=n, max_size=n))
+    per_rank = data.draw(st.booleans())
+    one = st.floats(0, 400)
+    budgets = data.draw(
+        st.lists(st.lists(one, min_size=dp, max_size=dp) if per_rank else one,
+                 min_size=n, max_size=n)
+    )  # fmt: skip
     idle = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
     sp = StreamingPlanner(dp, cap, sync=sync, rule=StreamingRule(idle_fill=0.0))
     costs = np.asarray(lengths, dtype=np.float64)
@@ -412,8 +412,10 @@ def test_released_slots_fit_their_call_budget(lengths, dp, sync, data):
         sp.add(lengths[k : k + 1], budget=budgets[k])
         got = sp.ready()  # released on arrival, under the add call's budget
         got_idle = sp.ready(idle=idle[k], budget=budgets[k])
+        limit = budgets[k] if per_rank else [budgets[k]] * dp
         for s in got + got_idle:
-            assert _slot_time(s, costs, sync) <= budgets[k]
+            for r, mb in enumerate(s):
+                assert float(costs[mb].sum()) <= limit[r]
         released += got + got_idle
     _check(released + sp.flush(), lengths, dp, cap)
 
@@ -442,7 +444,7 @@ def test_idle_with_a_small_budget_forms_a_smaller_slot():
     assert sp.flush() == [[[2], [3]]]
 
 
-@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), True, "5"])
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), True, "5", [1.0], [1, -1]])
 def test_budget_errors(bad):
     sp = StreamingPlanner(2, 100)
     with pytest.raises(ValueError, match="budget"):
@@ -497,12 +499,14 @@ def test_never_later_than_waiting_when_the_budget_ends_by_the_last_arrival(
             else:
                 free[0] = max(free[0], t) + k * max(float(costs[mb].sum()) for mb in s)
 
+    def budget(t):  # under ddp per rank: each rank is free at its own time
+        left = np.maximum(0.0, last - np.maximum(t, free)) / k
+        return left.tolist() if sync == "ddp" else float(left[0])
+
     for i, t in enumerate(times.tolist()):
-        busy = max(t, float(free.max()))
-        sp.add(lengths[i : i + 1], budget=max(0.0, last - busy) / k)
+        sp.add(lengths[i : i + 1], budget=budget(t))
         take(t, sp.ready())
-        busy = max(t, float(free.max()))
-        take(t, sp.ready(idle=float(free.max()) <= t, budget=max(0.0, last - busy) / k))
+        take(t, sp.ready(idle=float(free.max()) <= t, budget=budget(t)))
     flushed = sp.flush()
     _check([s for _, s in released] + flushed, lengths, dp, cap)
     stream = _trainer_end(released, flushed, last, costs, k, sync, dp)

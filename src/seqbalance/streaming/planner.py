@@ -47,9 +47,10 @@ a slot released early may still be running when a long last rollout arrives, and
 offline plan would have run that slot's sequences beside it for free. What decides it is
 time, which the planner does not see. So :meth:`~StreamingPlanner.add` and
 :meth:`~StreamingPlanner.ready` take a ``budget``: the most work (in the cost model's
-units) a slot released in that call may take. A trainer that expects the last rollout at
-time ``A``, will be free at ``t`` and runs ``speed`` cost units per second passes
-``(A - t) * speed``. A slot over the budget is not released (an idle call forms a smaller
+units) a slot released in that call may take, or one number per rank. A trainer that
+expects the last rollout at time ``A``, will be free at ``t`` and runs ``speed`` cost
+units per second passes ``(A - t) * speed`` (under ``ddp`` per rank, each rank free at
+its own ``t``). A slot over the budget is not released (an idle call forms a smaller
 one: the token cap scaled down until it fits, the most work that fits, any fill). If
 ``A`` is no later than the real last arrival, every released slot is done by then; the
 flush starts at the last arrival and is never slower than the offline plan of the whole
@@ -294,7 +295,8 @@ class StreamingPlanner:
         self._threshold = self._fill_tokens * self.dp_size
         self._step = self.rule.retry * self.dp_size * self.max_tokens
         self._hold = self.rule.hold * self.dp_size * self.max_tokens
-        self._budget = math.inf  # the work a slot released in this call may take
+        # The work a micro-batch released in this call may take, per rank (None: no limit).
+        self._budget: np.ndarray | None = None
         self._over_budget = False  # the last try formed a slot over the budget
 
     @property
@@ -329,10 +331,10 @@ class StreamingPlanner:
         groups : array-like, optional
             Group id per sequence (numbers or strings): a group never spans ranks. Once a
             group has a sequence in a released slot, its later sequences go to that rank.
-        budget : float, optional
+        budget : float or array-like of float, optional
             The most work (in the cost model's units, as :func:`seqbalance.simulate`'s
-            step time) a slot released in this call may take: see :meth:`ready`. None:
-            no limit.
+            step time) a slot released in this call may take, or one number per rank:
+            see :meth:`ready`. None: no limit.
 
         Raises
         ------
@@ -340,7 +342,7 @@ class StreamingPlanner:
             On bad input, before anything is recorded: the call then changes nothing.
         """
         lens = as_lengths(lengths)
-        limit = _budget(budget)
+        limit = _budget(budget, self.dp_size)
         n = lens.shape[0]
         if ids is None:
             start = len(self._ids)
@@ -391,7 +393,7 @@ class StreamingPlanner:
         try:
             self._record(id_list, lens, costs, group_list)
         finally:
-            self._budget = math.inf
+            self._budget = None
 
     def _record(
         self, id_list: list[int], lens: np.ndarray, costs: np.ndarray, group_list: list[Any]
@@ -474,11 +476,10 @@ class StreamingPlanner:
             )
             if isinstance(got, bool):
                 return got
-            if mode != "idle" or got <= self._c0:
+            if mode != "idle":
                 self._over_budget = True
                 return False
-            smaller = int(cap * (self._budget - self._c0) / (got - self._c0))
-            cap = min(smaller, cap - 1)
+            cap = min(int(cap * got), cap - 1)
             if cap < 1:
                 break
         self._over_budget = True
@@ -522,9 +523,9 @@ class StreamingPlanner:
         if best is None:
             return False
         bins, tok, work = best[:3]
-        took = max(work) + self._c0
-        if took > self._budget:
-            return took
+        scale = self._over(work)
+        if scale is not None:
+            return scale
         taken = {p for b in bins for p in b}
         self._keep([p for p in buffer if p not in taken])
         self._buffered_tokens -= sum(tok)
@@ -596,9 +597,9 @@ class StreamingPlanner:
         if best is None:
             return False
         order, where, work = best[:3]
-        took = max(work) + self._c0
-        if took > self._budget:
-            return took
+        scale = self._over(work)
+        if scale is not None:
+            return scale
         rank_of = np.full(buf.shape[0], -1, dtype=np.int64)  # per buffered sequence
         rank_of[order] = where
         taken = np.flatnonzero(rank_of >= 0)  # in arrival order
@@ -648,18 +649,33 @@ class StreamingPlanner:
         if not formed:
             return None
         best = max(formed, key=lambda f: f[3])  # the first of equals: a fixed choice
-        if math.isfinite(self._budget):
-            fits = [f for f in formed if max(f[2]) + self._c0 <= self._budget]
+        if self._budget is not None:
+            fits = [f for f in formed if self._over(f[2]) is None]
             if fits:
                 best = max(fits, key=lambda f: (sum(f[2]), f[3]))
         return best
+
+    def _over(self, work: list[float]) -> float | None:
+        """None when every micro-batch of a slot (its work plus the per-micro-batch cost)
+        fits the call's budget on its rank; else the factor to scale the token cap by for
+        a smaller try (the budget over the work on the rank most over it; a
+        micro-batch's cost grows at least in proportion to its tokens)."""
+        if self._budget is None:
+            return None
+        w = np.asarray(work, dtype=np.float64)
+        over = w + self._c0 > self._budget
+        if not over.any():
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):  # an empty one over: 0
+            scale = float(np.nan_to_num((self._budget[over] - self._c0) / w[over]).min())
+        return max(0.0, scale)
 
     def _fill_for(self, mode: str, cap: int) -> float:
         """Tokens every micro-batch of a slot released in ``mode`` holds at least."""
         if mode == "idle":
             # Within a budget an idle release ends before the last arrival: any work it
             # does is work not left for the end, however few tokens it holds.
-            return 0.0 if math.isfinite(self._budget) else self.rule.idle_fill * cap
+            return 0.0 if self._budget is not None else self.rule.idle_fill * cap
         return self._fill_tokens
 
     def _form(
@@ -722,18 +738,20 @@ class StreamingPlanner:
             meets ``rule.balance``): work started now is work not left for the end of the
             step. Slots then also depend on where in the arrivals ``ready(idle=True)`` was
             called (call it at the same points on every rank).
-        budget : float, optional
+        budget : float or array-like of float, optional
             The most work a slot released in this call may take (in the cost model's
-            units: its heaviest micro-batch plus the per-micro-batch cost, as
-            :func:`seqbalance.simulate`'s step time). A trainer that expects the last
-            rollout of the step at time ``A``, runs ``speed`` cost units per second and
-            will be free at time ``t`` passes ``(A - t) * speed``: a released slot then
-            ends before the last rollout arrives, and the step ends no later than waiting
-            for every rollout and then :func:`seqbalance.plan` (see ``docs/streaming.md``).
-            When the trainer is idle (``idle=True``) and the slot formed is over the
-            budget, a smaller one is formed; otherwise nothing is released. None: no
-            limit. Slots then also depend on the budgets passed (pass the same on every
-            rank).
+            units: every micro-batch's cost plus the per-micro-batch cost, as
+            :func:`seqbalance.simulate`'s step time), or ``dp_size`` numbers, one per
+            rank's micro-batch. A trainer that expects the last rollout of the step at
+            time ``A``, runs ``speed`` cost units per second and will be free at time
+            ``t`` passes ``(A - t) * speed`` (under ``ddp``, per rank, each with its own
+            ``t``): a released slot then ends before the last rollout arrives, and the
+            step ends no later than waiting for every rollout and then
+            :func:`seqbalance.plan` (see ``docs/streaming.md``). When the trainer is
+            idle (``idle=True``) and the slot formed is over the budget, a smaller one
+            is formed (and ``rule.idle_fill`` does not apply); otherwise nothing is
+            released. None: no limit. Slots then also depend on the budgets passed
+            (pass the same on every rank).
 
         Returns
         -------
@@ -742,13 +760,13 @@ class StreamingPlanner:
             rank ``r``. ``[]`` when nothing was released.
         """
         idle = check_bool(idle, "idle")
-        limit = _budget(budget)
+        limit = _budget(budget, self.dp_size)
         if idle and self.num_buffered:
             self._budget = limit
             try:
                 self._ready_idle()
             finally:
-                self._budget = math.inf
+                self._budget = None
         out, self._queue = self._queue, []
         return out
 
@@ -1056,10 +1074,19 @@ def _label(key: tuple[str, Any]) -> str:
     return f"{key[0]}:{key[1]!r}"
 
 
-def _budget(value: Any) -> float:
-    """A call's budget: None (no limit) or a real number >= 0."""
+def _budget(value: Any, dp: int) -> np.ndarray | None:
+    """A call's budget per rank: None (no limit), a real number >= 0 (every rank), or
+    ``dp`` of them (one per rank)."""
     if value is None:
-        return math.inf
-    return check_nonnegative_real(
-        value, "budget", why=" (the most work a released slot may take; None: no limit)"
-    )
+        return None
+    why = " (the most work a released micro-batch may take; None: no limit)"
+    if is_array_like(value):
+        arr = _as_1d(value, "budget")
+        if arr.shape[0] != dp:
+            raise ValueError(
+                f"budget has {arr.shape[0]} entries but dp_size is {dp}; pass one number, "
+                "or one per rank"
+            )
+        each = [check_nonnegative_real(x, f"budget[{r}]", why=why) for r, x in enumerate(arr)]
+        return np.asarray(each, dtype=np.float64)
+    return np.full(dp, check_nonnegative_real(value, "budget", why=why), dtype=np.float64)

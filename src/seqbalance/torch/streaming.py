@@ -22,8 +22,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .._validate import as_lengths, check_nonnegative_real, too_long
+from .._validate import as_lengths, too_long
 from ..streaming import StreamingPlanner, StreamingRule
+from ..streaming.planner import _budget
 from ._transport import group_info
 from .agreement import agree, describe_cost
 from .exchange import RebalanceHandle, _rebalance
@@ -94,7 +95,7 @@ class StreamingRebalancer:
         *,
         idle: bool = False,
         final: bool = False,
-        budget: float | None = None,
+        budget: Any = None,
     ) -> tuple[list[dict[str, torch.Tensor]], RebalanceHandle | None, list[list[int]]]:
         """Record the rows that arrived on this rank; return this rank's released
         micro-batches.
@@ -113,9 +114,9 @@ class StreamingRebalancer:
         final : bool
             The step's last call: the rest is planned offline and released
             (:meth:`StreamingPlanner.flush`), and the next call starts a new step.
-        budget : float, optional
-            The most work a slot released in this call may take (see
-            :meth:`StreamingPlanner.ready`); the same on every rank.
+        budget : float or list of float, optional
+            The most work a micro-batch released in this call may take, or one number per
+            rank (see :meth:`StreamingPlanner.ready`); the same on every rank.
 
         Returns
         -------
@@ -135,10 +136,8 @@ class StreamingRebalancer:
         lens = np.zeros(0, dtype=np.int64)
         limit = None
         try:
-            if budget is not None:
-                limit = check_nonnegative_real(
-                    budget, "budget", why=" (the most work a released slot may take)"
-                )
+            checked = _budget(budget, self.world_size)  # the planner's own check
+            limit = None if checked is None else checked.tolist()
             if not isinstance(batch, Mapping):
                 raise ValueError(f"batch must be a dict of tensors, got {type(batch).__name__}")
             lens = as_lengths(lengths, "lengths")
