@@ -467,7 +467,7 @@ class StreamingPlanner:
         A slot that takes more than the call's budget is not released. When the trainer
         is idle, a smaller one is formed instead: the token cap is scaled down by the
         budget over the slot's time (a micro-batch's cost grows at least in proportion to
-        its tokens), a few times at most, and ``idle_fill`` counts against that cap.
+        its tokens), a few times at most; any fill will do then (see :meth:`_fill_for`).
         """
         cap = self.max_tokens
         for _ in range(4):
@@ -487,8 +487,8 @@ class StreamingPlanner:
 
     def _try_release_grouped(self, mode: str, cap: int) -> bool | float:
         """:meth:`_try_release` with groups, at token cap ``cap``: True when a slot was
-        released, False when none met the rule, or the time of the slot formed when it
-        met the rule but not the budget."""
+        released, False when none met the rule, or, when the slot formed met the rule but
+        not the budget, the factor to scale the cap by for a smaller one (:meth:`_over`)."""
         lens, costs = self._lens, self._costs
         buffer = self._buffer_array().tolist()
         cand = [p for p in buffer if lens[p] <= cap]
