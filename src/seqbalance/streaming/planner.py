@@ -152,8 +152,8 @@ class StreamingRule:
         Once the buffer holds ``hold * dp * max_tokens`` tokens, the best-balanced slot
         formed is released whatever its fill and balance.
     idle_fill : float in [0, 1]
-        ``ready(idle=True)`` releases a slot whose micro-batches each hold at least
-        ``idle_fill * max_tokens`` tokens.
+        ``ready(idle=True)`` without a budget releases a slot whose micro-batches each
+        hold at least ``idle_fill * max_tokens`` tokens (within a budget, any fill).
     retry : float in (0, 1]
         After a failed try, the next waits for ``retry * dp * max_tokens`` more tokens.
     guard : bool
