@@ -14,7 +14,12 @@ times the generation span (``ratio`` 0.25: generation-bound, 1: even, 3: trainer
 Strategies, each given the rollouts in finishing order:
 
 - ``streaming``: :class:`seqbalance.StreamingPlanner` (default rule), ``add`` per arrival,
-  ``ready`` after each, ``flush`` at the last arrival;
+  ``ready`` after each (``idle=True`` whenever the trainer has run every slot released so
+  far), ``flush`` at the last arrival. Every call passes the budget of work the trainer can
+  still finish before its horizon, the step's last arrival (in steady state, what the
+  earlier steps' generation spans tell it), at its own speed; slots still queued behind
+  the trainer at the last arrival are handed back to the flush. ``no_budget``: the same
+  without budgets; the full grid also runs it with the horizon 10% early and 10% late;
 - ``wait``: wait for every rollout, then :func:`seqbalance.plan` (``allow_empty=True``);
 - ``fifo``: micro-batches filled in arrival order up to the cap, rank after rank; a slot is
   released when all ``dp`` are full, the partial one at the end;
@@ -36,7 +41,8 @@ dp 64 (``rl-math``; the full grid also every workload under both sync models): m
 mean and median over the calls, each call the least of 7 runs.
 
     python bench/streaming.py --quick     # 4 workloads x dp {8, 64} x ratio {0.25, 1}
-    python bench/streaming.py             # + 3 more workloads, ddp, ratio 3, 3 seeds
+    python bench/streaming.py             # + uniform, ddp, ratio 3, seeds 0-2, horizons
+    python bench/streaming.py --only sft-chat --no-calls --out /tmp/s.json   # a subset
 
 Writes ``bench/results/streaming.json`` (``--quick``) or ``streaming_full.json``
 (``--out`` to change).
@@ -60,7 +66,9 @@ from seqbalance.costs import load_cost
 
 SPEEDS = (0.8, 1.0, 1.25)
 CAP = {"uniform": 16384}  # others: 32768 (every sequence of these workloads fits)
-STRATEGIES = ("streaming", "per_arrival", "wait", "fifo", "token_budget", "clairvoyant")
+STRATEGIES = (
+    "streaming", "no_budget", "per_arrival", "wait", "fifo", "token_budget", "clairvoyant"
+)
 
 
 # ---- arrivals ------------------------------------------------------------------------------
@@ -83,13 +91,23 @@ def finish_times(lengths: np.ndarray, workers: int, share: float = 0.75) -> np.n
 
 
 # ---- strategies: each returns [(release time, slot)] with slots as [rank][ids] --------------
-def run_streaming(order, lens, times, dp, cap, cost, sync, rule=None, pace=None):
+def run_streaming(order, lens, times, dp, cap, cost, sync, rule=None, pace=None,
+                  horizon=None):
     """``pace``: (costs, c0, k) of the trainer, which calls ``ready(idle=True)`` whenever
     it has run every slot released so far (after an arrival, or when it finishes a slot);
-    None: ``ready()`` after each arrival only."""
+    None: ``ready()`` after each arrival only. ``horizon``: when the trainer expects the
+    last rollout; each call then passes the budget of work it can still finish by then
+    (None: no budget)."""
     sp = StreamingPlanner(dp, cap, cost=cost, sync=sync, rule=rule)
     out = []
     free = np.zeros(dp if sync == "ddp" else 1)  # when the trainer is done with its slots
+
+    def budget(now):
+        if horizon is None or pace is None:
+            return None
+        # Per rank under ddp, where each rank is free at its own time.
+        left = np.maximum(0.0, horizon - np.maximum(now, free)) / pace[2]
+        return left.tolist() if sync == "ddp" else float(left[0])
 
     def take(now, slots):
         for s in slots:
@@ -109,11 +127,28 @@ def run_streaming(order, lens, times, dp, cap, cost, sync, rule=None, pace=None)
         # The trainer finished its slots before this arrival: it asks for more then.
         while pace is not None and polled < float(free.max()) <= now:
             polled = t = float(free.max())
-            take(t, sp.ready(idle=True))
-        sp.add(lens[i : i + 1], ids=[i])
-        take(now, sp.ready(idle=pace is not None and float(free.max()) <= now))
+            take(t, sp.ready(idle=True, budget=budget(t)))
+        sp.add(lens[i : i + 1], ids=[i], budget=budget(now))
+        idle = pace is not None and float(free.max()) <= now
+        take(now, sp.ready(idle=idle, budget=budget(now)))
     last = times[order[-1]]
-    take(last, sp.flush())
+    unstarted = []
+    if pace is not None:
+        # Slots still queued behind the trainer at the last arrival go back to the flush.
+        costs, c0, k = pace
+        at = np.zeros(dp if sync == "ddp" else 1)
+        started = []
+        for rel, s in out:
+            if sync == "ddp":
+                first = min(max(at[r], rel) for r in range(dp))
+                for r, mb in enumerate(s):
+                    at[r] = max(at[r], rel) + k * (float(costs[mb].sum()) + c0)
+            else:
+                first = max(at[0], rel)
+                at[0] = first + k * (max(float(costs[mb].sum()) for mb in s) + c0)
+            (started if first < last else unstarted).append((rel, s))
+        out[:] = started
+    out += [(last, s) for s in sp.flush(unstarted=[s for _, s in unstarted])]
     return out
 
 
@@ -209,7 +244,7 @@ def check(released, n, lens, cap, dp):
 
 
 # ---- one case ------------------------------------------------------------------------------
-def run_case(name, dp, per_rank, seed, sync, ratios, model):
+def run_case(name, dp, per_rank, seed, sync, ratios, model, horizons=()):
     w = workloads.load(name, per_rank * dp, seed=seed)
     lens = w.lengths
     cap = CAP.get(name, 32768)
@@ -235,13 +270,24 @@ def run_case(name, dp, per_rank, seed, sync, ratios, model):
     for ratio in ratios:
         k = ratio * span / offline
         pace = (costs, c0, k)
-        runs["streaming"] = run_streaming(order, lens, times, dp, cap, model, sync, pace=pace)
+        runs["streaming"] = run_streaming(order, lens, times, dp, cap, model, sync, pace=pace,
+                                          horizon=span)
+        runs["no_budget"] = run_streaming(order, lens, times, dp, cap, model, sync, pace=pace)
         broken += check(runs["streaming"], lens.size, lens, cap, dp)
+        broken += check(runs["no_budget"], lens.size, lens, cap, dp)
         stream = runs["streaming"]
         ends = {s: trainer(runs[s], costs, c0, k, sync, dp) for s in STRATEGIES}
         bound = lower_bound(order, times, costs, c0, k, dp)
         e = {s: ends[s][0] for s in STRATEGIES}
         late = sum(e["streaming"] > e[s] * (1 + 1e-9) for s in ("wait", "fifo", "token_budget"))
+        best_other = min(e["fifo"], e["token_budget"])
+        sensitivity = {}
+        for f in horizons:  # the trainer's horizon off by a factor: how much it matters
+            r = run_streaming(order, lens, times, dp, cap, model, sync, pace=pace,
+                              horizon=f * span)
+            broken += check(r, lens.size, lens, cap, dp)
+            end = trainer(r, costs, c0, k, sync, dp)[0]
+            sensitivity[f"{f:g}"] = {"vs_wait": end / e["wait"], "vs_greedy": end / best_other}
         rows.append({
             "workload": name, "dp": dp, "sync": sync, "seed": seed, "ratio": ratio,
             "n": int(lens.size), "cap": cap,
@@ -249,6 +295,9 @@ def run_case(name, dp, per_rank, seed, sync, ratios, model):
             "slots": len(stream),
             "vs_wait": e["streaming"] / e["wait"],
             "per_arrival_vs_wait": e["per_arrival"] / e["wait"],
+            "no_budget_vs_wait": e["no_budget"] / e["wait"],
+            "no_budget_vs_greedy": e["no_budget"] / best_other,
+            "horizon_off": sensitivity,
             "vs_fifo": e["streaming"] / e["fifo"],
             "vs_token_budget": e["streaming"] / e["token_budget"],
             "vs_clairvoyant": e["streaming"] / e["clairvoyant"],
@@ -320,6 +369,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small grid (a few minutes)")
     ap.add_argument("--model", default="qwen2.5-7b", help="cost model (default qwen2.5-7b)")
+    ap.add_argument("--only", default=None, help="comma-separated workloads of the grid")
+    ap.add_argument("--no-calls", action="store_true", help="skip the call timings")
     ap.add_argument("--out", default=None, help="JSON record (default: "
                     "bench/results/streaming.json, full grid: streaming_full.json)")
     args = ap.parse_args(argv)
@@ -329,20 +380,23 @@ def main(argv=None) -> int:
         args.out = f"bench/results/{name}"
     if args.quick:
         names = ["rl-math", "rl-math-truncated", "bimodal", "sft-chat"]
-        syncs, seeds, ratios = ["fsdp"], [0], [0.25, 1.0]
+        syncs, seeds, ratios, horizons = ["fsdp"], [0], [0.25, 1.0], ()
     else:
         names = ["rl-math", "rl-math-truncated", "bimodal", "sft-chat", "uniform"]
         syncs, seeds, ratios = ["fsdp", "ddp"], [0, 1, 2], [0.25, 1.0, 3.0]
+        horizons = (0.9, 1.1)
+    if args.only:
+        names = [n for n in names if n in args.only.split(",")]
     rows = []
     for name in names:
         for dp in (8, 64):
             for sync in syncs:
                 for seed in seeds:
-                    rows += run_case(name, dp, 32, seed, sync, ratios, model)
+                    rows += run_case(name, dp, 32, seed, sync, ratios, model, horizons)
     print_table(rows, ["workload", "dp", "sync", "seed", "ratio", "slots_early", "slots",
                        "vs_wait", "vs_fifo", "vs_token_budget", "vs_clairvoyant", "vs_bound",
                        "idle_streaming", "idle_wait", "violations"])
-    calls = time_calls(model, names=[] if args.quick else names)
+    calls = {} if args.no_calls else time_calls(model, names=[] if args.quick else names)
     for label, c in calls.items():
         print(f"add(64)+ready() at dp 64, {label}: max {c['max_ms']:.3f} ms, "
               f"p99 {c['p99_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, median "
@@ -358,8 +412,24 @@ def main(argv=None) -> int:
         "rl_worst_vs_wait": max(r["vs_wait"] for r in rl),
         "worst_vs_clairvoyant": max(r["vs_clairvoyant"] for r in rows),
         "worst_vs_bound": max(r["vs_bound"] for r in rows),
+        "no_budget_worst_vs_wait": max(r["no_budget_vs_wait"] for r in rows),
+        "no_budget_worst_vs_greedy": max(r["no_budget_vs_greedy"] for r in rows),
+        "horizon_off": {
+            f: {
+                "worst_vs_wait": max(r["horizon_off"][f]["vs_wait"] for r in rows),
+                "worst_vs_greedy": max(r["horizon_off"][f]["vs_greedy"] for r in rows),
+            }
+            for f in (f"{h:g}" for h in horizons)
+        },
+        "cases_later_than_another": sum(r["violations"] > 0 for r in rows),
         "violations": sum(r["violations"] for r in rows),
     }
+    print(f"without a budget: worst vs wait-then-plan {summary['no_budget_worst_vs_wait']:.3f}, "
+          f"vs the better of FIFO and the token-budget greedy "
+          f"{summary['no_budget_worst_vs_greedy']:.3f}")
+    for f, v in summary["horizon_off"].items():
+        print(f"horizon {f} x the last arrival: worst vs wait-then-plan "
+              f"{v['worst_vs_wait']:.3f}, vs the better greedy {v['worst_vs_greedy']:.3f}")
     print(
         f"RL workloads: step end vs wait-then-plan {summary['rl_best_vs_wait']:.3f}-"
         f"{summary['rl_worst_vs_wait']:.3f}; worst vs FIFO {summary['worst_vs_fifo']:.3f}, "

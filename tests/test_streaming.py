@@ -383,3 +383,202 @@ def test_array_path_releases_what_the_per_sequence_path_does(lengths, dp, sync, 
         groups=list(range(len(lengths))),
     )
     assert plain == alone
+
+
+# ---- budgets ---------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 120), min_size=1, max_size=60),
+    dp=st.integers(1, 4),
+    sync=st.sampled_from(["fsdp", "ddp"]),
+    data=st.data(),
+)
+def test_released_slots_fit_their_call_budget(lengths, dp, sync, data):
+    cap = 150
+    n = len(lengths)
+    per_rank = data.draw(st.booleans())
+    one = st.floats(0, 400)
+    budgets = data.draw(
+        st.lists(st.lists(one, min_size=dp, max_size=dp) if per_rank else one,
+                 min_size=n, max_size=n)
+    )  # fmt: skip
+    idle = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
+    sp = StreamingPlanner(dp, cap, sync=sync, rule=StreamingRule(idle_fill=0.0))
+    costs = np.asarray(lengths, dtype=np.float64)
+    released = []
+    for k in range(n):
+        sp.add(lengths[k : k + 1], budget=budgets[k])
+        got = sp.ready()  # released on arrival, under the add call's budget
+        got_idle = sp.ready(idle=idle[k], budget=budgets[k])
+        limit = budgets[k] if per_rank else [budgets[k]] * dp
+        for s in got + got_idle:
+            for r, mb in enumerate(s):
+                assert float(costs[mb].sum()) <= limit[r]
+        released += got + got_idle
+    _check(released + sp.flush(), lengths, dp, cap)
+
+
+def test_budget_zero_releases_nothing_and_none_is_no_limit():
+    lengths = sb.workloads.lengths("rl-math", 128, seed=2).tolist()
+    held = StreamingPlanner(4, 32768)
+    free = StreamingPlanner(4, 32768)
+    for k in range(0, 128, 8):
+        held.add(lengths[k : k + 8], budget=0)
+        assert held.ready(idle=True, budget=0.0) == []
+        free.add(lengths[k : k + 8], budget=None)
+    assert held.num_released == 0 and free.num_released > 0
+    # With nothing released the flush is the offline plan of the whole step.
+    p = sb.plan(lengths, 4, 32768, allow_empty=True)
+    expect = [[p.micro_batches[r][j] for r in range(4)] for j in range(p.num_micro_batches)]
+    assert held.flush() == expect
+
+
+def test_idle_with_a_small_budget_forms_a_smaller_slot():
+    sp = StreamingPlanner(2, 100, rule=StreamingRule(idle_fill=0.0))
+    sp.add([40, 40, 40, 40], budget=50)  # a slot of two 80s is over 50: none on arrival
+    assert sp.ready() == []
+    slots = sp.ready(idle=True, budget=50)
+    assert slots == [[[0], [1]]]  # the cap scaled to fit: one sequence a micro-batch
+    assert sp.flush() == [[[2], [3]]]
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), True, "5", [1.0], [1, -1]])
+def test_budget_errors(bad):
+    sp = StreamingPlanner(2, 100)
+    with pytest.raises(ValueError, match="budget"):
+        sp.add([10], budget=bad)
+    assert sp.num_buffered == 0  # a failed add records nothing
+    with pytest.raises(ValueError, match="budget"):
+        sp.ready(idle=True, budget=bad)
+
+
+def _trainer_end(released, flushed, last, costs, k, sync, dp):
+    """End of the step when ``released`` = [(time, slot)] run as they come and the flush
+    starts at the last arrival (fsdp: a slot at a time; ddp: each rank on its own)."""
+    free = np.zeros(dp if sync == "ddp" else 1)
+    for t, s in released + [(last, s) for s in flushed]:
+        if sync == "ddp":
+            for r, mb in enumerate(s):
+                free[r] = max(free[r], t) + k * float(costs[mb].sum())
+        else:
+            free[0] = max(free[0], t) + k * max(float(costs[mb].sum()) for mb in s)
+    return float(free.max())
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 120), min_size=1, max_size=50),
+    dp=st.integers(1, 4),
+    sync=st.sampled_from(["fsdp", "ddp"]),
+    k=st.floats(0.01, 10),
+    seed=st.integers(0, 2**16),
+)
+def test_never_later_than_waiting_when_the_budget_ends_by_the_last_arrival(
+    lengths, dp, sync, k, seed
+):
+    """The guarantee of docs/streaming.md, checked against an independent simulation:
+    a trainer that passes the work it can finish before the last arrival as the budget
+    ends no later than waiting for every arrival and then plan()."""
+    cap = 150
+    rng = np.random.default_rng(seed)
+    times = np.sort(rng.uniform(0, 100, size=len(lengths)))
+    last = float(times[-1])
+    costs = np.asarray(lengths, dtype=np.float64)
+    sp = StreamingPlanner(dp, cap, sync=sync, rule=StreamingRule(idle_fill=0.0))
+    free = np.zeros(dp if sync == "ddp" else 1)
+    released = []
+
+    def take(t, slots):
+        for s in slots:
+            released.append((t, s))
+            if sync == "ddp":
+                for r, mb in enumerate(s):
+                    free[r] = max(free[r], t) + k * float(costs[mb].sum())
+            else:
+                free[0] = max(free[0], t) + k * max(float(costs[mb].sum()) for mb in s)
+
+    def budget(t):  # under ddp per rank: each rank is free at its own time
+        left = np.maximum(0.0, last - np.maximum(t, free)) / k
+        return left.tolist() if sync == "ddp" else float(left[0])
+
+    for i, t in enumerate(times.tolist()):
+        sp.add(lengths[i : i + 1], budget=budget(t))
+        take(t, sp.ready())
+        take(t, sp.ready(idle=float(free.max()) <= t, budget=budget(t)))
+    flushed = sp.flush()
+    _check([s for _, s in released] + flushed, lengths, dp, cap)
+    stream = _trainer_end(released, flushed, last, costs, k, sync, dp)
+    p = sb.plan(lengths, dp, cap, sync=sync, allow_empty=True)
+    whole = [[p.micro_batches[r][j] for r in range(dp)] for j in range(p.num_micro_batches)]
+    wait = _trainer_end([], whole, last, costs, k, sync, dp)
+    assert stream <= wait * (1 + 1e-9) + 1e-9
+
+
+# ---- handing back unstarted slots --------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 120), min_size=1, max_size=60),
+    dp=st.integers(1, 4),
+    grouped=st.booleans(),
+    data=st.data(),
+)
+def test_unstarted_slots_are_planned_again_and_every_id_runs_once(lengths, dp, grouped, data):
+    cap = 150
+    n = len(lengths)
+    groups = [k % 5 for k in range(n)] if grouped else None
+    released, flushed_plain = _stream(lengths, dp, cap, range(n + 1), groups=groups)
+    back = data.draw(st.integers(0, len(released)))
+    sp = StreamingPlanner(dp, cap)
+    got = []
+    for k in range(n):
+        sp.add(lengths[k : k + 1], groups=None if groups is None else groups[k : k + 1])
+        got += sp.ready()
+    assert got == released
+    started, unstarted = got[: len(got) - back], got[len(got) - back :]
+    flushed = sp.flush(unstarted=unstarted[::-1])  # any order
+    _check(started + flushed, lengths, dp, cap)
+    if groups is not None:
+        rank_of = {}
+        for s in started + flushed:
+            for r, mb in enumerate(s):
+                for i in mb:
+                    assert rank_of.setdefault(groups[i], r) == r
+    if not back:
+        assert flushed == flushed_plain
+
+
+def test_unstarted_errors_change_nothing():
+    sp = StreamingPlanner(2, 100)
+    sp.add([50, 45, 40, 60])
+    slots = sp.ready()
+    assert slots == [[[2, 3], [0, 1]]]
+    for bad in ([[[2], [0, 1]]], [slots[0], slots[0]], [[[9, 9], [9]]], "slot", [None]):
+        with pytest.raises(ValueError, match="unstarted"):
+            sp.flush(unstarted=bad)
+    assert sp.num_released == 1 and sp.num_buffered == 0
+    flushed = sp.flush(unstarted=[[[2, 3], [0, 1]]])  # handed back: planned again
+    _check(flushed, [50, 45, 40, 60], 2, 100)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 70000), max_size=40),
+    cap=st.sampled_from([100, 32768, 65535, 70000]),
+    kind=st.sampled_from(["flops", "ties", "flat"]),
+    seed=st.integers(0, 2**16),
+)
+def test_packing_order_is_the_lexsort(lengths, cap, kind, seed):
+    from seqbalance.streaming.planner import _packing_order
+
+    lens = np.minimum(np.asarray(lengths, dtype=np.int64), cap)
+    rng = np.random.default_rng(seed)
+    costs = {
+        "flops": lens * 3.0 + lens.astype(np.float64) ** 2,
+        "ties": rng.integers(0, 3, lens.shape[0]).astype(np.float64),  # not by length
+        "flat": np.ones(lens.shape[0]),
+    }[kind]
+    assert _packing_order(lens, costs, cap).tolist() == np.lexsort((-lens, -costs)).tolist()

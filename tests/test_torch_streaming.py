@@ -46,27 +46,29 @@ def _rows(lens: np.ndarray, first_id: int, width: int) -> dict:
     }
 
 
-def _expected(world, arrivals, idle_at, rule):
+def _expected(world, arrivals, idle_at, rule, budgets=None):
     """The slots a single StreamingPlanner releases for the same arrivals."""
     sp = StreamingPlanner(world, CAP, rule=rule)
     out, nid = [], 0
     for k, per_rank in enumerate(arrivals):
+        budget = None if budgets is None else budgets[k]
         for lens in per_rank:
-            sp.add(lens, ids=list(range(nid, nid + len(lens))))
+            sp.add(lens, ids=list(range(nid, nid + len(lens))), budget=budget)
             nid += len(lens)
-        out.append(sp.ready(idle=k in idle_at))
+        out.append(sp.ready(idle=k in idle_at, budget=budget))
     out.append(sp.flush())
     return out
 
 
-def _run(rank, world, arrivals, idle_at, rule):
+def _run(rank, world, arrivals, idle_at, rule, budgets=None):
     streamer = StreamingRebalancer(CAP, rule=rule, pad_values={"input_ids": -1})
     got, nid = [], 0
     widths = [40 + 3 * k for k in range(len(arrivals))]  # dim 1 differs between calls
     for k, per_rank in enumerate(arrivals):
         first = nid + sum(len(x) for x in per_rank[:rank])
         rows = _rows(per_rank[rank], first, widths[k])
-        mbs, handle, ids = streamer.step(rows, per_rank[rank], idle=k in idle_at)
+        budget = None if budgets is None else budgets[k]
+        mbs, handle, ids = streamer.step(rows, per_rank[rank], idle=k in idle_at, budget=budget)
         nid += sum(len(x) for x in per_rank)
         got.append(_check(mbs, ids, handle))
     empty = _rows(np.zeros(0, dtype=np.int64), 0, 8)
@@ -87,13 +89,15 @@ def _check(mbs, ids, handle):
     return ids
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_every_rank_gets_its_part_of_the_same_slots(world):
+@pytest.mark.parametrize(("world", "budgets"), [(2, None), (3, None), (2, "some")])
+def test_every_rank_gets_its_part_of_the_same_slots(world, budgets):
     arrivals = _arrivals(world, steps=8, seed=world)
     idle_at = {2, 5}
     rule = StreamingRule(fill=0.7)
-    out = run_distributed(_run, world, arrivals, idle_at, rule, timeout=TIMEOUT)
-    expected = _expected(world, arrivals, idle_at, rule)
+    if budgets is not None:  # budgets in work (tokens here): some calls release less
+        budgets = [None, 100.0, 30.0, 0.0, 45.0, 20.0, None, 64.0]
+    out = run_distributed(_run, world, arrivals, idle_at, rule, budgets, timeout=TIMEOUT)
+    expected = _expected(world, arrivals, idle_at, rule, budgets)
     n = sum(len(x) for per_rank in arrivals for x in per_rank)
     seen = []
     for call, slots in enumerate(expected):

@@ -151,7 +151,10 @@ class FlopsCost(CostModel):
         # with 2.5 the forward phase came out 0.90x the forward FLOPs at 131k tokens.
         self.backward_matmul = 3.0 if recompute else 2.0
         self.backward_attention = self.backward_matmul
-        self.per_token = mult * 2.0 * float(architecture.matmul_params)
+        # Counted once: the architecture is frozen, and summing its layers on every call
+        # took about as long as the costs of a few dozen sequences.
+        self._matmul_flops = 2.0 * float(architecture.matmul_params)
+        self.per_token = mult * self._matmul_flops
         self.per_token_sq = mult * float(
             sum(layer.attention.core_width for layer in architecture.layers)
         )
@@ -220,7 +223,7 @@ class FlopsCost(CostModel):
     def _forward(self, x: np.ndarray, factor: float) -> np.ndarray:
         """``factor`` × forward FLOPs of float lengths ``x``, unchecked (callers check once)."""
         with np.errstate(over="ignore", invalid="ignore"):  # finite_costs says it
-            out = 2.0 * float(self.matmul_params) * x
+            out = self._matmul_flops * x
             for (width, window), count in self._attention_kinds:
                 out += (2.0 * count * width) * _pairs(x, window)
             return factor * out if factor != 1.0 else out

@@ -39,6 +39,25 @@ arrival counts:
   not left for the end, so one more slot is released if every micro-batch can hold at
   least ``idle_fill * max_tokens`` tokens (default 0.1; the better-balanced try).
 
+The budget: never later than waiting
+-------------------------------------
+No rule that sees only the arrivals can promise to end the step no later than "wait for
+every rollout, then :func:`seqbalance.plan`": when the trainer is slower than generation,
+a slot released early may still be running when a long last rollout arrives, and the
+offline plan would have run that slot's sequences beside it for free. What decides it is
+time, which the planner does not see. So :meth:`~StreamingPlanner.add` and
+:meth:`~StreamingPlanner.ready` take a ``budget``: the most work (in the cost model's
+units) a slot released in that call may take, or one number per rank. A trainer that
+expects the last rollout at time ``A``, will be free at ``t`` and runs ``speed`` cost
+units per second passes ``(A - t) * speed`` (under ``ddp`` per rank, each rank free at
+its own ``t``). A slot over the budget is not released (an idle call forms a smaller
+one: the token cap scaled down until it fits, the most work that fits, any fill). If
+``A`` is no later than the real last arrival, every released slot is done by then; the
+flush starts at the last arrival and is never slower than the offline plan of the whole
+step (the guard below), so the step ends no later than waiting. Times stay outside the
+planner: the budget is an input, in work, and the same budgets at the same points give
+the same slots.
+
 A failed try is repeated only after another ``retry * dp * max_tokens`` tokens have
 arrived (a try packs the buffer once; this keeps :meth:`~StreamingPlanner.add` cheap).
 With ``release="pull"`` nothing is released on arrival: every decision waits for
@@ -55,10 +74,9 @@ two is faster under the sync model. So the flush is never slower than the offlin
 the whole step. Hence, by construction, the step ends no later than "wait for every
 rollout, then :func:`seqbalance.plan`" whenever the trainer has run the released slots by
 the time the last rollout arrives: the step then ends at that arrival plus the flush, and
-waiting ends at that arrival plus the whole plan. When the trainer is still busy then
-(training slower than generation), releasing early can lose: a slot of short sequences
-released early cannot run beside a long sequence that arrives later, where the offline
-plan puts it for free.
+waiting ends at that arrival plus the whole plan. The budget above makes sure of that
+case; without one, a trainer still busy then (training slower than generation) can end
+later than waiting.
 
 Guarantees
 ----------
@@ -68,8 +86,9 @@ a longer sequence is held to the flush, where it runs alone, as in ``plan``); a 
 never spans ranks (once a group has a sequence in a released slot, its later sequences go
 to that rank). The slots, and their order, depend only on the sequence of arrivals
 (lengths, ids, groups, in order) and on the positions in it of the ``ready(idle=True)``
-calls: how the arrivals are split into :meth:`~StreamingPlanner.add` calls, and when
-plain :meth:`~StreamingPlanner.ready` is called, changes only which call returns a slot.
+calls and of the budgets: without budgets, how the arrivals are split into
+:meth:`~StreamingPlanner.add` calls, and when plain :meth:`~StreamingPlanner.ready` is
+called, changes only which call returns a slot.
 """
 
 from __future__ import annotations
@@ -89,6 +108,7 @@ from .._validate import (
     check_choice,
     check_degree,
     check_max_tokens,
+    check_nonnegative_real,
     first_not_whole,
     group_ids,
     is_array_like,
@@ -132,8 +152,8 @@ class StreamingRule:
         Once the buffer holds ``hold * dp * max_tokens`` tokens, the best-balanced slot
         formed is released whatever its fill and balance.
     idle_fill : float in [0, 1]
-        ``ready(idle=True)`` releases a slot whose micro-batches each hold at least
-        ``idle_fill * max_tokens`` tokens.
+        ``ready(idle=True)`` without a budget releases a slot whose micro-batches each
+        hold at least ``idle_fill * max_tokens`` tokens (within a budget, any fill).
     retry : float in (0, 1]
         After a failed try, the next waits for ``retry * dp * max_tokens`` more tokens.
     guard : bool
@@ -259,7 +279,12 @@ class StreamingPlanner:
         self._cost_arr = np.zeros(256, dtype=np.float64)
         self._id_arr = np.zeros(256, dtype=np.int64)
         self._seen: set[int] = set()
-        self._buffer: list[int] = []  # arrival positions not yet released
+        # Arrival positions not yet released, in order: those kept back from the last
+        # release, then the run [tail, upto) added since (kept as an array: a try reads
+        # the buffer as one).
+        self._kept = np.zeros(0, dtype=np.int64)
+        self._tail = 0
+        self._upto = 0
         self._buffered_tokens = 0
         self._next_try: float = 0  # buffered tokens at which the next try is made
         self._queue: list[Slot] = []  # released, not yet returned by ready()
@@ -270,12 +295,14 @@ class StreamingPlanner:
         self._threshold = self._fill_tokens * self.dp_size
         self._step = self.rule.retry * self.dp_size * self.max_tokens
         self._hold = self.rule.hold * self.dp_size * self.max_tokens
-        self._idle_tokens = self.rule.idle_fill * self.max_tokens
+        # The work a micro-batch released in this call may take, per rank (None: no limit).
+        self._budget: np.ndarray | None = None
+        self._over_budget = False  # the last try formed a slot over the budget
 
     @property
     def num_buffered(self) -> int:
         """Sequences that arrived and are not yet in a released slot."""
-        return len(self._buffer)
+        return int(self._kept.shape[0]) + self._upto - self._tail
 
     @property
     def num_released(self) -> int:
@@ -289,7 +316,9 @@ class StreamingPlanner:
         )
 
     # ---- arrivals ----------------------------------------------------------------------
-    def add(self, lengths: Any, ids: Any = None, groups: Any = None) -> None:
+    def add(
+        self, lengths: Any, ids: Any = None, groups: Any = None, *, budget: Any = None
+    ) -> None:
         """Record arriving sequences (in arrival order) and release the slots they complete.
 
         Parameters
@@ -302,6 +331,10 @@ class StreamingPlanner:
         groups : array-like, optional
             Group id per sequence (numbers or strings): a group never spans ranks. Once a
             group has a sequence in a released slot, its later sequences go to that rank.
+        budget : float or array-like of float, optional
+            The most work (in the cost model's units, as :func:`seqbalance.simulate`'s
+            step time) a slot released in this call may take, or one number per rank:
+            see :meth:`ready`. None: no limit.
 
         Raises
         ------
@@ -309,6 +342,7 @@ class StreamingPlanner:
             On bad input, before anything is recorded: the call then changes nothing.
         """
         lens = as_lengths(lengths)
+        limit = _budget(budget, self.dp_size)
         n = lens.shape[0]
         if ids is None:
             start = len(self._ids)
@@ -355,7 +389,11 @@ class StreamingPlanner:
                     "or pass oversized='alone' to run them alone at the flush"
                 )
         costs, _ = sequence_costs(lens, self._model)
-        self._record(id_list, lens, costs, group_list)
+        self._budget = limit
+        try:
+            self._record(id_list, lens, costs, group_list)
+        finally:
+            self._budget = None
 
     def _record(
         self, id_list: list[int], lens: np.ndarray, costs: np.ndarray, group_list: list[Any]
@@ -401,31 +439,59 @@ class StreamingPlanner:
                 if at >= checked.shape[0]:
                     break
                 j = int(checked[at])
-                self._buffer.extend(range(start + done, start + j + 1))
+                self._upto = start + j + 1
                 self._buffered_tokens += int(total[j]) - before
                 done = j + 1
                 while self._buffered_tokens >= max(self._threshold, self._next_try):
                     mode = "force" if self._buffered_tokens >= self._hold else "rule"
+                    self._over_budget = False
                     if not self._try_release(mode):
-                        self._next_try = min(self._buffered_tokens + self._step, self._hold)
+                        self._next_try = self._buffered_tokens + self._step
+                        if not self._over_budget:
+                            # At hold every arrival may release (the best slot formed);
+                            # over the budget, the next try waits like any other.
+                            self._next_try = min(self._next_try, self._hold)
                         break
         else:
             done = 0  # pull: decided when the trainer asks (ready(idle=True))
         if done < n:
-            self._buffer.extend(range(start + done, start + n))
+            self._upto = start + n
             self._buffered_tokens += int(total[-1]) - (int(total[done - 1]) if done else 0)
 
     def _try_release(self, mode: str = "rule") -> bool:
-        """Form a slot from the buffer and release it if it meets the rule.
+        """Form a slot from the buffer and release it if it meets the rule and the budget.
 
         ``mode``: ``"rule"`` (fill and balance), ``"idle"`` (``idle_fill`` and balance),
         ``"force"`` (the buffer is at ``hold``: the best slot formed, whatever it is).
+
+        A slot that takes more than the call's budget is not released. When the trainer
+        is idle, a smaller one is formed instead: the token cap is scaled down by the
+        budget over the slot's time (a micro-batch's cost grows at least in proportion to
+        its tokens), a few times at most; any fill will do then (see :meth:`_fill_for`).
         """
-        if not self._grouped:
-            return self._try_release_fast(mode)
         cap = self.max_tokens
+        for _ in range(4):
+            got = self._try_release_fast(mode, cap) if not self._grouped else (
+                self._try_release_grouped(mode, cap)
+            )
+            if isinstance(got, bool):
+                return got
+            if mode != "idle":
+                self._over_budget = True
+                return False
+            cap = min(int(cap * got), cap - 1)
+            if cap < 1:
+                break
+        self._over_budget = True
+        return False
+
+    def _try_release_grouped(self, mode: str, cap: int) -> bool | float:
+        """:meth:`_try_release` with groups, at token cap ``cap``: True when a slot was
+        released, False when none met the rule, or, when the slot formed met the rule but
+        not the budget, the factor to scale the cap by for a smaller one (:meth:`_over`)."""
         lens, costs = self._lens, self._costs
-        cand = [p for p in self._buffer if lens[p] <= cap]
+        buffer = self._buffer_array().tolist()
+        cand = [p for p in buffer if lens[p] <= cap]
         # Most expensive first, then longest, then earliest: a fixed order.
         cand.sort(key=lambda p: (-costs[p], -lens[p], p))
         tries = [cand]
@@ -434,29 +500,34 @@ class StreamingPlanner:
             # Too few to give every rank one: a slot without them, so they wait for more
             # of their kind instead of leaving short-only micro-batches far lighter.
             tries.append([p for p in cand if 2 * lens[p] <= cap])
-        fill = self._idle_tokens if mode == "idle" else self._fill_tokens
+        fill = self._fill_for(mode, cap)
         best = None
+        idle: list[Any] = []  # idle mode: the tries that fill every micro-batch to fill
         for order in tries:
             if not order:
                 continue
-            bins, tok, work = self._form(order)
+            bins, tok, work = self._form(order, cap)
             dp_time = self.dp_size * (max(work) + self._c0)
             eff = (sum(work) + self.dp_size * self._c0) / dp_time if dp_time > 0 else 1.0
             if mode == "idle":
-                # The fuller-balanced of the tries that fill every micro-batch to idle_fill.
-                if min(tok) >= fill and (best is None or eff > best[3]):
-                    best = (bins, tok, work, eff)
+                if min(tok) >= fill:
+                    idle.append((bins, tok, work, eff))
                 continue
             if min(tok) >= fill and eff >= self.rule.balance:
                 best = (bins, tok, work, eff)
                 break
             if mode == "force" and (best is None or eff > best[3]):
                 best = (bins, tok, work, eff)
+        if mode == "idle":
+            best = self._pick_idle(idle)
         if best is None:
             return False
         bins, tok, work = best[:3]
+        scale = self._over(work)
+        if scale is not None:
+            return scale
         taken = {p for b in bins for p in b}
-        self._buffer = [p for p in self._buffer if p not in taken]
+        self._keep([p for p in buffer if p not in taken])
         self._buffered_tokens -= sum(tok)
         self._next_try = 0
         for r, b in enumerate(bins):
@@ -470,18 +541,17 @@ class StreamingPlanner:
         self._queue.append([[self._ids[p] for p in b] for b in bins])
         return True
 
-    def _try_release_fast(self, mode: str) -> bool:
-        """:meth:`_try_release` without groups, on arrays: the same slots, decided the same
-        way (the same candidate order, the same packing, the same sums in the same order),
-        at a cost that grows with the buffer divided by ``dp`` rather than the buffer."""
-        cap, dp = self.max_tokens, self.dp_size
-        buf = np.asarray(self._buffer, dtype=np.int64)
+    def _try_release_fast(self, mode: str, cap: int) -> bool | float:
+        """:meth:`_try_release_grouped` without groups, on arrays: the same slots, decided
+        the same way (the same candidate order, the same packing, the same sums in the
+        same order), at a cost that grows with the buffer divided by ``dp`` rather than
+        the buffer."""
+        dp = self.dp_size
+        buf = self._buffer_array()
         lens_b = self._len_arr[buf]
         costs_b = self._cost_arr[buf]
         fit = np.flatnonzero(lens_b <= cap)
-        # Most expensive first, then longest, then earliest: a fixed order (the buffer is
-        # in arrival order and the sort is stable).
-        fit = fit[np.lexsort((-lens_b[fit], -costs_b[fit]))]
+        fit = fit[_packing_order(lens_b[fit], costs_b[fit], cap)]
         tries = [fit]
         halves = 2 * lens_b[fit] <= cap
         big = fit.size - int(np.count_nonzero(halves))  # no two of these share a micro-batch
@@ -489,13 +559,14 @@ class StreamingPlanner:
             # Too few to give every rank one: a slot without them, so they wait for more
             # of their kind instead of leaving short-only micro-batches far lighter.
             tries.append(fit[halves])
-        fill = self._idle_tokens if mode == "idle" else self._fill_tokens
+        fill = self._fill_for(mode, cap)
         base = (
             np.asarray(self._rank_work, dtype=np.float64)
             if self.sync == "ddp"
             else np.zeros(dp, dtype=np.float64)
         )
         best = None
+        idle: list[Any] = []  # idle mode: the tries that fill every micro-batch to fill
         c0, need = self._c0, self.rule.balance * dp
         for order in tries:
             if not order.size:
@@ -513,23 +584,29 @@ class StreamingPlanner:
             dp_time = dp * (max(work) + self._c0)
             eff = (sum(work) + dp * self._c0) / dp_time if dp_time > 0 else 1.0
             if mode == "idle":
-                # The fuller-balanced of the tries that fill every micro-batch to idle_fill.
-                if low >= fill and (best is None or eff > best[3]):
-                    best = (order, where, work, eff)
+                if low >= fill:
+                    idle.append((order, where, work, eff))
                 continue
             if low >= fill and eff >= self.rule.balance:
                 best = (order, where, work, eff)
                 break
             if mode == "force" and (best is None or eff > best[3]):
                 best = (order, where, work, eff)
+        if mode == "idle":
+            best = self._pick_idle(idle)
         if best is None:
             return False
         order, where, work = best[:3]
+        scale = self._over(work)
+        if scale is not None:
+            return scale
         rank_of = np.full(buf.shape[0], -1, dtype=np.int64)  # per buffered sequence
         rank_of[order] = where
         taken = np.flatnonzero(rank_of >= 0)  # in arrival order
         ranks = rank_of[taken]
-        by_rank = taken[np.argsort(ranks, kind="stable")]  # arrival order within a rank
+        # Arrival order within a rank (a stable sort of small integers is a radix sort).
+        small = ranks.astype(np.int16) if dp <= np.iinfo(np.int16).max else ranks
+        by_rank = taken[np.argsort(small, kind="stable")]
         pos = buf[by_rank]
         pos_list = pos.tolist()
         id_list = self._id_arr[pos].tolist()
@@ -542,7 +619,7 @@ class StreamingPlanner:
             slot.append(id_list[at:end])
             at = end
         rank_of[taken] = -2
-        self._buffer = buf[rank_of == -1].tolist()
+        self._keep(buf[rank_of == -1])
         self._buffered_tokens -= int(lens_b[taken].sum())
         self._next_try = 0
         for r in range(dp):
@@ -551,11 +628,63 @@ class StreamingPlanner:
         self._queue.append(slot)
         return True
 
-    def _form(self, cand: list[int]) -> tuple[list[list[int]], list[int], list[float]]:
+    def _buffer_array(self) -> np.ndarray:
+        """The buffered arrival positions, in order."""
+        if self._upto == self._tail:
+            return self._kept
+        run = np.arange(self._tail, self._upto, dtype=np.int64)
+        return np.concatenate((self._kept, run)) if self._kept.shape[0] else run
+
+    def _keep(self, positions: Any) -> None:
+        """After a release: ``positions`` (in order) stay in the buffer."""
+        self._kept = np.asarray(positions, dtype=np.int64)
+        self._tail = self._upto
+
+    def _pick_idle(self, formed: list[Any]) -> Any:
+        """The slot an idle trainer gets among the tries ``formed`` (each ending in its
+        work per micro-batch and its balance). Without a budget: the best balanced. With
+        one: the most work that fits it (work run while the trainer would idle, and done
+        before the last rollout arrives, is work not left for the end), else the best
+        balanced (the caller then forms a smaller one)."""
+        if not formed:
+            return None
+        best = max(formed, key=lambda f: f[3])  # the first of equals: a fixed choice
+        if self._budget is not None:
+            fits = [f for f in formed if self._over(f[2]) is None]
+            if fits:
+                best = max(fits, key=lambda f: (sum(f[2]), f[3]))
+        return best
+
+    def _over(self, work: list[float]) -> float | None:
+        """None when every micro-batch of a slot (its work plus the per-micro-batch cost)
+        fits the call's budget on its rank; else the factor to scale the token cap by for
+        a smaller try (the budget over the work on the rank most over it; a
+        micro-batch's cost grows at least in proportion to its tokens)."""
+        if self._budget is None:
+            return None
+        w = np.asarray(work, dtype=np.float64)
+        over = w + self._c0 > self._budget
+        if not over.any():
+            return None
+        with np.errstate(divide="ignore", invalid="ignore"):  # an empty one over: 0
+            scale = float(np.nan_to_num((self._budget[over] - self._c0) / w[over]).min())
+        return max(0.0, scale)
+
+    def _fill_for(self, mode: str, cap: int) -> float:
+        """Tokens every micro-batch of a slot released in ``mode`` holds at least."""
+        if mode == "idle":
+            # Within a budget an idle release ends before the last arrival: any work it
+            # does is work not left for the end, however few tokens it holds.
+            return 0.0 if self._budget is not None else self.rule.idle_fill * cap
+        return self._fill_tokens
+
+    def _form(
+        self, cand: list[int], cap: int
+    ) -> tuple[list[list[int]], list[int], list[float]]:
         """``cand`` (in that order) into ``dp`` micro-batches: each sequence to the one of
         least cost with room (capacitated LPT), sequences tied to a rank to that rank;
         sequences that fit nowhere are left out. Returns bins, tokens, and cost."""
-        dp, cap = self.dp_size, self.max_tokens
+        dp = self.dp_size
         lens, costs = self._lens, self._costs
         base = self._rank_work if self.sync == "ddp" else [0.0] * dp
         load = list(base)
@@ -598,7 +727,7 @@ class StreamingPlanner:
         return bins, tok, [load[r] - base[r] for r in range(dp)]
 
     # ---- output ------------------------------------------------------------------------
-    def ready(self, idle: bool = False) -> list[Slot]:
+    def ready(self, idle: bool = False, *, budget: Any = None) -> list[Slot]:
         """The slots released since the last call, oldest first.
 
         Parameters
@@ -609,6 +738,20 @@ class StreamingPlanner:
             meets ``rule.balance``): work started now is work not left for the end of the
             step. Slots then also depend on where in the arrivals ``ready(idle=True)`` was
             called (call it at the same points on every rank).
+        budget : float or array-like of float, optional
+            The most work a slot released in this call may take (in the cost model's
+            units: every micro-batch's cost plus the per-micro-batch cost, as
+            :func:`seqbalance.simulate`'s step time), or ``dp_size`` numbers, one per
+            rank's micro-batch. A trainer that expects the last rollout of the step at
+            time ``A``, runs ``speed`` cost units per second and will be free at time
+            ``t`` passes ``(A - t) * speed`` (under ``ddp``, per rank, each with its own
+            ``t``): a released slot then ends before the last rollout arrives, and the
+            step ends no later than waiting for every rollout and then
+            :func:`seqbalance.plan` (see ``docs/streaming.md``). When the trainer is
+            idle (``idle=True``) and the slot formed is over the budget, a smaller one
+            is formed (and ``rule.idle_fill`` does not apply); otherwise nothing is
+            released. None: no limit. Slots then also depend on the budgets passed
+            (pass the same on every rank).
 
         Returns
         -------
@@ -617,33 +760,99 @@ class StreamingPlanner:
             rank ``r``. ``[]`` when nothing was released.
         """
         idle = check_bool(idle, "idle")
-        if idle and self._buffer:
-            if self.rule.release == "arrival":
-                self._try_release("idle")
-            elif not (
-                self._try_release("rule")
-                or (self._buffered_tokens >= self._hold and self._try_release("force"))
-            ):
-                self._try_release("idle")
+        limit = _budget(budget, self.dp_size)
+        if idle and self.num_buffered:
+            self._budget = limit
+            try:
+                self._ready_idle()
+            finally:
+                self._budget = None
         out, self._queue = self._queue, []
         return out
 
-    def flush(self) -> list[Slot]:
+    def _ready_idle(self) -> None:
+        """The releases of ``ready(idle=True)``."""
+        if self.rule.release == "arrival":
+            self._try_release("idle")
+        elif not (
+            self._try_release("rule")
+            or (self._buffered_tokens >= self._hold and self._try_release("force"))
+        ):
+            self._try_release("idle")
+
+    def flush(self, unstarted: Any = None) -> list[Slot]:
         """The slots not yet returned, then the rest planned offline; starts a new step.
+
+        Parameters
+        ----------
+        unstarted : list of slots, optional
+            Slots that :meth:`ready` returned and the trainer has not started: their
+            sequences are planned again with the rest (a slot queued behind a busy trainer
+            can then run beside the last arrivals). Each exactly as :meth:`ready` returned
+            it. The trainer drops them and runs the returned slots instead.
 
         Returns the queued slots (as :meth:`ready` would) followed by the buffered
         sequences planned with :func:`seqbalance.plan` (and, with ``rule.guard``, never
         slower than the offline plan of the whole step with the released sequences taken
-        out). After it every id of the step has appeared exactly once.
+        out). After it every id of the step has appeared exactly once in the slots
+        returned and not handed back.
+
+        Raises
+        ------
+        ValueError
+            If an entry of ``unstarted`` is not a slot released in this step, or appears
+            twice; nothing changes then.
         """
+        if unstarted is not None:
+            self._take_back(unstarted)
         out = self.ready()
-        rest = list(self._buffer)
+        rest = self._buffer_array().tolist()
         if rest:
             grid = self._plan_rest(rest)
             for j in range(len(grid[0])):
                 out.append([[self._ids[p] for p in grid[r][j]] for r in range(self.dp_size)])
         self._reset()
         return out
+
+    def _take_back(self, unstarted: Any) -> None:
+        """Return the sequences of released, unstarted slots to the buffer."""
+        if not isinstance(unstarted, (list, tuple)):
+            raise ValueError(
+                f"unstarted must be a list of slots as ready() returned them, got "
+                f"{type(unstarted).__name__}"
+            )
+        ids = self._ids
+        index = {
+            tuple(tuple(ids[p] for p in mb) for mb in slot): j
+            for j, slot in enumerate(self._released)
+        }
+        chosen: list[int] = []
+        for k, slot in enumerate(unstarted):
+            try:
+                key = tuple(tuple(int(i) for i in mb) for mb in slot)
+            except (TypeError, ValueError):
+                key = None
+            j = index.get(key) if key is not None else None
+            if j is None or j in chosen:
+                raise ValueError(
+                    f"unstarted[{k}] is not a slot released in this step, or is given "
+                    "twice; pass each unstarted slot once, exactly as ready() returned it"
+                )
+            chosen.append(j)
+        if not chosen:
+            return
+        back = sorted(p for j in chosen for mb in self._released[j] for p in mb)
+        keep = set(chosen)
+        self._released = [s for j, s in enumerate(self._released) if j not in keep]
+        merged = np.concatenate((self._buffer_array(), np.asarray(back, dtype=np.int64)))
+        self._keep(np.sort(merged, kind="stable"))
+        self._pinned = {}  # the groups' ranks, from the slots that stay released
+        for slot in self._released:
+            for r, mb in enumerate(slot):
+                for p in mb:
+                    g = self._groups[p]
+                    if g is not None:
+                        self._pinned.setdefault(g, r)
 
     def _plan_rest(self, rest: list[int]) -> list[list[list[int]]]:
         """The rest as ``[rank][micro-batch]`` lists of arrival positions."""
@@ -737,6 +946,21 @@ class StreamingPlanner:
         grid = [rank + [[p] for p in sorted(big)] for rank, big in zip(grid, over)]
         longest = max(len(rank) for rank in grid)
         return [rank + [[] for _ in range(longest - len(rank))] for rank in grid]
+
+
+def _packing_order(lens: np.ndarray, costs: np.ndarray, cap: int) -> np.ndarray:
+    """The order in which sequences are packed: most expensive first, then longest, then
+    earliest (the input is in arrival order).
+
+    The same permutation as ``np.lexsort((-lens, -costs))``. Costs almost always grow
+    with length; then sorting by length alone (a stable sort of 16-bit keys is a radix
+    sort) gives it, and costs that never increase along that order prove it."""
+    if lens.shape[0] > 1 and cap <= np.iinfo(np.uint16).max:
+        by_len = np.argsort((cap - lens).astype(np.uint16), kind="stable")
+        c = costs[by_len]
+        if not np.any(c[1:] > c[:-1]):
+            return by_len
+    return np.lexsort((-lens, -costs))
 
 
 def _pack(
@@ -848,3 +1072,21 @@ def _group_key(g: Any) -> Any:
 def _label(key: tuple[str, Any]) -> str:
     """A group key as a string label (as_groups numbers labels by first appearance)."""
     return f"{key[0]}:{key[1]!r}"
+
+
+def _budget(value: Any, dp: int) -> np.ndarray | None:
+    """A call's budget per rank: None (no limit), a real number >= 0 (every rank), or
+    ``dp`` of them (one per rank)."""
+    if value is None:
+        return None
+    why = " (the most work a released micro-batch may take; None: no limit)"
+    if is_array_like(value):
+        arr = _as_1d(value, "budget")
+        if arr.shape[0] != dp:
+            raise ValueError(
+                f"budget has {arr.shape[0]} entries but dp_size is {dp}; pass one number, "
+                "or one per rank"
+            )
+        each = [check_nonnegative_real(x, f"budget[{r}]", why=why) for r, x in enumerate(arr)]
+        return np.asarray(each, dtype=np.float64)
+    return np.full(dp, check_nonnegative_real(value, "budget", why=why), dtype=np.float64)

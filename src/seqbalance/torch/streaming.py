@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from .._validate import as_lengths, too_long
 from ..streaming import StreamingPlanner, StreamingRule
+from ..streaming.planner import _budget
 from ._transport import group_info
 from .agreement import agree, describe_cost
 from .exchange import RebalanceHandle, _rebalance
@@ -94,6 +95,7 @@ class StreamingRebalancer:
         *,
         idle: bool = False,
         final: bool = False,
+        budget: Any = None,
     ) -> tuple[list[dict[str, torch.Tensor]], RebalanceHandle | None, list[list[int]]]:
         """Record the rows that arrived on this rank; return this rank's released
         micro-batches.
@@ -112,6 +114,9 @@ class StreamingRebalancer:
         final : bool
             The step's last call: the rest is planned offline and released
             (:meth:`StreamingPlanner.flush`), and the next call starts a new step.
+        budget : float or list of float, optional
+            The most work a micro-batch released in this call may take, or one number per
+            rank (see :meth:`StreamingPlanner.ready`); the same on every rank.
 
         Returns
         -------
@@ -129,7 +134,10 @@ class StreamingRebalancer:
         what = "StreamingRebalancer.step"
         error: Exception | None = None
         lens = np.zeros(0, dtype=np.int64)
+        limit = None
         try:
+            checked = _budget(budget, self.world_size)  # the planner's own check
+            limit = None if checked is None else checked.tolist()
             if not isinstance(batch, Mapping):
                 raise ValueError(f"batch must be a dict of tensors, got {type(batch).__name__}")
             lens = as_lengths(lengths, "lengths")
@@ -157,13 +165,14 @@ class StreamingRebalancer:
             "rule": repr(self.planner.rule),
             "idle": bool(idle),
             "final": bool(final),
+            "budget": limit,
             "keys": sorted(batch) if isinstance(batch, Mapping) else None,
             "arrivals so far in this step": self._next_id,
         }
         gathered = agree(error, fingerprint, lens, self.group, what)
         for q, q_lens in enumerate(gathered):
             ids = list(range(self._next_id, self._next_id + len(q_lens)))
-            self.planner.add(q_lens, ids=ids)
+            self.planner.add(q_lens, ids=ids, budget=limit)
             self._origin += [q] * len(q_lens)
             self._lengths += [int(x) for x in q_lens]
             if q == self.rank:
@@ -171,7 +180,7 @@ class StreamingRebalancer:
                     self._rows[a] = {k: v[i : i + 1] for k, v in batch.items()}
             self._next_id += len(q_lens)
         template = {k: v[:0] for k, v in batch.items()}
-        slots = self.planner.flush() if final else self.planner.ready(idle=idle)
+        slots = self.planner.flush() if final else self.planner.ready(idle=idle, budget=limit)
         if not slots:
             if final:
                 self._new_step()
