@@ -173,7 +173,8 @@ def test_exact_small_case():
     assert sp.num_released == 1 and sp.num_buffered == 0
     sp.add([30, 30, 20])
     assert sp.ready() == []
-    assert sp.flush() == [[[4, 6], [5]]]
+    (slot,) = sp.flush()  # ids 4 and 5 are both 30 tokens: either goes with id 6 (20)
+    assert sorted(map(sorted, slot)) in ([[4], [5, 6]], [[4, 6], [5]])
     # flush starts a new step: ids restart at 0
     sp.add([10])
     assert sp.flush() == [[[0], []]]
