@@ -70,7 +70,7 @@ from .planning.pipeline import pipeline_lower_bound, simulate_pipeline
 from .streaming import StreamingPlanner, StreamingRule
 
 # The one place the version is written: pyproject.toml reads it from here.
-__version__ = "1.0.0rc1"
+__version__ = "1.0.0rc2"
 
 _TORCH_NAMES = (
     "BalancedDistributedSampler",
