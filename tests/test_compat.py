@@ -12,7 +12,7 @@ from _fakes import fake_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqbalance.compat import areal, openrlhf, slime, verl
+from seqbalance.compat import _areal_dropin, _verl_dropin, areal, openrlhf, slime, verl
 from seqbalance.planning._pipelines import areal_ffd_groups
 
 weights_st = st.lists(st.integers(0, 1000), min_size=1, max_size=9)
@@ -163,7 +163,7 @@ def test_areal_allocators(values, min_groups, divisor, algo):
         with pytest.raises(RuntimeError, match="smaller than min_groups"):
             fn(values, cap, min_groups, divisor)
         return
-    from seqbalance.compat.areal import _areal_ffd
+    from seqbalance.compat._areal_dropin import _areal_ffd
 
     # AReaL's first-fit decreasing (reproduced) finds a multiple of the divisor or raises.
     theirs = _areal_ffd(np.asarray(values), cap, need, divisor)
@@ -231,7 +231,7 @@ def test_areal_allocators_never_worse_than_areal_above_256_values():
     def heaviest(groups):
         return max(int(v[g].sum()) for g in groups)
 
-    alone = areal._allocate(v, cap, 1, 1)
+    alone = _areal_dropin._allocate(v, cap, 1, 1)
     assert len(alone) == len(theirs) and heaviest(alone) > heaviest(theirs)  # the case bites
     for fn in (areal.ffd_allocate, areal.kk_allocate):
         groups = fn(v.tolist(), cap, 1)
@@ -726,5 +726,5 @@ def test_verl_greedy_partition_never_heavier_than_verls_greedy():
     assert max(sum(w[i] for i in p) for p in parts) <= 108298995
     # The reproduction of verl's greedy: items in order to the lightest part (first on
     # ties); equal_size fills by count first.
-    assert verl._verl_greedy(np.array(w, float), 2, False) == [[0, 2, 3, 5], [1, 4]]
-    assert verl._verl_greedy(np.array([5.0, 1, 1, 1]), 2, True) == [[0, 3], [1, 2]]
+    assert _verl_dropin._verl_greedy(np.array(w, float), 2, False) == [[0, 2, 3, 5], [1, 4]]
+    assert _verl_dropin._verl_greedy(np.array([5.0, 1, 1, 1]), 2, True) == [[0, 3], [1, 2]]

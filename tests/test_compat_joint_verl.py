@@ -450,7 +450,7 @@ def test_joint_patch_leaves_the_drop_ins_own_functions(monkeypatch):
 def test_joint_workers_agree_over_the_world_where_verl_does(monkeypatch):
     """verl before 0.8.0 agrees the count over the default group when its callers pass
     no DP group; joint mode's functions get the drop-in's wrapper for that there."""
-    from seqbalance.compat import verl as dropin
+    from seqbalance.compat import _verl_dropin as dropin
 
     monkeypatch.setattr(dropin, "_installed_verl_version", lambda: "0.7.0")
     got = jv._worker_replacements()

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 import seqbalance.workloads as workloads
+from seqbalance.compat import _verl_dropin
 from seqbalance.compat import verl as c_verl
 from seqbalance.partitioning._verl_kk import (
     parts_of_labels,
@@ -84,14 +85,14 @@ def test_each_versions_count_on_the_demo_workloads(setup):
      ("0.7.0", "no-retry")],
 )  # fmt: skip
 def test_versions_map_to_their_rule(value, rule):
-    assert c_verl._count_rule(value) == rule
+    assert _verl_dropin._count_rule(value) == rule
 
 
 def test_true_follows_the_installed_verl(monkeypatch):
-    monkeypatch.setattr(c_verl, "_installed_verl_version", lambda: "0.8.0.dev")
-    assert c_verl._count_rule(True) == c_verl.NO_RETRY
-    monkeypatch.setattr(c_verl, "_installed_verl_version", lambda: None)  # no verl: 0.9.1
-    assert c_verl._count_rule(True) == c_verl.RETRY
+    monkeypatch.setattr(_verl_dropin, "_installed_verl_version", lambda: "0.8.0.dev")
+    assert _verl_dropin._count_rule(True) == _verl_dropin.NO_RETRY
+    monkeypatch.setattr(_verl_dropin, "_installed_verl_version", lambda: None)  # no verl: 0.9.1
+    assert _verl_dropin._count_rule(True) == _verl_dropin.RETRY
 
 
 @pytest.mark.parametrize("bad", ["main", "latest", "9", 2, 1.5])
@@ -117,7 +118,7 @@ def worker_without_group(rank, world):
 
     lens = _rank_lengths(rank)
     batch = _batch(torch, lens, 100)
-    as_before_0_8 = c_verl._world_without_group(c_verl.rearrange_micro_batches)
+    as_before_0_8 = _verl_dropin._world_without_group(c_verl.rearrange_micro_batches)
     agreed, _ = as_before_0_8(batch, 250)  # no dp_group, as verl's FSDP actor calls it
     alone, _ = c_verl.rearrange_micro_batches(batch, 250)
     return len(agreed), len(alone)
@@ -139,7 +140,7 @@ def test_without_a_dp_group_the_pre_0_8_wrapper_agrees_over_the_default_group():
                           ("0.9.1", False), (None, False)])  # fmt: skip
 def test_patch_agrees_over_the_default_group_only_for_verl_before_0_8(monkeypatch, version,
                                                                        wrapped):  # fmt: skip
-    monkeypatch.setattr(c_verl, "_installed_verl_version", lambda: version)
+    monkeypatch.setattr(_verl_dropin, "_installed_verl_version", lambda: version)
     out = c_verl._replacements()
     for name in ("rearrange_micro_batches", "prepare_dynamic_batch"):
         assert (out[name] is not getattr(c_verl, name)) == wrapped

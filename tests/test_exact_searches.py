@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
-from seqbalance.compat import areal, verl
+from seqbalance.compat import _areal_dropin, areal, verl
 from seqbalance.compat._verl_kk import verl_free_kk_labels
 from seqbalance.partitioning import kway
 from seqbalance.planning._pipelines import areal_ffd_groups
@@ -225,7 +225,7 @@ AREAL_TIES_FFD = [[0, 3], [2, 6], [5, 1, 4], [7]]  # _ffd_allocate(ties, 500, mi
 
 def test_areal_ffd_reproduction_matches_areals_output():
     assert areal_ffd_groups(np.array(AREAL_TIES), 500, 2) == AREAL_TIES_FFD
-    assert areal._areal_ffd(np.array(AREAL_TIES), 500, 1, 2) == AREAL_TIES_FFD
+    assert _areal_dropin._areal_ffd(np.array(AREAL_TIES), 500, 1, 2) == AREAL_TIES_FFD
 
 
 def test_areal_allocators_never_use_more_groups_than_areal():

@@ -211,10 +211,7 @@ def _describe(cycle: list[str], root: Path = ROOT) -> str:
 
 #: Circles still to break, each a set of modules; the test fails when a new one appears and
 #: when one listed here is gone (then delete it from this list).
-KNOWN_CYCLES: list[list[str]] = [
-    ["seqbalance.compat.areal", "seqbalance.compat.joint_areal"],
-    ["seqbalance.compat.joint_verl", "seqbalance.compat.verl"],
-]
+KNOWN_CYCLES: list[list[str]] = []
 
 
 def test_no_import_circles_inside_a_package():

@@ -45,7 +45,7 @@ def framework_version(name: str) -> tuple[str | None, str | None]:
     locations = list(spec.submodule_search_locations or [])
     where = locations[0] if locations else spec.origin
     if name == "verl":
-        from .verl import _installed_verl_version
+        from ._verl_dropin import _installed_verl_version
 
         return _installed_verl_version(), where
     try:
@@ -158,7 +158,7 @@ def check(out: TextIO | None = None) -> int:
         head = f"  {fw}: " + (f"{version} at {where}" if where else "not installed")
         write(head + (" -- patched by the switch\n" if on else "\n"))
         if fw == "verl" and where:
-            from .verl import RETRY, _count_rule
+            from ._verl_dropin import RETRY, _count_rule
 
             rule = _count_rule(True)
             if rule == RETRY:

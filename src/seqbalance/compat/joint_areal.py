@@ -53,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from . import areal as _dropin
+from . import _areal_dropin as _dropin
 from ._core import plan
 from ._inputs import Patcher, count_arg, to_numpy
 
@@ -649,7 +649,8 @@ def _data_replacements() -> dict[str, Any]:
 class _DataPatcher(Patcher):
     """A :class:`Patcher` that leaves seqbalance's own modules alone: the functions it
     replaces may be the drop-in's (patched first), which ``seqbalance.compat.areal``
-    itself must keep."""
+    and ``seqbalance.compat._areal_dropin`` (where joint mode falls back to them) must
+    keep."""
 
     def patch(self) -> list[str]:
         if self._saved:

@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from . import verl as _dropin
+from . import _verl_dropin as _dropin
 from ._core import plan
 from ._inputs import Patcher, count_arg, to_numpy, token_counts
 from ._verl_kk import verl_free_kk_labels
@@ -559,7 +559,7 @@ def _worker_replacements() -> dict[str, Any]:
 class _WorkerPatcher(Patcher):
     """A :class:`Patcher` that leaves seqbalance's own modules alone: the functions it
     replaces are usually the drop-in's (patched first), which the fallback path of
-    :func:`rearrange_micro_batches` calls through ``seqbalance.compat.verl``."""
+    :func:`rearrange_micro_batches` calls in ``seqbalance.compat._verl_dropin``."""
 
     def patch(self) -> list[str]:
         if self._saved:

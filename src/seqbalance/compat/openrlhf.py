@@ -22,7 +22,7 @@ from typing import Any, cast
 import numpy as np
 
 from ..planning._packing import first_fit_opening
-from . import verl as _verl
+from . import _verl_dropin as _verl
 from ._core import framework_is_better, partition
 from ._experience_rows import layout as _row_layout
 from ._inputs import (
