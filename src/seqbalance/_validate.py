@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ._notes import Note, NotedError
+
 __all__ = [
     "MAX_EMPTY",
     "MAX_EMPTY_SLOTS",
@@ -41,28 +43,29 @@ __all__ = [
 ]
 
 
-class ArgumentError(ValueError):
+class ArgumentError(NotedError):
     """A bad argument: a :class:`ValueError` that names the argument it is about.
 
     Parameters
     ----------
-    message : str
-        What is wrong, the bad value and the fix, in the words of the function raising it.
+    message : str or Note
+        What is wrong, the bad value and the fix, in the words of the function raising it
+        (a :class:`~seqbalance.Note` whose terms an integration can write in its own words).
     argument : str
         The keyword the caller passed the bad value as (``"dp_size"``, ``"max_tokens"``,
         ``"groups"``...), as :func:`seqbalance.plan` spells it. Integrations map it to
         their own names (the command line to its flags) without reading the message.
     """
 
-    def __init__(self, message: str, *, argument: str) -> None:
+    def __init__(self, message: str | Note, *, argument: str) -> None:
         super().__init__(message)
         self.argument = argument
 
     def __reduce__(self) -> Any:  # picklable, e.g. across worker processes
-        return (_argument_error, (str(self), self.argument))
+        return (_argument_error, (self.note, self.argument))
 
 
-def _argument_error(message: str, argument: str) -> ArgumentError:
+def _argument_error(message: str | Note, argument: str) -> ArgumentError:
     return ArgumentError(message, argument=argument)
 
 
@@ -418,7 +421,7 @@ def check_notes(value: Any, name: str = "notes") -> tuple[str, ...]:
             f"({type(value).__name__})"
         , argument=name)
     for i, note in enumerate(value):
-        if not isinstance(note, str):
+        if not isinstance(note, (str, Note)):
             raise ArgumentError(
                 f"{name}[{i}] must be a string, got {note!r} ({type(note).__name__}); "
                 f"{name} is a list of strings"

@@ -42,11 +42,11 @@ from __future__ import annotations
 
 import heapq
 import math
-import re
 from typing import Any, Callable
 
 import numpy as np
 
+from .._notes import REPLICA_WORDS, Note, NotedError, as_text, using_words
 from .._validate import (
     as_lengths,
     check_bool,
@@ -326,9 +326,10 @@ def _place_block(free: np.ndarray, load: np.ndarray, w: int, sync: str) -> int:
 # ---- static CP --------------------------------------------------------------------------
 
 
-def _in_replicas(text: str) -> str:
-    """plan()'s words for this mesh: its ranks are the replicas."""
-    return re.sub(r"\brank(s?)\b", r"replica\1", text)
+def _in_replicas(exc: ValueError) -> str:
+    """plan()'s message for this mesh (its ranks are the replicas: :func:`_static_base`
+    plans them in :data:`REPLICA_WORDS`), keeping its note where it has one."""
+    return as_text(exc.note.in_words(REPLICA_WORDS)) if isinstance(exc, NotedError) else str(exc)
 
 
 def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
@@ -363,12 +364,14 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
         options = {k: v for k, v in options.items() if k not in req.pp_kwargs}
         options["micro_batch_multiple"] = mult = math.lcm(req.mult, req.pp.spec.count_multiple)
     try:
-        base = replicas(ptok, req.dp, req.cap, cost=tmax, **options)
+        with using_words(REPLICA_WORDS):
+            base = replicas(ptok, req.dp, req.cap, cost=tmax, **options)
     except ValueError as exc:
-        return _in_replicas(str(exc))
+        return _in_replicas(exc)
     if mult != req.mult:  # a note would blame a micro_batch_multiple the caller did not pass
         said = f"micro_batch_multiple={mult}"
         base.notes = tuple(
+            n if said not in n else
             n.replace(said, f"micro_batch_multiple={req.mult} (raised to {mult} by "
                             f"schedule={req.pp.spec.schedule!r})")  # type: ignore[union-attr]
             for n in base.notes
@@ -425,23 +428,24 @@ def _static_step(req: _Request, base: Any) -> float:
     return float(mb.max(axis=0).sum()) if req.sync == "fsdp" else float(mb.sum(axis=1).max())
 
 
-def _static_notes(req: _Request, notes: Any) -> list[str]:
+def _static_notes(req: _Request, notes: Any) -> list[Note]:
     """The replica plan's notes, in this mesh's words: its ranks are replicas, and its
     tokens a sequence's largest piece (what one GPU holds), not the sequence's."""
     out = [
-        _in_replicas(re.sub(
-            r"^(\d+) sequences longer than (max_tokens=\d+) run alone",
-            rf"\1 sequences whose largest piece over cp_size={req.cp_size} GPUs is longer "
-            r"than \2 run alone",
-            note,
-        ))
+        note.with_fields(
+            "{count} sequences whose largest piece over {@cp_size}={cp_size} GPUs is longer "
+            "than {@max_tokens}={cap} run alone in their own micro-batches "
+            "({@oversized:'alone'}), first at index {first}",
+            cp_size=req.cp_size,
+        ).in_words(REPLICA_WORDS)
+        if note.kind == "oversized_alone" else note.in_words(REPLICA_WORDS)
         for note in notes
     ]  # fmt: skip
-    if any("tokens" in note and "largest piece" not in note for note in out):
-        out.append(
+    if any("tokens" in str(note) and "largest piece" not in str(note) for note in out):
+        out.append(Note.text(
             "the replica plan above counts each sequence's largest piece (its tokens on one "
             f"of the cp_size={req.cp_size} GPUs) as its tokens"
-        )
+        ))  # fmt: skip
     return out
 
 
@@ -459,12 +463,12 @@ def _replica_pieces(req: _Request, base: Any) -> Pieces:
 
 def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
     pieces = _replica_pieces(req, base)
-    notes = _static_notes(req, base.notes)
+    notes: list[str | Note] = [*_static_notes(req, base.note_items)]
     if req.pp is not None:
         # The replica plan's order and note priced each sequence at its slowest piece,
         # with one backward ratio; order the slots on the pieces' own phases instead.
         pieces = order_slots(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp)
-        notes = [n for n in notes if not n.startswith("pipeline (")]
+        notes = [n for n in notes if not str(n).startswith("pipeline (")]
         notes.append(pipeline_note(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp))
     p = CPPlan._from_validated_pieces(
         pieces,

@@ -53,6 +53,7 @@ and sized so that the plans of normal requests do not reach them:
 
 from __future__ import annotations
 
+from .._notes import term
 from .._validate import MAX_EMPTY_SLOTS, ArgumentError, check_size_limit
 
 __all__ = [
@@ -94,8 +95,8 @@ def check_counts(n: int, dp: int, m_min: int, mult: int, extra: int, *, ranks: s
     the message (``"static CP: "``)."""
     for value, name, unit in (
         (dp, "dp_size", ranks),
-        (m_min, "min_micro_batches", "micro-batches per rank"),
-        (mult, "micro_batch_multiple", "micro-batches per rank"),
+        (m_min, "min_micro_batches", f"micro-batches per {term('rank')}"),
+        (mult, "micro_batch_multiple", f"micro-batches per {term('rank')}"),
         (extra, "extra_micro_batches", "extra micro-batch counts"),
     ):
         try:

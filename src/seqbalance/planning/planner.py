@@ -60,6 +60,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
+from .._notes import Note, term
 from .._validate import (
     ArgumentError,
     as_groups,
@@ -413,7 +414,7 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     if m_bins > m_cap:
         big = int((2 * req.lens > req.cap).sum())
         notes.append(
-            f"{m_bins} micro-batches per rank where the token total alone needs {m_cap}: "
+            f"{m_bins} micro-batches per {term('rank')} where the token total alone needs {m_cap}: "
             f"a bin-packing bound (Martello-Toth L2) proves the sequences need at least "
             f"{min_bins(req.lens, req.cap)} micro-batches of {req.cap} tokens ({big} of them "
             f"are longer than {req.cap}/2 and no two of those can share one)"
@@ -423,7 +424,8 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
         m_pad = max(1, math.ceil(pad_bins / req.dp))
         if m_pad > max(m_cap, m_bins):
             notes.append(
-                f"{m_pad} micro-batches per rank where the token total alone needs {m_cap}: "
+                f"{m_pad} micro-batches per {term('rank')} where the token total alone needs "
+                f"{m_cap}: "
                 f"padded to their longest sequence, the sequences need at least {pad_bins} "
                 f"micro-batches of {req.cap} tokens (longest first, as many as fit, is optimal)"
             )
@@ -431,7 +433,7 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     m_rule, why_rule = _rule_micro_batches(req)
     if m_rule > max(m_cap, m_bins):
         notes.append(
-            f"{m_rule} micro-batches per rank where the token total alone needs {m_cap}: "
+            f"{m_rule} micro-batches per {term('rank')} where the token total alone needs {m_cap}: "
             + why_rule
         )
     m_low = max(m_cap, m_bins, m_rule)
@@ -455,7 +457,7 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
                 else f"rounded up to a multiple of micro_batch_multiple={req.mult}"
             )
         notes.append(
-            f"{m} micro-batches per rank where the capacity alone needs {m_low}: "
+            f"{m} micro-batches per {term('rank')} where the capacity alone needs {m_low}: "
             + " and ".join(why)
         )
     return m, notes
@@ -475,7 +477,7 @@ def _rule_micro_batches(req: _Request) -> tuple[int, str]:
         return 0, ""
     p = lower_bound(req.lens.astype(np.float64), req.dp, size=req.size, groups=req.groups)
     best, why = math.ceil(p / req.cap - 1e-9), (
-        f"under {req.rule} some rank holds at least {int(p)} tokens (partition bound)"
+        f"under {req.rule} some {term('rank')} holds at least {int(p)} tokens (partition bound)"
     )
     if req.groups is not None:
         big = np.bincount(req.groups, weights=(2 * req.lens > req.cap).astype(np.float64))
@@ -485,7 +487,7 @@ def _rule_micro_batches(req: _Request) -> tuple[int, str]:
         if need[g] > best:
             best = int(need[g])
             why = (
-                f"group {g} (one rank) has {int(big[g])} sequences longer than "
+                f"group {g} (one {term('rank')}) has {int(big[g])} sequences longer than "
                 f"{req.cap}/2, no two of which can share a micro-batch, and {int(tok[g])} tokens"
             )
     return best, why
@@ -577,13 +579,13 @@ def _too_few(req: _Request, rank_items: list[list[int]] | None, m: int) -> str |
     """Why ``m`` micro-batches per rank cannot all hold a sequence, or None."""
     if rank_items is None:
         if req.n < req.dp * m:
-            return f"{req.n} sequences cannot fill {req.dp} ranks x {m} micro-batches"
+            return f"{req.n} sequences cannot fill {req.dp} {term('ranks')} x {m} micro-batches"
         return None
     short = [r for r, items in enumerate(rank_items) if len(items) < m]
     if short:
         r = short[0]
         return (
-            f"under {req.rule}, rank {r} holds {len(rank_items[r])} sequences but needs "
+            f"under {req.rule}, {term('rank')} {r} holds {len(rank_items[r])} sequences but needs "
             f"{m} micro-batches"
         )
     return None
@@ -605,11 +607,11 @@ _WHY = {
 def _why_more(req: _Request, m: int, status: str) -> str:
     """The note for a plan that needed ``m`` micro-batches, ``status`` saying why not fewer."""
     k = m - req.mult
-    per = f"{k} micro-batches of {req.cap} tokens per rank"
+    per = f"{k} micro-batches of {req.cap} tokens per {term('rank')}"
     ruled = req.size != "free" or req.groups is not None
     under = f" under {req.rule}" if ruled else ""
     limit = _JOINT_EXACT_MAX_ITEMS if ruled else EXACT_MAX_ITEMS
-    return f"{m} micro-batches per rank: {_WHY[status].format(k=per, n=limit)}{under}"
+    return f"{m} micro-batches per {term('rank')}: {_WHY[status].format(k=per, n=limit)}{under}"
 
 
 def _joint_exact(req: _Request, m: int, memo: dict[Any, Any]) -> tuple[Any, str]:
@@ -712,7 +714,7 @@ def _search(
         else:
             if found:
                 extra = [
-                    f"{m} micro-batches per rank, tried because extra_micro_batches="
+                    f"{m} micro-batches per {term('rank')}, tried because extra_micro_batches="
                     f"{req.extra}; {found[0].num_micro_batches} would also fit"
                 ]
             else:
@@ -928,7 +930,7 @@ def _full_rank_candidates(
         if len(grid) != req.dp:
             continue
         cand = _plan_of(req, _fill_rank_slack(req, grid), [
-            f"ranks split by {what}, each filled first-fit decreasing to the cap and "
+            f"{term('ranks')} split by {what}, each filled first-fit decreasing to the cap and "
             "slack-filled, was the fastest candidate"
         ])
         if not any(cand._rule_violations().values()):
@@ -1011,7 +1013,8 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
     """Step 4: fewest micro-batches, then the lowest simulated step time."""
     if not candidates:
         hedge = (
-            " (for every rank split the planner tried; with groups or a size rule this search "
+            f" (for every {term('rank')} split the planner tried; with groups or a size rule "
+            "this search "
             "is heuristic)"
             if n_splits > 1
             else ""
@@ -1111,7 +1114,8 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
     while True:
         if req.n < req.dp * m and not req.allow_empty:
             raise ValueError(
-                f"{req.n} sequences cannot fill {req.dp} ranks x {m} micro-batches; lower "
+                f"{req.n} sequences cannot fill {req.dp} {term('ranks')} x {m} micro-batches; "
+                "lower "
                 "dp_size, min_micro_batches or micro_batch_multiple, or pass allow_empty=True"
             )
         bins = (
@@ -1129,7 +1133,7 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
         why = "to fit max_tokens" if m > start else "to hold them"
         notes = [
             *notes,
-            f"{m} micro-batches per rank: {req.n} sequences at most "
+            f"{m} micro-batches per {term('rank')}: {req.n} sequences at most "
             f"sequences_per_micro_batch={per_mb} per micro-batch, {why}",
         ]
     grid = _deal_slots(bins, bin_totals(bins, req.costs, padded=req.padded), req.dp, m)
@@ -1190,9 +1194,10 @@ def _plan_once(**kw: Any) -> Plan:
             tag = f"min_micro_batches={raised}"
             p.notes = (
                 *(n for n in p.notes if tag not in n),
-                f"oversized='alone': {p.num_micro_batches} micro-batches per rank, the "
+                f"oversized='alone': {p.num_micro_batches} micro-batches per {term('rank')}, the "
                 "fewest at which every sequence longer than max_tokens runs alone (at fewer, "
-                "every micro-batch of some rank held one, and the rank's other sequences "
+                f"every micro-batch of some {term('rank')} held one, and the {term('rank')}'s "
+                "other sequences "
                 "had nowhere else to go)",
             )
         return p
@@ -1258,10 +1263,11 @@ def _plan_attempt(
     alone_note = []
     if req.true_lens is not None and (req.true_lens > req.cap).any():
         over = np.flatnonzero(req.true_lens > req.cap)
-        alone_note.append(
-            f"{over.size} sequences longer than max_tokens={req.cap} run alone in their own "
-            f"micro-batches (oversized='alone'), first at index {int(over[0])}"
-        )
+        alone_note.append(Note(
+            "oversized_alone", {"count": over.size, "cap": req.cap, "first": int(over[0])},
+            "{count} sequences longer than {@max_tokens}={cap} run alone in their own "
+            "micro-batches ({@oversized:'alone'}), first at index {first}",
+        ))  # fmt: skip
         notes.extend(alone_note)
     if req.per_mb is not None:
         return _fixed_count(req, first_m, notes)
@@ -1303,7 +1309,7 @@ def _plan_attempt(
         best_step = min(known.values(), default=None)
         candidates.extend(_pipeline_candidates(req, m_best, best_step))
     best = _pick(req, _levelled(req, candidates, known), problems, len(splits))
-    alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
+    alone_note = [n for n in alone_note if n not in best.note_items]  # baseline plans lack it
     if (
         pp is None
         and req.sync == "ddp"
@@ -1699,7 +1705,7 @@ def _kept_fewest(fewest: Plan, extra: int) -> Plan:
     fewest.notes = (
         *fewest.notes,
         f"extra_micro_batches={extra}: larger counts were tried, and "
-        f"{fewest.num_micro_batches} micro-batches per rank stayed the fastest",
+        f"{fewest.num_micro_batches} micro-batches per {term('rank')} stayed the fastest",
     )
     return fewest
 
