@@ -24,6 +24,7 @@ __all__ = [
     "Note",
     "NoteText",
     "NotedError",
+    "arg",
     "as_note",
     "as_text",
     "render",
@@ -168,6 +169,15 @@ class NoteText(str):
 def as_text(note: str | Note) -> str:
     """``note`` as text that keeps its note (a plain string stays as it is)."""
     return note if isinstance(note, str) else NoteText(note)
+
+
+def arg(name: str, suffix: str = "") -> str:
+    """``name`` (an argument's name or a phrase, then ``suffix``) as a term of a template,
+    ``{@name}``; one that cannot be a term (it holds ``{}:!``) is written as it is."""
+    term = name + suffix
+    if set(term) & set("{}:!"):
+        return term.replace("{", "{{").replace("}", "}}")
+    return "{@" + term + "}"
 
 
 def render(note: str | Note, words: Mapping[str, str] | None = None) -> str:

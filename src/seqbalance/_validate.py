@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._notes import Note, NotedError
+from ._notes import Note, NotedError, arg
 
 __all__ = [
     "MAX_EMPTY",
@@ -351,9 +351,13 @@ def _as_int(value: Any, name: str, minimum: int) -> int:
     try:
         out = as_index(value)
     except TypeError:
-        raise ArgumentError(f"{name} must be {kind}, got {value!r}", argument=name) from None
+        raise ArgumentError(Note("argument", {"what": kind, "value": value},
+                                 arg(name) + " must be {what}, got {value!r}"),
+                            argument=name) from None  # fmt: skip
     if out < minimum:
-        raise ArgumentError(f"{name} must be >= {minimum}, got {out}", argument=name)
+        raise ArgumentError(Note("argument", {"minimum": minimum, "value": out},
+                                 arg(name) + " must be >= {minimum}, got {value}"),
+                            argument=name)  # fmt: skip
     return int(out)
 
 
@@ -370,7 +374,9 @@ def check_nonnegative_int(value: Any, name: str) -> int:
 def check_bool(value: Any, name: str) -> bool:
     """Return ``value`` if it is a bool (numpy bools too), else raise a ValueError."""
     if not isinstance(value, (bool, np.bool_)):
-        raise ArgumentError(f"{name} must be True or False, got {value!r}", argument=name)
+        raise ArgumentError(Note("argument", {"value": value},
+                                 arg(name) + " must be True or False, got {value!r}"),
+                            argument=name)  # fmt: skip
     return bool(value)
 
 
@@ -381,14 +387,18 @@ def check_nonnegative_real(
     ``name`` (``why`` is appended to the range message). Bools and non-numbers are refused;
     a Python int beyond float range counts as infinite."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ArgumentError(f"{name} must be a real number >= 0, got {value!r}", argument=name)
+        raise ArgumentError(Note("argument", {"value": value},
+                                 arg(name) + " must be a real number >= 0, got {value!r}"),
+                            argument=name)  # fmt: skip
     try:
         out = float(value)
     except OverflowError:
         out = math.inf
     if not math.isfinite(out) or out < 0 or (upper is not None and out > upper):
         rng = f"in [0, {upper:g}]" if upper is not None else "finite and >= 0"
-        raise ArgumentError(f"{name} = {value!r} is invalid; it must be {rng}{why}", argument=name)
+        invalid = arg(name, " = ") + "{value!r} is invalid; it must be {range}{why}"
+        raise ArgumentError(Note("argument", {"value": value, "range": rng, "why": why}, invalid),
+                            argument=name)  # fmt: skip
     return out
 
 

@@ -48,6 +48,7 @@ import numpy as np
 
 from .._notes import REPLICA_WORDS, Note, NotedError, as_text, using_words
 from .._validate import (
+    ArgumentError,
     as_lengths,
     check_bool,
     check_choice,
@@ -179,11 +180,13 @@ class _Request:
         if (d_min == 0).any():
             i = int(np.flatnonzero(d_min == 0)[0])
             largest = int(self.tables[self.cp_size][2][i])
-            raise ValueError(
-                f"sequence {i} has {int(self.lens[i])} tokens: split over cp_size="
-                f"{self.cp_size} GPUs its largest piece has {largest} tokens, more than "
-                f"max_tokens={self.cap}; raise cp_size or max_tokens, or truncate it"
-            )
+            raise ArgumentError(Note(
+                "too_long", {"index": i, "tokens": int(self.lens[i]), "cp_size": self.cp_size,
+                             "largest": largest, "cap": self.cap},
+                "sequence {index} has {tokens} tokens: split over {@cp_size:{cp_size}} "
+                "{@GPUs} its largest piece has {largest} tokens, more than "
+                "{@max_tokens:{cap}}; raise {@cp_size or max_tokens}, or truncate it",
+            ), argument="max_tokens")  # fmt: skip
         return d_min
 
     def m_start(self) -> int:
@@ -428,24 +431,24 @@ def _static_step(req: _Request, base: Any) -> float:
     return float(mb.max(axis=0).sum()) if req.sync == "fsdp" else float(mb.sum(axis=1).max())
 
 
-def _static_notes(req: _Request, notes: Any) -> list[Note]:
+def _static_notes(req: _Request, notes: Any) -> list[str]:
     """The replica plan's notes, in this mesh's words: its ranks are replicas, and its
     tokens a sequence's largest piece (what one GPU holds), not the sequence's."""
     out = [
-        note.with_fields(
+        as_text(note.with_fields(
             "{count} sequences whose largest piece over {@cp_size}={cp_size} GPUs is longer "
             "than {@max_tokens}={cap} run alone in their own micro-batches "
             "({@oversized:'alone'}), first at index {first}",
             cp_size=req.cp_size,
-        ).in_words(REPLICA_WORDS)
-        if note.kind == "oversized_alone" else note.in_words(REPLICA_WORDS)
+        ).in_words(REPLICA_WORDS))
+        if note.kind == "oversized_alone" else as_text(note.in_words(REPLICA_WORDS))
         for note in notes
     ]  # fmt: skip
-    if any("tokens" in str(note) and "largest piece" not in str(note) for note in out):
-        out.append(Note.text(
+    if any("tokens" in note and "largest piece" not in note for note in out):
+        out.append(
             "the replica plan above counts each sequence's largest piece (its tokens on one "
             f"of the cp_size={req.cp_size} GPUs) as its tokens"
-        ))  # fmt: skip
+        )
     return out
 
 
@@ -463,12 +466,12 @@ def _replica_pieces(req: _Request, base: Any) -> Pieces:
 
 def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
     pieces = _replica_pieces(req, base)
-    notes: list[str | Note] = [*_static_notes(req, base.note_items)]
+    notes = _static_notes(req, base.note_items)
     if req.pp is not None:
         # The replica plan's order and note priced each sequence at its slowest piece,
         # with one backward ratio; order the slots on the pieces' own phases instead.
         pieces = order_slots(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp)
-        notes = [n for n in notes if not str(n).startswith("pipeline (")]
+        notes = [n for n in notes if not n.startswith("pipeline (")]
         notes.append(pipeline_note(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp))
     p = CPPlan._from_validated_pieces(
         pieces,

@@ -60,7 +60,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
-from .._notes import Note, term
+from .._notes import Note, as_text, term
 from .._validate import (
     ArgumentError,
     as_groups,
@@ -447,19 +447,22 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     if m > m_low:
         why = []
         if req.m_min > m_low:
-            why.append(f"min_micro_batches={req.m_min}")
+            why.append("{@min_micro_batches:{m_min}}")
         if m > max(m_low, req.m_min):
             spec = req.pp.spec if req.pp is not None else None
             why.append(
-                f"rounded up to a multiple of {req.mult} (micro_batch_multiple and the "
-                f"{spec.schedule} schedule's multiple of pp_size={spec.pp_size})"
+                "rounded up to a multiple of {mult} ({@micro_batch_multiple} and the "
+                "{schedule} schedule's multiple of {@pp_size:{pp_size}})"
                 if spec is not None and spec.count_multiple > 1
-                else f"rounded up to a multiple of micro_batch_multiple={req.mult}"
+                else "rounded up to a multiple of {@micro_batch_multiple:{mult}}"
             )
-        notes.append(
-            f"{m} micro-batches per {term('rank')} where the capacity alone needs {m_low}: "
-            + " and ".join(why)
-        )
+        notes.append(as_text(Note(
+            "count_raised",
+            {"count": m, "needed": m_low, "m_min": req.m_min, "mult": req.mult,
+             "schedule": spec and spec.schedule, "pp_size": spec and spec.pp_size},
+            "{count} micro-batches per " + term("rank") + " where the capacity alone needs "
+            "{needed}: " + " and ".join(why),
+        )))  # fmt: skip
     return m, notes
 
 
@@ -1089,7 +1092,8 @@ def _empty_note(grid: Any) -> list[str]:
     empty = [(r, j) for r, rank in enumerate(grid) for j, mb in enumerate(rank) if not len(mb)]
     if not empty:
         return []
-    return [f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}"]
+    return [as_text(Note("empty", {"count": len(empty), "first": empty[0]},
+                         "{count} empty micro-batches ({@allow_empty=True}), first at {first}"))]
 
 
 def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
@@ -1263,11 +1267,11 @@ def _plan_attempt(
     alone_note = []
     if req.true_lens is not None and (req.true_lens > req.cap).any():
         over = np.flatnonzero(req.true_lens > req.cap)
-        alone_note.append(Note(
+        alone_note.append(as_text(Note(
             "oversized_alone", {"count": over.size, "cap": req.cap, "first": int(over[0])},
             "{count} sequences longer than {@max_tokens}={cap} run alone in their own "
             "micro-batches ({@oversized:'alone'}), first at index {first}",
-        ))  # fmt: skip
+        )))  # fmt: skip
         notes.extend(alone_note)
     if req.per_mb is not None:
         return _fixed_count(req, first_m, notes)
@@ -1309,7 +1313,7 @@ def _plan_attempt(
         best_step = min(known.values(), default=None)
         candidates.extend(_pipeline_candidates(req, m_best, best_step))
     best = _pick(req, _levelled(req, candidates, known), problems, len(splits))
-    alone_note = [n for n in alone_note if n not in best.note_items]  # baseline plans lack it
+    alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
     if (
         pp is None
         and req.sync == "ddp"
