@@ -79,6 +79,8 @@ class _Formatter(string.Formatter):
         return super().get_field(field_name, args, kwargs)
 
     def format_field(self, value: Any, format_spec: str) -> Any:
+        if isinstance(value, (Note, NoteText)):  # a note inside a note: the same words
+            return format(as_note(value).render(self.words), format_spec)
         if not isinstance(value, _Term):
             return super().format_field(value, format_spec)
         word = self.words.get(value.name, value.name)
@@ -139,6 +141,11 @@ class Note:
         return Note(self.kind, {**self.fields, **fields},
                     self.template if template is None else template, self.words)  # fmt: skip
 
+    def after(self, prefix: str) -> Note:
+        """This note with the plain text ``prefix`` before it (``"static CP: "``)."""
+        escaped = prefix.replace("{", "{{").replace("}", "}}")
+        return Note(self.kind, self.fields, escaped + self.template, self.words)
+
     def in_words(self, words: Mapping[str, str]) -> Note:
         """This note written in ``words`` from now on (``REPLICA_WORDS``: its ranks are
         replicas)."""
@@ -160,6 +167,9 @@ class NoteText(str):
     def __new__(cls, note: Note) -> NoteText:
         self = super().__new__(cls, note.render())
         self.note = note
+        return self
+
+    def __str__(self) -> str:  # str(text) keeps the note too
         return self
 
     def __reduce__(self) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._notes import Note, NotedError, arg
+from ._notes import Note, NotedError, arg, as_text
 
 __all__ = [
     "MAX_EMPTY",
@@ -559,7 +559,12 @@ def too_long(
         return ""
     i = int(over[0])
     more = f" (and {over.size - 1} more)" if over.size > 1 else ""
-    return f"{item} {i} has {int(lengths[i])} tokens, more than {flag}={cap}{more}"
+    # the capacity as a term with its value (max_tokens=8192, or --max-tokens=8192)
+    cap_term = arg(flag)[:-1] + ":{cap}}" if arg(flag).startswith("{@") else arg(flag) + "={cap}"
+    return as_text(Note(
+        "too_long", {"item": item, "index": i, "tokens": int(lengths[i]), "cap": cap, "more": more},
+        "{item} {index} has {tokens} tokens, more than " + cap_term + "{more}",
+    ))  # fmt: skip
 
 
 def check_size_limit(
@@ -568,21 +573,26 @@ def check_size_limit(
     n: int,
     unit: str = "parts",
     limit: int = MAX_EMPTY,
-    fix: str | None = None,
+    fix: str | Note | None = None,
+    label: Note | None = None,
 ) -> int:
     """Refuse ``value`` (already an int) above ``n + limit``: absurd for ``n`` items.
 
     ``unit`` names what ``value`` counts, for the message; ``limit`` is ``MAX_EMPTY``
     (2**20) or ``MAX_EMPTY_SLOTS`` (2**16); ``fix`` is what to do (default: pass ``name``
-    near the real number).
+    near the real number); ``label`` how the message names ``value`` (default: ``name``).
     """
     if value > n + limit:
         power = f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
-        fix = fix or f"pass {name} near the real number (at most {n + limit} here)"
-        raise ArgumentError(
-            f"{name}={value} asks for {value} {unit} for {n} items, so at least "
-            f"{value - n} would stay empty (limit: n + {power}); {fix}"
-        , argument=name)
+        fix = fix or Note("fix", {"at_most": n + limit},
+                          "pass " + arg(name) + " near the real number (at most {at_most} here)")
+        raise ArgumentError(Note(
+            "size_limit",
+            {"label": label or Note("name", {}, arg(name)), "value": value, "unit": unit,
+             "n": n, "empty": value - n, "power": power, "fix": fix},
+            "{label}={value} asks for {value} {unit} for {n} items, so at least "
+            "{empty} would stay empty (limit: n + {power}); {fix}",
+        ), argument=name)  # fmt: skip
     return value
 
 

@@ -42,6 +42,7 @@ _PHRASES: Mapping[str, str] = {
     "allow_empty=True": "--allow-empty",
     "padded=True": "--padded",
     "multiple of k": "multiple of --dp",
+    "and groups": "and --groups-column",
     "cp_size or max_tokens": "--cp-size or --max-tokens",
     "bandwidth must be > 0 bytes/s (or None for free communication)":
         "--cp-bandwidth must be > 0 bytes/s (leave it out for free communication)",
@@ -51,7 +52,7 @@ _PHRASES: Mapping[str, str] = {
 }  # fmt: skip
 
 # A choice takes its value after a space, unquoted: size='equal' -> --size equal.
-_CHOICES = ("size", "schedule", "oversized", "sync")
+_CHOICES = ("size", "schedule")
 
 
 def _words() -> dict[str, str]:

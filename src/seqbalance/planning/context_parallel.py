@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .._notes import REPLICA_WORDS, Note, NotedError, as_text, using_words
+from .._notes import REPLICA_WORDS, Note, NotedError, as_note, as_text, using_words
 from .._validate import (
     ArgumentError,
     as_lengths,
@@ -445,10 +445,11 @@ def _static_notes(req: _Request, notes: Any) -> list[str]:
         for note in notes
     ]  # fmt: skip
     if any("tokens" in note and "largest piece" not in note for note in out):
-        out.append(
+        out.append(as_text(Note(
+            "largest_piece", {"cp_size": req.cp_size},
             "the replica plan above counts each sequence's largest piece (its tokens on one "
-            f"of the cp_size={req.cp_size} GPUs) as its tokens"
-        )
+            "of the {@cp_size:{cp_size}} GPUs) as its tokens",
+        )))  # fmt: skip
     return out
 
 
@@ -991,6 +992,6 @@ def plan_cp_spec(lengths: Any, spec: Any, replicas: Callable[..., Any]) -> CPPla
         if kw["cp"] == "static":
             p = _static(req)
             if isinstance(p, str):
-                raise ValueError(f"static CP: {p}")
+                raise NotedError(as_note(p).after("static CP: "))
             return p
         return _dynamic(req)

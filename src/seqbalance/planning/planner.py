@@ -60,7 +60,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
-from .._notes import Note, as_text, term
+from .._notes import Note, NotedError, as_text, term
 from .._validate import (
     ArgumentError,
     as_groups,
@@ -130,9 +130,10 @@ def _round_up(x: int, multiple: int) -> int:
 def _check_fits(lengths: np.ndarray, max_tokens: int) -> None:
     problem = too_long(lengths, max_tokens)
     if problem:
-        raise ValueError(
-            f"{problem}; raise max_tokens, or split or truncate such sequences before planning"
-        )
+        raise ArgumentError(Note(
+            "too_long", {"problem": problem},
+            "{problem}; raise {@max_tokens}, or split or truncate such sequences before planning",
+        ), argument="max_tokens")  # fmt: skip
 
 
 def _deal_slots(
@@ -587,10 +588,12 @@ def _too_few(req: _Request, rank_items: list[list[int]] | None, m: int) -> str |
     short = [r for r, items in enumerate(rank_items) if len(items) < m]
     if short:
         r = short[0]
-        return (
-            f"under {req.rule}, {term('rank')} {r} holds {len(rank_items[r])} sequences but needs "
-            f"{m} micro-batches"
-        )
+        rule = "{@size:{size!r}}" + (" {@and groups}" if req.groups is not None else "")
+        return as_text(Note(
+            "too_few", {"size": req.size, "rank": r, "held": len(rank_items[r]), "count": m},
+            "under " + rule + ", " + term("rank") + " {rank} holds {held} sequences but needs "
+            "{count} micro-batches",
+        ))  # fmt: skip
     return None
 
 
@@ -1024,17 +1027,20 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
         )
         spec = req.pp.spec if req.pp is not None else None
         schedule = (
-            f" (the {spec.schedule} schedule also needs a multiple of pp_size={spec.pp_size} "
-            "micro-batches: fewer stages, or schedule='1f1b')"
+            " (the {schedule} schedule also needs a multiple of {@pp_size:{pp_size}} "
+            "micro-batches: fewer stages, or {@schedule:'1f1b'})"
             if spec is not None and spec.count_multiple > 1
             else ""
         )
-        raise ValueError(
-            f"{problems[0] if problems else 'no plan found'}{hedge}; every micro-batch would "
-            "need a sequence. Lower dp_size, min_micro_batches or micro_batch_multiple"
-            f"{schedule}, raise max_tokens, or pass allow_empty=True to allow (marked) empty "
-            "micro-batches"
-        )
+        raise NotedError(Note(
+            "too_few_sequences",
+            {"problem": problems[0] if problems else "no plan found", "hedge": hedge,
+             "schedule": spec and spec.schedule, "pp_size": spec and spec.pp_size},
+            "{problem}{hedge}; every micro-batch would "
+            "need a sequence. Lower {@dp_size}, {@min_micro_batches} or {@micro_batch_multiple}"
+            + schedule + ", raise {@max_tokens}, or pass {@allow_empty=True} to allow (marked) "
+            "empty micro-batches",
+        ))  # fmt: skip
 
     def key(p: Plan) -> tuple[float, ...]:
         if req.pp is None:
@@ -1117,11 +1123,13 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
     start = m
     while True:
         if req.n < req.dp * m and not req.allow_empty:
-            raise ValueError(
-                f"{req.n} sequences cannot fill {req.dp} {term('ranks')} x {m} micro-batches; "
+            raise NotedError(Note(
+                "too_few_sequences", {"n": req.n, "dp": req.dp, "count": m},
+                "{n} sequences cannot fill {dp} " + term("ranks") + " x {count} micro-batches; "
                 "lower "
-                "dp_size, min_micro_batches or micro_batch_multiple, or pass allow_empty=True"
-            )
+                "{@dp_size}, {@min_micro_batches} or {@micro_batch_multiple}, or pass "
+                "{@allow_empty=True}",
+            ))  # fmt: skip
         bins = (
             fixed_count_bins(
                 req.lens[rest], req.costs[rest], req.dp * m - k, per_mb, req.cap, req.padded
@@ -1708,8 +1716,9 @@ def _plan_of_pipelined(p: Plan, setup: Any, grid: list[list[list[int]]]) -> Plan
 def _kept_fewest(fewest: Plan, extra: int) -> Plan:
     fewest.notes = (
         *fewest.notes,
-        f"extra_micro_batches={extra}: larger counts were tried, and "
-        f"{fewest.num_micro_batches} micro-batches per {term('rank')} stayed the fastest",
+        as_text(Note("extra_counts", {"extra": extra, "count": fewest.num_micro_batches},
+                     "{@extra_micro_batches:{extra}}: larger counts were tried, and "
+                     "{count} micro-batches per " + term("rank") + " stayed the fastest")),
     )
     return fewest
 
