@@ -27,7 +27,6 @@ __all__ = [
     "arg",
     "as_note",
     "as_text",
-    "render",
     "term",
     "using_words",
 ]
@@ -111,7 +110,20 @@ class Note:
     template : str
         How the note reads, in :meth:`str.format` syntax over ``fields``; ``{@name}``
         marks a term (an argument's name, the word for a rank) that :meth:`render` takes
-        from its ``words``. Default: the ``text`` field as it is.
+        from its ``words``; ``{@name:value}`` a term given a value (``max_tokens=8192``).
+        Default: the ``text`` field as it is.
+    words : mapping of str to str
+        Words the note is already written in (static CP's ``{"rank": "replica"}``); those
+        passed to :meth:`render` come on top.
+
+    Examples
+    --------
+    >>> note = Note("oversized_alone", {"count": 3, "cap": 8192},
+    ...             "{count} sequences longer than {@max_tokens:{cap}} run alone")
+    >>> str(note)
+    '3 sequences longer than max_tokens=8192 run alone'
+    >>> note.render({"max_tokens": "--max-tokens"})
+    '3 sequences longer than --max-tokens=8192 run alone'
     """
 
     kind: str
@@ -188,11 +200,6 @@ def arg(name: str, suffix: str = "") -> str:
     if set(term) & set("{}:!"):
         return term.replace("{", "{{").replace("}", "}}")
     return "{@" + term + "}"
-
-
-def render(note: str | Note, words: Mapping[str, str] | None = None) -> str:
-    """``note`` as text (a string is already text)."""
-    return note if isinstance(note, str) else note.render(words)
 
 
 def as_note(note: str | Note) -> Note:
