@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from seqbalance import workloads
+from seqbalance import Note, workloads
 from seqbalance.cli.commands import DEMO_SETUPS, main
 from seqbalance.planning.baselines import BASELINES
 from seqbalance.planning.planner import plan
@@ -505,23 +505,28 @@ def test_padded_summary_states_the_padded_minimum(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    ("message", "shown"),
+    ("message", "shown_as"),
     [
-        ("dp_size must be >= 1, got 0", "--dp must be >= 1, got 0"),
-        ('size="equal" needs n divisible by k=3', "--size equal needs n divisible by --dp=3"),
-        ("pass allow_empty=True or padded=True", "pass --allow-empty or --padded"),
-        ("raise cp_size or max_tokens.", "raise --cp-size or --max-tokens."),
-        # The user's own names stay as they are (they were turned into flags):
-        ("available columns: 'dp_size', 'k=3'", "available columns: 'dp_size', 'k=3'"),
+        (Note("argument", {"value": 0}, "{@dp_size} must be >= 1, got {value}"),
+         "--dp must be >= 1, got 0"),
+        (Note("argument", {"k": 3}, '{@size:"equal"} needs n divisible by {@k:{k}}'),
+         "--size equal needs n divisible by --dp=3"),
+        (Note("argument", {}, "pass {@allow_empty=True} or {@padded=True}"),
+         "pass --allow-empty or --padded"),
+        (Note("argument", {}, "raise {@cp_size or max_tokens}."),
+         "raise --cp-size or --max-tokens."),
+        # The user's own names are values or plain text, never terms: they stay as they are.
+        (Note("columns", {"c": "'dp_size', 'k=3'"}, "available columns: {c}"),
+         "available columns: 'dp_size', 'k=3'"),
         ("pp_size.txt:1: not a number", "pp_size.txt:1: not a number"),
         ("cp_size/lengths.txt: missing", "cp_size/lengths.txt: missing"),
-        ('got {"dp_size":4}', 'got {"dp_size":4}'),
+        (Note("json", {"v": '{"dp_size":4}'}, "got {v}"), 'got {"dp_size":4}'),
     ],
-)
-def test_messages_name_flags_but_leave_the_users_names(message, shown):
-    from seqbalance.cli.commands import _as_flags
+)  # fmt: skip
+def test_messages_name_flags_but_leave_the_users_names(message, shown_as):
+    from seqbalance.cli.flags import shown
 
-    assert _as_flags(message) == shown
+    assert shown(message) == shown_as
 
 
 def test_a_cost_json_with_one_warning_string_gives_one_note(tmp_path, capsys):

@@ -496,18 +496,21 @@ def test_calibrate_checks_out_before_timing(monkeypatch, tmp_path, capsys):
 
 
 def test_library_messages_are_translated_to_flags():
+    from seqbalance._notes import Note
+    from seqbalance.cli.flags import shown
     from seqbalance.partitioning import partition
 
     with pytest.raises(ValueError) as info:
         partition([1, 2, 3], 2, size="equal", groups=[0, 1, 2])
     raw = str(info.value)
     assert 'size="equal"' in raw  # the library speaks Python ...
-    text = cli._as_flags(raw)
+    text = shown(info.value)
     assert "--size equal" in text and "--size balanced" in text  # ... the CLI speaks flags
     assert "size=" not in text and "k=" not in text
-    assert cli._as_flags("pass allow_empty=True; padded=True; under size='free' and groups") == (
-        "pass --allow-empty; --padded; under --size free and --groups-column"
-    )
+    note = Note("x", {}, "pass {@allow_empty=True}; {@padded=True}; under {@size:'free'} and "
+                "{@groups}")  # fmt: skip
+    assert str(note) == "pass allow_empty=True; padded=True; under size='free' and groups"
+    assert shown(note) == "pass --allow-empty; --padded; under --size free and --groups-column"
 
 
 def test_size_equal_error_speaks_flags(tmp_path, capsys):

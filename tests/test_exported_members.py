@@ -31,6 +31,7 @@ EXPORTED = {
         "FlopsCost",
         "Mesh",
         "MicroBatching",
+        "Note",
         "Partition",
         "Plan",
         "PlanSpec",

@@ -20,6 +20,7 @@ ROOT = Path(seqbalance.__file__).parent
 # package (or module) under seqbalance -> layer; higher numbers sit on top.
 LAYERS = {
     "_validate": 0,
+    "_notes": -1,  # notes and messages as data: below _validate, whose errors carry them
     "workloads": 1,  # seeded data sets, beside the costs
     "costs": 1,
     "partitioning": 1,

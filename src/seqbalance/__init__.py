@@ -13,7 +13,9 @@ The core needs only numpy:
   the sync model (``fsdp`` or ``ddp``); :data:`BASELINES` for comparison; :func:`simulate`.
   The request as checked values: :class:`Mesh`, :class:`Capacity`, :class:`MicroBatching`,
   :class:`RankRules` (and :class:`PlanSpec`, all of them); a bad argument raises
-  :class:`ArgumentError`, a ``ValueError`` that names it.
+  :class:`ArgumentError`, a ``ValueError`` that names it. A plan's notes and
+  library messages are :class:`Note` values (a kind, its fields), written as text where
+  they are shown.
 - :mod:`seqbalance.workloads`: seeded length sets shared by tests, benchmarks and the demo.
 
 The layers are packages: :mod:`seqbalance.costs` and :mod:`seqbalance.partitioning` at the
@@ -31,6 +33,7 @@ from __future__ import annotations
 from typing import Any as _Any
 
 from . import workloads
+from ._notes import Note
 from ._validate import ArgumentError
 from .costs import (
     SHIPPED,
@@ -93,6 +96,7 @@ __all__ = [
     "FlopsCost",
     "Mesh",
     "MicroBatching",
+    "Note",
     "Partition",
     "Plan",
     "PlanSpec",

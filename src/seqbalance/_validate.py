@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ._notes import Note, NotedError, arg, as_text
+
 __all__ = [
     "MAX_EMPTY",
     "MAX_EMPTY_SLOTS",
@@ -41,28 +43,29 @@ __all__ = [
 ]
 
 
-class ArgumentError(ValueError):
+class ArgumentError(NotedError):
     """A bad argument: a :class:`ValueError` that names the argument it is about.
 
     Parameters
     ----------
-    message : str
-        What is wrong, the bad value and the fix, in the words of the function raising it.
+    message : str or Note
+        What is wrong, the bad value and the fix, in the words of the function raising it
+        (a :class:`~seqbalance.Note` whose terms an integration can write in its own words).
     argument : str
         The keyword the caller passed the bad value as (``"dp_size"``, ``"max_tokens"``,
         ``"groups"``...), as :func:`seqbalance.plan` spells it. Integrations map it to
         their own names (the command line to its flags) without reading the message.
     """
 
-    def __init__(self, message: str, *, argument: str) -> None:
+    def __init__(self, message: str | Note, *, argument: str) -> None:
         super().__init__(message)
         self.argument = argument
 
     def __reduce__(self) -> Any:  # picklable, e.g. across worker processes
-        return (_argument_error, (str(self), self.argument))
+        return (_argument_error, (self.note, self.argument))
 
 
-def _argument_error(message: str, argument: str) -> ArgumentError:
+def _argument_error(message: str | Note, argument: str) -> ArgumentError:
     return ArgumentError(message, argument=argument)
 
 
@@ -348,9 +351,13 @@ def _as_int(value: Any, name: str, minimum: int) -> int:
     try:
         out = as_index(value)
     except TypeError:
-        raise ArgumentError(f"{name} must be {kind}, got {value!r}", argument=name) from None
+        raise ArgumentError(Note("argument", {"what": kind, "value": value},
+                                 arg(name) + " must be {what}, got {value!r}"),
+                            argument=name) from None  # fmt: skip
     if out < minimum:
-        raise ArgumentError(f"{name} must be >= {minimum}, got {out}", argument=name)
+        raise ArgumentError(Note("argument", {"minimum": minimum, "value": out},
+                                 arg(name) + " must be >= {minimum}, got {value}"),
+                            argument=name)  # fmt: skip
     return int(out)
 
 
@@ -367,7 +374,9 @@ def check_nonnegative_int(value: Any, name: str) -> int:
 def check_bool(value: Any, name: str) -> bool:
     """Return ``value`` if it is a bool (numpy bools too), else raise a ValueError."""
     if not isinstance(value, (bool, np.bool_)):
-        raise ArgumentError(f"{name} must be True or False, got {value!r}", argument=name)
+        raise ArgumentError(Note("argument", {"value": value},
+                                 arg(name) + " must be True or False, got {value!r}"),
+                            argument=name)  # fmt: skip
     return bool(value)
 
 
@@ -378,14 +387,18 @@ def check_nonnegative_real(
     ``name`` (``why`` is appended to the range message). Bools and non-numbers are refused;
     a Python int beyond float range counts as infinite."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise ArgumentError(f"{name} must be a real number >= 0, got {value!r}", argument=name)
+        raise ArgumentError(Note("argument", {"value": value},
+                                 arg(name) + " must be a real number >= 0, got {value!r}"),
+                            argument=name)  # fmt: skip
     try:
         out = float(value)
     except OverflowError:
         out = math.inf
     if not math.isfinite(out) or out < 0 or (upper is not None and out > upper):
         rng = f"in [0, {upper:g}]" if upper is not None else "finite and >= 0"
-        raise ArgumentError(f"{name} = {value!r} is invalid; it must be {rng}{why}", argument=name)
+        invalid = arg(name, " = ") + "{value!r} is invalid; it must be {range}{why}"
+        raise ArgumentError(Note("argument", {"value": value, "range": rng, "why": why}, invalid),
+                            argument=name)  # fmt: skip
     return out
 
 
@@ -418,7 +431,7 @@ def check_notes(value: Any, name: str = "notes") -> tuple[str, ...]:
             f"({type(value).__name__})"
         , argument=name)
     for i, note in enumerate(value):
-        if not isinstance(note, str):
+        if not isinstance(note, (str, Note)):
             raise ArgumentError(
                 f"{name}[{i}] must be a string, got {note!r} ({type(note).__name__}); "
                 f"{name} is a list of strings"
@@ -546,7 +559,12 @@ def too_long(
         return ""
     i = int(over[0])
     more = f" (and {over.size - 1} more)" if over.size > 1 else ""
-    return f"{item} {i} has {int(lengths[i])} tokens, more than {flag}={cap}{more}"
+    # the capacity as a term with its value (max_tokens=8192, or --max-tokens=8192)
+    cap_term = arg(flag)[:-1] + ":{cap}}" if arg(flag).startswith("{@") else arg(flag) + "={cap}"
+    return as_text(Note(
+        "too_long", {"item": item, "index": i, "tokens": int(lengths[i]), "cap": cap, "more": more},
+        "{item} {index} has {tokens} tokens, more than " + cap_term + "{more}",
+    ))  # fmt: skip
 
 
 def check_size_limit(
@@ -555,21 +573,26 @@ def check_size_limit(
     n: int,
     unit: str = "parts",
     limit: int = MAX_EMPTY,
-    fix: str | None = None,
+    fix: str | Note | None = None,
+    label: Note | None = None,
 ) -> int:
     """Refuse ``value`` (already an int) above ``n + limit``: absurd for ``n`` items.
 
     ``unit`` names what ``value`` counts, for the message; ``limit`` is ``MAX_EMPTY``
     (2**20) or ``MAX_EMPTY_SLOTS`` (2**16); ``fix`` is what to do (default: pass ``name``
-    near the real number).
+    near the real number); ``label`` how the message names ``value`` (default: ``name``).
     """
     if value > n + limit:
         power = f"2**{limit.bit_length() - 1}" if limit & (limit - 1) == 0 else str(limit)
-        fix = fix or f"pass {name} near the real number (at most {n + limit} here)"
-        raise ArgumentError(
-            f"{name}={value} asks for {value} {unit} for {n} items, so at least "
-            f"{value - n} would stay empty (limit: n + {power}); {fix}"
-        , argument=name)
+        fix = fix or Note("fix", {"at_most": n + limit},
+                          "pass " + arg(name) + " near the real number (at most {at_most} here)")
+        raise ArgumentError(Note(
+            "size_limit",
+            {"label": label or Note("name", {}, arg(name)), "value": value, "unit": unit,
+             "n": n, "empty": value - n, "power": power, "fix": fix},
+            "{label}={value} asks for {value} {unit} for {n} items, so at least "
+            "{empty} would stay empty (limit: n + {power}); {fix}",
+        ), argument=name)  # fmt: skip
     return value
 
 

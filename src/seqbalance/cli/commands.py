@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO, cast
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TextIO, cast
 import numpy as np
 
 from .. import workloads
+from .._notes import NotedError
 from ..partitioning.stats import relative_gap
 from ..planning.baselines import BASELINES
 from ..planning.planner import SIZE_RULES, plan
@@ -45,6 +45,7 @@ from .checks import (
     refuse_stray,
     refuse_unpriced,
 )
+from .flags import shown, words_for
 from .ulysses_options import group_capacity, wrap_cost
 
 if TYPE_CHECKING:
@@ -73,79 +74,6 @@ DEMO_SETUPS: tuple[DemoSetup, ...] = (
     DemoSetup("bimodal", 2048, 8, 32768),
     DemoSetup("long-mix", 16384, 16, 131072),
 )
-
-
-# Library messages name Python arguments; on the command line, name the flags instead.
-_FLAGS = {
-    "dp_size": "--dp",
-    "max_tokens": "--max-tokens",
-    "min_micro_batches": "--min-micro-batches",
-    "micro_batch_multiple": "--micro-batch-multiple",
-    "extra_micro_batches": "--extra-micro-batches",
-    "pp_size": "--pp-size",
-    "virtual_stages": "--virtual-stages",
-    "pp_comm": "--pp-comm",
-    "allow_empty=True": "--allow-empty",
-    "padded=True": "--padded",
-    "and groups": "and --groups-column",
-    "cp_size": "--cp-size",
-    "sp_size": "--sp-size",
-    "cost_per_second": "--cost-per-second",
-}
-# Not inside a file name or path (`pp_size.txt`, `cp_size/lengths.txt`).
-_FLAG_RE = re.compile(
-    r"(?<![\w./-])(" + "|".join(re.escape(k) for k in _FLAGS) + r")(?![\w/-]|\.\w)"
-)
-# Quoted strings, in pairs from the left: one right after "=" is an argument's value
-# (size="equal"), any other the user's own (a column, a file, a JSON snippet).
-_QUOTED = re.compile(r"(=?)('[^']*'|\"[^\"]*\")")
-# size="equal" -> --size equal; partition's k is the number of ranks here.
-_VALUE_RES = (
-    (re.compile(r"(?<![\w-])size=[\"']?(\w+)[\"']?"), r"--size \1"),
-    (re.compile(r"(?<![\w-])schedule=[\"']?(\w+)[\"']?"), r"--schedule \1"),
-    (re.compile(r"\bk=(\d+)"), r"--dp=\1"),
-    (re.compile(r"\bmultiple of k\b"), "multiple of --dp"),
-    # ContextParallelCost's own words for the --cp-* values: "overlap = 2.0 is invalid".
-    (re.compile(r"(?<![\w-])overlap = "), "--cp-overlap "),
-    (re.compile(r"(?<![\w-])bandwidth = "), "--cp-bandwidth "),
-    (re.compile(r"(?<![\w-])bandwidth must be > 0 bytes/s \(or None for free communication\)"),
-     "--cp-bandwidth must be > 0 bytes/s (leave it out for free communication)"),
-    (re.compile(r"--cost-per-second = "), "--cost-per-second "),
-    (re.compile(r"with bandwidth= and a cost that is not a FlopsCost, pass kv_bytes_per_token="),
-     "with --cp-bandwidth and a cost that is not a model's FLOPs (--model), pass "
-     "--kv-bytes-per-token"),
-    (re.compile(r"(?<![\w-])kv_bytes_per_token = "), "--kv-bytes-per-token "),
-    (re.compile(r"(?<![\w-])comm_passes = "), "--cp-comm-passes "),
-)
-
-
-def _as_flags(message: str) -> str:
-    """``dp_size must be >= 1`` -> ``--dp must be >= 1``; ``size="equal"`` -> ``--size equal``.
-
-    The user's own names (quoted column names, file paths, JSON) are left as they are.
-    """
-    kept: list[str] = []
-
-    def keep(m: re.Match[str]) -> str:
-        if m.group(1):
-            return m.group(0)
-        kept.append(m.group(0))
-        return f"\x00{len(kept) - 1}\x00"
-
-    message = _QUOTED.sub(keep, message)
-    message = _FLAG_RE.sub(lambda m: _FLAGS[m.group(1)], message)
-    for pattern, repl in _VALUE_RES:
-        message = pattern.sub(repl, message)
-    return re.sub("\x00(\\d+)\x00", lambda m: kept[int(m.group(1))], message)
-
-
-def _in_groups(message: str, ring: bool) -> str:
-    """A planner's message under ``--sp-size``: its capacity is ``--sp-size x
-    --max-tokens``, and (with ``ring``, ``--cp-size``) its "GPUs" are Ulysses groups."""
-    message = re.sub(r"(?<!x )--max-tokens=", "--sp-size x --max-tokens=", message)
-    message = message.replace("raise --cp-size or --max-tokens",
-                              "raise --cp-size, --sp-size or --max-tokens")  # fmt: skip
-    return re.sub(r"(\d+) GPUs\b", r"\1 Ulysses groups", message) if ring else message
 
 
 def _plan_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -328,7 +256,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if broken:
         print(f"violations: {broken}", file=err)
     for note in p.notes:
-        print(f"note: {_as_flags(note)}", file=err)
+        print(f"note: {shown(note)}", file=err)
     if args.out not in (None, "-"):
         print(f"wrote {args.out}", file=err)
     return 0
@@ -760,10 +688,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = str(exc) or type(exc).__name__
         if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
             message = f"{exc.filename}: {exc.strerror}"
-        if not isinstance(exc, FileError):  # a file's keys are not flags the user gave
-            message = _as_flags(message)
-            if getattr(args, "sp_size", 1) > 1:
-                message = _in_groups(message, args.cp_size > 1)
+        if isinstance(exc, NotedError) and not isinstance(exc, FileError):
+            # (a file's keys are not flags the user gave)
+            message = shown(exc, words_for(getattr(args, "sp_size", 1),
+                                           getattr(args, "cp_size", 1)))  # fmt: skip
         print(f"error: {message}", file=sys.stderr)
         return 2
     return 0 if status is None else int(status)

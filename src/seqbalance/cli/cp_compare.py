@@ -229,6 +229,7 @@ def _compare_pipelined(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str
     from ..planning.cp_pipeline import as_pipeline
     from ..planning.planner import plan
     from ._common import _pp_kwargs
+    from .flags import shown
 
     kw = _shared_kwargs(args, cost, bandwidth)
     # the plan `seqbalance plan` makes (plan() also searches pipeline counts)
@@ -246,7 +247,7 @@ def _compare_pipelined(lengths, dp, cap, args, cost, bandwidth) -> list[dict[str
                        micro_batch_multiple=mult, **kw)  # fmt: skip
         plans["static-cp"] = as_pipeline(flat, setup)
     except ValueError as exc:
-        skipped.append(f"static-cp ({exc})")
+        skipped.append(f"static-cp ({shown(exc)})")
     verl = verl_static_cp(lengths, dp, cap, **kw)
     if verl.num_micro_batches % mult == 0:
         plans["verl-static-cp"] = as_pipeline(verl, setup)

@@ -16,6 +16,7 @@ import warnings
 from typing import Any, TextIO
 
 from .checks import FileError, UserError, check_outputs, load_user_cost
+from .flags import shown
 
 __all__ = ["register", "run"]
 
@@ -153,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     except TimingFileError as exc:  # in the file's words, not the flags'
         raise FileError(str(exc)) from None
     except ValueError as exc:
-        raise UserError(_in_flags(str(exc))) from None
+        raise UserError(_in_flags(shown(exc))) from None
     notes = [str(w.message) for w in caught] + notes  # e.g. steps of a resumed job
     if not len(loaded):
         raise UserError(f"no timing records in {', '.join(args.timings)}")

@@ -62,7 +62,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._notes import Note, arg
 from .._validate import (
+    ArgumentError,
     as_lengths,
     check_degree,
     check_nonnegative_int,
@@ -255,13 +257,18 @@ def link_settings(
     if bandwidth is not None:
         bandwidth = check_nonnegative_real(bandwidth, "bandwidth")
         if bandwidth == 0:
-            raise ValueError("bandwidth must be > 0 bytes/s (or None for free communication)")
+            raise ArgumentError(
+                Note("argument", {},
+                     "{@bandwidth must be > 0 bytes/s (or None for free communication)}"),
+                argument="bandwidth",
+            )  # fmt: skip
     if bytes_per_token is None and bandwidth is not None:
         if _architecture_of(cost) is None:
-            raise ValueError(
-                f"with bandwidth= and a cost that is not a FlopsCost, pass {bytes_name}= "
-                f"({bytes_hint})"
-            )
+            raise ArgumentError(Note(
+                "argument", {"hint": bytes_hint},
+                arg(f"with bandwidth= and a cost that is not a FlopsCost, pass {bytes_name}=")
+                + " ({hint})",
+            ), argument=bytes_name)  # fmt: skip
         bytes_per_token = bytes_of(cost)
     out_bytes = (
         0.0 if bytes_per_token is None else check_nonnegative_real(bytes_per_token, bytes_name)

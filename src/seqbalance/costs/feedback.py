@@ -72,11 +72,11 @@ from ._timing import (
 from .base import CostModel
 from .context_parallel import ContextParallelCost
 from .fit import (
-    EXACTLY_DETERMINED,
     PoorlyDeterminedCostWarning,
     UnidentifiableCostWarning,
     _fit,
     _stats,
+    exactly_determined_message,
     poorly_determined_message,
     unidentified_message,
 )
@@ -766,14 +766,14 @@ class TimingRecorder:
                 break
         if len(recs) == need:
             warnings.warn(
-                EXACTLY_DETERMINED.replace("fit_cost", "refit"), UserWarning, stacklevel=2
+                exactly_determined_message("refit"), UserWarning, stacklevel=2
             )
         elif fit.poor:
             # Adopted all the same: the new cost predicts shapes like the window's (those
             # the planner makes), and the previous one was never checked on them at all.
-            text = poorly_determined_message(fit.poor, fit.hint, fit.clamped, robust)
+            text = poorly_determined_message(fit.poor, fit.hint, fit.clamped, robust, "refit")
             warnings.warn(
-                text.replace("fit_cost:", "refit:", 1) + " refit adopts the new cost all the "
+                text + " refit adopts the new cost all the "
                 "same: it fits the window's shapes.",
                 PoorlyDeterminedCostWarning,
                 stacklevel=2,

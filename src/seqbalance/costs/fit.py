@@ -669,11 +669,16 @@ def fit_cost(
 
 # Zero residual degrees of freedom: 4 noisy micro-batches for 4 coefficients can report
 # R² 0.9997 with c 10x too large.
-EXACTLY_DETERMINED = (
-    "fit_cost: as many micro-batches as coefficients: the fit passes through every one, so "
-    "its R² and errors say nothing of its error on other shapes; measure several "
-    "micro-batches per coefficient"
-)
+def exactly_determined_message(caller: str = "fit_cost") -> str:
+    """The warning for a fit with as many micro-batches as coefficients, from ``caller``."""
+    return (
+        f"{caller}: as many micro-batches as coefficients: the fit passes through every "
+        "one, so its R² and errors say nothing of its error on other shapes; measure "
+        "several micro-batches per coefficient"
+    )
+
+
+EXACTLY_DETERMINED = exactly_determined_message()
 
 
 def unidentified_message(names: Sequence[str], hint: str) -> str:
@@ -689,9 +694,9 @@ def unidentified_message(names: Sequence[str], hint: str) -> str:
 
 def poorly_determined_message(
     poor: Sequence[tuple[str, float]], hint: str, clamped: Sequence[str] = (),
-    robust: bool = False,
+    robust: bool = False, caller: str = "fit_cost",
 ) -> str:
-    """The text of a :class:`PoorlyDeterminedCostWarning`; ``poor`` holds ``(name,
+    """The text of a :class:`PoorlyDeterminedCostWarning` from ``caller``; ``poor`` holds ``(name,
     relative standard error)`` pairs, ``clamped`` the fitted coefficients NNLS set to 0
     (the check's standard errors allow for them, unlike the report's); ``robust``: the fit
     already down-weighted outliers (so it does not suggest doing so)."""
@@ -706,7 +711,7 @@ def poorly_determined_message(
         "robust=True down-weights them"
     )
     return (
-        f"fit_cost: the scatter of the measured times leaves {names} poorly determined "
+        f"{caller}: the scatter of the measured times leaves {names} poorly determined "
         f"({hint}): a standard error above {MAX_REL_STDERR:.0%} of the coefficient, whose "
         f"term carries {MIN_TERM_SHARE:.0%} or more of some micro-batch's time{allow}. The "
         "fit matches shapes like the measured ones but may mispredict other lengths or "

@@ -53,7 +53,8 @@ from typing import Any
 
 import numpy as np
 
-from .._validate import as_lengths, check_nonnegative_real, check_positive_int
+from .._notes import Note
+from .._validate import ArgumentError, as_lengths, check_nonnegative_real, check_positive_int
 from .base import FROM_DICT, CostModel, check_keys, cost_from_dict, finite_costs
 
 __all__ = ["UlyssesCost", "ulysses_bytes_per_token", "ulysses_sp_size"]
@@ -105,15 +106,18 @@ def check_heads(cost: Any, sp_size: int) -> None:
             if all(_splits(h, k, d) for h, k in kinds)]  # fmt: skip
     name = getattr(cost, "name", None) or "the model"
     why = (
-        f"{heads} heads, not a multiple of sp_size={sp_size}" if heads % sp_size
-        else f"{kv} K/V heads, neither a multiple nor a divisor of sp_size={sp_size}"
+        "{heads} heads, not a multiple of {@sp_size:{sp_size}}" if heads % sp_size
+        else "{kv} K/V heads, neither a multiple nor a divisor of {@sp_size:{sp_size}}"
     )
-    use = f"use sp_size {', '.join(map(str, fits))}" if fits else "no sp_size > 1 fits"
-    raise ValueError(
-        f"Ulysses gives each of the sp_size GPUs whole attention heads, and {name} has "
-        f"{why}; {use}, and give the rest of the degree to ring context parallelism "
-        "(cp_size), which splits tokens, not heads"
-    )
+    use = "use {@sp_size} {fits}" if fits else "no {@sp_size} > 1 fits"
+    raise ArgumentError(Note(
+        "argument",
+        {"name": name, "heads": heads, "kv": kv, "sp_size": sp_size,
+         "fits": ", ".join(map(str, fits))},
+        "Ulysses gives each of the {@sp_size} GPUs whole attention heads, and {name} has "
+        + why + "; " + use + ", and give the rest of the degree to ring context parallelism "
+        "({@cp_size}), which splits tokens, not heads",
+    ), argument="sp_size")  # fmt: skip
 
 
 def ulysses_bytes_per_token(cost: Any, sp_size: int, dtype_bytes: float = 2) -> float:

@@ -10,7 +10,8 @@ parts may hold:
 
 from __future__ import annotations
 
-from .._validate import check_choice
+from .._notes import Note
+from .._validate import ArgumentError, check_choice
 
 SIZES: tuple[str, ...] = ("free", "equal", "balanced")
 
@@ -24,12 +25,13 @@ def check_size(size: object, m: int, k: int, *, grouped: bool = False) -> str:
     rule = check_choice(size, "size", SIZES)
     if rule == "equal" and m % k != 0:
         unit = "groups" if grouped else "items"
-        raise ValueError(
-            f'size="equal" needs the number of {unit} to be a multiple of k, but there are '
-            f"{m} {unit} and k={k} ({m} % {k} = {m % k}); use size=\"balanced\" to allow counts "
-            "that differ by one"
-            + (", or regroup the items" if grouped else ", or drop/pad items")
-        )
+        raise ArgumentError(Note(
+            "size_equal", {"unit": unit, "m": m, "k": k, "rest": m % k},
+            '{@size:"equal"} needs the number of {unit} to be a {@multiple of k}, but there '
+            "are {m} {unit} and {@k:{k}} ({m} % {k} = {rest}); use {@size:\"balanced\"} to "
+            "allow counts that differ by one"
+            + (", or regroup the items" if grouped else ", or drop/pad items"),
+        ), argument="size")  # fmt: skip
     return rule
 
 

@@ -42,12 +42,13 @@ from __future__ import annotations
 
 import heapq
 import math
-import re
 from typing import Any, Callable
 
 import numpy as np
 
+from .._notes import REPLICA_WORDS, Note, NotedError, as_note, as_text, using_words
 from .._validate import (
+    ArgumentError,
     as_lengths,
     check_bool,
     check_choice,
@@ -179,11 +180,13 @@ class _Request:
         if (d_min == 0).any():
             i = int(np.flatnonzero(d_min == 0)[0])
             largest = int(self.tables[self.cp_size][2][i])
-            raise ValueError(
-                f"sequence {i} has {int(self.lens[i])} tokens: split over cp_size="
-                f"{self.cp_size} GPUs its largest piece has {largest} tokens, more than "
-                f"max_tokens={self.cap}; raise cp_size or max_tokens, or truncate it"
-            )
+            raise ArgumentError(Note(
+                "too_long", {"index": i, "tokens": int(self.lens[i]), "cp_size": self.cp_size,
+                             "largest": largest, "cap": self.cap},
+                "sequence {index} has {tokens} tokens: split over {@cp_size:{cp_size}} "
+                "{@GPUs} its largest piece has {largest} tokens, more than "
+                "{@max_tokens:{cap}}; raise {@cp_size or max_tokens}, or truncate it",
+            ), argument="max_tokens")  # fmt: skip
         return d_min
 
     def m_start(self) -> int:
@@ -326,9 +329,10 @@ def _place_block(free: np.ndarray, load: np.ndarray, w: int, sync: str) -> int:
 # ---- static CP --------------------------------------------------------------------------
 
 
-def _in_replicas(text: str) -> str:
-    """plan()'s words for this mesh: its ranks are the replicas."""
-    return re.sub(r"\brank(s?)\b", r"replica\1", text)
+def _in_replicas(exc: ValueError) -> str:
+    """plan()'s message for this mesh (its ranks are the replicas: :func:`_static_base`
+    plans them in :data:`REPLICA_WORDS`), keeping its note where it has one."""
+    return as_text(exc.note.in_words(REPLICA_WORDS)) if isinstance(exc, NotedError) else str(exc)
 
 
 def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
@@ -363,12 +367,14 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
         options = {k: v for k, v in options.items() if k not in req.pp_kwargs}
         options["micro_batch_multiple"] = mult = math.lcm(req.mult, req.pp.spec.count_multiple)
     try:
-        base = replicas(ptok, req.dp, req.cap, cost=tmax, **options)
+        with using_words(REPLICA_WORDS):
+            base = replicas(ptok, req.dp, req.cap, cost=tmax, **options)
     except ValueError as exc:
-        return _in_replicas(str(exc))
+        return _in_replicas(exc)
     if mult != req.mult:  # a note would blame a micro_batch_multiple the caller did not pass
         said = f"micro_batch_multiple={mult}"
         base.notes = tuple(
+            n if said not in n else
             n.replace(said, f"micro_batch_multiple={req.mult} (raised to {mult} by "
                             f"schedule={req.pp.spec.schedule!r})")  # type: ignore[union-attr]
             for n in base.notes
@@ -429,19 +435,21 @@ def _static_notes(req: _Request, notes: Any) -> list[str]:
     """The replica plan's notes, in this mesh's words: its ranks are replicas, and its
     tokens a sequence's largest piece (what one GPU holds), not the sequence's."""
     out = [
-        _in_replicas(re.sub(
-            r"^(\d+) sequences longer than (max_tokens=\d+) run alone",
-            rf"\1 sequences whose largest piece over cp_size={req.cp_size} GPUs is longer "
-            r"than \2 run alone",
-            note,
-        ))
+        as_text(note.with_fields(
+            "{count} sequences whose largest piece over {@cp_size}={cp_size} GPUs is longer "
+            "than {@max_tokens}={cap} run alone in their own micro-batches "
+            "({@oversized:'alone'}), first at index {first}",
+            cp_size=req.cp_size,
+        ).in_words(REPLICA_WORDS))
+        if note.kind == "oversized_alone" else as_text(note.in_words(REPLICA_WORDS))
         for note in notes
     ]  # fmt: skip
     if any("tokens" in note and "largest piece" not in note for note in out):
-        out.append(
+        out.append(as_text(Note(
+            "largest_piece", {"cp_size": req.cp_size},
             "the replica plan above counts each sequence's largest piece (its tokens on one "
-            f"of the cp_size={req.cp_size} GPUs) as its tokens"
-        )
+            "of the {@cp_size:{cp_size}} GPUs) as its tokens",
+        )))  # fmt: skip
     return out
 
 
@@ -459,7 +467,7 @@ def _replica_pieces(req: _Request, base: Any) -> Pieces:
 
 def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
     pieces = _replica_pieces(req, base)
-    notes = _static_notes(req, base.notes)
+    notes = _static_notes(req, base.note_items)
     if req.pp is not None:
         # The replica plan's order and note priced each sequence at its slowest piece,
         # with one backward ratio; order the slots on the pieces' own phases instead.
@@ -984,6 +992,6 @@ def plan_cp_spec(lengths: Any, spec: Any, replicas: Callable[..., Any]) -> CPPla
         if kw["cp"] == "static":
             p = _static(req)
             if isinstance(p, str):
-                raise ValueError(f"static CP: {p}")
+                raise NotedError(as_note(p).after("static CP: "))
             return p
         return _dynamic(req)

@@ -49,6 +49,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._notes import Note, as_text
 from .._validate import as_weights, check_choice, check_positive_int
 from ..costs.context_parallel import ContextParallelCost
 from ._pieces import _piece_entries
@@ -272,24 +273,29 @@ def pipeline_note(
     spec = setup.spec
     m = max((len(g) for g in pieces), default=0)
     sim = simulate_cp_pipeline(pieces, lengths, cpc, cp_size, sync, setup)
-    layout = f"{spec.schedule}, pp_size={spec.pp_size}" + (
-        f", virtual_stages={spec.virtual_stages}" if spec.virtual_stages > 1 else ""
+    layout = "{schedule}, {@pp_size:{pp_size}}" + (
+        ", {@virtual_stages:{virtual_stages}}" if spec.virtual_stages > 1 else ""
     )
+    fields = {"schedule": spec.schedule, "pp_size": spec.pp_size,
+              "virtual_stages": spec.virtual_stages, "sync": sync, "cp_size": cp_size}
     if sim.step_time <= 0:
-        return f"pipeline ({layout}, {sync}, static CP): every slot costs 0"
+        return as_text(Note("pipeline", fields,
+                            "pipeline (" + layout + ", {sync}, static CP): every slot costs 0"))
     verl = simulate_cp_pipeline(
         baseline_order(pieces, lengths, cpc, cp_size, sync, "light-ends"), lengths, cpc,
         cp_size, sync, setup,
     )
     what = "slots" if sync == "fsdp" else "slots of each replica"
     how = "exact over all orders" if m <= EXACT_LIMIT else "local search from the baselines"
-    return (
-        f"pipeline ({layout}, {sync}, static CP over cp_size={cp_size} GPUs a stage): {what} "
-        f"run in the order with the lowest simulated step ({how}), each slot as slow as its "
-        f"slowest GPU; step {sim.step_time:.6g}, {sim.gap:+.2%} vs the pipeline lower bound, "
-        f"bubble {sim.bubble_fraction:.1%}; verl's light-ends order of the same slots: "
-        f"{verl.step_time / sim.step_time - 1:+.2%}"
-    )
+    return as_text(Note(
+        "pipeline",
+        {**fields, "what": what, "how": how, "step": sim.step_time, "gap": sim.gap,
+         "bubble": sim.bubble_fraction, "verl": verl.step_time / sim.step_time - 1},
+        "pipeline (" + layout + ", {sync}, static CP over {@cp_size:{cp_size}} GPUs a stage): "
+        "{what} run in the order with the lowest simulated step ({how}), each slot as slow as "
+        "its slowest GPU; step {step:.6g}, {gap:+.2%} vs the pipeline lower bound, "
+        "bubble {bubble:.1%}; verl's light-ends order of the same slots: {verl:+.2%}",
+    ))  # fmt: skip
 
 
 def as_pipeline(plan: Any, setup: CPPipelineSetup) -> Any:

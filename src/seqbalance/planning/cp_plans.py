@@ -43,6 +43,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .._notes import Note, arg
 from .._validate import (
     ArgumentError,
     as_groups,
@@ -91,11 +92,11 @@ def check_cp_size(value: Any, name: str = "cp_size") -> int:
     :class:`CPPlan` meets."""
     c = check_degree(value, name)
     if c & (c - 1):
-        raise ArgumentError(
-            f"{name} must be a power of two (CP degrees are), got {value}; use "
-            f"{1 << (c.bit_length() - 1)} or {1 << c.bit_length()}",
-            argument=name,
-        )
+        raise ArgumentError(Note(
+            "argument",
+            {"value": value, "lo": 1 << (c.bit_length() - 1), "hi": 1 << c.bit_length()},
+            arg(name) + " must be a power of two (CP degrees are), got {value}; use {lo} or {hi}",
+        ), argument=name)  # fmt: skip
     return c
 
 

@@ -53,6 +53,7 @@ and sized so that the plans of normal requests do not reach them:
 
 from __future__ import annotations
 
+from .._notes import Note, NotedError, as_note, term
 from .._validate import MAX_EMPTY_SLOTS, ArgumentError, check_size_limit
 
 __all__ = [
@@ -94,14 +95,15 @@ def check_counts(n: int, dp: int, m_min: int, mult: int, extra: int, *, ranks: s
     the message (``"static CP: "``)."""
     for value, name, unit in (
         (dp, "dp_size", ranks),
-        (m_min, "min_micro_batches", "micro-batches per rank"),
-        (mult, "micro_batch_multiple", "micro-batches per rank"),
+        (m_min, "min_micro_batches", f"micro-batches per {term('rank')}"),
+        (mult, "micro_batch_multiple", f"micro-batches per {term('rank')}"),
         (extra, "extra_micro_batches", "extra micro-batch counts"),
     ):
         try:
             check_size_limit(value, name, n, unit, MAX_SLOTS_BEYOND_N)
         except ValueError as exc:
-            raise ArgumentError(f"{prefix}{exc}", argument=name) from None
+            raise ArgumentError(as_note(exc.note if isinstance(exc, NotedError) else str(exc))
+                                .after(prefix), argument=name) from None  # fmt: skip
 
 
 def check_mesh(
@@ -111,21 +113,21 @@ def check_mesh(
 
     The arguments are validated ints (``cp_size`` a power of two)."""
     if cp_size > 1 and dp * cp_size > MAX_GPUS:
-        raise ArgumentError(
-            f"dp_size x cp_size = {dp} x {cp_size} = {dp * cp_size} GPUs is beyond any real "
-            f"cluster (at most 2**{MAX_GPUS.bit_length() - 1}); pass the mesh's real "
-            "dp_size and cp_size",
-            argument="cp_size",
-        )
+        raise ArgumentError(Note(
+            "mesh", {"dp": dp, "cp": cp_size, "gpus": dp * cp_size,
+                     "power": MAX_GPUS.bit_length() - 1},
+            "{@dp_size} x {@cp_size} = {dp} x {cp} = {gpus} GPUs is beyond any real "
+            "cluster (at most 2**{power}); pass the mesh's real {@dp_size} and {@cp_size}",
+        ), argument="cp_size")  # fmt: skip
     for value, name in ((pp_size, "pp_size"), (pp_size * virtual_stages,
                                                 "pp_size x virtual_stages")):  # fmt: skip
         if value > MAX_PIPELINE_CHUNKS:
-            raise ArgumentError(
-                f"{name} = {value} is beyond any real pipeline (at most "
-                f"{MAX_PIPELINE_CHUNKS} model chunks, each at least one layer); pass the "
-                "pipeline's real pp_size and virtual_stages",
-                argument="pp_size" if name == "pp_size" else "virtual_stages",
-            )
+            raise ArgumentError(Note(
+                "mesh", {"value": value, "limit": MAX_PIPELINE_CHUNKS},
+                ("{@pp_size}" if name == "pp_size" else "{@pp_size} x {@virtual_stages}")
+                + " = {value} is beyond any real pipeline (at most {limit} model chunks, each "
+                "at least one layer); pass the pipeline's real {@pp_size} and {@virtual_stages}",
+            ), argument="pp_size" if name == "pp_size" else "virtual_stages")  # fmt: skip
 
 
 def check_slots(
@@ -142,27 +144,30 @@ def check_slots(
     ``chunks``: ``pp_size x virtual_stages`` when pipelined (1 otherwise).
     """
     name = f"dp_size x micro-batches ({dp} x {m})"
-    fix = "lower dp_size, min_micro_batches or micro_batch_multiple"
+    label = Note("name", {"dp": dp, "m": m}, "{@dp_size} x micro-batches ({dp} x {m})")
+    fix_note = Note("fix", {}, "lower {@dp_size}, {@min_micro_batches} or {@micro_batch_multiple}")
     if allow_empty:
         try:
-            check_size_limit(dp * m, name, n, "micro-batches", MAX_SLOTS_BEYOND_N, fix=fix)
-        except ValueError as exc:
-            raise ArgumentError(str(exc), argument="dp_size") from None
+            check_size_limit(dp * m, name, n, "micro-batches", MAX_SLOTS_BEYOND_N, fix=fix_note,
+                             label=label)  # fmt: skip
+        except ArgumentError as exc:
+            raise ArgumentError(exc.note, argument="dp_size") from None
     if cp_size > 1:
         gpu_slots = dp * cp_size * m
         pieces = cp_size * n
         if gpu_slots > pieces + MAX_SLOTS_BEYOND_N:
-            raise ArgumentError(
-                f"dp_size x cp_size x micro-batches = {dp} x {cp_size} x {m} = {gpu_slots} GPU "
-                f"slots for {n} sequences, so at least {gpu_slots - pieces} would stay empty "
-                f"(limit: cp_size x n + {_POWER}); {fix}",
-                argument="dp_size",
-            )
+            raise ArgumentError(Note(
+                "slots", {"dp": dp, "cp": cp_size, "m": m, "slots": gpu_slots, "n": n,
+                          "empty": gpu_slots - pieces, "power": _POWER, "fix": fix_note},
+                "{@dp_size} x {@cp_size} x micro-batches = {dp} x {cp} x {m} = {slots} GPU "
+                "slots for {n} sequences, so at least {empty} would stay empty "
+                "(limit: {@cp_size} x n + {power}); {fix}",
+            ), argument="dp_size")  # fmt: skip
     if chunks > 1 and chunks * dp * m > MAX_PIPELINE_OPERATIONS:
-        raise ArgumentError(
-            f"pp_size x virtual_stages x dp_size x micro-batches = {chunks} x {dp} x {m} = "
-            f"{chunks * dp * m} pipeline operations per step, beyond the limit of "
-            f"2**{MAX_PIPELINE_OPERATIONS.bit_length() - 1}; {fix}, or use fewer pipeline "
-            "stages or virtual stages",
-            argument="pp_size",
-        )
+        raise ArgumentError(Note(
+            "slots", {"chunks": chunks, "dp": dp, "m": m, "ops": chunks * dp * m,
+                      "power": MAX_PIPELINE_OPERATIONS.bit_length() - 1, "fix": fix_note},
+            "{@pp_size} x {@virtual_stages} x {@dp_size} x micro-batches = {chunks} x {dp} x {m} "
+            "= {ops} pipeline operations per step, beyond the limit of 2**{power}; {fix}, or use "
+            "fewer pipeline stages or virtual stages",
+        ), argument="pp_size")  # fmt: skip

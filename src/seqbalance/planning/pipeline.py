@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from .._notes import Note
 from .._validate import (
     ArgumentError,
     as_weights,
@@ -119,11 +120,11 @@ def check_pipeline(pp_size: Any, schedule: Any = "1f1b", virtual_stages: Any = 1
     v = check_degree(virtual_stages, "virtual_stages")
     check_degree(p * v, "pp_size * virtual_stages")  # the simulation grows with both
     if schedule == "interleaved" and v < 2:
-        raise ArgumentError(
-            f"schedule='interleaved' needs virtual_stages >= 2, got {v}; pass the number of "
-            "model chunks per stage, or use schedule='1f1b'",
-            argument="virtual_stages",
-        )
+        raise ArgumentError(Note(
+            "argument", {"value": v},
+            "{@schedule:'interleaved'} needs {@virtual_stages} >= 2, got {value}; pass the "
+            "number of model chunks per stage, or use {@schedule:'1f1b'}",
+        ), argument="virtual_stages")  # fmt: skip
     if schedule != "interleaved" and v != 1:
         raise ArgumentError(
             f"virtual_stages={v} applies to schedule='interleaved' only; got schedule="

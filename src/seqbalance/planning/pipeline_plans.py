@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
 
+from .._notes import Note
 from .._validate import as_weights, check_choice
 from ..partitioning.stats import relative_gap
 from ._grouping import bin_totals
@@ -328,27 +329,36 @@ def finish_plan(plan: Plan, setup: PipelineSetup, user_multiple: int) -> Plan:
     m = plan.num_micro_batches
     notes = []
     if spec.count_multiple > 1 and user_multiple % spec.count_multiple:
-        notes.append(
-            f"schedule='interleaved' runs a multiple of pp_size={spec.pp_size} micro-batches: "
-            f"micro_batch_multiple={user_multiple} raised to "
-            f"{user_multiple * spec.count_multiple // np.gcd(user_multiple, spec.count_multiple)}"
-        )
+        raised = user_multiple * spec.count_multiple // np.gcd(user_multiple, spec.count_multiple)
+        notes.append(Note(
+            "multiple_raised",
+            {"pp_size": spec.pp_size, "multiple": user_multiple, "raised": raised},
+            "{@schedule:'interleaved'} runs a multiple of {@pp_size:{pp_size}} micro-batches: "
+            "{@micro_batch_multiple:{multiple}} raised to {raised}",
+        ))  # fmt: skip
     if m:
         sim = simulate_plan_pipeline(plan.micro_batches, *args)
         verl = simulate_plan_pipeline(reorder(plan, "light-ends").micro_batches, *args)
-        layout = f"{spec.schedule}, pp_size={spec.pp_size}" + (
-            f", virtual_stages={spec.virtual_stages}" if spec.virtual_stages > 1 else ""
+        layout = "{schedule}, {@pp_size:{pp_size}}" + (
+            ", {@virtual_stages:{virtual_stages}}" if spec.virtual_stages > 1 else ""
         )
         what = "slots" if plan.sync == "fsdp" else "micro-batches of each replica"
         how = "exact over all orders" if m <= EXACT_LIMIT else "local search from the baselines"
-        notes.append(
-            f"pipeline ({layout}, {plan.sync}): {what} run in the order with the lowest "
-            f"simulated step ({how}); step {sim.step_time:.6g}, {sim.gap:+.2%} vs the "
-            f"pipeline lower bound, bubble {sim.bubble_fraction:.1%}; verl's light-ends "
-            f"order of the same micro-batches: {verl.step_time / sim.step_time - 1:+.2%}"
-            if sim.step_time > 0
-            else f"pipeline ({layout}, {plan.sync}): every micro-batch costs 0"
+        fields = {"schedule": spec.schedule, "pp_size": spec.pp_size,
+                  "virtual_stages": spec.virtual_stages, "sync": plan.sync, "what": what,
+                  "how": how, "step": sim.step_time, "gap": sim.gap,
+                  "bubble": sim.bubble_fraction}  # fmt: skip
+        notes.append(Note(
+            "pipeline", {**fields, "verl": verl.step_time / sim.step_time - 1},
+            "pipeline (" + layout + ", {sync}): {what} run in the order with the lowest "
+            "simulated step ({how}); step {step:.6g}, {gap:+.2%} vs the "
+            "pipeline lower bound, bubble {bubble:.1%}; verl's light-ends "
+            "order of the same micro-batches: {verl:+.2%}",
         )
+            if sim.step_time > 0
+            else Note("pipeline", fields,
+                      "pipeline (" + layout + ", {sync}): every micro-batch costs 0")
+        )  # fmt: skip
     plan.notes = tuple(plan.notes) + tuple(notes)
     return plan
 

@@ -60,6 +60,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
+from .._notes import Note, NotedError, as_text, term
 from .._validate import (
     ArgumentError,
     as_groups,
@@ -130,9 +131,10 @@ def _round_up(x: int, multiple: int) -> int:
 def _check_fits(lengths: np.ndarray, max_tokens: int) -> None:
     problem = too_long(lengths, max_tokens)
     if problem:
-        raise ValueError(
-            f"{problem}; raise max_tokens, or split or truncate such sequences before planning"
-        )
+        raise ArgumentError(Note(
+            "too_long", {"problem": problem},
+            "{problem}; raise {@max_tokens}, or split or truncate such sequences before planning",
+        ), argument="max_tokens")  # fmt: skip
 
 
 def _deal_slots(
@@ -481,7 +483,7 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     if m_bins > m_cap:
         big = int((2 * req.lens > req.cap).sum())
         notes.append(
-            f"{m_bins} micro-batches per rank where the token total alone needs {m_cap}: "
+            f"{m_bins} micro-batches per {term('rank')} where the token total alone needs {m_cap}: "
             f"a bin-packing bound (Martello-Toth L2) proves the sequences need at least "
             f"{min_bins(req.lens, req.cap)} micro-batches of {req.cap} tokens ({big} of them "
             f"are longer than {req.cap}/2 and no two of those can share one)"
@@ -491,7 +493,8 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
         m_pad = max(1, math.ceil(pad_bins / req.dp))
         if m_pad > max(m_cap, m_bins):
             notes.append(
-                f"{m_pad} micro-batches per rank where the token total alone needs {m_cap}: "
+                f"{m_pad} micro-batches per {term('rank')} where the token total alone needs "
+                f"{m_cap}: "
                 f"padded to their longest sequence, the sequences need at least {pad_bins} "
                 f"micro-batches of {req.cap} tokens (longest first, as many as fit, is optimal)"
             )
@@ -499,7 +502,7 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     m_rule, why_rule = _rule_micro_batches(req)
     if m_rule > max(m_cap, m_bins):
         notes.append(
-            f"{m_rule} micro-batches per rank where the token total alone needs {m_cap}: "
+            f"{m_rule} micro-batches per {term('rank')} where the token total alone needs {m_cap}: "
             + why_rule
         )
     m_low = max(m_cap, m_bins, m_rule)
@@ -513,19 +516,22 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     if m > m_low:
         why = []
         if req.m_min > m_low:
-            why.append(f"min_micro_batches={req.m_min}")
+            why.append("{@min_micro_batches:{m_min}}")
         if m > max(m_low, req.m_min):
             spec = req.pp.spec if req.pp is not None else None
             why.append(
-                f"rounded up to a multiple of {req.mult} (micro_batch_multiple and the "
-                f"{spec.schedule} schedule's multiple of pp_size={spec.pp_size})"
+                "rounded up to a multiple of {mult} ({@micro_batch_multiple} and the "
+                "{schedule} schedule's multiple of {@pp_size:{pp_size}})"
                 if spec is not None and spec.count_multiple > 1
-                else f"rounded up to a multiple of micro_batch_multiple={req.mult}"
+                else "rounded up to a multiple of {@micro_batch_multiple:{mult}}"
             )
-        notes.append(
-            f"{m} micro-batches per rank where the capacity alone needs {m_low}: "
-            + " and ".join(why)
-        )
+        notes.append(as_text(Note(
+            "count_raised",
+            {"count": m, "needed": m_low, "m_min": req.m_min, "mult": req.mult,
+             "schedule": spec and spec.schedule, "pp_size": spec and spec.pp_size},
+            "{count} micro-batches per " + term("rank") + " where the capacity alone needs "
+            "{needed}: " + " and ".join(why),
+        )))  # fmt: skip
     return m, notes
 
 
@@ -543,7 +549,7 @@ def _rule_micro_batches(req: _Request) -> tuple[int, str]:
         return 0, ""
     p = lower_bound(req.lens.astype(np.float64), req.dp, size=req.size, groups=req.groups)
     best, why = math.ceil(p / req.cap - 1e-9), (
-        f"under {req.rule} some rank holds at least {int(p)} tokens (partition bound)"
+        f"under {req.rule} some {term('rank')} holds at least {int(p)} tokens (partition bound)"
     )
     if req.groups is not None:
         big = np.bincount(req.groups, weights=(2 * req.lens > req.cap).astype(np.float64))
@@ -553,7 +559,7 @@ def _rule_micro_batches(req: _Request) -> tuple[int, str]:
         if need[g] > best:
             best = int(need[g])
             why = (
-                f"group {g} (one rank) has {int(big[g])} sequences longer than "
+                f"group {g} (one {term('rank')}) has {int(big[g])} sequences longer than "
                 f"{req.cap}/2, no two of which can share a micro-batch, and {int(tok[g])} tokens"
             )
     return best, why
@@ -645,15 +651,17 @@ def _too_few(req: _Request, rank_items: list[list[int]] | None, m: int) -> str |
     """Why ``m`` micro-batches per rank cannot all hold a sequence, or None."""
     if rank_items is None:
         if req.n < req.dp * m:
-            return f"{req.n} sequences cannot fill {req.dp} ranks x {m} micro-batches"
+            return f"{req.n} sequences cannot fill {req.dp} {term('ranks')} x {m} micro-batches"
         return None
     short = [r for r, items in enumerate(rank_items) if len(items) < m]
     if short:
         r = short[0]
-        return (
-            f"under {req.rule}, rank {r} holds {len(rank_items[r])} sequences but needs "
-            f"{m} micro-batches"
-        )
+        rule = "{@size:{size!r}}" + (" {@and groups}" if req.groups is not None else "")
+        return as_text(Note(
+            "too_few", {"size": req.size, "rank": r, "held": len(rank_items[r]), "count": m},
+            "under " + rule + ", " + term("rank") + " {rank} holds {held} sequences but needs "
+            "{count} micro-batches",
+        ))  # fmt: skip
     return None
 
 
@@ -673,11 +681,11 @@ _WHY = {
 def _why_more(req: _Request, m: int, status: str) -> str:
     """The note for a plan that needed ``m`` micro-batches, ``status`` saying why not fewer."""
     k = m - req.mult
-    per = f"{k} micro-batches of {req.cap} tokens per rank"
+    per = f"{k} micro-batches of {req.cap} tokens per {term('rank')}"
     ruled = req.size != "free" or req.groups is not None
     under = f" under {req.rule}" if ruled else ""
     limit = _JOINT_EXACT_MAX_ITEMS if ruled else EXACT_MAX_ITEMS
-    return f"{m} micro-batches per rank: {_WHY[status].format(k=per, n=limit)}{under}"
+    return f"{m} micro-batches per {term('rank')}: {_WHY[status].format(k=per, n=limit)}{under}"
 
 
 def _joint_exact(req: _Request, m: int, memo: dict[Any, Any]) -> tuple[Any, str]:
@@ -777,7 +785,7 @@ def _search(
         else:
             if found:
                 extra = [
-                    f"{m} micro-batches per rank, tried because extra_micro_batches="
+                    f"{m} micro-batches per {term('rank')}, tried because extra_micro_batches="
                     f"{req.extra}; {found[0].num_micro_batches} would also fit"
                 ]
             else:
@@ -1002,7 +1010,7 @@ def _full_rank_candidates(
         if len(grid) != req.dp:
             continue
         cand = _plan_of(req, _fill_rank_slack(req, grid), [
-            f"ranks split by {what}, each filled first-fit decreasing to the cap and "
+            f"{term('ranks')} split by {what}, each filled first-fit decreasing to the cap and "
             "slack-filled, was the fastest candidate"
         ])
         if not any(cand._rule_violations().values()):
@@ -1135,24 +1143,28 @@ def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: 
     """Step 4: fewest micro-batches, then the lowest simulated step time."""
     if not candidates:
         hedge = (
-            " (for every rank split the planner tried; with groups or a size rule this search "
+            f" (for every {term('rank')} split the planner tried; with groups or a size rule "
+            "this search "
             "is heuristic)"
             if n_splits > 1
             else ""
         )
         spec = req.pp.spec if req.pp is not None else None
         schedule = (
-            f" (the {spec.schedule} schedule also needs a multiple of pp_size={spec.pp_size} "
-            "micro-batches: fewer stages, or schedule='1f1b')"
+            " (the {schedule} schedule also needs a multiple of {@pp_size:{pp_size}} "
+            "micro-batches: fewer stages, or {@schedule:'1f1b'})"
             if spec is not None and spec.count_multiple > 1
             else ""
         )
-        raise ValueError(
-            f"{problems[0] if problems else 'no plan found'}{hedge}; every micro-batch would "
-            "need a sequence. Lower dp_size, min_micro_batches or micro_batch_multiple"
-            f"{schedule}, raise max_tokens, or pass allow_empty=True to allow (marked) empty "
-            "micro-batches"
-        )
+        raise NotedError(Note(
+            "too_few_sequences",
+            {"problem": problems[0] if problems else "no plan found", "hedge": hedge,
+             "schedule": spec and spec.schedule, "pp_size": spec and spec.pp_size},
+            "{problem}{hedge}; every micro-batch would "
+            "need a sequence. Lower {@dp_size}, {@min_micro_batches} or {@micro_batch_multiple}"
+            + schedule + ", raise {@max_tokens}, or pass {@allow_empty=True} to allow (marked) "
+            "empty micro-batches",
+        ))  # fmt: skip
 
     def key(p: Plan) -> tuple[float, ...]:
         if req.pp is None:
@@ -1210,7 +1222,8 @@ def _empty_note(grid: Any) -> list[str]:
     empty = [(r, j) for r, rank in enumerate(grid) for j, mb in enumerate(rank) if not len(mb)]
     if not empty:
         return []
-    return [f"{len(empty)} empty micro-batches (allow_empty=True), first at {empty[0]}"]
+    return [as_text(Note("empty", {"count": len(empty), "first": empty[0]},
+                         "{count} empty micro-batches ({@allow_empty=True}), first at {first}"))]
 
 
 def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
@@ -1234,10 +1247,13 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
     start = m
     while True:
         if req.n < req.dp * m and not req.allow_empty:
-            raise ValueError(
-                f"{req.n} sequences cannot fill {req.dp} ranks x {m} micro-batches; lower "
-                "dp_size, min_micro_batches or micro_batch_multiple, or pass allow_empty=True"
-            )
+            raise NotedError(Note(
+                "too_few_sequences", {"n": req.n, "dp": req.dp, "count": m},
+                "{n} sequences cannot fill {dp} " + term("ranks") + " x {count} micro-batches; "
+                "lower "
+                "{@dp_size}, {@min_micro_batches} or {@micro_batch_multiple}, or pass "
+                "{@allow_empty=True}",
+            ))  # fmt: skip
         bins = (
             fixed_count_bins(
                 req.lens[rest], req.costs[rest], req.dp * m - k, per_mb, req.cap, req.padded
@@ -1253,7 +1269,7 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
         why = "to fit max_tokens" if m > start else "to hold them"
         notes = [
             *notes,
-            f"{m} micro-batches per rank: {req.n} sequences at most "
+            f"{m} micro-batches per {term('rank')}: {req.n} sequences at most "
             f"sequences_per_micro_batch={per_mb} per micro-batch, {why}",
         ]
     grid = _deal_slots(bins, bin_totals(bins, req.costs, padded=req.padded), req.dp, m)
@@ -1374,9 +1390,10 @@ def _plan_alone(**kw: Any) -> Plan:
             tag = f"min_micro_batches={raised}"
             p.notes = (
                 *(n for n in p.notes if tag not in n),
-                f"oversized='alone': {p.num_micro_batches} micro-batches per rank, the "
+                f"oversized='alone': {p.num_micro_batches} micro-batches per {term('rank')}, the "
                 "fewest at which every sequence longer than max_tokens runs alone (at fewer, "
-                "every micro-batch of some rank held one, and the rank's other sequences "
+                f"every micro-batch of some {term('rank')} held one, and the {term('rank')}'s "
+                "other sequences "
                 "had nowhere else to go)",
             )
         return p
@@ -1446,10 +1463,11 @@ def _plan_attempt(
     alone_note = []
     if req.true_lens is not None and (req.true_lens > req.cap).any():
         over = np.flatnonzero(req.true_lens > req.cap)
-        alone_note.append(
-            f"{over.size} sequences longer than max_tokens={req.cap} run alone in their own "
-            f"micro-batches (oversized='alone'), first at index {int(over[0])}"
-        )
+        alone_note.append(as_text(Note(
+            "oversized_alone", {"count": over.size, "cap": req.cap, "first": int(over[0])},
+            "{count} sequences longer than {@max_tokens}={cap} run alone in their own "
+            "micro-batches ({@oversized:'alone'}), first at index {first}",
+        )))  # fmt: skip
         notes.extend(alone_note)
     if req.per_mb is not None:
         return _fixed_count(req, first_m, notes)
@@ -1935,8 +1953,9 @@ def _plan_of_pipelined(p: Plan, setup: Any, grid: list[list[list[int]]]) -> Plan
 def _kept_fewest(fewest: Plan, extra: int) -> Plan:
     fewest.notes = (
         *fewest.notes,
-        f"extra_micro_batches={extra}: larger counts were tried, and "
-        f"{fewest.num_micro_batches} micro-batches per rank stayed the fastest",
+        as_text(Note("extra_counts", {"extra": extra, "count": fewest.num_micro_batches},
+                     "{@extra_micro_batches:{extra}}: larger counts were tried, and "
+                     "{count} micro-batches per " + term("rank") + " stayed the fastest")),
     )
     return fewest
 

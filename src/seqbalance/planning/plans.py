@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from typing import Any, Sequence
 
 import numpy as np
 
+from .._notes import Note, as_note, as_text
 from .._validate import (
     as_groups,
     as_index,
@@ -128,7 +130,8 @@ class Plan:
         Which planner or baseline made it.
     notes : tuple of str
         Why the plan looks as it does where that is not obvious (e.g. why the micro-batch
-        count is above the capacity minimum).
+        count is above the capacity minimum). Strings or notes (:class:`~seqbalance.Note`) are
+        accepted; :attr:`notes` reads them as text, :attr:`note_items` as notes.
     size : str
         The rule on sequences (or groups) per rank the plan was made under.
     groups : np.ndarray or None
@@ -140,6 +143,9 @@ class Plan:
     """
 
     pipeline: Any = None  # subclasses that build themselves (CPPlan) have no pipeline
+    #: The notes as :class:`~seqbalance.Note`\ s: their kinds and fields, for code that
+    #: reads them; :attr:`notes` is their text.
+    note_items: tuple[Note, ...] = ()
     #: GPUs per data-parallel rank for context parallelism: 1 here, ``cp_size`` in a
     #: :class:`~seqbalance.planning.cp_plans.CPPlan`. Code that reads any plan asks this
     #: (and :attr:`pipeline`) instead of its class.
@@ -156,7 +162,7 @@ class Plan:
         padded: bool = False,
         sync: str = "fsdp",
         strategy: str = "seqbalance",
-        notes: Sequence[str] = (),
+        notes: Sequence[str | Note] = (),
         size: str = "free",
         groups: Any = None,
         pipeline: Any = None,
@@ -209,7 +215,7 @@ class Plan:
         padded: bool,
         sync: str,
         strategy: str,
-        notes: Sequence[str],
+        notes: Sequence[str | Note],
         size: str,
         groups: np.ndarray | None,
         pipeline: Any = None,
@@ -233,6 +239,22 @@ class Plan:
         self.groups = groups
         self.pipeline = pipeline
         return self
+
+    # ---- notes -------------------------------------------------------------------------
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """The notes as text (:attr:`note_items` in :func:`seqbalance.plan`'s words); each
+        string keeps its note, so ``plan.notes = (*plan.notes, extra)`` loses nothing."""
+        return tuple(as_text(note) for note in self.note_items)
+
+    @notes.setter
+    def notes(self, notes: Sequence[str | Note]) -> None:
+        self.note_items = tuple(as_note(note) for note in notes)
+
+    def render_notes(self, words: Mapping[str, str] | None = None) -> tuple[str, ...]:
+        """The notes as text, their terms in ``words`` (the command line passes its flag
+        table: ``{"max_tokens": "--max-tokens", ...}``)."""
+        return tuple(note.render(words) for note in self.note_items)
 
     # ---- shape -------------------------------------------------------------------------
     @property

@@ -29,6 +29,7 @@ from typing import Any, Mapping, TypeVar
 
 import numpy as np
 
+from .._notes import Note, arg
 from .._validate import (
     ArgumentError,
     as_weights,
@@ -144,17 +145,17 @@ class Mesh:
         _set(self, "virtual_stages", spec.virtual_stages)
         comm = float(as_weights([self.pp_comm], "pp_comm")[0])
         if spec.pp_size == 1 and comm:
-            raise ArgumentError(
-                f"pp_comm={self.pp_comm!r} needs pp_size > 1 (no stage boundaries)",
-                argument="pp_comm",
-            )
+            raise ArgumentError(Note(
+                "argument", {"value": self.pp_comm},
+                "{@pp_comm:{value!r}} needs {@pp_size} > 1 (no stage boundaries)",
+            ), argument="pp_comm")  # fmt: skip
         if self.pp_enabled and self.cp_enabled and self.cp_mode == "dynamic":
-            raise ArgumentError(
-                f"pp_size={self.pp} needs cp='static' with cp_size > 1: a pipeline stage's "
+            raise ArgumentError(Note(
+                "argument", {"value": self.pp},
+                "{@pp_size:{value}} needs cp='static' with {@cp_size} > 1: a pipeline stage's "
                 "GPUs must run the same slots, and dynamic CP gives them different ones; pass "
-                "cp='static', or pp_size=1",
-                argument="pp_size",
-            )
+                "cp='static', or {@pp_size:1}",
+            ), argument="pp_size")  # fmt: skip
 
     @property
     def cp_enabled(self) -> bool:
@@ -440,13 +441,13 @@ class PlanSpec:
             if given:
                 k = next(iter(given))
                 value = "an array" if k == "groups" else repr(given[k])
-                raise ArgumentError(
-                    f"{k}={value} needs cp='static' with cp_size > 1: dynamic CP shares one "
-                    "pool of GPUs between replicas, so rules on replicas and their "
-                    f"micro-batches do not apply; pass cp='static', or leave {k} at "
-                    f"{_REPLICA_DEFAULTS[k]!r}",
-                    argument=k,
-                )
+                raise ArgumentError(Note(
+                    "argument", {"value": value, "default": _REPLICA_DEFAULTS[k]},
+                    arg(k)[:-1] + ":{value}} needs cp='static' with {@cp_size} > 1: dynamic "
+                    "CP shares one pool of GPUs between replicas, so rules on replicas and "
+                    "their micro-batches do not apply; pass cp='static', or leave " + arg(k)
+                    + " at {default!r}",
+                ), argument=k)  # fmt: skip
         if mesh.pp_enabled and (batching.order is not None or batching.per_micro_batch):
             what = "slots" if mesh.cp_enabled else "micro-batches"
             raise ArgumentError(
@@ -462,11 +463,11 @@ class PlanSpec:
                 argument="sequences_per_micro_batch",
             )
         if mesh.cp_enabled and self.capacity.padded:
-            raise ArgumentError(
-                "padded=True is not supported with cp_size > 1 (a CP piece is priced by its "
-                "own tokens, never padded); leave it at False",
-                argument="padded",
-            )
+            raise ArgumentError(Note(
+                "argument", {},
+                "{@padded=True} is not supported with {@cp_size} > 1 (a CP piece is priced by "
+                "its own tokens, never padded); leave it at False",
+            ), argument="padded")  # fmt: skip
 
     def _replica_rules(self) -> dict[str, Any]:
         b, r = self.batching, self.rules
