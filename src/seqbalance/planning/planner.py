@@ -275,11 +275,14 @@ def _plan_global(
     sent: np.ndarray | None = None,
     budget: Effort = _THOROUGH,
     enough: float | None = None,
+    interim: Callable[[], bool] | None = None,
 ) -> tuple[list[list[list[int]]] | None, str]:
     """``sent``: the tokens a pipeline stage sends per sequence (the true lengths where
     ``lengths`` are clipped to the cap for packing); default ``lengths``. ``enough``: a
     step at which the first packing (LPT) is kept without trying the others (the budget's
-    stop gap above the step bound; plain plans only)."""
+    stop gap above the step bound; plain plans only). ``interim``: run after the first
+    packing when that is not enough; True keeps the first packing without trying the
+    others (another candidate, made by ``interim``, is within the stop gap)."""
     sent = lengths if sent is None else sent
     best, best_time = None, np.inf
     # One rank has nothing to line up with: its step is the sum of its bins whatever they
@@ -305,7 +308,7 @@ def _plan_global(
         lpt = pack(costs, lengths, dp * m, cap, padded=padded, start="lpt", stop_at=stop)
         if lpt is not None:
             first = (lpt, *finish(lpt))
-            if first[2] <= enough:
+            if first[2] <= enough or (interim is not None and interim()):
                 return first[1], "found"
     packings, status = _global_bins(
         lengths, costs, dp * m, cap, padded, full=full, budget=budget, dp=dp,
@@ -736,6 +739,7 @@ def _search(
     notes: list[str],
     memo: dict[Any, Any],
     m_stop: int | None = None,
+    interim: Callable[[], bool] | None = None,
 ) -> list[Plan] | str:
     """Step 3: plans for the smallest feasible m (and the extra ones asked for), or why not.
 
@@ -747,6 +751,7 @@ def _search(
 
     ``m_stop``: a count another rank split already reached; larger counts would lose to it
     (fewest micro-batches first), so the search gives up past it (an empty list).
+    ``interim``: see :func:`_plan_global` (at ``first_m`` only).
     """
     found: list[Plan] = []
     # One sequence per micro-batch always fits, so the search ends by this count.
@@ -767,6 +772,7 @@ def _search(
             mbs, st = _plan_global(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp,
                 req.run_lens, req.budget, _enough(req, m, memo),
+                interim if m == first_m else None,
             )
         else:
             mbs, st = _by_rank_at(req, rank_items, m, memo, blocked)
@@ -965,14 +971,15 @@ def _full_rank_candidates(
     micro-batches first, then slack-filled. Free size, no groups, packed, no pipeline,
     at most ``_FULL_RANK_MAX_ITEMS`` sequences; above ``_PIPELINE_MAX_ITEMS`` only when
     the fastest of ``found`` at ``m_best`` is more than ``_LEVEL_MIN_GAIN`` above the
-    step bound (``_FULL_RANK_LARGE_GAIN`` above ``_FULL_RANK_LARGE``).
+    step bound (``_FULL_RANK_LARGE_GAIN`` above ``_FULL_RANK_LARGE``), or ``found`` is
+    empty (tried before the packings).
     """
     if (req.sync != "fsdp" or req.dp < 2 or req.padded or req.size != "free"
             or req.groups is not None or req.pp is not None or m_best is None
             or req.n == 0 or req.n > _FULL_RANK_MAX_ITEMS
             or req.dp * m_best > _FULL_RANK_MAX_ITEMS):
         return []
-    if req.n > _PIPELINE_MAX_ITEMS or req.dp * m_best > _PIPELINE_MAX_ITEMS:
+    if found and (req.n > _PIPELINE_MAX_ITEMS or req.dp * m_best > _PIPELINE_MAX_ITEMS):
         fastest = min(_step_time(p.micro_batches, req.costs, req.c0, False, "fsdp")
                       for p in found if p.num_micro_batches == m_best)  # fmt: skip
         bound = capacity_step_bound(req.costs, req.lens, req.dp, req.cap, sync="fsdp",
@@ -1049,6 +1056,11 @@ def _close_enough(
         size=req.size, groups=req.groups, min_micro_batches_given=first_m,
     ) if memo is None or ("step_bound", first_m) not in memo else memo[("step_bound", first_m)]
     return best <= bound * (1.0 + gap)
+
+
+def _slots_set_step(req: _Request) -> bool:
+    """Whether the FSDP slot bound (big sequences) is above the partition bound."""
+    return fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap) > lower_bound(req.costs, req.dp)
 
 
 def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
@@ -1460,26 +1472,53 @@ def _plan_attempt(
     early = _ddp_rank_first_at_bound(req, splits, first_m, notes, memo)
     if early is not None:
         candidates.append(early)
-    if early is None and first_m == 1 and not req.budget.thorough and req.n <= _PIPELINE_MAX_ITEMS:
-        # One micro-batch per rank: the plan is a partition of the sequences over the
-        # ranks, which the full-rank split (a partition stopped within 0.1% of its bound)
-        # makes directly; when it is within the stop gap, the packings are not needed.
-        first = _full_rank_candidates(req, 1, [])
-        if _close_enough(req, first, first_m, memo):
-            # (with the request's notes only, as the packings' plan would have)
-            fastest = min(first, key=lambda p: _step_in_order(req, p.micro_batches))
-            early = _plan_of(req, fastest.micro_batches, notes)
-            candidates.append(early)
+    # (fsdp, default effort) The full-rank split at first_m is tried early: when it is
+    # within the stop gap, the packings are not needed. With one micro-batch per rank
+    # the plan is a partition of the sequences over the ranks, which it makes directly,
+    # so it comes first. So it does where the FSDP slot bound is above the partition
+    # bound (big sequences set the step and keep the packings' slots apart: it is often
+    # within the gap where the packings are not; long-context, 4,096 over 32 ranks: 13
+    # ms of a 105 ms plan). Otherwise it comes between the global packing's first start
+    # and the others (there the first start often is within the gap: rl-math, 16,384
+    # over 256 ranks, 87 ms against 236 ms with the split first). When it is not within
+    # the gap it keeps its usual place among the candidates below, so the pick is as
+    # without it.
+    full_first: list[Plan] | None = None
+
+    def full_rank_first() -> bool:
+        nonlocal full_first
+        full_first = _full_rank_candidates(req, first_m, [])
+        return _close_enough(req, full_first, first_m, memo)
+
+    interim = None
+    if (early is None and req.sync == "fsdp" and req.budget.stop_gap is not None
+            and req.budget.candidates):  # fmt: skip
+        small = req.n <= _PIPELINE_MAX_ITEMS
+        if (first_m == 1 and small) or (first_m > 1 and _slots_set_step(req)):
+            if full_rank_first():
+                fastest = min(full_first or [],
+                              key=lambda p: _step_in_order(req, p.micro_batches))
+                # (one micro-batch per rank: with the request's notes only, as the
+                # packings' plan would have)
+                early = (_plan_of(req, fastest.micro_batches, notes) if first_m == 1
+                         else fastest)  # fmt: skip
+                candidates.append(early)
+        elif small:
+            interim = full_rank_first
     # the best candidate is within the budget's stop_gap of the bound
     close = early is not None and _close_enough(req, candidates, first_m, memo)
     levelled: set[int] = set()  # (default effort) candidates already refilled, by id
     for rank_items in splits if early is None else []:
         m_stop = min((p.num_micro_batches for p in candidates), default=None)
-        found = _search(req, rank_items, first_m, notes, memo, m_stop)
+        found = _search(req, rank_items, first_m, notes, memo, m_stop, interim)
+        interim = None  # (the first split only)
         if isinstance(found, str):
             problems.append(found)
         else:
             candidates.extend(found)
+        if full_first and _close_enough(req, full_first, first_m, memo):
+            candidates.extend(full_first)
+            full_first = []  # (taken)
         close = _close_enough(req, candidates, first_m, memo)
         if close or (candidates and not req.budget.candidates):
             break
@@ -1489,7 +1528,8 @@ def _plan_attempt(
         # The full-rank splits and the refill toward slot levels, then the baselines
         # (below, as they are) only while the plan may still be more than stop_gap above
         # the bound.
-        candidates.extend(_full_rank_candidates(req, m_best, candidates))
+        candidates.extend(full_first if full_first is not None and m_best == first_m
+                          else _full_rank_candidates(req, m_best, candidates))  # fmt: skip
         close = _close_enough(req, candidates, first_m, memo)
         if not close:
             candidates = _levelled(req, candidates)
