@@ -1168,6 +1168,12 @@ def _levelled(
     return out
 
 
+# effort="default": refill at most this many candidates (lowest floor first; the floor
+# is the busiest rank's total, so the cost-balanced rank split comes first, the one
+# refill that won on bench/plan.py's plans). 16,384 chat sequences over 256 ranks: the
+# refills cost 0.37 s of a 0.85 s plan, none of them won.
+_LEVEL_DEFAULT_LIMIT = 1
+
 # Refill a candidate only if its floor is this far below its own step: the refill costs
 # up to ~0.1 s per candidate on 16,384 sequences over 256 ranks.
 _LEVEL_MIN_GAIN = 5e-3
@@ -1563,7 +1569,7 @@ def _plan_attempt(
                           else _full_rank_candidates(req, m_best, candidates))  # fmt: skip
         close = _close_enough(req, candidates, first_m, memo)
         if not close:
-            candidates = _levelled(req, candidates)
+            candidates = _levelled(req, candidates, limit=_LEVEL_DEFAULT_LIMIT)
             levelled = {id(p) for p in candidates}
             close = _close_enough(req, candidates, first_m, memo)
         more = not close
