@@ -1168,11 +1168,14 @@ def _levelled(
     return out
 
 
-# effort="default": refill at most this many candidates (lowest floor first; the floor
-# is the busiest rank's total, so the cost-balanced rank split comes first, the one
-# refill that won on bench/plan.py's plans). 16,384 chat sequences over 256 ranks: the
-# refills cost 0.37 s of a 0.85 s plan, none of them won.
+# effort="default", above _LEVEL_LIMIT_ITEMS sequences: refill at most this many
+# candidates (lowest floor first; the floor is the busiest rank's total, so the
+# cost-balanced rank split comes first, the one refill that won on bench/plan.py's plans).
+# 16,384 chat sequences over 256 ranks: the refills cost 0.37 s of a 0.85 s plan, none
+# of them won. Small inputs refill every candidate that may gain (cheap there; 126
+# sequences over 10 ranks: the second one refilled is 3% faster than the first).
 _LEVEL_DEFAULT_LIMIT = 1
+_LEVEL_LIMIT_ITEMS = 2048
 
 # Refill a candidate only if its floor is this far below its own step: the refill costs
 # up to ~0.1 s per candidate on 16,384 sequences over 256 ranks.
@@ -1569,7 +1572,10 @@ def _plan_attempt(
                           else _full_rank_candidates(req, m_best, candidates))  # fmt: skip
         close = _close_enough(req, candidates, first_m, memo)
         if not close:
-            candidates = _levelled(req, candidates, limit=_LEVEL_DEFAULT_LIMIT)
+            candidates = _levelled(
+                req, candidates,
+                limit=_LEVEL_DEFAULT_LIMIT if req.n > _LEVEL_LIMIT_ITEMS else None,
+            )  # fmt: skip
             levelled = {id(p) for p in candidates}
             close = _close_enough(req, candidates, first_m, memo)
         more = not close
