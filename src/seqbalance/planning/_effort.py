@@ -14,7 +14,10 @@ same plan, byte for byte). Three levels:
     (:func:`seqbalance.planning.bounds.capacity_step_bound`): then no other candidate, a
     baseline included, can be shorter by more than that. It checks after the first
     packing (LPT), after the other starts and rank splits, and after the full-rank splits
-    and the refill toward slot levels; otherwise the baselines run as candidates as they
+    and the refill toward slot levels (under FSDP the full-rank split comes first where
+    big sequences set the slot bound, else right after LPT's packing; under DDP the cost
+    partition over the ranks stops within ``stop_gap`` of its bound, and its plan then
+    stops the search); otherwise the baselines run as candidates as they
     are (not slack-filled), so the plan is never slower than any of them. The packer's
     refinement stops within ``refine_rtol`` of the mean bin; slack filling does not search
     a slot again until a step changes it; the partition exact searches are off (as inside

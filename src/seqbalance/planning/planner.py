@@ -595,7 +595,13 @@ def _rank_splits(req: _Request, first_m: int) -> list[list[list[int]] | None]:
     if req.sync == "ddp":
         # DDP only sees rank totals: a direct partition of the costs may balance them more
         # finely than dealing out equal micro-batches does.
-        return [None, [list(p) for p in partition_arrays(req.costs, req.dp, "free", "auto", None)]]
+        # Below effort="thorough" it stops within the stop gap of the partition bound:
+        # then the plan of this split is within it of the step bound, and the search stops
+        # (_ddp_rank_first_at_bound).
+        fit = (None if req.budget.stop_gap is None
+               else lower_bound(req.costs, req.dp) * (1.0 + req.budget.stop_gap))  # fmt: skip
+        parts = partition_arrays(req.costs, req.dp, "free", "auto", None, fit=fit)
+        return [None, [list(p) for p in parts]]
     return [None]
 
 
@@ -848,12 +854,43 @@ def _ddp_rank_first_at_bound(
     rank is always at the bound, and there the global packing's evened-out bins win the
     tie); None otherwise.
     """
+    return _ddp_rank_first_within(req, splits, first_m, notes, memo, AUTO_RTOL)
+
+
+def _ddp_rank_first_within_gap(
+    req: _Request,
+    splits: list[list[list[int]] | None],
+    first_m: int,
+    notes: list[str],
+    memo: dict[Any, Any],
+) -> Plan | None:
+    """DDP below ``effort="thorough"``: the rank-first plan at the smallest count when its
+    busiest rank is within the budget's ``stop_gap`` of the partition lower bound (then
+    its step is within it of the step bound, where the search stops anyway: see
+    :func:`_close_enough`); the cost partition behind the split stops there too
+    (:func:`_rank_splits`). As :func:`_ddp_rank_first_at_bound` otherwise; None where the
+    budget never stops early."""
+    if req.budget.stop_gap is None:
+        return None
+    return _ddp_rank_first_within(req, splits, first_m, notes, memo, req.budget.stop_gap)
+
+
+def _ddp_rank_first_within(
+    req: _Request,
+    splits: list[list[list[int]] | None],
+    first_m: int,
+    notes: list[str],
+    memo: dict[Any, Any],
+    rtol: float,
+) -> Plan | None:
+    """The rank-first plan at ``first_m`` if its busiest rank is within ``rtol`` of the
+    partition lower bound (:func:`_ddp_rank_first_at_bound`), else None."""
     if (req.sync != "ddp" or req.dp < 2 or req.padded or req.pp is not None or req.extra
             or len(splits) != 2 or splits[0] is not None or req.n == 0):  # fmt: skip
         return None
     rank_items = splits[1]
     assert rank_items is not None
-    enough = lower_bound(req.costs, req.dp) * (1 + AUTO_RTOL)
+    enough = lower_bound(req.costs, req.dp) * (1 + rtol)
 
     def heaviest(ranks: list[list[int]]) -> float:
         return max(float(req.costs[np.asarray(r, dtype=np.int64)].sum()) for r in ranks)
@@ -1510,6 +1547,8 @@ def _plan_attempt(
     problems: list[str] = []
     memo: dict[Any, Any] = {}
     early = _ddp_rank_first_at_bound(req, splits, first_m, notes, memo)
+    if early is None:
+        early = _ddp_rank_first_within_gap(req, splits, first_m, notes, memo)
     if early is not None:
         candidates.append(early)
     # (fsdp, default effort) The full-rank split at first_m is tried early: when it is
