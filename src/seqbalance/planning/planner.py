@@ -329,6 +329,7 @@ def _plan_global(
 def _rank_bins(
     lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool, balance: bool,
     rtol: float | None = None,
+    fit_first: bool = False,
 ) -> list[list[int]] | None:
     """One rank's sequences into ``m`` bins: fast packer; then, on small inputs only (see
     :func:`_global_bins`), partition-based and exact.
@@ -336,10 +337,20 @@ def _rank_bins(
     ``balance=False`` skips evening out the bins (under DDP only a rank's total counts).
     ``rtol``: evening out stops once every bin is within it of the rank's mean bin (its
     ``m`` slots then add up to within it of the rank's total, which the rank's sequences
-    need whatever their bins).
+    need whatever their bins). ``fit_first`` (with ``balance=False``): first-fit
+    decreasing first, then LPT (whichever packing fits serves when only the rank's total
+    counts; LPT fails more often at tight counts: rl-math, 32,768 sequences over 256
+    ranks, on 110 of them).
     """
     stop = None if rtol is None or not costs.size else (1.0 + rtol) * float(costs.sum()) / m
-    bins = pack(costs, lengths, m, cap, padded=padded, refine=balance, stop_at=stop)
+    bins = None
+    if fit_first and not balance:
+        memo: dict[Any, Any] = {}  # (the LPT start reuses first-fit decreasing's result)
+        bins = pack(costs, lengths, m, cap, padded=padded, refine=False, start="ffd", memo=memo)
+        if bins is None:
+            bins = pack(costs, lengths, m, cap, padded=padded, refine=False, memo=memo)
+    else:
+        bins = pack(costs, lengths, m, cap, padded=padded, refine=balance, stop_at=stop)
     if bins is None and lengths.size <= EXACT_MAX_ITEMS:
         if not padded:
             bins = fit_by_partition(costs, lengths, m, cap)
@@ -360,12 +371,13 @@ def _plan_by_rank(
     padded: bool,
     sync: str,
     rtol: float | None = None,
+    fit_first: bool = False,
 ) -> list[list[list[int]]] | None:
     out = []
     for items in rank_items:
         idx = np.asarray(items, dtype=np.int64)
         bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp",
-                          rtol=rtol)  # fmt: skip
+                          rtol=rtol, fit_first=fit_first)  # fmt: skip
         if bins is None:
             return None
         out.append(_heaviest_first(idx, bins, costs, padded))
@@ -822,12 +834,12 @@ def _by_rank_at(
     mbs, st = None, "infeasible"
     if not blocked:
         mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded, req.sync,
-                            req.budget.refine_rtol)  # fmt: skip
+                            req.budget.refine_rtol, not req.budget.thorough)  # fmt: skip
     if mbs is None:
         joint, st = _joint_exact(req, m, memo)
         if joint is not None:
             mbs = _plan_by_rank(req.lens, req.costs, joint, m, req.cap, req.padded, req.sync,
-                                req.budget.refine_rtol)  # fmt: skip
+                                req.budget.refine_rtol, not req.budget.thorough)  # fmt: skip
             st = "found" if mbs is not None else "limit"
     if mbs is not None:
         mbs = _fill_rank_slack(req, mbs)
