@@ -167,14 +167,16 @@ _THOROUGH = effort_of("thorough")
 
 def _fill_slack(
     grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int,
-    budget: Effort, same_rank: bool = False,
+    budget: Effort, same_rank: bool = False, stop_at: float | None = None,
 ) -> list[list[list[int]]]:
-    """:func:`._slots.fill_slack` within the request's work budget."""
+    """:func:`._slots.fill_slack` within the request's work budget; ``stop_at``: a sum of
+    slot maxima within the budget's stop gap of the step bound (the search stops there
+    anyway)."""
     dp, m = len(grid), len(grid[0]) if grid else 0
     work = None if budget.thorough else budget.swap_work
     return fill_slack(grid, costs, lengths, cap, max_steps=budget.step_factor * dp * m + 100,
                       same_rank=same_rank, swap_work=work, move_work=work,
-                      retry=budget.thorough)  # fmt: skip
+                      retry=budget.thorough, stop_at=stop_at)  # fmt: skip
 
 
 def _step_time(
@@ -295,7 +297,9 @@ def _plan_global(
     def finish(bins: list[list[int]]) -> tuple[list[list[list[int]]], float]:
         grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if sync == "fsdp" and not padded:
-            grid = _fill_slack(grid, costs, lengths, cap, budget)
+            # (enough: within the stop gap, where the search stops; c0 per slot is apart)
+            grid = _fill_slack(grid, costs, lengths, cap, budget,
+                               stop_at=None if enough is None else enough - m * c0)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if pp is None:
