@@ -1017,7 +1017,7 @@ _FULL_RANK_LARGE_GAIN = 0.02
 
 
 def _full_rank_candidates(
-    req: _Request, m_best: int | None, found: list[Plan]
+    req: _Request, m_best: int | None, found: list[Plan], enough: float | None = None
 ) -> list[Plan]:
     """Step 3c (fsdp): ranks split first, each rank's micro-batches filled to the cap.
 
@@ -1030,7 +1030,8 @@ def _full_rank_candidates(
     at most ``_FULL_RANK_MAX_ITEMS`` sequences; above ``_PIPELINE_MAX_ITEMS`` only when
     the fastest of ``found`` at ``m_best`` is more than ``_LEVEL_MIN_GAIN`` above the
     step bound (``_FULL_RANK_LARGE_GAIN`` above ``_FULL_RANK_LARGE``), or ``found`` is
-    empty (tried before the packings).
+    empty (tried before the packings). ``enough``: a step at which the first split's plan
+    is kept without the second (within the stop gap of the bound: the search stops).
     """
     if (req.sync != "fsdp" or req.dp < 2 or req.padded or req.size != "free"
             or req.groups is not None or req.pp is not None or m_best is None
@@ -1072,6 +1073,8 @@ def _full_rank_candidates(
         ])
         if not any(cand._rule_violations().values()):
             out.append(cand)
+            if enough is not None and _step_in_order(req, cand.micro_batches) <= enough:
+                break
     return out
 
 
@@ -1582,7 +1585,7 @@ def _plan_attempt(
 
     def full_rank_first() -> bool:
         nonlocal full_first
-        full_first = _full_rank_candidates(req, first_m, [])
+        full_first = _full_rank_candidates(req, first_m, [], _enough(req, first_m, memo))
         return _close_enough(req, full_first, first_m, memo)
 
     interim = None
