@@ -1119,9 +1119,14 @@ def _close_enough(
     return best <= bound * (1.0 + gap)
 
 
-def _slots_set_step(req: _Request) -> bool:
-    """Whether the FSDP slot bound (big sequences) is above the partition bound."""
-    return fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap) > lower_bound(req.costs, req.dp)
+def _slots_set_step(req: _Request, memo: dict[Any, Any]) -> bool:
+    """Whether the FSDP slot bound (big sequences) is above the partition bound. Kept in
+    ``memo``."""
+    if "slots_set_step" not in memo:
+        memo["slots_set_step"] = bool(
+            fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap) > lower_bound(req.costs, req.dp)
+        )
+    return bool(memo["slots_set_step"])
 
 
 # The global packing keeps LPT's packing alone when it is within this many stop gaps of
@@ -1139,12 +1144,10 @@ def _lpt_enough(req: _Request, m: int, memo: dict[Any, Any]) -> float | None:
     the bound (the starts: 0.37%); rl-math, 1,024 sequences over 8 ranks: 58 ms instead
     of 127. Where big sequences set the step, the tighter packings line slots up better
     (long-context, 1,024 over 8 ranks: 2.4% slower without them). Kept in ``memo``."""
+    if req.sync != "fsdp" or req.budget.stop_gap is None or req.n * req.dp * m > _FFD_START_WORK:
+        return None  # (above _FFD_START_WORK there are no first-fit decreasing starts)
     enough = _enough(req, m, memo)
-    if enough is None or req.sync != "fsdp" or req.budget.stop_gap is None:
-        return None
-    if "slots_set_step" not in memo:
-        memo["slots_set_step"] = _slots_set_step(req)
-    if memo["slots_set_step"]:
+    if enough is None or _slots_set_step(req, memo):
         return None
     gap = req.budget.stop_gap
     return enough / (1.0 + gap) * (1.0 + _LPT_GAPS * gap)
@@ -1592,7 +1595,7 @@ def _plan_attempt(
     if (early is None and req.sync == "fsdp" and req.budget.stop_gap is not None
             and req.budget.candidates):  # fmt: skip
         small = req.n <= _PIPELINE_MAX_ITEMS
-        if (first_m == 1 and small) or (first_m > 1 and _slots_set_step(req)):
+        if (first_m == 1 and small) or (first_m > 1 and _slots_set_step(req, memo)):
             if full_rank_first():
                 fastest = min(full_first or [],
                               key=lambda p: _step_in_order(req, p.micro_batches))
