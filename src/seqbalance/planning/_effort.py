@@ -14,8 +14,11 @@ same plan, byte for byte). Three levels:
     (:func:`seqbalance.planning.bounds.capacity_step_bound`): then no other candidate, a
     baseline included, can be shorter by more than that. It checks after the first
     packing (LPT), after the other starts and rank splits, and after the full-rank splits
-    and the refill toward slot levels; otherwise the baselines run as candidates, as in
-    the full search, so the plan is never slower than any of them. The packer's
+    and the refill toward slot levels (under FSDP the full-rank split comes first where
+    big sequences set the slot bound, else right after LPT's packing; under DDP the cost
+    partition over the ranks stops within ``stop_gap`` of its bound, and its plan then
+    stops the search); otherwise the baselines run as candidates as they
+    are (not slack-filled), so the plan is never slower than any of them. The packer's
     refinement stops within ``refine_rtol`` of the mean bin; slack filling does not search
     a slot again until a step changes it; the partition exact searches are off (as inside
     ``exact_searches(False)``, unless the caller chose). When the cost has a
@@ -89,13 +92,15 @@ class Effort:
 
 
 # The budgets. "default": 1e-3 is the gap to the bound within which no candidate is worth
-# building; slack filling keeps the full search's swap budget (at 4e6 elements three of
-# bench/plan.py's FSDP configurations came out 0.12-0.22% slower than the full search; at
-# 1.5e7 none by more than 0.05%); refinement within 5e-4 of the mean bin moved near-bound
-# plans by at most 0.04%.
+# building; the baselines as they are (on bench/plan.py's 154 plans slack-filling them
+# changed no pick; on 8,192 rl-math sequences over 64 ranks it cost 0.24 s of 0.79 s for
+# a step 0.08% shorter); slack filling keeps the full search's swap budget (at 4e6
+# elements three of bench/plan.py's FSDP configurations came out 0.12-0.22% slower than
+# the full search; at 1.5e7 none by more than 0.05%); refinement within 5e-4 of the mean
+# bin moved near-bound plans by at most 0.04%.
 _LEVELS = {
     "thorough": Effort("thorough", None, 1.5e7, 2, True, "filled", True, 0, None),
-    "default": Effort("default", 1e-3, 1.5e7, 2, True, "filled", False, 3, 5e-4),
+    "default": Effort("default", 1e-3, 1.5e7, 2, True, "raw", False, 3, 5e-4),
     "fast": Effort("fast", None, 2e5, 1, False, "none", False, 0, 1e-3),
 }
 

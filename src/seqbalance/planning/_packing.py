@@ -402,18 +402,35 @@ def _refine(bins: _Bins, max_steps: int, stop_at: float | None = None) -> None:
 
 
 def _fill_empty(bins: _Bins) -> None:
-    """Give every empty bin one sequence from the bin with the most (a single one always fits)."""
-    for e in [b for b, items in enumerate(bins.items) if not items]:
-        counts = np.fromiter((len(x) for x in bins.items), dtype=np.int64, count=len(bins.items))
+    """Give every empty bin one sequence from the bin with the most (a single one always
+    fits): its cheapest (then lowest index), the bins in order.
+
+    Sources only lose sequences and filled bins hold one (never a source while another
+    holds two), so each source's sequences are ordered once and taken from the front,
+    and every changed bin is recomputed once at the end.
+    """
+    empty = [b for b, items in enumerate(bins.items) if not items]
+    if not empty:
+        return
+    counts = np.fromiter((len(x) for x in bins.items), dtype=np.int64, count=len(bins.items))
+    queue: dict[int, list[int]] = {}  # source bin -> its sequences, cheapest last
+    changed: list[int] = []
+    for e in empty:
         src = int(np.argmax(counts))
         if counts[src] < 2:
-            return
-        src_items = bins.items[src]
-        i = min(src_items, key=lambda j: (bins.w[j], j))
-        src_items.remove(i)
+            break
+        if src not in queue:
+            items = bins.items[src]
+            queue[src] = sorted(items, key=lambda j: (bins.w[j], j), reverse=True)
+            changed.append(src)
+        i = queue[src].pop()
+        bins.items[src].remove(i)
         bins.items[e].append(i)
-        _recompute(bins, src)
-        _recompute(bins, e)
+        counts[src] -= 1
+        counts[e] += 1
+        changed.append(e)
+    for b in changed:
+        _recompute(bins, b)
 
 
 def _recompute(bins: _Bins, b: int) -> None:

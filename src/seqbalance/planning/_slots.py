@@ -31,6 +31,7 @@ def fill_slack(
     swap_work: float | None = None,
     move_work: float | None = None,
     retry: bool = True,
+    stop_at: float | None = None,
 ) -> list[list[list[int]]]:
     """Return ``grid`` (``[rank][slot] -> indices``) with a lower or equal ``sum_j max_r``.
 
@@ -42,7 +43,8 @@ def fill_slack(
     (top-bin sequences) x (destination bins) elements (default: none). Both are counted
     in elements, never in time, so every rank stops at the same step. ``retry=False``: a
     slot where no move or swap was found is not searched again until a step changes it
-    (faster; a step elsewhere can open room for it, which is then missed).
+    (faster; a step elsewhere can open room for it, which is then missed). ``stop_at``:
+    stop once ``sum_j max_r`` is at most this (a step the caller needs no better than).
     """
     dp = len(grid)
     m = len(grid[0]) if dp else 0
@@ -69,6 +71,8 @@ def fill_slack(
     tiny = 1e-12 * max(float(cost.max()), 1e-300)
     # Nothing to gain once the step is within 1e-4 of the simple bound max(sum/dp, max).
     good_enough = (1 + 1e-4) * max(float(cost.sum()) / dp, float(costs.max(initial=0.0)))
+    if stop_at is not None:
+        good_enough = max(good_enough, stop_at)
     for _ in range(max_steps):
         by_slot = cost.reshape(m, dp)
         level = by_slot.max(axis=1)

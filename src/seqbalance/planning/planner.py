@@ -169,14 +169,16 @@ _THOROUGH = effort_of("thorough")
 
 def _fill_slack(
     grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int,
-    budget: Effort, same_rank: bool = False,
+    budget: Effort, same_rank: bool = False, stop_at: float | None = None,
 ) -> list[list[list[int]]]:
-    """:func:`._slots.fill_slack` within the request's work budget."""
+    """:func:`._slots.fill_slack` within the request's work budget; ``stop_at``: a sum of
+    slot maxima within the budget's stop gap of the step bound (the search stops there
+    anyway)."""
     dp, m = len(grid), len(grid[0]) if grid else 0
     work = None if budget.thorough else budget.swap_work
     return fill_slack(grid, costs, lengths, cap, max_steps=budget.step_factor * dp * m + 100,
                       same_rank=same_rank, swap_work=work, move_work=work,
-                      retry=budget.thorough)  # fmt: skip
+                      retry=budget.thorough, stop_at=stop_at)  # fmt: skip
 
 
 def _step_time(
@@ -277,11 +279,17 @@ def _plan_global(
     sent: np.ndarray | None = None,
     budget: Effort = _THOROUGH,
     enough: float | None = None,
+    interim: Callable[[], bool] | None = None,
+    lpt_enough: float | None = None,
 ) -> tuple[list[list[list[int]]] | None, str]:
     """``sent``: the tokens a pipeline stage sends per sequence (the true lengths where
     ``lengths`` are clipped to the cap for packing); default ``lengths``. ``enough``: a
     step at which the first packing (LPT) is kept without trying the others (the budget's
-    stop gap above the step bound; plain plans only)."""
+    stop gap above the step bound; plain plans only). ``interim``: run after the first
+    packing when that is not enough; True keeps the first packing without trying the
+    others (another candidate, made by ``interim``, is within the stop gap).
+    ``lpt_enough``: a step at which the first packing is the only one (the other
+    candidates of the search still run)."""
     sent = lengths if sent is None else sent
     best, best_time = None, np.inf
     # One rank has nothing to line up with: its step is the sum of its bins whatever they
@@ -291,7 +299,9 @@ def _plan_global(
     def finish(bins: list[list[int]]) -> tuple[list[list[list[int]]], float]:
         grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if sync == "fsdp" and not padded:
-            grid = _fill_slack(grid, costs, lengths, cap, budget)
+            # (enough: within the stop gap, where the search stops; c0 per slot is apart)
+            grid = _fill_slack(grid, costs, lengths, cap, budget,
+                               stop_at=None if enough is None else enough - m * c0)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if pp is None:
@@ -307,7 +317,9 @@ def _plan_global(
         lpt = pack(costs, lengths, dp * m, cap, padded=padded, start="lpt", stop_at=stop)
         if lpt is not None:
             first = (lpt, *finish(lpt))
-            if first[2] <= enough:
+            if first[2] <= enough or (interim is not None and interim()):
+                return first[1], "found"
+            if lpt_enough is not None and first[2] <= lpt_enough:
                 return first[1], "found"
     packings, status = _global_bins(
         lengths, costs, dp * m, cap, padded, full=full, budget=budget, dp=dp,
@@ -323,6 +335,7 @@ def _plan_global(
 def _rank_bins(
     lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool, balance: bool,
     rtol: float | None = None,
+    fit_first: bool = False,
 ) -> list[list[int]] | None:
     """One rank's sequences into ``m`` bins: fast packer; then, on small inputs only (see
     :func:`_global_bins`), partition-based and exact.
@@ -330,10 +343,20 @@ def _rank_bins(
     ``balance=False`` skips evening out the bins (under DDP only a rank's total counts).
     ``rtol``: evening out stops once every bin is within it of the rank's mean bin (its
     ``m`` slots then add up to within it of the rank's total, which the rank's sequences
-    need whatever their bins).
+    need whatever their bins). ``fit_first`` (with ``balance=False``): first-fit
+    decreasing first, then LPT (whichever packing fits serves when only the rank's total
+    counts; LPT fails more often at tight counts: rl-math, 32,768 sequences over 256
+    ranks, on 110 of them).
     """
     stop = None if rtol is None or not costs.size else (1.0 + rtol) * float(costs.sum()) / m
-    bins = pack(costs, lengths, m, cap, padded=padded, refine=balance, stop_at=stop)
+    bins = None
+    if fit_first and not balance:
+        memo: dict[Any, Any] = {}  # (the LPT start reuses first-fit decreasing's result)
+        bins = pack(costs, lengths, m, cap, padded=padded, refine=False, start="ffd", memo=memo)
+        if bins is None:
+            bins = pack(costs, lengths, m, cap, padded=padded, refine=False, memo=memo)
+    else:
+        bins = pack(costs, lengths, m, cap, padded=padded, refine=balance, stop_at=stop)
     if bins is None and lengths.size <= EXACT_MAX_ITEMS:
         if not padded:
             bins = fit_by_partition(costs, lengths, m, cap)
@@ -354,12 +377,13 @@ def _plan_by_rank(
     padded: bool,
     sync: str,
     rtol: float | None = None,
+    fit_first: bool = False,
 ) -> list[list[list[int]]] | None:
     out = []
     for items in rank_items:
         idx = np.asarray(items, dtype=np.int64)
         bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp",
-                          rtol=rtol)  # fmt: skip
+                          rtol=rtol, fit_first=fit_first)  # fmt: skip
         if bins is None:
             return None
         out.append(_heaviest_first(idx, bins, costs, padded))
@@ -593,7 +617,13 @@ def _rank_splits(req: _Request, first_m: int) -> list[list[list[int]] | None]:
     if req.sync == "ddp":
         # DDP only sees rank totals: a direct partition of the costs may balance them more
         # finely than dealing out equal micro-batches does.
-        return [None, [list(p) for p in partition_arrays(req.costs, req.dp, "free", "auto", None)]]
+        # Below effort="thorough" it stops within the stop gap of the partition bound:
+        # then the plan of this split is within it of the step bound, and the search stops
+        # (_ddp_rank_first_at_bound).
+        fit = (None if req.budget.stop_gap is None
+               else lower_bound(req.costs, req.dp) * (1.0 + req.budget.stop_gap))  # fmt: skip
+        parts = partition_arrays(req.costs, req.dp, "free", "auto", None, fit=fit)
+        return [None, [list(p) for p in parts]]
     return [None]
 
 
@@ -744,6 +774,7 @@ def _search(
     notes: list[str],
     memo: dict[Any, Any],
     m_stop: int | None = None,
+    interim: Callable[[], bool] | None = None,
 ) -> list[Plan] | str:
     """Step 3: plans for the smallest feasible m (and the extra ones asked for), or why not.
 
@@ -755,6 +786,7 @@ def _search(
 
     ``m_stop``: a count another rank split already reached; larger counts would lose to it
     (fewest micro-batches first), so the search gives up past it (an empty list).
+    ``interim``: see :func:`_plan_global` (at ``first_m`` only).
     """
     found: list[Plan] = []
     # One sequence per micro-batch always fits, so the search ends by this count.
@@ -775,6 +807,7 @@ def _search(
             mbs, st = _plan_global(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp,
                 req.run_lens, req.budget, _enough(req, m, memo),
+                interim if m == first_m else None, _lpt_enough(req, m, memo),
             )
         else:
             mbs, st = _by_rank_at(req, rank_items, m, memo, blocked)
@@ -813,12 +846,12 @@ def _by_rank_at(
     mbs, st = None, "infeasible"
     if not blocked:
         mbs = _plan_by_rank(req.lens, req.costs, rank_items, m, req.cap, req.padded, req.sync,
-                            req.budget.refine_rtol)  # fmt: skip
+                            req.budget.refine_rtol, not req.budget.thorough)  # fmt: skip
     if mbs is None:
         joint, st = _joint_exact(req, m, memo)
         if joint is not None:
             mbs = _plan_by_rank(req.lens, req.costs, joint, m, req.cap, req.padded, req.sync,
-                                req.budget.refine_rtol)  # fmt: skip
+                                req.budget.refine_rtol, not req.budget.thorough)  # fmt: skip
             st = "found" if mbs is not None else "limit"
     if mbs is not None:
         mbs = _fill_rank_slack(req, mbs)
@@ -845,12 +878,43 @@ def _ddp_rank_first_at_bound(
     rank is always at the bound, and there the global packing's evened-out bins win the
     tie); None otherwise.
     """
+    return _ddp_rank_first_within(req, splits, first_m, notes, memo, AUTO_RTOL)
+
+
+def _ddp_rank_first_within_gap(
+    req: _Request,
+    splits: list[list[list[int]] | None],
+    first_m: int,
+    notes: list[str],
+    memo: dict[Any, Any],
+) -> Plan | None:
+    """DDP below ``effort="thorough"``: the rank-first plan at the smallest count when its
+    busiest rank is within the budget's ``stop_gap`` of the partition lower bound (then
+    its step is within it of the step bound, where the search stops anyway: see
+    :func:`_close_enough`); the cost partition behind the split stops there too
+    (:func:`_rank_splits`). As :func:`_ddp_rank_first_at_bound` otherwise; None where the
+    budget never stops early."""
+    if req.budget.stop_gap is None:
+        return None
+    return _ddp_rank_first_within(req, splits, first_m, notes, memo, req.budget.stop_gap)
+
+
+def _ddp_rank_first_within(
+    req: _Request,
+    splits: list[list[list[int]] | None],
+    first_m: int,
+    notes: list[str],
+    memo: dict[Any, Any],
+    rtol: float,
+) -> Plan | None:
+    """The rank-first plan at ``first_m`` if its busiest rank is within ``rtol`` of the
+    partition lower bound (:func:`_ddp_rank_first_at_bound`), else None."""
     if (req.sync != "ddp" or req.dp < 2 or req.padded or req.pp is not None or req.extra
             or len(splits) != 2 or splits[0] is not None or req.n == 0):  # fmt: skip
         return None
     rank_items = splits[1]
     assert rank_items is not None
-    enough = lower_bound(req.costs, req.dp) * (1 + AUTO_RTOL)
+    enough = lower_bound(req.costs, req.dp) * (1 + rtol)
 
     def heaviest(ranks: list[list[int]]) -> float:
         return max(float(req.costs[np.asarray(r, dtype=np.int64)].sum()) for r in ranks)
@@ -961,7 +1025,7 @@ _FULL_RANK_LARGE_GAIN = 0.02
 
 
 def _full_rank_candidates(
-    req: _Request, m_best: int | None, found: list[Plan]
+    req: _Request, m_best: int | None, found: list[Plan], enough: float | None = None
 ) -> list[Plan]:
     """Step 3c (fsdp): ranks split first, each rank's micro-batches filled to the cap.
 
@@ -973,14 +1037,16 @@ def _full_rank_candidates(
     micro-batches first, then slack-filled. Free size, no groups, packed, no pipeline,
     at most ``_FULL_RANK_MAX_ITEMS`` sequences; above ``_PIPELINE_MAX_ITEMS`` only when
     the fastest of ``found`` at ``m_best`` is more than ``_LEVEL_MIN_GAIN`` above the
-    step bound (``_FULL_RANK_LARGE_GAIN`` above ``_FULL_RANK_LARGE``).
+    step bound (``_FULL_RANK_LARGE_GAIN`` above ``_FULL_RANK_LARGE``), or ``found`` is
+    empty (tried before the packings). ``enough``: a step at which the first split's plan
+    is kept without the second (within the stop gap of the bound: the search stops).
     """
     if (req.sync != "fsdp" or req.dp < 2 or req.padded or req.size != "free"
             or req.groups is not None or req.pp is not None or m_best is None
             or req.n == 0 or req.n > _FULL_RANK_MAX_ITEMS
             or req.dp * m_best > _FULL_RANK_MAX_ITEMS):
         return []
-    if req.n > _PIPELINE_MAX_ITEMS or req.dp * m_best > _PIPELINE_MAX_ITEMS:
+    if found and (req.n > _PIPELINE_MAX_ITEMS or req.dp * m_best > _PIPELINE_MAX_ITEMS):
         fastest = min(_step_time(p.micro_batches, req.costs, req.c0, False, "fsdp")
                       for p in found if p.num_micro_batches == m_best)  # fmt: skip
         bound = capacity_step_bound(req.costs, req.lens, req.dp, req.cap, sync="fsdp",
@@ -1015,6 +1081,8 @@ def _full_rank_candidates(
         ])
         if not any(cand._rule_violations().values()):
             out.append(cand)
+            if enough is not None and _step_in_order(req, cand.micro_batches) <= enough:
+                break
     return out
 
 
@@ -1057,6 +1125,40 @@ def _close_enough(
         size=req.size, groups=req.groups, min_micro_batches_given=first_m,
     ) if memo is None or ("step_bound", first_m) not in memo else memo[("step_bound", first_m)]
     return best <= bound * (1.0 + gap)
+
+
+def _slots_set_step(req: _Request, memo: dict[Any, Any]) -> bool:
+    """Whether the FSDP slot bound (big sequences) is above the partition bound. Kept in
+    ``memo``."""
+    if "slots_set_step" not in memo:
+        memo["slots_set_step"] = bool(
+            fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap) > lower_bound(req.costs, req.dp)
+        )
+    return bool(memo["slots_set_step"])
+
+
+# The global packing keeps LPT's packing alone when it is within this many stop gaps of
+# the step bound and the slot bound is not above the partition bound (see _lpt_enough).
+_LPT_GAPS = 3.0
+
+
+def _lpt_enough(req: _Request, m: int, memo: dict[Any, Any]) -> float | None:
+    """A step at which the global packing keeps LPT's packing without the first-fit
+    decreasing starts (the other candidates still run): ``_LPT_GAPS`` stop gaps above the
+    step bound at ``m``, under FSDP where the slot bound is not above the partition bound;
+    None otherwise (and below ``effort="default"``'s stop gap). Measured: LPT's packing,
+    slack-filled, was then as fast as the best start on bench/plan.py's plans and
+    bench/latency.py's rows but one, bimodal lengths whose LPT packing was 0.47% above
+    the bound (the starts: 0.37%); rl-math, 1,024 sequences over 8 ranks: 58 ms instead
+    of 127. Where big sequences set the step, the tighter packings line slots up better
+    (long-context, 1,024 over 8 ranks: 2.4% slower without them). Kept in ``memo``."""
+    if req.sync != "fsdp" or req.budget.stop_gap is None or req.n * req.dp * m > _FFD_START_WORK:
+        return None  # (above _FFD_START_WORK there are no first-fit decreasing starts)
+    enough = _enough(req, m, memo)
+    if enough is None or _slots_set_step(req, memo):
+        return None
+    gap = req.budget.stop_gap
+    return enough / (1.0 + gap) * (1.0 + _LPT_GAPS * gap)
 
 
 def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
@@ -1132,6 +1234,15 @@ def _levelled(
             best = min(best, t)
     return out
 
+
+# effort="default", above _LEVEL_LIMIT_ITEMS sequences: refill at most this many
+# candidates (lowest floor first; the floor is the busiest rank's total, so the
+# cost-balanced rank split comes first, the one refill that won on bench/plan.py's plans).
+# 16,384 chat sequences over 256 ranks: the refills cost 0.37 s of a 0.85 s plan, none
+# of them won. Small inputs refill every candidate that may gain (cheap there; 126
+# sequences over 10 ranks: the second one refilled is 3% faster than the first).
+_LEVEL_DEFAULT_LIMIT = 1
+_LEVEL_LIMIT_ITEMS = 2048
 
 # Refill a candidate only if its floor is this far below its own step: the refill costs
 # up to ~0.1 s per candidate on 16,384 sequences over 256 ranks.
@@ -1476,28 +1587,57 @@ def _plan_attempt(
     problems: list[str] = []
     memo: dict[Any, Any] = {}
     early = _ddp_rank_first_at_bound(req, splits, first_m, notes, memo)
+    if early is None:
+        early = _ddp_rank_first_within_gap(req, splits, first_m, notes, memo)
     if early is not None:
         candidates.append(early)
-    if early is None and first_m == 1 and not req.budget.thorough and req.n <= _PIPELINE_MAX_ITEMS:
-        # One micro-batch per rank: the plan is a partition of the sequences over the
-        # ranks, which the full-rank split (a partition stopped within 0.1% of its bound)
-        # makes directly; when it is within the stop gap, the packings are not needed.
-        first = _full_rank_candidates(req, 1, [])
-        if _close_enough(req, first, first_m, memo):
-            # (with the request's notes only, as the packings' plan would have)
-            fastest = min(first, key=lambda p: _step_in_order(req, p.micro_batches))
-            early = _plan_of(req, fastest.micro_batches, notes)
-            candidates.append(early)
+    # (fsdp, default effort) The full-rank split at first_m is tried early: when it is
+    # within the stop gap, the packings are not needed. With one micro-batch per rank
+    # the plan is a partition of the sequences over the ranks, which it makes directly,
+    # so it comes first. So it does where the FSDP slot bound is above the partition
+    # bound (big sequences set the step and keep the packings' slots apart: it is often
+    # within the gap where the packings are not; long-context, 4,096 over 32 ranks: 13
+    # ms of a 105 ms plan). Otherwise it comes between the global packing's first start
+    # and the others (there the first start often is within the gap: rl-math, 16,384
+    # over 256 ranks, 87 ms against 236 ms with the split first). When it is not within
+    # the gap it keeps its usual place among the candidates below, so the pick is as
+    # without it.
+    full_first: list[Plan] | None = None
+
+    def full_rank_first() -> bool:
+        nonlocal full_first
+        full_first = _full_rank_candidates(req, first_m, [], _enough(req, first_m, memo))
+        return _close_enough(req, full_first, first_m, memo)
+
+    interim = None
+    if (early is None and req.sync == "fsdp" and req.budget.stop_gap is not None
+            and req.budget.candidates):  # fmt: skip
+        small = req.n <= _PIPELINE_MAX_ITEMS
+        if (first_m == 1 and small) or (first_m > 1 and _slots_set_step(req, memo)):
+            if full_rank_first():
+                fastest = min(full_first or [],
+                              key=lambda p: _step_in_order(req, p.micro_batches))
+                # (one micro-batch per rank: with the request's notes only, as the
+                # packings' plan would have)
+                early = (_plan_of(req, fastest.micro_batches, notes) if first_m == 1
+                         else fastest)  # fmt: skip
+                candidates.append(early)
+        elif small:
+            interim = full_rank_first
     # the best candidate is within the budget's stop_gap of the bound
     close = early is not None and _close_enough(req, candidates, first_m, memo)
     levelled: set[int] = set()  # (default effort) candidates already refilled, by id
     for rank_items in splits if early is None else []:
         m_stop = min((p.num_micro_batches for p in candidates), default=None)
-        found = _search(req, rank_items, first_m, notes, memo, m_stop)
+        found = _search(req, rank_items, first_m, notes, memo, m_stop, interim)
+        interim = None  # (the first split only)
         if isinstance(found, str):
             problems.append(found)
         else:
             candidates.extend(found)
+        if full_first and _close_enough(req, full_first, first_m, memo):
+            candidates.extend(full_first)
+            full_first = []  # (taken)
         close = _close_enough(req, candidates, first_m, memo)
         if close or (candidates and not req.budget.candidates):
             break
@@ -1507,10 +1647,14 @@ def _plan_attempt(
         # The full-rank splits and the refill toward slot levels, then the baselines
         # (below, as they are) only while the plan may still be more than stop_gap above
         # the bound.
-        candidates.extend(_full_rank_candidates(req, m_best, candidates))
+        candidates.extend(full_first if full_first is not None and m_best == first_m
+                          else _full_rank_candidates(req, m_best, candidates))  # fmt: skip
         close = _close_enough(req, candidates, first_m, memo)
         if not close:
-            candidates = _levelled(req, candidates)
+            candidates = _levelled(
+                req, candidates,
+                limit=_LEVEL_DEFAULT_LIMIT if req.n > _LEVEL_LIMIT_ITEMS else None,
+            )  # fmt: skip
             levelled = {id(p) for p in candidates}
             close = _close_enough(req, candidates, first_m, memo)
         more = not close
