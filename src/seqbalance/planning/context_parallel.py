@@ -60,18 +60,24 @@ from ..costs.context_parallel import ContextParallelCost, balanced_layout
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
 from ._slots import fill_slack
-from .cp_pipeline import CPPipelineSetup, order_slots, pipeline_note, simulate_cp_pipeline
+from .cp_pipeline import CPPipelineSetup, order_phases, permute_slots, pipeline_note
 from .cp_plans import (
     CP_MODES,
     CPPlan,
     Pieces,
+    _piece_entries,
     _powers,
     check_cp_size,
     degree_tables,
     simulate_pieces,
 )
 from .limits import EXACT_NODES_PER_REQUEST, check_counts, check_mesh, check_slots
+from .pipeline_orders import BUDGET
 from .simulation import SYNC_MODELS
+
+#: Simulated operations the pipeline order searches of one static CP plan may spend in all
+#: (its replica plans' slot orders; see :func:`_static`).
+ORDER_BUDGET = 2 * BUDGET
 
 __all__ = ["cost_without_cp", "make_cp_cost", "plan_cp"]
 
@@ -163,6 +169,20 @@ class _Request:
         self.n = int(lens.shape[0])
         self.tables = degree_tables(lens, cpc, cp_size)
         self.d_min = self._min_degrees()
+        # static CP: each sequence's ranges on the cp_size GPUs of its replica, its pieces'
+        # phases there, and the slot orders searched for a replica plan (by id, with the
+        # plan kept alive next to them), each computed once per request
+        self._members: dict[int, list[list[tuple[int, int, int]]]] = {}
+        self._phases: tuple[np.ndarray, ...] | None = None
+        self._orders: dict[int, tuple[Any, np.ndarray, float, tuple[np.ndarray, ...]]] = {}
+        self.order_budget = ORDER_BUDGET
+
+    def members(self, i: int) -> list[list[tuple[int, int, int]]]:
+        """Sequence ``i``'s ranges on each of the ``cp_size`` GPUs of a replica."""
+        out = self._members.get(i)
+        if out is None:
+            out = self._members[i] = _group_pieces([i], self.lens, self.cp_size)
+        return out
 
     def _min_degrees(self) -> np.ndarray:
         d_min = np.zeros(self.n, dtype=np.int64)
@@ -419,15 +439,15 @@ def _static_step(req: _Request, base: Any) -> float:
     Every GPU of a replica holds a piece of every sequence of the replica's micro-batch, so
     the replica is one CP group per slot: under ``ddp`` it advances by its slowest GPU.
     With a pipeline: the pipeline step of the pieces in the order :func:`_static_pieces`
-    gives them (the full search, so the count that wins here is never slower there).
+    gives them (the order search runs here, on the slots' phases, and its orders are kept
+    for :func:`_static_pieces`: the count that wins here is the plan built there).
     """
     if req.pp is not None:
-        pieces = order_slots(
-            _replica_pieces(req, base), req.lens, req.cpc, req.cp_size, req.sync, req.pp
-        )
-        return simulate_cp_pipeline(
-            pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp
-        ).step_time
+        if id(base) not in req._orders:
+            phases = _replica_phases(req, base)
+            orders, step = order_phases(*phases, req.sync, req.pp, budget=req.order_budget)
+            req._orders[id(base)] = (base, orders, step, phases)
+        return float(req._orders[id(base)][2])
     costs, _ = req.cpc.rank_costs(req.lens, req.cp_size)  # (n, cp_size)
     c0 = req.cpc.per_microbatch
     m = base.num_micro_batches
@@ -437,6 +457,57 @@ def _static_step(req: _Request, base: Any) -> float:
             if items:
                 mb[r, j] = float((c0 + costs[items].sum(axis=0)).max())
     return float(mb.max(axis=0).sum()) if req.sync == "fsdp" else float(mb.sum(axis=1).max())
+
+
+def _sequence_phases(req: _Request) -> tuple[np.ndarray, ...]:
+    """``(n, cp_size)`` forward, backward and tokens of each sequence's piece on each GPU of
+    its replica, and where it has one (static CP: every sequence over ``cp_size`` GPUs)."""
+    if req._phases is None:
+        c, n = req.cp_size, req.n
+        alone: Pieces = [[req.members(i)[k] for i in range(n)] for k in range(c)]
+        kgpu, kslot, length, tok, sq, d = _piece_entries(alone, req.lens, req.cpc)
+        pf, pb = req.cpc._phases(length, tok, sq, d)
+        out = [np.zeros((n, c)) for _ in range(3)]
+        for table, values in zip(out, (pf, pb, tok)):
+            table[kslot, kgpu] = values
+        present = np.zeros((n, c), dtype=bool)
+        present[kslot, kgpu] = True
+        req._phases = (*out, present)
+    return req._phases
+
+
+def _replica_phases(req: _Request, base: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`~.cp_pipeline.slot_phases` of ``_replica_pieces(req, base)``, from the
+    per-sequence table of :func:`_sequence_phases` (each GPU's slot sums its pieces in
+    the same order as there) without building the pieces."""
+    fseq, bseq, tseq, present = _sequence_phases(req)
+    c, m = req.cp_size, base.num_micro_batches
+    if any(len(rank) != m for rank in base.micro_batches):
+        raise ValueError("every GPU needs the same number of slots for a pipeline")
+    f0, b0 = req.cpc.microbatch_phases()
+    world = req.dp * c
+    fwd, bwd, toks = np.full((world, m), f0), np.full((world, m), b0), np.zeros((world, m))
+    rows = [(r, j, i) for r, rank in enumerate(base.micro_batches)
+            for j, mb in enumerate(rank) for i in mb]  # fmt: skip
+    if rows:
+        r, j, i = (np.asarray(x, dtype=np.int64) for x in zip(*rows))
+        k = np.broadcast_to(np.arange(c), (r.size, c))
+        keep = present[i]
+        gpu = (r[:, None] * c + k)[keep]
+        slot = np.broadcast_to(j[:, None], (r.size, c))[keep]
+        seq = np.broadcast_to(i[:, None], (r.size, c))[keep]
+        k = k[keep]
+        order = np.lexsort((seq, slot, gpu))  # as the pieces' entries are summed
+        gpu, slot, seq, k = gpu[order], slot[order], seq[order], k[order]
+        np.add.at(fwd, (gpu, slot), fseq[seq, k])
+        np.add.at(bwd, (gpu, slot), bseq[seq, k])
+        np.add.at(toks, (gpu, slot), tseq[seq, k])
+    shape = (req.dp, c, m)
+    return (
+        fwd.reshape(shape).max(axis=1),
+        bwd.reshape(shape).max(axis=1),
+        toks.reshape(shape).max(axis=1) * req.pp.comm_per_token,  # type: ignore[union-attr]
+    )
 
 
 def _static_notes(req: _Request, notes: Any) -> list[str]:
@@ -465,7 +536,10 @@ def _replica_pieces(req: _Request, base: Any) -> Pieces:
     pieces: Pieces = [[] for _ in range(req.world)]
     for r, rank in enumerate(base.micro_batches):
         for mb in rank:
-            members = _group_pieces(mb, req.lens, c)
+            members: list[list[tuple[int, int, int]]] = [[] for _ in range(c)]
+            for i in mb:
+                for k, ranges in enumerate(req.members(i)):
+                    members[k].extend(ranges)
             for k in range(c):
                 pieces[r * c + k].append(members[k])
     return pieces
@@ -476,10 +550,18 @@ def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
     notes = _static_notes(req, base.notes)
     if req.pp is not None:
         # The replica plan's order and note priced each sequence at its slowest piece,
-        # with one backward ratio; order the slots on the pieces' own phases instead.
-        pieces = order_slots(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp)
+        # with one backward ratio; order the slots on the pieces' own phases instead (the
+        # orders _static_step searched for this replica plan, where it did).
+        if id(base) not in req._orders:
+            _static_step(req, base)
+        _, orders, _, phases = req._orders[id(base)]
+        pieces = permute_slots(pieces, orders, req.cp_size, req.sync)
+        if orders.shape[-1]:
+            orders = np.broadcast_to(orders, phases[0].shape)
+            phases = tuple(np.take_along_axis(x, orders, axis=1) for x in phases)
         notes = [n for n in notes if not n.startswith("pipeline (")]
-        notes.append(pipeline_note(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp))
+        notes.append(pipeline_note(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp,
+                                   phases))  # fmt: skip
     p = CPPlan._from_validated_pieces(
         pieces,
         req.lens,
@@ -505,8 +587,11 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
     (in steps of ``micro_batch_multiple``), and the lowest simulated CP step wins (ties:
     fewer slots), so the per-micro-batch cost is counted and asking is never slower.
     """
-    base = _replica_plan(req)
     extra = req.rules.get("extra_micro_batches", 0)
+    # The pipeline's order searches (two replica plans at each count tried) share one
+    # budget of simulated operations, alike for each.
+    req.order_budget = ORDER_BUDGET // (2 * (1 + extra))
+    base = _replica_plan(req)
     if isinstance(base, str) or not extra:
         return base if isinstance(base, str) else _static_pieces(req, base, strategy)
     m = base.num_micro_batches

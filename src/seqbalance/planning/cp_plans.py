@@ -38,6 +38,7 @@ CP).
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any, Sequence
 
@@ -109,7 +110,13 @@ def _flatten(pieces: Sequence[Sequence[Sequence[Any]]]) -> tuple[np.ndarray, ...
     flat = [p for gpu in pieces for slot in gpu for p in slot]
     if not flat:
         return tuple(np.zeros(0, dtype=np.int64) for _ in range(5))
-    arr = np.array(flat, dtype=np.int64).reshape(-1, 3)
+    if (np.fromiter(map(len, flat), dtype=np.int64, count=len(flat)) == 3).all():
+        # fromiter over the numbers: several times faster than np.array over the tuples
+        # (a malformed piece gets numpy's own error below)
+        arr = np.fromiter(itertools.chain.from_iterable(flat), dtype=np.int64,
+                          count=3 * len(flat)).reshape(-1, 3)  # fmt: skip
+    else:
+        arr = np.array(flat, dtype=np.int64).reshape(-1, 3)
     per_slot = [len(slot) for gpu in pieces for slot in gpu]
     gpu_of = np.repeat(np.arange(len(pieces)), [len(gpu) for gpu in pieces])
     slot_of = np.concatenate([np.arange(len(gpu)) for gpu in pieces])

@@ -39,7 +39,7 @@ from .pipeline import (
     pipeline_lower_bound,
     simulate_pipeline,
 )
-from .pipeline_orders import EXACT_LIMIT, ORDERS, best_orders
+from .pipeline_orders import ORDERS, best_orders, search_kind
 from .simulation import SYNC_MODELS
 
 if TYPE_CHECKING:
@@ -340,7 +340,7 @@ def finish_plan(plan: Plan, setup: PipelineSetup, user_multiple: int) -> Plan:
             f", virtual_stages={spec.virtual_stages}" if spec.virtual_stages > 1 else ""
         )
         what = "slots" if plan.sync == "fsdp" else "micro-batches of each replica"
-        how = "exact over all orders" if m <= EXACT_LIMIT else "local search from the baselines"
+        how = search_kind(setup.spec, m)
         notes.append(
             f"pipeline ({layout}, {plan.sync}): {what} run in the order with the lowest "
             f"simulated step ({how}); step {sim.step_time:.6g}, {sim.gap:+.2%} vs the "
