@@ -40,6 +40,7 @@ serve it.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import re
@@ -410,13 +411,14 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
     return base
 
 
-def _replica_plan(req: _Request, **overrides: Any) -> Any:
+def _replica_plan(req: _Request, with_flat: bool = True, **overrides: Any) -> Any:
     """:func:`_static_base`; with a pipeline, the faster on the pieces' own pipeline of the
     replicas planned for it and planned without it. The first prices each sequence at its
     slowest piece split with one backward ratio, a proxy that can lose (bench/cp_pp.py:
-    1.5% slower in a long-context case under ddp), so the second is a candidate too."""
+    1.5% slower in a long-context case under ddp), so the second is a candidate too
+    (unless ``with_flat`` is False)."""
     base = _static_base(req, **overrides)
-    if req.pp is None or isinstance(base, str):
+    if req.pp is None or isinstance(base, str) or not with_flat:
         return base
     flat = _static_base(req, flat=True, **overrides)
     if isinstance(flat, str):
@@ -588,9 +590,9 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
     fewer slots), so the per-micro-batch cost is counted and asking is never slower.
     """
     extra = req.rules.get("extra_micro_batches", 0)
-    # The pipeline's order searches (two replica plans at each count tried) share one
-    # budget of simulated operations, alike for each.
-    req.order_budget = ORDER_BUDGET // (2 * (1 + extra))
+    # The pipeline's order searches (two replica plans at the fewest count, one at each
+    # larger count tried) share one budget of simulated operations, alike for each.
+    req.order_budget = ORDER_BUDGET // (2 + extra)
     base = _replica_plan(req)
     if isinstance(base, str) or not extra:
         return base if isinstance(base, str) else _static_pieces(req, base, strategy)
@@ -599,7 +601,10 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
     step_mult = req.mult if req.pp is None else math.lcm(req.mult, req.pp.spec.count_multiple)
     for e in range(1, extra + 1):
         count = m + e * step_mult
-        more = _replica_plan(req, min_micro_batches=count)
+        # (the replicas planned without the pipeline are a candidate at the fewest count
+        # only: each costs a whole replica plan, and the one there keeps the pipelined
+        # plan never slower than the plain plan of the same request)
+        more = _replica_plan(req, with_flat=False, min_micro_batches=count)
         if isinstance(more, str):
             break  # too few sequences for more slots: larger counts fail too
         # its note would blame a min_micro_batches the caller did not pass
@@ -665,11 +670,45 @@ class _Group:
         self.tok += p  # per GPU: the sum of each sequence's largest piece (an upper bound)
 
 
+def _absorb_shorts(
+    req: _Request, shorts: np.ndarray, bins: list[tuple[float, int, int]]
+) -> tuple[list[list[int]], list[int]]:
+    """The absorb step of :func:`_fill_shorts` (the same whatever the free bins): the
+    absorb bins' items and the positions into ``shorts`` left for the free bins."""
+    w = req.tables[1][0][shorts]
+    t = req.lens[shorts]
+    n = w.size
+    order = np.lexsort((np.arange(n), -t, -w))
+    a_items: list[list[int]] = [[] for _ in bins]
+    pos = 0
+    if bins and n:
+        sums: dict[int, tuple[list[float], list[int]]] = {}
+        for b in sorted(range(len(bins)), key=lambda k: (-bins[k][0], k)):
+            if pos >= n:
+                break
+            head, room, d = bins[b]
+            if d not in sums:
+                tmax, _, ptok = req.tables[d]
+                sums[d] = (
+                    np.concatenate([[0.0], np.cumsum(tmax[shorts][order])]).tolist(),
+                    np.concatenate([[0], np.cumsum(ptok[shorts][order])]).tolist(),
+                )
+            cw, ct = sums[d]
+            # (bisect on lists: np.searchsorted's side="right" on the same numbers)
+            k = min(bisect.bisect_right(cw, cw[pos] + head) - 1,
+                    bisect.bisect_right(ct, ct[pos] + room) - 1)  # fmt: skip
+            if k > pos:
+                a_items[b] = order[pos:k].tolist()
+                pos = k
+    return a_items, order[pos:].tolist()
+
+
 def _fill_shorts(
     req: _Request,
     shorts: np.ndarray,
     bins: list[tuple[float, int, int]],
     n_free: int,
+    absorbed: tuple[list[list[int]], list[int]] | None = None,
 ) -> tuple[list[list[int]], list[list[int]]] | None:
     """Put the ``d = 1`` sequences into absorb bins, then into ``n_free`` free bins.
 
@@ -679,35 +718,13 @@ def _fill_shorts(
     the headroom and its tokens within the room: work there is free under FSDP. The rest go
     to capacitated LPT bins (each into the cheapest bin with token room). Returns (absorb
     bins, free bins) as positions into ``shorts``, or None when a sequence fits no bin.
+    ``absorbed``: :func:`_absorb_shorts` of the same arguments, where the caller has it.
     """
     cap = req.cap
     w = req.tables[1][0][shorts]
     t = req.lens[shorts]
-    n = w.size
-    order = np.lexsort((np.arange(n), -t, -w))
-    a_items: list[list[int]] = [[] for _ in bins]
-    pos = 0
-    if bins and n:
-        sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for b in sorted(range(len(bins)), key=lambda k: (-bins[k][0], k)):
-            if pos >= n:
-                break
-            head, room, d = bins[b]
-            if d not in sums:
-                tmax, _, ptok = req.tables[d]
-                sums[d] = (
-                    np.concatenate([[0.0], np.cumsum(tmax[shorts][order])]),
-                    np.concatenate([[0], np.cumsum(ptok[shorts][order])]),
-                )
-            cw, ct = sums[d]
-            k = min(
-                int(np.searchsorted(cw, cw[pos] + head, side="right")) - 1,
-                int(np.searchsorted(ct, ct[pos] + room, side="right")) - 1,
-            )
-            if k > pos:
-                a_items[b] = order[pos:k].tolist()
-                pos = k
-    rest = order[pos:].tolist()
+    a_items, rest = absorbed if absorbed is not None else _absorb_shorts(req, shorts, bins)
+    a_items = [list(x) for x in a_items]
     f_items: list[list[int]] = [[] for _ in range(n_free)]
     if not rest:
         return a_items, f_items
@@ -827,9 +844,10 @@ def _build_dynamic(req: _Request, deg: np.ndarray, refine: bool = True) -> CPPla
         owner += [j] * (W - used[j])
     m = _round_up(max(req.m_start(), m_long), req.mult)
     m_limit = m + max(shorts.size, 1) + req.mult
+    absorbed = _absorb_shorts(req, shorts, bins)  # the same at every count
     while m <= m_limit:
         n_free = (m - m_long) * W
-        got = _fill_shorts(req, shorts, bins, n_free)
+        got = _fill_shorts(req, shorts, bins, n_free, absorbed)
         if got is not None:
             a_items, f_items = got
             return _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long, refine)

@@ -137,11 +137,12 @@ def _merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def _off_layout(pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray,
-                cp_size: int) -> list[int]:
+                cp_size: int, flat: tuple[np.ndarray, ...] | None = None) -> list[int]:
     """Sequences whose pieces in a slot are not :func:`balanced_layout` of some degree on
     an aligned block of GPUs (the layout the piece costs and :func:`cp_lower_bound` assume;
-    every plan seqbalance makes has it). A sequence over two slots counts too."""
-    gpu, slot, seq, s, e = _flatten(pieces)
+    every plan seqbalance makes has it). A sequence over two slots counts too.
+    ``flat``: ``_flatten(pieces)``, where the caller has it."""
+    gpu, slot, seq, s, e = _flatten(pieces) if flat is None else flat
     keep = e > s
     gpu, slot, seq, s, e = gpu[keep], slot[keep], seq[keep], s[keep], e[keep]
     unsure = np.setdiff1d(seq, _in_layout(gpu, slot, seq, s, e, lengths, cp_size))
@@ -818,7 +819,8 @@ class CPPlan(Plan):
         """Refuse pieces that miss or repeat a token, or split a sequence off the balanced
         layout (a hand-edited plan): its step time and gap would describe other work than
         the batch's."""
-        _, _, seq, s, e = _flatten(self.pieces)
+        flat = _flatten(self.pieces)
+        _, _, seq, s, e = flat
         missing, dup = self._coverage(seq, s, e)
         if missing.any() or dup.any():
             raise ValueError(
@@ -826,7 +828,7 @@ class CPPlan(Plan):
                 f"sequences exactly once: {int(missing.sum())} sequences miss tokens, "
                 f"{int(dup.sum())} have tokens in two pieces"
             )
-        off = _off_layout(self.pieces, self.lengths, self.cp_size)
+        off = _off_layout(self.pieces, self.lengths, self.cp_size, flat)
         if off:
             # Their pieces would be priced without the K/V they need from other slots or
             # GPUs, and the lower bound assumes the layout: the step could beat it.
