@@ -752,22 +752,27 @@ _WINDOW_WORK = 1 << 28
 def _windows(spec: PipelineSpec, m: int) -> tuple[np.ndarray, np.ndarray]:
     """Per position ``j``: counts of other positions' forward / backward chunk operations
     that stage 0 runs outside ``j``'s chunk-0 forward .. chunk-0 backward, each row sorted
-    descending without its own (zero) entry: two ``(m, m - 1)`` arrays (window term)."""
-    ops = _stage_orders(spec.pp_size, m, spec.schedule, spec.virtual_stages)[0]
-    phase = np.array([op[0] for op in ops])
-    pos = np.array([op[1] for op in ops])
-    chunk = np.array([op[2] for op in ops])
-    t = np.arange(len(ops))
+    descending without its own (zero) entry: two ``(m, m - 1)`` arrays (window term).
+
+    Stage 0 runs ``v`` forward and ``v`` backward operations of each position, so the
+    counts come from where those ``2 v m`` operations sit: ``O(v m**2)``."""
+    p, v = spec.pp_size, spec.virtual_stages
+    phase, pos, chunk = _stage_arrays(p, m, spec.schedule, v, 0)
+    t = np.arange(phase.size)
+    zero = chunk == 0
     first = np.empty(m, dtype=np.int64)
     last = np.empty(m, dtype=np.int64)
-    zero = chunk == 0
     first[pos[zero & (phase == FORWARD)]] = t[zero & (phase == FORWARD)]
     last[pos[zero & (phase == BACKWARD)]] = t[zero & (phase == BACKWARD)]
-    outside = (t[None, :] < first[:, None]) | (t[None, :] > last[:, None])  # (j, op)
-    onehot = pos[:, None] == np.arange(m)[None, :]  # (op, position)
     rows = []
     for ph in (FORWARD, BACKWARD):
-        counts = (outside & (phase == ph)[None, :]).astype(np.int64) @ onehot.astype(np.int64)
+        sel = phase == ph
+        order = np.lexsort((t[sel], pos[sel]))
+        when = t[sel][order].reshape(m, v)  # (position j', its v operations' places)
+        outside = (when[None, :, :] < first[:, None, None]) | (
+            when[None, :, :] > last[:, None, None]
+        )
+        counts = outside.sum(axis=2)  # (j, j')
         np.fill_diagonal(counts, 0)  # k's own operations are inside its window
         rows.append(-np.sort(-counts, axis=1)[:, : m - 1])  # drop one zero: its own entry
     return rows[0].astype(np.float64), rows[1].astype(np.float64)
@@ -776,13 +781,26 @@ def _windows(spec: PipelineSpec, m: int) -> tuple[np.ndarray, np.ndarray]:
 def _window_term(
     trips: np.ndarray, f_op: np.ndarray, b_op: np.ndarray, windows: tuple[np.ndarray, np.ndarray]
 ) -> float:
-    """``max_k (trips_k + min_j outside work)`` (see :func:`pipeline_lower_bound`)."""
+    """``max_k (trips_k + min_j outside work)`` (see :func:`pipeline_lower_bound`).
+
+    Row ``k`` pairs the costs of every micro-batch but ``k``, sorted ascending, with each
+    row ``j`` of the counts: the sorted costs with ``k``'s removed are the sorted costs
+    shifted by one from ``k``'s place on, so prefix and suffix sums over the sorted costs
+    give every ``(k, j)`` in ``O(m**2)`` (no matrix product: a multithreaded BLAS on a
+    busy machine took milliseconds for what is microseconds of work)."""
     alpha, beta = windows
     m = trips.shape[0]
-    keep = ~np.eye(m, dtype=bool)  # row k: every micro-batch but k
-
-    def others_sorted(x: np.ndarray) -> np.ndarray:
-        return np.sort(np.broadcast_to(x, (m, m))[keep].reshape(m, m - 1), axis=1)
-
-    outside = others_sorted(f_op) @ alpha.T + others_sorted(b_op) @ beta.T  # (k, j)
+    outside = np.zeros((m, m))  # (k, j)
+    for x, counts in ((f_op, alpha), (b_op, beta)):
+        order = np.argsort(x, kind="stable")
+        srt = x[order]
+        rank = np.empty(m, dtype=np.int64)
+        rank[order] = np.arange(m)
+        # before[j, r] = sum_{t < r} srt[t] counts[j, t]; after[j, r] = sum_{t >= r}
+        # srt[t + 1] counts[j, t] (counts has m - 1 columns)
+        before = np.zeros((m, m))
+        np.cumsum(srt[None, :-1] * counts, axis=1, out=before[:, 1:])
+        after = np.zeros((m, m))
+        after[:, :-1] = np.cumsum((srt[None, 1:] * counts)[:, ::-1], axis=1)[:, ::-1]
+        outside += (before + after)[:, rank].T
     return float(np.max(trips + outside.min(axis=1)))
