@@ -57,7 +57,7 @@ from .._validate import (
     check_positive_int,
     is_array_like,
 )
-from ..costs.context_parallel import ContextParallelCost, balanced_layout
+from ..costs.context_parallel import ContextParallelCost
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
 from ._slots import fill_slack
@@ -66,6 +66,7 @@ from .cp_plans import (
     CP_MODES,
     CPPlan,
     Pieces,
+    _layout,
     _piece_entries,
     _powers,
     check_cp_size,
@@ -344,9 +345,10 @@ def _group_pieces(seqs: list[int], lens: np.ndarray, d: int) -> list[list[tuple[
     """Per member GPU of a ``d``-group: the ranges of every sequence of the group."""
     out: list[list[tuple[int, int, int]]] = [[] for _ in range(d)]
     for i in seqs:
-        for r, ranges in enumerate(balanced_layout(int(lens[i]), d)):
+        for r, ranges in enumerate(_layout(int(lens[i]), d)):
             out[r].extend((i, s, e) for s, e in ranges)
     return out
+
 
 
 def _place_block(free: np.ndarray, load: np.ndarray, w: int, sync: str) -> int:

@@ -29,9 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from ..costs.context_parallel import balanced_layout, largest_piece_tokens
+from ..costs.context_parallel import largest_piece_tokens
 from .context_parallel import _Request, _static, _static_pieces, _validate
-from .cp_plans import CPPlan, Pieces
+from .cp_plans import CPPlan, Pieces, _layout
 
 __all__ = ["CP_BASELINES", "megatron_cp", "static_cp", "verl_static_cp"]
 
@@ -155,7 +155,7 @@ def megatron_cp_plan(req: Any) -> CPPlan:
         for g in range(W):
             for i in members[g]:
                 d = int(deg[i])  # aligned group: g % d is the member's rank inside it
-                pieces[g][j].extend((i, s, e) for s, e in balanced_layout(int(lens[i]), d)[g % d])
+                pieces[g][j].extend((i, s, e) for s, e in _layout(int(lens[i]), d)[g % d])
     return CPPlan._from_validated_pieces(
         pieces,
         lens,

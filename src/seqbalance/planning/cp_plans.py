@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -123,6 +124,29 @@ def _flatten(pieces: Sequence[Sequence[Sequence[Any]]]) -> tuple[np.ndarray, ...
     gpu = np.repeat(gpu_of, per_slot)
     slot = np.repeat(slot_of, per_slot)
     return gpu, slot, arr[:, 0], arr[:, 1], arr[:, 2]
+
+
+@lru_cache(maxsize=1 << 14)
+def _layout(length: int, d: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """:func:`balanced_layout`, remembered: a CP request lays out each sequence at every
+    degree it tries, for every layout (and baseline) it builds."""
+    return tuple(tuple(ranges) for ranges in balanced_layout(length, d))
+
+
+def _slot_sequences(pieces: Sequence[Sequence[Sequence[Any]]]) -> list[list[list[int]]]:
+    """Per GPU and slot: the sequences it holds a piece of, sorted, each once."""
+    gpu, slot, seq, _, _ = _flatten(pieces)
+    m = max((len(g) for g in pieces), default=0)
+    n = int(seq.max()) + 1 if seq.size else 1
+    if seq.size and int(seq.min()) < 0:  # (refused by the checks after this)
+        return [[sorted({int(p[0]) for p in sl}) for sl in g] for g in pieces]
+    key = np.unique((gpu * m + slot) * n + seq)
+    cell = (key // n).tolist()  # gpu * m + slot, ascending
+    seqs = (key % n).tolist()
+    out: list[list[list[int]]] = [[[] for _ in g] for g in pieces]
+    for c, i in zip(cell, seqs):
+        out[c // m][c % m].append(i)
+    return out
 
 
 def _merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -595,7 +619,7 @@ class CPPlan(Plan):
         self.cp = check_choice(cp, "cp", CP_MODES)
         self.cp_cost = cp_cost
         self.replicas = replicas
-        self.micro_batches = [[sorted({p[0] for p in slot}) for slot in gpu] for gpu in pieces]
+        self.micro_batches = _slot_sequences(pieces)
         self.costs = np.asarray(cp_cost.cost(lens), dtype=np.float64)
         self.per_microbatch = cp_cost.per_microbatch
         self.max_tokens = check_max_tokens(max_tokens, "max_tokens")
