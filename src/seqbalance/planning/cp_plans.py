@@ -257,13 +257,14 @@ def _off_layout_exact(gpu: np.ndarray, slot: np.ndarray, seq: np.ndarray, s: np.
 
 
 def _piece_entries(
-    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cp_cost: ContextParallelCost
+    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cp_cost: ContextParallelCost,
+    flat: tuple[np.ndarray, ...] | None = None,
 ) -> tuple[np.ndarray, ...]:
     """One entry per (gpu, slot, sequence) a GPU holds: arrays ``(gpu, slot, length, tokens,
     sq, d)``, ``sq`` the sum of ``e² − s²`` its cost prices and ``d`` the GPUs holding that
     sequence in that slot."""
     m = max((len(g) for g in pieces), default=0)
-    gpu, slot, seq, s, e = _flatten(pieces)
+    gpu, slot, seq, s, e = _flatten(pieces) if flat is None else flat
     n = int(lengths.shape[0])
     key = (gpu * m + slot) * n + seq
     uk, inv = np.unique(key, return_inverse=True)
@@ -286,53 +287,58 @@ def piece_costs(
 
     ``per_microbatch`` included (also for an empty micro-batch: a dummy step).
     """
+    return _piece_costs(pieces, lengths, cp_cost)
+
+
+def _piece_costs(
+    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cp_cost: ContextParallelCost,
+    flat: tuple[np.ndarray, ...] | None = None,
+) -> np.ndarray:
+    """:func:`piece_costs`; ``flat``: ``_flatten(pieces)``, where the caller has it."""
     world = len(pieces)
     m = max((len(g) for g in pieces), default=0)
     out = np.full((world, m), np.nan)
     for g, gpu in enumerate(pieces):
         out[g, : len(gpu)] = cp_cost.per_microbatch
-    kgpu, kslot, length, tok, sq, d = _piece_entries(pieces, lengths, cp_cost)
+    kgpu, kslot, length, tok, sq, d = _piece_entries(pieces, lengths, cp_cost, flat)
     if kgpu.size:
         np.add.at(out, (kgpu, kslot), cp_cost._cost(length, tok, sq, d))
     return out
 
 
-class _Groups:
-    """Union-find over the GPUs of one slot: GPUs sharing a sequence form one group."""
-
-    def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
-
-    def find(self, x: int) -> int:
-        while self.parent[x] != x:
-            self.parent[x] = self.parent[self.parent[x]]
-            x = self.parent[x]
-        return x
-
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
-
-
-def _slot_groups(pieces: Sequence[Sequence[Sequence[Any]]], world: int, m: int) -> list[np.ndarray]:
-    """For each slot, the group root of every GPU (GPUs alone are their own root)."""
-    gpu, slot, seq, _, _ = _flatten(pieces)
+def _slot_groups(pieces: Sequence[Sequence[Sequence[Any]]], world: int, m: int,
+                 flat: tuple[np.ndarray, ...] | None = None) -> list[np.ndarray]:
+    """For each slot, the group root of every GPU (GPUs alone are their own root): the
+    smallest GPU of the GPUs connected through the sequences they share in that slot.
+    ``flat``: ``_flatten(pieces)``, where the caller has it."""
+    gpu, slot, seq, _, _ = _flatten(pieces) if flat is None else flat
     out = [np.arange(world) for _ in range(m)]
     if seq.size == 0:
         return out
     order = np.lexsort((gpu, seq, slot))
     gpu, slot, seq = gpu[order], slot[order], seq[order]
     same = (slot[1:] == slot[:-1]) & (seq[1:] == seq[:-1]) & (gpu[1:] != gpu[:-1])
-    if not same.any():
+    k = np.flatnonzero(same)
+    if not k.size:
         return out
-    forests: dict[int, _Groups] = {}
-    for k in np.flatnonzero(same).tolist():
-        j = int(slot[k])
-        uf = forests.setdefault(j, _Groups(world))
-        uf.union(int(gpu[k]), int(gpu[k + 1]))
-    for j, uf in forests.items():
-        out[j] = np.array([uf.find(g) for g in range(world)])
+    # Connected components of (slot, GPU) nodes by label propagation with pointer jumping:
+    # every label is a node of the same component, never above the node, so the fixed
+    # point labels each component with its smallest node (the union-find root).
+    a = slot[k] * world + gpu[k]
+    b = slot[k] * world + gpu[k + 1]
+    lab = np.arange(m * world)
+    while True:
+        low = np.minimum(lab[a], lab[b])
+        new = lab.copy()
+        np.minimum.at(new, a, low)
+        np.minimum.at(new, b, low)
+        new = new[new]
+        if np.array_equal(new, lab):
+            break
+        lab = new
+    roots = lab.reshape(m, world) - (np.arange(m) * world)[:, None]
+    for j in np.unique(slot[k]).tolist():
+        out[j] = roots[j]
     return out
 
 
@@ -353,7 +359,8 @@ def simulate_pieces(
     check_choice(sync, "sync", SYNC_MODELS)
     lens = as_lengths(lengths)
     _check_cp_cost(cp_cost)
-    _, _, seq, st, en = _flatten(pieces)
+    flat = _flatten(pieces)
+    _, _, seq, st, en = flat
     # Checked here too, not only by CPPlan: a range past its sequence was priced, a
     # foreign index raised IndexError.
     n = lens.shape[0]
@@ -366,13 +373,13 @@ def simulate_pieces(
             f"piece range (sequence {int(seq[k])}, {int(st[k])}, {int(en[k])}) is not a token "
             f"range 0 <= start <= end <= length of one of the {lens.shape[0]} sequences"
         )
-    mb = piece_costs(pieces, lens, cp_cost)
+    mb = _piece_costs(pieces, lens, cp_cost, flat)
     check_equal_counts(mb, pieces, "GPUs")
     world, m = mb.shape
     if sync == "fsdp":
         start, end, step = lockstep_timeline(mb)
     else:
-        roots = _slot_groups(pieces, world, m)
+        roots = _slot_groups(pieces, world, m, flat)
         start = np.zeros_like(mb)
         end = np.zeros_like(mb)
         ready = np.zeros(world)
