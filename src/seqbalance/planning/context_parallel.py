@@ -67,14 +67,13 @@ from .cp_plans import (
     CPPlan,
     Pieces,
     _layout,
-    _piece_entries,
     _powers,
     check_cp_size,
     degree_tables,
     simulate_pieces,
 )
 from .limits import EXACT_NODES_PER_REQUEST, check_counts, check_mesh, check_slots
-from .pipeline_orders import BUDGET
+from .pipeline_orders import BUDGET, search_suspended
 from .simulation import SYNC_MODELS
 
 #: Simulated operations the pipeline order searches of one static CP plan may spend in all
@@ -400,7 +399,10 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
         options = {k: v for k, v in options.items() if k not in req.pp_kwargs}
         options["micro_batch_multiple"] = mult = math.lcm(req.mult, req.pp.spec.count_multiple)
     try:
-        base = plan(ptok, req.dp, req.cap, cost=tmax, **options)
+        # With a pipeline the replicas' slot order is searched afterwards on the pieces'
+        # own phases (_static_step), so the replica plan keeps its best starting order.
+        with search_suspended():
+            base = plan(ptok, req.dp, req.cap, cost=tmax, **options)
     except ValueError as exc:
         return _in_replicas(str(exc))
     if mult != req.mult:  # a note would blame a micro_batch_multiple the caller did not pass
@@ -465,18 +467,27 @@ def _static_step(req: _Request, base: Any) -> float:
 
 def _sequence_phases(req: _Request) -> tuple[np.ndarray, ...]:
     """``(n, cp_size)`` forward, backward and tokens of each sequence's piece on each GPU of
-    its replica, and where it has one (static CP: every sequence over ``cp_size`` GPUs)."""
+    its replica (static CP: every sequence over ``cp_size`` GPUs, GPU ``r`` holding chunks
+    ``r`` and ``2 cp_size - 1 - r`` of the balanced layout), priced as
+    :func:`~.cp_plans._piece_entries` prices the pieces of a plan (the same sums)."""
     if req._phases is None:
-        c, n = req.cp_size, req.n
-        alone: Pieces = [[req.members(i)[k] for i in range(n)] for k in range(c)]
-        kgpu, kslot, length, tok, sq, d = _piece_entries(alone, req.lens, req.cpc)
-        pf, pb = req.cpc._phases(length, tok, sq, d)
-        out = [np.zeros((n, c)) for _ in range(3)]
-        for table, values in zip(out, (pf, pb, tok)):
-            table[kslot, kgpu] = values
-        present = np.zeros((n, c), dtype=bool)
-        present[kslot, kgpu] = True
-        req._phases = (*out, present)
+        c = req.cp_size
+        lens = req.lens.astype(np.int64)
+        cuts = (np.arange(2 * c + 1, dtype=np.int64)[None, :] * lens[:, None]) // (2 * c)
+        r = np.arange(c)
+        s1, e1 = cuts[:, r], cuts[:, r + 1]
+        s2, e2 = cuts[:, 2 * c - 1 - r], cuts[:, 2 * c - r]
+        tok = (e1 - s1).astype(np.float64) + (e2 - s2).astype(np.float64)
+        f64 = np.float64
+        sq = (np.asarray(req.cpc._sq(s1.astype(f64), e1.astype(f64)), dtype=f64)
+              + np.asarray(req.cpc._sq(s2.astype(f64), e2.astype(f64)), dtype=f64))  # fmt: skip
+        length = np.broadcast_to(lens[:, None].astype(f64), tok.shape)
+        pf, pb = req.cpc._phases(length.ravel(), tok.ravel(), sq.ravel(),
+                                 np.full(tok.size, float(c)))  # fmt: skip
+        shape = tok.shape
+        req._phases = (np.asarray(pf, dtype=f64).reshape(shape),
+                       np.asarray(pb, dtype=f64).reshape(shape), tok,
+                       np.ones(shape, dtype=bool))  # fmt: skip
     return req._phases
 
 

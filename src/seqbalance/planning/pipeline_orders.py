@@ -44,6 +44,7 @@ __all__ = [
     "light_ends",
     "search_kind",
     "search_pool",
+    "search_suspended",
     "smallest_first",
 ]
 
@@ -116,6 +117,17 @@ def search_pool(operations: int) -> Iterator[None]:
         yield
         return
     token = _POOL.set([int(operations)])
+    try:
+        yield
+    finally:
+        _POOL.reset(token)
+
+
+@contextlib.contextmanager
+def search_suspended() -> Iterator[None]:
+    """Run the block's order searches on their starting orders only (an empty pool), for
+    plans whose order is searched again afterwards on other costs."""
+    token = _POOL.set([0])
     try:
         yield
     finally:
