@@ -725,3 +725,19 @@ def test_slot_groups_match_union_find(seed):
                 ra, rb = find(a), find(b)
                 parent[max(ra, rb)] = min(ra, rb)
         assert got[j].tolist() == [find(g) for g in range(world)]
+
+
+def test_replica_plans_remembered_within_a_request_only(monkeypatch):
+    """plan() plans a pipelined static CP request again without its extra counts; the
+    replica plans made the first time are reused then, never by a later request."""
+    import seqbalance.planning.context_parallel as cpm
+
+    rng = np.random.default_rng(7)
+    lens = rng.integers(1, 60000, 120)
+    kw = dict(cp_size=4, pp_size=2, extra_micro_batches=1, sync="ddp")
+    first = json.dumps(sb.plan(lens, 2, 8192, **kw).to_dict())
+    second = json.dumps(sb.plan(lens, 2, 8192, **kw).to_dict())
+    monkeypatch.setattr(cpm, "_remembered", lambda scope, key: None)
+    fresh = json.dumps(sb.plan(lens, 2, 8192, **kw).to_dict())
+    assert first == second == fresh
+    assert all(e[0] is not None for e in cpm._MEMO)

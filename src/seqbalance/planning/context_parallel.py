@@ -41,9 +41,11 @@ serve it.
 from __future__ import annotations
 
 import bisect
+import copy
 import heapq
 import math
 import re
+import threading
 from typing import Any
 
 import numpy as np
@@ -58,6 +60,7 @@ from .._validate import (
     is_array_like,
 )
 from ..costs.context_parallel import ContextParallelCost
+from ..partitioning import searches as _searches
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
 from ._slots import fill_slack
@@ -398,13 +401,20 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
     if flat and req.pp is not None:
         options = {k: v for k, v in options.items() if k not in req.pp_kwargs}
         options["micro_batch_multiple"] = mult = math.lcm(req.mult, req.pp.spec.count_multiple)
+    key = (ptok.tobytes(), tmax.tobytes(), req.dp, req.cap, _frozen(options))
+    scope = _searches._POOL.get()  # this request's (one call of plan()) exact-search pool
+    hit = _remembered(scope, key)
+    if hit is not None:
+        return hit
     try:
         # With a pipeline the replicas' slot order is searched afterwards on the pieces'
         # own phases (_static_step), so the replica plan keeps its best starting order.
         with search_suspended():
             base = plan(ptok, req.dp, req.cap, cost=tmax, **options)
     except ValueError as exc:
-        return _in_replicas(str(exc))
+        base = _in_replicas(str(exc))
+        _remember(scope, key, base)
+        return base
     if mult != req.mult:  # a note would blame a micro_batch_multiple the caller did not pass
         said = f"micro_batch_multiple={mult}"
         base.notes = tuple(
@@ -412,7 +422,47 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
                             f"schedule={req.pp.spec.schedule!r})")  # type: ignore[union-attr]
             for n in base.notes
         )  # fmt: skip
-    return base
+    _remember(scope, key, base)
+    return copy.copy(base)
+
+
+# Replica plans made in this request, for the next plan_cp call of the same request: with
+# a pipeline and extra_micro_batches, plan() plans the CP plan again without the extra
+# counts, whose replica plans are the ones just made. Scoped by the identity of the
+# request's exact-search pool, so a plan never depends on an earlier request (every rank
+# computes the same), and returned as copies (their notes are rewritten by the caller).
+_MEMO: list[tuple[Any, tuple[Any, ...], Any]] = []
+_MEMO_SIZE = 8
+_MEMO_LOCK = threading.Lock()
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable, exact stand-in for an option value (arrays by their bytes)."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_frozen(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def _remembered(scope: Any, key: tuple[Any, ...]) -> Any:
+    if scope is None:
+        return None
+    with _MEMO_LOCK:
+        for s, k, value in _MEMO:
+            if s is scope and k == key:
+                return value if isinstance(value, str) else copy.copy(value)
+    return None
+
+
+def _remember(scope: Any, key: tuple[Any, ...], value: Any) -> None:
+    if scope is None:
+        return
+    with _MEMO_LOCK:
+        _MEMO[:] = [e for e in _MEMO if e[0] is scope][-(_MEMO_SIZE - 1):]
+        _MEMO.append((scope, key, value if isinstance(value, str) else copy.copy(value)))
 
 
 def _replica_plan(req: _Request, with_flat: bool = True, **overrides: Any) -> Any:
