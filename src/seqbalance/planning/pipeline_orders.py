@@ -200,7 +200,7 @@ def search_kind(spec: PipelineSpec, m: int) -> str:
     if m <= EXACT_LIMIT and math.factorial(m) * 2 * spec.pp_size * spec.virtual_stages * m <= (
         BUDGET
     ):
-        return "exact over all orders"
+        return "exact over all orders, within a work budget"
     return "local search from the baselines, within a work budget"
 
 
