@@ -741,3 +741,14 @@ def test_replica_plans_remembered_within_a_request_only(monkeypatch):
     fresh = json.dumps(sb.plan(lens, 2, 8192, **kw).to_dict())
     assert first == second == fresh
     assert all(e[0] is not None for e in cpm._MEMO)
+
+
+@pytest.mark.parametrize("kw", [dict(cp_size=4), dict(cp_size=4, pp_size=2, sync="ddp"),
+                                dict(cp_size=8, pp_size=2, extra_micro_batches=1),
+                                dict(cp_size=32, cp="dynamic", allow_empty=True)])  # fmt: skip
+def test_cp_plans_list_the_sequences_their_pieces_hold(kw):
+    """The per-GPU sequence lists a CP plan is built with match its pieces."""
+    rng = np.random.default_rng(8)
+    lens = rng.integers(0, 30000, 150)
+    p = sb.plan(lens, 2, 16384, **kw)
+    assert p.micro_batches == [[sorted({q[0] for q in slot}) for slot in gpu] for gpu in p.pieces]

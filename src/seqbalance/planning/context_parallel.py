@@ -613,6 +613,7 @@ def _replica_pieces(req: _Request, base: Any) -> Pieces:
 def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
     pieces = _replica_pieces(req, base)
     notes = _static_notes(req, base.notes)
+    slots = [[sorted(set(mb)) for mb in rank] for rank in base.micro_batches]
     if req.pp is not None:
         # The replica plan's order and note priced each sequence at its slowest piece,
         # with one backward ratio; order the slots on the pieces' own phases instead (the
@@ -622,6 +623,8 @@ def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
         _, orders, _, phases = req._orders[id(base)]
         pieces = permute_slots(pieces, orders, req.cp_size, req.sync)
         if orders.shape[-1]:
+            slots = [[rank[j] for j in orders[0 if req.sync == "fsdp" else r].tolist()]
+                     for r, rank in enumerate(slots)]  # fmt: skip
             orders = np.broadcast_to(orders, phases[0].shape)
             phases = tuple(np.take_along_axis(x, orders, axis=1) for x in phases)
         notes = [n for n in notes if not n.startswith("pipeline (")]
@@ -640,6 +643,8 @@ def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
         notes=notes,
         size=base.size,
         groups=base.groups,
+        # every GPU of a replica holds a piece of each sequence of the replica's slot
+        micro_batches=[[list(mb) for mb in slots[g // req.cp_size]] for g in range(req.world)],
     )
     p.pipeline = req.pp
     return p

@@ -127,7 +127,8 @@ class CPPipelineSetup:
 
 
 def _gpu_phases(
-    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cpc: ContextParallelCost
+    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cpc: ContextParallelCost,
+    flat: tuple[np.ndarray, ...] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(world, m)`` forward, backward and tokens of every GPU's slot (per-micro-batch cost
     included, also for an empty slot: a dummy step)."""
@@ -137,7 +138,7 @@ def _gpu_phases(
     fwd = np.full((world, m), f0)
     bwd = np.full((world, m), b0)
     toks = np.zeros((world, m))
-    kgpu, kslot, length, tok, sq, d = _piece_entries(pieces, lengths, cpc)
+    kgpu, kslot, length, tok, sq, d = _piece_entries(pieces, lengths, cpc, flat)
     if kgpu.size:
         pf, pb = cpc._phases(length, tok, sq, d)
         np.add.at(fwd, (kgpu, kslot), pf)
@@ -152,9 +153,11 @@ def slot_phases(
     cpc: ContextParallelCost,
     cp_size: int,
     comm_per_token: float = 0.0,
+    flat: tuple[np.ndarray, ...] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(replicas, m)`` forward, backward and stage-to-stage transfer time of every
-    replica's slot: the slowest of its ``cp_size`` GPUs (module docstring).
+    replica's slot: the slowest of its ``cp_size`` GPUs (module docstring). ``flat``: the
+    pieces' ranges as ``cp_plans._flatten`` gives them, where the caller has them.
 
     Raises
     ------
@@ -170,7 +173,7 @@ def slot_phases(
             f"cp_size={cp_size} does not divide the {len(pieces)} GPUs of the pieces into "
             "replicas; give the plan's cp_size"
         )
-    fwd, bwd, toks = _gpu_phases(pieces, lengths, cpc)
+    fwd, bwd, toks = _gpu_phases(pieces, lengths, cpc, flat)
     shape = (len(pieces) // cp_size, cp_size, m)
     return (
         fwd.reshape(shape).max(axis=1),
@@ -244,9 +247,10 @@ def simulate_cp_pipeline(
     cp_size: int,
     sync: str,
     setup: CPPipelineSetup,
+    flat: tuple[np.ndarray, ...] | None = None,
 ) -> PlanPipelineSimulation:
     """The simulated pipeline step of a static CP plan's pieces, in their slot order."""
-    f, b, c = slot_phases(pieces, lengths, cpc, cp_size, setup.comm_per_token)
+    f, b, c = slot_phases(pieces, lengths, cpc, cp_size, setup.comm_per_token, flat)
     return simulate_phases(f, b, c, sync, setup.spec)
 
 

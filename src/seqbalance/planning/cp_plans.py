@@ -619,6 +619,7 @@ class CPPlan(Plan):
         replicas: int,
         sync: str,
         strategy: str,
+        micro_batches: list[list[list[int]]] | None = None,
     ) -> None:
         self.pieces = pieces
         self.lengths = lens
@@ -626,7 +627,7 @@ class CPPlan(Plan):
         self.cp = check_choice(cp, "cp", CP_MODES)
         self.cp_cost = cp_cost
         self.replicas = replicas
-        self.micro_batches = _slot_sequences(pieces)
+        self.micro_batches = _slot_sequences(pieces) if micro_batches is None else micro_batches
         self.costs = np.asarray(cp_cost.cost(lens), dtype=np.float64)
         self.per_microbatch = cp_cost.per_microbatch
         self.max_tokens = check_max_tokens(max_tokens, "max_tokens")
@@ -652,9 +653,12 @@ class CPPlan(Plan):
         notes: Sequence[str],
         size: str = "free",
         groups: np.ndarray | None = None,
+        micro_batches: list[list[list[int]]] | None = None,
     ) -> CPPlan:
+        # micro_batches: each GPU's slots' sorted sequences, where the caller has them
         self = cls.__new__(cls)
-        self._init_fields(pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy)
+        self._init_fields(pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy,
+                          micro_batches)  # fmt: skip
         self.notes = tuple(notes)
         self.size, self.groups = size, groups
         return self
@@ -846,11 +850,11 @@ class CPPlan(Plan):
             f"plan's own), got {type(cost).__name__}"
         )
 
-    def _check_cover(self) -> None:
+    def _check_cover(self, flat: tuple[np.ndarray, ...] | None = None) -> None:
         """Refuse pieces that miss or repeat a token, or split a sequence off the balanced
         layout (a hand-edited plan): its step time and gap would describe other work than
-        the batch's."""
-        flat = _flatten(self.pieces)
+        the batch's. ``flat``: ``_flatten(self.pieces)``, where the caller has it."""
+        flat = _flatten(self.pieces) if flat is None else flat
         _, _, seq, s, e = flat
         missing, dup = self._coverage(seq, s, e)
         if missing.any() or dup.any():
@@ -904,10 +908,11 @@ class CPPlan(Plan):
 
         if self.pipeline is None:
             raise ValueError("this plan has no pipeline; plan with cp='static' and pp_size > 1")
-        self._check_cover()
+        flat = _flatten(self.pieces)  # once, for the checks and the phases
+        self._check_cover(flat)
         sync = self.sync if sync is None else check_choice(sync, "sync", SYNC_MODELS)
         return simulate_cp_pipeline(
-            self.pieces, self.lengths, self.cp_cost, self.cp_size, sync, self.pipeline
+            self.pieces, self.lengths, self.cp_cost, self.cp_size, sync, self.pipeline, flat
         )
 
     def _simulate(self, costs: Any, c0: float, sync: str, bound: float | None) -> Simulation:
