@@ -863,18 +863,21 @@ def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[in
     used: list[int] = []
     level: list[float] = []
     first: dict[int, int] = {}
+    # the open groups, ascending (a closed group never opens again): each sequence scans
+    # only these, and the first best among them is the first best among all groups
+    live = np.zeros(0, dtype=np.int64)
     for k in np.lexsort((longs, -t_long)).tolist():
         i, d = int(longs[k]), int(deg[longs[k]])
         best = None
         ng = len(groups)
-        if ng:
-            gd, gr = g_deg[:ng], g_row[:ng]
+        if live.size:
+            gd, gr = g_deg[live], g_row[live]
             # (level - time - piece cost, as the scalar loop computed it: the same floats)
-            head = lvl[g_slot[:ng]] - g_time[:ng] - t_tab[gr, i]
-            ok = (g_open[:ng] & (gd >= d) & (2 * gd <= lens[i]) & (head >= 0)
-                  & (g_tok[:ng] + p_tab[gr, i] <= cap))  # fmt: skip
+            head = lvl[g_slot[live]] - g_time[live] - t_tab[gr, i]
+            ok = ((gd >= d) & (2 * gd <= lens[i]) & (head >= 0)
+                  & (g_tok[live] + p_tab[gr, i] <= cap))  # fmt: skip
             if ok.any():
-                b = int(np.argmax(np.where(ok, head, -np.inf)))  # the first best
+                b = int(live[np.argmax(np.where(ok, head, -np.inf))])  # the first best
                 best = groups[b]
         if best is None:
             # the first slot with d GPUs left (slots only fill up, so it never moves back)
@@ -888,6 +891,7 @@ def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[in
             best, b = _Group(d, j), ng
             g_deg[b], g_row[b], g_slot[b], g_open[b] = d, row[d], j, True
             groups.append(best)
+            live = np.append(live, b)
             used[j] += d
         best.add(i, float(req.tables[best.d][0][i]), int(req.tables[best.d][2][i]))
         g_time[b], g_tok[b] = best.time, best.tok
@@ -895,6 +899,7 @@ def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[in
         lvl[best.slot] = level[best.slot]
         if best.tok + smallest[best.d] > cap:
             g_open[b] = False
+            live = live[live != b]
     return groups, used, level
 
 
