@@ -183,6 +183,8 @@ class _Request:
 
     def members(self, i: int) -> list[list[tuple[int, int, int]]]:
         """Sequence ``i``'s ranges on each of the ``cp_size`` GPUs of a replica."""
+        if not self._members and self.n and self.cp_size > 1:
+            self._members = _balanced_members(self.lens, self.cp_size)
         out = self._members.get(i)
         if out is None:
             out = self._members[i] = _group_pieces([i], self.lens, self.cp_size)
@@ -341,6 +343,21 @@ def _check_bounds(
 
 
 # ---- pieces from groups -------------------------------------------------------------------
+
+
+def _balanced_members(lens: np.ndarray, d: int) -> dict[int, list[list[tuple[int, int, int]]]]:
+    """:func:`_group_pieces` of every sequence alone at degree ``d >= 2``, from the
+    balanced layout's cuts computed for all sequences at once (the same ranges)."""
+    cuts = (np.arange(2 * d + 1, dtype=np.int64)[None, :] * lens.astype(np.int64)[:, None]) // (
+        2 * d
+    )
+    r = np.arange(d)
+    s1, e1 = cuts[:, r].tolist(), cuts[:, r + 1].tolist()
+    s2, e2 = cuts[:, 2 * d - 1 - r].tolist(), cuts[:, 2 * d - r].tolist()
+    return {
+        i: [[(i, a, b), (i, c, e)] for a, b, c, e in zip(s1[i], e1[i], s2[i], e2[i])]
+        for i in range(lens.shape[0])
+    }
 
 
 def _group_pieces(seqs: list[int], lens: np.ndarray, d: int) -> list[list[tuple[int, int, int]]]:
