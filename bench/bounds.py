@@ -21,6 +21,8 @@ planned or the error's first words).
     python bench/bounds.py                     # 10,000 cases (about half an hour on 2 cores)
     python bench/bounds.py --quick             # 300 cases
     python bench/bounds.py --reproducers       # the reproducers, one child process each
+    git archive REV src | tar -x -C /tmp/base   # ... next to an older commit's, alternately:
+    python bench/bounds.py --reproducers --baseline-src /tmp/base/src
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import resource
 import signal
 import subprocess
@@ -126,26 +129,44 @@ def _child(name: str, limit_gb: float) -> None:
     print(json.dumps({"seconds": elapsed, "cpu_s": cpu, "peak_mb": peak, "outcome": outcome}))
 
 
+def _run_child(name: str, args: argparse.Namespace, src: str | None) -> dict[str, Any]:
+    """One reproducer in a child process (``src``: the seqbalance source tree to import)."""
+    cmd = [sys.executable, __file__, "--child", name, "--memory-limit", str(args.memory_limit)]
+    env = None if src is None else {**os.environ, "PYTHONPATH": src}
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                             timeout=args.case_timeout * 4)  # fmt: skip
+        row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        row = {"seconds": None, "peak_mb": None, "outcome": "timeout"}
+    except (IndexError, json.JSONDecodeError):
+        row = {"seconds": None, "peak_mb": None, "outcome": f"crashed: {out.stderr[-300:]}"}
+    return row
+
+
+def _cells(row: dict[str, Any]) -> str:
+    sec = "-" if row["seconds"] is None else f"{row['seconds']:.3f}"
+    cpu = "-" if row.get("cpu_s") is None else f"{row['cpu_s']:.3f}"
+    peak = "-" if row["peak_mb"] is None else f"{row['peak_mb']:.0f}"
+    return f"{sec:>7} {cpu:>7} {peak:>8}"
+
+
 def run_reproducers(args: argparse.Namespace) -> dict[str, Any]:
     names = list(_reproducers())
     rows = []
-    print(f"{'reproducer':72} {'time s':>7} {'cpu s':>7} {'peak MB':>8}  outcome")
+    head = f"{'reproducer':72} {'time s':>7} {'cpu s':>7} {'peak MB':>8}"
+    if args.baseline_src:  # the same children on another source tree, alternately
+        head += f" | {'base s':>7} {'cpu s':>7} {'peak MB':>8}"
+    print(head + "  outcome")
     for name in names:
-        cmd = [sys.executable, __file__, "--child", name, "--memory-limit", str(args.memory_limit)]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True,
-                                 timeout=args.case_timeout * 4)  # fmt: skip
-            row = json.loads(out.stdout.strip().splitlines()[-1])
-        except subprocess.TimeoutExpired:
-            row = {"seconds": None, "peak_mb": None, "outcome": "timeout"}
-        except (IndexError, json.JSONDecodeError):
-            row = {"seconds": None, "peak_mb": None, "outcome": f"crashed: {out.stderr[-300:]}"}
+        row = _run_child(name, args, None)
+        line = f"{name:72} {_cells(row)}"
+        if args.baseline_src:
+            row["baseline"] = _run_child(name, args, args.baseline_src)
+            line += f" | {_cells(row['baseline'])}"
         row["name"] = name
         rows.append(row)
-        sec = "-" if row["seconds"] is None else f"{row['seconds']:.3f}"
-        cpu = "-" if row.get("cpu_s") is None else f"{row['cpu_s']:.3f}"
-        peak = "-" if row["peak_mb"] is None else f"{row['peak_mb']:.0f}"
-        print(f"{name:72} {sec:>7} {cpu:>7} {peak:>8}  {row['outcome'][:90]}", flush=True)
+        print(f"{line}  {row['outcome'][:90]}", flush=True)
     ok = [r for r in rows if r["seconds"] is not None]
     print(f"slowest {max(r['seconds'] for r in ok):.3f} s wall, "
           f"{max(r.get('cpu_s', 0.0) for r in ok):.3f} s CPU; largest peak "
@@ -363,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case-timeout", type=float, default=60.0, help="seconds per case")
     ap.add_argument("--memory-limit", type=float, default=4.0, help="GiB per process")
     ap.add_argument("--reproducers", action="store_true", help="run the reproducers instead")
+    ap.add_argument("--baseline-src", help="with --reproducers: also run each on this source "
+                    "tree (e.g. an exported older commit's src/), side by side")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--json", default="bench/results/bounds.json")
     ap.add_argument("--partial", help="also write the rows done so far here, every 500")
