@@ -672,9 +672,11 @@ def test_static_cp_slot_phases_from_the_sequence_table_match_the_pieces(sync):
 
     rng = np.random.default_rng(6)
     lens = rng.integers(1, 9000, 60)
+    from seqbalance.planning.planner import _plan_replicas
+
     req = _validate(lens, 2, 4096, 4, "static", "qwen2.5-7b", None, sync, 1, 1, False, True,
                     {}, {"pp_size": 2, "schedule": "1f1b", "virtual_stages": 1,
-                         "pp_comm": 0.001})  # fmt: skip
+                         "pp_comm": 0.001}, _plan_replicas)  # fmt: skip
     base = _static_base(req)
     got = _replica_phases(req, base)
     want = slot_phases(_replica_pieces(req, base), req.lens, req.cpc, 4,
