@@ -4,8 +4,10 @@ Default mode: ``--cases`` random option combinations (lengths, mesh, capacity, c
 rules, costs; n <= ``--max-n``) planned in a pool of ``--workers`` processes. Each case
 runs under a per-case alarm (``--case-timeout``) and each worker under an address-space
 limit (``--memory-limit``), so a runaway case is recorded, never waited for. Per case:
-its wall time (``time.perf_counter`` around the ``plan`` call), whether it planned or
-raised ``ValueError`` (any other exception is a failure), the guarantees of a plan
+its wall time (``time.perf_counter`` around the ``plan`` call) and CPU time
+(``time.process_time``: on a shared, busy machine, nearer what the call takes alone),
+whether it planned or raised ``ValueError`` (any other exception is a failure), the
+guarantees of a plan
 (coverage, the capacity, equal counts, no empty micro-batch unless allowed), and the
 worker's peak RSS (``resource.getrusage``) after it: a case that raised the worker's peak
 is charged with it. Prints the slowest cases and the peak memory; writes
@@ -19,6 +21,8 @@ planned or the error's first words).
     python bench/bounds.py                     # 10,000 cases (about half an hour on 2 cores)
     python bench/bounds.py --quick             # 300 cases
     python bench/bounds.py --reproducers       # the reproducers, one child process each
+    git archive REV src | tar -x -C /tmp/base   # ... next to an older commit's, alternately:
+    python bench/bounds.py --reproducers --baseline-src /tmp/base/src
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import resource
 import signal
 import subprocess
@@ -109,6 +114,7 @@ def _child(name: str, limit_gb: float) -> None:
     lim = int(limit_gb * 2**30)
     resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
     call = _reproducers()[name]
+    c0 = time.process_time()
     t0 = time.perf_counter()
     try:
         p = call()
@@ -118,31 +124,52 @@ def _child(name: str, limit_gb: float) -> None:
     except MemoryError:
         outcome = "MemoryError"
     elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - c0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"seconds": elapsed, "peak_mb": peak, "outcome": outcome}))
+    print(json.dumps({"seconds": elapsed, "cpu_s": cpu, "peak_mb": peak, "outcome": outcome}))
+
+
+def _run_child(name: str, args: argparse.Namespace, src: str | None) -> dict[str, Any]:
+    """One reproducer in a child process (``src``: the seqbalance source tree to import)."""
+    cmd = [sys.executable, __file__, "--child", name, "--memory-limit", str(args.memory_limit)]
+    env = None if src is None else {**os.environ, "PYTHONPATH": src}
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env,
+                             timeout=args.case_timeout * 4)  # fmt: skip
+        row: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        row = {"seconds": None, "peak_mb": None, "outcome": "timeout"}
+    except (IndexError, json.JSONDecodeError):
+        row = {"seconds": None, "peak_mb": None, "outcome": f"crashed: {out.stderr[-300:]}"}
+    return row
+
+
+def _cells(row: dict[str, Any]) -> str:
+    sec = "-" if row["seconds"] is None else f"{row['seconds']:.3f}"
+    cpu = "-" if row.get("cpu_s") is None else f"{row['cpu_s']:.3f}"
+    peak = "-" if row["peak_mb"] is None else f"{row['peak_mb']:.0f}"
+    return f"{sec:>7} {cpu:>7} {peak:>8}"
 
 
 def run_reproducers(args: argparse.Namespace) -> dict[str, Any]:
     names = list(_reproducers())
     rows = []
-    print(f"{'reproducer':72} {'time s':>7} {'peak MB':>8}  outcome")
+    head = f"{'reproducer':72} {'time s':>7} {'cpu s':>7} {'peak MB':>8}"
+    if args.baseline_src:  # the same children on another source tree, alternately
+        head += f" | {'base s':>7} {'cpu s':>7} {'peak MB':>8}"
+    print(head + "  outcome")
     for name in names:
-        cmd = [sys.executable, __file__, "--child", name, "--memory-limit", str(args.memory_limit)]
-        try:
-            out = subprocess.run(cmd, capture_output=True, text=True,
-                                 timeout=args.case_timeout * 4)  # fmt: skip
-            row = json.loads(out.stdout.strip().splitlines()[-1])
-        except subprocess.TimeoutExpired:
-            row = {"seconds": None, "peak_mb": None, "outcome": "timeout"}
-        except (IndexError, json.JSONDecodeError):
-            row = {"seconds": None, "peak_mb": None, "outcome": f"crashed: {out.stderr[-300:]}"}
+        row = _run_child(name, args, None)
+        line = f"{name:72} {_cells(row)}"
+        if args.baseline_src:
+            row["baseline"] = _run_child(name, args, args.baseline_src)
+            line += f" | {_cells(row['baseline'])}"
         row["name"] = name
         rows.append(row)
-        sec = "-" if row["seconds"] is None else f"{row['seconds']:.3f}"
-        peak = "-" if row["peak_mb"] is None else f"{row['peak_mb']:.0f}"
-        print(f"{name:72} {sec:>7} {peak:>8}  {row['outcome'][:90]}", flush=True)
+        print(f"{line}  {row['outcome'][:90]}", flush=True)
     ok = [r for r in rows if r["seconds"] is not None]
-    print(f"slowest {max(r['seconds'] for r in ok):.3f} s; largest peak "
+    print(f"slowest {max(r['seconds'] for r in ok):.3f} s wall, "
+          f"{max(r.get('cpu_s', 0.0) for r in ok):.3f} s CPU; largest peak "
           f"{max(r['peak_mb'] for r in ok):.0f} MB (child process RSS, interpreter included)")
     return {"reproducers": rows}
 
@@ -259,6 +286,7 @@ def run_case(job: tuple[int, int, float]) -> dict[str, Any]:
     lens, dp, cap, kw = random_case(seed, max_n)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     signal.setitimer(signal.ITIMER_REAL, timeout)
+    c0 = time.process_time()
     t0 = time.perf_counter()
     broken = ""
     try:
@@ -281,12 +309,13 @@ def run_case(job: tuple[int, int, float]) -> dict[str, Any]:
         outcome = f"{type(exc).__name__}: {str(exc)[:120]}"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+    cpu = time.process_time() - c0
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "seed": seed, "n": len(lens), "dp": dp, "max_tokens": cap,
         "options": {k: (f"<{len(v)} values>" if isinstance(v, list) else v)
                     for k, v in kw.items()},
-        "seconds": elapsed, "outcome": outcome, "broken": broken,
+        "seconds": elapsed, "cpu_s": cpu, "outcome": outcome, "broken": broken,
         "peak_mb": after / 1024, "raised_peak": after > before,
     }  # fmt: skip
 
@@ -319,9 +348,11 @@ def run_random(args: argparse.Namespace) -> dict[str, Any]:
     times = np.array([r["seconds"] for r in rows])
     print(f"{cases} cases (n <= {args.max_n}) in {wall:.0f} s on {args.workers} workers: "
           + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))  # fmt: skip
+    cpu = np.array([r.get("cpu_s", r["seconds"]) for r in rows])
     print(f"time per case: median {np.median(times) * 1e3:.1f} ms, p99 "
           f"{np.quantile(times, 0.99) * 1e3:.0f} ms, max {times.max():.3f} s; "
-          f"{over_1s} cases over 1 s")
+          f"{over_1s} cases over 1 s (CPU time: max {cpu.max():.3f} s, "
+          f"{int((cpu > 1.0).sum())} cases over 1 s)")
     print("slowest cases:")
     for r in by_time[:5]:
         print(f"  {r['seconds']:7.3f} s  seed {r['seed']}  n={r['n']} dp={r['dp']} "
@@ -337,6 +368,7 @@ def run_random(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "cases": cases, "max_n": args.max_n, "workers": args.workers, "seed": args.seed,
         "wall_s": wall, "outcomes": counts, "over_1s": int(over_1s),
+        "over_1s_cpu": int((cpu > 1.0).sum()), "max_cpu_s": float(cpu.max()),
         "median_s": float(np.median(times)), "p99_s": float(np.quantile(times, 0.99)),
         "slowest": by_time[:20], "peak": peak, "broken": broken, "other_errors": others,
     }  # fmt: skip
@@ -352,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case-timeout", type=float, default=60.0, help="seconds per case")
     ap.add_argument("--memory-limit", type=float, default=4.0, help="GiB per process")
     ap.add_argument("--reproducers", action="store_true", help="run the reproducers instead")
+    ap.add_argument("--baseline-src", help="with --reproducers: also run each on this source "
+                    "tree (e.g. an exported older commit's src/), side by side")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--json", default="bench/results/bounds.json")
     ap.add_argument("--partial", help="also write the rows done so far here, every 500")

@@ -472,3 +472,285 @@ def test_pipeline_simulation_node_by_node_matches_the_level_passes(p, schedule, 
     finally:
         pipeline._SCALAR_RATIO = saved
     assert np.array_equal(by_level, by_node)
+
+
+# ---- pipeline searches: cheaper simulations, work budgets -----------------------------
+
+
+def _moves_by_loop(m):
+    """The neighbour moves as a loop over pairs builds them (the specification)."""
+    base = np.arange(m)
+    full, ends, out = m <= 24, {0, 1, m - 2, m - 1}, []
+    for i in range(m):
+        for j in range(i + 1, m):
+            if full or j - i <= 4 or i in ends or j in ends:
+                q = base.copy()
+                q[i], q[j] = q[j], q[i]
+                out.append(q)
+    for i in range(m):
+        for j in range(m):
+            if abs(i - j) >= 2 and (full or i in ends or j in ends):
+                out.append(np.insert(np.delete(base, i), j, i))
+    return np.asarray(out, dtype=np.int64).reshape(-1, m)
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 24, 25, 40])
+def test_moves_match_the_loop(m):
+    got = _moves(m)
+    assert np.array_equal(got, _moves_by_loop(m))
+    assert not got.flags.writeable  # cached: shared by every search of this count
+
+
+def _stage_orders_by_loop(p, m, schedule, v):
+    """Every stage's operations as the schedules' descriptions list them."""
+    out = []
+    for s in range(p):
+        if schedule == "gpipe":
+            ops = [(0, i, 0) for i in range(m)] + [(1, i, 0) for i in range(m)]
+        elif schedule == "1f1b":
+            w = min(p - s - 1, m)
+            ops = [(0, i, 0) for i in range(w)]
+            for k in range(m - w):
+                ops += [(0, w + k, 0), (1, k, 0)]
+            ops += [(1, i, 0) for i in range(m - w, m)]
+        else:
+            total = m * v
+
+            def fwd(k):
+                return (0, (k // (p * v)) * p + k % p, (k // p) % v)
+
+            def bwd(k):
+                return (1, (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
+
+            w = total if m == p else min(2 * (p - s - 1) + (v - 1) * p, total)
+            ops = [fwd(k) for k in range(w)]
+            for k in range(total - w):
+                ops += [fwd(w + k), bwd(k)]
+            ops += [bwd(k) for k in range(total - w, total)]
+        out.append(ops)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("p", "schedule", "v", "m"),
+    [(1, "1f1b", 1, 3), (3, "1f1b", 1, 2), (4, "1f1b", 1, 9), (3, "gpipe", 1, 5),
+     (2, "interleaved", 2, 2), (2, "interleaved", 4, 6), (4, "interleaved", 3, 8),
+     (1, "interleaved", 2, 3)],
+)  # fmt: skip
+def test_pipeline_graph_built_with_arrays_matches_the_schedules(p, schedule, v, m):
+    from seqbalance.planning.pipeline import PipelineGraph, check_pipeline, stage_orders
+
+    want = _stage_orders_by_loop(p, m, schedule, v)
+    assert stage_orders(p, m, schedule, v) == want
+    g = PipelineGraph(check_pipeline(p, schedule, v), m)
+    node = {}
+    for s, ops in enumerate(want):
+        for ph, i, c in ops:
+            node[(ph, i, c, s)] = len(node)
+    n = len(node)
+    for (ph, i, c, s), k in node.items():
+        if ph == 0:
+            src = (0, i, c, s - 1) if s else ((0, i, c - 1, p - 1) if c else None)
+        elif s == p - 1 and c == v - 1:
+            src = (0, i, c, s)
+        else:
+            src = (1, i, c, s + 1) if s < p - 1 else (1, i, c + 1, 0)
+        assert g.dep[k] == (n if src is None else node[src])
+        assert g.cross[k] == (src is not None and src[3] != s)
+        assert g.prev[k] == (k - 1 if k % (2 * m * v) else n)
+    # every level's nodes depend only on earlier levels
+    level = np.empty(n, dtype=np.int64)
+    for d, nodes in enumerate(g.levels):
+        level[nodes] = d
+    for k in range(n):
+        for q in (g.prev[k], g.dep[k]):
+            assert q == n or level[q] < level[k]
+
+
+@pytest.mark.parametrize(("p", "schedule", "v"), [(2, "1f1b", 1), (4, "gpipe", 1),
+                                                  (3, "interleaved", 2), (2, "interleaved", 4)])
+@pytest.mark.parametrize("m", [2, 3, 6, 12])
+def test_window_term_matches_the_matrix_product(p, schedule, v, m):
+    from seqbalance.planning.pipeline import _stage_orders, _window_term, _windows, check_pipeline
+
+    if m % p and schedule == "interleaved":
+        pytest.skip("interleaved needs a multiple of pp_size")
+    spec = check_pipeline(p, schedule, v)
+    # the counts by definition: operations of position j' outside j's window on stage 0
+    ops = _stage_orders(p, m, schedule, v)[0]
+    first = {i: t for t, (ph, i, c) in enumerate(ops) if ph == 0 and c == 0}
+    last = {i: t for t, (ph, i, c) in enumerate(ops) if ph == 1 and c == 0}
+    alpha, beta = _windows(spec, m)
+    for ph, table in ((0, alpha), (1, beta)):
+        counts = np.zeros((m, m))
+        for j in range(m):
+            for t, (q, i, _) in enumerate(ops):
+                if q == ph and i != j and (t < first[j] or t > last[j]):
+                    counts[j, i] += 1
+        assert np.array_equal(table, -np.sort(-counts, axis=1)[:, : m - 1])
+    rng = np.random.default_rng(m)
+    f, b = rng.uniform(0.1, 5.0, m), rng.uniform(0.1, 9.0, m)
+    trips = p * (f + b)
+    keep = ~np.eye(m, dtype=bool)
+
+    def others(x):
+        return np.sort(np.broadcast_to(x, (m, m))[keep].reshape(m, m - 1), axis=1)
+
+    want = float(np.max(trips + (others(f) @ alpha.T + others(b) @ beta.T).min(axis=1)))
+    assert _window_term(trips, f, b, (alpha, beta)) == pytest.approx(want, rel=1e-12)
+
+
+def test_order_search_pool_is_shared_and_deterministic():
+    from seqbalance.planning import pipeline_orders as po
+    from seqbalance.planning.pipeline import check_pipeline
+
+    rng = np.random.default_rng(3)
+    f = rng.uniform(1, 10, (6, 30))
+    b = 2 * f + rng.uniform(0, 1, (6, 30))
+    spec = check_pipeline(4, "1f1b")
+    alone = po.best_orders(f, b, None, spec)
+    starts = po.best_orders(f, b, None, spec, exact_limit=0, budget=0)
+    with po.search_pool(0):  # nothing to spend: the best starting orders
+        spent = po.best_orders(f, b, None, spec)
+    assert np.array_equal(spent[0], starts[0]) and np.array_equal(spent[1], starts[1])
+    with po.search_pool(po.BUDGET):
+        first = po.best_orders(f, b, None, spec)
+        assert po._POOL.get()[0] < po.BUDGET  # the search took its work out of the pool
+        with po.search_pool(1):  # a nested block shares the outer pool
+            assert po._POOL.get()[0] > 1
+    assert np.array_equal(first[0], alone[0])  # the pool held the search's own budget
+    assert np.all(alone[1] <= starts[1])
+
+
+def test_exhaustive_order_search_of_many_replicas_keeps_its_budget():
+    from seqbalance.planning import pipeline_orders as po
+    from seqbalance.planning.pipeline import check_pipeline, graph
+
+    rng = np.random.default_rng(4)
+    r, m = 64, 7  # 64 replicas x 7! orders: far beyond one budget
+    f = rng.uniform(1, 10, (r, m))
+    b = 2 * f
+    spec = check_pipeline(4, "1f1b")
+    per = 5040 * graph(spec, m).n_nodes
+    budget = 3 * per
+    with po.search_pool(10**12):
+        orders, times = po.best_orders(f, b, None, spec, budget=budget)
+        assert 10**12 - po._POOL.get()[0] <= budget
+    for row, o, t in zip(range(r), orders, times):
+        assert sorted(o.tolist()) == list(range(m))
+        assert t == pytest.approx(float(graph(spec, m).step_times(f[row][o], b[row][o])[0]))
+
+
+def test_remembered_step_times_match_a_fresh_simulation():
+    from seqbalance.planning.pipeline import PipelineGraph, check_pipeline, graph
+
+    spec = check_pipeline(2, "1f1b")
+    m = 6000  # 24,000 operations: step times of a few orders are remembered
+    g = graph(spec, m)
+    rng = np.random.default_rng(5)
+    f = rng.uniform(0, 3, (3, m))
+    b = 2 * f
+    c = np.zeros((3, m))
+    first = g.step_times(f, b, None)
+    again = g.step_times(f[::-1], b[::-1], c)  # zeros run as no transfer time
+    fresh = PipelineGraph(spec, m).step_times(f, b, None)
+    assert np.array_equal(first, fresh) and np.array_equal(again, first[::-1])
+    c[1] = 0.5
+    with_comm = g.step_times(f, b, c)
+    assert with_comm[1] > first[1] and with_comm[0] == first[0]
+
+
+@pytest.mark.parametrize("sync", ["ddp", "fsdp"])
+def test_static_cp_slot_phases_from_the_sequence_table_match_the_pieces(sync):
+    from seqbalance.planning.context_parallel import (
+        _replica_phases,
+        _replica_pieces,
+        _static_base,
+        _validate,
+    )
+    from seqbalance.planning.cp_pipeline import slot_phases
+
+    rng = np.random.default_rng(6)
+    lens = rng.integers(1, 9000, 60)
+    from seqbalance.planning.planner import _plan_replicas
+
+    req = _validate(lens, 2, 4096, 4, "static", "qwen2.5-7b", None, sync, 1, 1, False, True,
+                    {}, {"pp_size": 2, "schedule": "1f1b", "virtual_stages": 1,
+                         "pp_comm": 0.001}, _plan_replicas)  # fmt: skip
+    base = _static_base(req)
+    got = _replica_phases(req, base)
+    want = slot_phases(_replica_pieces(req, base), req.lens, req.cpc, 4,
+                       req.pp.comm_per_token)  # fmt: skip
+    for a, b in zip(got, want):
+        assert np.allclose(a, b, rtol=1e-12, atol=0)
+
+
+def test_wide_static_cp_pipeline_with_extra_counts_stays_valid_and_deterministic():
+    rng = np.random.default_rng(0)
+    lens = rng.integers(1, 235931, 300)
+    kw = dict(cp_size=32, pp_size=2, schedule="interleaved", virtual_stages=4,
+              extra_micro_batches=2)  # fmt: skip
+    p = sb.plan(lens, 3, 8192, **kw)
+    assert p.violations().get("missing", 0) == 0 and p.violations().get("duplicated", 0) == 0
+    assert p.num_micro_batches % 2 == 0
+    assert json.dumps(p.to_dict()) == json.dumps(sb.plan(lens, 3, 8192, **kw).to_dict())
+    flat = sb.plan(lens, 3, 8192, cp_size=32).simulate().step_time  # never below its bound
+    assert p.simulate_pipeline().step_time > 0 and flat > 0
+
+
+@given(st.integers(0, 2**32 - 1))
+@settings(max_examples=40, deadline=None)
+def test_slot_groups_match_union_find(seed):
+    """The vectorised components of GPUs sharing a sequence in a slot: the smallest GPU of
+    each, as a union-find over the shared pairs gives it."""
+    from seqbalance.planning.cp_plans import _slot_groups
+
+    rng = np.random.default_rng(seed)
+    world, m = int(rng.integers(1, 12)), int(rng.integers(1, 5))
+    pieces = [[[] for _ in range(m)] for _ in range(world)]
+    for i in range(int(rng.integers(0, 20))):
+        j = int(rng.integers(0, m))
+        for g in rng.choice(world, int(rng.integers(1, world + 1)), replace=False).tolist():
+            pieces[g][j].append((i, 0, 1))
+    got = _slot_groups(pieces, world, m)
+    for j in range(m):
+        parent = list(range(world))
+
+        def find(x, parent=parent):
+            while parent[x] != x:
+                x = parent[x]
+            return x
+
+        for i in {p[0] for g in range(world) for p in pieces[g][j]}:
+            holders = [g for g in range(world) if any(p[0] == i for p in pieces[g][j])]
+            for a, b in zip(holders, holders[1:]):
+                ra, rb = find(a), find(b)
+                parent[max(ra, rb)] = min(ra, rb)
+        assert got[j].tolist() == [find(g) for g in range(world)]
+
+
+def test_replica_plans_remembered_within_a_request_only(monkeypatch):
+    """plan() plans a pipelined static CP request again without its extra counts; the
+    replica plans made the first time are reused then, never by a later request."""
+    import seqbalance.planning.context_parallel as cpm
+
+    rng = np.random.default_rng(7)
+    lens = rng.integers(1, 30000, 120)
+    kw = dict(cp_size=4, pp_size=2, extra_micro_batches=1, sync="ddp")
+    first = json.dumps(sb.plan(lens, 2, 8192, **kw).to_dict())
+    second = json.dumps(sb.plan(lens, 2, 8192, **kw).to_dict())
+    monkeypatch.setattr(cpm, "_remembered", lambda scope, key: None)
+    fresh = json.dumps(sb.plan(lens, 2, 8192, **kw).to_dict())
+    assert first == second == fresh
+    assert all(e[0] is not None for e in cpm._MEMO)
+
+
+@pytest.mark.parametrize("kw", [dict(cp_size=4), dict(cp_size=4, pp_size=2, sync="ddp"),
+                                dict(cp_size=8, pp_size=2, extra_micro_batches=1),
+                                dict(cp_size=32, cp="dynamic", allow_empty=True)])  # fmt: skip
+def test_cp_plans_list_the_sequences_their_pieces_hold(kw):
+    """The per-GPU sequence lists a CP plan is built with match its pieces."""
+    rng = np.random.default_rng(8)
+    lens = rng.integers(0, 30000, 150)
+    p = sb.plan(lens, 2, 16384, **kw)
+    assert p.micro_batches == [[sorted({q[0] for q in slot}) for slot in gpu] for gpu in p.pieces]

@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..costs.context_parallel import balanced_layout
-from .cp_plans import CPPlan, Pieces
+from .cp_plans import CPPlan, Pieces, _layout
 
 __all__ = ["megatron_cp_plan", "megatron_degrees"]
 
@@ -139,7 +138,7 @@ def megatron_cp_plan(req: Any) -> CPPlan:
         for g in range(W):
             for i in members[g]:
                 d = int(deg[i])  # aligned group: g % d is the member's rank inside it
-                pieces[g][j].extend((i, s, e) for s, e in balanced_layout(int(lens[i]), d)[g % d])
+                pieces[g][j].extend((i, s, e) for s, e in _layout(int(lens[i]), d)[g % d])
     return CPPlan._from_validated_pieces(
         pieces,
         lens,

@@ -40,8 +40,11 @@ degree ``d`` runs on ``d`` GPUs of one slot in the load-balanced layout (see
 
 from __future__ import annotations
 
+import bisect
+import copy
 import heapq
 import math
+import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -57,23 +60,30 @@ from .._validate import (
     check_positive_int,
     is_array_like,
 )
-from ..costs.context_parallel import ContextParallelCost, balanced_layout
+from ..costs.context_parallel import ContextParallelCost
+from ..partitioning import searches as _searches
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
 from ._megatron import megatron_cp_plan, megatron_degrees
 from ._slots import fill_slack
-from .cp_pipeline import CPPipelineSetup, order_slots, pipeline_note, simulate_cp_pipeline
+from .cp_pipeline import CPPipelineSetup, order_phases, permute_slots, pipeline_note
 from .cp_plans import (
     CP_MODES,
     CPPlan,
     Pieces,
+    _layout,
     _powers,
     check_cp_size,
     degree_tables,
     simulate_pieces,
 )
 from .limits import EXACT_NODES_PER_REQUEST, check_counts, check_mesh, check_slots
+from .pipeline_orders import BUDGET, search_suspended
 from .simulation import SYNC_MODELS
+
+#: Simulated operations the pipeline order searches of one static CP plan may spend in all
+#: (its replica plans' slot orders; see :func:`_static`).
+ORDER_BUDGET = 2 * BUDGET
 
 __all__ = ["cost_without_cp", "make_cp_cost", "plan_cp_spec"]
 
@@ -169,6 +179,22 @@ class _Request:
         self.n = int(lens.shape[0])
         self.tables = degree_tables(lens, cpc, cp_size)
         self.d_min = self._min_degrees()
+        # static CP: each sequence's ranges on the cp_size GPUs of its replica, its pieces'
+        # phases there, and the slot orders searched for a replica plan (by id, with the
+        # plan kept alive next to them), each computed once per request
+        self._members: dict[int, list[list[tuple[int, int, int]]]] = {}
+        self._phases: tuple[np.ndarray, ...] | None = None
+        self._orders: dict[int, tuple[Any, np.ndarray, float, tuple[np.ndarray, ...]]] = {}
+        self.order_budget = ORDER_BUDGET
+
+    def members(self, i: int) -> list[list[tuple[int, int, int]]]:
+        """Sequence ``i``'s ranges on each of the ``cp_size`` GPUs of a replica."""
+        if not self._members and self.n and self.cp_size > 1:
+            self._members = _balanced_members(self.lens, self.cp_size)
+        out = self._members.get(i)
+        if out is None:
+            out = self._members[i] = _group_pieces([i], self.lens, self.cp_size)
+        return out
 
     def _min_degrees(self) -> np.ndarray:
         d_min = np.zeros(self.n, dtype=np.int64)
@@ -307,13 +333,29 @@ def _check_bounds(
 # ---- pieces from groups -------------------------------------------------------------------
 
 
+def _balanced_members(lens: np.ndarray, d: int) -> dict[int, list[list[tuple[int, int, int]]]]:
+    """:func:`_group_pieces` of every sequence alone at degree ``d >= 2``, from the
+    balanced layout's cuts computed for all sequences at once (the same ranges)."""
+    cuts = (np.arange(2 * d + 1, dtype=np.int64)[None, :] * lens.astype(np.int64)[:, None]) // (
+        2 * d
+    )
+    r = np.arange(d)
+    s1, e1 = cuts[:, r].tolist(), cuts[:, r + 1].tolist()
+    s2, e2 = cuts[:, 2 * d - 1 - r].tolist(), cuts[:, 2 * d - r].tolist()
+    return {
+        i: [[(i, a, b), (i, c, e)] for a, b, c, e in zip(s1[i], e1[i], s2[i], e2[i])]
+        for i in range(lens.shape[0])
+    }
+
+
 def _group_pieces(seqs: list[int], lens: np.ndarray, d: int) -> list[list[tuple[int, int, int]]]:
     """Per member GPU of a ``d``-group: the ranges of every sequence of the group."""
     out: list[list[tuple[int, int, int]]] = [[] for _ in range(d)]
     for i in seqs:
-        for r, ranges in enumerate(balanced_layout(int(lens[i]), d)):
+        for r, ranges in enumerate(_layout(int(lens[i]), d)):
             out[r].extend((i, s, e) for s, e in ranges)
     return out
+
 
 
 def _place_block(free: np.ndarray, load: np.ndarray, w: int, sync: str) -> int:
@@ -366,11 +408,20 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
     if flat and req.pp is not None:
         options = {k: v for k, v in options.items() if k not in req.pp_kwargs}
         options["micro_batch_multiple"] = mult = math.lcm(req.mult, req.pp.spec.count_multiple)
+    key = (ptok.tobytes(), tmax.tobytes(), req.dp, req.cap, _frozen(options))
+    scope = _searches._POOL.get()  # this request's (one call of plan()) exact-search pool
+    hit = _remembered(scope, key)
+    if hit is not None:
+        return hit
     try:
-        with using_words(REPLICA_WORDS):
+        # With a pipeline the replicas' slot order is searched afterwards on the pieces'
+        # own phases (_static_step), so the replica plan keeps its best starting order.
+        with search_suspended(), using_words(REPLICA_WORDS):
             base = replicas(ptok, req.dp, req.cap, cost=tmax, **options)
     except ValueError as exc:
-        return _in_replicas(exc)
+        base = _in_replicas(exc)
+        _remember(scope, key, base)
+        return base
     if mult != req.mult:  # a note would blame a micro_batch_multiple the caller did not pass
         said = f"micro_batch_multiple={mult}"
         base.notes = tuple(
@@ -379,16 +430,57 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
                             f"schedule={req.pp.spec.schedule!r})")  # type: ignore[union-attr]
             for n in base.notes
         )  # fmt: skip
-    return base
+    _remember(scope, key, base)
+    return copy.copy(base)
 
 
-def _replica_plan(req: _Request, **overrides: Any) -> Any:
+# Replica plans made in this request, for the next plan_cp call of the same request: with
+# a pipeline and extra_micro_batches, plan() plans the CP plan again without the extra
+# counts, whose replica plans are the ones just made. Scoped by the identity of the
+# request's exact-search pool, so a plan never depends on an earlier request (every rank
+# computes the same), and returned as copies (their notes are rewritten by the caller).
+_MEMO: list[tuple[Any, tuple[Any, ...], Any]] = []
+_MEMO_SIZE = 8
+_MEMO_LOCK = threading.Lock()
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable, exact stand-in for an option value (arrays by their bytes)."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, np.ndarray):
+        return ("array", value.dtype.str, value.shape, value.tobytes())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_frozen(v) for v in value))
+    return (type(value).__name__, value)
+
+
+def _remembered(scope: Any, key: tuple[Any, ...]) -> Any:
+    if scope is None:
+        return None
+    with _MEMO_LOCK:
+        for s, k, value in _MEMO:
+            if s is scope and k == key:
+                return value if isinstance(value, str) else copy.copy(value)
+    return None
+
+
+def _remember(scope: Any, key: tuple[Any, ...], value: Any) -> None:
+    if scope is None:
+        return
+    with _MEMO_LOCK:
+        _MEMO[:] = [e for e in _MEMO if e[0] is scope][-(_MEMO_SIZE - 1):]
+        _MEMO.append((scope, key, value if isinstance(value, str) else copy.copy(value)))
+
+
+def _replica_plan(req: _Request, with_flat: bool = True, **overrides: Any) -> Any:
     """:func:`_static_base`; with a pipeline, the faster on the pieces' own pipeline of the
     replicas planned for it and planned without it. The first prices each sequence at its
     slowest piece split with one backward ratio, a proxy that can lose (bench/cp_pp.py:
-    1.5% slower in a long-context case under ddp), so the second is a candidate too."""
+    1.5% slower in a long-context case under ddp), so the second is a candidate too
+    (unless ``with_flat`` is False)."""
     base = _static_base(req, **overrides)
-    if req.pp is None or isinstance(base, str):
+    if req.pp is None or isinstance(base, str) or not with_flat:
         return base
     flat = _static_base(req, flat=True, **overrides)
     if isinstance(flat, str):
@@ -411,15 +503,15 @@ def _static_step(req: _Request, base: Any) -> float:
     Every GPU of a replica holds a piece of every sequence of the replica's micro-batch, so
     the replica is one CP group per slot: under ``ddp`` it advances by its slowest GPU.
     With a pipeline: the pipeline step of the pieces in the order :func:`_static_pieces`
-    gives them (the full search, so the count that wins here is never slower there).
+    gives them (the order search runs here, on the slots' phases, and its orders are kept
+    for :func:`_static_pieces`: the count that wins here is the plan built there).
     """
     if req.pp is not None:
-        pieces = order_slots(
-            _replica_pieces(req, base), req.lens, req.cpc, req.cp_size, req.sync, req.pp
-        )
-        return simulate_cp_pipeline(
-            pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp
-        ).step_time
+        if id(base) not in req._orders:
+            phases = _replica_phases(req, base)
+            orders, step = order_phases(*phases, req.sync, req.pp, budget=req.order_budget)
+            req._orders[id(base)] = (base, orders, step, phases)
+        return float(req._orders[id(base)][2])
     costs, _ = req.cpc.rank_costs(req.lens, req.cp_size)  # (n, cp_size)
     c0 = req.cpc.per_microbatch
     m = base.num_micro_batches
@@ -429,6 +521,66 @@ def _static_step(req: _Request, base: Any) -> float:
             if items:
                 mb[r, j] = float((c0 + costs[items].sum(axis=0)).max())
     return float(mb.max(axis=0).sum()) if req.sync == "fsdp" else float(mb.sum(axis=1).max())
+
+
+def _sequence_phases(req: _Request) -> tuple[np.ndarray, ...]:
+    """``(n, cp_size)`` forward, backward and tokens of each sequence's piece on each GPU of
+    its replica (static CP: every sequence over ``cp_size`` GPUs, GPU ``r`` holding chunks
+    ``r`` and ``2 cp_size - 1 - r`` of the balanced layout), priced as
+    :func:`~.cp_plans._piece_entries` prices the pieces of a plan (the same sums)."""
+    if req._phases is None:
+        c = req.cp_size
+        lens = req.lens.astype(np.int64)
+        cuts = (np.arange(2 * c + 1, dtype=np.int64)[None, :] * lens[:, None]) // (2 * c)
+        r = np.arange(c)
+        s1, e1 = cuts[:, r], cuts[:, r + 1]
+        s2, e2 = cuts[:, 2 * c - 1 - r], cuts[:, 2 * c - r]
+        tok = (e1 - s1).astype(np.float64) + (e2 - s2).astype(np.float64)
+        f64 = np.float64
+        sq = (np.asarray(req.cpc._sq(s1.astype(f64), e1.astype(f64)), dtype=f64)
+              + np.asarray(req.cpc._sq(s2.astype(f64), e2.astype(f64)), dtype=f64))  # fmt: skip
+        length = np.broadcast_to(lens[:, None].astype(f64), tok.shape)
+        pf, pb = req.cpc._phases(length.ravel(), tok.ravel(), sq.ravel(),
+                                 np.full(tok.size, float(c)))  # fmt: skip
+        shape = tok.shape
+        req._phases = (np.asarray(pf, dtype=f64).reshape(shape),
+                       np.asarray(pb, dtype=f64).reshape(shape), tok,
+                       np.ones(shape, dtype=bool))  # fmt: skip
+    return req._phases
+
+
+def _replica_phases(req: _Request, base: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`~.cp_pipeline.slot_phases` of ``_replica_pieces(req, base)``, from the
+    per-sequence table of :func:`_sequence_phases` (each GPU's slot sums its pieces in
+    the same order as there) without building the pieces."""
+    fseq, bseq, tseq, present = _sequence_phases(req)
+    c, m = req.cp_size, base.num_micro_batches
+    if any(len(rank) != m for rank in base.micro_batches):
+        raise ValueError("every GPU needs the same number of slots for a pipeline")
+    f0, b0 = req.cpc.microbatch_phases()
+    world = req.dp * c
+    fwd, bwd, toks = np.full((world, m), f0), np.full((world, m), b0), np.zeros((world, m))
+    rows = [(r, j, i) for r, rank in enumerate(base.micro_batches)
+            for j, mb in enumerate(rank) for i in mb]  # fmt: skip
+    if rows:
+        r, j, i = (np.asarray(x, dtype=np.int64) for x in zip(*rows))
+        k = np.broadcast_to(np.arange(c), (r.size, c))
+        keep = present[i]
+        gpu = (r[:, None] * c + k)[keep]
+        slot = np.broadcast_to(j[:, None], (r.size, c))[keep]
+        seq = np.broadcast_to(i[:, None], (r.size, c))[keep]
+        k = k[keep]
+        order = np.lexsort((seq, slot, gpu))  # as the pieces' entries are summed
+        gpu, slot, seq, k = gpu[order], slot[order], seq[order], k[order]
+        np.add.at(fwd, (gpu, slot), fseq[seq, k])
+        np.add.at(bwd, (gpu, slot), bseq[seq, k])
+        np.add.at(toks, (gpu, slot), tseq[seq, k])
+    shape = (req.dp, c, m)
+    return (
+        fwd.reshape(shape).max(axis=1),
+        bwd.reshape(shape).max(axis=1),
+        toks.reshape(shape).max(axis=1) * req.pp.comm_per_token,  # type: ignore[union-attr]
+    )
 
 
 def _static_notes(req: _Request, notes: Any) -> list[str]:
@@ -459,7 +611,10 @@ def _replica_pieces(req: _Request, base: Any) -> Pieces:
     pieces: Pieces = [[] for _ in range(req.world)]
     for r, rank in enumerate(base.micro_batches):
         for mb in rank:
-            members = _group_pieces(mb, req.lens, c)
+            members: list[list[tuple[int, int, int]]] = [[] for _ in range(c)]
+            for i in mb:
+                for k, ranges in enumerate(req.members(i)):
+                    members[k].extend(ranges)
             for k in range(c):
                 pieces[r * c + k].append(members[k])
     return pieces
@@ -468,12 +623,23 @@ def _replica_pieces(req: _Request, base: Any) -> Pieces:
 def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
     pieces = _replica_pieces(req, base)
     notes = _static_notes(req, base.note_items)
+    slots = [[sorted(set(mb)) for mb in rank] for rank in base.micro_batches]
     if req.pp is not None:
         # The replica plan's order and note priced each sequence at its slowest piece,
-        # with one backward ratio; order the slots on the pieces' own phases instead.
-        pieces = order_slots(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp)
+        # with one backward ratio; order the slots on the pieces' own phases instead (the
+        # orders _static_step searched for this replica plan, where it did).
+        if id(base) not in req._orders:
+            _static_step(req, base)
+        _, orders, _, phases = req._orders[id(base)]
+        pieces = permute_slots(pieces, orders, req.cp_size, req.sync)
+        if orders.shape[-1]:
+            slots = [[rank[j] for j in orders[0 if req.sync == "fsdp" else r].tolist()]
+                     for r, rank in enumerate(slots)]  # fmt: skip
+            orders = np.broadcast_to(orders, phases[0].shape)
+            phases = tuple(np.take_along_axis(x, orders, axis=1) for x in phases)
         notes = [n for n in notes if not n.startswith("pipeline (")]
-        notes.append(pipeline_note(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp))
+        notes.append(pipeline_note(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp,
+                                   phases))  # fmt: skip
     p = CPPlan._from_validated_pieces(
         pieces,
         req.lens,
@@ -487,6 +653,8 @@ def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
         notes=notes,
         size=base.size,
         groups=base.groups,
+        # every GPU of a replica holds a piece of each sequence of the replica's slot
+        micro_batches=[[list(mb) for mb in slots[g // req.cp_size]] for g in range(req.world)],
     )
     p.pipeline = req.pp
     return p
@@ -499,8 +667,11 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
     (in steps of ``micro_batch_multiple``), and the lowest simulated CP step wins (ties:
     fewer slots), so the per-micro-batch cost is counted and asking is never slower.
     """
-    base = _replica_plan(req)
     extra = req.rules.get("extra_micro_batches", 0)
+    # The pipeline's order searches (two replica plans at the fewest count, one at each
+    # larger count tried) share one budget of simulated operations, alike for each.
+    req.order_budget = ORDER_BUDGET // (2 + extra)
+    base = _replica_plan(req)
     if isinstance(base, str) or not extra:
         return base if isinstance(base, str) else _static_pieces(req, base, strategy)
     m = base.num_micro_batches
@@ -508,7 +679,10 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
     step_mult = req.mult if req.pp is None else math.lcm(req.mult, req.pp.spec.count_multiple)
     for e in range(1, extra + 1):
         count = m + e * step_mult
-        more = _replica_plan(req, min_micro_batches=count)
+        # (the replicas planned without the pipeline are a candidate at the fewest count
+        # only: each costs a whole replica plan, and the one there keeps the pipelined
+        # plan never slower than the plain plan of the same request)
+        more = _replica_plan(req, with_flat=False, min_micro_batches=count)
         if isinstance(more, str):
             break  # too few sequences for more slots: larger counts fail too
         # its note would blame a min_micro_batches the caller did not pass
@@ -574,11 +748,45 @@ class _Group:
         self.tok += p  # per GPU: the sum of each sequence's largest piece (an upper bound)
 
 
+def _absorb_shorts(
+    req: _Request, shorts: np.ndarray, bins: list[tuple[float, int, int]]
+) -> tuple[list[list[int]], list[int]]:
+    """The absorb step of :func:`_fill_shorts` (the same whatever the free bins): the
+    absorb bins' items and the positions into ``shorts`` left for the free bins."""
+    w = req.tables[1][0][shorts]
+    t = req.lens[shorts]
+    n = w.size
+    order = np.lexsort((np.arange(n), -t, -w))
+    a_items: list[list[int]] = [[] for _ in bins]
+    pos = 0
+    if bins and n:
+        sums: dict[int, tuple[list[float], list[int]]] = {}
+        for b in sorted(range(len(bins)), key=lambda k: (-bins[k][0], k)):
+            if pos >= n:
+                break
+            head, room, d = bins[b]
+            if d not in sums:
+                tmax, _, ptok = req.tables[d]
+                sums[d] = (
+                    np.concatenate([[0.0], np.cumsum(tmax[shorts][order])]).tolist(),
+                    np.concatenate([[0], np.cumsum(ptok[shorts][order])]).tolist(),
+                )
+            cw, ct = sums[d]
+            # (bisect on lists: np.searchsorted's side="right" on the same numbers)
+            k = min(bisect.bisect_right(cw, cw[pos] + head) - 1,
+                    bisect.bisect_right(ct, ct[pos] + room) - 1)  # fmt: skip
+            if k > pos:
+                a_items[b] = order[pos:k].tolist()
+                pos = k
+    return a_items, order[pos:].tolist()
+
+
 def _fill_shorts(
     req: _Request,
     shorts: np.ndarray,
     bins: list[tuple[float, int, int]],
     n_free: int,
+    absorbed: tuple[list[list[int]], list[int]] | None = None,
 ) -> tuple[list[list[int]], list[list[int]]] | None:
     """Put the ``d = 1`` sequences into absorb bins, then into ``n_free`` free bins.
 
@@ -588,35 +796,13 @@ def _fill_shorts(
     the headroom and its tokens within the room: work there is free under FSDP. The rest go
     to capacitated LPT bins (each into the cheapest bin with token room). Returns (absorb
     bins, free bins) as positions into ``shorts``, or None when a sequence fits no bin.
+    ``absorbed``: :func:`_absorb_shorts` of the same arguments, where the caller has it.
     """
     cap = req.cap
     w = req.tables[1][0][shorts]
     t = req.lens[shorts]
-    n = w.size
-    order = np.lexsort((np.arange(n), -t, -w))
-    a_items: list[list[int]] = [[] for _ in bins]
-    pos = 0
-    if bins and n:
-        sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        for b in sorted(range(len(bins)), key=lambda k: (-bins[k][0], k)):
-            if pos >= n:
-                break
-            head, room, d = bins[b]
-            if d not in sums:
-                tmax, _, ptok = req.tables[d]
-                sums[d] = (
-                    np.concatenate([[0.0], np.cumsum(tmax[shorts][order])]),
-                    np.concatenate([[0], np.cumsum(ptok[shorts][order])]),
-                )
-            cw, ct = sums[d]
-            k = min(
-                int(np.searchsorted(cw, cw[pos] + head, side="right")) - 1,
-                int(np.searchsorted(ct, ct[pos] + room, side="right")) - 1,
-            )
-            if k > pos:
-                a_items[b] = order[pos:k].tolist()
-                pos = k
-    rest = order[pos:].tolist()
+    a_items, rest = absorbed if absorbed is not None else _absorb_shorts(req, shorts, bins)
+    a_items = [list(x) for x in a_items]
     f_items: list[list[int]] = [[] for _ in range(n_free)]
     if not rest:
         return a_items, f_items
@@ -687,18 +873,21 @@ def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[in
     used: list[int] = []
     level: list[float] = []
     first: dict[int, int] = {}
+    # the open groups, ascending (a closed group never opens again): each sequence scans
+    # only these, and the first best among them is the first best among all groups
+    live = np.zeros(0, dtype=np.int64)
     for k in np.lexsort((longs, -t_long)).tolist():
         i, d = int(longs[k]), int(deg[longs[k]])
         best = None
         ng = len(groups)
-        if ng:
-            gd, gr = g_deg[:ng], g_row[:ng]
+        if live.size:
+            gd, gr = g_deg[live], g_row[live]
             # (level - time - piece cost, as the scalar loop computed it: the same floats)
-            head = lvl[g_slot[:ng]] - g_time[:ng] - t_tab[gr, i]
-            ok = (g_open[:ng] & (gd >= d) & (2 * gd <= lens[i]) & (head >= 0)
-                  & (g_tok[:ng] + p_tab[gr, i] <= cap))  # fmt: skip
+            head = lvl[g_slot[live]] - g_time[live] - t_tab[gr, i]
+            ok = ((gd >= d) & (2 * gd <= lens[i]) & (head >= 0)
+                  & (g_tok[live] + p_tab[gr, i] <= cap))  # fmt: skip
             if ok.any():
-                b = int(np.argmax(np.where(ok, head, -np.inf)))  # the first best
+                b = int(live[np.argmax(np.where(ok, head, -np.inf))])  # the first best
                 best = groups[b]
         if best is None:
             # the first slot with d GPUs left (slots only fill up, so it never moves back)
@@ -712,6 +901,7 @@ def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[in
             best, b = _Group(d, j), ng
             g_deg[b], g_row[b], g_slot[b], g_open[b] = d, row[d], j, True
             groups.append(best)
+            live = np.append(live, b)
             used[j] += d
         best.add(i, float(req.tables[best.d][0][i]), int(req.tables[best.d][2][i]))
         g_time[b], g_tok[b] = best.time, best.tok
@@ -719,6 +909,7 @@ def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[in
         lvl[best.slot] = level[best.slot]
         if best.tok + smallest[best.d] > cap:
             g_open[b] = False
+            live = live[live != b]
     return groups, used, level
 
 
@@ -736,9 +927,10 @@ def _build_dynamic(req: _Request, deg: np.ndarray, refine: bool = True) -> CPPla
         owner += [j] * (W - used[j])
     m = _round_up(max(req.m_start(), m_long), req.mult)
     m_limit = m + max(shorts.size, 1) + req.mult
+    absorbed = _absorb_shorts(req, shorts, bins)  # the same at every count
     while m <= m_limit:
         n_free = (m - m_long) * W
-        got = _fill_shorts(req, shorts, bins, n_free)
+        got = _fill_shorts(req, shorts, bins, n_free, absorbed)
         if got is not None:
             a_items, f_items = got
             return _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long, refine)

@@ -54,7 +54,7 @@ from .._validate import as_weights, check_choice, check_positive_int
 from ..costs.context_parallel import ContextParallelCost
 from ._pieces import _piece_entries
 from .pipeline import PipelineSpec, check_pipeline
-from .pipeline_orders import EXACT_LIMIT, ORDERS, best_orders
+from .pipeline_orders import BUDGET, ORDERS, best_orders, search_kind
 from .pipeline_plans import PlanPipelineSimulation, _lockstep, simulate_phases
 from .simulation import SYNC_MODELS
 
@@ -62,7 +62,9 @@ __all__ = [
     "CPPipelineSetup",
     "as_pipeline",
     "baseline_order",
+    "order_phases",
     "order_slots",
+    "permute_slots",
     "reorder_cp",
     "simulate_cp_pipeline",
     "slot_phases",
@@ -126,7 +128,8 @@ class CPPipelineSetup:
 
 
 def _gpu_phases(
-    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cpc: ContextParallelCost
+    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cpc: ContextParallelCost,
+    flat: tuple[np.ndarray, ...] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(world, m)`` forward, backward and tokens of every GPU's slot (per-micro-batch cost
     included, also for an empty slot: a dummy step)."""
@@ -136,7 +139,7 @@ def _gpu_phases(
     fwd = np.full((world, m), f0)
     bwd = np.full((world, m), b0)
     toks = np.zeros((world, m))
-    kgpu, kslot, length, tok, sq, d = _piece_entries(pieces, lengths, cpc)
+    kgpu, kslot, length, tok, sq, d = _piece_entries(pieces, lengths, cpc, flat)
     if kgpu.size:
         pf, pb = cpc._phases(length, tok, sq, d)
         np.add.at(fwd, (kgpu, kslot), pf)
@@ -151,9 +154,11 @@ def slot_phases(
     cpc: ContextParallelCost,
     cp_size: int,
     comm_per_token: float = 0.0,
+    flat: tuple[np.ndarray, ...] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(replicas, m)`` forward, backward and stage-to-stage transfer time of every
-    replica's slot: the slowest of its ``cp_size`` GPUs (module docstring).
+    replica's slot: the slowest of its ``cp_size`` GPUs (module docstring). ``flat``: the
+    pieces' ranges as ``cp_plans._flatten`` gives them, where the caller has them.
 
     Raises
     ------
@@ -169,7 +174,7 @@ def slot_phases(
             f"cp_size={cp_size} does not divide the {len(pieces)} GPUs of the pieces into "
             "replicas; give the plan's cp_size"
         )
-    fwd, bwd, toks = _gpu_phases(pieces, lengths, cpc)
+    fwd, bwd, toks = _gpu_phases(pieces, lengths, cpc, flat)
     shape = (len(pieces) // cp_size, cp_size, m)
     return (
         fwd.reshape(shape).max(axis=1),
@@ -187,6 +192,37 @@ def _permute(pieces: list[Any], orders: np.ndarray, cp_size: int, sync: str) -> 
     return out
 
 
+def order_phases(
+    f: np.ndarray,
+    b: np.ndarray,
+    c: np.ndarray,
+    sync: str,
+    setup: CPPipelineSetup,
+    budget: int = BUDGET,
+) -> tuple[np.ndarray, float]:
+    """The run orders of :func:`order_slots` from the slots' ``(replicas, m)`` phases
+    (:func:`slot_phases`), and the simulated pipeline step in those orders (what
+    :func:`simulate_cp_pipeline` gives the permuted pieces). ``budget``: simulated
+    operations the order search may spend (:func:`~.pipeline_orders.best_orders`)."""
+    check_choice(sync, "sync", SYNC_MODELS)
+    if f.shape[1] == 0:
+        return np.zeros((1 if sync == "fsdp" else f.shape[0], 0), dtype=np.int64), 0.0
+    if sync == "fsdp":
+        f, b, c = _lockstep(f, b, c)
+    orders, times = best_orders(
+        f, b, c if setup.comm_per_token else None, setup.spec, budget=budget
+    )
+    return orders, float(times.max())
+
+
+def permute_slots(pieces: list[Any], orders: np.ndarray, cp_size: int, sync: str) -> list[Any]:
+    """Each replica's slots (fsdp: every replica's) in the run order ``orders`` gives (as
+    :func:`order_phases` returns them)."""
+    if not orders.shape[-1]:
+        return pieces
+    return _permute(pieces, orders, cp_size, sync)
+
+
 def order_slots(
     pieces: list[Any],
     lengths: np.ndarray,
@@ -198,15 +234,11 @@ def order_slots(
     """The pieces with each replica's slots (fsdp: all replicas' slots alike) in the run
     order that minimises the simulated pipeline step
     (:func:`~seqbalance.planning.pipeline_orders.best_orders`: exact over all orders up to
-    ``EXACT_LIMIT`` slots, a local search beyond)."""
+    ``EXACT_LIMIT`` slots where that fits its work budget, a local search beyond)."""
     check_choice(sync, "sync", SYNC_MODELS)
     f, b, c = slot_phases(pieces, lengths, cpc, cp_size, setup.comm_per_token)
-    if f.shape[1] == 0:
-        return pieces
-    if sync == "fsdp":
-        f, b, c = _lockstep(f, b, c)
-    orders, _ = best_orders(f, b, c if setup.comm_per_token else None, setup.spec)
-    return _permute(pieces, orders, cp_size, sync)
+    orders, _ = order_phases(f, b, c, sync, setup)
+    return permute_slots(pieces, orders, cp_size, sync)
 
 
 def simulate_cp_pipeline(
@@ -216,9 +248,10 @@ def simulate_cp_pipeline(
     cp_size: int,
     sync: str,
     setup: CPPipelineSetup,
+    flat: tuple[np.ndarray, ...] | None = None,
 ) -> PlanPipelineSimulation:
     """The simulated pipeline step of a static CP plan's pieces, in their slot order."""
-    f, b, c = slot_phases(pieces, lengths, cpc, cp_size, setup.comm_per_token)
+    f, b, c = slot_phases(pieces, lengths, cpc, cp_size, setup.comm_per_token, flat)
     return simulate_phases(f, b, c, sync, setup.spec)
 
 
@@ -230,23 +263,36 @@ def baseline_order(pieces: list[Any], lengths: np.ndarray, cpc: ContextParallelC
     sequence index (fsdp: over the replicas), then by each slot's training cost (fsdp: its
     heaviest replica's)."""
     check_choice(sync, "sync", SYNC_MODELS)
-    big = np.iinfo(np.int64).max
-    first = np.array([[min((p[0] for p in slot), default=big) for slot in pieces[g]]
-                      for g in range(0, len(pieces), cp_size)], dtype=np.int64)  # fmt: skip
+    first = _first_indices(pieces, cp_size)
     if first.size == 0:
         return pieces
+    f, b, _ = slot_phases(pieces, lengths, cpc, cp_size)
+    return _permute(pieces, _baseline_orders(first, f, b, sync, order), cp_size, sync)
+
+
+def _first_indices(pieces: list[Any], cp_size: int) -> np.ndarray:
+    """``(replicas, m)`` smallest sequence index of each replica's slot (int64 max: empty)."""
+    big = np.iinfo(np.int64).max
+    return np.array([[min((p[0] for p in slot), default=big) for slot in pieces[g]]
+                     for g in range(0, len(pieces), cp_size)], dtype=np.int64)  # fmt: skip
+
+
+def _baseline_orders(
+    first: np.ndarray, f: np.ndarray, b: np.ndarray, sync: str, order: str
+) -> np.ndarray:
+    """The run orders of :func:`baseline_order` from the slots' first sequence indices and
+    ``(replicas, m)`` phases in their current order."""
     if sync == "fsdp":
         key = first.min(axis=0)
         start = np.lexsort((np.arange(key.size), key))[None]
     else:
         start = np.stack([np.lexsort((np.arange(row.size), row)) for row in first])
-    pieces = _permute(pieces, start, cp_size, sync)
-    f, b, _ = slot_phases(pieces, lengths, cpc, cp_size)
-    w = f + b
+    start = np.broadcast_to(start, f.shape)
+    w = np.take_along_axis(f, start, axis=1) + np.take_along_axis(b, start, axis=1)
     if sync == "fsdp":
         w = w.max(axis=0)[None]
     orders = np.stack([ORDERS[order](row) for row in w])
-    return _permute(pieces, orders, cp_size, sync)
+    return np.take_along_axis(start[: orders.shape[0]], orders, axis=1)
 
 
 def reorder_cp(plan: Any, order: str) -> Any:
@@ -266,13 +312,17 @@ def reorder_cp(plan: Any, order: str) -> Any:
 
 def pipeline_note(
     pieces: list[Any], lengths: np.ndarray, cpc: ContextParallelCost, cp_size: int, sync: str,
-    setup: CPPipelineSetup,
+    setup: CPPipelineSetup, phases: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> str:
     """What the order search did and gained, as :func:`~.pipeline_plans.finish_plan` says
-    it for plans without CP."""
+    it for plans without CP. ``phases``: :func:`slot_phases` of ``pieces`` (with the
+    setup's transfer time), where the caller has them."""
     spec = setup.spec
     m = max((len(g) for g in pieces), default=0)
-    sim = simulate_cp_pipeline(pieces, lengths, cpc, cp_size, sync, setup)
+    if phases is None:
+        phases = slot_phases(pieces, lengths, cpc, cp_size, setup.comm_per_token)
+    f, b, c = phases
+    sim = simulate_phases(f, b, c, sync, spec)
     layout = "{schedule}, {@pp_size:{pp_size}}" + (
         ", {@virtual_stages:{virtual_stages}}" if spec.virtual_stages > 1 else ""
     )
@@ -281,12 +331,12 @@ def pipeline_note(
     if sim.step_time <= 0:
         return as_text(Note("pipeline", fields,
                             "pipeline (" + layout + ", {sync}, static CP): every slot costs 0"))
-    verl = simulate_cp_pipeline(
-        baseline_order(pieces, lengths, cpc, cp_size, sync, "light-ends"), lengths, cpc,
-        cp_size, sync, setup,
-    )
+    orders = _baseline_orders(_first_indices(pieces, cp_size), f, b, sync, "light-ends")
+    orders = np.broadcast_to(orders, f.shape)
+    verl = simulate_phases(*(np.take_along_axis(x, orders, axis=1) for x in (f, b, c)), sync,
+                           spec)  # fmt: skip
     what = "slots" if sync == "fsdp" else "slots of each replica"
-    how = "exact over all orders" if m <= EXACT_LIMIT else "local search from the baselines"
+    how = search_kind(spec, m)
     return as_text(Note(
         "pipeline",
         {**fields, "what": what, "how": how, "step": sim.step_time, "gap": sim.gap,

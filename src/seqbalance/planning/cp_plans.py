@@ -39,6 +39,7 @@ CP).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -108,6 +109,29 @@ def _powers(cp_size: int) -> list[int]:
     return out
 
 
+@lru_cache(maxsize=1 << 14)
+def _layout(length: int, d: int) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """:func:`balanced_layout`, remembered: a CP request lays out each sequence at every
+    degree it tries, for every layout (and baseline) it builds."""
+    return tuple(tuple(ranges) for ranges in balanced_layout(length, d))
+
+
+def _slot_sequences(pieces: Sequence[Sequence[Sequence[Any]]]) -> list[list[list[int]]]:
+    """Per GPU and slot: the sequences it holds a piece of, sorted, each once."""
+    gpu, slot, seq, _, _ = _flatten(pieces)
+    m = max((len(g) for g in pieces), default=0)
+    n = int(seq.max()) + 1 if seq.size else 1
+    if seq.size and int(seq.min()) < 0:  # (refused by the checks after this)
+        return [[sorted({int(p[0]) for p in sl}) for sl in g] for g in pieces]
+    key = np.unique((gpu * m + slot) * n + seq)
+    cell = (key // n).tolist()  # gpu * m + slot, ascending
+    seqs = (key % n).tolist()
+    out: list[list[list[int]]] = [[[] for _ in g] for g in pieces]
+    for c, i in zip(cell, seqs):
+        out[c // m][c % m].append(i)
+    return out
+
+
 def _merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """Non-empty ranges sorted, touching ones joined: (1, 2) and (2, 3) hold (1, 3)."""
     out: list[tuple[int, int]] = []
@@ -120,11 +144,12 @@ def _merged(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
 
 
 def _off_layout(pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray,
-                cp_size: int) -> list[int]:
+                cp_size: int, flat: tuple[np.ndarray, ...] | None = None) -> list[int]:
     """Sequences whose pieces in a slot are not :func:`balanced_layout` of some degree on
     an aligned block of GPUs (the layout the piece costs and :func:`cp_lower_bound` assume;
-    every plan seqbalance makes has it). A sequence over two slots counts too."""
-    gpu, slot, seq, s, e = _flatten(pieces)
+    every plan seqbalance makes has it). A sequence over two slots counts too.
+    ``flat``: ``_flatten(pieces)``, where the caller has it."""
+    gpu, slot, seq, s, e = _flatten(pieces) if flat is None else flat
     keep = e > s
     gpu, slot, seq, s, e = gpu[keep], slot[keep], seq[keep], s[keep], e[keep]
     unsure = np.setdiff1d(seq, _in_layout(gpu, slot, seq, s, e, lengths, cp_size))
@@ -221,53 +246,58 @@ def piece_costs(
 
     ``per_microbatch`` included (also for an empty micro-batch: a dummy step).
     """
+    return _piece_costs(pieces, lengths, cp_cost)
+
+
+def _piece_costs(
+    pieces: Sequence[Sequence[Sequence[Any]]], lengths: np.ndarray, cp_cost: ContextParallelCost,
+    flat: tuple[np.ndarray, ...] | None = None,
+) -> np.ndarray:
+    """:func:`piece_costs`; ``flat``: ``_flatten(pieces)``, where the caller has it."""
     world = len(pieces)
     m = max((len(g) for g in pieces), default=0)
     out = np.full((world, m), np.nan)
     for g, gpu in enumerate(pieces):
         out[g, : len(gpu)] = cp_cost.per_microbatch
-    kgpu, kslot, length, tok, sq, d = _piece_entries(pieces, lengths, cp_cost)
+    kgpu, kslot, length, tok, sq, d = _piece_entries(pieces, lengths, cp_cost, flat)
     if kgpu.size:
         np.add.at(out, (kgpu, kslot), cp_cost._cost(length, tok, sq, d))
     return out
 
 
-class _Groups:
-    """Union-find over the GPUs of one slot: GPUs sharing a sequence form one group."""
-
-    def __init__(self, n: int) -> None:
-        self.parent = list(range(n))
-
-    def find(self, x: int) -> int:
-        while self.parent[x] != x:
-            self.parent[x] = self.parent[self.parent[x]]
-            x = self.parent[x]
-        return x
-
-    def union(self, a: int, b: int) -> None:
-        ra, rb = self.find(a), self.find(b)
-        if ra != rb:
-            self.parent[max(ra, rb)] = min(ra, rb)
-
-
-def _slot_groups(pieces: Sequence[Sequence[Sequence[Any]]], world: int, m: int) -> list[np.ndarray]:
-    """For each slot, the group root of every GPU (GPUs alone are their own root)."""
-    gpu, slot, seq, _, _ = _flatten(pieces)
+def _slot_groups(pieces: Sequence[Sequence[Sequence[Any]]], world: int, m: int,
+                 flat: tuple[np.ndarray, ...] | None = None) -> list[np.ndarray]:
+    """For each slot, the group root of every GPU (GPUs alone are their own root): the
+    smallest GPU of the GPUs connected through the sequences they share in that slot.
+    ``flat``: ``_flatten(pieces)``, where the caller has it."""
+    gpu, slot, seq, _, _ = _flatten(pieces) if flat is None else flat
     out = [np.arange(world) for _ in range(m)]
     if seq.size == 0:
         return out
     order = np.lexsort((gpu, seq, slot))
     gpu, slot, seq = gpu[order], slot[order], seq[order]
     same = (slot[1:] == slot[:-1]) & (seq[1:] == seq[:-1]) & (gpu[1:] != gpu[:-1])
-    if not same.any():
+    k = np.flatnonzero(same)
+    if not k.size:
         return out
-    forests: dict[int, _Groups] = {}
-    for k in np.flatnonzero(same).tolist():
-        j = int(slot[k])
-        uf = forests.setdefault(j, _Groups(world))
-        uf.union(int(gpu[k]), int(gpu[k + 1]))
-    for j, uf in forests.items():
-        out[j] = np.array([uf.find(g) for g in range(world)])
+    # Connected components of (slot, GPU) nodes by label propagation with pointer jumping:
+    # every label is a node of the same component, never above the node, so the fixed
+    # point labels each component with its smallest node (the union-find root).
+    a = slot[k] * world + gpu[k]
+    b = slot[k] * world + gpu[k + 1]
+    lab = np.arange(m * world)
+    while True:
+        low = np.minimum(lab[a], lab[b])
+        new = lab.copy()
+        np.minimum.at(new, a, low)
+        np.minimum.at(new, b, low)
+        new = new[new]
+        if np.array_equal(new, lab):
+            break
+        lab = new
+    roots = lab.reshape(m, world) - (np.arange(m) * world)[:, None]
+    for j in np.unique(slot[k]).tolist():
+        out[j] = roots[j]
     return out
 
 
@@ -288,7 +318,8 @@ def simulate_pieces(
     check_choice(sync, "sync", SYNC_MODELS)
     lens = as_lengths(lengths)
     _check_cp_cost(cp_cost)
-    _, _, seq, st, en = _flatten(pieces)
+    flat = _flatten(pieces)
+    _, _, seq, st, en = flat
     # Checked here too, not only by CPPlan: a range past its sequence was priced, a
     # foreign index raised IndexError.
     n = lens.shape[0]
@@ -301,13 +332,13 @@ def simulate_pieces(
             f"piece range (sequence {int(seq[k])}, {int(st[k])}, {int(en[k])}) is not a token "
             f"range 0 <= start <= end <= length of one of the {lens.shape[0]} sequences"
         )
-    mb = piece_costs(pieces, lens, cp_cost)
+    mb = _piece_costs(pieces, lens, cp_cost, flat)
     check_equal_counts(mb, pieces, "GPUs")
     world, m = mb.shape
     if sync == "fsdp":
         start, end, step = lockstep_timeline(mb)
     else:
-        roots = _slot_groups(pieces, world, m)
+        roots = _slot_groups(pieces, world, m, flat)
         start = np.zeros_like(mb)
         end = np.zeros_like(mb)
         ready = np.zeros(world)
@@ -547,6 +578,7 @@ class CPPlan(Plan):
         replicas: int,
         sync: str,
         strategy: str,
+        micro_batches: list[list[list[int]]] | None = None,
     ) -> None:
         self.pieces = pieces
         self.lengths = lens
@@ -554,7 +586,7 @@ class CPPlan(Plan):
         self.cp = check_choice(cp, "cp", CP_MODES)
         self.cp_cost = cp_cost
         self.replicas = replicas
-        self.micro_batches = [[sorted({p[0] for p in slot}) for slot in gpu] for gpu in pieces]
+        self.micro_batches = _slot_sequences(pieces) if micro_batches is None else micro_batches
         self.costs = np.asarray(cp_cost.cost(lens), dtype=np.float64)
         self.per_microbatch = cp_cost.per_microbatch
         self.max_tokens = check_max_tokens(max_tokens, "max_tokens")
@@ -580,9 +612,12 @@ class CPPlan(Plan):
         notes: Sequence[str],
         size: str = "free",
         groups: np.ndarray | None = None,
+        micro_batches: list[list[list[int]]] | None = None,
     ) -> CPPlan:
+        # micro_batches: each GPU's slots' sorted sequences, where the caller has them
         self = cls.__new__(cls)
-        self._init_fields(pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy)
+        self._init_fields(pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy,
+                          micro_batches)  # fmt: skip
         self.notes = tuple(notes)
         self.size, self.groups = size, groups
         return self
@@ -789,11 +824,12 @@ class CPPlan(Plan):
             f"plan's own), got {type(cost).__name__}"
         )
 
-    def _check_cover(self) -> None:
+    def _check_cover(self, flat: tuple[np.ndarray, ...] | None = None) -> None:
         """Refuse pieces that miss or repeat a token, or split a sequence off the balanced
         layout (a hand-edited plan): its step time and gap would describe other work than
-        the batch's."""
-        _, _, seq, s, e = _flatten(self.pieces)
+        the batch's. ``flat``: ``_flatten(self.pieces)``, where the caller has it."""
+        flat = _flatten(self.pieces) if flat is None else flat
+        _, _, seq, s, e = flat
         missing, dup = self._coverage(seq, s, e)
         if missing.any() or dup.any():
             raise ValueError(
@@ -801,7 +837,7 @@ class CPPlan(Plan):
                 f"sequences exactly once: {int(missing.sum())} sequences miss tokens, "
                 f"{int(dup.sum())} have tokens in two pieces"
             )
-        off = _off_layout(self.pieces, self.lengths, self.cp_size)
+        off = _off_layout(self.pieces, self.lengths, self.cp_size, flat)
         if off:
             # Their pieces would be priced without the K/V they need from other slots or
             # GPUs, and the lower bound assumes the layout: the step could beat it.
@@ -846,10 +882,11 @@ class CPPlan(Plan):
 
         if self.pipeline is None:
             raise ValueError("this plan has no pipeline; plan with cp='static' and pp_size > 1")
-        self._check_cover()
+        flat = _flatten(self.pieces)  # once, for the checks and the phases
+        self._check_cover(flat)
         sync = self.sync if sync is None else check_choice(sync, "sync", SYNC_MODELS)
         return simulate_cp_pipeline(
-            self.pieces, self.lengths, self.cp_cost, self.cp_size, sync, self.pipeline
+            self.pieces, self.lengths, self.cp_cost, self.cp_size, sync, self.pipeline, flat
         )
 
     def _simulate(self, costs: Any, c0: float, sync: str, bound: float | None) -> Simulation:

@@ -43,9 +43,14 @@ and sized so that the plans of normal requests do not reach them:
   (:func:`seqbalance.partitioning.searches.exact_work_pool`; each search keeps its own
   limit too); past it the request finishes as inside ``exact_searches(False)``;
 - the pipeline order search (:data:`seqbalance.planning.pipeline_orders.BUDGET`
-  simulated operations) runs a pass over all neighbour orders of a replica only where one
-  pass fits the budget, and its exhaustive search only where ``m!`` orders do; the
-  pipeline lower bound's window term only up to ``2 pp v m**3 = 2**28``;
+  simulated operations beyond its starting orders) runs a pass over all neighbour orders
+  of a replica only where one pass fits what is left of the budget, and its exhaustive
+  search over ``m!`` orders replica by replica while that fits
+  (:func:`~seqbalance.planning.pipeline_orders.search_pool` shares one pool among the
+  searches of a block); static CP with pipelines searches each compared replica plan's
+  slot orders once, within
+  :data:`seqbalance.planning.context_parallel.ORDER_BUDGET` in all; the pipeline lower
+  bound's window term only up to ``2 pp v m**3 = 2**28``;
 - verl's count loop as a planner candidate stops after ``2**23`` sequences x parts of KK
   work; the slot refinement keeps its destination lists within ``2**22`` entries and its
   swap scans within its own budget (:mod:`seqbalance.planning._slots`).

@@ -51,6 +51,8 @@ schedules are optimal there; with unequal micro-batches the order decides the st
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -164,30 +166,48 @@ def _stage_orders(
 ) -> tuple[tuple[tuple[int, int, int], ...], ...]:
     out = []
     for s in range(p):
-        if schedule == "gpipe":
-            ops = [(FORWARD, i, 0) for i in range(m)] + [(BACKWARD, i, 0) for i in range(m)]
-        elif schedule == "1f1b":
-            w = min(p - s - 1, m)
-            ops = [(FORWARD, i, 0) for i in range(w)]
-            for k in range(m - w):
-                ops += [(FORWARD, w + k, 0), (BACKWARD, k, 0)]
-            ops += [(BACKWARD, i, 0) for i in range(m - w, m)]
-        else:
-            total = m * v
-
-            def fwd(k: int) -> tuple[int, int, int]:
-                return (FORWARD, (k // (p * v)) * p + k % p, (k // p) % v)
-
-            def bwd(k: int) -> tuple[int, int, int]:
-                return (BACKWARD, (k // (p * v)) * p + k % p, v - 1 - (k // p) % v)
-
-            w = total if m == p else min(2 * (p - s - 1) + (v - 1) * p, total)
-            ops = [fwd(k) for k in range(w)]
-            for k in range(total - w):
-                ops += [fwd(w + k), bwd(k)]
-            ops += [bwd(k) for k in range(total - w, total)]
-        out.append(tuple(ops))
+        phase, pos, chunk = (x.tolist() for x in _stage_arrays(p, m, schedule, v, s))
+        out.append(tuple(zip(phase, pos, chunk)))
     return tuple(out)
+
+
+def _stage_arrays(
+    p: int, m: int, schedule: str, v: int, s: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stage ``s``'s operations in the schedule's order as arrays ``(phase, position,
+    chunk)``.
+
+    Every schedule runs its ``T`` forward operations in one order and its ``T`` backward
+    operations in the same order (``T = m`` or ``m v``), ``w`` forwards first (warm-up),
+    then one forward and one backward alternately, then the remaining backwards: GPipe is
+    ``w = T``, 1F1B ``w = min(p - s - 1, m)``, interleaved Megatron's warm-up depth.
+    """
+    if schedule == "gpipe":
+        total, w = m, m
+    elif schedule == "1f1b":
+        total, w = m, min(p - s - 1, m)
+    else:
+        total = m * v
+        w = total if m == p else min(2 * (p - s - 1) + (v - 1) * p, total)
+    k = np.arange(total, dtype=np.int64)
+    steady = total - w
+    phase = np.concatenate([
+        np.zeros(w, dtype=np.int64),
+        np.tile(np.array([FORWARD, BACKWARD], dtype=np.int64), steady),
+        np.ones(w, dtype=np.int64),
+    ])  # fmt: skip
+    idx = np.concatenate([
+        k[:w],
+        np.stack([k[w:], k[:steady]], axis=1).ravel(),
+        k[steady:],
+    ])  # fmt: skip
+    if schedule == "interleaved":
+        pos = (idx // (p * v)) * p + idx % p
+        chunk = (idx // p) % v
+        chunk = np.where(phase == BACKWARD, v - 1 - chunk, chunk)
+    else:
+        pos, chunk = idx, np.zeros(2 * total, dtype=np.int64)
+    return phase, pos, chunk
 
 
 class PipelineGraph:
@@ -203,75 +223,95 @@ class PipelineGraph:
         _check_count(spec, m)
         self.spec, self.m = spec, m
         p, v = spec.pp_size, spec.virtual_stages
-        orders = _stage_orders(p, m, spec.schedule, v)
-        stage: list[int] = []
-        phase: list[int] = []
-        pos: list[int] = []
-        chunk: list[int] = []
-        node = {}
-        for s, ops in enumerate(orders):
-            for ph, i, c in ops:
-                node[(ph, i, c, s)] = len(stage)
-                stage.append(s)
-                phase.append(ph)
-                pos.append(i)
-                chunk.append(c)
-        n = len(stage)
+        # Built with array operations: a graph of 2 p v m operations (up to millions with
+        # thousands of micro-batches) is compiled in milliseconds.
+        arrays = [_stage_arrays(p, m, spec.schedule, v, s) for s in range(p)]
+        per = 2 * m * v  # operations per stage
+        n = p * per
         self.n_nodes = n
-        self.stage = np.asarray(stage, dtype=np.int64)
-        self.phase = np.asarray(phase, dtype=np.int64)
-        self.position = np.asarray(pos, dtype=np.int64)
-        self.chunk = np.asarray(chunk, dtype=np.int64)
-        prev = np.full(n, n, dtype=np.int64)  # n: a virtual node that ends at time 0
+        self.stage = np.repeat(np.arange(p, dtype=np.int64), per)
+        self.phase = np.concatenate([a[0] for a in arrays])
+        self.position = np.concatenate([a[1] for a in arrays])
+        self.chunk = np.concatenate([a[2] for a in arrays])
+        # node of (stage, phase, position, chunk)
+        key = ((self.stage * 2 + self.phase) * m + self.position) * v + self.chunk
+        node = np.empty(n, dtype=np.int64)
+        node[key] = np.arange(n)
+
+        def at(stage: np.ndarray, phase: int, pos: np.ndarray, chunk: np.ndarray) -> np.ndarray:
+            return node[((stage * 2 + phase) * m + pos) * v + chunk]
+
+        st, ph, pos, ch = self.stage, self.phase, self.position, self.chunk
+        prev = np.arange(-1, n - 1, dtype=np.int64)
+        prev[::per] = n  # n: a virtual node that ends at time 0
         dep = np.full(n, n, dtype=np.int64)
-        cross = np.zeros(n, dtype=bool)  # does the data dependency cross stages?
-        k = 0
-        for s, ops in enumerate(orders):
-            for j, (ph, i, c) in enumerate(ops):
-                if j:
-                    prev[k] = k - 1
-                if ph == FORWARD:
-                    src = (
-                        (FORWARD, i, c, s - 1) if s else ((FORWARD, i, c - 1, p - 1) if c else None)
-                    )
-                elif s == p - 1 and c == v - 1:
-                    src = (FORWARD, i, c, s)
-                else:
-                    src = (BACKWARD, i, c, s + 1) if s < p - 1 else (BACKWARD, i, c + 1, 0)
-                if src is not None:
-                    dep[k] = node[src]
-                    cross[k] = src[3] != s
-                k += 1
+        src_stage = st.copy()
+        # forward: the same chunk on the previous stage, or the previous chunk on the last
+        fw = ph == FORWARD
+        sel = fw & (st > 0)
+        dep[sel] = at(st[sel] - 1, FORWARD, pos[sel], ch[sel])
+        src_stage[sel] = st[sel] - 1
+        sel = fw & (st == 0) & (ch > 0)
+        dep[sel] = at(np.full(int(sel.sum()), p - 1), FORWARD, pos[sel], ch[sel] - 1)
+        src_stage[sel] = p - 1
+        # backward: its own forward on the last virtual stage, else the next virtual stage
+        bw = ~fw
+        sel = bw & (st == p - 1) & (ch == v - 1)
+        dep[sel] = at(st[sel], FORWARD, pos[sel], ch[sel])
+        sel = bw & (st < p - 1)
+        dep[sel] = at(st[sel] + 1, BACKWARD, pos[sel], ch[sel])
+        src_stage[sel] = st[sel] + 1
+        sel = bw & (st == p - 1) & (ch < v - 1)
+        dep[sel] = at(np.zeros(int(sel.sum()), dtype=np.int64), BACKWARD, pos[sel], ch[sel] + 1)
+        src_stage[sel] = 0
+        cross = (dep < n) & (src_stage != st)  # does the data dependency cross stages?
         self.prev, self.dep, self.cross = prev, dep, cross
         self.levels = self._levels()
         self._compile()
+        self._memo: dict[bytes, float] = {}  # see _keys
+        self._memo_lock = threading.Lock()
 
     def _levels(self) -> list[np.ndarray]:
-        """Nodes grouped by longest-path depth (Kahn's algorithm; a cycle is a schedule bug)."""
+        """Nodes grouped by longest-path depth (Kahn's algorithm; a cycle is a schedule bug).
+
+        Every node has at most one successor on its stage (the next operation) and at most
+        one that needs its data, so the frontier walk runs over two plain lists.
+        """
         n = self.n_nodes
-        level = np.full(n, -1, dtype=np.int64)
-        succ: list[list[int]] = [[] for _ in range(n)]
-        indeg = np.zeros(n, dtype=np.int64)
-        for k in range(n):
-            for q in (int(self.prev[k]), int(self.dep[k])):
-                if q < n:
-                    succ[q].append(k)
-                    indeg[k] += 1
+        prev, dep = self.prev, self.dep
+        indeg = ((prev < n).astype(np.int64) + (dep < n)).tolist()
+        nxt = np.full(n + 1, -1, dtype=np.int64)
+        has = prev < n
+        nxt[prev[has]] = np.flatnonzero(has)
+        user = np.full(n + 1, -1, dtype=np.int64)
+        has = dep < n
+        if np.bincount(dep[has], minlength=n + 1).max(initial=0) > 1:  # pragma: no cover
+            raise RuntimeError("an operation feeds two others: a bug in _stage_arrays")
+        user[dep[has]] = np.flatnonzero(has)
+        nxt_l, user_l = nxt.tolist(), user.tolist()
+        level = [-1] * n
         frontier = [k for k in range(n) if indeg[k] == 0]
         depth = 0
         while frontier:
-            nxt = []
+            new = []
             for k in frontier:
                 level[k] = depth
-                for t in succ[k]:
+                t = nxt_l[k]
+                if t >= 0:
                     indeg[t] -= 1
                     if indeg[t] == 0:
-                        nxt.append(t)
-            frontier, depth = nxt, depth + 1
-        if (level < 0).any():  # pragma: no cover - would be a bug in _stage_orders
+                        new.append(t)
+                t = user_l[k]
+                if t >= 0:
+                    indeg[t] -= 1
+                    if indeg[t] == 0:
+                        new.append(t)
+            frontier, depth = new, depth + 1
+        lv = np.asarray(level, dtype=np.int64)
+        if (lv < 0).any():  # pragma: no cover - would be a bug in _stage_arrays
             raise RuntimeError(f"schedule {self.spec.schedule!r} deadlocks for m={self.m}")
-        order = np.argsort(level, kind="stable")
-        bounds = np.searchsorted(level[order], np.arange(depth + 1))
+        order = np.argsort(lv, kind="stable")
+        bounds = np.searchsorted(lv[order], np.arange(depth + 1))
         return [order[bounds[d] : bounds[d + 1]] for d in range(depth)]
 
     def _compile(self) -> None:
@@ -356,14 +396,55 @@ class PipelineGraph:
         fwd = np.atleast_2d(fwd)
         bwd = np.atleast_2d(bwd)
         comm = None if comm is None else np.atleast_2d(comm)
-        rows = max(1, chunk // max(self.n_nodes, 1))
+        keys = self._keys(fwd, bwd, comm)
         out = np.empty(fwd.shape[0])
-        for a in range(0, fwd.shape[0], rows):
-            b = a + rows
-            _, end = self._run(fwd[a:b], bwd[a:b], None if comm is None else comm[a:b])
-            out[a:b] = end.max(axis=0) if end.shape[0] else 0.0
+        todo = np.arange(fwd.shape[0])
+        if keys is not None:
+            with self._memo_lock:
+                known = [self._memo.get(k) for k in keys]
+            todo = np.array([i for i, t in enumerate(known) if t is None], dtype=np.int64)
+            for i, t in enumerate(known):
+                if t is not None:
+                    out[i] = t
+        rows = max(1, chunk // max(self.n_nodes, 1))
+        for a in range(0, todo.size, rows):
+            sel = todo[a : a + rows]
+            _, end = self._run(fwd[sel], bwd[sel], None if comm is None else comm[sel])
+            out[sel] = end.max(axis=0) if end.shape[0] else 0.0
+        if keys is not None:
+            with self._memo_lock:  # (graphs are shared: cached by graph())
+                for i in todo.tolist():
+                    if len(self._memo) >= _MEMO_ROWS:
+                        self._memo.pop(next(iter(self._memo)))  # the oldest
+                    self._memo[keys[i]] = float(out[i])
         return out
 
+    def _keys(
+        self, fwd: np.ndarray, bwd: np.ndarray, comm: np.ndarray | None
+    ) -> list[bytes] | None:
+        """Digests of a few orders' inputs on a large graph, else None. A plan's run
+        orders are simulated again and again on their way through the planner (the
+        search's starts, the candidates compared, the chosen plan, its note): on graphs of
+        hundreds of thousands of operations each repeat costs a tenth of a second, so their
+        step times are remembered, by a 128-bit digest of the exact float inputs."""
+        if self.n_nodes < _MEMO_MIN_NODES or fwd.shape[0] > _MEMO_MAX_ORDERS:
+            return None
+        keys = []
+        for r in range(fwd.shape[0]):
+            h = hashlib.blake2b(digest_size=16)
+            h.update(np.ascontiguousarray(fwd[r], dtype=np.float64).tobytes())
+            h.update(np.ascontiguousarray(bwd[r], dtype=np.float64).tobytes())
+            if comm is not None and comm[r].any():  # no transfer time and zeros run alike
+                h.update(np.ascontiguousarray(comm[r], dtype=np.float64).tobytes())
+            keys.append(h.digest())
+        return keys
+
+
+# Step times of orders on graphs of at least this many operations, simulated at most this
+# many at a time, are remembered (PipelineGraph._keys), up to this many per graph.
+_MEMO_MIN_NODES = 1 << 14
+_MEMO_MAX_ORDERS = 64
+_MEMO_ROWS = 1024
 
 # Node by node (pure Python, ~0.3 us a node and order) beats a numpy pass per level (~15
 # us) when orders x nodes < this x levels.
@@ -680,22 +761,27 @@ _WINDOW_WORK = 1 << 28
 def _windows(spec: PipelineSpec, m: int) -> tuple[np.ndarray, np.ndarray]:
     """Per position ``j``: counts of other positions' forward / backward chunk operations
     that stage 0 runs outside ``j``'s chunk-0 forward .. chunk-0 backward, each row sorted
-    descending without its own (zero) entry: two ``(m, m - 1)`` arrays (window term)."""
-    ops = _stage_orders(spec.pp_size, m, spec.schedule, spec.virtual_stages)[0]
-    phase = np.array([op[0] for op in ops])
-    pos = np.array([op[1] for op in ops])
-    chunk = np.array([op[2] for op in ops])
-    t = np.arange(len(ops))
+    descending without its own (zero) entry: two ``(m, m - 1)`` arrays (window term).
+
+    Stage 0 runs ``v`` forward and ``v`` backward operations of each position, so the
+    counts come from where those ``2 v m`` operations sit: ``O(v m**2)``."""
+    p, v = spec.pp_size, spec.virtual_stages
+    phase, pos, chunk = _stage_arrays(p, m, spec.schedule, v, 0)
+    t = np.arange(phase.size)
+    zero = chunk == 0
     first = np.empty(m, dtype=np.int64)
     last = np.empty(m, dtype=np.int64)
-    zero = chunk == 0
     first[pos[zero & (phase == FORWARD)]] = t[zero & (phase == FORWARD)]
     last[pos[zero & (phase == BACKWARD)]] = t[zero & (phase == BACKWARD)]
-    outside = (t[None, :] < first[:, None]) | (t[None, :] > last[:, None])  # (j, op)
-    onehot = pos[:, None] == np.arange(m)[None, :]  # (op, position)
     rows = []
     for ph in (FORWARD, BACKWARD):
-        counts = (outside & (phase == ph)[None, :]).astype(np.int64) @ onehot.astype(np.int64)
+        sel = phase == ph
+        order = np.lexsort((t[sel], pos[sel]))
+        when = t[sel][order].reshape(m, v)  # (position j', its v operations' places)
+        outside = (when[None, :, :] < first[:, None, None]) | (
+            when[None, :, :] > last[:, None, None]
+        )
+        counts = outside.sum(axis=2)  # (j, j')
         np.fill_diagonal(counts, 0)  # k's own operations are inside its window
         rows.append(-np.sort(-counts, axis=1)[:, : m - 1])  # drop one zero: its own entry
     return rows[0].astype(np.float64), rows[1].astype(np.float64)
@@ -704,13 +790,26 @@ def _windows(spec: PipelineSpec, m: int) -> tuple[np.ndarray, np.ndarray]:
 def _window_term(
     trips: np.ndarray, f_op: np.ndarray, b_op: np.ndarray, windows: tuple[np.ndarray, np.ndarray]
 ) -> float:
-    """``max_k (trips_k + min_j outside work)`` (see :func:`pipeline_lower_bound`)."""
+    """``max_k (trips_k + min_j outside work)`` (see :func:`pipeline_lower_bound`).
+
+    Row ``k`` pairs the costs of every micro-batch but ``k``, sorted ascending, with each
+    row ``j`` of the counts: the sorted costs with ``k``'s removed are the sorted costs
+    shifted by one from ``k``'s place on, so prefix and suffix sums over the sorted costs
+    give every ``(k, j)`` in ``O(m**2)`` (no matrix product: a multithreaded BLAS on a
+    busy machine took milliseconds for what is microseconds of work)."""
     alpha, beta = windows
     m = trips.shape[0]
-    keep = ~np.eye(m, dtype=bool)  # row k: every micro-batch but k
-
-    def others_sorted(x: np.ndarray) -> np.ndarray:
-        return np.sort(np.broadcast_to(x, (m, m))[keep].reshape(m, m - 1), axis=1)
-
-    outside = others_sorted(f_op) @ alpha.T + others_sorted(b_op) @ beta.T  # (k, j)
+    outside = np.zeros((m, m))  # (k, j)
+    for x, counts in ((f_op, alpha), (b_op, beta)):
+        order = np.argsort(x, kind="stable")
+        srt = x[order]
+        rank = np.empty(m, dtype=np.int64)
+        rank[order] = np.arange(m)
+        # before[j, r] = sum_{t < r} srt[t] counts[j, t]; after[j, r] = sum_{t >= r}
+        # srt[t + 1] counts[j, t] (counts has m - 1 columns)
+        before = np.zeros((m, m))
+        np.cumsum(srt[None, :-1] * counts, axis=1, out=before[:, 1:])
+        after = np.zeros((m, m))
+        after[:, :-1] = np.cumsum((srt[None, 1:] * counts)[:, ::-1], axis=1)[:, ::-1]
+        outside += (before + after)[:, rank].T
     return float(np.max(trips + outside.min(axis=1)))

@@ -26,15 +26,27 @@ largest lower bound over replicas).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
-from typing import Callable
+from contextvars import ContextVar
+from functools import lru_cache
+from typing import Callable, Iterator
 
 import numpy as np
 
 from .pipeline import PipelineSpec, graph, pipeline_lower_bound
 
-__all__ = ["ORDERS", "best_orders", "largest_first", "light_ends", "smallest_first"]
+__all__ = [
+    "ORDERS",
+    "best_orders",
+    "largest_first",
+    "light_ends",
+    "search_kind",
+    "search_pool",
+    "search_suspended",
+    "smallest_first",
+]
 
 
 def _input(weights: np.ndarray) -> np.ndarray:
@@ -81,8 +93,56 @@ def _light_then_heavy(weights: np.ndarray) -> np.ndarray:
 _STARTS = (*ORDERS.values(), _light_then_heavy)
 
 EXACT_LIMIT = 8
-BUDGET = 40_000_000  # simulated operations per search
+#: Simulated operations (nodes of the pipeline graph x orders simulated) one search may
+#: spend beyond its starting orders: about 0.1 s of numpy on one core.
+BUDGET = 6_000_000
 _BATCH = 8  # replicas searched side by side
+
+# The simulated operations the searches of one request (one call of plan()) may still
+# spend, or None outside such a request: see search_pool.
+_POOL: ContextVar[list[int] | None] = ContextVar("seqbalance_pipeline_search_pool", default=None)
+
+
+@contextlib.contextmanager
+def search_pool(operations: int) -> Iterator[None]:
+    """Let the order searches inside the block spend at most ``operations`` simulated
+    operations in all (each keeps its own :data:`BUDGET` too).
+
+    A request may search many candidate plans (counts, packings, CP layouts); each search
+    takes its budget out of this pool, and once it is spent the rest run their starting
+    orders only (the best of the baselines, still simulated). Counted in work, never in
+    time: every rank computes the same result. A nested block shares the outer pool.
+    """
+    if _POOL.get() is not None:
+        yield
+        return
+    token = _POOL.set([int(operations)])
+    try:
+        yield
+    finally:
+        _POOL.reset(token)
+
+
+@contextlib.contextmanager
+def search_suspended() -> Iterator[None]:
+    """Run the block's order searches on their starting orders only (an empty pool), for
+    plans whose order is searched again afterwards on other costs."""
+    token = _POOL.set([0])
+    try:
+        yield
+    finally:
+        _POOL.reset(token)
+
+
+def _take(want: int) -> int:
+    pool = _POOL.get()
+    return want if pool is None else max(0, min(want, pool[0]))
+
+
+def _spend(operations: int) -> None:
+    pool = _POOL.get()
+    if pool is not None:
+        pool[0] -= int(operations)
 
 
 def _move_count(m: int) -> int:
@@ -99,30 +159,49 @@ def _move_count(m: int) -> int:
     return (4 * m - 10) + touching(5) // 2 + touching(2)
 
 
+@lru_cache(maxsize=8)
 def _moves(m: int) -> np.ndarray:
     """Neighbour permutations of ``range(m)``: all swaps, and moves of one item elsewhere.
 
     Above 24 micro-batches only swaps within distance 4 or touching the two ends, and moves
-    to or from the ends, to keep a pass affordable.
+    to or from the ends, to keep a pass affordable. Built with array operations (the rows
+    in the order of a loop over swaps ``i < j``, then moves of ``i`` to ``j``); cached and
+    read-only, as every search of one micro-batch count asks for the same rows.
     """
-    base = np.arange(m)
-    out = []
     full = m <= 24
-    ends = {0, 1, m - 2, m - 1}
-    for i in range(m):
-        for j in range(i + 1, m):
-            if full or j - i <= 4 or i in ends or j in ends:
-                q = base.copy()
-                q[i], q[j] = q[j], q[i]
-                out.append(q)
-    for i in range(m):
-        for j in range(m):
-            if abs(i - j) < 2:
-                continue  # a swap already covers neighbours
-            if full or i in ends or j in ends:
-                q = np.delete(base, i)
-                out.append(np.insert(q, j, i))
-    return np.asarray(out, dtype=np.int64).reshape(-1, m)
+    i, j = np.triu_indices(m, 1)
+    ends = np.zeros(m, dtype=bool)
+    ends[[k for k in (0, 1, m - 2, m - 1) if 0 <= k < m]] = True
+    if not full:
+        keep = (j - i <= 4) | ends[i] | ends[j]
+        i, j = i[keep], j[keep]
+    base = np.arange(m, dtype=np.int64)
+    swaps = np.broadcast_to(base, (i.size, m)).copy()
+    rows = np.arange(i.size)
+    swaps[rows, i], swaps[rows, j] = j, i
+    # moves of item a to place b, |a - b| >= 2, in the loop's order (a, then b)
+    a, b = np.divmod(np.arange(m * m, dtype=np.int64), m)
+    keep = np.abs(a - b) >= 2
+    if not full:
+        keep &= ends[a] | ends[b]
+    a, b = a[keep, None], b[keep, None]
+    k = base[None, :]
+    shifted = np.where((a < b) & (a <= k) & (k < b), k + 1, k)
+    shifted = np.where((a > b) & (b < k) & (k <= a), k - 1, shifted)
+    inserts = np.where(k == b, a, shifted)
+    out = np.concatenate([swaps, inserts]).reshape(-1, m)
+    out.setflags(write=False)
+    return out
+
+
+def search_kind(spec: PipelineSpec, m: int) -> str:
+    """How :func:`best_orders` searches ``m`` micro-batches under ``spec`` with its default
+    budget, in words for a plan's notes."""
+    if m <= EXACT_LIMIT and math.factorial(m) * 2 * spec.pp_size * spec.virtual_stages * m <= (
+        BUDGET
+    ):
+        return "exact over all orders, within a work budget"
+    return "local search from the baselines, within a work budget"
 
 
 def best_orders(
@@ -145,7 +224,9 @@ def best_orders(
     exact_limit : int
         Search every order when ``m <= exact_limit`` (``m!`` simulations per replica).
     budget : int
-        Simulated operations the local search may spend (deterministic stopping rule).
+        Simulated operations the exhaustive or local search may spend beyond the starting
+        orders (deterministic stopping rule); inside :func:`search_pool` at most what the
+        pool has left, and what is spent is taken out of it.
 
     Returns
     -------
@@ -203,32 +284,36 @@ def best_orders(
     # Each search below runs only where one pass of it over one replica fits the budget
     # (else the best start stands): a pass builds and simulates every neighbour order at
     # once, so its memory and time grow with m**2 (m**2 * pp_size * virtual_stages).
+    budget = _take(budget)
+    spent = 0
     if m <= exact_limit and math.factorial(m) * g.n_nodes <= budget:
         all_perms = np.asarray(list(itertools.permutations(range(m))), dtype=np.int64)
-        while True:
+        per = all_perms.shape[0] * g.n_nodes
+        while spent + per <= budget:
             rows = active()
             if rows.size == 0:
                 break
             r = int(rows[np.lexsort((rows, -times[rows]))][0])  # the slowest first
             t = evaluate(np.full(all_perms.shape[0], r), all_perms)
+            spent += per
             k = int(np.argmin(t))  # first minimum: deterministic
             if t[k] < times[r]:
                 best[r], times[r] = all_perms[k], t[k]
             done[r] = True
+        _spend(spent)
         return best, times
 
     if _move_count(m) * g.n_nodes > budget:
         return best, times
     moves = _moves(m)
     per = moves.shape[0] * g.n_nodes
-    spent = 0
-    while spent < budget:
+    while spent + per <= budget:
         rows = active()
         if rows.size == 0:
             break
         # The slowest few first: once they settle, faster replicas often need no search.
         rows = rows[np.lexsort((rows, -times[rows]))]
-        rows = rows[: max(1, min(_BATCH, (budget - spent) // max(per, 1)))]
+        rows = rows[: max(1, min(_BATCH, (budget - spent) // per))]
         cand = best[rows][:, moves]  # (rows, moves, m): each move applied to the current order
         owner = np.repeat(rows, moves.shape[0])
         t = evaluate(owner, cand.reshape(-1, m)).reshape(rows.size, moves.shape[0])
@@ -240,4 +325,5 @@ def best_orders(
         sel = np.flatnonzero(improved)
         best[rows[sel]] = cand[sel, k[sel]]
         times[rows[sel]] = tk[sel]
+    _spend(spent)
     return best, times

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import chain
 from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
@@ -31,7 +32,6 @@ import numpy as np
 from .._notes import Note
 from .._validate import as_weights, check_choice
 from ..partitioning.stats import relative_gap
-from ._grouping import bin_totals
 from .pipeline import (
     PipelineSimulation,
     PipelineSpec,
@@ -40,7 +40,7 @@ from .pipeline import (
     pipeline_lower_bound,
     simulate_pipeline,
 )
-from .pipeline_orders import EXACT_LIMIT, ORDERS, best_orders
+from .pipeline_orders import ORDERS, best_orders, search_kind
 from .simulation import SYNC_MODELS
 
 if TYPE_CHECKING:
@@ -158,9 +158,26 @@ def micro_batch_phases(
     if any(len(r) != m for r in grid):
         raise ValueError("every replica needs the same number of micro-batches for a pipeline")
     flat = [mb for rank in grid for mb in rank]
-    total = bin_totals(flat, costs, padded=padded) + c0
-    fwd = bin_totals(flat, setup.forward, padded=padded) + setup.forward_c0
-    toks = bin_totals(flat, lengths, padded=padded).astype(np.float64)
+    # one flattening for the three totals (bin_totals' sums, in the same order)
+    sizes = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
+    items = np.fromiter(chain.from_iterable(flat), dtype=np.int64, count=int(sizes.sum()))
+    labels = np.repeat(np.arange(len(flat)), sizes)
+
+    def totals(values: np.ndarray) -> np.ndarray:
+        v = values[items]
+        if padded:
+            out = np.zeros(len(flat), dtype=v.dtype)
+            np.maximum.at(out, labels, v)
+            return out * sizes
+        if v.dtype.kind in "iu":
+            out = np.zeros(len(flat), dtype=np.int64)
+            np.add.at(out, labels, v)
+            return out
+        return np.bincount(labels, weights=v, minlength=len(flat))
+
+    total = totals(costs) + c0
+    fwd = totals(setup.forward) + setup.forward_c0
+    toks = totals(lengths).astype(np.float64)
     shape = (dp, m)
     return (
         fwd.reshape(shape),
@@ -176,16 +193,24 @@ def _lockstep(f: np.ndarray, b: np.ndarray, c: np.ndarray) -> tuple[np.ndarray, 
 def _first_index_order(grid: list[list[list[int]]], sync: str) -> list[list[list[int]]]:
     """Input order: micro-batches (fsdp: slots) sorted by their smallest sequence index."""
     big = np.iinfo(np.int64).max
-
-    def first(mb: Sequence[int]) -> int:
-        return min(mb) if mb else big
-
+    m = len(grid[0]) if grid else 0
+    if not m:
+        return [list(rank) for rank in grid]
+    if any(len(rank) != m for rank in grid):  # (refused later, by micro_batch_phases)
+        return [sorted(rank, key=lambda mb: min(mb) if mb else big) for rank in grid]
+    flat = [mb for rank in grid for mb in rank]
+    sizes = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
+    items = np.fromiter(chain.from_iterable(flat), dtype=np.int64, count=int(sizes.sum()))
+    first = np.full(len(flat), big, dtype=np.int64)
+    full = np.flatnonzero(sizes)
+    if full.size:
+        first[full] = np.minimum.reduceat(items, (np.cumsum(sizes) - sizes)[full])
+    first = first.reshape(len(grid), m)
     if sync == "fsdp":
-        m = len(grid[0]) if grid else 0
-        key = [min(first(rank[j]) for rank in grid) for j in range(m)]
-        perm = sorted(range(m), key=lambda j: (key[j], j))
+        perm = np.argsort(first.min(axis=0), kind="stable").tolist()
         return [[rank[j] for j in perm] for rank in grid]
-    return [sorted(rank, key=first) for rank in grid]
+    orders = np.argsort(first, axis=1, kind="stable").tolist()
+    return [[rank[j] for j in o] for rank, o in zip(grid, orders)]
 
 
 def _apply(grid: list[list[list[int]]], orders: np.ndarray, sync: str) -> list[list[list[int]]]:
@@ -343,7 +368,7 @@ def finish_plan(plan: Plan, setup: PipelineSetup, user_multiple: int) -> Plan:
             ", {@virtual_stages:{virtual_stages}}" if spec.virtual_stages > 1 else ""
         )
         what = "slots" if plan.sync == "fsdp" else "micro-batches of each replica"
-        how = "exact over all orders" if m <= EXACT_LIMIT else "local search from the baselines"
+        how = search_kind(setup.spec, m)
         fields = {"schedule": spec.schedule, "pp_size": spec.pp_size,
                   "virtual_stages": spec.virtual_stages, "sync": plan.sync, "what": what,
                   "how": how, "step": sim.step_time, "gap": sim.gap,
