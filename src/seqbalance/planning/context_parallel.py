@@ -630,13 +630,15 @@ def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
         # orders _static_step searched for this replica plan, where it did).
         if id(base) not in req._orders:
             _static_step(req, base)
-        _, orders, _, phases = req._orders[id(base)]
+        _, orders, _, (f0, b0, c0) = req._orders[id(base)]
+        phases = (f0, b0, c0)
         pieces = permute_slots(pieces, orders, req.cp_size, req.sync)
         if orders.shape[-1]:
             slots = [[rank[j] for j in orders[0 if req.sync == "fsdp" else r].tolist()]
                      for r, rank in enumerate(slots)]  # fmt: skip
             orders = np.broadcast_to(orders, phases[0].shape)
-            phases = tuple(np.take_along_axis(x, orders, axis=1) for x in phases)
+            fo, bo, co = (np.take_along_axis(x, orders, axis=1) for x in phases)
+            phases = (fo, bo, co)
         notes = [n for n in notes if not n.startswith("pipeline (")]
         notes.append(pipeline_note(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp,
                                    phases))  # fmt: skip

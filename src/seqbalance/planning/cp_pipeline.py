@@ -333,8 +333,8 @@ def pipeline_note(
                             "pipeline (" + layout + ", {sync}, static CP): every slot costs 0"))
     orders = _baseline_orders(_first_indices(pieces, cp_size), f, b, sync, "light-ends")
     orders = np.broadcast_to(orders, f.shape)
-    verl = simulate_phases(*(np.take_along_axis(x, orders, axis=1) for x in (f, b, c)), sync,
-                           spec)  # fmt: skip
+    fo, bo, co = (np.take_along_axis(x, orders, axis=1) for x in (f, b, c))
+    verl = simulate_phases(fo, bo, co, sync, spec)
     what = "slots" if sync == "fsdp" else "slots of each replica"
     how = search_kind(spec, m)
     return as_text(Note(

@@ -239,7 +239,8 @@ class PipelineGraph:
         node[key] = np.arange(n)
 
         def at(stage: np.ndarray, phase: int, pos: np.ndarray, chunk: np.ndarray) -> np.ndarray:
-            return node[((stage * 2 + phase) * m + pos) * v + chunk]
+            out: np.ndarray = node[((stage * 2 + phase) * m + pos) * v + chunk]
+            return out
 
         st, ph, pos, ch = self.stage, self.phase, self.position, self.chunk
         prev = np.arange(-1, n - 1, dtype=np.int64)

@@ -201,7 +201,7 @@ def _first_index_order(grid: list[list[list[int]]], sync: str) -> list[list[list
     flat = [mb for rank in grid for mb in rank]
     sizes = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
     items = np.fromiter(chain.from_iterable(flat), dtype=np.int64, count=int(sizes.sum()))
-    first = np.full(len(flat), big, dtype=np.int64)
+    first: np.ndarray = np.full(len(flat), big, dtype=np.int64)
     full = np.flatnonzero(sizes)
     if full.size:
         first[full] = np.minimum.reduceat(items, (np.cumsum(sizes) - sizes)[full])
