@@ -405,3 +405,12 @@ def test_the_switch_watches_verls_trainer_in_joint_mode_only(monkeypatch):
     # The drop-in first, joint mode on top of it.
     assert found.index(jv._worker_patcher) > 0 and jv._trainer_patcher in found
     assert sorted({p.module for p in found}) == sorted(switch.modules("verl"))
+
+
+def test_the_switch_and_the_hook_name_the_same_joint_modes():
+    # The start-up switch cannot import seqbalance, so it keeps its own copy of the names.
+    from seqbalance.compat import _hook
+
+    assert {fw: env for fw, (env, _) in switch.JOINT_MODULES.items()} == {
+        fw: env for fw, (_, env) in _hook.JOINT.items()
+    }

@@ -187,3 +187,11 @@ def test_refit_warnings_name_refit_without_rewriting_fit_costs():
 
     assert EXACTLY_DETERMINED.startswith("fit_cost: ")
     assert exactly_determined_message("refit") == "refit" + EXACTLY_DETERMINED[len("fit_cost"):]
+
+
+def test_render_notes_speaks_an_integrations_words():
+    p = sb.plan([100, 200, 300, 5000], 2, 1000, oversized="alone")
+    assert p.notes and p.render_notes() == p.notes
+    flags = p.render_notes({"max_tokens": "--max-tokens", "oversized": "--oversized"})
+    assert any("--max-tokens" in n for n in flags)
+    assert not any("--max-tokens" in n for n in p.notes)

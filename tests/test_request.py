@@ -367,6 +367,11 @@ def worker_rebalance_spec(rank: int, world: int) -> list[str]:
         rebalance(batch, spec=spec, min_micro_batches=3)
     except ValueError as exc:  # every rank raises the same error
         out.append(str(exc))
+    grouped = PlanSpec(Mesh(world, sync="ddp"), Capacity(12), rules=RankRules(groups=[0, 0, 1]))
+    try:  # rebalance's groups are each rank's own: refused in the spec, before any exchange
+        rebalance(batch, spec=grouped)
+    except ArgumentError as exc:
+        out.append(exc.argument)
     return out
 
 
@@ -377,7 +382,8 @@ def test_rebalance_takes_a_spec():
 
     results = run_distributed(worker_rebalance_spec, 2, timeout=100)
     for got in results:
-        by_spec, by_keywords, by_balancer, refused = got
+        by_spec, by_keywords, by_balancer, refused, grouped = got
         assert by_spec == by_keywords == by_balancer
         assert "min_micro_batches= was passed next to spec=" in refused
+        assert grouped == "spec"
     assert results[0] == results[1]

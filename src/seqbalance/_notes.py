@@ -166,6 +166,10 @@ class Note:
     def __str__(self) -> str:
         return self.render()
 
+    def __hash__(self) -> int:
+        # Equal notes have equal kinds and templates (the fields' values may be unhashable).
+        return hash((self.kind, self.template))
+
     def __reduce__(self) -> Any:  # MappingProxyType does not pickle
         return (Note, (self.kind, dict(self.fields), self.template, dict(self.words)))
 

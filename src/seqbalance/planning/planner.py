@@ -1847,7 +1847,7 @@ def plan(
         ``cp="dynamic"`` picks a power-of-two degree per sequence; ``cp_cost`` prices the
         communication. ``cp_size > 1`` returns a
         :class:`~seqbalance.planning.cp_plans.CPPlan`; see
-        :func:`seqbalance.planning.context_parallel.plan_cp`, which honours ``baselines``.
+        :func:`seqbalance.planning.planner.plan_cp`, which honours ``baselines``.
         Static CP plans the replicas with ``size``, ``groups``, ``order``, ``oversized``,
         ``extra_micro_batches`` and ``sequences_per_micro_batch`` as without CP (a
         replica is a rank), and with ``pp_size > 1`` makes each replica a pipeline whose

@@ -252,8 +252,8 @@ class Plan:
         self.note_items = tuple(as_note(note) for note in notes)
 
     def render_notes(self, words: Mapping[str, str] | None = None) -> tuple[str, ...]:
-        """The notes as text, their terms in ``words`` (the command line passes its flag
-        table: ``{"max_tokens": "--max-tokens", ...}``)."""
+        """The notes as text, their terms in ``words``: an integration's own names for
+        :func:`seqbalance.plan`'s arguments (``{"max_tokens": "--max-tokens"}``)."""
         return tuple(note.render(words) for note in self.note_items)
 
     # ---- shape -------------------------------------------------------------------------

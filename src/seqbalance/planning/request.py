@@ -41,6 +41,7 @@ from .._validate import (
     group_ids,
 )
 from ..partitioning._rules import SIZES
+from ._effort import EFFORTS
 from ._ordering import ORDERS, OVERSIZED
 from .cp_plans import CP_MODES, check_cp_size
 from .pipeline import check_pipeline
@@ -56,8 +57,6 @@ __all__ = [
     "RankRules",
 ]
 
-#: Names of the planner's work budgets, cheapest first.
-EFFORTS = ("fast", "default", "thorough")
 
 _V = TypeVar("_V")
 
@@ -78,6 +77,17 @@ def _from_dict(cls: type[_V], data: Mapping[str, Any], argument: str) -> _V:
         raise ArgumentError(
             f"{cls.__name__} has no field {unknown[0]!r}; its fields are "
             f"{', '.join(names)}",
+            argument=argument,
+        )
+    missing = [
+        f.name for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.name not in data
+        and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise ArgumentError(
+            f"{cls.__name__}.from_dict needs the field {missing[0]!r} (its fields are "
+            f"{', '.join(names)})",
             argument=argument,
         )
     return cls(**data)
@@ -134,6 +144,11 @@ class Mesh:
     schedule: str = "1f1b"
     virtual_stages: int = 1
     pp_comm: float = 0.0
+
+    def __hash__(self) -> int:
+        # cp_cost may be a dict (unhashable); equal meshes still hash equal without it.
+        return hash((self.dp, self.sync, self.cp, self.cp_mode, self.pp, self.schedule,
+                     self.virtual_stages, self.pp_comm))  # fmt: skip
 
     def __post_init__(self) -> None:
         _set(self, "dp", check_positive_int(self.dp, "dp_size"))
@@ -332,7 +347,11 @@ class RankRules:
         )
 
     def __hash__(self) -> int:
-        return hash((self.size, None if self.groups is None else self.groups.tobytes()))
+        # As __eq__ compares: the dtype's kind and the values (int32 and int64 ids of the
+        # same values are equal, so their hashes must be too).
+        if self.groups is None:
+            return hash((self.size, None))
+        return hash((self.size, self.groups.dtype.kind, tuple(self.groups.tolist())))
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as a plain dict (``groups`` as a list)."""

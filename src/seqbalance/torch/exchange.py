@@ -646,6 +646,12 @@ def rebalance(
         plan_options = dict(plan_options)
         max_tokens, dp, cost, sync = spec_options(spec, max_tokens, None, cost, sync,
                                                   plan_options)  # fmt: skip
+        if "groups" in plan_options:
+            raise ArgumentError(
+                "the spec has RankRules(groups=...), but rebalance's groups are each rank's "
+                "own: pass groups= (this rank's group ids) and a spec without groups",
+                argument="spec",
+            )
         if dp != world:
             raise ArgumentError(
                 f"the spec's mesh has dp={dp} but the group has {world} ranks; give the "
