@@ -171,7 +171,8 @@ def test_plan_follows_the_switch(search_calls):
 
 
 def test_default_effort_leaves_the_searches_off_unless_the_caller_chose(search_calls):
-    lens = sb.workloads.lengths("long-mix", 48, seed=1)
+    # (rl-math: a batch whose default search does not stop before the partition)
+    lens = sb.workloads.lengths("rl-math", 48, seed=0)
     sb.plan(lens, 8, 16384, sync="ddp", baselines=False)
     assert search_calls == []
     assert sb.exact_searches_enabled()  # the planner's choice does not leak out
