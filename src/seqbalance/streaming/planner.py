@@ -577,6 +577,10 @@ class StreamingPlanner:
         for order in tries:
             if not order.size:
                 continue
+            if mode != "force" and int(lens_b[order].sum()) < dp * fill:
+                # Cannot fill every micro-batch to ``fill``: the tokens fall short even
+                # if packed perfectly (an exact test: the same slots, one packing less).
+                continue
             costs_o = costs_b[order]
             if mode == "rule" and (float(costs_o.sum()) + lead) * (1 + 1e-6) < need * (
                 max(float(costs_o[0]) + low_base, top_base) + c0
