@@ -166,6 +166,23 @@ def test_released_slots_meet_the_rule_without_hold():
     _check(released + flushed, lengths.tolist(), 4, cap)
 
 
+def test_ddp_slots_meet_the_rule_over_the_ranks_work_in_the_step():
+    # Under ddp the balance test counts each rank's earlier work: after every slot
+    # released by the rule, the ranks' totals are within 1 / balance of even.
+    rule = StreamingRule(fill=0.8, balance=0.9, hold=1e9)
+    lengths = sb.workloads.lengths("bimodal", 400, seed=3)
+    cap = 32768
+    released, flushed = _stream(lengths.tolist(), 4, cap, range(401), rule=rule, sync="ddp")
+    assert released
+    total = np.zeros(4)
+    for s in released:
+        tokens = [int(lengths[mb].sum()) for mb in s]
+        assert min(tokens) >= 0.8 * cap
+        total += tokens
+        assert total.sum() >= 0.9 * 4 * total.max()
+    _check(released + flushed, lengths.tolist(), 4, cap)
+
+
 def test_exact_small_case():
     sp = StreamingPlanner(2, 100)
     sp.add([50, 45, 40, 60])  # 195 tokens >= 0.9 x 2 x 100: two micro-batches of 95 and 100
