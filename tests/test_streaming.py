@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
-from seqbalance import StreamingPlanner, StreamingRule
+from seqbalance import ArgumentError, StreamingPlanner, StreamingRule
 from seqbalance.planning.simulation import microbatch_costs, step_time_of
 
 
@@ -600,3 +600,13 @@ def test_packing_order_is_the_lexsort(lengths, cap, kind, seed):
         "flat": np.ones(lens.shape[0]),
     }[kind]
     assert _packing_order(lens, costs, cap).tolist() == np.lexsort((-lens, -costs)).tolist()
+
+
+def test_a_numpy_budget_is_one_number_and_a_wrong_count_names_budget():
+    sp = StreamingPlanner(2, 100)
+    sp.add([50, 45, 40, 60], budget=np.float64(300))
+    assert sp.ready(budget=np.int64(300)) == [[[2, 3], [0, 1]]]
+    sp.add([30], budget=np.array(5.0))
+    with pytest.raises(ArgumentError, match="budget has 3 entries") as err:
+        sp.ready(budget=[1, 2, 3])
+    assert err.value.argument == "budget"

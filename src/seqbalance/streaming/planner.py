@@ -104,6 +104,7 @@ from typing import Any
 import numpy as np
 
 from .._validate import (
+    ArgumentError,
     _as_1d,
     as_groups,
     as_lengths,
@@ -1103,13 +1104,16 @@ def _budget(value: Any, dp: int) -> np.ndarray | None:
     if value is None:
         return None
     why = " (the most work a released micro-batch may take; None: no limit)"
-    if is_array_like(value):
+    if is_array_like(value) and np.ndim(value) >= 1:  # (a numpy scalar is one number)
         arr = _as_1d(value, "budget")
         if arr.shape[0] != dp:
-            raise ValueError(
+            raise ArgumentError(
                 f"budget has {arr.shape[0]} entries but dp_size is {dp}; pass one number, "
-                "or one per rank"
+                "or one per rank",
+                argument="budget",
             )
         each = [check_nonnegative_real(x, f"budget[{r}]", why=why) for r, x in enumerate(arr)]
         return np.asarray(each, dtype=np.float64)
+    if is_array_like(value):
+        value = np.asarray(value).item()
     return np.full(dp, check_nonnegative_real(value, "budget", why=why), dtype=np.float64)
