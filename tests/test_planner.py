@@ -312,19 +312,25 @@ def test_same_plan_in_every_process():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rl-math", "sft-chat", "bimodal", "uniform"])
 @pytest.mark.parametrize("sync", ["fsdp", "ddp"])
-def test_never_slower_than_a_runnable_baseline(name, sync):
+@pytest.mark.parametrize("effort", ["default", "thorough"])
+def test_never_slower_than_a_runnable_baseline(name, sync, effort):
     from seqbalance.planning.baselines import BASELINES
 
     lengths = workloads.lengths(name, 1024, seed=11)
     cost = lengths + lengths.astype(float) ** 2 / 7e4  # ~Qwen2.5-7B's linear/quadratic ratio
-    ours = plan(lengths, 8, 32768, cost=cost, sync=sync)
-    mine = ours.simulate().step_time
+    ours = plan(lengths, 8, 32768, cost=cost, sync=sync, effort=effort)
+    sim = ours.simulate()
+    mine = sim.step_time
+    # The full search is never slower than a baseline; the default stops once provably
+    # within 0.1% of the bound (so no baseline is more than that faster), and is never
+    # slower than one where its gap exceeds that.
+    slack = 1e-3 if effort == "default" and sim.gap <= 1e-3 else 1e-12
     for base in BASELINES.values():
         other = base(lengths, 8, 32768, cost=cost, sync=sync)
         v = other.violations()
         if v["over_capacity"] or v["empty"]:
             continue  # would run out of memory or hang: not a plan one could run
-        assert mine <= other.simulate().step_time * (1 + 1e-12), other.strategy
+        assert mine <= other.simulate().step_time * (1 + slack), other.strategy
 
 
 def _lockstep_optimum(lengths: list[int], cost, dp: int, m: int, cap: int) -> float:

@@ -311,7 +311,8 @@ _OTHER_COST_LENGTHS = [16, 48, 40, 8, 24, 56, 32, 8, 48, 48]
 
 
 def _plan_with(cost):
-    return sb.plan(_OTHER_COST_LENGTHS, 2, 64, cost=cost)
+    # (the full search: a batch where the two costs give plans with equal tokens per GPU)
+    return sb.plan(_OTHER_COST_LENGTHS, 2, 64, cost=cost, effort="thorough")
 
 
 def _restore_with_another_plan(rank: int, world: int):
