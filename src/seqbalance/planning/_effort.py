@@ -74,6 +74,12 @@ class Effort:
     refine_rtol : float or None
         The packer's refinement stops once its heaviest bin is within this of the mean bin
         (or the costliest sequence); None: it runs until stuck or out of steps.
+    exact_pool : int
+        Exact-search nodes the whole request may spend (every plan, pipelined and
+        context-parallel ones included; :func:`seqbalance.partitioning.searches.exact_work_pool`).
+    joint_nodes : int
+        Nodes of one joint rank x micro-batch exact search (small ruled requests whose
+        packers found no packing): past them the note says a packing may still exist.
     """
 
     name: str
@@ -85,6 +91,8 @@ class Effort:
     exact: bool
     counts: int
     refine_rtol: float | None
+    exact_pool: int = 2**18
+    joint_nodes: int = 200_000
 
     @property
     def thorough(self) -> bool:
@@ -98,10 +106,15 @@ class Effort:
 # elements three of bench/plan.py's FSDP configurations came out 0.12-0.22% slower than
 # the full search; at 1.5e7 none by more than 0.05%); refinement within 5e-4 of the mean
 # bin moved near-bound plans by at most 0.04%.
+# The exact-search nodes: "thorough" keeps planning.limits.EXACT_NODES_PER_REQUEST and
+# the joint search's own limit (planning._exact.NODE_LIMIT); below it a request's exact
+# searches (8-25 us a node in the partition searches, 35-75 us in the joint one) stay
+# within a few tenths of a second (bench/bounds.py --reproducers).
+_POOL, _JOINT = 2**15, 10_000
 _LEVELS = {
     "thorough": Effort("thorough", None, 1.5e7, 2, True, "filled", True, 0, None),
-    "default": Effort("default", 1e-3, 1.5e7, 2, True, "raw", False, 3, 5e-4),
-    "fast": Effort("fast", None, 2e5, 1, False, "none", False, 0, 1e-3),
+    "default": Effort("default", 1e-3, 1.5e7, 2, True, "raw", False, 3, 5e-4, _POOL, _JOINT),
+    "fast": Effort("fast", None, 2e5, 1, False, "none", False, 0, 1e-3, _POOL, _JOINT),
 }
 
 

@@ -104,7 +104,7 @@ from .bounds import (
 )
 from .context_parallel import cost_without_cp, plan_cp_spec
 from .cp_plans import CPPlan
-from .limits import EXACT_NODES_PER_REQUEST, check_counts, check_mesh, check_slots
+from .limits import check_counts, check_mesh, check_slots
 from .pipeline_orders import largest_first
 from .pipeline_plans import (
     PipelineSetup,
@@ -424,6 +424,8 @@ class _Request:
     true_lens: np.ndarray | None = None
     per_mb: int | None = None
     budget: Effort = _THOROUGH  # plan(effort=): see _effort.py
+    # the joint exact search's nodes, at the requested effort (pipelined plans too)
+    joint_nodes: int = _THOROUGH.joint_nodes
 
     @property
     def run_lens(self) -> np.ndarray:
@@ -747,6 +749,7 @@ def _joint_exact(req: _Request, m: int, memo: dict[Any, Any]) -> tuple[Any, str]
         hi=hi,
         need=0 if req.allow_empty else m,
         padded=req.padded,
+        node_limit=req.joint_nodes,
     )
     items = None if ranks is None else [sorted(i for mb in r for i in mb) for r in ranks]
     memo[m] = (items, status)
@@ -1565,6 +1568,7 @@ def _plan_attempt(
     # backward (cost - forward) came out 13x its forward instead of about 2x.
     pp = pipeline_setup(req.run_lens, cost, pp_size, schedule, virtual_stages, pp_comm)
     user_mult = req.mult
+    req = replace(req, joint_nodes=budget.joint_nodes)
     if pp is not None:
         check_mesh(req.n, req.dp, 1, pp.spec.pp_size, pp.spec.virtual_stages)
         req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
@@ -1921,7 +1925,7 @@ def plan(
     spec = PlanSpec.from_keywords(
         mesh, capacity, cost=cost, batching=batching, rules=rules, effort=effort, flat=flat
     )
-    with exact_work_pool(EXACT_NODES_PER_REQUEST):
+    with exact_work_pool(effort_of(spec.effort).exact_pool):
         return _plan_checked(_flat_request(lengths, spec), pipeline_counts=True)
 
 
@@ -1980,7 +1984,7 @@ def _plan_replicas(
     """:func:`plan` without the count search for pipelines below ``pp_size`` micro-batches
     (static CP plans its replicas with it, then searches the counts on the CP plan); the
     CP planner is handed this function (it sits below this module)."""
-    # (CP keeps its own budgets: the replicas get the full search)
+    # (static CP passes its request's effort; the full search unless it does)
     spec = PlanSpec.from_keywords(
         dp_size, max_tokens, cost=cost, effort=options.pop("effort", "thorough"), flat=options
     )
