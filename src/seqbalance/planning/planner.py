@@ -1205,6 +1205,7 @@ def _levelled(
 
     floors = {i: _busiest_floor(req, candidates[i].micro_batches) for i in pool}
     slots: float | None = None  # the FSDP slot bounds, computed once if needed
+    units = None if req.budget.thorough else _LEVEL_DEFAULT_UNITS
     best = min(step.values())
     out = list(candidates)
     for i in sorted(pool, key=lambda i: (floors[i], i)):
@@ -1220,6 +1221,15 @@ def _levelled(
             continue
         if too_big_to_refill(candidates[i].micro_batches):
             continue
+        if units is not None:
+            # (below "thorough") each pass of the refill steps through every sequence
+            # position of every slot, one numpy call per slot: work ~ m x (width + 8)
+            grid_i = candidates[i].micro_batches
+            width = max(sum(len(mb) for mb in rank) for rank in grid_i)
+            need = len(grid_i[0]) * (width + 8)
+            if need > units:
+                continue
+            units -= need
         if slots is None:
             slots = fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap)
         m = candidates[i].num_micro_batches
@@ -1245,6 +1255,11 @@ def _levelled(
 # of them won. Small inputs refill every candidate that may gain (cheap there; 126
 # sequences over 10 ranks: the second one refilled is 3% faster than the first).
 _LEVEL_DEFAULT_LIMIT = 1
+# Below effort="thorough" the refills of one request take at most this many slot x
+# (sequences per rank + 8) units in all, a candidate that does not fit is not refilled: a
+# pass costs about 8 us a unit, and a refill runs 2-16 passes (1,484 sequences over 2
+# ranks in 75 slots: 1 s a candidate, 11 candidates; 5 sequences in 32,768 slots: 7 s).
+_LEVEL_DEFAULT_UNITS = 10_000
 _LEVEL_LIMIT_ITEMS = 2048
 
 # Refill a candidate only if its floor is this far below its own step: the refill costs
