@@ -170,15 +170,18 @@ _THOROUGH = effort_of("thorough")
 def _fill_slack(
     grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int,
     budget: Effort, same_rank: bool = False, stop_at: float | None = None,
+    fill_work: float | None = None,
 ) -> list[list[list[int]]]:
     """:func:`._slots.fill_slack` within the request's work budget; ``stop_at``: a sum of
     slot maxima within the budget's stop gap of the step bound (the search stops there
-    anyway)."""
+    anyway). ``fill_work``: the swap and move scans' work where ``budget`` (a pipelined
+    plan's full search) has none: the requested effort's."""
     dp, m = len(grid), len(grid[0]) if grid else 0
-    work = None if budget.thorough else budget.swap_work
+    work = fill_work if budget.thorough else budget.swap_work
     return fill_slack(grid, costs, lengths, cap, max_steps=budget.step_factor * dp * m + 100,
                       same_rank=same_rank, swap_work=work, move_work=work,
-                      retry=budget.thorough, stop_at=stop_at)  # fmt: skip
+                      retry=budget.thorough and fill_work is None,
+                      stop_at=stop_at)  # fmt: skip
 
 
 def _step_time(
@@ -281,6 +284,7 @@ def _plan_global(
     enough: float | None = None,
     interim: Callable[[], bool] | None = None,
     lpt_enough: float | None = None,
+    fill_work: float | None = None,
 ) -> tuple[list[list[list[int]]] | None, str]:
     """``sent``: the tokens a pipeline stage sends per sequence (the true lengths where
     ``lengths`` are clipped to the cap for packing); default ``lengths``. ``enough``: a
@@ -301,7 +305,8 @@ def _plan_global(
         if sync == "fsdp" and not padded:
             # (enough: within the stop gap, where the search stops; c0 per slot is apart)
             grid = _fill_slack(grid, costs, lengths, cap, budget,
-                               stop_at=None if enough is None else enough - m * c0)
+                               stop_at=None if enough is None else enough - m * c0,
+                               fill_work=fill_work)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if pp is None:
@@ -424,8 +429,16 @@ class _Request:
     true_lens: np.ndarray | None = None
     per_mb: int | None = None
     budget: Effort = _THOROUGH  # plan(effort=): see _effort.py
-    # the joint exact search's nodes, at the requested effort (pipelined plans too)
-    joint_nodes: int = _THOROUGH.joint_nodes
+    # The requested effort, pipelined plans too (whose ``budget`` stays the full search):
+    # it sets the joint exact search's nodes and slack filling's work there. (A pipelined
+    # plan's baselines stay slack-filled: on rl-math, 64 sequences over 4 ranks, pp_size=2,
+    # the areal baseline slack-filled wins and the raw baselines ran 0.87% slower.)
+    asked: Effort = _THOROUGH
+
+    @property
+    def fill_work(self) -> float | None:
+        """Slack filling's swap and move work at the requested effort (None: unbounded)."""
+        return None if self.asked.thorough else self.asked.swap_work
 
     @property
     def run_lens(self) -> np.ndarray:
@@ -749,7 +762,7 @@ def _joint_exact(req: _Request, m: int, memo: dict[Any, Any]) -> tuple[Any, str]
         hi=hi,
         need=0 if req.allow_empty else m,
         padded=req.padded,
-        node_limit=req.joint_nodes,
+        node_limit=req.asked.joint_nodes,
     )
     items = None if ranks is None else [sorted(i for mb in r for i in mb) for r in ranks]
     memo[m] = (items, status)
@@ -763,7 +776,8 @@ def _fill_rank_slack(req: _Request, mbs: list[list[list[int]]]) -> list[list[lis
     """FSDP slack filling that keeps every rank's contents (so the rule and groups hold)."""
     if req.sync != "fsdp" or req.padded:
         return mbs
-    filled = _fill_slack(mbs, req.costs, req.lens, req.cap, req.budget, same_rank=True)
+    filled = _fill_slack(mbs, req.costs, req.lens, req.cap, req.budget, same_rank=True,
+                         fill_work=req.fill_work)
     return min(
         (mbs, filled),
         key=lambda g: _step_time(g, req.costs, req.c0, req.padded, req.sync),
@@ -811,6 +825,7 @@ def _search(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp,
                 req.run_lens, req.budget, _enough(req, m, memo),
                 interim if m == first_m else None, _lpt_enough(req, m, memo),
+                fill_work=req.fill_work,
             )
         else:
             mbs, st = _by_rank_at(req, rank_items, m, memo, blocked)
@@ -1583,7 +1598,7 @@ def _plan_attempt(
     # backward (cost - forward) came out 13x its forward instead of about 2x.
     pp = pipeline_setup(req.run_lens, cost, pp_size, schedule, virtual_stages, pp_comm)
     user_mult = req.mult
-    req = replace(req, joint_nodes=budget.joint_nodes)
+    req = replace(req, asked=budget)
     if pp is not None:
         check_mesh(req.n, req.dp, 1, pp.spec.pp_size, pp.spec.virtual_stages)
         req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
