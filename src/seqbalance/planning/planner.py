@@ -2081,7 +2081,8 @@ def _flat_candidate(kw: dict[str, Any], chosen: Plan) -> Plan:
         "schedule": "1f1b",
         "virtual_stages": 1,
         "pp_comm": 0.0,
-        "effort": "thorough",  # (pipelined plans keep the full search)
+        # (the requested effort: the flat plan's slot refills can cost seconds in full)
+        "effort": kw.get("effort", "thorough"),
         "micro_batch_multiple": math.lcm(
             int(kw["micro_batch_multiple"]), setup.spec.count_multiple
         ),
