@@ -37,8 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._validate import check_choice
+from ..partitioning.searches import exact_searches_chosen
 
-__all__ = ["EFFORTS", "Effort", "effort_of"]
+__all__ = ["EFFORTS", "Effort", "effort_of", "exact_pool"]
 
 EFFORTS = ("fast", "default", "thorough")
 
@@ -116,6 +117,12 @@ _LEVELS = {
     "default": Effort("default", 1e-3, 1.5e7, 2, True, "raw", False, 3, 5e-4, _POOL, _JOINT),
     "fast": Effort("fast", None, 2e5, 1, False, "none", False, 0, 1e-3, _POOL, _JOINT),
 }
+
+
+def exact_pool(effort: str) -> int:
+    """The exact-search nodes of one request at ``effort``: the full pool (``"thorough"``'s)
+    where the caller turned the searches on with ``exact_searches(True)``."""
+    return _LEVELS["thorough" if exact_searches_chosen() else effort].exact_pool
 
 
 def effort_of(value: object) -> Effort:

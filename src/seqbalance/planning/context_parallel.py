@@ -64,7 +64,7 @@ from ..costs.context_parallel import ContextParallelCost
 from ..partitioning import searches as _searches
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
-from ._effort import effort_of
+from ._effort import exact_pool
 from ._megatron import megatron_cp_plan, megatron_degrees
 from ._slots import fill_slack
 from .cp_pipeline import CPPipelineSetup, order_phases, permute_slots, pipeline_note
@@ -1169,7 +1169,7 @@ def plan_cp_spec(lengths: Any, spec: Any, replicas: Callable[..., Any]) -> CPPla
         says it, after ``"static CP: "``).
     """
     kw = spec.keywords()
-    with exact_work_pool(effort_of(spec.effort).exact_pool):  # (plan()'s, when it called this)
+    with exact_work_pool(exact_pool(spec.effort)):  # (plan()'s, when it called this)
         req = _validate(
             lengths,
             kw["dp_size"],

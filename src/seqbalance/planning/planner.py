@@ -77,7 +77,7 @@ from ..partitioning.bounds import lower_bound
 from ..partitioning.kway import AUTO_RTOL, partition_arrays
 from ..partitioning.searches import exact_searches_unless_chosen, exact_work_pool
 from ._costing import sequence_costs
-from ._effort import Effort, effort_of
+from ._effort import Effort, effort_of, exact_pool
 from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
@@ -1955,7 +1955,7 @@ def plan(
     spec = PlanSpec.from_keywords(
         mesh, capacity, cost=cost, batching=batching, rules=rules, effort=effort, flat=flat
     )
-    with exact_work_pool(effort_of(spec.effort).exact_pool):
+    with exact_work_pool(exact_pool(spec.effort)):
         return _plan_checked(_flat_request(lengths, spec), pipeline_counts=True)
 
 
