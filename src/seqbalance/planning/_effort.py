@@ -29,7 +29,11 @@ same plan, byte for byte). Three levels:
     filled on a small budget; no other candidates, no baselines.
 
 Pipelined (``pp_size > 1``) and context-parallel plans run their own budgets
-(:mod:`seqbalance.planning.limits`) and keep the full search at every level.
+(:mod:`seqbalance.planning.limits`) and keep the full candidate search at every level;
+below ``"thorough"`` they take the effort's exact-search nodes, slack filling's work and
+(static CP) replica plans, and a pipelined plan's rival planned without the pipeline is
+planned at the effort. Below ``"thorough"`` the slot refills of one request share a work
+budget (``planner._LEVEL_DEFAULT_UNITS``).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from dataclasses import dataclass
 
 from .._validate import check_choice
 from ..partitioning.searches import exact_searches_chosen
+from ._exact import NODE_LIMIT
+from .limits import EXACT_NODES_PER_REQUEST
 
 __all__ = ["EFFORTS", "Effort", "effort_of", "exact_pool"]
 
@@ -92,8 +98,8 @@ class Effort:
     exact: bool
     counts: int
     refine_rtol: float | None
-    exact_pool: int = 2**18
-    joint_nodes: int = 200_000
+    exact_pool: int = EXACT_NODES_PER_REQUEST
+    joint_nodes: int = NODE_LIMIT
 
     @property
     def thorough(self) -> bool:
@@ -107,8 +113,8 @@ class Effort:
 # elements three of bench/plan.py's FSDP configurations came out 0.12-0.22% slower than
 # the full search; at 1.5e7 none by more than 0.05%); refinement within 5e-4 of the mean
 # bin moved near-bound plans by at most 0.04%.
-# The exact-search nodes: "thorough" keeps planning.limits.EXACT_NODES_PER_REQUEST and
-# the joint search's own limit (planning._exact.NODE_LIMIT); below it a request's exact
+# The exact-search nodes: "thorough" keeps EXACT_NODES_PER_REQUEST and the joint
+# search's own limit (NODE_LIMIT); below it a request's exact
 # searches (8-25 us a node in the partition searches, 35-75 us in the joint one) stay
 # within a few tenths of a second (bench/bounds.py --reproducers).
 _POOL, _JOINT = 2**15, 10_000
