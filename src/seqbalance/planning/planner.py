@@ -1389,26 +1389,34 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
         max(first_m, -(-(k + -(-int(rest.size) // per_mb)) // req.dp)), req.mult
     )
     start = m
-    while True:
-        if req.n < req.dp * m and not req.allow_empty:
-            raise NotedError(Note(
-                "too_few_sequences", {"n": req.n, "dp": req.dp, "count": m},
-                "{n} sequences cannot fill {dp} " + term("ranks") + " x {count} micro-batches; "
-                "lower "
-                "{@dp_size}, {@min_micro_batches} or {@micro_batch_multiple}, or pass "
-                "{@allow_empty=True}",
-            ))  # fmt: skip
-        bins = (
-            fixed_count_bins(
-                req.lens[rest], req.costs[rest], req.dp * m - k, per_mb, req.cap, req.padded
-            )
-            if req.dp * m > k
-            else []
+
+    def too_few(m: int) -> NotedError:
+        return NotedError(Note(
+            "too_few_sequences", {"n": req.n, "dp": req.dp, "count": m},
+            "{n} sequences cannot fill {dp} " + term("ranks") + " x {count} micro-batches; "
+            "lower "
+            "{@dp_size}, {@min_micro_batches} or {@micro_batch_multiple}, or pass "
+            "{@allow_empty=True}",
+        ))  # fmt: skip
+
+    def bins_at(m: int) -> Any:
+        if req.dp * m <= k:
+            return []
+        return fixed_count_bins(
+            req.lens[rest], req.costs[rest], req.dp * m - k, per_mb, req.cap, req.padded
         )
-        if not isinstance(bins, str):
-            bins = [[int(i)] for i in alone] + [sorted(int(rest[i]) for i in b) for b in bins]
-            break
-        m += req.mult
+
+    if req.asked.thorough:
+        while True:
+            if req.n < req.dp * m and not req.allow_empty:
+                raise too_few(m)
+            bins = bins_at(m)
+            if not isinstance(bins, str):
+                break
+            m += req.mult
+    else:
+        m, bins = _fixed_count_gallop(req, start, bins_at, too_few)
+    bins = [[int(i)] for i in alone] + [sorted(int(rest[i]) for i in b) for b in bins]
     if m > first_m:
         why = "to fit max_tokens" if m > start else "to hold them"
         notes = [
@@ -1418,6 +1426,43 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
         ]
     grid = _deal_slots(bins, bin_totals(bins, req.costs, padded=req.padded), req.dp, m)
     return _with_grid(req, grid, [*notes, *_empty_note(grid)])
+
+
+def _fixed_count_gallop(
+    req: _Request, start: int, bins_at: Callable[[int], Any],
+    too_few: Callable[[int], NotedError],
+) -> tuple[int, Any]:
+    """Below ``effort="thorough"``: the count of :func:`_fixed_count` by doubling steps
+    from ``start``, then bisection between the last count that failed and the first that
+    fit (counts that ``micro_batch_multiple`` allows). Where fitting is monotone in the
+    count, the count the full search's one-step scan finds; that scan tried each count in
+    turn (362 counts, 9 s, on 1,808 sequences at 16 a micro-batch on one rank).
+    ``bins_at(m)``: the bins at ``m``, or a string where none fit."""
+    mult = req.mult
+    top = None if req.allow_empty else req.n // req.dp // mult * mult  # fewest too many
+    failed, step, m = None, 0, start
+    while True:
+        if top is not None and m > top:
+            if top < start or (failed is not None and failed >= top):
+                raise too_few(max(m, start) if top < start else top + mult)
+            m = top
+        bins = bins_at(m)
+        if not isinstance(bins, str):
+            break
+        failed = m
+        if top is not None and m >= top:
+            raise too_few(top + mult)
+        step = mult if step == 0 else 2 * step
+        m += step
+    lo, hi = failed, m  # lo failed (or None: start fit), hi fits
+    while lo is not None and hi - lo > mult:
+        mid = lo + (hi - lo) // mult // 2 * mult
+        found = bins_at(mid)
+        if isinstance(found, str):
+            lo = mid
+        else:
+            hi, bins = mid, found
+    return hi, bins
 
 
 def _plan_of(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
