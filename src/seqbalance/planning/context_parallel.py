@@ -403,7 +403,10 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
         "micro_batch_multiple": req.mult,
         "allow_empty": req.allow_empty,
         "baselines": req.baselines,
-        "effort": req.effort,
+        # (the replicas planned without the pipeline keep the full search: extra counts
+        # skip that candidate, and a request asking for them must not end slower than one
+        # asking for the count it picked)
+        "effort": "thorough" if flat and req.pp is not None else req.effort,
         **req.pp_kwargs,
         **rules,
         **overrides,
