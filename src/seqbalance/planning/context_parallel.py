@@ -403,10 +403,11 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
         "micro_batch_multiple": req.mult,
         "allow_empty": req.allow_empty,
         "baselines": req.baselines,
-        # (the replicas planned without the pipeline keep the full search: extra counts
-        # skip that candidate, and a request asking for them must not end slower than one
-        # asking for the count it picked)
-        "effort": "thorough" if flat and req.pp is not None else req.effort,
+        # Replicas planned for a pipeline take the request's effort; the others keep the
+        # full search: they are what a plan without the pipeline makes (which a pipelined
+        # plan must never be slower than), and extra counts skip them as a candidate (a
+        # request asking for those must not end slower than one asking for the count).
+        "effort": req.effort if req.pp is not None and not flat else "thorough",
         **req.pp_kwargs,
         **rules,
         **overrides,
