@@ -30,9 +30,9 @@ same plan, byte for byte). Three levels:
 
 Pipelined (``pp_size > 1``) and context-parallel plans run their own budgets
 (:mod:`seqbalance.planning.limits`) and keep the full candidate search at every level;
-below ``"thorough"`` they take the effort's exact-search nodes, slack filling's work and
-(static CP's replicas planned for a pipeline) replica plans, and a pipelined plan's rival planned without the pipeline is
-planned at the effort. Below ``"thorough"`` the slot refills of one request share a work
+below ``"thorough"`` they take the effort's exact-search nodes and slack filling's work,
+static CP's replicas planned for a pipeline and a pipelined plan's rival planned without
+the pipeline are planned at the effort. Below ``"thorough"`` the slot refills of one request share a work
 budget (``planner._LEVEL_DEFAULT_UNITS``), and with ``sequences_per_micro_batch`` the
 count is found by doubling steps and bisection.
 """
