@@ -403,11 +403,7 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
         "micro_batch_multiple": req.mult,
         "allow_empty": req.allow_empty,
         "baselines": req.baselines,
-        # Replicas planned for a pipeline take the request's effort; the others keep the
-        # full search: they are what a plan without the pipeline makes (which a pipelined
-        # plan must never be slower than), and extra counts skip them as a candidate (a
-        # request asking for those must not end slower than one asking for the count).
-        "effort": req.effort if req.pp is not None and not flat else "thorough",
+        "effort": req.effort,
         **req.pp_kwargs,
         **rules,
         **overrides,
@@ -692,7 +688,10 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
         # (the replicas planned without the pipeline are a candidate at the fewest count
         # only: each costs a whole replica plan, and the one there keeps the pipelined
         # plan never slower than the plain plan of the same request)
-        more = _replica_plan(req, with_flat=False, min_micro_batches=count)
+        # (below effort="thorough" the replicas planned without the pipeline are a
+        # candidate at every count: they are planned at that effort, and a request asking
+        # for extra counts must not end slower than one asking for the count it picks)
+        more = _replica_plan(req, with_flat=req.effort != "thorough", min_micro_batches=count)
         if isinstance(more, str):
             break  # too few sequences for more slots: larger counts fail too
         # its note would blame a min_micro_batches the caller did not pass
