@@ -20,9 +20,12 @@ from hypothesis import strategies as st
 import seqbalance as sb
 from seqbalance import workloads
 from seqbalance.costs import QuadraticCost
-from seqbalance.planning._effort import EFFORTS, effort_of
+from seqbalance.partitioning.searches import exact_searches
+from seqbalance.planning._effort import EFFORTS, effort_of, exact_pool
+from seqbalance.planning._exact import NODE_LIMIT
 from seqbalance.planning.baselines import BASELINES
 from seqbalance.planning.bounds import capacity_step_bound
+from seqbalance.planning.limits import EXACT_NODES_PER_REQUEST
 
 _SETTINGS = settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
@@ -171,6 +174,8 @@ def test_count_by_the_step_with_a_per_micro_batch_cost() -> None:
 
 
 def test_pipelined_and_context_parallel_plans_keep_the_full_search() -> None:
+    """Their candidate search is the full one at every effort (the exact-search nodes and
+    slack filling's work follow the effort: on these the plans are the same)."""
     w = workloads.load("rl-math", 64, seed=0)
     for kw in ({"pp_size": 2}, {"cp_size": 2}):
         a = sb.plan(w.lengths, 4, 32768, cost=_QWEN, **kw)
@@ -190,3 +195,35 @@ def test_a_larger_count_is_kept_when_its_step_is_shorter() -> None:
     assert chosen.simulate().step_time < fewest.simulate().step_time
     assert "instead of the fewest" in chosen.notes[-1]
     assert not any("min_micro_batches=" in n for n in chosen.notes)
+
+
+def test_exact_search_nodes_by_effort() -> None:
+    """"thorough" keeps the full node pool and the joint search's own limit; below it both
+    are smaller, except that a caller who turned the searches on keeps the full pool."""
+    full = effort_of("thorough")
+    assert (full.exact_pool, full.joint_nodes) == (EXACT_NODES_PER_REQUEST, NODE_LIMIT)
+    for name in ("default", "fast"):
+        e = effort_of(name)
+        assert e.exact_pool < full.exact_pool and e.joint_nodes < full.joint_nodes
+        assert exact_pool(name) == e.exact_pool
+        with exact_searches(True):
+            assert exact_pool(name) == EXACT_NODES_PER_REQUEST
+        with exact_searches(False):
+            assert exact_pool(name) == e.exact_pool
+
+
+def test_static_cp_with_pipeline_at_default_is_valid_and_near_thorough() -> None:
+    """Static CP x PP with groups: the replicas planned at the default effort (a smaller
+    exact-search pool) cover every sequence once, keep the capacity, and simulate within
+    0.1% of the full search's plan."""
+    rng = np.random.default_rng(5)
+    lens = rng.integers(1, 3000, 80)
+    kw = {"cp_size": 2, "pp_size": 3, "cost": "qwen2.5-7b", "groups": np.arange(80) // 4}
+    a = sb.plan(lens, 2, 1700, **kw)
+    b = sb.plan(lens, 2, 1700, effort="thorough", **kw)
+    v = a.violations()
+    assert not any(v.get(k, 0) for k in ("missing", "duplicated", "over_capacity", "empty"))
+    assert a.num_micro_batches == b.num_micro_batches
+    step_a = a.simulate_pipeline().step_time
+    step_b = b.simulate_pipeline().step_time
+    assert step_a <= step_b * (1 + 1e-3)

@@ -77,6 +77,12 @@ def exact_searches_enabled() -> bool:
     return pool is None or pool[0] > 0
 
 
+def exact_searches_chosen() -> bool:
+    """Whether an enclosing ``with exact_searches(True)`` turned the searches on (a
+    planning request then keeps the full node pool at every effort)."""
+    return _EXACT_SEARCHES.get() is True
+
+
 @contextlib.contextmanager
 def exact_work_pool(nodes: int) -> Iterator[None]:
     """Let the exact searches inside the block spend at most about ``nodes`` nodes in all.

@@ -29,7 +29,12 @@ same plan, byte for byte). Three levels:
     filled on a small budget; no other candidates, no baselines.
 
 Pipelined (``pp_size > 1``) and context-parallel plans run their own budgets
-(:mod:`seqbalance.planning.limits`) and keep the full search at every level.
+(:mod:`seqbalance.planning.limits`) and keep the full candidate search at every level;
+below ``"thorough"`` they take the effort's exact-search nodes and slack filling's work,
+static CP's replicas and a pipelined plan's rival planned without the pipeline are
+planned at the effort. Below ``"thorough"`` the slot refills of one
+request share a work budget (``planner._LEVEL_DEFAULT_UNITS``), and with
+``sequences_per_micro_batch`` the count is found by doubling steps and bisection.
 """
 
 from __future__ import annotations
@@ -37,8 +42,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._validate import check_choice
+from ..partitioning.searches import exact_searches_chosen
+from ._exact import NODE_LIMIT
+from .limits import EXACT_NODES_PER_REQUEST
 
-__all__ = ["EFFORTS", "Effort", "effort_of"]
+__all__ = ["EFFORTS", "Effort", "effort_of", "exact_pool"]
 
 EFFORTS = ("fast", "default", "thorough")
 
@@ -74,6 +82,12 @@ class Effort:
     refine_rtol : float or None
         The packer's refinement stops once its heaviest bin is within this of the mean bin
         (or the costliest sequence); None: it runs until stuck or out of steps.
+    exact_pool : int
+        Exact-search nodes the whole request may spend (every plan, pipelined and
+        context-parallel ones included; :func:`seqbalance.partitioning.searches.exact_work_pool`).
+    joint_nodes : int
+        Nodes of one joint rank x micro-batch exact search (small ruled requests whose
+        packers found no packing): past them the note says a packing may still exist.
     """
 
     name: str
@@ -85,6 +99,8 @@ class Effort:
     exact: bool
     counts: int
     refine_rtol: float | None
+    exact_pool: int = EXACT_NODES_PER_REQUEST
+    joint_nodes: int = NODE_LIMIT
 
     @property
     def thorough(self) -> bool:
@@ -98,11 +114,22 @@ class Effort:
 # elements three of bench/plan.py's FSDP configurations came out 0.12-0.22% slower than
 # the full search; at 1.5e7 none by more than 0.05%); refinement within 5e-4 of the mean
 # bin moved near-bound plans by at most 0.04%.
+# The exact-search nodes: "thorough" keeps EXACT_NODES_PER_REQUEST and the joint
+# search's own limit (NODE_LIMIT); below it a request's exact
+# searches (8-25 us a node in the partition searches, 35-75 us in the joint one) stay
+# within a few tenths of a second (bench/bounds.py --reproducers).
+_POOL, _JOINT = 2**15, 10_000
 _LEVELS = {
     "thorough": Effort("thorough", None, 1.5e7, 2, True, "filled", True, 0, None),
-    "default": Effort("default", 1e-3, 1.5e7, 2, True, "raw", False, 3, 5e-4),
-    "fast": Effort("fast", None, 2e5, 1, False, "none", False, 0, 1e-3),
+    "default": Effort("default", 1e-3, 1.5e7, 2, True, "raw", False, 3, 5e-4, _POOL, _JOINT),
+    "fast": Effort("fast", None, 2e5, 1, False, "none", False, 0, 1e-3, _POOL, _JOINT),
 }
+
+
+def exact_pool(effort: str) -> int:
+    """The exact-search nodes of one request at ``effort``: the full pool (``"thorough"``'s)
+    where the caller turned the searches on with ``exact_searches(True)``."""
+    return _LEVELS["thorough" if exact_searches_chosen() else effort].exact_pool
 
 
 def effort_of(value: object) -> Effort:

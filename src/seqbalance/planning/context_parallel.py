@@ -64,6 +64,7 @@ from ..costs.context_parallel import ContextParallelCost
 from ..partitioning import searches as _searches
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
+from ._effort import exact_pool
 from ._megatron import megatron_cp_plan, megatron_degrees
 from ._slots import fill_slack
 from .cp_pipeline import CPPipelineSetup, order_phases, permute_slots, pipeline_note
@@ -77,7 +78,7 @@ from .cp_plans import (
     degree_tables,
     simulate_pieces,
 )
-from .limits import EXACT_NODES_PER_REQUEST, check_counts, check_mesh, check_slots
+from .limits import check_counts, check_mesh, check_slots
 from .pipeline_orders import BUDGET, search_suspended
 from .simulation import SYNC_MODELS
 
@@ -175,6 +176,8 @@ class _Request:
         # the planner of static CP's replicas (plan() without its pipeline count search),
         # handed down by the entry point: that planner sits above this module
         self.replicas = replicas
+        # the replicas are planned at the request's effort (plan_cp_spec sets it)
+        self.effort = "thorough"
         self.world = dp * cp_size
         self.n = int(lens.shape[0])
         self.tables = degree_tables(lens, cpc, cp_size)
@@ -400,6 +403,7 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
         "micro_batch_multiple": req.mult,
         "allow_empty": req.allow_empty,
         "baselines": req.baselines,
+        "effort": req.effort,
         **req.pp_kwargs,
         **rules,
         **overrides,
@@ -684,7 +688,10 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
         # (the replicas planned without the pipeline are a candidate at the fewest count
         # only: each costs a whole replica plan, and the one there keeps the pipelined
         # plan never slower than the plain plan of the same request)
-        more = _replica_plan(req, with_flat=False, min_micro_batches=count)
+        # (below effort="thorough" the replicas planned without the pipeline are a
+        # candidate at every count: they are planned at that effort, and a request asking
+        # for extra counts must not end slower than one asking for the count it picks)
+        more = _replica_plan(req, with_flat=req.effort != "thorough", min_micro_batches=count)
         if isinstance(more, str):
             break  # too few sequences for more slots: larger counts fail too
         # its note would blame a min_micro_batches the caller did not pass
@@ -1165,7 +1172,7 @@ def plan_cp_spec(lengths: Any, spec: Any, replicas: Callable[..., Any]) -> CPPla
         says it, after ``"static CP: "``).
     """
     kw = spec.keywords()
-    with exact_work_pool(EXACT_NODES_PER_REQUEST):  # (plan()'s, when it called this)
+    with exact_work_pool(exact_pool(spec.effort)):  # (plan()'s, when it called this)
         req = _validate(
             lengths,
             kw["dp_size"],
@@ -1183,6 +1190,7 @@ def plan_cp_spec(lengths: Any, spec: Any, replicas: Callable[..., Any]) -> CPPla
             {name: kw[name] for name in ("pp_size", "schedule", "virtual_stages", "pp_comm")},
             replicas,
         )
+        req.effort = spec.effort
         if kw["cp"] == "static":
             p = _static(req)
             if isinstance(p, str):

@@ -39,7 +39,8 @@ Searches that can grow combinatorially under rare option combinations stop on wo
 budgets, counted in work (never in wall-clock time, so every rank computes the same plan),
 and sized so that the plans of normal requests do not reach them:
 
-- the exact searches of one request share :data:`EXACT_NODES_PER_REQUEST` nodes
+- the exact searches of one request share :data:`EXACT_NODES_PER_REQUEST` nodes at
+  ``effort="thorough"``, fewer below it (:mod:`seqbalance.planning._effort`)
   (:func:`seqbalance.partitioning.searches.exact_work_pool`; each search keeps its own
   limit too); past it the request finishes as inside ``exact_searches(False)``;
 - the pipeline order search (:data:`seqbalance.planning.pipeline_orders.BUDGET`
@@ -85,8 +86,9 @@ MAX_PIPELINE_CHUNKS = 2**8
 #: (``pp_size x virtual_stages x dp_size x m``).
 MAX_PIPELINE_OPERATIONS = 2**22
 
-#: Exact-search nodes one request may spend in all (each search has its own limit too, up
-#: to 200,000): past it the request finishes as inside ``exact_searches(False)``.
+#: Exact-search nodes one request may spend in all at ``effort="thorough"`` (each search
+#: has its own limit too, up to 200,000): past it the request finishes as inside
+#: ``exact_searches(False)``. Below "thorough" the effort's pool is smaller (_effort.py).
 EXACT_NODES_PER_REQUEST = 2**18
 
 _POWER = f"2**{MAX_SLOTS_BEYOND_N.bit_length() - 1}"

@@ -77,7 +77,7 @@ from ..partitioning.bounds import lower_bound
 from ..partitioning.kway import AUTO_RTOL, partition_arrays
 from ..partitioning.searches import exact_searches_unless_chosen, exact_work_pool
 from ._costing import sequence_costs
-from ._effort import Effort, effort_of
+from ._effort import Effort, effort_of, exact_pool
 from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
 from ._fitting import EXACT_MAX_ITEMS, fit_by_partition, fit_exact
@@ -104,7 +104,7 @@ from .bounds import (
 )
 from .context_parallel import cost_without_cp, plan_cp_spec
 from .cp_plans import CPPlan
-from .limits import EXACT_NODES_PER_REQUEST, check_counts, check_mesh, check_slots
+from .limits import check_counts, check_mesh, check_slots
 from .pipeline_orders import largest_first
 from .pipeline_plans import (
     PipelineSetup,
@@ -170,15 +170,18 @@ _THOROUGH = effort_of("thorough")
 def _fill_slack(
     grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int,
     budget: Effort, same_rank: bool = False, stop_at: float | None = None,
+    fill_work: float | None = None,
 ) -> list[list[list[int]]]:
     """:func:`._slots.fill_slack` within the request's work budget; ``stop_at``: a sum of
     slot maxima within the budget's stop gap of the step bound (the search stops there
-    anyway)."""
+    anyway). ``fill_work``: the swap and move scans' work where ``budget`` (a pipelined
+    plan's full search) has none: the requested effort's."""
     dp, m = len(grid), len(grid[0]) if grid else 0
-    work = None if budget.thorough else budget.swap_work
+    work = fill_work if budget.thorough else budget.swap_work
     return fill_slack(grid, costs, lengths, cap, max_steps=budget.step_factor * dp * m + 100,
                       same_rank=same_rank, swap_work=work, move_work=work,
-                      retry=budget.thorough, stop_at=stop_at)  # fmt: skip
+                      retry=budget.thorough and fill_work is None,
+                      stop_at=stop_at)  # fmt: skip
 
 
 def _step_time(
@@ -281,6 +284,7 @@ def _plan_global(
     enough: float | None = None,
     interim: Callable[[], bool] | None = None,
     lpt_enough: float | None = None,
+    fill_work: float | None = None,
 ) -> tuple[list[list[list[int]]] | None, str]:
     """``sent``: the tokens a pipeline stage sends per sequence (the true lengths where
     ``lengths`` are clipped to the cap for packing); default ``lengths``. ``enough``: a
@@ -301,7 +305,8 @@ def _plan_global(
         if sync == "fsdp" and not padded:
             # (enough: within the stop gap, where the search stops; c0 per slot is apart)
             grid = _fill_slack(grid, costs, lengths, cap, budget,
-                               stop_at=None if enough is None else enough - m * c0)
+                               stop_at=None if enough is None else enough - m * c0,
+                               fill_work=fill_work)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
         if pp is None:
@@ -424,6 +429,16 @@ class _Request:
     true_lens: np.ndarray | None = None
     per_mb: int | None = None
     budget: Effort = _THOROUGH  # plan(effort=): see _effort.py
+    # The requested effort, pipelined plans too (whose ``budget`` stays the full search):
+    # it sets the joint exact search's nodes and slack filling's work there. (A pipelined
+    # plan's baselines stay slack-filled: on rl-math, 64 sequences over 4 ranks, pp_size=2,
+    # the areal baseline slack-filled wins and the raw baselines ran 0.87% slower.)
+    asked: Effort = _THOROUGH
+
+    @property
+    def fill_work(self) -> float | None:
+        """Slack filling's swap and move work at the requested effort (None: unbounded)."""
+        return None if self.asked.thorough else self.asked.swap_work
 
     @property
     def run_lens(self) -> np.ndarray:
@@ -747,6 +762,7 @@ def _joint_exact(req: _Request, m: int, memo: dict[Any, Any]) -> tuple[Any, str]
         hi=hi,
         need=0 if req.allow_empty else m,
         padded=req.padded,
+        node_limit=req.asked.joint_nodes,
     )
     items = None if ranks is None else [sorted(i for mb in r for i in mb) for r in ranks]
     memo[m] = (items, status)
@@ -760,7 +776,8 @@ def _fill_rank_slack(req: _Request, mbs: list[list[list[int]]]) -> list[list[lis
     """FSDP slack filling that keeps every rank's contents (so the rule and groups hold)."""
     if req.sync != "fsdp" or req.padded:
         return mbs
-    filled = _fill_slack(mbs, req.costs, req.lens, req.cap, req.budget, same_rank=True)
+    filled = _fill_slack(mbs, req.costs, req.lens, req.cap, req.budget, same_rank=True,
+                         fill_work=req.fill_work)
     return min(
         (mbs, filled),
         key=lambda g: _step_time(g, req.costs, req.c0, req.padded, req.sync),
@@ -808,6 +825,7 @@ def _search(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp,
                 req.run_lens, req.budget, _enough(req, m, memo),
                 interim if m == first_m else None, _lpt_enough(req, m, memo),
+                fill_work=req.fill_work,
             )
         else:
             mbs, st = _by_rank_at(req, rank_items, m, memo, blocked)
@@ -1202,6 +1220,7 @@ def _levelled(
 
     floors = {i: _busiest_floor(req, candidates[i].micro_batches) for i in pool}
     slots: float | None = None  # the FSDP slot bounds, computed once if needed
+    units = None if req.budget.thorough else _LEVEL_DEFAULT_UNITS
     best = min(step.values())
     out = list(candidates)
     for i in sorted(pool, key=lambda i: (floors[i], i)):
@@ -1217,6 +1236,15 @@ def _levelled(
             continue
         if too_big_to_refill(candidates[i].micro_batches):
             continue
+        if units is not None:
+            # (below "thorough") each pass of the refill steps through every sequence
+            # position of every slot, one numpy call per slot: work ~ m x (width + 8)
+            grid_i = candidates[i].micro_batches
+            width = max(sum(len(mb) for mb in rank) for rank in grid_i)
+            need = len(grid_i[0]) * (width + 8)
+            if need > units:
+                continue
+            units -= need
         if slots is None:
             slots = fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap)
         m = candidates[i].num_micro_batches
@@ -1242,6 +1270,11 @@ def _levelled(
 # of them won. Small inputs refill every candidate that may gain (cheap there; 126
 # sequences over 10 ranks: the second one refilled is 3% faster than the first).
 _LEVEL_DEFAULT_LIMIT = 1
+# Below effort="thorough" the refills of one request take at most this many slot x
+# (sequences per rank + 8) units in all, a candidate that does not fit is not refilled: a
+# pass costs about 8 us a unit, and a refill runs 2-16 passes (1,484 sequences over 2
+# ranks in 75 slots: 1 s a candidate, 11 candidates; 5 sequences in 32,768 slots: 7 s).
+_LEVEL_DEFAULT_UNITS = 10_000
 _LEVEL_LIMIT_ITEMS = 2048
 
 # Refill a candidate only if its floor is this far below its own step: the refill costs
@@ -1356,26 +1389,34 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
         max(first_m, -(-(k + -(-int(rest.size) // per_mb)) // req.dp)), req.mult
     )
     start = m
-    while True:
-        if req.n < req.dp * m and not req.allow_empty:
-            raise NotedError(Note(
-                "too_few_sequences", {"n": req.n, "dp": req.dp, "count": m},
-                "{n} sequences cannot fill {dp} " + term("ranks") + " x {count} micro-batches; "
-                "lower "
-                "{@dp_size}, {@min_micro_batches} or {@micro_batch_multiple}, or pass "
-                "{@allow_empty=True}",
-            ))  # fmt: skip
-        bins = (
-            fixed_count_bins(
-                req.lens[rest], req.costs[rest], req.dp * m - k, per_mb, req.cap, req.padded
-            )
-            if req.dp * m > k
-            else []
+
+    def too_few(m: int) -> NotedError:
+        return NotedError(Note(
+            "too_few_sequences", {"n": req.n, "dp": req.dp, "count": m},
+            "{n} sequences cannot fill {dp} " + term("ranks") + " x {count} micro-batches; "
+            "lower "
+            "{@dp_size}, {@min_micro_batches} or {@micro_batch_multiple}, or pass "
+            "{@allow_empty=True}",
+        ))  # fmt: skip
+
+    def bins_at(m: int) -> Any:
+        if req.dp * m <= k:
+            return []
+        return fixed_count_bins(
+            req.lens[rest], req.costs[rest], req.dp * m - k, per_mb, req.cap, req.padded
         )
-        if not isinstance(bins, str):
-            bins = [[int(i)] for i in alone] + [sorted(int(rest[i]) for i in b) for b in bins]
-            break
-        m += req.mult
+
+    if req.asked.thorough:
+        while True:
+            if req.n < req.dp * m and not req.allow_empty:
+                raise too_few(m)
+            bins = bins_at(m)
+            if not isinstance(bins, str):
+                break
+            m += req.mult
+    else:
+        m, bins = _fixed_count_gallop(req, start, bins_at, too_few)
+    bins = [[int(i)] for i in alone] + [sorted(int(rest[i]) for i in b) for b in bins]
     if m > first_m:
         why = "to fit max_tokens" if m > start else "to hold them"
         notes = [
@@ -1385,6 +1426,43 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
         ]
     grid = _deal_slots(bins, bin_totals(bins, req.costs, padded=req.padded), req.dp, m)
     return _with_grid(req, grid, [*notes, *_empty_note(grid)])
+
+
+def _fixed_count_gallop(
+    req: _Request, start: int, bins_at: Callable[[int], Any],
+    too_few: Callable[[int], NotedError],
+) -> tuple[int, Any]:
+    """Below ``effort="thorough"``: the count of :func:`_fixed_count` by doubling steps
+    from ``start``, then bisection between the last count that failed and the first that
+    fit (counts that ``micro_batch_multiple`` allows). Where fitting is monotone in the
+    count, the count the full search's one-step scan finds; that scan tried each count in
+    turn (362 counts, 9 s, on 1,808 sequences at 16 a micro-batch on one rank).
+    ``bins_at(m)``: the bins at ``m``, or a string where none fit."""
+    mult = req.mult
+    top = None if req.allow_empty else req.n // req.dp // mult * mult  # fewest too many
+    failed, step, m = None, 0, start
+    while True:
+        if top is not None and m > top:
+            if top < start or (failed is not None and failed >= top):
+                raise too_few(max(m, start) if top < start else top + mult)
+            m = top
+        bins = bins_at(m)
+        if not isinstance(bins, str):
+            break
+        failed = m
+        if top is not None and m >= top:
+            raise too_few(top + mult)
+        step = mult if step == 0 else 2 * step
+        m += step
+    lo, hi = failed, m  # lo failed (or None: start fit), hi fits
+    while lo is not None and hi - lo > mult:
+        mid = lo + (hi - lo) // mult // 2 * mult
+        found = bins_at(mid)
+        if isinstance(found, str):
+            lo = mid
+        else:
+            hi, bins = mid, found
+    return hi, bins
 
 
 def _plan_of(req: _Request, grid: list[list[list[int]]], notes: Any) -> Plan:
@@ -1565,6 +1643,7 @@ def _plan_attempt(
     # backward (cost - forward) came out 13x its forward instead of about 2x.
     pp = pipeline_setup(req.run_lens, cost, pp_size, schedule, virtual_stages, pp_comm)
     user_mult = req.mult
+    req = replace(req, asked=budget)
     if pp is not None:
         check_mesh(req.n, req.dp, 1, pp.spec.pp_size, pp.spec.virtual_stages)
         req = replace(req, pp=pp, mult=math.lcm(req.mult, pp.spec.count_multiple))
@@ -1921,7 +2000,7 @@ def plan(
     spec = PlanSpec.from_keywords(
         mesh, capacity, cost=cost, batching=batching, rules=rules, effort=effort, flat=flat
     )
-    with exact_work_pool(EXACT_NODES_PER_REQUEST):
+    with exact_work_pool(exact_pool(spec.effort)):
         return _plan_checked(_flat_request(lengths, spec), pipeline_counts=True)
 
 
@@ -1980,7 +2059,7 @@ def _plan_replicas(
     """:func:`plan` without the count search for pipelines below ``pp_size`` micro-batches
     (static CP plans its replicas with it, then searches the counts on the CP plan); the
     CP planner is handed this function (it sits below this module)."""
-    # (CP keeps its own budgets: the replicas get the full search)
+    # (static CP passes its request's effort; the full search unless it does)
     spec = PlanSpec.from_keywords(
         dp_size, max_tokens, cost=cost, effort=options.pop("effort", "thorough"), flat=options
     )
@@ -2047,7 +2126,8 @@ def _flat_candidate(kw: dict[str, Any], chosen: Plan) -> Plan:
         "schedule": "1f1b",
         "virtual_stages": 1,
         "pp_comm": 0.0,
-        "effort": "thorough",  # (pipelined plans keep the full search)
+        # (the requested effort: the flat plan's slot refills can cost seconds in full)
+        "effort": kw.get("effort", "thorough"),
         "micro_batch_multiple": math.lcm(
             int(kw["micro_batch_multiple"]), setup.spec.count_multiple
         ),
