@@ -119,6 +119,8 @@ _QWEN = "qwen2.5-7b"
         ("rl-math", 128, 4, "fsdp", {"groups": True}, "8ab88c5072608dd1"),
         ("uniform", 304, 8, "ddp", {"size": "equal"}, "9407933d8940acc4"),
         ("long-mix", 48, 8, "ddp", {}, "4d17b9641a37c01e"),
+        ("long-context", 96, 4, "fsdp", {"cp_size": 4, "cp": "dynamic"}, "60b3e7812f982e1f"),
+        ("long-context", 96, 4, "fsdp", {"cp_size": 4, "cp": "static"}, "31395829b6e0cde1"),
     ],
 )
 def test_thorough_reproduces_the_full_search(name, n, dp, sync, options, pin) -> None:
@@ -174,13 +176,14 @@ def test_count_by_the_step_with_a_per_micro_batch_cost() -> None:
 
 
 def test_pipelined_and_context_parallel_plans_keep_the_full_search() -> None:
-    """Their candidate search is the full one at every effort (the exact-search nodes and
-    slack filling's work follow the effort: on these the plans are the same)."""
+    """Their candidate search is the full one at every effort; the exact-search nodes,
+    slack filling's work and static CP's replica plans follow the effort, within its stop
+    gap of the full search."""
     w = workloads.load("rl-math", 64, seed=0)
-    for kw in ({"pp_size": 2}, {"cp_size": 2}):
+    for kw in ({"pp_size": 2}, {"cp_size": 2}, {"cp_size": 2, "cp": "dynamic"}):
         a = sb.plan(w.lengths, 4, 32768, cost=_QWEN, **kw)
         b = sb.plan(w.lengths, 4, 32768, cost=_QWEN, effort="thorough", **kw)
-        assert a.micro_batches == b.micro_batches
+        assert a.simulate().step_time <= b.simulate().step_time * (1 + 1e-3)
 
 
 def test_a_larger_count_is_kept_when_its_step_is_shorter() -> None:
@@ -227,3 +230,19 @@ def test_static_cp_with_pipeline_at_default_is_valid_and_near_thorough() -> None
     step_a = a.simulate_pipeline().step_time
     step_b = b.simulate_pipeline().step_time
     assert step_a <= step_b * (1 + 1e-3)
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "dp", "sync", "options", "step"),
+    [
+        ("rl-math", 128, 4, "fsdp", {"pp_size": 4, "schedule": "interleaved",
+                                     "virtual_stages": 2}, 2488042716880896.0),
+        ("long-mix", 120, 2, "ddp", {"cp_size": 2, "pp_size": 2}, 811508176625664.0),
+    ],
+)
+def test_thorough_pipelines_keep_the_full_search_step(name, n, dp, sync, options, step) -> None:
+    """Pipelined plans: the order searches run on a work budget at every effort (their notes
+    name it), so "thorough" is held to the step the unbudgeted search found, not its bytes."""
+    w = workloads.load(name, n, seed=0)
+    p = sb.plan(w.lengths, dp, 32768, cost=_QWEN, sync=sync, effort="thorough", **options)
+    assert p.simulate().step_time <= step

@@ -33,7 +33,9 @@ def _steps(truth_cp: ContextParallelCost, steps: int = 6, seed: int = 0, noise: 
     out = []
     for step in range(steps):
         lens = np.concatenate([rng.integers(200, 4000, 60), rng.integers(*long)])
-        p = plan(lens, dp, 32768, cp_size=cp_size, cp="dynamic", cost=TRUTH, cp_cost=LINK)
+        # (the full search: these tests are about the refit, on the plans it was tuned on)
+        p = plan(lens, dp, 32768, cp_size=cp_size, cp="dynamic", cost=TRUTH, cp_cost=LINK,
+                 effort="thorough")
         t = piece_costs(p.pieces, np.asarray(p.lengths), truth_cp)
         t = t * rng.lognormal(0.0, noise, t.shape) if noise else t
         out += records_from_plan(p.micro_batches, p.lengths, t.tolist(), step, pieces=p.pieces)

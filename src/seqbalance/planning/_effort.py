@@ -77,8 +77,8 @@ class Effort:
         Run the partition exact searches on small inputs (unless the caller turned them
         off with ``exact_searches(False)``).
     counts : int
-        With a per-micro-batch cost, how many counts above the fewest are planned too (the
-        shortest simulated step wins; ties keep the fewer); 0: the fewest only.
+        With a per-micro-batch cost, at most this many counts above the fewest, tried one
+        at a time while each gives a shorter simulated step; 0: the fewest only.
     refine_rtol : float or None
         The packer's refinement stops once its heaviest bin is within this of the mean bin
         (or the costliest sequence); None: it runs until stuck or out of steps.
@@ -108,12 +108,11 @@ class Effort:
 
 
 # The budgets. "default": 1e-3 is the gap to the bound within which no candidate is worth
-# building; the baselines as they are (on bench/plan.py's 154 plans slack-filling them
-# changed no pick; on 8,192 rl-math sequences over 64 ranks it cost 0.24 s of 0.79 s for
-# a step 0.08% shorter); slack filling keeps the full search's swap budget (at 4e6
-# elements three of bench/plan.py's FSDP configurations came out 0.12-0.22% slower than
-# the full search; at 1.5e7 none by more than 0.05%); refinement within 5e-4 of the mean
-# bin moved near-bound plans by at most 0.04%.
+# building; the baselines as they are (on bench/plan.py's plans slack-filling them
+# changed no pick, at a large share of the plan's time); slack filling keeps the full
+# search's swap budget (a smaller one left some FSDP configurations more than 0.1% behind
+# the full search); refinement within 5e-4 of the mean bin keeps near-bound plans well
+# within the stop gap.
 # The exact-search nodes: "thorough" keeps EXACT_NODES_PER_REQUEST and the joint
 # search's own limit (NODE_LIMIT); below it a request's exact
 # searches (8-25 us a node in the partition searches, 35-75 us in the joint one) stay

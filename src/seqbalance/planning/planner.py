@@ -1164,12 +1164,11 @@ def _lpt_enough(req: _Request, m: int, memo: dict[Any, Any]) -> float | None:
     """A step at which the global packing keeps LPT's packing without the first-fit
     decreasing starts (the other candidates still run): ``_LPT_GAPS`` stop gaps above the
     step bound at ``m``, under FSDP where the slot bound is not above the partition bound;
-    None otherwise (and below ``effort="default"``'s stop gap). Measured: LPT's packing,
-    slack-filled, was then as fast as the best start on bench/plan.py's plans and
-    bench/latency.py's rows but one, bimodal lengths whose LPT packing was 0.47% above
-    the bound (the starts: 0.37%); rl-math, 1,024 sequences over 8 ranks: 58 ms instead
-    of 127. Where big sequences set the step, the tighter packings line slots up better
-    (long-context, 1,024 over 8 ranks: 2.4% slower without them). Kept in ``memo``."""
+    None otherwise (and below ``effort="default"``'s stop gap). There LPT's packing,
+    slack-filled, was as fast as the best start on bench/plan.py's plans and
+    bench/latency.py's rows but one, at about half the time. Where big sequences set the
+    step, the tighter packings line slots up better, so they keep running. Kept in
+    ``memo``."""
     if req.sync != "fsdp" or req.budget.stop_gap is None or req.n * req.dp * m > _FFD_START_WORK:
         return None  # (above _FFD_START_WORK there are no first-fit decreasing starts)
     enough = _enough(req, m, memo)
@@ -1265,10 +1264,9 @@ def _levelled(
 
 # effort="default", above _LEVEL_LIMIT_ITEMS sequences: refill at most this many
 # candidates (lowest floor first; the floor is the busiest rank's total, so the
-# cost-balanced rank split comes first, the one refill that won on bench/plan.py's plans).
-# 16,384 chat sequences over 256 ranks: the refills cost 0.37 s of a 0.85 s plan, none
-# of them won. Small inputs refill every candidate that may gain (cheap there; 126
-# sequences over 10 ranks: the second one refilled is 3% faster than the first).
+# cost-balanced rank split comes first, the one refill that won on bench/plan.py's plans;
+# on large inputs the others cost almost half the plan and none of them won). Small
+# inputs refill every candidate that may gain: cheap there, and a second refill can win.
 _LEVEL_DEFAULT_LIMIT = 1
 # Below effort="thorough" the refills of one request take at most this many slot x
 # (sequences per rank + 8) units in all, a candidate that does not fit is not refilled: a
@@ -1675,10 +1673,9 @@ def _plan_attempt(
     # the plan is a partition of the sequences over the ranks, which it makes directly,
     # so it comes first. So it does where the FSDP slot bound is above the partition
     # bound (big sequences set the step and keep the packings' slots apart: it is often
-    # within the gap where the packings are not; long-context, 4,096 over 32 ranks: 13
-    # ms of a 105 ms plan). Otherwise it comes between the global packing's first start
-    # and the others (there the first start often is within the gap: rl-math, 16,384
-    # over 256 ranks, 87 ms against 236 ms with the split first). When it is not within
+    # within the gap where the packings are not). Otherwise it comes between the global
+    # packing's first start and the others (there the first start often is within the
+    # gap, and trying the split first would cost more than it saves). When it is not within
     # the gap it keeps its usual place among the candidates below, so the pick is as
     # without it.
     full_first: list[Plan] | None = None
@@ -1861,8 +1858,10 @@ def plan(
         above the fewest are tried one at a time while each gives a shorter simulated
         step. ``"thorough"``: the full search, slower, at most a fraction of a per cent
         better. ``"fast"``: the first packing at the fewest micro-batches, slack-filled on
-        a small budget. Pipelined and context-parallel plans keep the full search at
-        every level (:mod:`seqbalance.planning._effort`).
+        a small budget. Pipelined and context-parallel plans keep their full candidate
+        search at every level; below ``"thorough"`` their exact searches, slack filling
+        and static CP's replica plans take the effort's budgets
+        (:mod:`seqbalance.planning._effort`).
     **flat
         The flat form's keywords, described below (``baselines``, a field of
         :class:`~seqbalance.planning.request.PlanSpec` but of none of its parts, is given
@@ -2049,7 +2048,7 @@ def _plan_cp(kw: dict[str, Any]) -> Plan:
     """``cp_size > 1``: the request ``kw`` (:func:`_flat_request`'s) planned by
     :func:`~seqbalance.planning.context_parallel.plan_cp_spec`."""
     flat = {name: kw[name] for name in FLAT_KEYWORDS}
-    spec = PlanSpec.from_keywords(cost=kw["cost"], flat=flat)
+    spec = PlanSpec.from_keywords(cost=kw["cost"], effort=kw.get("effort", "default"), flat=flat)
     return plan_cp_spec(kw["lengths"], spec, _plan_replicas)
 
 
