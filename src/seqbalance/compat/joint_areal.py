@@ -54,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from . import _areal_dropin as _dropin
+from ._after_import import PatchOnImport, joint_mode
 from ._core import plan
 from ._inputs import Patcher, count_arg, to_numpy
 
@@ -91,10 +92,7 @@ _DATA = "areal.utils.data"
 
 def joint_requested() -> bool:
     """Whether the environment asks for joint mode (``SEQBALANCE_AREAL_MODE=joint``)."""
-    value = os.environ.get(MODE_ENV, "").strip().lower()
-    if value not in ("", "joint", "dropin"):
-        raise ValueError(f"{MODE_ENV}={value!r}: use 'joint' or 'dropin' (or leave it unset)")
-    return value == "joint"
+    return joint_mode(MODE_ENV)
 
 
 def slot_code(mini_batch: int, slot: int) -> int:
@@ -696,38 +694,7 @@ _controller_patcher = _ControllerPatcher(
 )
 
 
-class _PatchingLoader:
-    """Runs the controller module, then patches it."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def create_module(self, spec: Any) -> Any:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.inner.exec_module(module)
-        _controller_patcher.patch()
-
-
-class _ControllerHook:
-    """Patches ``areal.infra.controller.train_controller`` once it has run (importing it
-    from inside the patch would import much of AReaL)."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _CONTROLLER:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader)  # type: ignore[assignment]
-                return spec
-        return None
-
-
-_HOOK = _ControllerHook()
+_HOOK = PatchOnImport(_CONTROLLER, _controller_patcher)
 
 
 def patch(*, controller: bool = True) -> list[str]:
@@ -738,18 +705,11 @@ def patch(*, controller: bool = True) -> list[str]:
     controller's with `` (on import)`` while it waits). :func:`unpatch` undoes it."""
     done = _data_patcher.patch()
     if controller:
-        if _CONTROLLER in sys.modules:
-            done += _controller_patcher.patch()
-        elif _HOOK not in sys.meta_path:
-            sys.meta_path.insert(0, _HOOK)
-        if _HOOK in sys.meta_path and not _controller_patcher.active:
-            done.append(f"{_CONTROLLER}._dispatch_tensors (on import)")
+        done += _HOOK.patch("_dispatch_tensors")
     return sorted(set(done))
 
 
 def unpatch() -> None:
     """Undo :func:`patch`."""
-    if _HOOK in sys.meta_path:
-        sys.meta_path.remove(_HOOK)
-    _controller_patcher.unpatch()
+    _HOOK.unpatch()
     _data_patcher.unpatch()

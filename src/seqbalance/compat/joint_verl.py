@@ -34,13 +34,13 @@ import copy
 import hashlib
 import importlib
 import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from . import _verl_dropin as _dropin
+from ._after_import import PatchOnImport, joint_mode
 from ._core import plan
 from ._inputs import Patcher, count_arg, to_numpy, token_counts
 from ._verl_kk import verl_free_kk_labels
@@ -73,10 +73,7 @@ _WHAT = "seqbalance.compat.joint_verl.rearrange_micro_batches"
 
 def joint_requested() -> bool:
     """Whether the environment asks for joint mode (``SEQBALANCE_VERL_MODE=joint``)."""
-    value = os.environ.get(MODE_ENV, "").strip().lower()
-    if value not in ("", "joint", "dropin"):
-        raise ValueError(f"{MODE_ENV}={value!r}: use 'joint' or 'dropin' (or leave it unset)")
-    return value == "joint"
+    return joint_mode(MODE_ENV)
 
 
 def slots_key(lengths: Any) -> str:
@@ -617,39 +614,7 @@ _trainer_patcher = _TrainerPatcher(
 )
 
 
-class _PatchingLoader:
-    """Runs the trainer module, then switches its class to joint mode."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-
-    def create_module(self, spec: Any) -> Any:
-        return self.inner.create_module(spec)
-
-    def exec_module(self, module: Any) -> None:
-        self.inner.exec_module(module)
-        _trainer_patcher.patch()
-
-
-class _TrainerHook:
-    """Finds ``verl.trainer.ppo.ray_trainer`` through the other finders and has it
-    patched once it has run: the driver imports the trainer after the switch, and
-    importing it earlier (from inside the patch) would import half of verl mid-import."""
-
-    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name != _TRAINER:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(name, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader)  # type: ignore[assignment]
-                return spec
-        return None
-
-
-_HOOK = _TrainerHook()
+_HOOK = PatchOnImport(_TRAINER, _trainer_patcher)
 
 
 def patch(*, trainer: bool = True) -> list[str]:
@@ -660,18 +625,11 @@ def patch(*, trainer: bool = True) -> list[str]:
     with `` (on import)`` while it waits). :func:`unpatch` undoes it."""
     done = _worker_patcher.patch()
     if trainer:
-        if _TRAINER in sys.modules:
-            done += _trainer_patcher.patch()
-        elif _HOOK not in sys.meta_path:
-            sys.meta_path.insert(0, _HOOK)
-        if _HOOK in sys.meta_path and not _trainer_patcher.active:
-            done.append(f"{_TRAINER}.RayPPOTrainer._balance_batch (on import)")
+        done += _HOOK.patch("RayPPOTrainer._balance_batch")
     return sorted(set(done))
 
 
 def unpatch() -> None:
     """Undo :func:`patch` (also what the start-up switch applied in joint mode)."""
-    if _HOOK in sys.meta_path:
-        sys.meta_path.remove(_HOOK)
-    _trainer_patcher.unpatch()
+    _HOOK.unpatch()
     _worker_patcher.unpatch()
