@@ -815,11 +815,14 @@ class StreamingPlanner:
             can then run beside the last arrivals). Each exactly as :meth:`ready` returned
             it. The trainer drops them and runs the returned slots instead.
 
-        Returns the queued slots (as :meth:`ready` would) followed by the buffered
-        sequences planned with :func:`seqbalance.plan` (and, with ``rule.guard``, never
-        slower than the offline plan of the whole step with the released sequences taken
-        out). After it every id of the step has appeared exactly once in the slots
-        returned and not handed back.
+        Returns
+        -------
+        list of slots
+            The queued slots (as :meth:`ready` would) followed by the buffered sequences
+            planned with :func:`seqbalance.plan` (and, with ``rule.guard``, never slower
+            than the offline plan of the whole step with the released sequences taken
+            out). After it every id of the step has appeared exactly once in the slots
+            returned and not handed back.
 
         Raises
         ------
