@@ -205,7 +205,10 @@ def test_plan_is_never_worse_than_a_baseline_that_runs(lengths, dp, cap, sync, q
             continue
         assert ours.num_micro_batches <= b.num_micro_batches, name
         if b.num_micro_batches == ours.num_micro_batches:
-            assert t <= b.simulate().step_time * (1 + 1e-12), name
+            # (the default effort stops within 0.1% of the step bound, so a baseline may be
+            # up to that much faster; effort="thorough" is held to exactly never in
+            # test_planner.py)
+            assert t <= b.simulate().step_time * (1 + 1e-3), name
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
