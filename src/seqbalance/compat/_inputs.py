@@ -29,6 +29,7 @@ __all__ = [
     "CompatRuntimeError",
     "Patcher",
     "check_index_lists",
+    "cost_model_of",
     "count_arg",
     "grow_to",
     "is_tensor",
@@ -73,6 +74,22 @@ def to_numpy(values: Any) -> np.ndarray:
         return np.asarray([float(v) if v.is_floating_point() else int(v) for v in values])
     return np.asarray(values)
 
+
+
+def cost_model_of(cost: Any, n: int) -> Any:
+    """What a joint mode plans with: ``None``, per-row costs (float64) for an array of ``n``
+    rows, or the cost model a name, path or model gives.
+    """
+    if cost is None:
+        return None
+    if isinstance(cost, (list, tuple, np.ndarray)) or hasattr(cost, "detach"):
+        c = np.asarray(to_numpy(cost), dtype=np.float64)
+        if c.shape != (n,):
+            raise ValueError(f"cost has shape {c.shape} for {n} rows; pass one cost per row")
+        return c
+    from ..costs import load_cost
+
+    return load_cost(cost)
 
 def token_counts(values: Any, name: str = "lengths", error: type = ValueError) -> np.ndarray:
     """``values`` (token counts) as int64, refusing fractions instead of truncating them.

@@ -56,7 +56,7 @@ import numpy as np
 from . import _areal_dropin as _dropin
 from ._after_import import PatchOnImport, joint_mode
 from ._core import plan
-from ._inputs import Patcher, count_arg, to_numpy
+from ._inputs import Patcher, cost_model_of, count_arg, to_numpy
 
 logger = logging.getLogger(__name__)
 
@@ -126,19 +126,6 @@ class DispatchPlan:
     step_fsdp: float
     step_ddp: float
     lower_bound: float
-
-
-def _cost_of(cost: Any, n: int) -> Any:
-    if cost is None:
-        return None
-    if isinstance(cost, (list, tuple, np.ndarray)) or hasattr(cost, "detach"):
-        c = np.asarray(to_numpy(cost), dtype=np.float64)
-        if c.shape != (n,):
-            raise ValueError(f"cost has shape {c.shape} for {n} rows; pass one cost per row")
-        return c
-    from ..costs import load_cost
-
-    return load_cost(cost)
 
 
 def _row_costs(model: Any, lens: np.ndarray) -> np.ndarray:
@@ -226,7 +213,7 @@ def plan_dispatch(
     lens = np.concatenate(items)
     owner = np.repeat(np.arange(n_items), [r.shape[0] for r in items])
     first = np.concatenate([[0], np.cumsum([r.shape[0] for r in items])])
-    model = _cost_of(cost, lens.shape[0])
+    model = cost_model_of(cost, lens.shape[0])
     row_cost = _row_costs(model, lens)
     item_cost = np.asarray([row_cost[first[i] : first[i + 1]].sum() for i in range(n_items)])
     grouped = any(r.shape[0] > 1 for r in items)

@@ -42,7 +42,7 @@ import numpy as np
 from . import _verl_dropin as _dropin
 from ._after_import import PatchOnImport, joint_mode
 from ._core import plan
-from ._inputs import Patcher, count_arg, to_numpy, token_counts
+from ._inputs import Patcher, cost_model_of, count_arg, token_counts
 from ._verl_kk import verl_free_kk_labels
 
 __all__ = [
@@ -178,7 +178,7 @@ def plan_mini_batches(
             f"mini_batch_rows={mb} must divide the {n} rows and be a multiple of "
             f"dp_size={dp} (each rank takes an equal share of every mini-batch)"
         )
-    model = _cost_model(cost, n)
+    model = cost_model_of(cost, n)
     gids = None if groups is None else np.asarray(groups, dtype=object)
     candidates = [[np.arange(s, s + mb) for s in range(0, n, mb)]]
     if not keep_mini_batches and gids is None and n > mb:
@@ -240,20 +240,6 @@ def _plan_each(
     partitions = [[i for parts in mbs for q in parts[r] for i in q] for r in range(dp_n)]
     order_arr = np.asarray([i for part in partitions for i in part], dtype=np.int64)
     return JointPlan(order_arr, slots, partitions, mbs, step_f, step_d, bound, counts)
-
-
-def _cost_model(cost: Any, n: int) -> Any:
-    """A cost model for a name, path or model; per-row costs (float64) for an array."""
-    if cost is None:
-        return None
-    if isinstance(cost, (list, tuple, np.ndarray)) or hasattr(cost, "detach"):
-        c = np.asarray(to_numpy(cost), dtype=np.float64)
-        if c.shape != (n,):
-            raise ValueError(f"cost has shape {c.shape} for {n} rows; pass one cost per row")
-        return c
-    from ..costs import load_cost
-
-    return load_cost(cost)
 
 
 # ---- driver side ----------------------------------------------------------------------

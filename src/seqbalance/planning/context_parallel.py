@@ -594,7 +594,11 @@ def _static_notes(req: _Request, notes: Any) -> list[str]:
         as_text(note.with_fields(
             "{count} sequences whose largest piece over {@cp_size}={cp_size} GPUs is longer "
             "than {@max_tokens}={cap} run alone in their own micro-batches "
-            "({@oversized:'alone'}), first at index {first}",
+            "({@oversized:'alone'}), first at index {first}"
+            if note.fields["count"] > 1 else
+            "1 sequence whose largest piece over {@cp_size}={cp_size} GPUs is longer "
+            "than {@max_tokens}={cap} runs alone in its own micro-batch "
+            "({@oversized:'alone'}), at index {first}",
             cp_size=req.cp_size,
         ).in_words(REPLICA_WORDS))
         if note.kind == "oversized_alone" else as_text(note.in_words(REPLICA_WORDS))
@@ -643,7 +647,7 @@ def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
             orders = np.broadcast_to(orders, phases[0].shape)
             fo, bo, co = (np.take_along_axis(x, orders, axis=1) for x in phases)
             phases = (fo, bo, co)
-        notes = [n for n in notes if not n.startswith("pipeline (")]
+        notes = [n for n in notes if as_note(n).kind != "pipeline"]
         notes.append(pipeline_note(pieces, req.lens, req.cpc, req.cp_size, req.sync, req.pp,
                                    phases))  # fmt: skip
     p = CPPlan._from_validated_pieces(

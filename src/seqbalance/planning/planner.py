@@ -60,7 +60,7 @@ from typing import Any, Callable, cast
 
 import numpy as np
 
-from .._notes import Note, NotedError, as_text, term
+from .._notes import Note, NotedError, as_note, as_text, term
 from .._validate import (
     ArgumentError,
     as_groups,
@@ -1547,15 +1547,24 @@ def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
         best, best_step = more, step
     if best is fewest:
         return fewest
-    tag = f"min_micro_batches={best.num_micro_batches}"
     best.notes = (
-        *(n for n in best.notes if tag not in n),
+        *_without_raised_to(best.notes, best.num_micro_batches),
         f"{best.num_micro_batches} micro-batches per rank instead of the fewest, "
         f"{fewest.num_micro_batches}: with the per-micro-batch cost, its simulated step is "
         f"{best_step / _final_step(fewest) - 1:+.2%} (counts above the fewest are tried one "
         "at a time while each is shorter)",
     )
     return best
+
+
+def _without_raised_to(notes: tuple[str, ...], m: int) -> tuple[str, ...]:
+    """``notes`` less the one saying the count was raised to ``min_micro_batches=m``: the
+    count search asked for ``m`` itself, and says why in its own note."""
+    def raised_to_m(note: Note) -> bool:
+        f = note.fields
+        return note.kind == "count_raised" and f["m_min"] == m and f["m_min"] > f["needed"]
+
+    return tuple(n for n in notes if not raised_to_m(as_note(n)))
 
 
 def _plan_alone(**kw: Any) -> Plan:
@@ -1574,9 +1583,8 @@ def _plan_alone(**kw: Any) -> Plan:
             kw = {**kw, "min_micro_batches": raised}
             continue
         if raised is not None:
-            tag = f"min_micro_batches={raised}"
             p.notes = (
-                *(n for n in p.notes if tag not in n),
+                *_without_raised_to(p.notes, raised),
                 f"oversized='alone': {p.num_micro_batches} micro-batches per {term('rank')}, the "
                 "fewest at which every sequence longer than max_tokens runs alone (at fewer, "
                 f"every micro-batch of some {term('rank')} held one, and the {term('rank')}'s "
@@ -1654,7 +1662,10 @@ def _plan_attempt(
         alone_note.append(as_text(Note(
             "oversized_alone", {"count": over.size, "cap": req.cap, "first": int(over[0])},
             "{count} sequences longer than {@max_tokens}={cap} run alone in their own "
-            "micro-batches ({@oversized:'alone'}), first at index {first}",
+            "micro-batches ({@oversized:'alone'}), first at index {first}"
+            if over.size > 1 else
+            "1 sequence longer than {@max_tokens}={cap} runs alone in its own micro-batch "
+            "({@oversized:'alone'}), at index {first}",
         )))  # fmt: skip
         notes.extend(alone_note)
     if req.per_mb is not None:
