@@ -1,6 +1,6 @@
-"""What the joint modes share: reading their environment variable, and patching a
-framework's driver module once it has been imported (importing it from inside the patch
-would load much of the framework mid-import)."""
+"""What the joint modes share: reading their environment variables (the mode, the cost),
+and patching a framework's driver module once it has been imported (importing it from
+inside the patch would load much of the framework mid-import)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from ._inputs import Patcher
 
-__all__ = ["PatchOnImport", "joint_mode"]
+__all__ = ["PatchOnImport", "driver_cost", "joint_mode"]
 
 
 def joint_mode(env: str) -> bool:
@@ -20,6 +20,34 @@ def joint_mode(env: str) -> bool:
     if value not in ("", "joint", "dropin"):
         raise ValueError(f"{env}={value!r}: use 'joint' or 'dropin' (or leave it unset)")
     return value == "joint"
+
+
+def driver_cost(owner: Any, env: str, model_path: Any) -> Any:
+    """The cost a joint mode plans with, read once per ``owner`` (the framework's trainer
+    or controller, where it is kept): the variable ``env`` (a name, path or JSON, whose
+    bad value is the user's to fix, so it raises), else the model's ``config.json`` under
+    ``model_path``, else None (the framework's own weighing)."""
+    cached = getattr(owner, "_seqbalance_cost", False)
+    if cached is not False:
+        return cached
+    from ..costs import load_cost
+
+    spec = os.environ.get(env)
+    cost = None
+    if spec:
+        cost = load_cost(spec)
+    else:
+        config_json = os.path.join(str(model_path), "config.json") if model_path else ""
+        if config_json and os.path.isfile(config_json):
+            try:
+                cost = load_cost(config_json)
+            except ValueError:  # an architecture the FLOPs model does not know
+                cost = None
+    try:
+        owner._seqbalance_cost = cost
+    except AttributeError:
+        pass
+    return cost
 
 
 class _PatchingLoader:

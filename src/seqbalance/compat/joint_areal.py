@@ -45,7 +45,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import logging
-import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -54,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from . import _areal_dropin as _dropin
-from ._after_import import PatchOnImport, joint_mode
+from ._after_import import PatchOnImport, driver_cost, joint_mode
 from ._core import plan
 from ._inputs import Patcher, cost_model_of, count_arg, to_numpy
 
@@ -325,28 +324,7 @@ def controller_settings(controller: Any) -> ControllerSettings | str:
 def _controller_cost(controller: Any, config: Any) -> Any:
     """``$SEQBALANCE_AREAL_COST``, else the model's ``config.json`` (``config.path``),
     else None (tokens)."""
-    cached = getattr(controller, "_seqbalance_cost", False)
-    if cached is not False:
-        return cached
-    from ..costs import load_cost
-
-    spec = os.environ.get(COST_ENV)
-    cost = None
-    if spec:
-        cost = load_cost(spec)  # a bad value is the user's to fix: raise
-    else:
-        path = _get(config, "path")
-        config_json = os.path.join(str(path), "config.json") if path else ""
-        if config_json and os.path.isfile(config_json):
-            try:
-                cost = load_cost(config_json)
-            except ValueError:  # an architecture the FLOPs model does not know
-                cost = None
-    try:
-        controller._seqbalance_cost = cost
-    except AttributeError:
-        pass
-    return cost
+    return driver_cost(controller, COST_ENV, _get(config, "path"))
 
 
 def _rows_of(item: Any) -> np.ndarray | None:

@@ -33,14 +33,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import importlib
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from . import _verl_dropin as _dropin
-from ._after_import import PatchOnImport, joint_mode
+from ._after_import import PatchOnImport, driver_cost, joint_mode
 from ._core import plan
 from ._inputs import Patcher, cost_model_of, count_arg, token_counts
 from ._verl_kk import verl_free_kk_labels
@@ -293,28 +292,8 @@ def driver_settings(trainer: Any) -> DriverSettings | str:
 def _trainer_cost(trainer: Any) -> Any:
     """The cost to plan with: ``$SEQBALANCE_VERL_COST``, else the actor model's
     ``config.json``, else verl's own workload ``24576 L + L**2`` (None here)."""
-    cached = getattr(trainer, "_seqbalance_cost", False)
-    if cached is not False:
-        return cached
-    from ..costs import load_cost
-
-    spec = os.environ.get(COST_ENV)
-    cost = None
-    if spec:
-        cost = load_cost(spec)  # a bad value is the user's to fix: raise
-    else:
-        path = _get(_get(_get(trainer.config, "actor_rollout_ref"), "model"), "path")
-        config_json = os.path.join(str(path), "config.json") if path else ""
-        if config_json and os.path.isfile(config_json):
-            try:
-                cost = load_cost(config_json)
-            except ValueError:  # an architecture the FLOPs model does not know
-                cost = None
-    try:
-        trainer._seqbalance_cost = cost
-    except AttributeError:
-        pass
-    return cost
+    model = _get(_get(trainer.config, "actor_rollout_ref"), "model")
+    return driver_cost(trainer, COST_ENV, _get(model, "path"))
 
 
 def _verl_breaks(lens: np.ndarray, jp: JointPlan, cap: int) -> int:
