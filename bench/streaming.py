@@ -124,12 +124,16 @@ def run_streaming(order, lens, times, dp, cap, cost, sync, rule=None, pace=None,
     polled = -1.0
     for i in order.tolist():
         now = times[i]
-        # The trainer finished its slots before this arrival: it asks for more then.
-        while pace is not None and polled < float(free.max()) <= now:
-            polled = t = float(free.max())
+        # The trainer (under ddp: a rank) finished its work before this arrival: it asks
+        # for more then.
+        while pace is not None:
+            due = free[(free > polled) & (free <= now)]
+            if not due.size:
+                break
+            polled = t = float(due.min())
             take(t, sp.ready(idle=True, budget=budget(t)))
         sp.add(lens[i : i + 1], ids=[i], budget=budget(now))
-        idle = pace is not None and float(free.max()) <= now
+        idle = pace is not None and float(free.min()) <= now
         take(now, sp.ready(idle=idle, budget=budget(now)))
     last = times[order[-1]]
     unstarted = []

@@ -524,7 +524,7 @@ def test_never_later_than_waiting_when_the_budget_ends_by_the_last_arrival(
     for i, t in enumerate(times.tolist()):
         sp.add(lengths[i : i + 1], budget=budget(t))
         take(t, sp.ready())
-        take(t, sp.ready(idle=float(free.max()) <= t, budget=budget(t)))
+        take(t, sp.ready(idle=float(free.min()) <= t, budget=budget(t)))  # a rank is idle
     flushed = sp.flush()
     _check([s for _, s in released] + flushed, lengths, dp, cap)
     stream = _trainer_end(released, flushed, last, costs, k, sync, dp)
