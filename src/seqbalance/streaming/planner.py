@@ -294,7 +294,9 @@ class StreamingPlanner:
         self._buffered_tokens = 0
         self._next_try: float = 0  # buffered tokens at which the next try is made
         self._queue: list[Slot] = []  # released, not yet returned by ready()
-        self._released: list[list[list[int]]] = []  # slots as arrival positions
+        # Released slots as arrival positions: per rank lists, or (positions grouped by
+        # rank, where each rank's run ends) from the array path (no lists per rank kept).
+        self._released: list[Any] = []
         self._pinned: dict[Any, int] = {}  # group -> rank it was released on
         self._rank_work = [0.0] * self.dp_size
         self._fill_tokens = self.rule.fill * self.max_tokens
@@ -371,14 +373,15 @@ class StreamingPlanner:
                 if k is not None:
                     raise ValueError(f"ids[{k}] = {id_arr[k].item()!r} is not an integer id")
             id_list = [int(i) for i in id_arr.tolist()]
-            seen = set(self._seen)
-            for k, i in enumerate(id_list):
-                if i in seen:
-                    raise ValueError(
-                        f"ids[{k}] = {i} was already added in this step; every id must be "
-                        "unique until flush()"
-                    )
-                seen.add(i)
+            if len(set(id_list)) < n or not self._seen.isdisjoint(id_list):
+                seen = set(self._seen)
+                for k, i in enumerate(id_list):
+                    if i in seen:
+                        raise ValueError(
+                            f"ids[{k}] = {i} was already added in this step; every id must "
+                            "be unique until flush()"
+                        )
+                    seen.add(i)
         if groups is None:
             group_list: list[Any] = [None] * n
         else:
@@ -618,14 +621,11 @@ class StreamingPlanner:
         small = ranks.astype(np.int16) if dp <= np.iinfo(np.int16).max else ranks
         by_rank = taken[np.argsort(small, kind="stable")]
         pos = buf[by_rank]
-        pos_list = pos.tolist()
         id_list = self._id_arr[pos].tolist()
         ends = np.cumsum(np.bincount(ranks, minlength=dp)).tolist()
-        bins: list[list[int]] = []
         slot: list[list[int]] = []
         at = 0
         for end in ends:
-            bins.append(pos_list[at:end])
             slot.append(id_list[at:end])
             at = end
         rank_of[taken] = -2
@@ -634,7 +634,7 @@ class StreamingPlanner:
         self._next_try = 0
         for r in range(dp):
             self._rank_work[r] += work[r] + self._c0
-        self._released.append(bins)
+        self._released.append((pos, ends))
         self._queue.append(slot)
         return True
 
@@ -849,9 +849,9 @@ class StreamingPlanner:
                 f"{type(unstarted).__name__}"
             )
         ids = self._ids
+        released = [_positions(s) for s in self._released]
         index = {
-            tuple(tuple(ids[p] for p in mb) for mb in slot): j
-            for j, slot in enumerate(self._released)
+            tuple(tuple(ids[p] for p in mb) for mb in slot): j for j, slot in enumerate(released)
         }
         chosen: list[int] = []
         for k, slot in enumerate(unstarted):
@@ -868,9 +868,9 @@ class StreamingPlanner:
             chosen.append(j)
         if not chosen:
             return
-        back = sorted(p for j in chosen for mb in self._released[j] for p in mb)
+        back = sorted(p for j in chosen for mb in released[j] for p in mb)
         keep = set(chosen)
-        self._released = [s for j, s in enumerate(self._released) if j not in keep]
+        self._released = [s for j, s in enumerate(released) if j not in keep]
         merged = np.concatenate((self._buffer_array(), np.asarray(back, dtype=np.int64)))
         self._keep(np.sort(merged, kind="stable"))
         self._pinned = {}  # the groups' ranks, from the slots that stay released
@@ -1020,16 +1020,19 @@ def _pack(
         else:
             m = min(active.shape[0], n - k)
             by_load = active[load[active].argsort(kind="stable")[:m]]
-        t = lens[k : k + m]
-        c = costs[k : k + m]
-        lo = load[by_load]
-        free = room[by_load]
-        np.less_equal(t, free, out=ok[:m])
-        ok[m] = False
-        new = lo + c
-        if m > 1:
-            ok[1:m] &= lo[1:] < minimum_acc(new[:-1])
-        j = int(ok[: m + 1].argmin())
+        if room[by_load[0]] < lens[k]:
+            j = 0  # (near the end of a packing, most rounds: no run to test)
+        else:
+            t = lens[k : k + m]
+            c = costs[k : k + m]
+            lo = load[by_load]
+            free = room[by_load]
+            np.less_equal(t, free, out=ok[:m])
+            ok[m] = False
+            new = lo + c
+            if m > 1:
+                ok[1:m] &= lo[1:] < minimum_acc(new[:-1])
+            j = int(ok[: m + 1].argmin())
         if j == 0:  # the lightest has no room: a run among those with room
             # One with less room than every sequence left is done: later runs skip it.
             active = np.flatnonzero(room >= smallest[k])
@@ -1089,6 +1092,15 @@ def _pack(
         room[by_load] = free - t
         k += j
     return where, cap - room, load - base
+
+
+def _positions(slot: Any) -> list[list[int]]:
+    """A released slot as per-rank lists of arrival positions."""
+    if isinstance(slot, list):
+        return slot
+    pos, ends = slot
+    flat = pos.tolist()
+    return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
 def _group_key(g: Any) -> Any:
