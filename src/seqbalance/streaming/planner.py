@@ -613,24 +613,25 @@ class StreamingPlanner:
         scale = self._over(work)
         if scale is not None:
             return scale
-        rank_of = np.full(buf.shape[0], -1, dtype=np.int64)  # per buffered sequence
+        small = np.int16 if dp < np.iinfo(np.int16).max else np.int64
+        rank_of = np.full(buf.shape[0], -1, dtype=small)  # per buffered sequence
         rank_of[order] = where
-        taken = np.flatnonzero(rank_of >= 0)  # in arrival order
-        ranks = rank_of[taken]
-        # Arrival order within a rank (a stable sort of small integers is a radix sort).
-        small = ranks.astype(np.int16) if dp <= np.iinfo(np.int16).max else ranks
-        by_rank = taken[np.argsort(small, kind="stable")]
+        # Those left first, then rank by rank, each in arrival order (a stable sort of
+        # small integers is a radix sort).
+        grouped = np.argsort(rank_of, kind="stable")
+        counts = np.bincount(rank_of + 1, minlength=dp + 1)
+        left = int(counts[0])
+        by_rank = grouped[left:]
         pos = buf[by_rank]
         id_list = self._id_arr[pos].tolist()
-        ends = np.cumsum(np.bincount(ranks, minlength=dp)).tolist()
+        ends = np.cumsum(counts[1:]).tolist()
         slot: list[list[int]] = []
         at = 0
         for end in ends:
             slot.append(id_list[at:end])
             at = end
-        rank_of[taken] = -2
-        self._keep(buf[rank_of == -1])
-        self._buffered_tokens -= int(lens_b[taken].sum())
+        self._keep(buf[grouped[:left]])
+        self._buffered_tokens -= int(lens_b[by_rank].sum())
         self._next_try = 0
         for r in range(dp):
             self._rank_work[r] += work[r] + self._c0
