@@ -167,6 +167,12 @@ class StreamingRule:
         released sequences taken out (it plans both and keeps the faster).
     release : {"arrival", "pull"}
         Release on arrival (default), or only when ``ready(idle=True)`` asks.
+    defer : float in [0, 1]
+        Under ``fsdp``, within a budget: an idle slot that would leave a micro-batch
+        empty (its rank idle for the whole slot) and takes more than a third of the
+        budget is held back while the budget exceeds ``(1 + defer) x`` its time, so that
+        rollouts arriving meanwhile can fill it;
+        :attr:`StreamingPlanner.call_again_at` says when to ask again. 0: never held.
 
     Examples
     --------
@@ -185,6 +191,7 @@ class StreamingRule:
     retry: float = 0.1
     guard: bool = True
     release: str = "arrival"
+    defer: float = 0.05
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -193,6 +200,7 @@ class StreamingRule:
         for name in ("fill", "balance", "retry"):
             object.__setattr__(self, name, _unit_real(getattr(self, name), name))
         object.__setattr__(self, "idle_fill", _unit_real(self.idle_fill, "idle_fill", zero=True))
+        object.__setattr__(self, "defer", _unit_real(self.defer, "defer", zero=True))
         hold = self.hold
         number = isinstance(hold, (int, float, np.integer, np.floating))
         if isinstance(hold, bool) or not number or not self.fill <= float(hold) < math.inf:
@@ -306,11 +314,24 @@ class StreamingPlanner:
         # The work a micro-batch released in this call may take, per rank (None: no limit).
         self._budget: np.ndarray | None = None
         self._over_budget = False  # the last try formed a slot over the budget
+        self._call_again: float | None = None  # see call_again_at
 
     @property
     def num_buffered(self) -> int:
         """Sequences that arrived and are not yet in a released slot."""
         return int(self._kept.shape[0]) + self._upto - self._tail
+
+    @property
+    def call_again_at(self) -> float | None:
+        """The budget at which to call ``ready(idle=True)`` again, or None.
+
+        Set when the last ``ready(idle=True)`` held back a slot that fits its budget but
+        would leave a micro-batch empty (``rule.defer``, ``fsdp``): rollouts arriving
+        before the trainer's budget has fallen to this value may fill it. A trainer with
+        horizon ``A`` and speed ``speed`` asks again at ``A - call_again_at / speed`` if
+        nothing arrives before (at that budget the slot, or a fuller one, is released).
+        """
+        return self._call_again
 
     @property
     def num_released(self) -> int:
@@ -678,7 +699,29 @@ class StreamingPlanner:
             fits = [f for f in formed if self._over(f[2]) is None]
             if fits:
                 best = max(fits, key=lambda f: (sum(f[2]), f[3]))
+                if self._held_back(best[2]):
+                    return None
         return best
+
+    def _held_back(self, work: list[float]) -> bool:
+        """Whether an idle slot that fits the budget waits for more rollouts
+        (``rule.defer``): under ``fsdp`` an empty micro-batch idles its rank for the whole
+        slot. A slot that takes more than a third of the budget is among the last before
+        the horizon, so its empty micro-batches are the last work those ranks could get;
+        while the budget still exceeds ``(1 + defer) x`` its time, rollouts that arrive
+        meanwhile can fill them, and the trainer is told to ask again once its budget
+        has fallen halfway to that time (:attr:`call_again_at`), when it is released (or
+        a fuller one). Smaller slots run at once: work started early is not left for
+        the end."""
+        defer = self.rule.defer
+        if not defer or self.sync != "fsdp" or self._budget is None or min(work) > 0:
+            return False
+        top = max(work) + self._c0
+        budget = float(self._budget.min())
+        if not budget / 3 < top < budget / (1 + defer):
+            return False
+        self._call_again = (1 + defer / 2) * top
+        return True
 
     def _over(self, work: list[float]) -> float | None:
         """None when every micro-batch of a slot (its work plus the per-micro-batch cost)
@@ -786,6 +829,8 @@ class StreamingPlanner:
         """
         idle = check_bool(idle, "idle")
         limit = _budget(budget, self.dp_size)
+        if idle:
+            self._call_again = None
         if idle and self.num_buffered:
             self._budget = limit
             try:
