@@ -61,6 +61,17 @@ step (the guard below), so the step ends no later than waiting. Times stay outsi
 planner: the budget is an input, in work, and the same budgets at the same points give
 the same slots.
 
+Under ``fsdp`` an empty micro-batch idles its rank for the whole slot. An idle slot that
+fits the budget, leaves a micro-batch empty and takes more than a third of the budget is
+among the last before the horizon; while the budget exceeds ``(1 + rule.defer) x`` its
+time it is held back for rollouts that may fill it, and
+:attr:`~StreamingPlanner.call_again_at` tells the trainer the budget at which to ask
+again. It still fits the budget when released, so the guarantee is unchanged. No rule
+that sees the arrivals (even with the budget) can always end the step no later than both
+waiting and a greedy that starts a slot whenever an arrival fits none of its rows:
+``docs/streaming.md`` gives two arrival sequences, the same up to the last arrival, that
+need opposite decisions.
+
 A failed try is repeated only after another ``retry * dp * max_tokens`` tokens have
 arrived (a try packs the buffer once; this keeps :meth:`~StreamingPlanner.add` cheap).
 With ``release="pull"`` nothing is released on arrival: every decision waits for
