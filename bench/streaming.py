@@ -15,7 +15,9 @@ Strategies, each given the rollouts in finishing order:
 
 - ``streaming``: :class:`seqbalance.StreamingPlanner` (default rule), ``add`` per arrival,
   ``ready`` after each (``idle=True`` whenever the trainer has run every slot released so
-  far), ``flush`` at the last arrival. Every call passes the budget of work the trainer can
+  far; under ``ddp`` whenever one rank has run its micro-batches, as every strategy's
+  ranks run theirs on their own; and when the planner's ``call_again_at`` says),
+  ``flush`` at the last arrival. Every call passes the budget of work the trainer can
   still finish before its horizon, the step's last arrival (in steady state, what the
   earlier steps' generation spans tell it), at its own speed; slots still queued behind
   the trainer at the last arrival are handed back to the flush. ``no_budget``: the same
@@ -94,10 +96,11 @@ def finish_times(lengths: np.ndarray, workers: int, share: float = 0.75) -> np.n
 def run_streaming(order, lens, times, dp, cap, cost, sync, rule=None, pace=None,
                   horizon=None):
     """``pace``: (costs, c0, k) of the trainer, which calls ``ready(idle=True)`` whenever
-    it has run every slot released so far (after an arrival, or when it finishes a slot);
-    None: ``ready()`` after each arrival only. ``horizon``: when the trainer expects the
-    last rollout; each call then passes the budget of work it can still finish by then
-    (None: no budget)."""
+    it has run every slot released so far (after an arrival, or when it finishes a slot;
+    under ``ddp`` whenever a rank has run its micro-batches: a rank runs its own; and
+    when the planner's ``call_again_at`` says); None: ``ready()`` after each arrival
+    only. ``horizon``: when the trainer expects the last rollout; each call then passes
+    the budget of work it can still finish by then (None: no budget)."""
     sp = StreamingPlanner(dp, cap, cost=cost, sync=sync, rule=rule)
     out = []
     free = np.zeros(dp if sync == "ddp" else 1)  # when the trainer is done with its slots
@@ -122,15 +125,38 @@ def run_streaming(order, lens, times, dp, cap, cost, sync, rule=None, pace=None,
                 free[0] = max(free[0], now) + k * (max(float(costs[mb].sum()) for mb in s) + c0)
 
     polled = -1.0
+    again = []  # when the planner asked to be called again (a slot held back to fill)
+
+    def ask(t):
+        take(t, sp.ready(idle=True, budget=budget(t)))
+        again.clear()
+        if sp.call_again_at is not None and horizon is not None:
+            # Idle, so the budget at time s is (horizon - s) / k (fsdp: the only case).
+            again.append(horizon - sp.call_again_at * pace[2])
+
+    inf = float("inf")
     for i in order.tolist():
         now = times[i]
-        # The trainer finished its slots before this arrival: it asks for more then.
-        while pace is not None and polled < float(free.max()) <= now:
-            polled = t = float(free.max())
-            take(t, sp.ready(idle=True, budget=budget(t)))
+        # The trainer (under ddp: a rank) finished its work before this arrival, or the
+        # planner asked to be called again by then: it asks for work then.
+        while pace is not None:
+            due = free[(free > polled) & (free <= now)]
+            t_free = float(due.min()) if due.size else inf
+            t_again = again[0] if again and again[0] <= now else inf
+            if t_free == inf and t_again == inf:
+                break
+            if t_again < t_free:
+                again.clear()
+                if float(free.min()) <= t_again:
+                    ask(t_again)
+            else:
+                polled = t_free
+                ask(t_free)
         sp.add(lens[i : i + 1], ids=[i], budget=budget(now))
-        idle = pace is not None and float(free.max()) <= now
-        take(now, sp.ready(idle=idle, budget=budget(now)))
+        if pace is not None and float(free.min()) <= now:
+            ask(now)
+        else:
+            take(now, sp.ready(budget=budget(now)))
     last = times[order[-1]]
     unstarted = []
     if pace is not None:

@@ -524,7 +524,7 @@ def test_never_later_than_waiting_when_the_budget_ends_by_the_last_arrival(
     for i, t in enumerate(times.tolist()):
         sp.add(lengths[i : i + 1], budget=budget(t))
         take(t, sp.ready())
-        take(t, sp.ready(idle=float(free.max()) <= t, budget=budget(t)))
+        take(t, sp.ready(idle=float(free.min()) <= t, budget=budget(t)))  # a rank is idle
     flushed = sp.flush()
     _check([s for _, s in released] + flushed, lengths, dp, cap)
     stream = _trainer_end(released, flushed, last, costs, k, sync, dp)
@@ -532,6 +532,66 @@ def test_never_later_than_waiting_when_the_budget_ends_by_the_last_arrival(
     whole = [[p.micro_batches[r][j] for r in range(dp)] for j in range(p.num_micro_batches)]
     wait = _trainer_end([], whole, last, costs, k, sync, dp)
     assert stream <= wait * (1 + 1e-9) + 1e-9
+
+
+def test_an_idle_slot_with_an_empty_micro_batch_waits_until_the_budget_says():
+    # fsdp: a slot of one 60 leaves a micro-batch empty and takes more than a third of the
+    # budget 100 but less than 100 / 1.05: held back, and asked for again at 61.5.
+    sp = StreamingPlanner(2, 100)
+    sp.add([60], budget=100)
+    assert sp.ready(idle=True, budget=100) == []
+    assert sp.call_again_at == pytest.approx(1.025 * 60)
+    assert sp.ready(idle=True, budget=sp.call_again_at) == [[[0], []]]
+    assert sp.call_again_at is None
+    # A rollout that arrives in time fills the empty micro-batch.
+    sp.add([60])
+    assert sp.ready(idle=True, budget=100) == []
+    sp.add([50])
+    assert sp.ready(idle=True, budget=80) == [[[1], [2]]]
+    # A small slot runs at once (work started early is not left for the end); so does
+    # every slot under ddp, or with defer=0.
+    for planner, budget in (
+        (StreamingPlanner(2, 100), 1000),
+        (StreamingPlanner(2, 100, sync="ddp"), 100),
+        (StreamingPlanner(2, 100, rule=StreamingRule(defer=0)), 100),
+    ):
+        planner.add([60])
+        assert planner.ready(idle=True, budget=budget) == [[[0], []]]
+        assert planner.call_again_at is None
+    with pytest.raises(ValueError, match="defer"):
+        StreamingRule(defer=1.5)
+
+
+def test_no_rule_on_the_arrivals_meets_both_waiting_and_the_token_budget_greedy():
+    """The counterexample of docs/streaming.md: dp 3, cap 12, cost = length squared, the
+    trainer runs one cost unit per time unit (fsdp). At t = 0 four sequences of 4, 4, 4
+    and 9 tokens arrive; the last arrivals come at t = 8, either one of 12 tokens (A) or
+    two of 9 (B). Up to t = 8 the two look the same, and they need opposite decisions."""
+    cost = sb.QuadraticCost(0.0, 1.0)
+    assert cost(np.array([4, 9, 12])).tolist() == [16.0, 81.0, 144.0]
+    dp, cap, last = 3, 12, 8.0
+
+    def plan_time(lengths):
+        return sb.plan(lengths, dp, cap, cost=cost, allow_empty=True).simulate().step_time
+
+    # A: waiting runs the 12 beside everything else (144); starting any slot before the
+    # last arrival (every slot takes at least 16) leaves the 12 to start at 16 or later.
+    wait_a = last + plan_time([4, 4, 4, 9, 12])
+    assert wait_a == 152.0
+    assert 16.0 + plan_time([9, 12]) == 160.0 > wait_a
+    # B: holding everything to t = 8 ends at 8 + 97 (the three 9s need a micro-batch each,
+    # none shares one with a 4, so two slots, one with a 9 and one with a 4: 81 + 16 at
+    # least). The token-budget greedy releases [4], [4], [4] when the 9 fits no open
+    # row (4 + 9 > 12), runs it from 0 to 16, and the three 9s from 16: it ends at 97.
+    hold_b = last + plan_time([4, 4, 4, 9, 9, 9])
+    assert hold_b == 105.0
+    greedy_b = max(16.0, last) + 81.0
+    assert greedy_b == 97.0 < hold_b
+    # The planner with the budget the trainer has at t = 0 (8 cost units to the last
+    # arrival) holds, as A needs: no slot fits.
+    sp = StreamingPlanner(dp, cap, cost=cost)
+    sp.add([4, 4, 4, 9], budget=last)
+    assert sp.ready(idle=True, budget=last) == []
 
 
 # ---- handing back unstarted slots --------------------------------------------------------

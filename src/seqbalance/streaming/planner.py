@@ -61,6 +61,17 @@ step (the guard below), so the step ends no later than waiting. Times stay outsi
 planner: the budget is an input, in work, and the same budgets at the same points give
 the same slots.
 
+Under ``fsdp`` an empty micro-batch idles its rank for the whole slot. An idle slot that
+fits the budget, leaves a micro-batch empty and takes more than a third of the budget is
+among the last before the horizon; while the budget exceeds ``(1 + rule.defer) x`` its
+time it is held back for rollouts that may fill it, and
+:attr:`~StreamingPlanner.call_again_at` tells the trainer the budget at which to ask
+again. It still fits the budget when released, so the guarantee is unchanged. No rule
+that sees the arrivals (even with the budget) can always end the step no later than both
+waiting and a greedy that starts a slot whenever an arrival fits none of its rows:
+``docs/streaming.md`` gives two arrival sequences, the same up to the last arrival, that
+need opposite decisions.
+
 A failed try is repeated only after another ``retry * dp * max_tokens`` tokens have
 arrived (a try packs the buffer once; this keeps :meth:`~StreamingPlanner.add` cheap).
 With ``release="pull"`` nothing is released on arrival: every decision waits for
@@ -167,6 +178,12 @@ class StreamingRule:
         released sequences taken out (it plans both and keeps the faster).
     release : {"arrival", "pull"}
         Release on arrival (default), or only when ``ready(idle=True)`` asks.
+    defer : float in [0, 1]
+        Under ``fsdp``, within a budget: an idle slot that would leave a micro-batch
+        empty (its rank idle for the whole slot) and takes more than a third of the
+        budget is held back while the budget exceeds ``(1 + defer) x`` its time, so that
+        rollouts arriving meanwhile can fill it;
+        :attr:`StreamingPlanner.call_again_at` says when to ask again. 0: never held.
 
     Examples
     --------
@@ -185,6 +202,7 @@ class StreamingRule:
     retry: float = 0.1
     guard: bool = True
     release: str = "arrival"
+    defer: float = 0.05
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -193,6 +211,7 @@ class StreamingRule:
         for name in ("fill", "balance", "retry"):
             object.__setattr__(self, name, _unit_real(getattr(self, name), name))
         object.__setattr__(self, "idle_fill", _unit_real(self.idle_fill, "idle_fill", zero=True))
+        object.__setattr__(self, "defer", _unit_real(self.defer, "defer", zero=True))
         hold = self.hold
         number = isinstance(hold, (int, float, np.integer, np.floating))
         if isinstance(hold, bool) or not number or not self.fill <= float(hold) < math.inf:
@@ -294,7 +313,9 @@ class StreamingPlanner:
         self._buffered_tokens = 0
         self._next_try: float = 0  # buffered tokens at which the next try is made
         self._queue: list[Slot] = []  # released, not yet returned by ready()
-        self._released: list[list[list[int]]] = []  # slots as arrival positions
+        # Released slots as arrival positions: per rank lists, or (positions grouped by
+        # rank, where each rank's run ends) from the array path (no lists per rank kept).
+        self._released: list[Any] = []
         self._pinned: dict[Any, int] = {}  # group -> rank it was released on
         self._rank_work = [0.0] * self.dp_size
         self._fill_tokens = self.rule.fill * self.max_tokens
@@ -304,11 +325,24 @@ class StreamingPlanner:
         # The work a micro-batch released in this call may take, per rank (None: no limit).
         self._budget: np.ndarray | None = None
         self._over_budget = False  # the last try formed a slot over the budget
+        self._call_again: float | None = None  # see call_again_at
 
     @property
     def num_buffered(self) -> int:
         """Sequences that arrived and are not yet in a released slot."""
         return int(self._kept.shape[0]) + self._upto - self._tail
+
+    @property
+    def call_again_at(self) -> float | None:
+        """The budget at which to call ``ready(idle=True)`` again, or None.
+
+        Set when the last ``ready(idle=True)`` held back a slot that fits its budget but
+        would leave a micro-batch empty (``rule.defer``, ``fsdp``): rollouts arriving
+        before the trainer's budget has fallen to this value may fill it. A trainer with
+        horizon ``A`` and speed ``speed`` asks again at ``A - call_again_at / speed`` if
+        nothing arrives before (at that budget the slot, or a fuller one, is released).
+        """
+        return self._call_again
 
     @property
     def num_released(self) -> int:
@@ -371,14 +405,15 @@ class StreamingPlanner:
                 if k is not None:
                     raise ValueError(f"ids[{k}] = {id_arr[k].item()!r} is not an integer id")
             id_list = [int(i) for i in id_arr.tolist()]
-            seen = set(self._seen)
-            for k, i in enumerate(id_list):
-                if i in seen:
-                    raise ValueError(
-                        f"ids[{k}] = {i} was already added in this step; every id must be "
-                        "unique until flush()"
-                    )
-                seen.add(i)
+            if len(set(id_list)) < n or not self._seen.isdisjoint(id_list):
+                seen = set(self._seen)
+                for k, i in enumerate(id_list):
+                    if i in seen:
+                        raise ValueError(
+                            f"ids[{k}] = {i} was already added in this step; every id must "
+                            "be unique until flush()"
+                        )
+                    seen.add(i)
         if groups is None:
             group_list: list[Any] = [None] * n
         else:
@@ -610,31 +645,29 @@ class StreamingPlanner:
         scale = self._over(work)
         if scale is not None:
             return scale
-        rank_of = np.full(buf.shape[0], -1, dtype=np.int64)  # per buffered sequence
+        small = np.int16 if dp < np.iinfo(np.int16).max else np.int64
+        rank_of = np.full(buf.shape[0], -1, dtype=small)  # per buffered sequence
         rank_of[order] = where
-        taken = np.flatnonzero(rank_of >= 0)  # in arrival order
-        ranks = rank_of[taken]
-        # Arrival order within a rank (a stable sort of small integers is a radix sort).
-        small = ranks.astype(np.int16) if dp <= np.iinfo(np.int16).max else ranks
-        by_rank = taken[np.argsort(small, kind="stable")]
+        # Those left first, then rank by rank, each in arrival order (a stable sort of
+        # small integers is a radix sort).
+        grouped = np.argsort(rank_of, kind="stable")
+        counts = np.bincount(rank_of + 1, minlength=dp + 1)
+        left = int(counts[0])
+        by_rank = grouped[left:]
         pos = buf[by_rank]
-        pos_list = pos.tolist()
         id_list = self._id_arr[pos].tolist()
-        ends = np.cumsum(np.bincount(ranks, minlength=dp)).tolist()
-        bins: list[list[int]] = []
+        ends = np.cumsum(counts[1:]).tolist()
         slot: list[list[int]] = []
         at = 0
         for end in ends:
-            bins.append(pos_list[at:end])
             slot.append(id_list[at:end])
             at = end
-        rank_of[taken] = -2
-        self._keep(buf[rank_of == -1])
-        self._buffered_tokens -= int(lens_b[taken].sum())
+        self._keep(buf[grouped[:left]])
+        self._buffered_tokens -= int(lens_b[by_rank].sum())
         self._next_try = 0
         for r in range(dp):
             self._rank_work[r] += work[r] + self._c0
-        self._released.append(bins)
+        self._released.append((pos, ends))
         self._queue.append(slot)
         return True
 
@@ -677,7 +710,29 @@ class StreamingPlanner:
             fits = [f for f in formed if self._over(f[2]) is None]
             if fits:
                 best = max(fits, key=lambda f: (sum(f[2]), f[3]))
+                if self._held_back(best[2]):
+                    return None
         return best
+
+    def _held_back(self, work: list[float]) -> bool:
+        """Whether an idle slot that fits the budget waits for more rollouts
+        (``rule.defer``): under ``fsdp`` an empty micro-batch idles its rank for the whole
+        slot. A slot that takes more than a third of the budget is among the last before
+        the horizon, so its empty micro-batches are the last work those ranks could get;
+        while the budget still exceeds ``(1 + defer) x`` its time, rollouts that arrive
+        meanwhile can fill them, and the trainer is told to ask again once its budget
+        has fallen halfway to that time (:attr:`call_again_at`), when it is released (or
+        a fuller one). Smaller slots run at once: work started early is not left for
+        the end."""
+        defer = self.rule.defer
+        if not defer or self.sync != "fsdp" or self._budget is None or min(work) > 0:
+            return False
+        top = max(work) + self._c0
+        budget = float(self._budget.min())
+        if not budget / 3 < top < budget / (1 + defer):
+            return False
+        self._call_again = (1 + defer / 2) * top
+        return True
 
     def _over(self, work: list[float]) -> float | None:
         """None when every micro-batch of a slot (its work plus the per-micro-batch cost)
@@ -785,6 +840,8 @@ class StreamingPlanner:
         """
         idle = check_bool(idle, "idle")
         limit = _budget(budget, self.dp_size)
+        if idle:
+            self._call_again = None
         if idle and self.num_buffered:
             self._budget = limit
             try:
@@ -849,9 +906,9 @@ class StreamingPlanner:
                 f"{type(unstarted).__name__}"
             )
         ids = self._ids
+        released = [_positions(s) for s in self._released]
         index = {
-            tuple(tuple(ids[p] for p in mb) for mb in slot): j
-            for j, slot in enumerate(self._released)
+            tuple(tuple(ids[p] for p in mb) for mb in slot): j for j, slot in enumerate(released)
         }
         chosen: list[int] = []
         for k, slot in enumerate(unstarted):
@@ -868,9 +925,9 @@ class StreamingPlanner:
             chosen.append(j)
         if not chosen:
             return
-        back = sorted(p for j in chosen for mb in self._released[j] for p in mb)
+        back = sorted(p for j in chosen for mb in released[j] for p in mb)
         keep = set(chosen)
-        self._released = [s for j, s in enumerate(self._released) if j not in keep]
+        self._released = [s for j, s in enumerate(released) if j not in keep]
         merged = np.concatenate((self._buffer_array(), np.asarray(back, dtype=np.int64)))
         self._keep(np.sort(merged, kind="stable"))
         self._pinned = {}  # the groups' ranks, from the slots that stay released
@@ -1020,16 +1077,19 @@ def _pack(
         else:
             m = min(active.shape[0], n - k)
             by_load = active[load[active].argsort(kind="stable")[:m]]
-        t = lens[k : k + m]
-        c = costs[k : k + m]
-        lo = load[by_load]
-        free = room[by_load]
-        np.less_equal(t, free, out=ok[:m])
-        ok[m] = False
-        new = lo + c
-        if m > 1:
-            ok[1:m] &= lo[1:] < minimum_acc(new[:-1])
-        j = int(ok[: m + 1].argmin())
+        if room[by_load[0]] < lens[k]:
+            j = 0  # (near the end of a packing, most rounds: no run to test)
+        else:
+            t = lens[k : k + m]
+            c = costs[k : k + m]
+            lo = load[by_load]
+            free = room[by_load]
+            np.less_equal(t, free, out=ok[:m])
+            ok[m] = False
+            new = lo + c
+            if m > 1:
+                ok[1:m] &= lo[1:] < minimum_acc(new[:-1])
+            j = int(ok[: m + 1].argmin())
         if j == 0:  # the lightest has no room: a run among those with room
             # One with less room than every sequence left is done: later runs skip it.
             active = np.flatnonzero(room >= smallest[k])
@@ -1089,6 +1149,15 @@ def _pack(
         room[by_load] = free - t
         k += j
     return where, cap - room, load - base
+
+
+def _positions(slot: Any) -> list[list[int]]:
+    """A released slot as per-rank lists of arrival positions."""
+    if isinstance(slot, list):
+        return slot
+    pos, ends = slot
+    flat = pos.tolist()
+    return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
 
 
 def _group_key(g: Any) -> Any:
