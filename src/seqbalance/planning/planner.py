@@ -90,7 +90,7 @@ from ._ordering import (
     separate_oversized,
     shares_oversized,
 )
-from ._packing import pack
+from ._packing import first_fit_parts, pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
@@ -193,9 +193,16 @@ def _step_time(
 def _step_in_order(req: _Request, grid: list[list[list[int]]]) -> float:
     """The simulated step of ``grid`` in the micro-batch order the plan is returned in
     (``order="index"`` sorts each rank on its own, which can misalign FSDP slots)."""
+    key = (id(grid), id(req.costs), req.c0, req.padded, req.sync, req.order)
+    known = req.steps.get(key)
+    if known is not None:
+        return known[1]
+    kept = (grid, req.costs)
     if req.order is not None:
         grid = order_grid(grid, req.costs, req.c0, req.padded, req.order)
-    return _step_time(grid, req.costs, req.c0, req.padded, req.sync)
+    step = _step_time(grid, req.costs, req.c0, req.padded, req.sync)
+    req.steps[key] = (kept, step)
+    return step
 
 
 def _refine_stop(costs: np.ndarray, nbins: int, dp: int, budget: Effort) -> float | None:
@@ -385,10 +392,18 @@ def _plan_by_rank(
     fit_first: bool = False,
 ) -> list[list[list[int]]] | None:
     out = []
-    for items in rank_items:
-        idx = np.asarray(items, dtype=np.int64)
-        bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp",
-                          rtol=rtol, fit_first=fit_first)  # fmt: skip
+    idxs = [np.asarray(items, dtype=np.int64) for items in rank_items]
+    fast: list[list[list[int]] | None] = [None] * len(idxs)
+    if fit_first and sync == "ddp" and not padded:
+        # _rank_bins' first packing (first-fit decreasing) of every rank at once; a rank
+        # where it fails or leaves a bin empty is packed by _rank_bins itself.
+        fast = first_fit_parts(idxs, costs, lengths, m, cap)
+    for idx, got in zip(idxs, fast):
+        if got is not None and all(got):
+            bins: list[list[int]] | None = got
+        else:
+            bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp",
+                              rtol=rtol, fit_first=fit_first)  # fmt: skip
         if bins is None:
             return None
         out.append(_heaviest_first(idx, bins, costs, padded))
@@ -434,6 +449,12 @@ class _Request:
     # plan's baselines stay slack-filled: on rl-math, 64 sequences over 4 ranks, pp_size=2,
     # the areal baseline slack-filled wins and the raw baselines ran 0.87% slower.)
     asked: Effort = _THOROUGH
+    # Simulated steps of the grids already judged (_step_in_order), by the grid's id and
+    # what the step depends on; each entry keeps its grid and costs alive, so no id is
+    # reused while it is here. Candidates are compared again at every stop check.
+    steps: dict[tuple[Any, ...], tuple[Any, float]] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @property
     def fill_work(self) -> float | None:
@@ -1084,10 +1105,12 @@ def _full_rank_candidates(
             continue
         seen.append(ranks)
         grid = []
-        for items in ranks:
-            idx = np.asarray(items, dtype=np.int64)
-            bins = pack(req.costs[idx], req.lens[idx], m_best, req.cap, refine=False,
-                        start="ffd")
+        idxs = [np.asarray(items, dtype=np.int64) for items in ranks]
+        fast = first_fit_parts(idxs, req.costs, req.lens, m_best, req.cap)
+        for idx, bins in zip(idxs, fast):
+            if bins is None or any(not b for b in bins):  # (pack's other starts or filling)
+                bins = pack(req.costs[idx], req.lens[idx], m_best, req.cap, refine=False,
+                            start="ffd")
             if bins is None or any(not b for b in bins):  # empty slots: the search's job
                 break
             grid.append(_heaviest_first(idx, bins, req.costs, padded=False))
