@@ -1064,7 +1064,8 @@ _FULL_RANK_LARGE_GAIN = 0.02
 
 
 def _full_rank_candidates(
-    req: _Request, m_best: int | None, found: list[Plan], enough: float | None = None
+    req: _Request, m_best: int | None, found: list[Plan], enough: float | None = None,
+    memo: dict[Any, Any] | None = None,
 ) -> list[Plan]:
     """Step 3c (fsdp): ranks split first, each rank's micro-batches filled to the cap.
 
@@ -1079,6 +1080,7 @@ def _full_rank_candidates(
     step bound (``_FULL_RANK_LARGE_GAIN`` above ``_FULL_RANK_LARGE``), or ``found`` is
     empty (tried before the packings). ``enough``: a step at which the first split's plan
     is kept without the second (within the stop gap of the bound: the search stops).
+    ``memo``: the request's, where the step bound at ``m_best`` may already be.
     """
     if (req.sync != "fsdp" or req.dp < 2 or req.padded or req.size != "free"
             or req.groups is not None or req.pp is not None or m_best is None
@@ -1088,8 +1090,11 @@ def _full_rank_candidates(
     if found and (req.n > _PIPELINE_MAX_ITEMS or req.dp * m_best > _PIPELINE_MAX_ITEMS):
         fastest = min(_step_time(p.micro_batches, req.costs, req.c0, False, "fsdp")
                       for p in found if p.num_micro_batches == m_best)  # fmt: skip
-        bound = capacity_step_bound(req.costs, req.lens, req.dp, req.cap, sync="fsdp",
-                                    per_microbatch=req.c0, min_micro_batches_given=m_best)
+        key = ("step_bound", m_best)  # (_enough's: free size, no groups here)
+        bound = memo[key] if memo is not None and key in memo else capacity_step_bound(
+            req.costs, req.lens, req.dp, req.cap, sync="fsdp", per_microbatch=req.c0,
+            min_micro_batches_given=m_best,
+        )  # fmt: skip
         large = req.n > _FULL_RANK_LARGE or req.dp * m_best > _FULL_RANK_LARGE
         if fastest <= bound * (1.0 + (_FULL_RANK_LARGE_GAIN if large else _LEVEL_MIN_GAIN)):
             return []
@@ -1150,22 +1155,49 @@ def _enough(req: _Request, m: int, memo: dict[Any, Any] | None = None) -> float 
 def _close_enough(
     req: _Request, candidates: list[Plan], first_m: int, memo: dict[Any, Any] | None = None
 ) -> bool:
-    """Whether the fastest of ``candidates`` is within the budget's ``stop_gap`` of the
-    step-time lower bound (:func:`.bounds.capacity_step_bound`) and has ``first_m``
-    micro-batches, the fewest any plan can have: then no further candidate, a baseline
-    included, can win by more than ``stop_gap``, and none can win by having fewer
-    micro-batches. Plain plans only (no pipeline, no extra counts)."""
-    gap = req.budget.stop_gap
+    """Whether the fastest of ``candidates`` is within the budget's stop gap
+    (:func:`_candidate_gap`) of the step-time lower bound
+    (:func:`.bounds.capacity_step_bound`) and has ``first_m`` micro-batches, the fewest any
+    plan can have: then no further candidate, a baseline included, can win by more than
+    that gap, and none can win by having fewer micro-batches. Plain plans only (no
+    pipeline, no extra counts)."""
+    gap = _candidate_gap(req)
     if gap is None or req.pp is not None or req.extra or not candidates:
         return False
     if min(p.num_micro_batches for p in candidates) != first_m:
         return False
     best = min(_step_in_order(req, p.micro_batches) for p in candidates)
-    bound = capacity_step_bound(
-        req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
-        size=req.size, groups=req.groups, min_micro_batches_given=first_m,
-    ) if memo is None or ("step_bound", first_m) not in memo else memo[("step_bound", first_m)]
+    key = ("step_bound", first_m)
+    if memo is not None and key in memo:
+        bound = memo[key]
+    else:
+        bound = capacity_step_bound(
+            req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
+            size=req.size, groups=req.groups, min_micro_batches_given=first_m,
+        )  # fmt: skip
+        if memo is not None:
+            memo[key] = bound
     return best <= bound * (1.0 + gap)
+
+
+# Above _PIPELINE_MAX_ITEMS sequences (where no baseline runs as a candidate) the default
+# effort stops adding candidate families once the best plan is within this many stop gaps
+# of the bound; each family's own search (slack filling's stop, the first packing kept
+# alone) still aims at the stop gap. On bench/latency.py's rows of 32,768 and 65,536
+# sequences the families left out (the global packings after the full-rank split where
+# big sequences set the step, 3-6% above the bound there; the refill toward slot levels)
+# changed no pick, and took up to half of the plan's time.
+_LARGE_STOP_GAPS = 5.0
+
+
+def _candidate_gap(req: _Request) -> float | None:
+    """The gap to the step bound within which the search stops adding candidates: the
+    budget's ``stop_gap``, ``_LARGE_STOP_GAPS`` of them above ``_PIPELINE_MAX_ITEMS``
+    sequences; None where the budget never stops early."""
+    gap = req.budget.stop_gap
+    if gap is None or req.n <= _PIPELINE_MAX_ITEMS:
+        return gap
+    return gap * _LARGE_STOP_GAPS
 
 
 def _slots_set_step(req: _Request, memo: dict[Any, Any]) -> bool:
@@ -1705,7 +1737,12 @@ def _plan_attempt(
 
     def full_rank_first() -> bool:
         nonlocal full_first
-        full_first = _full_rank_candidates(req, first_m, [], _enough(req, first_m, memo))
+        enough = _enough(req, first_m, memo)
+        gap, stop = req.budget.stop_gap, _candidate_gap(req)
+        if enough is not None and stop is not None and stop != gap:
+            # (the second split is a family of its own: kept out where _close_enough stops)
+            enough = float(memo[("step_bound", first_m)]) * (1.0 + stop)
+        full_first = _full_rank_candidates(req, first_m, [], enough, memo=memo)
         return _close_enough(req, full_first, first_m, memo)
 
     interim = None
@@ -1747,7 +1784,7 @@ def _plan_attempt(
         # (below, as they are) only while the plan may still be more than stop_gap above
         # the bound.
         candidates.extend(full_first if full_first is not None and m_best == first_m
-                          else _full_rank_candidates(req, m_best, candidates))  # fmt: skip
+                          else _full_rank_candidates(req, m_best, candidates, memo=memo))  # fmt: skip
         close = _close_enough(req, candidates, first_m, memo)
         if not close:
             candidates = _levelled(
@@ -1758,7 +1795,7 @@ def _plan_attempt(
             close = _close_enough(req, candidates, first_m, memo)
         more = not close
     elif more:
-        candidates.extend(_full_rank_candidates(req, m_best, candidates))
+        candidates.extend(_full_rank_candidates(req, m_best, candidates, memo=memo))
     if m_best is not None and _fewer_busy_may_win(req, m_best):
         rival = next(p for p in candidates if p.num_micro_batches == m_best)
         candidates.append(
