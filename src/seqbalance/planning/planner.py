@@ -1169,7 +1169,7 @@ def _close_enough(
     best = min(_step_in_order(req, p.micro_batches) for p in candidates)
     key = ("step_bound", first_m)
     if memo is not None and key in memo:
-        bound = memo[key]
+        bound = float(memo[key])
     else:
         bound = capacity_step_bound(
             req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
@@ -1784,7 +1784,7 @@ def _plan_attempt(
         # (below, as they are) only while the plan may still be more than stop_gap above
         # the bound.
         candidates.extend(full_first if full_first is not None and m_best == first_m
-                          else _full_rank_candidates(req, m_best, candidates, memo=memo))  # fmt: skip
+                          else _full_rank_candidates(req, m_best, candidates, memo=memo))
         close = _close_enough(req, candidates, first_m, memo)
         if not close:
             candidates = _levelled(
