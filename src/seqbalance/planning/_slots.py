@@ -79,13 +79,15 @@ def fill_slack(
     good_enough = (1 + 1e-4) * max(float(cost.sum()) / dp, float(costs.max(initial=0.0)))
     if stop_at is not None:
         good_enough = max(good_enough, stop_at)
+    # Each slot's level, heaviest bin and second-heaviest cost; a step changes two slots,
+    # and only their rows are read again (`cost` changes in place under `by_slot`).
+    by_slot = cost.reshape(m, dp)
+    level = by_slot.max(axis=1)
+    top = by_slot.argmax(axis=1) + np.arange(m) * dp
+    second = np.partition(by_slot, dp - 2, axis=1)[:, dp - 2]
     for _ in range(max_steps):
-        by_slot = cost.reshape(m, dp)
-        level = by_slot.max(axis=1)
         if level.sum() <= good_enough:
             break
-        top = by_slot.argmax(axis=1) + np.arange(m) * dp
-        second = np.partition(by_slot, dp - 2, axis=1)[:, dp - 2]
         slack = level[slot] - cost
         room = cap - tok
         step = None
@@ -125,6 +127,10 @@ def fill_slack(
         if yi >= 0:
             _shift(items, cost, tok, where, costs, lengths, yi, dest, b)
             seqs.shift(yi, b)
+        for j in {int(slot[b]), int(slot[dest])}:
+            row = by_slot[j]
+            level[j], top[j] = row.max(), row.argmax() + j * dp
+            second[j] = np.partition(row, dp - 2)[dp - 2]
     return [[items[j * dp + r] for j in range(m)] for r in range(dp)]
 
 
