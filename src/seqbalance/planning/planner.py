@@ -1222,15 +1222,26 @@ def _lpt_enough(req: _Request, m: int, memo: dict[Any, Any]) -> float | None:
     None otherwise (and below ``effort="default"``'s stop gap). There LPT's packing,
     slack-filled, was as fast as the best start on bench/plan.py's plans and
     bench/latency.py's rows but one, at about half the time. Where big sequences set the
-    step, the tighter packings line slots up better, so they keep running. Kept in
-    ``memo``."""
+    step, the tighter packings line slots up better, so they keep running. Above
+    ``_LPT_ALONE_WORK`` (infinite): LPT's packing alone. Kept in ``memo``."""
     if req.sync != "fsdp" or req.budget.stop_gap is None or req.n * req.dp * m > _FFD_START_WORK:
         return None  # (above _FFD_START_WORK there are no first-fit decreasing starts)
     enough = _enough(req, m, memo)
     if enough is None or _slots_set_step(req, memo):
         return None
+    if req.n * req.dp * m > _LPT_ALONE_WORK:
+        return np.inf
     gap = req.budget.stop_gap
     return enough / (1.0 + gap) * (1.0 + _LPT_GAPS * gap)
+
+
+# Above this many sequences x micro-batches (n x dp x m), where the slot bound is not above
+# the partition bound, the default's global packing is LPT's alone: each further start
+# costs a slack filling of the whole grid (rl-math, 8,192 sequences over 64 ranks x 17: a
+# quarter of the plan's time) and changed no pick above this size on bench/plan.py's
+# configurations and bench/latency.py's rows; below it, a start did (bimodal, 512
+# sequences over 8 ranks: 0.10% shorter).
+_LPT_ALONE_WORK = 1_000_000
 
 
 def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
