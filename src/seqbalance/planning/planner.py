@@ -96,6 +96,7 @@ from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
 from .baselines import BASELINE_GRIDS, BASELINES, _equalize
 from .bounds import (
+    _step_bound_terms,
     capacity_step_bound,
     fsdp_slot_bound,
     min_bins,
@@ -1090,11 +1091,10 @@ def _full_rank_candidates(
     if found and (req.n > _PIPELINE_MAX_ITEMS or req.dp * m_best > _PIPELINE_MAX_ITEMS):
         fastest = min(_step_time(p.micro_batches, req.costs, req.c0, False, "fsdp")
                       for p in found if p.num_micro_batches == m_best)  # fmt: skip
-        key = ("step_bound", m_best)  # (_enough's: free size, no groups here)
-        bound = memo[key] if memo is not None and key in memo else capacity_step_bound(
-            req.costs, req.lens, req.dp, req.cap, sync="fsdp", per_microbatch=req.c0,
-            min_micro_batches_given=m_best,
-        )  # fmt: skip
+        # (_enough's bound: fsdp, free size and no groups here)
+        key = ("step_bound", m_best)
+        bound = float(memo[key]) if memo is not None and key in memo else _step_bound(
+            req, m_best, memo)
         large = req.n > _FULL_RANK_LARGE or req.dp * m_best > _FULL_RANK_LARGE
         if fastest <= bound * (1.0 + (_FULL_RANK_LARGE_GAIN if large else _LEVEL_MIN_GAIN)):
             return []
@@ -1142,14 +1142,26 @@ def _enough(req: _Request, m: int, memo: dict[Any, Any] | None = None) -> float 
         return None
     key = ("step_bound", m)
     if memo is None or key not in memo:
-        bound = capacity_step_bound(
-            req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
-            size=req.size, groups=req.groups, min_micro_batches_given=m,
-        )  # fmt: skip
+        bound = _step_bound(req, m, memo)
         if memo is None:
             return bound * (1.0 + gap)
         memo[key] = bound
     return float(memo[key]) * (1.0 + gap)
+
+
+def _step_bound(req: _Request, m: int, memo: dict[Any, Any] | None) -> float:
+    """:func:`.bounds.capacity_step_bound` of the request at ``m`` micro-batches; the terms
+    that do not depend on ``m`` are computed once, in ``memo`` (when given)."""
+    if req.n == 0 or memo is None:
+        return capacity_step_bound(
+            req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
+            size=req.size, groups=req.groups, min_micro_batches_given=m,
+        )  # fmt: skip
+    if "bound_terms" not in memo:
+        memo["bound_terms"] = _step_bound_terms(req.costs, req.lens, req.dp, req.cap,
+                                                sync=req.sync, size=req.size, groups=req.groups)
+    p, s, m_cap = memo["bound_terms"]
+    return float(max(p, s) + max(m, m_cap) * req.c0)  # (as capacity_step_bound adds them)
 
 
 def _close_enough(
@@ -1171,10 +1183,7 @@ def _close_enough(
     if memo is not None and key in memo:
         bound = float(memo[key])
     else:
-        bound = capacity_step_bound(
-            req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
-            size=req.size, groups=req.groups, min_micro_batches_given=first_m,
-        )  # fmt: skip
+        bound = _step_bound(req, first_m, memo)
         if memo is not None:
             memo[key] = bound
     return best <= bound * (1.0 + gap)
@@ -1204,9 +1213,15 @@ def _slots_set_step(req: _Request, memo: dict[Any, Any]) -> bool:
     """Whether the FSDP slot bound (big sequences) is above the partition bound. Kept in
     ``memo``."""
     if "slots_set_step" not in memo:
-        memo["slots_set_step"] = bool(
-            fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap) > lower_bound(req.costs, req.dp)
-        )
+        if req.sync == "fsdp" and req.size == "free" and req.groups is None and req.n:
+            _step_bound(req, 1, memo)  # (its terms are these two bounds here)
+            p, s, _ = memo["bound_terms"]
+            memo["slots_set_step"] = bool(s > p)
+        else:
+            memo["slots_set_step"] = bool(
+                fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap)
+                > lower_bound(req.costs, req.dp)
+            )  # fmt: skip
     return bool(memo["slots_set_step"])
 
 
