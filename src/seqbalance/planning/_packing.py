@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Callable, Sequence
+from itertools import chain
 
 import numpy as np
 
@@ -343,11 +344,25 @@ def _token_balanced(w: np.ndarray, t: np.ndarray, nbins: int, cap: int) -> _Bins
     parts = partition_arrays(t.astype(np.float64), nbins, "free", "auto", None, fit=cap)
     if parts.max_load > cap:
         return None
+    # The bins as _Bins.add would fill them item by item: each bin's cost summed in its
+    # items' order from 0 (bin_totals adds in array order), its maxima taken from 0.
     bins = _Bins(w, t, nbins, cap, False)
-    for b, part in enumerate(parts):
-        for i in part:
-            bins.add(b, i)
+    bins.items = [list(part) for part in parts]
+    bins.cost = bin_totals(bins.items, w).astype(np.float64, copy=False)
+    bins.tok = bin_totals(bins.items, t).astype(np.int64, copy=False)
+    sizes = np.fromiter((len(x) for x in bins.items), dtype=np.int64, count=nbins)
+    flat = np.fromiter(chain.from_iterable(bins.items), dtype=np.int64, count=int(sizes.sum()))
+    owner = np.repeat(np.arange(nbins), sizes)
+    np.maximum.at(bins.maxw, owner, w[flat])
+    np.maximum.at(bins.maxt, owner, t[flat])
     return bins
+
+
+def ffd_failed(memo: dict, nbins: int, cap: int, padded: bool = False) -> dict:
+    """``memo`` for :func:`pack`, noting that first-fit decreasing of its items into
+    ``nbins`` bins is known to fail (so the starts that fall back on it skip it)."""
+    memo[("ffd", nbins, cap, padded)] = None
+    return memo
 
 
 def _shared(memo: dict | None, key: tuple, make: Callable[[], _Bins | None]) -> _Bins | None:

@@ -90,7 +90,7 @@ from ._ordering import (
     separate_oversized,
     shares_oversized,
 )
-from ._packing import first_fit_parts, pack
+from ._packing import ffd_failed, first_fit_parts, pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
@@ -349,6 +349,7 @@ def _rank_bins(
     lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool, balance: bool,
     rtol: float | None = None,
     fit_first: bool = False,
+    ffd_fails: bool = False,
 ) -> list[list[int]] | None:
     """One rank's sequences into ``m`` bins: fast packer; then, on small inputs only (see
     :func:`_global_bins`), partition-based and exact.
@@ -359,12 +360,15 @@ def _rank_bins(
     need whatever their bins). ``fit_first`` (with ``balance=False``): first-fit
     decreasing first, then LPT (whichever packing fits serves when only the rank's total
     counts; LPT fails more often at tight counts: rl-math, 32,768 sequences over 256
-    ranks, on 110 of them).
+    ranks, on 110 of them). ``ffd_fails`` (with ``fit_first``): first-fit decreasing is
+    known not to fit (:func:`._packing.first_fit_parts` said so), so it is not run again.
     """
     stop = None if rtol is None or not costs.size else (1.0 + rtol) * float(costs.sum()) / m
     bins = None
     if fit_first and not balance:
         memo: dict[Any, Any] = {}  # (the LPT start reuses first-fit decreasing's result)
+        if ffd_fails:
+            ffd_failed(memo, m, cap, padded)
         bins = pack(costs, lengths, m, cap, padded=padded, refine=False, start="ffd", memo=memo)
         if bins is None:
             bins = pack(costs, lengths, m, cap, padded=padded, refine=False, memo=memo)
@@ -395,7 +399,8 @@ def _plan_by_rank(
     out = []
     idxs = [np.asarray(items, dtype=np.int64) for items in rank_items]
     fast: list[list[list[int]] | None] = [None] * len(idxs)
-    if fit_first and sync == "ddp" and not padded:
+    batched = fit_first and sync == "ddp" and not padded
+    if batched:
         # _rank_bins' first packing (first-fit decreasing) of every rank at once; a rank
         # where it fails or leaves a bin empty is packed by _rank_bins itself.
         fast = first_fit_parts(idxs, costs, lengths, m, cap)
@@ -404,7 +409,8 @@ def _plan_by_rank(
             bins: list[list[int]] | None = got
         else:
             bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp",
-                              rtol=rtol, fit_first=fit_first)  # fmt: skip
+                              rtol=rtol, fit_first=fit_first,
+                              ffd_fails=batched and got is None)  # fmt: skip
         if bins is None:
             return None
         out.append(_heaviest_first(idx, bins, costs, padded))
