@@ -515,11 +515,15 @@ def _best_fill(
     valid &= (c <= level) & (t <= cap)
     rest = left & ~head_mask
     took = np.zeros((dp, 1 << h, width), dtype=bool)
+    # A position a rank has no sequence left at costs inf and cap + 1 tokens, so it never
+    # fits; a sequence that fits is added in place (the same sums as adding 0 elsewhere).
+    c_rest = np.where(rest, c_all, np.inf)
+    t_rest = np.where(rest, t_all, cap + 1)
     for k in np.flatnonzero(rest.any(axis=0)).tolist():
-        ck, tk = c_all[:, k, None], t_all[:, k, None]
-        add = valid & rest[:, k, None] & (c + ck <= level) & (t + tk <= cap)
-        c = c + np.where(add, ck, 0.0)
-        t = t + np.where(add, tk, 0)
+        cc, tt = c + c_rest[:, k, None], t + t_rest[:, k, None]
+        add = valid & (cc <= level) & (tt <= cap)
+        np.copyto(c, cc, where=add)
+        np.copyto(t, tt, where=add)
         took[:, :, k] = add
     c = np.where(valid, c, -1.0)
     if candidates:
