@@ -468,10 +468,10 @@ def _fill_ahead(
         nxt = _best_fill(c_all, t_all, rest, float(levels[1]), cap, head)
         last = rest & ~nxt
         # Summed position by position in a fixed order (as in _best_fill): ranks that plan
-        # independently must pick the same candidate on near-ties.
-        cost_last = np.zeros(dp)
-        for k in range(c_all.shape[1]):
-            cost_last = cost_last + np.where(last[:, k], c_all[:, k], 0.0)
+        # independently must pick the same candidate on near-ties. (A running sum adds
+        # left to right; a plain sum may pair the terms differently.)
+        part = np.where(last, c_all, 0.0)
+        cost_last = np.cumsum(part, axis=1)[:, -1] if part.shape[1] else np.zeros(dp)
         excess = np.maximum(cost_last - float(levels[2]), 0.0)
         # Invalid, over the cap, or leaving a micro-batch empty (the rank would keep its old
         # micro-batches).
