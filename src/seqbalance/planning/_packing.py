@@ -27,7 +27,7 @@ import numpy as np
 from ..partitioning.kway import partition_arrays
 from ._grouping import bin_totals
 
-__all__ = ["best_fit", "first_fit", "first_fit_opening", "first_fit_parts", "pack"]
+__all__ = ["best_fit", "ffd_failed", "first_fit", "first_fit_opening", "first_fit_parts", "pack"]
 
 _PARTNERS = 12  # light (or heavy) bins tried per refinement step
 
