@@ -18,7 +18,10 @@ same plan, byte for byte). Three levels:
     big sequences set the slot bound, else right after LPT's packing; under DDP the cost
     partition over the ranks stops within ``stop_gap`` of its bound, and its plan then
     stops the search); otherwise the baselines run as candidates as they
-    are (not slack-filled), so the plan is never slower than any of them. The packer's
+    are (not slack-filled), so the plan is never slower than any of them. Above 20,000
+    sequences (where no baseline runs) the search stops adding candidate families (the
+    second full-rank split, the packings, the refill) once within five stop gaps of the
+    bound; each family's own search still aims at ``stop_gap``. The packer's
     refinement stops within ``refine_rtol`` of the mean bin; slack filling does not search
     a slot again until a step changes it; the partition exact searches are off (as inside
     ``exact_searches(False)``, unless the caller chose). When the cost has a

@@ -20,13 +20,14 @@ from __future__ import annotations
 import bisect
 import heapq
 from collections.abc import Callable, Sequence
+from itertools import chain
 
 import numpy as np
 
 from ..partitioning.kway import partition_arrays
 from ._grouping import bin_totals
 
-__all__ = ["best_fit", "first_fit", "first_fit_opening", "pack"]
+__all__ = ["best_fit", "ffd_failed", "first_fit", "first_fit_opening", "first_fit_parts", "pack"]
 
 _PARTNERS = 12  # light (or heavy) bins tried per refinement step
 
@@ -207,6 +208,66 @@ def first_fit(
     return items
 
 
+def first_fit_parts(
+    parts: Sequence[np.ndarray], w: np.ndarray, t: np.ndarray, nbins: int, cap: int
+) -> list[list[list[int]] | None]:
+    """First-fit decreasing of each part on its own, all parts at once.
+
+    ``parts``: index arrays into ``w`` and ``t``. For each part, what :func:`first_fit`
+    gives on the part's items in first-fit-decreasing order (tokens, then cost, both
+    decreasing, then position), as positions into the part: ``nbins`` bins, or None where
+    an item fits in none. The parts advance together, one item of each per numpy step
+    (each takes the leftmost bin with room, as the one-part walk does), so many small parts
+    cost a few vectorised passes instead of a Python loop over every part's items.
+    """
+    k = len(parts)
+    if k == 0 or nbins < 1:
+        return [first_fit([], t, cap, nbins) if p.size == 0 else None for p in parts]
+    sizes = np.fromiter((p.size for p in parts), dtype=np.int64, count=k)
+    width = int(sizes.max())
+    idx = np.concatenate(parts).astype(np.int64, copy=False)
+    part = np.repeat(np.arange(k), sizes)
+    pos = np.arange(idx.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    order = np.lexsort((pos, -w[idx], -t[idx], part))  # by part, then as _ffd orders
+    col = np.arange(idx.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    local = np.full((k, width), -1, dtype=np.int64)
+    tok = np.zeros((k, width), dtype=np.int64)
+    local[part, col] = pos[order]
+    tok[part, col] = t[idx[order]]
+    room = np.full((k, nbins), int(cap), dtype=np.int64)
+    where = np.full((k, width), -1, dtype=np.int64)
+    failed = np.zeros(k, dtype=bool)
+    rows = np.arange(k)
+    for c in range(width):
+        x = tok[:, c]
+        fits = room >= x[:, None]
+        b = fits.argmax(axis=1)
+        live = (local[:, c] >= 0) & ~failed
+        ok = live & fits[rows, b]
+        failed |= live & ~ok
+        room[rows[ok], b[ok]] -= x[ok]
+        where[ok, c] = b[ok]
+    # Each part's bins in placement order: a stable sort by (part, bin) of the placed items.
+    placed = where >= 0
+    key = (rows[:, None] * nbins + where)[placed]
+    vals = local[placed]
+    grouped = vals[np.argsort(key, kind="stable")].tolist()
+    ends = np.cumsum(np.bincount(key, minlength=k * nbins)).tolist()
+    out: list[list[list[int]] | None] = []
+    for r in range(k):
+        if failed[r]:
+            out.append(None)
+            continue
+        lo = 0 if r == 0 else ends[r * nbins - 1]
+        bins = []
+        for b in range(nbins):
+            hi = ends[r * nbins + b]
+            bins.append(grouped[lo:hi])
+            lo = hi
+        out.append(bins)
+    return out
+
+
 def first_fit_opening(order: Sequence[int], t: np.ndarray, cap: int) -> list[list[int]]:
     """First fit that opens a bin whenever an item fits in none (bins in opening order):
     the trainers' default packing. An item above ``cap`` opens a bin of its own that no
@@ -283,11 +344,25 @@ def _token_balanced(w: np.ndarray, t: np.ndarray, nbins: int, cap: int) -> _Bins
     parts = partition_arrays(t.astype(np.float64), nbins, "free", "auto", None, fit=cap)
     if parts.max_load > cap:
         return None
+    # The bins as _Bins.add would fill them item by item: each bin's cost summed in its
+    # items' order from 0 (bin_totals adds in array order), its maxima taken from 0.
     bins = _Bins(w, t, nbins, cap, False)
-    for b, part in enumerate(parts):
-        for i in part:
-            bins.add(b, i)
+    bins.items = [list(part) for part in parts]
+    bins.cost = bin_totals(bins.items, w).astype(np.float64, copy=False)
+    bins.tok = bin_totals(bins.items, t).astype(np.int64, copy=False)
+    sizes = np.fromiter((len(x) for x in bins.items), dtype=np.int64, count=nbins)
+    flat = np.fromiter(chain.from_iterable(bins.items), dtype=np.int64, count=int(sizes.sum()))
+    owner = np.repeat(np.arange(nbins), sizes)
+    np.maximum.at(bins.maxw, owner, w[flat])
+    np.maximum.at(bins.maxt, owner, t[flat])
     return bins
+
+
+def ffd_failed(memo: dict, nbins: int, cap: int, padded: bool = False) -> dict:
+    """``memo`` for :func:`pack`, noting that first-fit decreasing of its items into
+    ``nbins`` bins is known to fail (so the starts that fall back on it skip it)."""
+    memo[("ffd", nbins, cap, padded)] = None
+    return memo
 
 
 def _shared(memo: dict | None, key: tuple, make: Callable[[], _Bins | None]) -> _Bins | None:

@@ -10,6 +10,7 @@ has the slack (cost stays at or below its slot's level) and the token room for i
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any
 
 import numpy as np
@@ -57,9 +58,14 @@ def fill_slack(
     cost = bin_totals(items, costs)
     tok = bin_totals(items, lengths)
     where = np.full(costs.shape[0], -1, dtype=np.int64)  # bin of each sequence
-    for b, x in enumerate(items):
-        where[np.asarray(x, dtype=np.int64)] = b
+    sizes = np.fromiter((len(x) for x in items), dtype=np.int64, count=len(items))
+    flat = np.fromiter(chain.from_iterable(items), dtype=np.int64, count=int(sizes.sum()))
+    where[flat] = np.repeat(np.arange(len(items)), sizes)
     placed = np.flatnonzero(where >= 0)
+    # The swap scans' per-sequence arrays (placed sequences, ascending): the sequence's
+    # cost and tokens never change; its bin, that bin's slot and rank change only for the
+    # sequences a step moves (kept up to date by _Placed.shift).
+    seqs = _Placed(placed, where, slot, rank, costs, lengths)
     # bin -> the bins its sequences may move to; kept while the cache stays within
     # _DEST_CACHE entries (each holds up to dp * m bins: one per slot would grow with m**2)
     dests: dict[int, np.ndarray] = {}
@@ -73,13 +79,15 @@ def fill_slack(
     good_enough = (1 + 1e-4) * max(float(cost.sum()) / dp, float(costs.max(initial=0.0)))
     if stop_at is not None:
         good_enough = max(good_enough, stop_at)
+    # Each slot's level, heaviest bin and second-heaviest cost; a step changes two slots,
+    # and only their rows are read again (`cost` changes in place under `by_slot`).
+    by_slot = cost.reshape(m, dp)
+    level = by_slot.max(axis=1)
+    top = by_slot.argmax(axis=1) + np.arange(m) * dp
+    second = np.partition(by_slot, dp - 2, axis=1)[:, dp - 2]
     for _ in range(max_steps):
-        by_slot = cost.reshape(m, dp)
-        level = by_slot.max(axis=1)
         if level.sum() <= good_enough:
             break
-        top = by_slot.argmax(axis=1) + np.arange(m) * dp
-        second = np.sort(by_slot, axis=1)[:, -2]
         slack = level[slot] - cost
         room = cap - tok
         step = None
@@ -102,7 +110,7 @@ def fill_slack(
             if step is None and swap_budget > 0:
                 swap_budget -= (len(items[int(top[j])]) + 8) * placed.size
                 if view is None:
-                    view = _swap_view(placed, where, slot, rank, costs, lengths, slack, room)
+                    view = seqs.view(slack, room)
                 step = _best_swap(
                     items, int(top[j]), second[j], slot, rank, cost, tok, cap, costs, lengths,
                     placed, view, tiny,
@@ -115,8 +123,14 @@ def fill_slack(
         b, xi, dest, yi = step
         stuck[slot[b]] = stuck[slot[dest]] = False
         _shift(items, cost, tok, where, costs, lengths, xi, b, dest)
+        seqs.shift(xi, dest)
         if yi >= 0:
             _shift(items, cost, tok, where, costs, lengths, yi, dest, b)
+            seqs.shift(yi, b)
+        for j in {int(slot[b]), int(slot[dest])}:
+            row = by_slot[j]
+            level[j], top[j] = row.max(), row.argmax() + j * dp
+            second[j] = np.partition(row, dp - 2)[dp - 2]
     return [[items[j * dp + r] for j in range(m)] for r in range(dp)]
 
 
@@ -145,46 +159,76 @@ def _best_move(items, b, second, dests, cost, slack, room, costs, lengths, tiny)
         return None
     ib = np.asarray(items[b], dtype=np.int64)
     w, t = costs[ib], lengths[ib]
-    slack_d = slack[dests]
-    ok = (slack_d[None, :] >= w[:, None]) & (room[dests][None, :] >= t[:, None])
+    slack_d, room_d = slack[dests], room[dests]
+    # Only bins with the slack and room for the cheapest and shortest sequence can take
+    # any (the same comparisons as below, so the pick is the one over all ``dests``).
+    near = np.flatnonzero((slack_d >= w.min()) & (room_d >= t.min()))
+    if near.size == 0:
+        return None
+    slack_d, room_d = slack_d[near], room_d[near]
+    ok = (slack_d[None, :] >= w[:, None]) & (room_d[None, :] >= t[:, None])
     gain = np.where(ok.any(axis=1), np.minimum(w, cost[b] - second), 0.0)
     x = int(np.argmax(gain))
     if gain[x] <= tiny:
         return None
     left = np.where(ok[x], slack_d - w[x], np.inf)  # best fit: least slack left over
-    return b, int(ib[x]), int(dests[int(np.argmin(left))]), -1
+    return b, int(ib[x]), int(dests[near[int(np.argmin(left))]]), -1
 
 
-def _swap_view(placed, where, slot, rank, costs, lengths, slack, room) -> tuple:
-    """Per placed sequence (ascending): its bin, that bin's slot, rank, slack and room, and
-    the sequence's cost and tokens; shared by a step's swap scans (nothing moves between
-    them)."""
-    d = where[placed]
-    return d, slot[d], rank[d], costs[placed], lengths[placed], slack[d], room[d]
+class _Placed:
+    """The placed sequences (ascending) with their cost, tokens, bin, and that bin's slot
+    and rank, for the swap scans; :meth:`shift` follows a sequence to its new bin."""
+
+    def __init__(self, placed, where, slot, rank, costs, lengths) -> None:
+        self.pos = np.full(where.shape[0], -1, dtype=np.int64)
+        self.pos[placed] = np.arange(placed.size)
+        self.slot_of, self.rank_of = slot, rank
+        self.d = where[placed]
+        self.slot_d, self.rank_d = slot[self.d], rank[self.d]
+        self.w, self.t = costs[placed], lengths[placed]
+
+    def shift(self, i: int, dst: int) -> None:
+        k = self.pos[i]
+        self.d[k], self.slot_d[k], self.rank_d[k] = dst, self.slot_of[dst], self.rank_of[dst]
+
+    def view(self, slack, room) -> tuple:
+        """Per placed sequence: its bin, slot, rank, cost, tokens, and its bin's slack and
+        room; shared by a step's swap scans (nothing moves between them)."""
+        d = self.d
+        return d, self.slot_d, self.rank_d, self.w, self.t, slack[d], room[d]
 
 
 def _best_swap(items, b, second, slot, rank, cost, tok, cap, costs, lengths, placed, view, tiny):
     """Swap a sequence of top bin ``b`` with a cheaper one of another slot's bin that has
-    slack (``view``: :func:`_swap_view` of this step)."""
+    slack (``view``: :meth:`_Placed.view` of this step)."""
     ib = np.asarray(items[b], dtype=np.int64)
-    wx, tx = costs[ib][:, None], lengths[ib][:, None]
+    w, t = costs[ib], lengths[ib]
     d_all, slot_d, rank_d, w_all, t_all, slack_d, room_d = view
-    other = (slot_d != slot[b]) & (rank_d == rank[b])
-    wy, ty = w_all[other][None, :], t_all[other][None, :]
+    # Only sequences that pass every test below for some sequence of ``b`` can be swapped
+    # (the same comparisons against the extremes of ``b``'s costs and tokens): the 2-D
+    # scan runs over those, in the same order, so it picks what the full scan would.
+    room_b = cap - tok[b]
+    cand = np.flatnonzero(
+        (slot_d != slot[b]) & (rank_d == rank[b])
+        & (w_all < w.max()) & (slack_d + w_all >= w.min())
+        & (room_d + t_all >= t.min()) & (room_b + t.max() >= t_all)
+    )  # fmt: skip
+    if cand.size == 0:
+        return None
+    wx, tx = w[:, None], t[:, None]
+    wy, ty = w_all[cand][None, :], t_all[cand][None, :]
     ok = (
         (wy < wx)
-        & (slack_d[other][None, :] + wy >= wx)  # the other slot's level does not rise
-        & (room_d[other][None, :] + ty >= tx)
-        & (cap - tok[b] + tx >= ty)
+        & (slack_d[cand][None, :] + wy >= wx)  # the other slot's level does not rise
+        & (room_d[cand][None, :] + ty >= tx)
+        & (room_b + tx >= ty)
     )
     gain = np.where(ok, np.minimum(wx - wy, cost[b] - second), 0.0)
-    if gain.size == 0:
-        return None
     flat = int(np.argmax(gain))
     if gain.flat[flat] <= tiny:
         return None
     x, k = divmod(flat, gain.shape[1])
-    at = int(np.flatnonzero(other)[k])
+    at = int(cand[k])
     return b, int(ib[x]), int(d_all[at]), int(placed[at])
 
 
@@ -424,10 +468,10 @@ def _fill_ahead(
         nxt = _best_fill(c_all, t_all, rest, float(levels[1]), cap, head)
         last = rest & ~nxt
         # Summed position by position in a fixed order (as in _best_fill): ranks that plan
-        # independently must pick the same candidate on near-ties.
-        cost_last = np.zeros(dp)
-        for k in range(c_all.shape[1]):
-            cost_last = cost_last + np.where(last[:, k], c_all[:, k], 0.0)
+        # independently must pick the same candidate on near-ties. (A running sum adds
+        # left to right; a plain sum may pair the terms differently.)
+        part = np.where(last, c_all, 0.0)
+        cost_last = np.cumsum(part, axis=1)[:, -1] if part.shape[1] else np.zeros(dp)
         excess = np.maximum(cost_last - float(levels[2]), 0.0)
         # Invalid, over the cap, or leaving a micro-batch empty (the rank would keep its old
         # micro-batches).
@@ -471,11 +515,15 @@ def _best_fill(
     valid &= (c <= level) & (t <= cap)
     rest = left & ~head_mask
     took = np.zeros((dp, 1 << h, width), dtype=bool)
+    # A position a rank has no sequence left at costs inf and cap + 1 tokens, so it never
+    # fits; a sequence that fits is added in place (the same sums as adding 0 elsewhere).
+    c_rest = np.where(rest, c_all, np.inf)
+    t_rest = np.where(rest, t_all, cap + 1)
     for k in np.flatnonzero(rest.any(axis=0)).tolist():
-        ck, tk = c_all[:, k, None], t_all[:, k, None]
-        add = valid & rest[:, k, None] & (c + ck <= level) & (t + tk <= cap)
-        c = c + np.where(add, ck, 0.0)
-        t = t + np.where(add, tk, 0)
+        cc, tt = c + c_rest[:, k, None], t + t_rest[:, k, None]
+        add = valid & (cc <= level) & (tt <= cap)
+        np.copyto(c, cc, where=add)
+        np.copyto(t, tt, where=add)
         took[:, :, k] = add
     c = np.where(valid, c, -1.0)
     if candidates:

@@ -393,9 +393,27 @@ def capacity_step_bound(
     """
     if costs.size == 0:
         return float(min_micro_batches_given * per_microbatch)
+    p, s, m_cap = _step_bound_terms(costs, lengths, dp, cap, sync=sync, size=size, groups=groups)
+    m = max(min_micro_batches_given, m_cap)
+    return max(p, s) + m * per_microbatch
+
+
+def _step_bound_terms(
+    costs: np.ndarray,
+    lengths: np.ndarray,
+    dp: int,
+    cap: int,
+    *,
+    sync: str | None = None,
+    size: str = "free",
+    groups: np.ndarray | None = None,
+) -> tuple[float, float, int]:
+    """The terms of :func:`capacity_step_bound` that do not depend on the count: ``P``,
+    ``S`` (0 unless ``sync="fsdp"``) and :func:`min_micro_batches`; non-empty ``costs``.
+    The bound at a count ``M`` is ``max(P, S) + max(M, min_micro_batches) *
+    per_microbatch``, so a caller that asks at several counts computes these once."""
     lengths = clip_to_capacity(lengths, cap)  # oversized ones run alone: module docstring
     p = lower_bound(costs, dp, size=size, groups=groups)
     labels = None if groups is None else as_groups(groups, costs.shape[0])
     s = fsdp_slot_bound(costs, lengths, dp, cap, labels) if sync == "fsdp" else 0.0
-    m = max(min_micro_batches_given, min_micro_batches(lengths, dp, cap))
-    return max(p, s) + m * per_microbatch
+    return p, s, min_micro_batches(lengths, dp, cap)

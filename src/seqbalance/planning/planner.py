@@ -90,12 +90,13 @@ from ._ordering import (
     separate_oversized,
     shares_oversized,
 )
-from ._packing import pack
+from ._packing import ffd_failed, first_fit_parts, pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
 from .baselines import BASELINE_GRIDS, BASELINES, _equalize
 from .bounds import (
+    _step_bound_terms,
     capacity_step_bound,
     fsdp_slot_bound,
     min_bins,
@@ -193,9 +194,16 @@ def _step_time(
 def _step_in_order(req: _Request, grid: list[list[list[int]]]) -> float:
     """The simulated step of ``grid`` in the micro-batch order the plan is returned in
     (``order="index"`` sorts each rank on its own, which can misalign FSDP slots)."""
+    key = (id(grid), id(req.costs), req.c0, req.padded, req.sync, req.order)
+    known = req.steps.get(key)
+    if known is not None:
+        return known[1]
+    kept = (grid, req.costs)
     if req.order is not None:
         grid = order_grid(grid, req.costs, req.c0, req.padded, req.order)
-    return _step_time(grid, req.costs, req.c0, req.padded, req.sync)
+    step = _step_time(grid, req.costs, req.c0, req.padded, req.sync)
+    req.steps[key] = (kept, step)
+    return step
 
 
 def _refine_stop(costs: np.ndarray, nbins: int, dp: int, budget: Effort) -> float | None:
@@ -341,6 +349,7 @@ def _rank_bins(
     lengths: np.ndarray, costs: np.ndarray, m: int, cap: int, padded: bool, balance: bool,
     rtol: float | None = None,
     fit_first: bool = False,
+    ffd_fails: bool = False,
 ) -> list[list[int]] | None:
     """One rank's sequences into ``m`` bins: fast packer; then, on small inputs only (see
     :func:`_global_bins`), partition-based and exact.
@@ -351,12 +360,15 @@ def _rank_bins(
     need whatever their bins). ``fit_first`` (with ``balance=False``): first-fit
     decreasing first, then LPT (whichever packing fits serves when only the rank's total
     counts; LPT fails more often at tight counts: rl-math, 32,768 sequences over 256
-    ranks, on 110 of them).
+    ranks, on 110 of them). ``ffd_fails`` (with ``fit_first``): first-fit decreasing is
+    known not to fit (:func:`._packing.first_fit_parts` said so), so it is not run again.
     """
     stop = None if rtol is None or not costs.size else (1.0 + rtol) * float(costs.sum()) / m
     bins = None
     if fit_first and not balance:
         memo: dict[Any, Any] = {}  # (the LPT start reuses first-fit decreasing's result)
+        if ffd_fails:
+            ffd_failed(memo, m, cap, padded)
         bins = pack(costs, lengths, m, cap, padded=padded, refine=False, start="ffd", memo=memo)
         if bins is None:
             bins = pack(costs, lengths, m, cap, padded=padded, refine=False, memo=memo)
@@ -385,10 +397,20 @@ def _plan_by_rank(
     fit_first: bool = False,
 ) -> list[list[list[int]]] | None:
     out = []
-    for items in rank_items:
-        idx = np.asarray(items, dtype=np.int64)
-        bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp",
-                          rtol=rtol, fit_first=fit_first)  # fmt: skip
+    idxs = [np.asarray(items, dtype=np.int64) for items in rank_items]
+    fast: list[list[list[int]] | None] = [None] * len(idxs)
+    batched = fit_first and sync == "ddp" and not padded
+    if batched:
+        # _rank_bins' first packing (first-fit decreasing) of every rank at once; a rank
+        # where it fails or leaves a bin empty is packed by _rank_bins itself.
+        fast = first_fit_parts(idxs, costs, lengths, m, cap)
+    for idx, got in zip(idxs, fast):
+        if got is not None and all(got):
+            bins: list[list[int]] | None = got
+        else:
+            bins = _rank_bins(lengths[idx], costs[idx], m, cap, padded, balance=sync != "ddp",
+                              rtol=rtol, fit_first=fit_first,
+                              ffd_fails=batched and got is None)  # fmt: skip
         if bins is None:
             return None
         out.append(_heaviest_first(idx, bins, costs, padded))
@@ -434,6 +456,12 @@ class _Request:
     # plan's baselines stay slack-filled: on rl-math, 64 sequences over 4 ranks, pp_size=2,
     # the areal baseline slack-filled wins and the raw baselines ran 0.87% slower.)
     asked: Effort = _THOROUGH
+    # Simulated steps of the grids already judged (_step_in_order), by the grid's id and
+    # what the step depends on; each entry keeps its grid and costs alive, so no id is
+    # reused while it is here. Candidates are compared again at every stop check.
+    steps: dict[tuple[Any, ...], tuple[Any, float]] = dataclasses.field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     @property
     def fill_work(self) -> float | None:
@@ -1043,7 +1071,8 @@ _FULL_RANK_LARGE_GAIN = 0.02
 
 
 def _full_rank_candidates(
-    req: _Request, m_best: int | None, found: list[Plan], enough: float | None = None
+    req: _Request, m_best: int | None, found: list[Plan], enough: float | None = None,
+    memo: dict[Any, Any] | None = None,
 ) -> list[Plan]:
     """Step 3c (fsdp): ranks split first, each rank's micro-batches filled to the cap.
 
@@ -1058,6 +1087,7 @@ def _full_rank_candidates(
     step bound (``_FULL_RANK_LARGE_GAIN`` above ``_FULL_RANK_LARGE``), or ``found`` is
     empty (tried before the packings). ``enough``: a step at which the first split's plan
     is kept without the second (within the stop gap of the bound: the search stops).
+    ``memo``: the request's, where the step bound at ``m_best`` may already be.
     """
     if (req.sync != "fsdp" or req.dp < 2 or req.padded or req.size != "free"
             or req.groups is not None or req.pp is not None or m_best is None
@@ -1067,8 +1097,10 @@ def _full_rank_candidates(
     if found and (req.n > _PIPELINE_MAX_ITEMS or req.dp * m_best > _PIPELINE_MAX_ITEMS):
         fastest = min(_step_time(p.micro_batches, req.costs, req.c0, False, "fsdp")
                       for p in found if p.num_micro_batches == m_best)  # fmt: skip
-        bound = capacity_step_bound(req.costs, req.lens, req.dp, req.cap, sync="fsdp",
-                                    per_microbatch=req.c0, min_micro_batches_given=m_best)
+        # (_enough's bound: fsdp, free size and no groups here)
+        key = ("step_bound", m_best)
+        bound = float(memo[key]) if memo is not None and key in memo else _step_bound(
+            req, m_best, memo)
         large = req.n > _FULL_RANK_LARGE or req.dp * m_best > _FULL_RANK_LARGE
         if fastest <= bound * (1.0 + (_FULL_RANK_LARGE_GAIN if large else _LEVEL_MIN_GAIN)):
             return []
@@ -1084,10 +1116,12 @@ def _full_rank_candidates(
             continue
         seen.append(ranks)
         grid = []
-        for items in ranks:
-            idx = np.asarray(items, dtype=np.int64)
-            bins = pack(req.costs[idx], req.lens[idx], m_best, req.cap, refine=False,
-                        start="ffd")
+        idxs = [np.asarray(items, dtype=np.int64) for items in ranks]
+        fast = first_fit_parts(idxs, req.costs, req.lens, m_best, req.cap)
+        for idx, bins in zip(idxs, fast):
+            if bins is None or any(not b for b in bins):  # (pack's other starts or filling)
+                bins = pack(req.costs[idx], req.lens[idx], m_best, req.cap, refine=False,
+                            start="ffd")
             if bins is None or any(not b for b in bins):  # empty slots: the search's job
                 break
             grid.append(_heaviest_first(idx, bins, req.costs, padded=False))
@@ -1114,44 +1148,86 @@ def _enough(req: _Request, m: int, memo: dict[Any, Any] | None = None) -> float 
         return None
     key = ("step_bound", m)
     if memo is None or key not in memo:
-        bound = capacity_step_bound(
-            req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
-            size=req.size, groups=req.groups, min_micro_batches_given=m,
-        )  # fmt: skip
+        bound = _step_bound(req, m, memo)
         if memo is None:
             return bound * (1.0 + gap)
         memo[key] = bound
     return float(memo[key]) * (1.0 + gap)
 
 
+def _step_bound(req: _Request, m: int, memo: dict[Any, Any] | None) -> float:
+    """:func:`.bounds.capacity_step_bound` of the request at ``m`` micro-batches; the terms
+    that do not depend on ``m`` are computed once, in ``memo`` (when given)."""
+    if req.n == 0 or memo is None:
+        return capacity_step_bound(
+            req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
+            size=req.size, groups=req.groups, min_micro_batches_given=m,
+        )  # fmt: skip
+    if "bound_terms" not in memo:
+        memo["bound_terms"] = _step_bound_terms(req.costs, req.lens, req.dp, req.cap,
+                                                sync=req.sync, size=req.size, groups=req.groups)
+    p, s, m_cap = memo["bound_terms"]
+    return float(max(p, s) + max(m, m_cap) * req.c0)  # (as capacity_step_bound adds them)
+
+
 def _close_enough(
     req: _Request, candidates: list[Plan], first_m: int, memo: dict[Any, Any] | None = None
 ) -> bool:
-    """Whether the fastest of ``candidates`` is within the budget's ``stop_gap`` of the
-    step-time lower bound (:func:`.bounds.capacity_step_bound`) and has ``first_m``
-    micro-batches, the fewest any plan can have: then no further candidate, a baseline
-    included, can win by more than ``stop_gap``, and none can win by having fewer
-    micro-batches. Plain plans only (no pipeline, no extra counts)."""
-    gap = req.budget.stop_gap
+    """Whether the fastest of ``candidates`` is within the budget's stop gap
+    (:func:`_candidate_gap`) of the step-time lower bound
+    (:func:`.bounds.capacity_step_bound`) and has ``first_m`` micro-batches, the fewest any
+    plan can have: then no further candidate, a baseline included, can win by more than
+    that gap, and none can win by having fewer micro-batches. Plain plans only (no
+    pipeline, no extra counts)."""
+    gap = _candidate_gap(req)
     if gap is None or req.pp is not None or req.extra or not candidates:
         return False
     if min(p.num_micro_batches for p in candidates) != first_m:
         return False
     best = min(_step_in_order(req, p.micro_batches) for p in candidates)
-    bound = capacity_step_bound(
-        req.costs, req.lens, req.dp, req.cap, sync=req.sync, per_microbatch=req.c0,
-        size=req.size, groups=req.groups, min_micro_batches_given=first_m,
-    ) if memo is None or ("step_bound", first_m) not in memo else memo[("step_bound", first_m)]
+    key = ("step_bound", first_m)
+    if memo is not None and key in memo:
+        bound = float(memo[key])
+    else:
+        bound = _step_bound(req, first_m, memo)
+        if memo is not None:
+            memo[key] = bound
     return best <= bound * (1.0 + gap)
+
+
+# Above _PIPELINE_MAX_ITEMS sequences (where no baseline runs as a candidate) the default
+# effort stops adding candidate families once the best plan is within this many stop gaps
+# of the bound; each family's own search (slack filling's stop, the first packing kept
+# alone) still aims at the stop gap. On bench/latency.py's rows of 32,768 and 65,536
+# sequences the families left out (the global packings after the full-rank split where
+# big sequences set the step, 3-6% above the bound there; the refill toward slot levels)
+# changed no pick, and took up to half of the plan's time.
+_LARGE_STOP_GAPS = 5.0
+
+
+def _candidate_gap(req: _Request) -> float | None:
+    """The gap to the step bound within which the search stops adding candidates: the
+    budget's ``stop_gap``, ``_LARGE_STOP_GAPS`` of them above ``_PIPELINE_MAX_ITEMS``
+    sequences; None where the budget never stops early."""
+    gap = req.budget.stop_gap
+    if gap is None or req.n <= _PIPELINE_MAX_ITEMS:
+        return gap
+    return gap * _LARGE_STOP_GAPS
 
 
 def _slots_set_step(req: _Request, memo: dict[Any, Any]) -> bool:
     """Whether the FSDP slot bound (big sequences) is above the partition bound. Kept in
     ``memo``."""
     if "slots_set_step" not in memo:
-        memo["slots_set_step"] = bool(
-            fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap) > lower_bound(req.costs, req.dp)
-        )
+        if req.sync == "fsdp" and req.size == "free" and req.groups is None and req.n:
+            _step_bound(req, 1, memo)  # (its terms are these two bounds here)
+            p, s, _ = memo["bound_terms"]
+            memo["slots_set_step"] = bool(s > p)
+        else:
+            memo["slots_set_step"] = bool(
+                fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap)
+                > lower_bound(req.costs, req.dp)
+            )  # fmt: skip
     return bool(memo["slots_set_step"])
 
 
@@ -1167,15 +1243,26 @@ def _lpt_enough(req: _Request, m: int, memo: dict[Any, Any]) -> float | None:
     None otherwise (and below ``effort="default"``'s stop gap). There LPT's packing,
     slack-filled, was as fast as the best start on bench/plan.py's plans and
     bench/latency.py's rows but one, at about half the time. Where big sequences set the
-    step, the tighter packings line slots up better, so they keep running. Kept in
-    ``memo``."""
+    step, the tighter packings line slots up better, so they keep running. Above
+    ``_LPT_ALONE_WORK`` (infinite): LPT's packing alone. Kept in ``memo``."""
     if req.sync != "fsdp" or req.budget.stop_gap is None or req.n * req.dp * m > _FFD_START_WORK:
         return None  # (above _FFD_START_WORK there are no first-fit decreasing starts)
     enough = _enough(req, m, memo)
     if enough is None or _slots_set_step(req, memo):
         return None
+    if req.n * req.dp * m > _LPT_ALONE_WORK:
+        return np.inf
     gap = req.budget.stop_gap
     return enough / (1.0 + gap) * (1.0 + _LPT_GAPS * gap)
+
+
+# Above this many sequences x micro-batches (n x dp x m), where the slot bound is not above
+# the partition bound, the default's global packing is LPT's alone: each further start
+# costs a slack filling of the whole grid (rl-math, 8,192 sequences over 64 ranks x 17: a
+# quarter of the plan's time) and changed no pick above this size on bench/plan.py's
+# configurations and bench/latency.py's rows; below it, a start did (bimodal, 512
+# sequences over 8 ranks: 0.10% shorter).
+_LPT_ALONE_WORK = 1_000_000
 
 
 def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
@@ -1693,7 +1780,12 @@ def _plan_attempt(
 
     def full_rank_first() -> bool:
         nonlocal full_first
-        full_first = _full_rank_candidates(req, first_m, [], _enough(req, first_m, memo))
+        enough = _enough(req, first_m, memo)
+        gap, stop = req.budget.stop_gap, _candidate_gap(req)
+        if enough is not None and stop is not None and stop != gap:
+            # (the second split is a family of its own: kept out where _close_enough stops)
+            enough = float(memo[("step_bound", first_m)]) * (1.0 + stop)
+        full_first = _full_rank_candidates(req, first_m, [], enough, memo=memo)
         return _close_enough(req, full_first, first_m, memo)
 
     interim = None
@@ -1735,7 +1827,7 @@ def _plan_attempt(
         # (below, as they are) only while the plan may still be more than stop_gap above
         # the bound.
         candidates.extend(full_first if full_first is not None and m_best == first_m
-                          else _full_rank_candidates(req, m_best, candidates))  # fmt: skip
+                          else _full_rank_candidates(req, m_best, candidates, memo=memo))
         close = _close_enough(req, candidates, first_m, memo)
         if not close:
             candidates = _levelled(
@@ -1746,7 +1838,7 @@ def _plan_attempt(
             close = _close_enough(req, candidates, first_m, memo)
         more = not close
     elif more:
-        candidates.extend(_full_rank_candidates(req, m_best, candidates))
+        candidates.extend(_full_rank_candidates(req, m_best, candidates, memo=memo))
     if m_best is not None and _fewer_busy_may_win(req, m_best):
         rival = next(p for p in candidates if p.num_micro_batches == m_best)
         candidates.append(
