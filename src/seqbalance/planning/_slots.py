@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ._grouping import bin_totals
+from ._work import charge
 from .bounds import fsdp_slot_bound
 
 __all__ = ["fill_slack", "fill_to_levels", "too_big_to_refill"]
@@ -73,6 +74,7 @@ def fill_slack(
     good_enough = (1 + 1e-4) * max(float(cost.sum()) / dp, float(costs.max(initial=0.0)))
     if stop_at is not None:
         good_enough = max(good_enough, stop_at)
+    scans = 0  # move scans, and swap scans at _SWAP_UNITS each: the request's work meter
     for _ in range(max_steps):
         by_slot = cost.reshape(m, dp)
         level = by_slot.max(axis=1)
@@ -99,7 +101,9 @@ def fill_slack(
                 break
             move_budget -= len(items[b]) * to.size
             step = _best_move(items, b, second[j], to, cost, slack, room, costs, lengths, tiny)
+            scans += 1
             if step is None and swap_budget > 0:
+                scans += _SWAP_UNITS
                 swap_budget -= (len(items[int(top[j])]) + 8) * placed.size
                 if view is None:
                     view = _swap_view(placed, where, slot, rank, costs, lengths, slack, room)
@@ -117,8 +121,12 @@ def fill_slack(
         _shift(items, cost, tok, where, costs, lengths, xi, b, dest)
         if yi >= 0:
             _shift(items, cost, tok, where, costs, lengths, yi, dest, b)
+    charge(scans)
     return [[items[j * dp + r] for j in range(m)] for r in range(dp)]
 
+
+# A swap scan's work in move scans (measured: about 90 us against 25 us).
+_SWAP_UNITS = 4
 
 # Destination lists kept between steps, in entries (8 bytes each): 32 MiB.
 _DEST_CACHE = 1 << 22

@@ -67,6 +67,7 @@ from ..partitioning.searches import exact_work_pool
 from ._effort import exact_pool
 from ._megatron import megatron_cp_plan, megatron_degrees
 from ._slots import fill_slack
+from ._work import work_meter
 from .cp_pipeline import CPPipelineSetup, order_phases, permute_slots, pipeline_note
 from .cp_plans import (
     CP_MODES,
@@ -85,6 +86,13 @@ from .simulation import SYNC_MODELS
 #: Simulated operations the pipeline order searches of one static CP plan may spend in all
 #: (its replica plans' slot orders; see :func:`_static`).
 ORDER_BUDGET = 2 * BUDGET
+
+#: Dynamic CP builds its degree candidates (and refines the best) while they fit this many
+#: units of layout work: a candidate's piece ranges (``2 d`` for a sequence split ``d``
+#: ways, 1 unsplit) plus its GPU slots (GPUs x micro-batches), about 2-4 us a unit. The
+#: first candidate is always built; the candidates of ``bench/cp.py``'s grid use at most
+#: 66,000 in all.
+DYNAMIC_WORK = 100_000
 
 __all__ = ["cost_without_cp", "make_cp_cost", "plan_cp_spec"]
 
@@ -1020,6 +1028,11 @@ def _assemble(
     )
 
 
+def _ranges(deg: np.ndarray) -> int:
+    """The piece ranges of a layout with degrees ``deg``: ``2 d`` per split sequence."""
+    return int(np.where(deg > 1, 2 * deg, 1).sum())
+
+
 def _step(p: CPPlan, sync: str) -> float:
     return simulate_pieces(p.pieces, p.lengths, p.cp_cost, sync=sync).step_time
 
@@ -1039,15 +1052,25 @@ def _dynamic(req: _Request) -> CPPlan:
     worse = 0
     best_time = math.inf
     best_deg = req.d_min
+    work, slots = 0, 0  # layout work so far (DYNAMIC_WORK); the last candidate's GPU slots
+    skipped = []
     for theta in thetas:
         deg = _degrees_for(req, theta)
         if any(np.array_equal(deg, s) for s in seen):
             continue
         seen.append(deg)
+        # (its GPU slots at least the last candidate's: higher degrees take more slots)
+        if seen[1:] and work + _ranges(deg) + slots > DYNAMIC_WORK:
+            skipped.append(f"degrees raised further (the work budget DYNAMIC_WORK = "
+                           f"{DYNAMIC_WORK:,} of seqbalance.planning.context_parallel)")
+            break
         # Candidates are compared unrefined; the winner gets the slot refinement below.
         p = _build_dynamic(req, deg, refine=False)
+        work += _ranges(deg)
         if p is None:
             continue
+        slots = req.world * p.num_micro_batches
+        work += slots
         t = _step(p, req.sync)
         label = (
             "smallest fitting degrees"
@@ -1061,7 +1084,12 @@ def _dynamic(req: _Request) -> CPPlan:
             worse += 1
             if worse >= 2:  # raising further keeps costing more: stop
                 break
-    if tried:
+    best_units = _ranges(best_deg) + max(
+        (req.world * p.num_micro_batches for _, p, t in tried if t == best_time), default=0
+    )
+    if tried and work + best_units > DYNAMIC_WORK:
+        skipped.append("the slot refinement of the best degree candidate (DYNAMIC_WORK)")
+    elif tried:
         refined = _build_dynamic(req, best_deg, refine=True)
         if refined is not None:
             t = _step(refined, req.sync)
@@ -1070,7 +1098,6 @@ def _dynamic(req: _Request) -> CPPlan:
                 tried[k] = (tried[k][0], refined, t)
                 best_time = t
     # The baselines' layouts are candidates too, unless a bound shows they cannot win.
-    skipped = []
     static_deg = np.full(req.n, req.cp_size, dtype=np.int64)
     if best_time <= _fixed_bound(req, static_deg):
         skipped.append("the static-CP layout (its bound is no lower)")
@@ -1172,7 +1199,7 @@ def plan_cp_spec(lengths: Any, spec: Any, replicas: Callable[..., Any]) -> CPPla
         says it, after ``"static CP: "``).
     """
     kw = spec.keywords()
-    with exact_work_pool(exact_pool(spec.effort)):  # (plan()'s, when it called this)
+    with exact_work_pool(exact_pool(spec.effort)), work_meter():  # (plan()'s, when it called this)
         req = _validate(
             lengths,
             kw["dp_size"],

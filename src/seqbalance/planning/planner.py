@@ -94,6 +94,7 @@ from ._packing import pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
+from ._work import spent, work_meter
 from .baselines import BASELINE_GRIDS, BASELINES, _equalize
 from .bounds import (
     capacity_step_bound,
@@ -813,6 +814,9 @@ def _search(
     while m <= m_limit:
         if m_stop is not None and m > m_stop and not req.extra:
             return found
+        if found and _counts_spent():
+            _note_counts_spent(found, m)
+            return found
         problem = _too_few(req, rank_items, m)
         blocked = problem is not None and not req.allow_empty
         mbs, st = None, "infeasible"
@@ -847,6 +851,29 @@ def _search(
                 break
         m += req.mult
     return found
+
+
+#: Work (:mod:`._work` units, about 25 us each) after which a request plans no more counts
+#: beyond the first each search finds: the caller's ``extra_micro_batches``, the pipeline
+#: count search and the plan made without the pipeline stop there with the counts planned.
+COUNT_WORK = 16_000
+
+
+def _counts_spent() -> bool:
+    """Whether this request's work is past :data:`COUNT_WORK` (never outside plan())."""
+    done = spent()
+    return done is not None and done > COUNT_WORK
+
+
+def _note_counts_spent(found: list[Plan], m: int) -> None:
+    """Say in the plans found so far that counts from ``m`` on were not planned."""
+    for p in found:
+        p.notes = (
+            *p.notes,
+            f"counts from {m} micro-batches per {term('rank')} on were not planned: the "
+            f"request's work budget for extra counts (COUNT_WORK = {COUNT_WORK:,} units of "
+            "packing work, seqbalance.planning.planner) was spent",
+        )
 
 
 def _by_rank_at(
@@ -1999,7 +2026,7 @@ def plan(
     spec = PlanSpec.from_keywords(
         mesh, capacity, cost=cost, batching=batching, rules=rules, effort=effort, flat=flat
     )
-    with exact_work_pool(exact_pool(spec.effort)):
+    with exact_work_pool(exact_pool(spec.effort)), work_meter():
         return _plan_checked(_flat_request(lengths, spec), pipeline_counts=True)
 
 
