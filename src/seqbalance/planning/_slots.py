@@ -479,7 +479,9 @@ def _best_fill(
     valid &= (c <= level) & (t <= cap)
     rest = left & ~head_mask
     took = np.zeros((dp, 1 << h, width), dtype=bool)
-    for k in np.flatnonzero(rest.any(axis=0)).tolist():
+    cols = np.flatnonzero(rest.any(axis=0)).tolist()
+    charge(dp * (h + len(cols)) << h >> 10)  # ~20 ns an element: 1,024 a unit (~25 us)
+    for k in cols:
         ck, tk = c_all[:, k, None], t_all[:, k, None]
         add = valid & rest[:, k, None] & (c + ck <= level) & (t + tk <= cap)
         c = c + np.where(add, ck, 0.0)

@@ -12,11 +12,19 @@ from __future__ import annotations
 
 import contextlib
 from contextvars import ContextVar
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
-__all__ = ["charge", "spent", "work_meter"]
+__all__ = ["COUNT_WORK", "charge", "counts_spent", "remembered", "spent", "work_meter"]
+
+#: Work after which a request plans no more counts beyond the first each search finds: the
+#: caller's ``extra_micro_batches`` (static CP's too), the pipeline count search and the
+#: plan made without the pipeline stop there with the counts planned. The count searches of
+#: ``bench/pp.py`` use at most 13,300 units.
+COUNT_WORK = 16_000
 
 _METER: ContextVar[list[int] | None] = ContextVar("seqbalance_work_meter", default=None)
+# Results remembered for the block (see remembered), beside the meter.
+_MEMO: ContextVar[dict[Any, Any] | None] = ContextVar("seqbalance_request_memo", default=None)
 
 
 @contextlib.contextmanager
@@ -26,9 +34,11 @@ def work_meter() -> Iterator[None]:
         yield
         return
     token = _METER.set([0])
+    memo = _MEMO.set({})
     try:
         yield
     finally:
+        _MEMO.reset(memo)
         _METER.reset(token)
 
 
@@ -43,3 +53,22 @@ def spent() -> int | None:
     """The units charged so far in the enclosing meter; None outside one."""
     meter = _METER.get()
     return None if meter is None else meter[0]
+
+
+def counts_spent() -> bool:
+    """Whether this request's work is past :data:`COUNT_WORK` (never outside a meter)."""
+    done = spent()
+    return done is not None and done > COUNT_WORK
+
+
+def remembered(key: Any, make: Callable[[], Any]) -> Any:
+    """``make()``, computed once per ``key`` inside the enclosing meter's block (a request
+    repeats some deterministic steps on the same input, e.g. when it plans its fewest count
+    again after the extra counts); outside a block, every time. Callers pass keys that fix
+    the result and copy what they change."""
+    memo = _MEMO.get()
+    if memo is None:
+        return make()
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]

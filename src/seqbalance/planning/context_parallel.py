@@ -67,7 +67,7 @@ from ..partitioning.searches import exact_work_pool
 from ._effort import exact_pool
 from ._megatron import megatron_cp_plan, megatron_degrees
 from ._slots import fill_slack
-from ._work import work_meter
+from ._work import COUNT_WORK, counts_spent, work_meter
 from .cp_pipeline import CPPipelineSetup, order_phases, permute_slots, pipeline_note
 from .cp_plans import (
     CP_MODES,
@@ -691,8 +691,12 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
     m = base.num_micro_batches
     best, best_step = base, _static_step(req, base)
     step_mult = req.mult if req.pp is None else math.lcm(req.mult, req.pp.spec.count_multiple)
+    tried_to = m
     for e in range(1, extra + 1):
         count = m + e * step_mult
+        if counts_spent():
+            break
+        tried_to = count
         # (the replicas planned without the pipeline are a candidate at the fewest count
         # only: each costs a whole replica plan, and the one there keeps the pipelined
         # plan never slower than the plain plan of the same request)
@@ -711,6 +715,9 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
         f"extra_micro_batches={extra}: {best.num_micro_batches} slots per GPU were the "
         f"fastest of the counts tried from {m}"
     )
+    if tried_to < m + extra * step_mult:
+        note += (f" (to {tried_to}: the request's work budget for extra counts, COUNT_WORK "
+                 f"= {COUNT_WORK:,} of seqbalance.planning._work, was spent)")
     p = _static_pieces(req, best, strategy)
     p.notes = (*p.notes, note)
     return p

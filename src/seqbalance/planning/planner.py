@@ -94,7 +94,7 @@ from ._packing import pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
-from ._work import spent, work_meter
+from ._work import COUNT_WORK, counts_spent, remembered, work_meter
 from .baselines import BASELINE_GRIDS, BASELINES, _equalize
 from .bounds import (
     capacity_step_bound,
@@ -814,7 +814,7 @@ def _search(
     while m <= m_limit:
         if m_stop is not None and m > m_stop and not req.extra:
             return found
-        if found and _counts_spent():
+        if found and counts_spent():
             _note_counts_spent(found, m)
             return found
         problem = _too_few(req, rank_items, m)
@@ -853,18 +853,6 @@ def _search(
     return found
 
 
-#: Work (:mod:`._work` units, about 25 us each) after which a request plans no more counts
-#: beyond the first each search finds: the caller's ``extra_micro_batches``, the pipeline
-#: count search and the plan made without the pipeline stop there with the counts planned.
-COUNT_WORK = 16_000
-
-
-def _counts_spent() -> bool:
-    """Whether this request's work is past :data:`COUNT_WORK` (never outside plan())."""
-    done = spent()
-    return done is not None and done > COUNT_WORK
-
-
 def _note_counts_spent(found: list[Plan], m: int) -> None:
     """Say in the plans found so far that counts from ``m`` on were not planned."""
     for p in found:
@@ -872,7 +860,7 @@ def _note_counts_spent(found: list[Plan], m: int) -> None:
             *p.notes,
             f"counts from {m} micro-batches per {term('rank')} on were not planned: the "
             f"request's work budget for extra counts (COUNT_WORK = {COUNT_WORK:,} units of "
-            "packing work, seqbalance.planning.planner) was spent",
+            "packing work, seqbalance.planning._work) was spent",
         )
 
 
@@ -1256,6 +1244,8 @@ def _levelled(
             break
         if skip is not None and id(candidates[i]) in skip:
             continue
+        if candidates[i].num_micro_batches != m_min and counts_spent():
+            continue  # an extra count's candidate, past the request's budget for them
         # Each candidate on its own: refilled only if it could gain _LEVEL_MIN_GAIN. (Not
         # relative to the best step: then more candidates could make the pick worse.)
         if floors[i] >= step[i] * (1.0 - _LEVEL_MIN_GAIN):
@@ -1276,8 +1266,7 @@ def _levelled(
         m = candidates[i].num_micro_batches
         if slots + m * req.c0 >= step[i] * (1.0 - _LEVEL_MIN_GAIN):
             continue
-        grid = fill_to_levels(candidates[i].micro_batches, req.costs, req.lens, req.cap,
-                              slot_bound=slots)  # fmt: skip
+        grid = _fill_to_levels(req, candidates[i].micro_batches, slots)
         if limit is not None:
             limit -= 1
         if grid is candidates[i].micro_batches:
@@ -1287,6 +1276,21 @@ def _levelled(
             out[i] = _plan_of(req, grid, [*candidates[i].notes, _LEVELLED_NOTE])
             best = min(best, t)
     return out
+
+
+def _fill_to_levels(
+    req: _Request, grid: list[list[list[int]]], slots: float
+) -> list[list[list[int]]]:
+    """:func:`._slots.fill_to_levels` of ``grid``, once per grid in a request (the fewest
+    count planned again after the extra counts refills the same grids); ``grid`` itself
+    when nothing improves."""
+    cells = tuple(tuple(tuple(mb) for mb in rank) for rank in grid)
+    key = ("levels", cells, req.costs.tobytes(), req.lens.tobytes(), req.cap, slots)
+    got = remembered(key, lambda: fill_to_levels(grid, req.costs, req.lens, req.cap,
+                                                 slot_bound=slots))  # fmt: skip
+    if got is grid or got == grid:
+        return grid
+    return [[list(mb) for mb in rank] for rank in got]
 
 
 # effort="default", above _LEVEL_LIMIT_ITEMS sequences: refill at most this many
@@ -2227,10 +2231,17 @@ def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
     more = _plan_once(**{**kw, "extra_micro_batches": auto}) if auto > extra else None
     if more is not None and _empties(more) > _empties(fewest):
         more = None  # a rank short of sequences (groups, size rules): no empties added
+    steps: dict[int, float] = {}  # each plan simulated once (a wide CP mesh's costs 0.1 s)
+
+    def step(p: Plan) -> float:
+        if id(p) not in steps:
+            steps[id(p)] = _final_step(p)
+        return steps[id(p)]
+
     chosen = fewest
     for rival in (best, more):
         if rival is not None and rival is not chosen and (
-            _final_step(rival) < _final_step(chosen) * (1 - _COUNT_GAIN)
+            step(rival) < step(chosen) * (1 - _COUNT_GAIN)
         ):
             chosen = rival
     if chosen is more:
@@ -2242,7 +2253,7 @@ def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
             *(n for n in more.notes if "extra_micro_batches=" not in n),
             f"pipeline: {m1} micro-batches per {word} instead of {m0}, the fewest the rules "
             f"allow, which leave stages idle (pp_size={more.pipeline.spec.pp_size}): "
-            f"simulated step {_final_step(more) / _final_step(fewest) - 1:+.1%} (larger "
+            f"simulated step {step(more) / step(fewest) - 1:+.1%} (larger "
             "counts, up to the first at or above pp_size, are tried when the fewest is "
             "below it)",
         )
@@ -2252,7 +2263,11 @@ def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
 
 
 def _empties(p: Plan) -> int:
-    return int(p.violations().get("empty", 0))
+    """``p.violations()["empty"]``, without the plan's other checks (a CP plan's cover
+    and layout checks cost as much as planning a large mesh)."""
+    if isinstance(p, CPPlan):
+        return sum(1 for gpu in p.pieces for sl in gpu if not sl)
+    return sum(1 for rank in p.micro_batches for mb in rank if not mb)
 
 
 def _pipeline_counts(p: Plan, multiple: int) -> int:
