@@ -14,13 +14,27 @@ import contextlib
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator
 
-__all__ = ["COUNT_WORK", "charge", "counts_spent", "remembered", "spent", "work_meter"]
+__all__ = [
+    "CANDIDATE_WORK",
+    "COUNT_WORK",
+    "candidates_spent",
+    "charge",
+    "counts_spent",
+    "remembered",
+    "spent",
+    "work_meter",
+]
 
 #: Work after which a request plans no more counts beyond the first each search finds: the
 #: caller's ``extra_micro_batches`` (static CP's too), the pipeline count search and the
 #: plan made without the pipeline stop there with the counts planned. The count searches of
 #: ``bench/pp.py`` use at most 13,300 units.
 COUNT_WORK = 16_000
+
+#: Work after which the baselines' plans are candidates as they are, no longer slack-filled
+#: (pipelined plans fill them): twice :data:`COUNT_WORK`, so that the plans of a count
+#: search within its budget keep their filled baselines.
+CANDIDATE_WORK = 2 * COUNT_WORK
 
 _METER: ContextVar[list[int] | None] = ContextVar("seqbalance_work_meter", default=None)
 # Results remembered for the block (see remembered), beside the meter.
@@ -72,3 +86,9 @@ def remembered(key: Any, make: Callable[[], Any]) -> Any:
     if key not in memo:
         memo[key] = make()
     return memo[key]
+
+
+def candidates_spent() -> bool:
+    """Whether this request's work is past :data:`CANDIDATE_WORK` (never outside a meter)."""
+    done = spent()
+    return done is not None and done > CANDIDATE_WORK

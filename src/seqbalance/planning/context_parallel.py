@@ -67,7 +67,7 @@ from ..partitioning.searches import exact_work_pool
 from ._effort import exact_pool
 from ._megatron import megatron_cp_plan, megatron_degrees
 from ._slots import fill_slack
-from ._work import COUNT_WORK, counts_spent, work_meter
+from ._work import COUNT_WORK, counts_spent, remembered, work_meter
 from .cp_pipeline import CPPipelineSetup, order_phases, permute_slots, pipeline_note
 from .cp_plans import (
     CP_MODES,
@@ -201,7 +201,9 @@ class _Request:
     def members(self, i: int) -> list[list[tuple[int, int, int]]]:
         """Sequence ``i``'s ranges on each of the ``cp_size`` GPUs of a replica."""
         if not self._members and self.n and self.cp_size > 1:
-            self._members = _balanced_members(self.lens, self.cp_size)
+            # (once per request: a pipelined plan's count search builds several requests)
+            key = ("cp members", self.lens.tobytes(), self.cp_size)
+            self._members = remembered(key, lambda: _balanced_members(self.lens, self.cp_size))
         out = self._members.get(i)
         if out is None:
             out = self._members[i] = _group_pieces([i], self.lens, self.cp_size)

@@ -94,7 +94,7 @@ from ._packing import pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
-from ._work import COUNT_WORK, counts_spent, remembered, work_meter
+from ._work import COUNT_WORK, candidates_spent, counts_spent, remembered, work_meter
 from .baselines import BASELINE_GRIDS, BASELINES, _equalize
 from .bounds import (
     capacity_step_bound,
@@ -689,7 +689,11 @@ def _resplit_groups(req: _Request, parts: list[list[int]]) -> list[list[int]]:
     lo = 0 if req.size == "free" else n_units // req.dp
     odd = req.size == "balanced" and n_units % req.dp > 0
     hi = n_units if req.size == "free" else lo + int(odd)
-    even = repartition_pairs(unit_w, _groups_per_rank(req, parts), lo, hi)
+    units = _groups_per_rank(req, parts)
+    # (once per request: the plan made without the pipeline, or the fewest count planned
+    # again after the extra counts, re-splits the same groups)
+    key = ("resplit", unit_w.tobytes(), tuple(map(tuple, units)), lo, hi)
+    even = remembered(key, lambda: repartition_pairs(unit_w, units, lo, hi))
     return _sequences_per_rank(req, even)
 
 
@@ -1031,13 +1035,15 @@ def _pipeline_candidates(
             and _busiest_floor(req, grid) > best_step * (1.0 + 1e-9)  # (float sums)
         ):
             continue
-        if (not filled and best_step is not None and m == m_best and not req.extra
+        # (past the request's budget for candidates, the baselines as they are)
+        fill = filled and not candidates_spent()
+        if (not fill and best_step is not None and m == m_best and not req.extra
                 and _step_in_order(req, grid) >= best_step):  # fmt: skip
             continue  # as it is, it cannot win the pick (ties go to the plans found first)
         cand = _plan_of(  # req.padded is False here (checked on entry)
             req,
-            _fill_rank_slack(req, grid) if filled else grid,
-            [f"the {name} baseline's plan{', slack-filled,' if filled else ''} was the "
+            _fill_rank_slack(req, grid) if fill else grid,
+            [f"the {name} baseline's plan{', slack-filled,' if fill else ''} was the "
              "fastest candidate"],
         )  # fmt: skip
         if any(cand._rule_violations().values()):
