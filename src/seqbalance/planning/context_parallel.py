@@ -67,7 +67,7 @@ from ..partitioning.searches import exact_work_pool
 from ._effort import exact_pool
 from ._megatron import megatron_cp_plan, megatron_degrees
 from ._slots import fill_slack
-from ._work import COUNT_WORK, counts_spent, remembered, work_meter
+from ._work import COUNT_WORK, counts_spent, remembered, spent, work_meter
 from .cp_pipeline import CPPipelineSetup, order_phases, permute_slots, pipeline_note
 from .cp_plans import (
     CP_MODES,
@@ -694,11 +694,13 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
     best, best_step = base, _static_step(req, base)
     step_mult = req.mult if req.pp is None else math.lcm(req.mult, req.pp.spec.count_multiple)
     tried_to = m
+    before = 0  # the work meter before the last count planned
     for e in range(1, extra + 1):
         count = m + e * step_mult
-        if counts_spent():
+        now = spent() or 0
+        if counts_spent(now - before if e > 1 else 0):  # (with what the last count cost)
             break
-        tried_to = count
+        before, tried_to = now, count
         # (the replicas planned without the pipeline are a candidate at the fewest count
         # only: each costs a whole replica plan, and the one there keeps the pipelined
         # plan never slower than the plain plan of the same request)

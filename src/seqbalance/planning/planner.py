@@ -94,7 +94,14 @@ from ._packing import pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
-from ._work import COUNT_WORK, candidates_spent, counts_spent, remembered, work_meter
+from ._work import (
+    COUNT_WORK,
+    candidates_spent,
+    counts_spent,
+    remembered,
+    spent,
+    work_meter,
+)
 from .baselines import BASELINE_GRIDS, BASELINES, _equalize
 from .bounds import (
     capacity_step_bound,
@@ -815,10 +822,13 @@ def _search(
     m_limit = max(first_m, _round_up(max(req.n, 1), req.mult)) + req.mult
     m = first_m
     status = "found"  # how the search for the last failed count ended
+    before = spent() or 0  # the work meter before the last count planned
     while m <= m_limit:
         if m_stop is not None and m > m_stop and not req.extra:
             return found
-        if found and counts_spent():
+        now = spent() or 0
+        last, before = now - before, now  # what the last count cost
+        if found and counts_spent(last):
             _note_counts_spent(found, m)
             return found
         problem = _too_few(req, rank_items, m)
@@ -2244,9 +2254,16 @@ def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
             steps[id(p)] = _final_step(p)
         return steps[id(p)]
 
+    def same(a: Plan, b: Plan) -> bool:
+        # Plans of one request (only the counts asked for differ) with the same slots run
+        # the same step: no simulation tells them apart.
+        if isinstance(a, CPPlan) and isinstance(b, CPPlan):
+            return a.pieces == b.pieces
+        return a.micro_batches == b.micro_batches
+
     chosen = fewest
     for rival in (best, more):
-        if rival is not None and rival is not chosen and (
+        if rival is not None and rival is not chosen and not same(rival, chosen) and (
             step(rival) < step(chosen) * (1 - _COUNT_GAIN)
         ):
             chosen = rival
