@@ -97,6 +97,7 @@ from ._slots import fill_slack, fill_to_levels, too_big_to_refill
 from ._work import (
     COUNT_WORK,
     candidates_spent,
+    charge,
     counts_spent,
     remembered,
     spent,
@@ -1028,6 +1029,7 @@ def _pipeline_candidates(
     out = []
     for name, make in grids.items():
         grid = make()
+        charge(req.n >> 3)  # the work meter: a baseline costs about 3 us a sequence
         m = len(grid[0]) if grid else 0
         if m == 0 or any(len(r) != m for r in grid):
             continue
