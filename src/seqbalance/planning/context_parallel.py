@@ -65,6 +65,7 @@ from ..partitioning import searches as _searches
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
 from ._effort import exact_pool
+from ._grouping import bin_totals
 from ._megatron import megatron_cp_plan, megatron_degrees
 from ._slots import fill_slack
 from ._work import COUNT_WORK, counts_spent, remembered, spent, work_meter
@@ -1003,6 +1004,11 @@ def _assemble(
     by_slot: dict[int, list[_Group]] = {}
     for g in groups:
         by_slot.setdefault(g.slot, []).append(g)
+    # the free slots' bin costs, all at once (thousands of GPU slots, most of them empty
+    # with allow_empty, made a numpy call each)
+    free_cost = (_bin_sums([grid[r][k] for k in range(m - m_long) for r in range(W)],
+                           full_cost).reshape(m - m_long, W)
+                 if m > m_long else None)  # fmt: skip
     for j in range(m):
         free = np.ones(W, dtype=bool)
         slot_load = np.zeros(W)
@@ -1015,14 +1021,17 @@ def _assemble(
                 free[off : off + g.d] = False
                 slot_load[off : off + g.d] = float(sum(req.tables[g.d][0][i] for i in g.seqs))
             bins = singles.get(j, [])
+            bcost = _bin_sums(bins, full_cost) if bins else np.zeros(0)
         else:
             bins = [grid[r][j - m_long] for r in range(W)]
+            assert free_cost is not None
+            bcost = free_cost[j - m_long]
         gpus = np.flatnonzero(free)
-        bcost = np.array([float(full_cost[b].sum()) for b in bins]) if bins else np.zeros(0)
         b_order = np.lexsort((np.arange(len(bins)), -bcost)).tolist()
         g_order = gpus[np.lexsort((gpus, load[gpus]))].tolist()  # lightest GPU first
         for b, g in zip(b_order, g_order):
-            pieces[g][j].extend((i, 0, int(lens[i])) for i in sorted(bins[b]))
+            if bins[b]:
+                pieces[g][j].extend((i, 0, int(lens[i])) for i in sorted(bins[b]))
             slot_load[g] = bcost[b]
         load += slot_load
     return CPPlan._from_validated_pieces(
@@ -1037,6 +1046,17 @@ def _assemble(
         strategy="seqbalance",
         notes=[],
     )
+
+
+def _bin_sums(bins: list[list[int]], values: np.ndarray) -> np.ndarray:
+    """``float(values[b].sum())`` of every bin ``b``, the same floats without a numpy call
+    a bin: numpy adds fewer than 8 numbers one after another, from the first, as the
+    per-bin totals do; larger bins are summed by numpy itself."""
+    out = bin_totals(bins, values).astype(np.float64)
+    sizes = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+    for k in np.flatnonzero(sizes >= 8).tolist():
+        out[k] = float(values[bins[k]].sum())
+    return out
 
 
 def _ranges(deg: np.ndarray) -> int:
