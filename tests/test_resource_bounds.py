@@ -754,3 +754,88 @@ def test_cp_plans_list_the_sequences_their_pieces_hold(kw):
     lens = rng.integers(0, 30000, 150)
     p = sb.plan(lens, 2, 16384, **kw)
     assert p.micro_batches == [[sorted({q[0] for q in slot}) for slot in gpu] for gpu in p.pieces]
+
+
+# ---- the request's work meter: extra counts, baselines, dynamic CP candidates ----------
+
+
+def test_extra_counts_stop_at_the_count_budget_with_a_note(monkeypatch):
+    from seqbalance.planning import _work
+
+    rng = np.random.default_rng(3)
+    lens = rng.integers(1, 4000, 300)
+    full = sb.plan(lens, 4, 8192, extra_micro_batches=3)
+    monkeypatch.setattr(_work, "COUNT_WORK", 0)  # spent after the first count
+    cut = sb.plan(lens, 4, 8192, extra_micro_batches=3)
+    _valid(cut, 300, 8192)
+    assert any("were not planned" in n for n in cut.notes)
+    assert cut.to_json() == sb.plan(lens, 4, 8192, extra_micro_batches=3).to_json()
+    # never slower than the fewest count's plan (planned again, as without the budget)
+    fewest = sb.plan(lens, 4, 8192)
+    assert cut.simulate().step_time <= fewest.simulate().step_time * (1 + 1e-9)
+    assert not any("were not planned" in n for n in full.notes)
+
+
+def test_plans_within_the_budgets_are_the_plans_without_them(monkeypatch):
+    from seqbalance.planning import _work
+    from seqbalance.planning import context_parallel as cp_mod
+
+    rng = np.random.default_rng(4)
+    lens = rng.integers(1, 6000, 200)
+    requests = [
+        dict(extra_micro_batches=2),
+        dict(pp_size=4, extra_micro_batches=1),
+        dict(cp_size=4, cp="dynamic"),
+        dict(cp_size=2, extra_micro_batches=2),
+    ]
+    before = [sb.plan(lens, 4, 8192, **kw).to_json() for kw in requests]
+    monkeypatch.setattr(_work, "COUNT_WORK", 10**12)
+    monkeypatch.setattr(_work, "CANDIDATE_WORK", 10**12)
+    monkeypatch.setattr(cp_mod, "DYNAMIC_WORK", 10**12)
+    assert [sb.plan(lens, 4, 8192, **kw).to_json() for kw in requests] == before
+
+
+def test_pipelined_baselines_stay_candidates_past_the_candidate_budget(monkeypatch):
+    from seqbalance.planning import _work
+
+    rng = np.random.default_rng(5)
+    lens = rng.integers(1, 3000, 120)
+    monkeypatch.setattr(_work, "CANDIDATE_WORK", 0)
+    p = sb.plan(lens, 2, 4096, pp_size=4, extra_micro_batches=2)
+    _valid(p, 120, 4096)
+    assert p.to_json() == sb.plan(lens, 2, 4096, pp_size=4, extra_micro_batches=2).to_json()
+
+
+def test_dynamic_cp_candidates_stop_at_their_budget(monkeypatch):
+    from seqbalance.planning import context_parallel as cp_mod
+
+    rng = np.random.default_rng(6)
+    lens = rng.integers(1, 4000, 300)
+    monkeypatch.setattr(cp_mod, "DYNAMIC_WORK", 0)  # the first candidate only
+    p = sb.plan(lens, 2, 1024, cp_size=8, cp="dynamic", allow_empty=True)
+    v = p.violations()
+    assert v["over_capacity"] == 0 and v["missing"] == 0 and v["duplicated"] == 0
+    assert any("DYNAMIC_WORK" in n for n in p.notes)
+    q = sb.plan(lens, 2, 1024, cp_size=8, cp="dynamic", allow_empty=True)
+    assert p.to_json() == q.to_json()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.0, 1e6, allow_nan=False), min_size=1, max_size=14),
+       st.integers(0, 7), st.integers(0, 14))
+def test_pair_resplit_from_the_subset_table_matches_the_bit_product(w, lo, hi):
+    from seqbalance.planning._ranks import _best_split
+
+    w = np.asarray(w)
+    k = w.size
+    masks = np.arange(1 << k, dtype=np.int64)
+    bits = (masks[:, None] >> np.arange(k)) & 1  # the integer rows, product cast by numpy
+    side, cnt = bits @ w, bits.sum(axis=1)
+    ok = (cnt >= lo) & (cnt <= hi) & (k - cnt >= lo) & (k - cnt <= hi)
+    heavier = np.where(ok, np.maximum(side, w.sum() - side), np.inf)
+    best = int(np.argmin(heavier))
+    want = None if not np.isfinite(heavier[best]) else bits[best].astype(bool)
+    got = _best_split(w, lo, hi)
+    assert (got is None) == (want is None)
+    if want is not None:
+        assert np.array_equal(got, want)

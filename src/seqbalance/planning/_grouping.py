@@ -17,7 +17,7 @@ def bin_totals(
 
     Returns float64 for float ``values`` and int64 for integer ones.
     """
-    sizes = np.fromiter((len(b) for b in bins), dtype=np.int64, count=len(bins))
+    sizes = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
     flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(sizes.sum()))
     labels = np.repeat(np.arange(len(bins)), sizes)
     v = values[flat]

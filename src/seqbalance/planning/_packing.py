@@ -26,6 +26,7 @@ import numpy as np
 
 from ..partitioning.kway import partition_arrays
 from ._grouping import bin_totals
+from ._work import charge
 
 __all__ = ["best_fit", "ffd_failed", "first_fit", "first_fit_opening", "first_fit_parts", "pack"]
 
@@ -448,6 +449,21 @@ def _refine(bins: _Bins, max_steps: int, stop_at: float | None = None) -> None:
         return
     enough = -np.inf if stop_at is None else stop_at
     pool_size = min(nb, 4 * k + 1)
+    pairs = [0]  # pair scans run (the request's work meter)
+
+    def improve(a: int, b: int) -> bool:
+        pairs[0] += 1
+        return _improve_pair(bins, a, b)
+
+    try:
+        _refine_steps(bins, max_steps, enough, k, pool_size, improve)
+    finally:
+        charge(pairs[0])
+
+
+def _refine_steps(bins: _Bins, max_steps: int, enough: float, k: int, pool_size: int,
+                  improve: Callable[[int, int], bool]) -> None:
+    """:func:`_refine`'s steps, each ``improve(a, b)`` a pair scan."""
     steps = 0
     for phase in ("max", "min", "max"):
         pool = np.zeros(0, dtype=np.int64)
@@ -466,10 +482,10 @@ def _refine(bins: _Bins, max_steps: int, stop_at: float | None = None) -> None:
                 hi = int(np.argmax(cost))
                 if cost[hi] <= enough:
                     return
-                done = not any(p != hi and _improve_pair(bins, hi, p) for p in part)
+                done = not any(p != hi and improve(hi, p) for p in part)
             else:
                 lo = int(np.argmin(cost))
-                done = not any(p != lo and _improve_pair(bins, p, lo) for p in part)
+                done = not any(p != lo and improve(p, lo) for p in part)
             if done:
                 if age == 1:  # the pool was fresh: truly stuck
                     break

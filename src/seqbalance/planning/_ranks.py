@@ -14,18 +14,33 @@ above ``max_pool`` units are skipped, and the subsets tried are capped by ``max_
 
 from __future__ import annotations
 
+from functools import cache
+
 import numpy as np
 
 __all__ = ["repartition_pairs"]
 
 
+@cache
+def _subsets(k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every subset of ``k`` units as a row of 0.0/1.0 (row ``mask``: its bits), and each
+    subset's size. Made once per ``k`` (at most ``2**k x k`` floats: 1.8 MB at 14) since a
+    search tries hundreds of pools; the float rows give ``rows @ w`` exactly the sums the
+    integer rows did (numpy casts those to float64 for the product)."""
+    masks = np.arange(1 << k, dtype=np.int64)
+    bits = (masks[:, None] >> np.arange(k)) & 1
+    rows = bits.astype(np.float64)
+    rows.flags.writeable = False
+    cnt = bits.sum(axis=1)
+    cnt.flags.writeable = False
+    return rows, cnt
+
+
 def _best_split(w: np.ndarray, lo: int, hi: int) -> np.ndarray | None:
     """Boolean mask of the pool's first side: least heavier side, counts in [lo, hi]."""
     k = w.size
-    masks = np.arange(1 << k, dtype=np.int64)
-    bits = (masks[:, None] >> np.arange(k)) & 1
+    bits, cnt = _subsets(k)
     side = bits @ w
-    cnt = bits.sum(axis=1)
     ok = (cnt >= lo) & (cnt <= hi) & (k - cnt >= lo) & (k - cnt <= hi)
     heavier = np.where(ok, np.maximum(side, w.sum() - side), np.inf)
     best = int(np.argmin(heavier))  # ties: the lowest mask, so the result is deterministic

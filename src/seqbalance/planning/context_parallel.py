@@ -65,8 +65,10 @@ from ..partitioning import searches as _searches
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
 from ._effort import exact_pool
+from ._grouping import bin_totals
 from ._megatron import megatron_cp_plan, megatron_degrees
 from ._slots import fill_slack
+from ._work import COUNT_WORK, counts_spent, remembered, spent, work_meter
 from .cp_pipeline import CPPipelineSetup, order_phases, permute_slots, pipeline_note
 from .cp_plans import (
     CP_MODES,
@@ -85,6 +87,13 @@ from .simulation import SYNC_MODELS
 #: Simulated operations the pipeline order searches of one static CP plan may spend in all
 #: (its replica plans' slot orders; see :func:`_static`).
 ORDER_BUDGET = 2 * BUDGET
+
+#: Dynamic CP builds its degree candidates (and refines the best) while they fit this many
+#: units of layout work: a candidate's piece ranges (``2 d`` for a sequence split ``d``
+#: ways, 1 unsplit) plus its GPU slots (GPUs x micro-batches), about 2-4 us a unit. The
+#: first candidate is always built; the candidates and refinement of ``bench/cp.py``'s
+#: grid use at most 121,321 (long-context, 4,096 sequences over 8 x 32 GPUs, ib-800g).
+DYNAMIC_WORK = 130_000
 
 __all__ = ["cost_without_cp", "make_cp_cost", "plan_cp_spec"]
 
@@ -193,7 +202,9 @@ class _Request:
     def members(self, i: int) -> list[list[tuple[int, int, int]]]:
         """Sequence ``i``'s ranges on each of the ``cp_size`` GPUs of a replica."""
         if not self._members and self.n and self.cp_size > 1:
-            self._members = _balanced_members(self.lens, self.cp_size)
+            # (once per request: a pipelined plan's count search builds several requests)
+            key = ("cp members", self.lens.tobytes(), self.cp_size)
+            self._members = remembered(key, lambda: _balanced_members(self.lens, self.cp_size))
         out = self._members.get(i)
         if out is None:
             out = self._members[i] = _group_pieces([i], self.lens, self.cp_size)
@@ -687,8 +698,14 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
     m = base.num_micro_batches
     best, best_step = base, _static_step(req, base)
     step_mult = req.mult if req.pp is None else math.lcm(req.mult, req.pp.spec.count_multiple)
+    tried_to = m
+    before = 0  # the work meter before the last count planned
     for e in range(1, extra + 1):
         count = m + e * step_mult
+        now = spent() or 0
+        if counts_spent(now - before if e > 1 else 0):  # (with what the last count cost)
+            break
+        before, tried_to = now, count
         # (the replicas planned without the pipeline are a candidate at the fewest count
         # only: each costs a whole replica plan, and the one there keeps the pipelined
         # plan never slower than the plain plan of the same request)
@@ -707,6 +724,9 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
         f"extra_micro_batches={extra}: {best.num_micro_batches} slots per GPU were the "
         f"fastest of the counts tried from {m}"
     )
+    if tried_to < m + extra * step_mult:
+        note += (f" (to {tried_to}: the request's work budget for extra counts, COUNT_WORK "
+                 f"= {COUNT_WORK:,} of seqbalance.planning._work, was spent)")
     p = _static_pieces(req, best, strategy)
     p.notes = (*p.notes, note)
     return p
@@ -988,6 +1008,11 @@ def _assemble(
     by_slot: dict[int, list[_Group]] = {}
     for g in groups:
         by_slot.setdefault(g.slot, []).append(g)
+    # the free slots' bin costs, all at once (thousands of GPU slots, most of them empty
+    # with allow_empty, made a numpy call each)
+    free_cost = (_bin_sums([grid[r][k] for k in range(m - m_long) for r in range(W)],
+                           full_cost).reshape(m - m_long, W)
+                 if m > m_long else None)  # fmt: skip
     for j in range(m):
         free = np.ones(W, dtype=bool)
         slot_load = np.zeros(W)
@@ -1000,14 +1025,17 @@ def _assemble(
                 free[off : off + g.d] = False
                 slot_load[off : off + g.d] = float(sum(req.tables[g.d][0][i] for i in g.seqs))
             bins = singles.get(j, [])
+            bcost = _bin_sums(bins, full_cost) if bins else np.zeros(0)
         else:
             bins = [grid[r][j - m_long] for r in range(W)]
+            assert free_cost is not None
+            bcost = free_cost[j - m_long]
         gpus = np.flatnonzero(free)
-        bcost = np.array([float(full_cost[b].sum()) for b in bins]) if bins else np.zeros(0)
         b_order = np.lexsort((np.arange(len(bins)), -bcost)).tolist()
         g_order = gpus[np.lexsort((gpus, load[gpus]))].tolist()  # lightest GPU first
         for b, g in zip(b_order, g_order):
-            pieces[g][j].extend((i, 0, int(lens[i])) for i in sorted(bins[b]))
+            if bins[b]:
+                pieces[g][j].extend((i, 0, int(lens[i])) for i in sorted(bins[b]))
             slot_load[g] = bcost[b]
         load += slot_load
     return CPPlan._from_validated_pieces(
@@ -1022,6 +1050,22 @@ def _assemble(
         strategy="seqbalance",
         notes=[],
     )
+
+
+def _bin_sums(bins: list[list[int]], values: np.ndarray) -> np.ndarray:
+    """``float(values[b].sum())`` of every bin ``b``, the same floats without a numpy call
+    a bin: numpy adds fewer than 8 numbers one after another, from the first, as the
+    per-bin totals do; larger bins are summed by numpy itself."""
+    out = bin_totals(bins, values).astype(np.float64)
+    sizes = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
+    for k in np.flatnonzero(sizes >= 8).tolist():
+        out[k] = float(values[bins[k]].sum())
+    return out
+
+
+def _ranges(deg: np.ndarray) -> int:
+    """The piece ranges of a layout with degrees ``deg``: ``2 d`` per split sequence."""
+    return int(np.where(deg > 1, 2 * deg, 1).sum())
 
 
 def _step(p: CPPlan, sync: str) -> float:
@@ -1043,15 +1087,25 @@ def _dynamic(req: _Request) -> CPPlan:
     worse = 0
     best_time = math.inf
     best_deg = req.d_min
+    work, slots = 0, 0  # layout work so far (DYNAMIC_WORK); the last candidate's GPU slots
+    skipped = []
     for theta in thetas:
         deg = _degrees_for(req, theta)
         if any(np.array_equal(deg, s) for s in seen):
             continue
         seen.append(deg)
+        # (its GPU slots at least the last candidate's: higher degrees take more slots)
+        if seen[1:] and work + _ranges(deg) + slots > DYNAMIC_WORK:
+            skipped.append(f"degrees raised further (the work budget DYNAMIC_WORK = "
+                           f"{DYNAMIC_WORK:,} of seqbalance.planning.context_parallel)")
+            break
         # Candidates are compared unrefined; the winner gets the slot refinement below.
         p = _build_dynamic(req, deg, refine=False)
+        work += _ranges(deg)
         if p is None:
             continue
+        slots = req.world * p.num_micro_batches
+        work += slots
         t = _step(p, req.sync)
         label = (
             "smallest fitting degrees"
@@ -1065,7 +1119,12 @@ def _dynamic(req: _Request) -> CPPlan:
             worse += 1
             if worse >= 2:  # raising further keeps costing more: stop
                 break
-    if tried:
+    best_units = _ranges(best_deg) + max(
+        (req.world * p.num_micro_batches for _, p, t in tried if t == best_time), default=0
+    )
+    if tried and work + best_units > DYNAMIC_WORK:
+        skipped.append("the slot refinement of the best degree candidate (DYNAMIC_WORK)")
+    elif tried:
         refined = _build_dynamic(req, best_deg, refine=True)
         if refined is not None:
             t = _step(refined, req.sync)
@@ -1074,7 +1133,6 @@ def _dynamic(req: _Request) -> CPPlan:
                 tried[k] = (tried[k][0], refined, t)
                 best_time = t
     # The baselines' layouts are candidates too, unless a bound shows they cannot win.
-    skipped = []
     static_deg = np.full(req.n, req.cp_size, dtype=np.int64)
     if best_time <= _fixed_bound(req, static_deg):
         skipped.append("the static-CP layout (its bound is no lower)")
@@ -1176,7 +1234,7 @@ def plan_cp_spec(lengths: Any, spec: Any, replicas: Callable[..., Any]) -> CPPla
         says it, after ``"static CP: "``).
     """
     kw = spec.keywords()
-    with exact_work_pool(exact_pool(spec.effort)):  # (plan()'s, when it called this)
+    with exact_work_pool(exact_pool(spec.effort)), work_meter():  # (plan()'s, when it called this)
         req = _validate(
             lengths,
             kw["dp_size"],

@@ -54,7 +54,14 @@ and sized so that the plans of normal requests do not reach them:
   bound's window term only up to ``2 pp v m**3 = 2**28``;
 - verl's count loop as a planner candidate stops after ``2**23`` sequences x parts of KK
   work; the slot refinement keeps its destination lists within ``2**22`` entries and its
-  swap scans within its own budget (:mod:`seqbalance.planning._slots`).
+  swap scans within its own budget (:mod:`seqbalance.planning._slots`);
+- counts beyond the first a search finds (extra counts, the pipeline count search, the plan
+  made without the pipeline) and their slot refills stop once the request has metered
+  :data:`~seqbalance.planning._work.COUNT_WORK` units of packing work, and a pipelined
+  plan's baselines are no longer slack-filled past
+  :data:`~seqbalance.planning._work.CANDIDATE_WORK`; dynamic CP builds its degree
+  candidates within :data:`seqbalance.planning.context_parallel.DYNAMIC_WORK` units of
+  layout work.
 """
 
 from __future__ import annotations

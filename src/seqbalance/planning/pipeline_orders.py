@@ -259,6 +259,14 @@ def best_orders(
     for perms, t in zip(starts, every.reshape(len(_STARTS), r_count)):
         better = t < times
         best[better], times[better] = perms[better], t[better]
+    # Each search below runs only where one pass of it over one replica fits the budget
+    # (else the best start stands): a pass builds and simulates every neighbour order at
+    # once, so its memory and time grow with m**2 (m**2 * pp_size * virtual_stages).
+    budget = _take(budget)
+    spent = 0
+    exhaustive = m <= exact_limit and math.factorial(m) * g.n_nodes <= budget
+    if not exhaustive and _move_count(m) * g.n_nodes > budget:
+        return best, times  # no search runs (the bounds below only steer one)
     bounds = np.array(
         [
             pipeline_lower_bound(
@@ -281,12 +289,7 @@ def best_orders(
         settled = max(floor, float(times[done].max()) if done.any() else 0.0)
         return np.flatnonzero(~done & (times > settled * (1 + 1e-12)))
 
-    # Each search below runs only where one pass of it over one replica fits the budget
-    # (else the best start stands): a pass builds and simulates every neighbour order at
-    # once, so its memory and time grow with m**2 (m**2 * pp_size * virtual_stages).
-    budget = _take(budget)
-    spent = 0
-    if m <= exact_limit and math.factorial(m) * g.n_nodes <= budget:
+    if exhaustive:
         all_perms = np.asarray(list(itertools.permutations(range(m))), dtype=np.int64)
         per = all_perms.shape[0] * g.n_nodes
         while spent + per <= budget:
@@ -303,8 +306,6 @@ def best_orders(
         _spend(spent)
         return best, times
 
-    if _move_count(m) * g.n_nodes > budget:
-        return best, times
     moves = _moves(m)
     per = moves.shape[0] * g.n_nodes
     while spent + per <= budget:

@@ -94,6 +94,15 @@ from ._packing import ffd_failed, first_fit_parts, pack
 from ._pipelines import verl_pipeline
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
+from ._work import (
+    COUNT_WORK,
+    candidates_spent,
+    charge,
+    counts_spent,
+    remembered,
+    spent,
+    work_meter,
+)
 from .baselines import BASELINE_GRIDS, BASELINES, _equalize
 from .bounds import (
     _step_bound_terms,
@@ -716,7 +725,11 @@ def _resplit_groups(req: _Request, parts: list[list[int]]) -> list[list[int]]:
     lo = 0 if req.size == "free" else n_units // req.dp
     odd = req.size == "balanced" and n_units % req.dp > 0
     hi = n_units if req.size == "free" else lo + int(odd)
-    even = repartition_pairs(unit_w, _groups_per_rank(req, parts), lo, hi)
+    units = _groups_per_rank(req, parts)
+    # (once per request: the plan made without the pipeline, or the fewest count planned
+    # again after the extra counts, re-splits the same groups)
+    key = ("resplit", unit_w.tobytes(), tuple(map(tuple, units)), lo, hi)
+    even = remembered(key, lambda: repartition_pairs(unit_w, units, lo, hi))
     return _sequences_per_rank(req, even)
 
 
@@ -838,8 +851,14 @@ def _search(
     m_limit = max(first_m, _round_up(max(req.n, 1), req.mult)) + req.mult
     m = first_m
     status = "found"  # how the search for the last failed count ended
+    before = spent() or 0  # the work meter before the last count planned
     while m <= m_limit:
         if m_stop is not None and m > m_stop and not req.extra:
+            return found
+        now = spent() or 0
+        last, before = now - before, now  # what the last count cost
+        if found and counts_spent(last):
+            _note_counts_spent(found, m)
             return found
         problem = _too_few(req, rank_items, m)
         blocked = problem is not None and not req.allow_empty
@@ -875,6 +894,17 @@ def _search(
                 break
         m += req.mult
     return found
+
+
+def _note_counts_spent(found: list[Plan], m: int) -> None:
+    """Say in the plans found so far that counts from ``m`` on were not planned."""
+    for p in found:
+        p.notes = (
+            *p.notes,
+            f"counts from {m} micro-batches per {term('rank')} on were not planned: the "
+            f"request's work budget for extra counts (COUNT_WORK = {COUNT_WORK:,} units of "
+            "packing work, seqbalance.planning._work) was spent",
+        )
 
 
 def _by_rank_at(
@@ -1027,6 +1057,7 @@ def _pipeline_candidates(
     out = []
     for name, make in grids.items():
         grid = make()
+        charge(req.n >> 3)  # the work meter: a baseline costs about 3 us a sequence
         m = len(grid[0]) if grid else 0
         if m == 0 or any(len(r) != m for r in grid):
             continue
@@ -1044,13 +1075,15 @@ def _pipeline_candidates(
             and _busiest_floor(req, grid) > best_step * (1.0 + 1e-9)  # (float sums)
         ):
             continue
-        if (not filled and best_step is not None and m == m_best and not req.extra
+        # (past the request's budget for candidates, the baselines as they are)
+        fill = filled and not candidates_spent()
+        if (not fill and best_step is not None and m == m_best and not req.extra
                 and _step_in_order(req, grid) >= best_step):  # fmt: skip
             continue  # as it is, it cannot win the pick (ties go to the plans found first)
         cand = _plan_of(  # req.padded is False here (checked on entry)
             req,
-            _fill_rank_slack(req, grid) if filled else grid,
-            [f"the {name} baseline's plan{', slack-filled,' if filled else ''} was the "
+            _fill_rank_slack(req, grid) if fill else grid,
+            [f"the {name} baseline's plan{', slack-filled,' if fill else ''} was the "
              "fastest candidate"],
         )  # fmt: skip
         if any(cand._rule_violations().values()):
@@ -1316,6 +1349,8 @@ def _levelled(
             break
         if skip is not None and id(candidates[i]) in skip:
             continue
+        if candidates[i].num_micro_batches != m_min and counts_spent():
+            continue  # an extra count's candidate, past the request's budget for them
         # Each candidate on its own: refilled only if it could gain _LEVEL_MIN_GAIN. (Not
         # relative to the best step: then more candidates could make the pick worse.)
         if floors[i] >= step[i] * (1.0 - _LEVEL_MIN_GAIN):
@@ -1336,8 +1371,7 @@ def _levelled(
         m = candidates[i].num_micro_batches
         if slots + m * req.c0 >= step[i] * (1.0 - _LEVEL_MIN_GAIN):
             continue
-        grid = fill_to_levels(candidates[i].micro_batches, req.costs, req.lens, req.cap,
-                              slot_bound=slots)  # fmt: skip
+        grid = _fill_to_levels(req, candidates[i].micro_batches, slots)
         if limit is not None:
             limit -= 1
         if grid is candidates[i].micro_batches:
@@ -1347,6 +1381,21 @@ def _levelled(
             out[i] = _plan_of(req, grid, [*candidates[i].notes, _LEVELLED_NOTE])
             best = min(best, t)
     return out
+
+
+def _fill_to_levels(
+    req: _Request, grid: list[list[list[int]]], slots: float
+) -> list[list[list[int]]]:
+    """:func:`._slots.fill_to_levels` of ``grid``, once per grid in a request (the fewest
+    count planned again after the extra counts refills the same grids); ``grid`` itself
+    when nothing improves."""
+    cells = tuple(tuple(tuple(mb) for mb in rank) for rank in grid)
+    key = ("levels", cells, req.costs.tobytes(), req.lens.tobytes(), req.cap, slots)
+    got = remembered(key, lambda: fill_to_levels(grid, req.costs, req.lens, req.cap,
+                                                 slot_bound=slots))  # fmt: skip
+    if got is grid or got == grid:
+        return grid
+    return [[list(mb) for mb in rank] for rank in got]
 
 
 # effort="default", above _LEVEL_LIMIT_ITEMS sequences: refill at most this many
@@ -2102,7 +2151,7 @@ def plan(
     spec = PlanSpec.from_keywords(
         mesh, capacity, cost=cost, batching=batching, rules=rules, effort=effort, flat=flat
     )
-    with exact_work_pool(exact_pool(spec.effort)):
+    with exact_work_pool(exact_pool(spec.effort)), work_meter():
         return _plan_checked(_flat_request(lengths, spec), pipeline_counts=True)
 
 
@@ -2303,10 +2352,24 @@ def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
     more = _plan_once(**{**kw, "extra_micro_batches": auto}) if auto > extra else None
     if more is not None and _empties(more) > _empties(fewest):
         more = None  # a rank short of sequences (groups, size rules): no empties added
+    steps: dict[int, float] = {}  # each plan simulated once (a wide CP mesh's costs 0.1 s)
+
+    def step(p: Plan) -> float:
+        if id(p) not in steps:
+            steps[id(p)] = _final_step(p)
+        return steps[id(p)]
+
+    def same(a: Plan, b: Plan) -> bool:
+        # Plans of one request (only the counts asked for differ) with the same slots run
+        # the same step: no simulation tells them apart.
+        if isinstance(a, CPPlan) and isinstance(b, CPPlan):
+            return a.pieces == b.pieces
+        return a.micro_batches == b.micro_batches
+
     chosen = fewest
     for rival in (best, more):
-        if rival is not None and rival is not chosen and (
-            _final_step(rival) < _final_step(chosen) * (1 - _COUNT_GAIN)
+        if rival is not None and rival is not chosen and not same(rival, chosen) and (
+            step(rival) < step(chosen) * (1 - _COUNT_GAIN)
         ):
             chosen = rival
     if chosen is more:
@@ -2318,7 +2381,7 @@ def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
             *(n for n in more.notes if "extra_micro_batches=" not in n),
             f"pipeline: {m1} micro-batches per {word} instead of {m0}, the fewest the rules "
             f"allow, which leave stages idle (pp_size={more.pipeline.spec.pp_size}): "
-            f"simulated step {_final_step(more) / _final_step(fewest) - 1:+.1%} (larger "
+            f"simulated step {step(more) / step(fewest) - 1:+.1%} (larger "
             "counts, up to the first at or above pp_size, are tried when the fewest is "
             "below it)",
         )
@@ -2328,7 +2391,11 @@ def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
 
 
 def _empties(p: Plan) -> int:
-    return int(p.violations().get("empty", 0))
+    """``p.violations()["empty"]``, without the plan's other checks (a CP plan's cover
+    and layout checks cost as much as planning a large mesh)."""
+    if isinstance(p, CPPlan):
+        return sum(1 for gpu in p.pieces for sl in gpu if not sl)
+    return sum(1 for rank in p.micro_batches for mb in rank if not mb)
 
 
 def _pipeline_counts(p: Plan, multiple: int) -> int:
