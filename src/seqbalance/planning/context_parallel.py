@@ -64,6 +64,7 @@ from ..costs.context_parallel import ContextParallelCost
 from ..partitioning import searches as _searches
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
+from ._count_notes import without_raised_to
 from ._effort import exact_pool
 from ._grouping import bin_totals
 from ._megatron import megatron_cp_plan, megatron_degrees
@@ -716,19 +717,21 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
         if isinstance(more, str):
             break  # too few sequences for more slots: larger counts fail too
         # its note would blame a min_micro_batches the caller did not pass
-        more.notes = tuple(n for n in more.notes if not n.endswith(f"min_micro_batches={count}"))
+        more.notes = without_raised_to(more.notes, count)
         step = _static_step(req, more)
         if step < best_step:
             best, best_step = more, step
-    note = (
-        f"extra_micro_batches={extra}: {best.num_micro_batches} slots per GPU were the "
-        f"fastest of the counts tried from {m}"
+    template = (
+        "{@extra_micro_batches:{extra}}: {count} slots per GPU were the fastest of the "
+        "counts tried from {first}"
     )
     if tried_to < m + extra * step_mult:
-        note += (f" (to {tried_to}: the request's work budget for extra counts, COUNT_WORK "
-                 f"= {COUNT_WORK:,} of seqbalance.planning._work, was spent)")
+        template += (" (to {tried_to}: the request's work budget for extra counts, "
+                     "COUNT_WORK = {budget:,} of seqbalance.planning._work, was spent)")
+    note = Note("extra_counts", {"extra": extra, "count": best.num_micro_batches, "first": m,
+                                 "tried_to": tried_to, "budget": COUNT_WORK}, template)
     p = _static_pieces(req, best, strategy)
-    p.notes = (*p.notes, note)
+    p.notes = (*p.notes, as_text(note))
     return p
 
 

@@ -77,6 +77,7 @@ from ..partitioning.bounds import lower_bound
 from ..partitioning.kway import AUTO_RTOL, partition_arrays
 from ..partitioning.searches import exact_searches_unless_chosen, exact_work_pool
 from ._costing import sequence_costs
+from ._count_notes import without_raised_to
 from ._effort import Effort, effort_of, exact_pool
 from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
@@ -882,10 +883,12 @@ def _search(
             status = st
         else:
             if found:
-                extra = [
-                    f"{m} micro-batches per {term('rank')}, tried because extra_micro_batches="
-                    f"{req.extra}; {found[0].num_micro_batches} would also fit"
-                ]
+                extra = [as_text(Note(
+                    "extra_count",
+                    {"count": m, "extra": req.extra, "fewest": found[0].num_micro_batches},
+                    "{count} micro-batches per " + term("rank") + ", tried because "
+                    "{@extra_micro_batches:{extra}}; {fewest} would also fit",
+                ))]  # fmt: skip
             else:
                 extra = [_why_more(req, m, status)] if m > first_m else []
             extra += _empty_note(mbs)
@@ -1684,23 +1687,13 @@ def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
     if best is fewest:
         return fewest
     best.notes = (
-        *_without_raised_to(best.notes, best.num_micro_batches),
+        *without_raised_to(best.notes, best.num_micro_batches),
         f"{best.num_micro_batches} micro-batches per rank instead of the fewest, "
         f"{fewest.num_micro_batches}: with the per-micro-batch cost, its simulated step is "
         f"{best_step / _final_step(fewest) - 1:+.2%} (counts above the fewest are tried one "
         "at a time while each is shorter)",
     )
     return best
-
-
-def _without_raised_to(notes: tuple[str, ...], m: int) -> tuple[str, ...]:
-    """``notes`` less the one saying the count was raised to ``min_micro_batches=m``: the
-    count search asked for ``m`` itself, and says why in its own note."""
-    def raised_to_m(note: Note) -> bool:
-        f = note.fields
-        return note.kind == "count_raised" and f["m_min"] == m and f["m_min"] > f["needed"]
-
-    return tuple(n for n in notes if not raised_to_m(as_note(n)))
 
 
 def _plan_alone(**kw: Any) -> Plan:
@@ -1720,7 +1713,7 @@ def _plan_alone(**kw: Any) -> Plan:
             continue
         if raised is not None:
             p.notes = (
-                *_without_raised_to(p.notes, raised),
+                *without_raised_to(p.notes, raised),
                 f"oversized='alone': {p.num_micro_batches} micro-batches per {term('rank')}, the "
                 "fewest at which every sequence longer than max_tokens runs alone (at fewer, "
                 f"every micro-batch of some {term('rank')} held one, and the {term('rank')}'s "
@@ -2378,7 +2371,7 @@ def _pipeline_count(kw: dict[str, Any], best: Plan, search: bool) -> Plan:
         m0, m1 = fewest.num_micro_batches, more.num_micro_batches
         more.notes = (
             # (the extra counts were this search's, not the caller's)
-            *(n for n in more.notes if "extra_micro_batches=" not in n),
+            *(n for n in more.notes if as_note(n).kind not in ("extra_count", "extra_counts")),
             f"pipeline: {m1} micro-batches per {word} instead of {m0}, the fewest the rules "
             f"allow, which leave stages idle (pp_size={more.pipeline.spec.pp_size}): "
             f"simulated step {step(more) / step(fewest) - 1:+.1%} (larger "
