@@ -724,6 +724,9 @@ def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
     template = (
         "{@extra_micro_batches:{extra}}: {count} slots per GPU were the fastest of the "
         "counts tried from {first}"
+        if best.num_micro_batches > 1 else
+        "{@extra_micro_batches:{extra}}: 1 slot per GPU was the fastest of the counts "
+        "tried from {first}"
     )
     if tried_to < m + extra * step_mult:
         template += (" (to {tried_to}: the request's work budget for extra counts, "
