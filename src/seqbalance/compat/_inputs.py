@@ -246,12 +246,17 @@ class Patcher:
 
     ``patch()`` replaces each name in ``module`` (and in every already imported module
     that did ``from module import name``, which holds its own reference) with the
-    drop-in; ``unpatch()`` restores exactly what was there.
+    drop-in; ``unpatch()`` restores exactly what was there. ``keep_own=True`` leaves
+    seqbalance's own modules alone: a joint mode replaces functions that are usually the
+    drop-in's (patched first), which its fallback path still calls there.
     """
 
-    def __init__(self, module: str, replacements: Callable[[], dict[str, Any]]) -> None:
+    def __init__(
+        self, module: str, replacements: Callable[[], dict[str, Any]], *, keep_own: bool = False
+    ) -> None:
         self.module = module
         self._replacements = replacements
+        self._keep_own = keep_own
         self._saved: list[tuple[Any, str, Any]] = []
 
     @property
@@ -274,6 +279,8 @@ class Patcher:
         # Modules that imported a function by name hold their own reference: patch those
         # too (only where the reference is the original function itself).
         for mod in [target, *[m for m in list(sys.modules.values()) if m is not target]]:
+            if self._keep_own and getattr(mod, "__name__", "").startswith("seqbalance."):
+                continue
             for name, orig in originals.items():
                 if getattr(mod, name, None) is orig:
                     self._saved.append((mod, name, orig))

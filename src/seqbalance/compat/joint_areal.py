@@ -609,23 +609,6 @@ def _data_replacements() -> dict[str, Any]:
     }
 
 
-class _DataPatcher(Patcher):
-    """A :class:`Patcher` that leaves seqbalance's own modules alone: the functions it
-    replaces may be the drop-in's (patched first), which ``seqbalance.compat.areal``
-    and ``seqbalance.compat._areal_dropin`` (where joint mode falls back to them) must
-    keep."""
-
-    def patch(self) -> list[str]:
-        if self._saved:
-            return super().patch()
-        super().patch()
-        own = [e for e in self._saved if getattr(e[0], "__name__", "").startswith("seqbalance.")]
-        for mod, name, orig in own:
-            setattr(mod, name, orig)
-        self._saved = [e for e in self._saved if e not in own]
-        return sorted({f"{getattr(m, '__name__', m)}.{n}" for m, n, _ in self._saved})
-
-
 class _ControllerPatcher(Patcher):
     """``_dispatch_tensors`` (a module function, as :class:`Patcher`) and the
     ``TrainController._partition_inputs`` method of AReaL's controller module."""
@@ -647,7 +630,7 @@ class _ControllerPatcher(Patcher):
         return sorted(done)
 
 
-_data_patcher = _DataPatcher(_DATA, _data_replacements)
+_data_patcher = Patcher(_DATA, _data_replacements, keep_own=True)
 # The method's dotted name is for ``--check``; module attributes are looked up by name, so
 # the function replacement skips it and ``_ControllerPatcher.patch`` swaps it.
 _controller_patcher = _ControllerPatcher(

@@ -518,22 +518,6 @@ def _worker_replacements() -> dict[str, Any]:
     return out
 
 
-class _WorkerPatcher(Patcher):
-    """A :class:`Patcher` that leaves seqbalance's own modules alone: the functions it
-    replaces are usually the drop-in's (patched first), which the fallback path of
-    :func:`rearrange_micro_batches` calls in ``seqbalance.compat._verl_dropin``."""
-
-    def patch(self) -> list[str]:
-        if self._saved:
-            return super().patch()
-        super().patch()
-        own = [e for e in self._saved if getattr(e[0], "__name__", "").startswith("seqbalance.")]
-        for mod, name, orig in own:
-            setattr(mod, name, orig)
-        self._saved = [e for e in self._saved if e not in own]
-        return sorted({f"{getattr(m, '__name__', m)}.{n}" for m, n, _ in self._saved})
-
-
 def _joint_method(
     self: Any,
     batch: Any,
@@ -573,7 +557,7 @@ class _TrainerPatcher(Patcher):
 #: the drop-in's, each when its module loads. Modules that imported the worker functions
 #: by name (verl 0.9.1's ``verl.workers.engine.utils``) are patched with the module they
 #: came from, or bind the replacement when they load after it.
-_worker_patcher = _WorkerPatcher(_SEQLEN, _worker_replacements)
+_worker_patcher = Patcher(_SEQLEN, _worker_replacements, keep_own=True)
 _trainer_patcher = _TrainerPatcher(
     _TRAINER, lambda: {"RayPPOTrainer._balance_batch": _joint_method}
 )
