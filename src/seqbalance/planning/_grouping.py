@@ -3,11 +3,36 @@
 from __future__ import annotations
 
 from itertools import chain
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["bin_totals"]
+__all__ = ["bin_summer", "bin_totals"]
+
+
+def bin_summer(
+    bins: Sequence[Sequence[int]], *, padded: bool = False
+) -> Callable[[np.ndarray], np.ndarray]:
+    """A function of ``values`` that returns :func:`bin_totals` ``(bins, values, padded=)``,
+    with ``bins`` flattened once for every total taken over them."""
+    n = len(bins)
+    sizes = np.fromiter(map(len, bins), dtype=np.int64, count=n)
+    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(sizes.sum()))
+    labels = np.repeat(np.arange(n), sizes)
+
+    def totals(values: np.ndarray) -> np.ndarray:
+        v = values[flat]
+        if padded:
+            out = np.zeros(n, dtype=v.dtype)
+            np.maximum.at(out, labels, v)
+            return out * sizes
+        if v.dtype.kind in "iu":
+            out = np.zeros(n, dtype=np.int64)
+            np.add.at(out, labels, v)
+            return out
+        return np.bincount(labels, weights=v, minlength=n)
+
+    return totals
 
 
 def bin_totals(
@@ -17,16 +42,4 @@ def bin_totals(
 
     Returns float64 for float ``values`` and int64 for integer ones.
     """
-    sizes = np.fromiter(map(len, bins), dtype=np.int64, count=len(bins))
-    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(sizes.sum()))
-    labels = np.repeat(np.arange(len(bins)), sizes)
-    v = values[flat]
-    if padded:
-        out = np.zeros(len(bins), dtype=v.dtype)
-        np.maximum.at(out, labels, v)
-        return out * sizes
-    if v.dtype.kind in "iu":
-        out = np.zeros(len(bins), dtype=np.int64)
-        np.add.at(out, labels, v)
-        return out
-    return np.bincount(labels, weights=v, minlength=len(bins))
+    return bin_summer(bins, padded=padded)(values)

@@ -32,6 +32,7 @@ import numpy as np
 from .._notes import Note
 from .._validate import as_weights, check_choice
 from ..partitioning.stats import relative_gap
+from ._grouping import bin_summer
 from .pipeline import (
     PipelineSimulation,
     PipelineSpec,
@@ -158,23 +159,7 @@ def micro_batch_phases(
     if any(len(r) != m for r in grid):
         raise ValueError("every replica needs the same number of micro-batches for a pipeline")
     flat = [mb for rank in grid for mb in rank]
-    # one flattening for the three totals (bin_totals' sums, in the same order)
-    sizes = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
-    items = np.fromiter(chain.from_iterable(flat), dtype=np.int64, count=int(sizes.sum()))
-    labels = np.repeat(np.arange(len(flat)), sizes)
-
-    def totals(values: np.ndarray) -> np.ndarray:
-        v = values[items]
-        if padded:
-            out = np.zeros(len(flat), dtype=v.dtype)
-            np.maximum.at(out, labels, v)
-            return out * sizes
-        if v.dtype.kind in "iu":
-            out = np.zeros(len(flat), dtype=np.int64)
-            np.add.at(out, labels, v)
-            return out
-        return np.bincount(labels, weights=v, minlength=len(flat))
-
+    totals = bin_summer(flat, padded=padded)  # one flattening for the three totals
     total = totals(costs) + c0
     fwd = totals(setup.forward) + setup.forward_c0
     toks = totals(lengths).astype(np.float64)
