@@ -132,9 +132,9 @@ def test_a_framework_module_that_cannot_be_patched_fails_its_import(tree):
     assert "Unset SEQBALANCE_PATCH to run verl's own code" in r.stderr
 
 
-def test_verls_plugin_entry_point_switches_it_on_without_the_start_up_hook(tree):
-    # verl 0.9 loads every "verl.plugins" entry point from verl/__init__.py; a stand-in
-    # distribution declares seqbalance's (as pyproject.toml does, checked below).
+def _verl_loading_plugins(tree):
+    """verl 0.9 loads every "verl.plugins" entry point from verl/__init__.py; a stand-in
+    distribution under ``tree / "meta"`` declares seqbalance's (as pyproject.toml does)."""
     _write(tree / "fw" / "verl" / "__init__.py", """
         from importlib.metadata import entry_points
 
@@ -144,6 +144,12 @@ def test_verls_plugin_entry_point_switches_it_on_without_the_start_up_hook(tree)
     meta = tree / "meta" / "seqbalance_stand_in-0.dist-info"
     _write(meta / "METADATA", "Metadata-Version: 2.1\nName: seqbalance-stand-in\nVersion: 0\n")
     _write(meta / "entry_points.txt", "[verl.plugins]\nseqbalance = _seqbalance_switch\n")
+
+
+def test_verls_plugin_entry_point_switches_it_on_without_the_start_up_hook(tree):
+    # verl 0.9 loads every "verl.plugins" entry point from verl/__init__.py; a stand-in
+    # distribution declares seqbalance's (as pyproject.toml does, checked below).
+    _verl_loading_plugins(tree)
     code = ("import sys, verl.utils.seqlen_balancing as m; "
             "print(m.rearrange_micro_batches.__module__, 'seqbalance' in sys.modules)")  # fmt: skip
     on = _run(tree, "verl", "-c", code, boot=False, extra_path=(tree / "meta",))
@@ -349,15 +355,7 @@ def test_an_invalid_verl_mode_fails_the_import_with_the_valueerror(tree):
 
 def test_verls_plugin_entry_point_switches_on_joint_mode(tree):
     _joint_tree(tree)
-    _write(tree / "fw" / "verl" / "__init__.py", """
-        from importlib.metadata import entry_points
-
-        for ep in entry_points(group="verl.plugins"):
-            ep.load()
-        """)
-    meta = tree / "meta" / "seqbalance_stand_in-0.dist-info"
-    _write(meta / "METADATA", "Metadata-Version: 2.1\nName: seqbalance-stand-in\nVersion: 0\n")
-    _write(meta / "entry_points.txt", "[verl.plugins]\nseqbalance = _seqbalance_switch\n")
+    _verl_loading_plugins(tree)
     code = ("from verl.trainer.ppo.ray_trainer import RayPPOTrainer as T; "
             "from verl.workers.engine import utils as u; "
             "print(T._balance_batch.__module__, u.rearrange_micro_batches.__module__)")  # fmt: skip
