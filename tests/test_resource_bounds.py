@@ -732,6 +732,7 @@ def test_slot_groups_match_union_find(seed):
 def test_replica_plans_remembered_within_a_request_only(monkeypatch):
     """plan() plans a pipelined static CP request again without its extra counts; the
     replica plans made the first time are reused then, never by a later request."""
+    import seqbalance.planning._work as _work
     import seqbalance.planning.context_parallel as cpm
 
     rng = np.random.default_rng(7)
@@ -739,10 +740,10 @@ def test_replica_plans_remembered_within_a_request_only(monkeypatch):
     kw = dict(cp_size=4, pp_size=2, extra_micro_batches=1, sync="ddp")
     first = json.dumps(sb.plan(lens, 2, 8192, **kw).to_dict())
     second = json.dumps(sb.plan(lens, 2, 8192, **kw).to_dict())
-    monkeypatch.setattr(cpm, "_remembered", lambda scope, key: None)
+    monkeypatch.setattr(cpm, "remembered", lambda key, make: make())
     fresh = json.dumps(sb.plan(lens, 2, 8192, **kw).to_dict())
     assert first == second == fresh
-    assert all(e[0] is not None for e in cpm._MEMO)
+    assert _work._MEMO.get() is None  # nothing is kept once the request returns
 
 
 @pytest.mark.parametrize("kw", [dict(cp_size=4), dict(cp_size=4, pp_size=2, sync="ddp"),

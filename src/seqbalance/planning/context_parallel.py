@@ -44,7 +44,6 @@ import bisect
 import copy
 import heapq
 import math
-import threading
 from typing import Any, Callable
 
 import numpy as np
@@ -61,7 +60,6 @@ from .._validate import (
     is_array_like,
 )
 from ..costs.context_parallel import ContextParallelCost
-from ..partitioning import searches as _searches
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
 from ._count_notes import without_raised_to
@@ -424,40 +422,33 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
     if flat and req.pp is not None:
         options = {k: v for k, v in options.items() if k not in req.pp_kwargs}
         options["micro_batch_multiple"] = mult = math.lcm(req.mult, req.pp.spec.count_multiple)
-    key = (ptok.tobytes(), tmax.tobytes(), req.dp, req.cap, _frozen(options))
-    scope = _searches._POOL.get()  # this request's (one call of plan()) exact-search pool
-    hit = _remembered(scope, key)
-    if hit is not None:
-        return hit
-    try:
-        # With a pipeline the replicas' slot order is searched afterwards on the pieces'
-        # own phases (_static_step), so the replica plan keeps its best starting order.
-        with search_suspended(), using_words(REPLICA_WORDS):
-            base = replicas(ptok, req.dp, req.cap, cost=tmax, **options)
-    except ValueError as exc:
-        base = _in_replicas(exc)
-        _remember(scope, key, base)
+    key = ("cp replicas", ptok.tobytes(), tmax.tobytes(), req.dp, req.cap, _frozen(options))
+
+    def make() -> Any:
+        try:
+            # With a pipeline the replicas' slot order is searched afterwards on the
+            # pieces' own phases (_static_step), so the replica plan keeps its best
+            # starting order.
+            with search_suspended(), using_words(REPLICA_WORDS):
+                base = replicas(ptok, req.dp, req.cap, cost=tmax, **options)
+        except ValueError as exc:
+            return _in_replicas(exc)
+        if mult != req.mult:  # a note would blame a micro_batch_multiple the caller did not pass
+            said = f"micro_batch_multiple={mult}"
+            base.notes = tuple(
+                n if said not in n else
+                n.replace(said, f"micro_batch_multiple={req.mult} (raised to {mult} by "
+                                f"schedule={req.pp.spec.schedule!r})")  # type: ignore[union-attr]
+                for n in base.notes
+            )  # fmt: skip
         return base
-    if mult != req.mult:  # a note would blame a micro_batch_multiple the caller did not pass
-        said = f"micro_batch_multiple={mult}"
-        base.notes = tuple(
-            n if said not in n else
-            n.replace(said, f"micro_batch_multiple={req.mult} (raised to {mult} by "
-                            f"schedule={req.pp.spec.schedule!r})")  # type: ignore[union-attr]
-            for n in base.notes
-        )  # fmt: skip
-    _remember(scope, key, base)
-    return copy.copy(base)
 
-
-# Replica plans made in this request, for the next plan_cp call of the same request: with
-# a pipeline and extra_micro_batches, plan() plans the CP plan again without the extra
-# counts, whose replica plans are the ones just made. Scoped by the identity of the
-# request's exact-search pool, so a plan never depends on an earlier request (every rank
-# computes the same), and returned as copies (their notes are rewritten by the caller).
-_MEMO: list[tuple[Any, tuple[Any, ...], Any]] = []
-_MEMO_SIZE = 8
-_MEMO_LOCK = threading.Lock()
+    # With a pipeline and extra_micro_batches, plan() plans the CP plan again without the
+    # extra counts, whose replica plans are the ones made here: remembered for the request
+    # (never across requests, so every rank computes the same), handed out as copies
+    # (their notes are rewritten by the caller).
+    base = remembered(key, make)
+    return base if isinstance(base, str) else copy.copy(base)
 
 
 def _frozen(value: Any) -> Any:
@@ -469,24 +460,6 @@ def _frozen(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return (type(value).__name__, tuple(_frozen(v) for v in value))
     return (type(value).__name__, value)
-
-
-def _remembered(scope: Any, key: tuple[Any, ...]) -> Any:
-    if scope is None:
-        return None
-    with _MEMO_LOCK:
-        for s, k, value in _MEMO:
-            if s is scope and k == key:
-                return value if isinstance(value, str) else copy.copy(value)
-    return None
-
-
-def _remember(scope: Any, key: tuple[Any, ...], value: Any) -> None:
-    if scope is None:
-        return
-    with _MEMO_LOCK:
-        _MEMO[:] = [e for e in _MEMO if e[0] is scope][-(_MEMO_SIZE - 1):]
-        _MEMO.append((scope, key, value if isinstance(value, str) else copy.copy(value)))
 
 
 def _replica_plan(req: _Request, with_flat: bool = True, **overrides: Any) -> Any:
