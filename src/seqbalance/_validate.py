@@ -199,6 +199,12 @@ def as_weights(values: Any, name: str = "weights") -> np.ndarray:
         If the input is not 1-D numeric, or holds NaN, infinite or negative values.
     """
     arr = _as_1d(values, name).astype(np.float64, copy=False)
+    with np.errstate(over="ignore", invalid="ignore"):
+        total = float(arr.sum())
+    if math.isfinite(total) and (not arr.size or float(arr.min()) >= 0):
+        # A finite sum means every value is finite (a NaN or an infinity makes it
+        # NaN or infinite); the checks below only find which one is at fault.
+        return arr
     bad = ~np.isfinite(arr)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])

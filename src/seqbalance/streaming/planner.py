@@ -613,9 +613,15 @@ class StreamingPlanner:
         for order in tries:
             if not order.size:
                 continue
-            if mode != "force" and int(lens_b[order].sum()) < dp * fill:
-                # Cannot fill every micro-batch to ``fill``: the tokens fall short even
-                # if packed perfectly (an exact test: the same slots, one packing less).
+            lens_o = lens_b[order]
+            if mode != "force" and fill > 0 and (
+                int(lens_o.sum()) < dp * fill
+                or order.size < dp * math.ceil(fill / int(lens_o.max()))
+            ):
+                # Cannot fill every micro-batch to ``fill``, even if packed perfectly:
+                # the tokens fall short, or the sequences are too few (a micro-batch
+                # needs ``fill / longest`` of them). Exact tests: the same slots, one
+                # packing less.
                 continue
             costs_o = costs_b[order]
             if mode == "rule" and (float(costs_o.sum()) + lead) * (1 + 1e-6) < need * (
@@ -625,7 +631,7 @@ class StreamingPlanner:
                 # ranks' earlier work), the busiest rank's at least the most expensive
                 # sequence's on the least loaded rank (with a margin for rounding).
                 continue
-            where, tok, work_arr = _pack(lens_b[order], costs_o, base, cap)
+            where, tok, work_arr = _pack(lens_o, costs_o, base, cap)
             work = work_arr.tolist()
             eff = self._balance(work)
             if mode == "idle":
@@ -657,16 +663,12 @@ class StreamingPlanner:
         pos = buf[by_rank]
         id_list = self._id_arr[pos].tolist()
         ends = np.cumsum(counts[1:]).tolist()
-        slot: list[list[int]] = []
-        at = 0
-        for end in ends:
-            slot.append(id_list[at:end])
-            at = end
+        slot = [id_list[a:b] for a, b in zip([0, *ends[:-1]], ends)]
         self._keep(buf[grouped[:left]])
         self._buffered_tokens -= int(lens_b[by_rank].sum())
         self._next_try = 0
-        for r in range(dp):
-            self._rank_work[r] += work[r] + self._c0
+        c0 = self._c0
+        self._rank_work = [b + (w + c0) for b, w in zip(self._rank_work, work)]
         self._released.append((pos, ends))
         self._queue.append(slot)
         return True
