@@ -137,6 +137,11 @@ from ..planning.simulation import SYNC_MODELS, microbatch_costs, step_time_of
 __all__ = ["StreamingPlanner", "StreamingRule"]
 
 Slot = list[list[int]]
+
+# Looked up once: np.iinfo builds an object on every call.
+_INT16_MAX = int(np.iinfo(np.int16).max)
+_UINT16_MAX = int(np.iinfo(np.uint16).max)
+
 RELEASES = ("arrival", "pull")
 
 
@@ -651,7 +656,7 @@ class StreamingPlanner:
         scale = self._over(work)
         if scale is not None:
             return scale
-        small = np.int16 if dp < np.iinfo(np.int16).max else np.int64
+        small = np.int16 if dp < _INT16_MAX else np.int64
         rank_of = np.full(buf.shape[0], -1, dtype=small)  # per buffered sequence
         rank_of[order] = where
         # Those left first, then rank by rank, each in arrival order (a stable sort of
@@ -1041,7 +1046,7 @@ def _packing_order(lens: np.ndarray, costs: np.ndarray, cap: int) -> np.ndarray:
     The same permutation as ``np.lexsort((-lens, -costs))``. Costs almost always grow
     with length; then sorting by length alone (a stable sort of 16-bit keys is a radix
     sort) gives it, and costs that never increase along that order prove it."""
-    if lens.shape[0] > 1 and cap <= np.iinfo(np.uint16).max:
+    if lens.shape[0] > 1 and cap <= _UINT16_MAX:
         by_len = np.argsort((cap - lens).astype(np.uint16), kind="stable")
         c = costs[by_len]
         if not np.any(c[1:] > c[:-1]):
