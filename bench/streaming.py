@@ -391,19 +391,30 @@ def time_calls(model, repeat=7, names=()):
     return out
 
 
+def print_calls(calls):
+    for label, c in calls.items():
+        print(f"add(64)+ready() at dp 64, {label}: max {c['max_ms']:.3f} ms, "
+              f"p99 {c['p99_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, median "
+              f"{c['median_ms']:.3f} ms over {c['calls']} calls (each the least of "
+              f"{c['repeat']} runs; max in the quietest single run "
+              f"{c['max_single_run_ms']:.3f} ms)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="a small grid (a few minutes)")
     ap.add_argument("--model", default="qwen2.5-7b", help="cost model (default qwen2.5-7b)")
     ap.add_argument("--only", default=None, help="comma-separated workloads of the grid")
     ap.add_argument("--no-calls", action="store_true", help="skip the call timings")
+    ap.add_argument("--calls-only", action="store_true", help="only the call timings "
+                    "(of the full grid's workloads; default out: streaming_calls.json)")
     ap.add_argument("--out", default=None, help="JSON record (default: "
                     "bench/results/streaming.json, full grid: streaming_full.json)")
     args = ap.parse_args(argv)
     model = load_cost(args.model)
     if args.out is None:
         name = "streaming.json" if args.quick else "streaming_full.json"
-        args.out = f"bench/results/{name}"
+        args.out = f"bench/results/{'streaming_calls.json' if args.calls_only else name}"
     if args.quick:
         names = ["rl-math", "rl-math-truncated", "bimodal", "sft-chat"]
         syncs, seeds, ratios, horizons = ["fsdp"], [0], [0.25, 1.0], ()
@@ -413,6 +424,11 @@ def main(argv=None) -> int:
         horizons = (0.9, 1.1)
     if args.only:
         names = [n for n in names if n in args.only.split(",")]
+    if args.calls_only:
+        calls = time_calls(model, names=names)
+        print_calls(calls)
+        write_json(args.out, {"machine": machine_info(), "model": args.model, "calls": calls})
+        return 0
     rows = []
     for name in names:
         for dp in (8, 64):
@@ -423,12 +439,7 @@ def main(argv=None) -> int:
                        "vs_wait", "vs_fifo", "vs_token_budget", "vs_clairvoyant", "vs_bound",
                        "idle_streaming", "idle_wait", "violations"])
     calls = {} if args.no_calls else time_calls(model, names=[] if args.quick else names)
-    for label, c in calls.items():
-        print(f"add(64)+ready() at dp 64, {label}: max {c['max_ms']:.3f} ms, "
-              f"p99 {c['p99_ms']:.3f} ms, mean {c['mean_ms']:.3f} ms, median "
-              f"{c['median_ms']:.3f} ms over {c['calls']} calls (each the least of "
-              f"{c['repeat']} runs; max in the quietest single run "
-              f"{c['max_single_run_ms']:.3f} ms)")
+    print_calls(calls)
     rl = [r for r in rows if r["workload"].startswith("rl-math")]
     summary = {
         "worst_vs_wait": max(r["vs_wait"] for r in rows),

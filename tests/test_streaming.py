@@ -383,6 +383,31 @@ def test_vectorised_packer_matches_one_at_a_time(lengths, dp, cap, squared, base
     assert work.tolist() == ref[2]  # the same sums in the same order: bit for bit
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_vectorised_packer_matches_one_at_a_time_at_scale(seed):
+    # Thousands of sequences over up to 128 micro-batches: whole runs, partial runs and
+    # the end of the packing taken one sequence at a time all meet the reference.
+    from seqbalance.streaming.planner import _pack
+
+    rng = np.random.default_rng(seed)
+    dp = [16, 64, 128][seed % 3]
+    n, cap = 2500, 8192
+    lens = np.where(
+        rng.random(n) < 0.3, rng.integers(cap // 8, cap // 2, n), rng.integers(0, 160, n)
+    ).astype(np.int64)
+    costs = lens.astype(np.float64) ** 2 / 1e3 + 7.0 * lens
+    if seed % 2:
+        costs = np.round(costs / 5e3)  # many equal costs: ties broken by index
+    order = np.lexsort((-lens, -costs))
+    lens, costs = lens[order], costs[order]
+    b = np.round(rng.random(dp) * 1e4) if seed >= 3 else np.zeros(dp)
+    where, tok, work = _pack(lens, costs, b, cap)
+    ref = _pack_one_at_a_time(lens.tolist(), costs.tolist(), b.tolist(), cap)
+    assert where.tolist() == ref[0]
+    assert tok.tolist() == ref[1]
+    assert work.tolist() == ref[2]
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     lengths=st.lists(st.integers(1, 100), min_size=1, max_size=120),

@@ -1102,6 +1102,9 @@ def _pack(
             active = np.flatnonzero(room >= smallest[k])
             if not active.shape[0]:
                 break
+            if active.shape[0] * (n - k) <= _TAIL_WORK:
+                _pack_tail(lens, costs, load, room, where, active, k)
+                break
             has = room[active] >= lens[k]
             fit = active[has]
             if not fit.shape[0]:  # it and the next ones too long for every one: left out
@@ -1156,6 +1159,49 @@ def _pack(
         room[by_load] = free - t
         k += j
     return where, cap - room, load - base
+
+
+# Above this many (micro-batch, sequence) pairs the end of a packing stays in runs.
+_TAIL_WORK = 2048
+
+
+def _pack_tail(
+    lens: np.ndarray,
+    costs: np.ndarray,
+    load: np.ndarray,
+    room: np.ndarray,
+    where: np.ndarray,
+    active: np.ndarray,
+    k: int,
+) -> None:
+    """The end of :func:`_pack` from sequence ``k``, one sequence at a time over the
+    micro-batches ``active`` (in index order; the others have no room for any sequence
+    left), in place.
+
+    Near the end of a packing most micro-batches are nearly full and a run places one or
+    two sequences: a scan of a few Python floats per sequence is then cheaper than a run's
+    array calls. The same choice (least cost, then lowest index, among those with room)
+    and the same sums (a float64 plus a float64, as numpy adds them).
+    """
+    bins = active.tolist()
+    held = load[active].tolist()
+    free = room[active].tolist()
+    most = max(free)
+    out = where[k:]
+    for i, (t, c) in enumerate(zip(lens[k:].tolist(), costs[k:].tolist())):
+        if t > most:
+            continue  # fits nowhere: left out
+        best, least = -1, math.inf
+        for a, (h, f) in enumerate(zip(held, free)):
+            if f >= t and h < least:
+                best, least = a, h
+        held[best] = least + c
+        free[best] -= t
+        out[i] = bins[best]
+        if free[best] + t == most:
+            most = max(free)
+    load[active] = held
+    room[active] = free
 
 
 def _positions(slot: Any) -> list[list[int]]:
