@@ -45,9 +45,10 @@ mean and median over the calls, each call the least of 7 runs.
     python bench/streaming.py --quick     # 4 workloads x dp {8, 64} x ratio {0.25, 1}
     python bench/streaming.py             # + uniform, ddp, ratio 3, seeds 0-2, horizons
     python bench/streaming.py --only sft-chat --no-calls --out /tmp/s.json   # a subset
+    python bench/streaming.py --calls-only  # only the call timings (seconds)
 
-Writes ``bench/results/streaming.json`` (``--quick``) or ``streaming_full.json``
-(``--out`` to change).
+Writes ``bench/results/streaming.json`` (``--quick``), ``streaming_full.json`` or
+``streaming_calls.json`` (``--calls-only``); ``--out`` to change.
 """
 
 from __future__ import annotations
