@@ -151,9 +151,12 @@ def sequential(
     return _plan("sequential", _sequential_grid(lens, dp, cap, costs), lens, cap, costs, c0, sync)
 
 
+def _sequential_ranks(lens: np.ndarray, dp: int) -> list[np.ndarray]:
+    return np.array_split(np.arange(lens.size), dp)
+
+
 def _sequential_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> Grid:
-    slices = np.array_split(np.arange(lens.size), dp)
-    return [_first_fit(s.tolist(), lens, cap) for s in slices]
+    return [_first_fit(s.tolist(), lens, cap) for s in _sequential_ranks(lens, dp)]
 
 
 def token_ffd(
@@ -259,4 +262,12 @@ BASELINE_GRIDS: dict[str, Callable[[np.ndarray, int, int, np.ndarray], Grid]] = 
     "areal": lambda lens, dp, cap, costs: areal_pipeline(lens, dp, cap),
     "verl": _verl_grid,
     "slime-flops": _slime_flops_grid,
+}
+
+#: Each rank's sequences (index arrays, one per rank) of the baselines of :data:`BASELINES`
+#: whose rank split comes before their micro-batches and costs little beside them:
+#: ``(lengths, dp) -> ranks``. Under either sync a plan's step is at least its busiest
+#: rank's total, so the planner can tell from these alone that such a baseline cannot win.
+BASELINE_RANKS: dict[str, Callable[[np.ndarray, int], list[np.ndarray]]] = {
+    "sequential": _sequential_ranks,
 }

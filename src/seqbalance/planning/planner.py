@@ -104,7 +104,7 @@ from ._work import (
     spent,
     work_meter,
 )
-from .baselines import BASELINE_GRIDS, BASELINES, _equalize
+from .baselines import BASELINE_GRIDS, BASELINE_RANKS, BASELINES, _equalize
 from .bounds import (
     _step_bound_terms,
     capacity_step_bound,
@@ -1019,7 +1019,7 @@ _VERL_WORK = 1 << 23
 
 
 def _pipeline_candidates(
-    req: _Request, m_best: int | None, best_step: float | None = None
+    req: _Request, m_best: int | None, best_step: float | None = None, fewest: bool = False
 ) -> list[Plan]:
     """Step 3b: every baseline as a candidate, so plan is never worse than one that runs.
 
@@ -1035,6 +1035,11 @@ def _pipeline_candidates(
     which neither slack filling nor the later refill can go below) is above it could
     never be picked: it is dropped before its slack filling (0.47 s of a 0.9 s plan of
     8,192 rl-math sequences over 8 ranks), which changes no pick (see :func:`_levelled`).
+
+    ``fewest``: ``m_best`` is the fewest micro-batches any plan can have, so a baseline
+    kept has at least as many. Below ``effort="thorough"`` a baseline whose ranks are
+    known before its micro-batches (:data:`.baselines.BASELINE_RANKS`) is then not run
+    when its busiest rank's total alone is above ``best_step``: its step would be too.
     """
     if req.padded or req.n > _PIPELINE_MAX_ITEMS or req.n == 0:
         return []
@@ -1057,8 +1062,14 @@ def _pipeline_candidates(
 
         grids[name] = run
     filled = req.budget.baselines == "filled"
+    floors = (fewest and best_step is not None and not req.extra and req.pp is None
+              and not req.budget.thorough)  # fmt: skip
     out = []
     for name, make in grids.items():
+        if floors and name in BASELINE_RANKS:
+            busiest = max(float(req.costs[r].sum()) for r in BASELINE_RANKS[name](req.lens, req.dp))
+            if busiest + m_best * req.c0 > best_step * (1.0 + 1e-9):  # type: ignore[operator]
+                continue  # (float sums, as below)
         grid = make()
         charge(req.n >> 3)  # the work meter: a baseline costs about 3 us a sequence
         m = len(grid[0]) if grid else 0
@@ -1901,7 +1912,7 @@ def _plan_attempt(
         known = {id(p): _step_in_order(req, p.micro_batches) for p in candidates
                  if p.num_micro_batches == m_best}  # fmt: skip
         best_step = min(known.values(), default=None)
-        candidates.extend(_pipeline_candidates(req, m_best, best_step))
+        candidates.extend(_pipeline_candidates(req, m_best, best_step, m_best == first_m))
     if req.budget.thorough:
         candidates = _levelled(req, candidates, known)
     elif more and req.budget.baselines == "filled":
