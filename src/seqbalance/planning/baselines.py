@@ -58,7 +58,15 @@ import numpy as np
 from .._validate import as_lengths, check_choice, check_max_tokens, check_positive_int
 from ._costing import sequence_costs
 from ._packing import first_fit_opening
-from ._pipelines import areal_pipeline, slime_flops_pipeline, verl_pipeline
+from ._pipelines import (
+    areal_micro_batches,
+    areal_pipeline,
+    areal_ranks,
+    slime_flops_pipeline,
+    verl_micro_batches,
+    verl_pipeline,
+    verl_ranks,
+)
 from .pipeline_orders import ORDERS as PIPELINE_ORDERS
 from .pipeline_plans import reorder
 from .plans import Plan
@@ -151,12 +159,12 @@ def sequential(
     return _plan("sequential", _sequential_grid(lens, dp, cap, costs), lens, cap, costs, c0, sync)
 
 
-def _sequential_ranks(lens: np.ndarray, dp: int) -> list[np.ndarray]:
-    return np.array_split(np.arange(lens.size), dp)
+def _sequential_ranks(lens: np.ndarray, dp: int) -> list[list[int]]:
+    return [s.tolist() for s in np.array_split(np.arange(lens.size), dp)]
 
 
 def _sequential_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> Grid:
-    return [_first_fit(s.tolist(), lens, cap) for s in _sequential_ranks(lens, dp)]
+    return [_first_fit(s, lens, cap) for s in _sequential_ranks(lens, dp)]
 
 
 def token_ffd(
@@ -174,10 +182,21 @@ def _token_ffd_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> G
 
 
 def _kk_two_level(weights: np.ndarray, lens: np.ndarray, dp: int, cap: int) -> Grid:
+    return _kk_micro_batches(weights, lens, _kk_ranks(weights, dp), cap)
+
+
+def _kk_ranks(weights: np.ndarray, dp: int) -> list[list[int]]:
+    from ..partitioning.kway import kk_parts  # lazy: keeps import order free
+
+    return kk_parts(np.asarray(weights, dtype=np.float64), dp, "balanced")
+
+
+def _kk_micro_batches(
+    weights: np.ndarray, lens: np.ndarray, rank_parts: list[list[int]], cap: int
+) -> Grid:
     from ..partitioning.kway import kk_parts  # lazy: keeps import order free
 
     weights = np.asarray(weights, dtype=np.float64)
-    rank_parts = kk_parts(weights, dp, "balanced")
     m = max((max(1, math.ceil(int(lens[p].sum()) / cap)) for p in rank_parts if p), default=1)
     ranks = []
     for items in rank_parts:
@@ -264,10 +283,33 @@ BASELINE_GRIDS: dict[str, Callable[[np.ndarray, int, int, np.ndarray], Grid]] = 
     "slime-flops": _slime_flops_grid,
 }
 
-#: Each rank's sequences (index arrays, one per rank) of the baselines of :data:`BASELINES`
-#: whose rank split comes before their micro-batches and costs little beside them:
-#: ``(lengths, dp) -> ranks``. Under either sync a plan's step is at least its busiest
-#: rank's total, so the planner can tell from these alone that such a baseline cannot win.
-BASELINE_RANKS: dict[str, Callable[[np.ndarray, int], list[np.ndarray]]] = {
-    "sequential": _sequential_ranks,
-}
+#: The baselines of :data:`BASELINES` whose rank split comes first, in two stages:
+#: ``ranks(lengths, dp, costs)`` (each rank's sequences) and ``micro_batches(lengths, ranks,
+#: cap, costs)`` (the grid of :data:`BASELINE_GRIDS` from those ranks). Under either sync a
+#: plan's step is at least its busiest rank's total, so the planner can tell from the
+#: first stage alone that such a baseline cannot win, and skip the second (verl's is
+#: :func:`._pipelines.verl_micro_batches`, which the planner runs with its own limits).
+_Ranks = Callable[[np.ndarray, int, np.ndarray], list[list[int]]]
+_FromRanks = Callable[[np.ndarray, list[list[int]], int, np.ndarray], Grid]
+BASELINE_STAGES: dict[str, tuple[_Ranks, _FromRanks]] = {
+    "sequential": (
+        lambda lens, dp, costs: _sequential_ranks(lens, dp),
+        lambda lens, ranks, cap, costs: [_first_fit(r, lens, cap) for r in ranks],
+    ),
+    "token-kk": (
+        lambda lens, dp, costs: _kk_ranks(lens, dp),
+        lambda lens, ranks, cap, costs: _kk_micro_batches(lens, lens, ranks, cap),
+    ),
+    "cost-kk-uncapped": (
+        lambda lens, dp, costs: _kk_ranks(costs, dp),
+        lambda lens, ranks, cap, costs: _kk_micro_batches(costs, lens, ranks, cap),
+    ),
+    "areal": (
+        lambda lens, dp, costs: areal_ranks(lens, dp),
+        lambda lens, ranks, cap, costs: areal_micro_batches(lens, ranks, cap),
+    ),
+    "verl": (
+        lambda lens, dp, costs: verl_ranks(lens, dp),
+        lambda lens, ranks, cap, costs: cast("Grid", verl_micro_batches(lens, ranks, cap)),
+    ),
+}  # fmt: skip

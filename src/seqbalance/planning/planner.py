@@ -92,7 +92,7 @@ from ._ordering import (
     shares_oversized,
 )
 from ._packing import ffd_failed, first_fit_parts, pack
-from ._pipelines import verl_pipeline
+from ._pipelines import verl_micro_batches
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
 from ._work import (
@@ -104,7 +104,7 @@ from ._work import (
     spent,
     work_meter,
 )
-from .baselines import BASELINE_GRIDS, BASELINE_RANKS, BASELINES, _equalize
+from .baselines import BASELINE_GRIDS, BASELINE_STAGES, BASELINES, _equalize
 from .bounds import (
     _step_bound_terms,
     capacity_step_bound,
@@ -1038,39 +1038,39 @@ def _pipeline_candidates(
 
     ``fewest``: ``m_best`` is the fewest micro-batches any plan can have, so a baseline
     kept has at least as many. Below ``effort="thorough"`` a baseline whose ranks are
-    known before its micro-batches (:data:`.baselines.BASELINE_RANKS`) is then not run
+    known before its micro-batches (:data:`.baselines.BASELINE_STAGES`) is then not run
     when its busiest rank's total alone is above ``best_step``: its step would be too.
     """
     if req.padded or req.n > _PIPELINE_MAX_ITEMS or req.n == 0:
         return []
     if req.dp * (m_best or 1) > _PIPELINE_MAX_ITEMS:
         return []  # mostly empty slots (allow_empty): the pipelines' cost is per slot
-    grids: dict[str, Callable[[], list[list[list[int]]]]] = {}
-    for name in BASELINES:
-        if name == "verl":
-            # verl's loop runs one KK per count until the cap holds; counts above the best
-            # plan's are discarded below, so its loop stops there (the same plan otherwise).
-            grids[name] = lambda: _equalize(
-                verl_pipeline(req.lens, req.dp, req.cap, m_best, _VERL_WORK) or []
-            )
-            continue
-
-        def run(make: Any = BASELINE_GRIDS[name]) -> list[list[list[int]]]:
-            # the baseline's micro-batches as its Plan holds them, without building one
-            grid = _equalize(make(req.lens, req.dp, req.cap, req.costs))
-            return [[sorted(int(i) for i in mb) for mb in rank] for rank in grid]
-
-        grids[name] = run
     filled = req.budget.baselines == "filled"
+    # (fewest: no kept baseline has fewer micro-batches, so a step above best_step loses)
     floors = (fewest and best_step is not None and not req.extra and req.pp is None
               and not req.budget.thorough)  # fmt: skip
     out = []
-    for name, make in grids.items():
-        if floors and name in BASELINE_RANKS:
-            busiest = max(float(req.costs[r].sum()) for r in BASELINE_RANKS[name](req.lens, req.dp))
-            if busiest + m_best * req.c0 > best_step * (1.0 + 1e-9):  # type: ignore[operator]
-                continue  # (float sums, as below)
-        grid = make()
+    for name in BASELINES:
+        staged = BASELINE_STAGES.get(name)
+        if staged is not None:
+            ranks = staged[0](req.lens, req.dp, req.costs)
+            if floors and bin_totals(ranks, req.costs).max() + m_best * req.c0 > (
+                best_step * (1.0 + 1e-9)  # type: ignore[operator]  # (float sums, as below)
+            ):
+                continue  # its step is at least its busiest rank's total
+        if name == "verl":
+            # verl's loop runs one KK per count until the cap holds; counts above the best
+            # plan's are discarded below, so its loop stops there (the same plan otherwise).
+            grid = _equalize(
+                verl_micro_batches(req.lens, ranks, req.cap, m_best, _VERL_WORK) or []
+            )
+        else:
+            # the baseline's micro-batches as its Plan holds them, without building one
+            grid = _equalize(
+                staged[1](req.lens, ranks, req.cap, req.costs) if staged is not None
+                else BASELINE_GRIDS[name](req.lens, req.dp, req.cap, req.costs)
+            )  # fmt: skip
+            grid = [[sorted(int(i) for i in mb) for mb in rank] for rank in grid]
         charge(req.n >> 3)  # the work meter: a baseline costs about 3 us a sequence
         m = len(grid[0]) if grid else 0
         if m == 0 or any(len(r) != m for r in grid):
