@@ -191,6 +191,7 @@ class _Placed:
         self.pos = np.full(where.shape[0], -1, dtype=np.int64)
         self.pos[placed] = np.arange(placed.size)
         self.slot_of, self.rank_of = slot, rank
+        self.ranked = bool(rank.any())  # (else every bin may swap with every other slot's)
         self.d = where[placed]
         self.slot_d, self.rank_d = slot[self.d], rank[self.d]
         self.w, self.t = costs[placed], lengths[placed]
@@ -200,10 +201,12 @@ class _Placed:
         self.d[k], self.slot_d[k], self.rank_d[k] = dst, self.slot_of[dst], self.rank_of[dst]
 
     def view(self, slack, room) -> tuple:
-        """Per placed sequence: its bin, slot, rank, cost, tokens, and its bin's slack and
-        room; shared by a step's swap scans (nothing moves between them)."""
+        """Per placed sequence: its bin, slot, rank (None where ranks do not matter),
+        cost, tokens, and its bin's slack and room each plus its own cost and tokens;
+        shared by a step's swap scans (nothing moves between them)."""
         d = self.d
-        return d, self.slot_d, self.rank_d, self.w, self.t, slack[d], room[d]
+        return (d, self.slot_d, self.rank_d if self.ranked else None, self.w, self.t,
+                slack[d] + self.w, room[d] + self.t)  # fmt: skip
 
 
 def _best_swap(items, b, second, slot, rank, cost, tok, cap, costs, lengths, placed, view, tiny):
@@ -211,24 +214,27 @@ def _best_swap(items, b, second, slot, rank, cost, tok, cap, costs, lengths, pla
     slack (``view``: :meth:`_Placed.view` of this step)."""
     ib = np.asarray(items[b], dtype=np.int64)
     w, t = costs[ib], lengths[ib]
-    d_all, slot_d, rank_d, w_all, t_all, slack_d, room_d = view
+    d_all, slot_d, rank_d, w_all, t_all, slack_w, room_t = view
     # Only sequences that pass every test below for some sequence of ``b`` can be swapped
     # (the same comparisons against the extremes of ``b``'s costs and tokens): the 2-D
     # scan runs over those, in the same order, so it picks what the full scan would.
     room_b = cap - tok[b]
-    cand = np.flatnonzero(
-        (slot_d != slot[b]) & (rank_d == rank[b])
-        & (w_all < w.max()) & (slack_d + w_all >= w.min())
-        & (room_d + t_all >= t.min()) & (room_b + t.max() >= t_all)
-    )  # fmt: skip
+    keep = slot_d != slot[b]
+    if rank_d is not None:
+        keep &= rank_d == rank[b]
+    keep &= w_all < w.max()
+    keep &= slack_w >= w.min()
+    keep &= room_t >= t.min()
+    keep &= room_b + t.max() >= t_all
+    cand = np.flatnonzero(keep)
     if cand.size == 0:
         return None
     wx, tx = w[:, None], t[:, None]
     wy, ty = w_all[cand][None, :], t_all[cand][None, :]
     ok = (
         (wy < wx)
-        & (slack_d[cand][None, :] + wy >= wx)  # the other slot's level does not rise
-        & (room_d[cand][None, :] + ty >= tx)
+        & (slack_w[cand][None, :] >= wx)  # the other slot's level does not rise
+        & (room_t[cand][None, :] >= tx)
         & (room_b + tx >= ty)
     )
     gain = np.where(ok, np.minimum(wx - wy, cost[b] - second), 0.0)

@@ -182,7 +182,7 @@ def _token_ffd_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> G
 
 
 def _kk_two_level(weights: np.ndarray, lens: np.ndarray, dp: int, cap: int) -> Grid:
-    return _kk_micro_batches(weights, lens, _kk_ranks(weights, dp), cap)
+    return cast("Grid", _kk_micro_batches(weights, lens, _kk_ranks(weights, dp), cap))
 
 
 def _kk_ranks(weights: np.ndarray, dp: int) -> list[list[int]]:
@@ -192,8 +192,12 @@ def _kk_ranks(weights: np.ndarray, dp: int) -> list[list[int]]:
 
 
 def _kk_micro_batches(
-    weights: np.ndarray, lens: np.ndarray, rank_parts: list[list[int]], cap: int
-) -> Grid:
+    weights: np.ndarray, lens: np.ndarray, rank_parts: list[list[int]], cap: int,
+    fit: bool = False,
+) -> Grid | None:
+    """Each rank's sequences by KK into the count the busiest rank's tokens need.
+    ``fit``: None as soon as a micro-batch is over ``cap`` (every rank gets ``m`` of
+    them, so the grid is final: no later step could split that one)."""
     from ..partitioning.kway import kk_parts  # lazy: keeps import order free
 
     weights = np.asarray(weights, dtype=np.float64)
@@ -202,7 +206,10 @@ def _kk_micro_batches(
     for items in rank_parts:
         idx = np.asarray(items, dtype=np.int64)
         parts = kk_parts(weights[idx], m) if idx.size else [[] for _ in range(m)]
-        ranks.append([idx[np.asarray(p, dtype=np.int64)].tolist() for p in parts])
+        rank = [idx[np.asarray(p, dtype=np.int64)].tolist() for p in parts]
+        if fit and any(int(lens[mb].sum()) > cap for mb in rank):
+            return None
+        ranks.append(rank)
     return ranks
 
 
@@ -298,11 +305,11 @@ BASELINE_STAGES: dict[str, tuple[_Ranks, _FromRanks]] = {
     ),
     "token-kk": (
         lambda lens, dp, costs: _kk_ranks(lens, dp),
-        lambda lens, ranks, cap, costs: _kk_micro_batches(lens, lens, ranks, cap),
+        lambda lens, ranks, cap, costs: cast("Grid", _kk_micro_batches(lens, lens, ranks, cap)),
     ),
     "cost-kk-uncapped": (
         lambda lens, dp, costs: _kk_ranks(costs, dp),
-        lambda lens, ranks, cap, costs: _kk_micro_batches(costs, lens, ranks, cap),
+        lambda lens, ranks, cap, costs: cast("Grid", _kk_micro_batches(costs, lens, ranks, cap)),
     ),
     "areal": (
         lambda lens, dp, costs: areal_ranks(lens, dp),
@@ -311,5 +318,16 @@ BASELINE_STAGES: dict[str, tuple[_Ranks, _FromRanks]] = {
     "verl": (
         lambda lens, dp, costs: verl_ranks(lens, dp),
         lambda lens, ranks, cap, costs: cast("Grid", verl_micro_batches(lens, ranks, cap)),
+    ),
+}  # fmt: skip
+
+#: The second stage of the baselines of :data:`BASELINE_STAGES` that do not enforce the
+#: capacity, returning None at the first micro-batch over it (what a caller that drops
+#: such a plan needs; the grid otherwise).
+UNCAPPED_STAGES: dict[str, Callable[[np.ndarray, list[list[int]], int, np.ndarray], Grid | None]]
+UNCAPPED_STAGES = {
+    "token-kk": lambda lens, ranks, cap, costs: _kk_micro_batches(lens, lens, ranks, cap, True),
+    "cost-kk-uncapped": (
+        lambda lens, ranks, cap, costs: _kk_micro_batches(costs, lens, ranks, cap, True)
     ),
 }  # fmt: skip

@@ -104,7 +104,13 @@ from ._work import (
     spent,
     work_meter,
 )
-from .baselines import BASELINE_GRIDS, BASELINE_STAGES, BASELINES, _equalize
+from .baselines import (
+    BASELINE_GRIDS,
+    BASELINE_STAGES,
+    BASELINES,
+    UNCAPPED_STAGES,
+    _equalize,
+)
 from .bounds import (
     _step_bound_terms,
     capacity_step_bound,
@@ -1051,14 +1057,22 @@ def _pipeline_candidates(
               and not req.budget.thorough)  # fmt: skip
     out = []
     for name in BASELINES:
+        # (charged whether it runs or not: the work meter counts the same in both)
+        charge(req.n >> 3)  # the work meter: a baseline costs about 3 us a sequence
         staged = BASELINE_STAGES.get(name)
         if staged is not None:
             ranks = staged[0](req.lens, req.dp, req.costs)
-            if floors and bin_totals(ranks, req.costs).max() + m_best * req.c0 > (
-                best_step * (1.0 + 1e-9)  # type: ignore[operator]  # (float sums, as below)
-            ):
+            if (floors and m_best is not None and best_step is not None
+                    and bin_totals(ranks, req.costs).max() + m_best * req.c0
+                    > best_step * (1.0 + 1e-9)):  # (float sums, as below)  # fmt: skip
                 continue  # its step is at least its busiest rank's total
-        if name == "verl":
+        if name in UNCAPPED_STAGES:
+            # a micro-batch over the cap drops the baseline below: stop at the first one
+            got = UNCAPPED_STAGES[name](req.lens, ranks, req.cap, req.costs)
+            if got is None:
+                continue
+            grid = [[sorted(int(i) for i in mb) for mb in rank] for rank in _equalize(got)]
+        elif name == "verl":
             # verl's loop runs one KK per count until the cap holds; counts above the best
             # plan's are discarded below, so its loop stops there (the same plan otherwise).
             grid = _equalize(
@@ -1071,7 +1085,6 @@ def _pipeline_candidates(
                 else BASELINE_GRIDS[name](req.lens, req.dp, req.cap, req.costs)
             )  # fmt: skip
             grid = [[sorted(int(i) for i in mb) for mb in rank] for rank in grid]
-        charge(req.n >> 3)  # the work meter: a baseline costs about 3 us a sequence
         m = len(grid[0]) if grid else 0
         if m == 0 or any(len(r) != m for r in grid):
             continue
