@@ -528,20 +528,29 @@ def _best_fill(
         t = t + np.where(subsets[None, :, b], ht[:, b, None], 0)
     valid &= (c <= level) & (t <= cap)
     rest = left & ~head_mask
-    took = np.zeros((dp, 1 << h, width), dtype=bool)
+    # took[k]: which (rank, subset) took position k; position-major, so that each column's
+    # row is written whole (took.transpose(1, 2, 0) is the (dp, 2**head, n) mask).
+    took = np.zeros((width, dp, 1 << h), dtype=bool)
     # A position a rank has no sequence left at costs inf and cap + 1 tokens, so it never
     # fits; a sequence that fits is added in place (the same sums as adding 0 elsewhere).
-    c_rest = np.where(rest, c_all, np.inf)
-    t_rest = np.where(rest, t_all, cap + 1)
+    # (Transposed copies: each column's values are then contiguous.)
+    c_rest = np.where(rest, c_all, np.inf).T.copy()
+    t_rest = np.where(rest, t_all, cap + 1).T.copy()
     cols = np.flatnonzero(rest.any(axis=0)).tolist()
     # (the work meter: a column costs about 8 us plus 1 ns per rank and subset; 25 us a unit)
     charge((h + len(cols)) * (1024 + (dp << h)) // 3200)
+    cc, tt, fits = np.empty_like(c), np.empty_like(t), np.empty(c.shape, dtype=bool)
     for k in cols:
-        cc, tt = c + c_rest[:, k, None], t + t_rest[:, k, None]
-        add = valid & (cc <= level) & (tt <= cap)
+        np.add(c, c_rest[k, :, None], out=cc)
+        np.add(t, t_rest[k, :, None], out=tt)
+        add = took[k]
+        np.less_equal(cc, level, out=add)
+        np.less_equal(tt, cap, out=fits)
+        add &= fits
+        add &= valid
         np.copyto(c, cc, where=add)
         np.copyto(t, tt, where=add)
-        took[:, :, k] = add
+    took = took.transpose(1, 2, 0)
     c = np.where(valid, c, -1.0)
     if candidates:
         rr, ss, hh = np.nonzero(subsets[None, :, :] & head_ok[:, None, :])
