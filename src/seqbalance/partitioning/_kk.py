@@ -35,12 +35,21 @@ def resolve_roots(parent: np.ndarray) -> np.ndarray:
         root = up
 
 
+# Up to this many parts a tuple is merged as Python lists: numpy's per-call overhead
+# (several array operations a merge) outweighs the work on so few values. Both paths
+# make the same float64 sums and the same stable descending sorts, so the labels are
+# identical.
+_LIST_MAX_PARTS = 16
+
+
 def kk_labels(w: np.ndarray, k: int) -> np.ndarray:
     """Return a part label in ``0..k-1`` for each unit of ``w`` (float64, validated)."""
     m = int(w.shape[0])
     rounds = max(1, -(-m // k))
     slots = rounds * k
     order = np.argsort(-w, kind="stable")  # heaviest first, ties by index
+    if k <= _LIST_MAX_PARTS:
+        return _kk_labels_lists(w, k, m, rounds, slots, order)
     ids = np.concatenate([order, np.arange(m, slots, dtype=np.int64)])
     vals = np.concatenate([w[order], np.zeros(slots - m)])
     tup_vals: list[np.ndarray | None] = list(vals.reshape(rounds, k))
@@ -65,6 +74,39 @@ def kk_labels(w: np.ndarray, k: int) -> np.ndarray:
     root = resolve_roots(parent)
     part_of_root = np.full(slots, -1, dtype=np.int64)
     part_of_root[final] = np.arange(k, dtype=np.int64)
+    return part_of_root[root[:m]]
+
+
+def _kk_labels_lists(
+    w: np.ndarray, k: int, m: int, rounds: int, slots: int, order: np.ndarray
+) -> np.ndarray:
+    """:func:`kk_labels` for few parts, each tuple a pair of Python lists."""
+    ids = order.tolist() + list(range(m, slots))
+    vals = w[order].tolist() + [0.0] * (slots - m)
+    tup_vals: list[list[float] | None] = [vals[r * k : (r + 1) * k] for r in range(rounds)]
+    tup_ids: list[list[int] | None] = [ids[r * k : (r + 1) * k] for r in range(rounds)]
+    parent = list(range(slots))
+    heap = [(-(v[0] - v[-1]), r) for r, v in enumerate(tup_vals)]  # type: ignore[index]
+    heapq.heapify(heap)
+    span = range(k)
+    while len(heap) > 1:
+        _, a = heapq.heappop(heap)
+        _, b = heapq.heappop(heap)
+        va, ia, vb, ib = tup_vals[a], tup_ids[a], tup_vals[b], tup_ids[b]
+        assert va is not None and ia is not None and vb is not None and ib is not None
+        tup_vals[a] = tup_ids[a] = tup_vals[b] = tup_ids[b] = None
+        merged = [x + y for x, y in zip(va, reversed(vb))]
+        for x, y in zip(ia, reversed(ib)):
+            parent[y] = x
+        o = sorted(span, key=merged.__getitem__, reverse=True)  # stable: ties keep order
+        merged = [merged[i] for i in o]
+        tup_vals.append(merged)
+        tup_ids.append([ia[i] for i in o])
+        heapq.heappush(heap, (-(merged[0] - merged[-1]), len(tup_vals) - 1))
+    final = tup_ids[heap[0][1]]
+    root = resolve_roots(np.asarray(parent, dtype=np.int64))
+    part_of_root = np.full(slots, -1, dtype=np.int64)
+    part_of_root[np.asarray(final, dtype=np.int64)] = np.arange(k, dtype=np.int64)
     return part_of_root[root[:m]]
 
 

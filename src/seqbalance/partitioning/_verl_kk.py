@@ -167,8 +167,11 @@ def verl_free_kk_labels(
         nonlocal nxt
         if nxt < n:
             i = order[nxt]
-            key = (-vals[i], -vals[i], -1, -i)
-            if not heap or key < heap[0][:4]:
+            # (the item's key (-v, -v, -1, -i) against the top state's first four
+            # entries, compared element by element as the tuples would be)
+            v = -vals[i]
+            top = heap[0] if heap else None
+            if top is None or v < top[0] or (v == top[0] and (v, -1, -i) < top[1:4]):
                 nxt += 1
                 one = (vals[i], 1, i)
                 return [one], one

@@ -121,13 +121,18 @@ class _Ranks:
         la, lb = self.lengths[seqs[h]], self.lengths[seqs[p]]
         room_a = cap - tok[h][slot[h]] + la  # tokens a's micro-batch can take in place of a
         room_b = cap - tok[p][slot[p]] + lb
-        d = wa[:, None] - wb[None, :]
-        fit = (lb[None, :] <= room_a[:, None]) & (la[:, None] <= room_b[None, :])
-        ok = (d > 0) & (d < gap) & fit
+        d = np.subtract.outer(wa, wb).astype(np.float64, copy=False)
+        # (in place: one step compares every pair of the two ranks, so temporaries count)
+        ok = d > 0
+        ok &= d < gap
+        ok &= lb[None, :] <= room_a[:, None]
+        ok &= la[:, None] <= room_b[None, :]
         best: _Exchange | None = None
         best_score = np.inf
         if ok.any():
-            score = np.where(ok, np.abs(d - gap / 2), np.inf)
+            score = np.subtract(d, gap / 2, out=d)
+            np.abs(score, out=score)
+            score[~ok] = np.inf
             flat = int(np.argmin(score))
             best_score, best = float(score.flat[flat]), ("swap", flat // wb.size, flat % wb.size)
         if moves and wa.size:

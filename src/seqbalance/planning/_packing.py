@@ -422,12 +422,72 @@ def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
     if best is None:
         return False
     x, y = best
-    xi = int(ia[x])
+    _exchange(bins, a, b, int(ia[x]), int(ib[y]) if y >= 0 else -1)
+    return True
+
+
+# Bins up to this many sequences are compared as Python lists (_improve_pair_lists): on
+# a few sequences a bin numpy's per-call overhead is most of a pair scan's time.
+_LIST_MAX_ITEMS = 24
+
+
+def _improve_pair_lists(
+    bins: _Bins, a: int, b: int, wl: list[float], tl: list[int]
+) -> bool:
+    """:func:`_improve_pair` on small bins, with ``wl``, ``tl`` the costs and tokens as
+    lists: the same float64 arithmetic and the same first-of-the-least choices, so the
+    same exchange."""
+    cost_a = float(bins.cost[a])
+    gap = cost_a - float(bins.cost[b])
+    if gap <= 0:
+        return False
+    ia, ib = bins.items[a], bins.items[b]
+    wa, ta = [wl[i] for i in ia], [tl[i] for i in ia]
+    target = gap / 2.0
+    tiny = 1e-12 * cost_a
+    lo, hi = tiny, gap - tiny
+    room_a, room_b = bins.cap - int(bins.tok[a]), bins.cap - int(bins.tok[b])
+    best_err, best = np.inf, None
+    # Move x: a -> b.
+    for x, wx in enumerate(wa):
+        if lo < wx < hi and ta[x] <= room_b:
+            err = abs(wx - target)
+            if err < best_err:
+                best_err, best = err, (x, -1)
+    # Swap x <-> y: for each x, the y whose cost is nearest wx - gap/2.
+    if ib and best_err > 0:
+        wb, tb = [wl[i] for i in ib], [tl[i] for i in ib]
+        last = len(ib) - 1
+        srt = sorted(range(len(ib)), key=wb.__getitem__)  # (stable, as argsort's)
+        ws = [wb[j] for j in srt]
+        swap_err, swap = np.inf, None
+        for x, wx in enumerate(wa):
+            pos = bisect.bisect_left(ws, wx - target)
+            for off in (-2, -1, 0, 1):  # _NEAR
+                c = pos + off
+                y = srt[0 if c < 0 else last if c > last else c]
+                delta = wx - wb[y]
+                dt = ta[x] - tb[y]  # tokens moving from a to b
+                if lo < delta < hi and dt <= room_b and -dt <= room_a:
+                    err = abs(delta - target)
+                    if err < swap_err:
+                        swap_err, swap = err, (x, y)
+        if swap is not None and swap_err < best_err:
+            best_err, best = swap_err, swap
+    if best is None:
+        return False
+    x, y = best
+    _exchange(bins, a, b, ia[x], ib[y] if y >= 0 else -1)
+    return True
+
+
+def _exchange(bins: _Bins, a: int, b: int, xi: int, yi: int) -> None:
+    """Move sequence ``xi`` from bin ``a`` to ``b`` and, unless ``yi < 0``, ``yi`` back."""
+    w, t = bins.w, bins.t
     bins.items[a].remove(xi)
     bins.items[b].append(xi)
     dc, dt = float(w[xi]), int(t[xi])
-    if y >= 0:
-        yi = int(ib[y])
+    if yi >= 0:
         bins.items[b].remove(yi)
         bins.items[a].append(yi)
         dc -= float(w[yi])
@@ -436,7 +496,6 @@ def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
     bins.cost[b] += dc
     bins.tok[a] -= dt
     bins.tok[b] += dt
-    return True
 
 
 def _refine(bins: _Bins, max_steps: int, stop_at: float | None = None) -> None:
@@ -450,9 +509,16 @@ def _refine(bins: _Bins, max_steps: int, stop_at: float | None = None) -> None:
     enough = -np.inf if stop_at is None else stop_at
     pool_size = min(nb, 4 * k + 1)
     pairs = [0]  # pair scans run (the request's work meter)
+    lists: list[tuple[list[float], list[int]]] = []  # (costs, tokens), made when needed
+    small = bins.w.dtype == np.float64 and bins.t.dtype.kind in "iu"
 
     def improve(a: int, b: int) -> bool:
         pairs[0] += 1
+        items = bins.items
+        if small and len(items[a]) <= _LIST_MAX_ITEMS and len(items[b]) <= _LIST_MAX_ITEMS:
+            if not lists:
+                lists.append((bins.w.tolist(), bins.t.tolist()))
+            return _improve_pair_lists(bins, a, b, *lists[0])
         return _improve_pair(bins, a, b)
 
     try:

@@ -24,10 +24,14 @@ from ..partitioning._verl_kk import parts_of_labels, verl_equal_kk_labels, verl_
 __all__ = [
     "areal_ffd",
     "areal_ffd_groups",
+    "areal_micro_batches",
     "areal_pipeline",
+    "areal_ranks",
     "kk_partition",
     "slime_flops_pipeline",
+    "verl_micro_batches",
     "verl_pipeline",
+    "verl_ranks",
     "verl_workload",
 ]
 
@@ -84,15 +88,29 @@ def verl_pipeline(
     state holds one sum per part): with tiny micro-batches verl climbs through hundreds
     of counts, each a KK over thousands of parts.
     """
+    return verl_micro_batches(lengths, verl_ranks(lengths, dp), cap, max_count, max_work)
+
+
+def verl_ranks(lengths: np.ndarray, dp: int) -> list[list[int]]:
+    """The rank split of :func:`verl_pipeline`: each rank's sequences in verl's order."""
     n = int(lengths.size)
     work = verl_workload(lengths)
-    toks = lengths.astype(np.int64).tolist()
     padded = _pad_to_multiple(work, dp)
     parts = [[i for i in p if i < n] for p in kk_partition(padded, dp, equal_size=True)]
     ranks = []
     for p in parts:
         p = sorted(p, key=lambda i: (work[i], i))
         ranks.append(p[::2] + p[1::2][::-1])
+    return ranks
+
+
+def verl_micro_batches(
+    lengths: np.ndarray, ranks: list[list[int]], cap: int, max_count: int | None = None,
+    max_work: int | None = None,
+) -> list[list[list[int]]] | None:
+    """The micro-batches of :func:`verl_pipeline` from its rank split (:func:`verl_ranks`)."""
+    work = verl_workload(lengths)
+    toks = lengths.astype(np.int64).tolist()
     m = max(min(len(r), max(1, math.ceil(sum(toks[i] for i in r) / cap))) for r in ranks)
     limit = min(len(r) for r in ranks)
     # verl tries every rank at each count; a count fails as soon as one rank does, so the
@@ -222,8 +240,19 @@ def areal_pipeline(lengths: np.ndarray, dp: int, cap: int) -> list[list[list[int
     After each rank packs with :func:`areal_ffd`, every rank repacks with ``min_groups`` set
     to the largest count, until all counts agree (AReaL's synced allocation).
     """
+    return areal_micro_batches(lengths, areal_ranks(lengths, dp), cap)
+
+
+def areal_ranks(lengths: np.ndarray, dp: int) -> list[list[int]]:
+    """The rank split of :func:`areal_pipeline`."""
+    return _areal_dp_split(lengths.astype(np.int64).tolist(), dp)
+
+
+def areal_micro_batches(
+    lengths: np.ndarray, ranks: list[list[int]], cap: int
+) -> list[list[list[int]]]:
+    """The micro-batches of :func:`areal_pipeline` from its rank split (:func:`areal_ranks`)."""
     toks = lengths.astype(np.int64).tolist()
-    ranks = _areal_dp_split(toks, dp)
     m = 1
     while True:
         mbs = [

@@ -191,6 +191,7 @@ class _Placed:
         self.pos = np.full(where.shape[0], -1, dtype=np.int64)
         self.pos[placed] = np.arange(placed.size)
         self.slot_of, self.rank_of = slot, rank
+        self.ranked = bool(rank.any())  # (else every bin may swap with every other slot's)
         self.d = where[placed]
         self.slot_d, self.rank_d = slot[self.d], rank[self.d]
         self.w, self.t = costs[placed], lengths[placed]
@@ -200,10 +201,12 @@ class _Placed:
         self.d[k], self.slot_d[k], self.rank_d[k] = dst, self.slot_of[dst], self.rank_of[dst]
 
     def view(self, slack, room) -> tuple:
-        """Per placed sequence: its bin, slot, rank, cost, tokens, and its bin's slack and
-        room; shared by a step's swap scans (nothing moves between them)."""
+        """Per placed sequence: its bin, slot, rank (None where ranks do not matter),
+        cost, tokens, and its bin's slack and room each plus its own cost and tokens;
+        shared by a step's swap scans (nothing moves between them)."""
         d = self.d
-        return d, self.slot_d, self.rank_d, self.w, self.t, slack[d], room[d]
+        return (d, self.slot_d, self.rank_d if self.ranked else None, self.w, self.t,
+                slack[d] + self.w, room[d] + self.t)  # fmt: skip
 
 
 def _best_swap(items, b, second, slot, rank, cost, tok, cap, costs, lengths, placed, view, tiny):
@@ -211,24 +214,27 @@ def _best_swap(items, b, second, slot, rank, cost, tok, cap, costs, lengths, pla
     slack (``view``: :meth:`_Placed.view` of this step)."""
     ib = np.asarray(items[b], dtype=np.int64)
     w, t = costs[ib], lengths[ib]
-    d_all, slot_d, rank_d, w_all, t_all, slack_d, room_d = view
+    d_all, slot_d, rank_d, w_all, t_all, slack_w, room_t = view
     # Only sequences that pass every test below for some sequence of ``b`` can be swapped
     # (the same comparisons against the extremes of ``b``'s costs and tokens): the 2-D
     # scan runs over those, in the same order, so it picks what the full scan would.
     room_b = cap - tok[b]
-    cand = np.flatnonzero(
-        (slot_d != slot[b]) & (rank_d == rank[b])
-        & (w_all < w.max()) & (slack_d + w_all >= w.min())
-        & (room_d + t_all >= t.min()) & (room_b + t.max() >= t_all)
-    )  # fmt: skip
+    keep = slot_d != slot[b]
+    if rank_d is not None:
+        keep &= rank_d == rank[b]
+    keep &= w_all < w.max()
+    keep &= slack_w >= w.min()
+    keep &= room_t >= t.min()
+    keep &= room_b + t.max() >= t_all
+    cand = np.flatnonzero(keep)
     if cand.size == 0:
         return None
     wx, tx = w[:, None], t[:, None]
     wy, ty = w_all[cand][None, :], t_all[cand][None, :]
     ok = (
         (wy < wx)
-        & (slack_d[cand][None, :] + wy >= wx)  # the other slot's level does not rise
-        & (room_d[cand][None, :] + ty >= tx)
+        & (slack_w[cand][None, :] >= wx)  # the other slot's level does not rise
+        & (room_t[cand][None, :] >= tx)
         & (room_b + tx >= ty)
     )
     gain = np.where(ok, np.minimum(wx - wy, cost[b] - second), 0.0)
@@ -522,20 +528,29 @@ def _best_fill(
         t = t + np.where(subsets[None, :, b], ht[:, b, None], 0)
     valid &= (c <= level) & (t <= cap)
     rest = left & ~head_mask
-    took = np.zeros((dp, 1 << h, width), dtype=bool)
+    # took[k]: which (rank, subset) took position k; position-major, so that each column's
+    # row is written whole (took.transpose(1, 2, 0) is the (dp, 2**head, n) mask).
+    took = np.zeros((width, dp, 1 << h), dtype=bool)
     # A position a rank has no sequence left at costs inf and cap + 1 tokens, so it never
     # fits; a sequence that fits is added in place (the same sums as adding 0 elsewhere).
-    c_rest = np.where(rest, c_all, np.inf)
-    t_rest = np.where(rest, t_all, cap + 1)
+    # (Transposed copies: each column's values are then contiguous.)
+    c_rest = np.where(rest, c_all, np.inf).T.copy()
+    t_rest = np.where(rest, t_all, cap + 1).T.copy()
     cols = np.flatnonzero(rest.any(axis=0)).tolist()
     # (the work meter: a column costs about 8 us plus 1 ns per rank and subset; 25 us a unit)
     charge((h + len(cols)) * (1024 + (dp << h)) // 3200)
+    cc, tt, fits = np.empty_like(c), np.empty_like(t), np.empty(c.shape, dtype=bool)
     for k in cols:
-        cc, tt = c + c_rest[:, k, None], t + t_rest[:, k, None]
-        add = valid & (cc <= level) & (tt <= cap)
+        np.add(c, c_rest[k, :, None], out=cc)
+        np.add(t, t_rest[k, :, None], out=tt)
+        add = took[k]
+        np.less_equal(cc, level, out=add)
+        np.less_equal(tt, cap, out=fits)
+        add &= fits
+        add &= valid
         np.copyto(c, cc, where=add)
         np.copyto(t, tt, where=add)
-        took[:, :, k] = add
+    took = took.transpose(1, 2, 0)
     c = np.where(valid, c, -1.0)
     if candidates:
         rr, ss, hh = np.nonzero(subsets[None, :, :] & head_ok[:, None, :])

@@ -58,7 +58,15 @@ import numpy as np
 from .._validate import as_lengths, check_choice, check_max_tokens, check_positive_int
 from ._costing import sequence_costs
 from ._packing import first_fit_opening
-from ._pipelines import areal_pipeline, slime_flops_pipeline, verl_pipeline
+from ._pipelines import (
+    areal_micro_batches,
+    areal_pipeline,
+    areal_ranks,
+    slime_flops_pipeline,
+    verl_micro_batches,
+    verl_pipeline,
+    verl_ranks,
+)
 from .pipeline_orders import ORDERS as PIPELINE_ORDERS
 from .pipeline_plans import reorder
 from .plans import Plan
@@ -151,9 +159,12 @@ def sequential(
     return _plan("sequential", _sequential_grid(lens, dp, cap, costs), lens, cap, costs, c0, sync)
 
 
+def _sequential_ranks(lens: np.ndarray, dp: int) -> list[list[int]]:
+    return [s.tolist() for s in np.array_split(np.arange(lens.size), dp)]
+
+
 def _sequential_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> Grid:
-    slices = np.array_split(np.arange(lens.size), dp)
-    return [_first_fit(s.tolist(), lens, cap) for s in slices]
+    return [_first_fit(s, lens, cap) for s in _sequential_ranks(lens, dp)]
 
 
 def token_ffd(
@@ -171,16 +182,34 @@ def _token_ffd_grid(lens: np.ndarray, dp: int, cap: int, costs: np.ndarray) -> G
 
 
 def _kk_two_level(weights: np.ndarray, lens: np.ndarray, dp: int, cap: int) -> Grid:
+    return cast("Grid", _kk_micro_batches(weights, lens, _kk_ranks(weights, dp), cap))
+
+
+def _kk_ranks(weights: np.ndarray, dp: int) -> list[list[int]]:
+    from ..partitioning.kway import kk_parts  # lazy: keeps import order free
+
+    return kk_parts(np.asarray(weights, dtype=np.float64), dp, "balanced")
+
+
+def _kk_micro_batches(
+    weights: np.ndarray, lens: np.ndarray, rank_parts: list[list[int]], cap: int,
+    fit: bool = False,
+) -> Grid | None:
+    """Each rank's sequences by KK into the count the busiest rank's tokens need.
+    ``fit``: None as soon as a micro-batch is over ``cap`` (every rank gets ``m`` of
+    them, so the grid is final: no later step could split that one)."""
     from ..partitioning.kway import kk_parts  # lazy: keeps import order free
 
     weights = np.asarray(weights, dtype=np.float64)
-    rank_parts = kk_parts(weights, dp, "balanced")
     m = max((max(1, math.ceil(int(lens[p].sum()) / cap)) for p in rank_parts if p), default=1)
     ranks = []
     for items in rank_parts:
         idx = np.asarray(items, dtype=np.int64)
         parts = kk_parts(weights[idx], m) if idx.size else [[] for _ in range(m)]
-        ranks.append([idx[np.asarray(p, dtype=np.int64)].tolist() for p in parts])
+        rank = [idx[np.asarray(p, dtype=np.int64)].tolist() for p in parts]
+        if fit and any(int(lens[mb].sum()) > cap for mb in rank):
+            return None
+        ranks.append(rank)
     return ranks
 
 
@@ -260,3 +289,45 @@ BASELINE_GRIDS: dict[str, Callable[[np.ndarray, int, int, np.ndarray], Grid]] = 
     "verl": _verl_grid,
     "slime-flops": _slime_flops_grid,
 }
+
+#: The baselines of :data:`BASELINES` whose rank split comes first, in two stages:
+#: ``ranks(lengths, dp, costs)`` (each rank's sequences) and ``micro_batches(lengths, ranks,
+#: cap, costs)`` (the grid of :data:`BASELINE_GRIDS` from those ranks). Under either sync a
+#: plan's step is at least its busiest rank's total, so the planner can tell from the
+#: first stage alone that such a baseline cannot win, and skip the second (verl's is
+#: :func:`._pipelines.verl_micro_batches`, which the planner runs with its own limits).
+_Ranks = Callable[[np.ndarray, int, np.ndarray], list[list[int]]]
+_FromRanks = Callable[[np.ndarray, list[list[int]], int, np.ndarray], Grid]
+BASELINE_STAGES: dict[str, tuple[_Ranks, _FromRanks]] = {
+    "sequential": (
+        lambda lens, dp, costs: _sequential_ranks(lens, dp),
+        lambda lens, ranks, cap, costs: [_first_fit(r, lens, cap) for r in ranks],
+    ),
+    "token-kk": (
+        lambda lens, dp, costs: _kk_ranks(lens, dp),
+        lambda lens, ranks, cap, costs: cast("Grid", _kk_micro_batches(lens, lens, ranks, cap)),
+    ),
+    "cost-kk-uncapped": (
+        lambda lens, dp, costs: _kk_ranks(costs, dp),
+        lambda lens, ranks, cap, costs: cast("Grid", _kk_micro_batches(costs, lens, ranks, cap)),
+    ),
+    "areal": (
+        lambda lens, dp, costs: areal_ranks(lens, dp),
+        lambda lens, ranks, cap, costs: areal_micro_batches(lens, ranks, cap),
+    ),
+    "verl": (
+        lambda lens, dp, costs: verl_ranks(lens, dp),
+        lambda lens, ranks, cap, costs: cast("Grid", verl_micro_batches(lens, ranks, cap)),
+    ),
+}  # fmt: skip
+
+#: The second stage of the baselines of :data:`BASELINE_STAGES` that do not enforce the
+#: capacity, returning None at the first micro-batch over it (what a caller that drops
+#: such a plan needs; the grid otherwise).
+UNCAPPED_STAGES: dict[str, Callable[[np.ndarray, list[list[int]], int, np.ndarray], Grid | None]]
+UNCAPPED_STAGES = {
+    "token-kk": lambda lens, ranks, cap, costs: _kk_micro_batches(lens, lens, ranks, cap, True),
+    "cost-kk-uncapped": (
+        lambda lens, ranks, cap, costs: _kk_micro_batches(costs, lens, ranks, cap, True)
+    ),
+}  # fmt: skip

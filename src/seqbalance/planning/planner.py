@@ -92,7 +92,7 @@ from ._ordering import (
     shares_oversized,
 )
 from ._packing import ffd_failed, first_fit_parts, pack
-from ._pipelines import verl_pipeline
+from ._pipelines import verl_micro_batches
 from ._ranks import repartition_pairs
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
 from ._work import (
@@ -104,7 +104,13 @@ from ._work import (
     spent,
     work_meter,
 )
-from .baselines import BASELINE_GRIDS, BASELINES, _equalize
+from .baselines import (
+    BASELINE_GRIDS,
+    BASELINE_STAGES,
+    BASELINES,
+    UNCAPPED_STAGES,
+    _equalize,
+)
 from .bounds import (
     _step_bound_terms,
     capacity_step_bound,
@@ -1019,7 +1025,7 @@ _VERL_WORK = 1 << 23
 
 
 def _pipeline_candidates(
-    req: _Request, m_best: int | None, best_step: float | None = None
+    req: _Request, m_best: int | None, best_step: float | None = None, fewest: bool = False
 ) -> list[Plan]:
     """Step 3b: every baseline as a candidate, so plan is never worse than one that runs.
 
@@ -1035,32 +1041,50 @@ def _pipeline_candidates(
     which neither slack filling nor the later refill can go below) is above it could
     never be picked: it is dropped before its slack filling (0.47 s of a 0.9 s plan of
     8,192 rl-math sequences over 8 ranks), which changes no pick (see :func:`_levelled`).
+
+    ``fewest``: ``m_best`` is the fewest micro-batches any plan can have, so a baseline
+    kept has at least as many. Below ``effort="thorough"`` a baseline whose ranks are
+    known before its micro-batches (:data:`.baselines.BASELINE_STAGES`) is then not run
+    when its busiest rank's total alone is above ``best_step``: its step would be too.
     """
     if req.padded or req.n > _PIPELINE_MAX_ITEMS or req.n == 0:
         return []
     if req.dp * (m_best or 1) > _PIPELINE_MAX_ITEMS:
         return []  # mostly empty slots (allow_empty): the pipelines' cost is per slot
-    grids: dict[str, Callable[[], list[list[list[int]]]]] = {}
+    filled = req.budget.baselines == "filled"
+    # (fewest: no kept baseline has fewer micro-batches, so a step above best_step loses)
+    floors = (fewest and best_step is not None and not req.extra and req.pp is None
+              and not req.budget.thorough)  # fmt: skip
+    out = []
     for name in BASELINES:
-        if name == "verl":
+        # (charged whether it runs or not: the work meter counts the same in both)
+        charge(req.n >> 3)  # the work meter: a baseline costs about 3 us a sequence
+        staged = BASELINE_STAGES.get(name)
+        if staged is not None:
+            ranks = staged[0](req.lens, req.dp, req.costs)
+            if (floors and m_best is not None and best_step is not None
+                    and bin_totals(ranks, req.costs).max() + m_best * req.c0
+                    > best_step * (1.0 + 1e-9)):  # (float sums, as below)  # fmt: skip
+                continue  # its step is at least its busiest rank's total
+        if name in UNCAPPED_STAGES:
+            # a micro-batch over the cap drops the baseline below: stop at the first one
+            got = UNCAPPED_STAGES[name](req.lens, ranks, req.cap, req.costs)
+            if got is None:
+                continue
+            grid = [[sorted(int(i) for i in mb) for mb in rank] for rank in _equalize(got)]
+        elif name == "verl":
             # verl's loop runs one KK per count until the cap holds; counts above the best
             # plan's are discarded below, so its loop stops there (the same plan otherwise).
-            grids[name] = lambda: _equalize(
-                verl_pipeline(req.lens, req.dp, req.cap, m_best, _VERL_WORK) or []
+            grid = _equalize(
+                verl_micro_batches(req.lens, ranks, req.cap, m_best, _VERL_WORK) or []
             )
-            continue
-
-        def run(make: Any = BASELINE_GRIDS[name]) -> list[list[list[int]]]:
+        else:
             # the baseline's micro-batches as its Plan holds them, without building one
-            grid = _equalize(make(req.lens, req.dp, req.cap, req.costs))
-            return [[sorted(int(i) for i in mb) for mb in rank] for rank in grid]
-
-        grids[name] = run
-    filled = req.budget.baselines == "filled"
-    out = []
-    for name, make in grids.items():
-        grid = make()
-        charge(req.n >> 3)  # the work meter: a baseline costs about 3 us a sequence
+            grid = _equalize(
+                staged[1](req.lens, ranks, req.cap, req.costs) if staged is not None
+                else BASELINE_GRIDS[name](req.lens, req.dp, req.cap, req.costs)
+            )  # fmt: skip
+            grid = [[sorted(int(i) for i in mb) for mb in rank] for rank in grid]
         m = len(grid[0]) if grid else 0
         if m == 0 or any(len(r) != m for r in grid):
             continue
@@ -1901,7 +1925,7 @@ def _plan_attempt(
         known = {id(p): _step_in_order(req, p.micro_batches) for p in candidates
                  if p.num_micro_batches == m_best}  # fmt: skip
         best_step = min(known.values(), default=None)
-        candidates.extend(_pipeline_candidates(req, m_best, best_step))
+        candidates.extend(_pipeline_candidates(req, m_best, best_step, m_best == first_m))
     if req.budget.thorough:
         candidates = _levelled(req, candidates, known)
     elif more and req.budget.baselines == "filled":
