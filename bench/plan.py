@@ -6,7 +6,8 @@ baseline, simulates the step under both sync models, and checks:
 
 - the planner's guarantees (no violation);
 - FSDP and DDP step <= every baseline that respects the capacity (and runs: no empty
-  micro-batch);
+  micro-batch), within the default effort's tolerance: a plan at most 0.1% above its
+  bound may stop before the baselines run, so it is held to <= 1.001x each of them;
 - ``m`` <= the least micro-batch count reached by partition-based packing, AReaL's FFD
   pipeline or verl's pipeline with retry;
 - the gap ``step / bound - 1`` against the capacity-aware bound
@@ -46,7 +47,14 @@ from seqbalance.planning.bounds import min_micro_batches
 from seqbalance.planning.planner import plan
 
 _TOL = 1 + 1e-12
+_STOP = 1e-3  # the default effort stops once a plan is provably this close to its bound
 _SLOW_BASELINE_WORK = 5e6  # slime's KK keeps k parts per state: skip it above n * k of this
+
+
+def _within(step: float, gap: float, other: float) -> bool:
+    """``step`` at or below ``other``; within ``_STOP`` of it where the plan's ``gap`` to
+    its bound let the default effort stop before the baselines ran."""
+    return step <= other * (1 + _STOP if gap <= _STOP else _TOL)
 
 
 def partition_m(lengths: np.ndarray, dp: int, cap: int) -> int:
@@ -113,10 +121,10 @@ def run_config(name: str, dp: int, cap: int, per_rank: int, cost, seed: int) -> 
     row["checks"] = {
         "no_violations": all(x == 0 for v in row["violations"].values() for x in v.values()),
         "fsdp_le_valid_baselines": all(
-            row["fsdp_step"] <= b["fsdp_step"] * _TOL for b in valid.values()
+            _within(row["fsdp_step"], row["fsdp_gap"], b["fsdp_step"]) for b in valid.values()
         ),
         "ddp_le_valid_baselines": all(
-            row["ddp_step"] <= b["ddp_step"] * _TOL for b in valid.values()
+            _within(row["ddp_step"], row["ddp_gap"], b["ddp_step"]) for b in valid.values()
         ),
         "m_le_least_other_m": row["m"] <= row["least_other_m"]
         and row["m_ddp"] <= row["least_other_m"],
