@@ -22,7 +22,8 @@ on GRPO rl-math 1,024 x dp 64 with groups: the simulated step of each count and 
     python bench/latency.py --ext /work/ext --quick         # n <= 8,192
     python bench/latency.py --ext /work/ext --thorough      # also effort="thorough"
 
-Writes ``bench/results/latency.json``. The machine is shared: compare the ratios of one run.
+Writes ``bench/results/latency.json`` (``--quick``: ``latency_quick.json``). The machine
+is shared: compare the ratios of one run.
 """
 
 from __future__ import annotations
@@ -182,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="n <= 8,192 only")
     ap.add_argument("--thorough", action="store_true", help='also time effort="thorough"')
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", default="bench/results/latency.json")
+    ap.add_argument("--json", default=None, help="default: bench/results/latency.json, "
+                    "with --quick latency_quick.json")
     args = ap.parse_args(argv)
+    if args.json is None:
+        name = "latency_quick.json" if args.quick else "latency.json"
+        args.json = f"bench/results/{name}"
     seqpack = None
     if args.ext:
         try:
