@@ -26,7 +26,7 @@ import numpy as np
 
 from ..partitioning.kway import partition_arrays
 from ._grouping import bin_totals
-from ._work import charge
+from ._work import charge, remembered
 
 __all__ = ["best_fit", "ffd_failed", "first_fit", "first_fit_opening", "first_fit_parts", "pack"]
 
@@ -366,14 +366,19 @@ def ffd_failed(memo: dict, nbins: int, cap: int, padded: bool = False) -> dict:
     return memo
 
 
-def _shared(memo: dict | None, key: tuple, make: Callable[[], _Bins | None]) -> _Bins | None:
-    """``make()``, computed once per ``key`` in ``memo`` (when given); each caller gets its
-    own copy, since refinement changes bins in place."""
-    if memo is None:
-        return make()
-    if key not in memo:
-        memo[key] = make()
-    got = memo[key]
+def _shared(
+    memo: dict | None, key: tuple, make: Callable[[], _Bins | None], w: np.ndarray, t: np.ndarray
+) -> _Bins | None:
+    """``make()``, computed once per ``key`` in ``memo`` (when given) and once per items and
+    ``key`` in the request (:func:`._work.remembered`: a request packs the same items at the
+    same count from several places, e.g. the first start before the other starts, the
+    rank-first split of one rank, a count planned again); each caller gets its own copy,
+    since refinement changes bins in place."""
+    store = {} if memo is None else memo
+    if key not in store:
+        items = (w.dtype.str, w.tobytes(), t.dtype.str, t.tobytes())
+        store[key] = remembered(("pack start", key, items), make)
+    got = store[key]
     return None if got is None else got.copy()
 
 
@@ -562,9 +567,11 @@ def pack(
     """
     bins = _lpt(w, t, nbins, cap, padded) if start == "lpt" else None
     if bins is None:
-        bins = _shared(memo, ("ffd", nbins, cap, padded), lambda: _ffd(w, t, nbins, cap, padded))
+        bins = _shared(memo, ("ffd", nbins, cap, padded), lambda: _ffd(w, t, nbins, cap, padded),
+                       w, t)
     if bins is None and not padded:
-        bins = _shared(memo, ("tokens", nbins, cap), lambda: _token_balanced(w, t, nbins, cap))
+        bins = _shared(memo, ("tokens", nbins, cap), lambda: _token_balanced(w, t, nbins, cap),
+                       w, t)
     if bins is None:
         return None
     if refine and not padded:
