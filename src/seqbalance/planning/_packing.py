@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from itertools import chain
 
@@ -385,13 +386,24 @@ def _shared(
 _NEAR = np.array([-2, -1, 0, 1])  # candidate offsets around the ideal partner's rank
 
 
-def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
-    """Move or swap between heavier bin ``a`` and lighter bin ``b`` to even them out."""
+def _improve_pair(
+    bins: _Bins, a: int, b: int, lists: tuple[list[float], list[int]] | None = None
+) -> bool:
+    """Move or swap between heavier bin ``a`` and lighter bin ``b`` to even them out.
+
+    ``lists``: ``(bins.w.tolist(), bins.t.tolist())``; with them, pairs of few sequences
+    are compared in plain Python (:func:`_best_pair_small`)."""
     cost_a = float(bins.cost[a])
     gap = cost_a - float(bins.cost[b])
     if gap <= 0:
         return False
     w, t, cap = bins.w, bins.t, bins.cap
+    if lists is not None and len(bins.items[a]) + len(bins.items[b]) <= _SMALL_PAIR:
+        move = _best_pair_small(bins, a, b, gap, cost_a, *lists)
+        if move is None:
+            return False
+        _apply_pair(bins, a, b, *move)
+        return True
     ia = np.asarray(bins.items[a], dtype=np.int64)
     ib = np.asarray(bins.items[b], dtype=np.int64)
     wa, ta = w[ia], t[ia]
@@ -427,12 +439,69 @@ def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
     if best is None:
         return False
     x, y = best
-    xi = int(ia[x])
+    _apply_pair(bins, a, b, int(ia[x]), -1 if y < 0 else int(ib[y]))
+    return True
+
+
+#: Pairs of bins holding at most this many sequences together are compared in plain
+#: Python (:func:`_best_pair_small`): on a few sequences numpy's per-call overhead is
+#: most of a pair scan (the rank-first packing of a grouped request over 64 ranks runs
+#: tens of thousands of them).
+_SMALL_PAIR = 24
+
+
+def _best_pair_small(
+    bins: _Bins, a: int, b: int, gap: float, cost_a: float, wl: list[float], tl: list[int]
+) -> tuple[int, int] | None:
+    """:func:`_improve_pair`'s choice on Python numbers: the same candidates in the same
+    order (moves, then for each sequence of ``a`` the partners at offsets ``_NEAR`` around
+    its ideal one's rank), the same first minimum; as ``(x, y)``, the sequence leaving
+    ``a`` and the one leaving ``b`` (-1: a move), or None."""
+    ia, ib = bins.items[a], bins.items[b]
+    target = gap / 2.0
+    tiny = 1e-12 * cost_a
+    lo, hi = tiny, gap - tiny
+    room_a, room_b = bins.cap - int(bins.tok[a]), bins.cap - int(bins.tok[b])
+    best_err, best = math.inf, None
+    for x in ia:
+        wx = wl[x]
+        if lo < wx < hi and tl[x] <= room_b:
+            err = abs(wx - target)
+            if err < best_err:
+                best_err, best = err, (x, -1)
+    if ib and best_err > 0:
+        nb = len(ib)
+        srt = sorted(ib, key=wl.__getitem__)  # stable, as argsort(kind="stable")
+        ws = [wl[y] for y in srt]
+        s_err, s_best = math.inf, None
+        for x in ia:
+            wx, tx = wl[x], tl[x]
+            pos = bisect.bisect_left(ws, wx - target)
+            for off in _NEAR_OFFSETS:
+                c = pos + off
+                y = srt[0 if c < 0 else (nb - 1 if c >= nb else c)]
+                delta = wx - wl[y]
+                dt = tx - tl[y]
+                if lo < delta < hi and dt <= room_b and -dt <= room_a:
+                    err = abs(delta - target)
+                    if err < s_err:
+                        s_err, s_best = err, (x, y)
+        if s_best is not None and s_err < best_err:
+            best = s_best
+    return best
+
+
+_NEAR_OFFSETS = tuple(int(x) for x in _NEAR)
+
+
+def _apply_pair(bins: _Bins, a: int, b: int, xi: int, yi: int) -> None:
+    """Move sequence ``xi`` from bin ``a`` to bin ``b`` and, unless ``yi`` is -1, ``yi``
+    from ``b`` to ``a``."""
+    w, t = bins.w, bins.t
     bins.items[a].remove(xi)
     bins.items[b].append(xi)
     dc, dt = float(w[xi]), int(t[xi])
-    if y >= 0:
-        yi = int(ib[y])
+    if yi >= 0:
         bins.items[b].remove(yi)
         bins.items[a].append(yi)
         dc -= float(w[yi])
@@ -441,7 +510,6 @@ def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
     bins.cost[b] += dc
     bins.tok[a] -= dt
     bins.tok[b] += dt
-    return True
 
 
 def _refine(bins: _Bins, max_steps: int, stop_at: float | None = None) -> None:
@@ -455,10 +523,13 @@ def _refine(bins: _Bins, max_steps: int, stop_at: float | None = None) -> None:
     enough = -np.inf if stop_at is None else stop_at
     pool_size = min(nb, 4 * k + 1)
     pairs = [0]  # pair scans run (the request's work meter)
+    # (float costs and int64 tokens: Python's numbers then compare as numpy's do)
+    exact = bins.w.dtype == np.float64 and bins.t.dtype == np.int64
+    lists = (bins.w.tolist(), bins.t.tolist()) if exact else None
 
     def improve(a: int, b: int) -> bool:
         pairs[0] += 1
-        return _improve_pair(bins, a, b)
+        return _improve_pair(bins, a, b, lists)
 
     try:
         _refine_steps(bins, max_steps, enough, k, pool_size, improve)

@@ -2408,4 +2408,6 @@ def _pipeline_counts(p: Plan, multiple: int) -> int:
 
 def _final_step(p: Plan) -> float:
     """The step a finished plan is judged by: its pipeline's, else its simulated one."""
+    if p.pipeline is not None and isinstance(p, CPPlan):
+        return p._planned_pipeline_step()  # (the planner's own pieces: no checks)
     return p.simulate_pipeline().step_time if p.pipeline is not None else p.simulate().step_time
