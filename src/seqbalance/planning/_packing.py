@@ -447,7 +447,7 @@ def _improve_pair(
 #: Python (:func:`_best_pair_small`): on a few sequences numpy's per-call overhead is
 #: most of a pair scan (the rank-first packing of a grouped request over 64 ranks runs
 #: tens of thousands of them).
-_SMALL_PAIR = 24
+_SMALL_PAIR = 40
 
 
 def _best_pair_small(

@@ -653,7 +653,7 @@ def _rank_splits(req: _Request, first_m: int) -> list[list[list[int]] | None]:
         by_weight = []
         for weights in (req.costs, req.lens, np.ones(req.n)):
             w = np.asarray(weights, dtype=np.float64)
-            parts = [list(p) for p in partition_arrays(w, req.dp, req.size, "auto", req.groups)]
+            parts = _rank_partition(w, req.dp, req.size, req.groups)
             by_weight.append(parts)
             if parts not in splits:
                 splits.append(parts)
@@ -675,9 +675,22 @@ def _rank_splits(req: _Request, first_m: int) -> list[list[list[int]] | None]:
         # (_ddp_rank_first_at_bound).
         fit = (None if req.budget.stop_gap is None
                else lower_bound(req.costs, req.dp) * (1.0 + req.budget.stop_gap))  # fmt: skip
-        parts = partition_arrays(req.costs, req.dp, "free", "auto", None, fit=fit)
-        return [None, [list(p) for p in parts]]
+        return [None, _rank_partition(req.costs, req.dp, "free", None, fit)]
     return [None]
+
+
+def _rank_partition(
+    w: np.ndarray, dp: int, size: str, groups: np.ndarray | None, fit: float | None = None
+) -> list[list[int]]:
+    """``partition_arrays(w, dp, size, "auto", groups, fit=fit)`` as lists, computed once
+    per request (:func:`._work.remembered`: static CP plans its replicas once per count
+    and pipeline candidate, each splitting the same sequences over the same ranks)."""
+    key = ("rank split", w.dtype.str, w.tobytes(), dp, size,
+           None if groups is None else (groups.dtype.str, groups.tobytes()), fit)  # fmt: skip
+    parts = remembered(key, lambda: [
+        list(p) for p in partition_arrays(w, dp, size, "auto", groups, fit=fit)
+    ])  # fmt: skip
+    return [list(p) for p in parts]
 
 
 def _groups_per_rank(req: _Request, parts: list[list[int]]) -> list[list[int]]:
@@ -1058,8 +1071,12 @@ def _pipeline_candidates(
         grids[name] = run
     filled = req.budget.baselines == "filled"
     out = []
+    # (remembered for the request: the replica plans of static CP, one per count and
+    # pipeline candidate, run the same baselines on the same sequences)
+    items = (req.lens.tobytes(), req.costs.dtype.str, req.costs.tobytes(), req.dp, req.cap)
     for name, make in grids.items():
-        grid = make()
+        key = ("baseline grid", name, items, m_best if name == "verl" else None)
+        grid = [[list(mb) for mb in rank] for rank in remembered(key, make)]
         charge(req.n >> 3)  # the work meter: a baseline costs about 3 us a sequence
         m = len(grid[0]) if grid else 0
         if m == 0 or any(len(r) != m for r in grid):
@@ -1146,8 +1163,7 @@ def _full_rank_candidates(
         # Within 0.1% of max(mean part, largest unit) is close enough to split ranks by:
         # the exact searches behind "auto" would cost more than this whole candidate.
         near = max(float(weights.sum()) / req.dp, float(weights.max())) * 1.001
-        ranks = [list(part) for part in
-                 partition_arrays(weights, req.dp, "free", "auto", None, fit=near)]
+        ranks = _rank_partition(weights, req.dp, "free", None, near)
         if ranks in seen:
             continue
         seen.append(ranks)
