@@ -27,7 +27,7 @@ import numpy as np
 
 from ..partitioning.kway import partition_arrays
 from ._grouping import bin_totals
-from ._work import charge, remembered
+from ._work import charge, remembered_search
 
 __all__ = ["best_fit", "ffd_failed", "first_fit", "first_fit_opening", "first_fit_parts", "pack"]
 
@@ -371,14 +371,14 @@ def _shared(
     memo: dict | None, key: tuple, make: Callable[[], _Bins | None], w: np.ndarray, t: np.ndarray
 ) -> _Bins | None:
     """``make()``, computed once per ``key`` in ``memo`` (when given) and once per items and
-    ``key`` in the request (:func:`._work.remembered`: a request packs the same items at the
+    ``key`` in the request (:func:`._work.remembered_search`: a request packs the same items at the
     same count from several places, e.g. the first start before the other starts, the
     rank-first split of one rank, a count planned again); each caller gets its own copy,
     since refinement changes bins in place."""
     store = {} if memo is None else memo
     if key not in store:
         items = (w.dtype.str, w.tobytes(), t.dtype.str, t.tobytes())
-        store[key] = remembered(("pack start", key, items), make)
+        store[key] = remembered_search(("pack start", key, items), make)
     got = store[key]
     return None if got is None else got.copy()
 

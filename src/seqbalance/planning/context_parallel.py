@@ -1028,20 +1028,21 @@ def _assemble(
     pieces: Pieces = [[[] for _ in range(m)] for _ in range(W)]
     load = np.zeros(W)
     singles: dict[int, list[list[int]]] = {}
+    short_ids = shorts.tolist()
     for k, items in enumerate(a_items):
-        ids = [int(shorts[x]) for x in items]
+        ids = [short_ids[x] for x in items]
         if isinstance(owner[k], _Group):
             g = owner[k]
             g.seqs.extend(ids)
         else:
             singles.setdefault(owner[k], []).append(ids)
-    free_bins = [[int(shorts[x]) for x in b] for b in f_items]
+    free_bins = [[short_ids[x] for x in b] for b in f_items]
     if any(not b for b in free_bins) or any(not b for v in singles.values() for b in v):
         if not req.allow_empty:
             return None  # too few sequences for a piece on every GPU in every slot
     grid: list[list[list[int]]] = [[] for _ in range(W)]
     if free_bins:
-        bcost = np.array([float(full_cost[b].sum()) for b in free_bins])
+        bcost = _bin_sums(free_bins, full_cost)  # (thousands of bins, most empty)
         order = np.lexsort((np.arange(len(free_bins)), -bcost)).tolist()
         grid = [[free_bins[order[j * W + r]] for j in range(m - m_long)] for r in range(W)]
         if refine and req.sync == "fsdp" and m - m_long >= 2:

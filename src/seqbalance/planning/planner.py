@@ -101,6 +101,7 @@ from ._work import (
     charge,
     counts_spent,
     remembered,
+    remembered_search,
     spent,
     work_meter,
 )
@@ -683,11 +684,11 @@ def _rank_partition(
     w: np.ndarray, dp: int, size: str, groups: np.ndarray | None, fit: float | None = None
 ) -> list[list[int]]:
     """``partition_arrays(w, dp, size, "auto", groups, fit=fit)`` as lists, computed once
-    per request (:func:`._work.remembered`: static CP plans its replicas once per count
+    per request (:func:`._work.remembered_search`: static CP plans its replicas once per count
     and pipeline candidate, each splitting the same sequences over the same ranks)."""
     key = ("rank split", w.dtype.str, w.tobytes(), dp, size,
            None if groups is None else (groups.dtype.str, groups.tobytes()), fit)  # fmt: skip
-    parts = remembered(key, lambda: [
+    parts = remembered_search(key, lambda: [
         list(p) for p in partition_arrays(w, dp, size, "auto", groups, fit=fit)
     ])  # fmt: skip
     return [list(p) for p in parts]
@@ -1076,7 +1077,7 @@ def _pipeline_candidates(
     items = (req.lens.tobytes(), req.costs.dtype.str, req.costs.tobytes(), req.dp, req.cap)
     for name, make in grids.items():
         key = ("baseline grid", name, items, m_best if name == "verl" else None)
-        grid = [[list(mb) for mb in rank] for rank in remembered(key, make)]
+        grid = [[list(mb) for mb in rank] for rank in remembered_search(key, make)]
         charge(req.n >> 3)  # the work meter: a baseline costs about 3 us a sequence
         m = len(grid[0]) if grid else 0
         if m == 0 or any(len(r) != m for r in grid):
