@@ -631,13 +631,15 @@ def _replica_layout(req: _Request, base: Any) -> tuple[Pieces, tuple[np.ndarray,
     lens = req.lens.astype(np.int64)[seq]
     # the cuts of _balanced_members, of the sequences in slot order: (len(seq), 2c + 1)
     cuts = (np.arange(2 * c + 1, dtype=np.int64)[None, :] * lens[:, None]) // (2 * c)
-    r = np.arange(c)
+    at_k = np.arange(c)
     # a row per GPU k of a replica: every sequence's two ranges, first then second
-    start = np.stack((cuts[:, r].T, cuts[:, 2 * c - 1 - r].T), axis=2).reshape(c, -1)
-    end = np.stack((cuts[:, r + 1].T, cuts[:, 2 * c - r].T), axis=2).reshape(c, -1)
+    start = np.stack((cuts[:, at_k].T, cuts[:, 2 * c - 1 - at_k].T), axis=2).reshape(c, -1)
+    end = np.stack((cuts[:, at_k + 1].T, cuts[:, 2 * c - at_k].T), axis=2).reshape(c, -1)
     pair = np.repeat(seq, 2)
     ids = pair.tolist()
-    ranges = [list(zip(ids, a, b)) for a, b in zip(start.tolist(), end.tolist())]
+    row_of: list[list[tuple[int, int, int]]] = [
+        list(zip(ids, a, b)) for a, b in zip(start.tolist(), end.tolist())
+    ]
     bounds = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64) * 2)).tolist()
     slot_of = np.repeat(np.arange(len(sizes), dtype=np.int64), np.multiply(sizes, 2))
     out: Pieces = []
@@ -648,7 +650,7 @@ def _replica_layout(req: _Request, base: Any) -> tuple[Pieces, tuple[np.ndarray,
         lo = cell
         cell += len(rank)
         for k in range(c):
-            row = ranges[k]
+            row = row_of[k]
             out.append([row[bounds[x] : bounds[x + 1]] for x in range(lo, cell)])
         at = slice(bounds[lo], bounds[cell])
         gpus = np.arange(k_rank * c, k_rank * c + c, dtype=np.int64)
