@@ -530,11 +530,25 @@ def _best_fill(
     cols = np.flatnonzero(rest.any(axis=0)).tolist()
     # (the work meter: a column costs about 8 us plus 1 ns per rank and subset; 25 us a unit)
     charge((h + len(cols)) * (1024 + (dp << h)) // 3200)
+    # (the loop's arrays made once: a column is a few numpy calls on dp x 2**head values)
+    c_cols = np.ascontiguousarray(c_rest.T)[:, :, None]
+    t_cols = np.ascontiguousarray(t_rest.T)[:, :, None]
+    cc, tt = np.empty_like(c), np.empty_like(t)
+    add, fits = np.empty(c.shape, dtype=bool), np.empty(c.shape, dtype=bool)
+    # Where no rank's remaining sequences together exceed the cap, no fill can: the token
+    # sums are left out (the same masks).
+    tokens_bind = bool((np.where(left, t_all, 0).sum(axis=1) > cap).any())
     for k in cols:
-        cc, tt = c + c_rest[:, k, None], t + t_rest[:, k, None]
-        add = valid & (cc <= level) & (tt <= cap)
+        np.add(c, c_cols[k], out=cc)
+        np.less_equal(cc, level, out=add)
+        if tokens_bind:
+            np.add(t, t_cols[k], out=tt)
+            np.less_equal(tt, cap, out=fits)
+            np.logical_and(add, fits, out=add)
+        np.logical_and(add, valid, out=add)
         np.copyto(c, cc, where=add)
-        np.copyto(t, tt, where=add)
+        if tokens_bind:
+            np.copyto(t, tt, where=add)
         took[:, :, k] = add
     c = np.where(valid, c, -1.0)
     if candidates:
