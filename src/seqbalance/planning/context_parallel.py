@@ -987,10 +987,40 @@ def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[in
 
 
 def _build_dynamic(
-    req: _Request, deg: np.ndarray, refine: bool = True
+    req: _Request, deg: np.ndarray, refine: bool = True, layouts: dict[bytes, Any] | None = None
 ) -> tuple[CPPlan, tuple[np.ndarray, ...]] | None:
     """Steps 2-3 of the module docstring for one degree vector, and the plan's pieces as
-    ``_flatten`` gives them; None if nothing fits."""
+    ``_flatten`` gives them; None if nothing fits. ``layouts``: what :func:`_place_shorts`
+    gave for the degree vectors built so far (by their bytes), which the slot refinement
+    of the best one builds on again rather than placing its sequences anew."""
+    key = deg.tobytes()
+    if layouts is not None and key in layouts:
+        built = layouts[key]
+    else:
+        built = _place_shorts(req, deg)
+        if layouts is not None:
+            layouts[key] = built
+    if built is None:
+        return None
+    placed, owners, shorts, a_items, f_items, m, m_long = built
+    # (_assemble adds the absorbed sequences to the groups: it gets copies of them)
+    twins = {}
+    for g in placed:
+        twin = _Group(g.d, g.slot)
+        twin.seqs, twin.time, twin.tok = list(g.seqs), g.time, g.tok
+        twins[id(g)] = twin
+    groups = [twins[id(g)] for g in placed]
+    owner = [twins[id(o)] if isinstance(o, _Group) else o for o in owners]
+    return _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long, refine)
+
+
+_Placed = tuple[list["_Group"], list[Any], np.ndarray, list[list[int]], list[list[int]], int, int]
+
+
+def _place_shorts(req: _Request, deg: np.ndarray) -> _Placed | None:
+    """:func:`_build_dynamic` up to its pieces: the groups, the absorb bins' owners, the
+    short sequences and their absorb and free bins, the count and the slots of the groups;
+    None if nothing fits."""
     W, cap = req.world, req.cap
     groups, used, level = _place_groups(req, deg)
     shorts = np.flatnonzero(deg == 1)
@@ -1009,7 +1039,7 @@ def _build_dynamic(
         got = _fill_shorts(req, shorts, bins, n_free, absorbed)
         if got is not None:
             a_items, f_items = got
-            return _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long, refine)
+            return groups, owner, shorts, a_items, f_items, m, m_long
         m += req.mult
     return None
 
@@ -1132,6 +1162,7 @@ def _dynamic(req: _Request) -> CPPlan:
         return empty
     tried: list[tuple[str, CPPlan, float]] = []
     flats: dict[int, tuple[np.ndarray, ...] | None] = {}  # by id of a tried plan: _flatten's
+    layouts: dict[bytes, Any] = {}  # _build_dynamic's placements, by degree vector
     seen: list[np.ndarray] = []
     t_top = float(max(req.tables[int(d)][0][i] for i, d in enumerate(req.d_min.tolist())))
     thetas = [math.inf] + [t_top / 2**k for k in range(1, len(req.tables) + 1)]
@@ -1151,7 +1182,7 @@ def _dynamic(req: _Request) -> CPPlan:
                            f"{DYNAMIC_WORK:,} of seqbalance.planning.context_parallel)")
             break
         # Candidates are compared unrefined; the winner gets the slot refinement below.
-        built = _build_dynamic(req, deg, refine=False)
+        built = _build_dynamic(req, deg, refine=False, layouts=layouts)
         work += _ranges(deg)
         if built is None:
             continue
@@ -1177,7 +1208,7 @@ def _dynamic(req: _Request) -> CPPlan:
     if tried and work + best_units > DYNAMIC_WORK:
         skipped.append("the slot refinement of the best degree candidate (DYNAMIC_WORK)")
     elif tried:
-        built = _build_dynamic(req, best_deg, refine=True)
+        built = _build_dynamic(req, best_deg, refine=True, layouts=layouts)
         if built is not None:
             refined, flats[id(built[0])] = built
             t = _step(refined, req.sync, flats[id(refined)])
