@@ -370,7 +370,9 @@ def run_random(args: argparse.Namespace) -> dict[str, Any]:
         "wall_s": wall, "outcomes": counts, "over_1s": int(over_1s),
         "over_1s_cpu": int((cpu > 1.0).sum()), "max_cpu_s": float(cpu.max()),
         "median_s": float(np.median(times)), "p99_s": float(np.quantile(times, 0.99)),
-        "slowest": by_time[:20], "peak": peak, "broken": broken, "other_errors": others,
+        "slowest": by_time[:20],
+        "slowest_cpu": sorted(rows, key=lambda r: -r.get("cpu_s", r["seconds"]))[:20],
+        "peak": peak, "broken": broken, "other_errors": others,
     }  # fmt: skip
 
 

@@ -287,18 +287,28 @@ def _best_op_small(
         srt = sorted(range(n), key=wp.__getitem__)
         wps = [wp[j] for j in srt]
         half = gap / 2
+        # one binary search per unit for both rows, each row's first minimum kept apart:
+        # the "nearest below" row wins only when strictly lower, as if scanned second
+        a_after, a_op = math.inf, None
         b_after, b_op = math.inf, None
-        for below in (False, True):
-            for i, x in enumerate(wh):
-                pos = bisect.bisect_left(wps, x - half)
-                j = (pos - 1 if pos > 0 else 0) if below else (pos if pos < n else n - 1)
-                d = x - wps[j]
-                if 0 < d < gap:
-                    after = top - d if top - d > low + d else low + d
-                    if after < b_after:
-                        b_after, b_op = after, (i, srt[j])
-        if b_op is not None and b_after < best:
-            op = ("swap", b_op[0], b_op[1])
+        for i, x in enumerate(wh):
+            pos = bisect.bisect_left(wps, x - half)
+            j = pos if pos < n else n - 1
+            d = x - wps[j]
+            if 0 < d < gap:
+                after = top - d if top - d > low + d else low + d
+                if after < a_after:
+                    a_after, a_op = after, (i, srt[j])
+            j = pos - 1 if pos > 0 else 0
+            d = x - wps[j]
+            if 0 < d < gap:
+                after = top - d if top - d > low + d else low + d
+                if after < b_after:
+                    b_after, b_op = after, (i, srt[j])
+        if b_after < a_after:
+            a_after, a_op = b_after, b_op
+        if a_op is not None and a_after < best:
+            op = ("swap", a_op[0], a_op[1])
     return op
 
 

@@ -111,6 +111,12 @@ def take_nodes(want: int) -> int:
     return want if pool is None else max(0, min(want, pool[0]))
 
 
+def nodes_left() -> int | None:
+    """The nodes left in the pool of the enclosing :func:`exact_work_pool`; None outside one."""
+    pool = _POOL.get()
+    return None if pool is None else pool[0]
+
+
 def spend_nodes(nodes: int) -> None:
     """Charge ``nodes`` to the pool of the enclosing :func:`exact_work_pool`, if any."""
     pool = _POOL.get()

@@ -14,9 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from ._pieces import _flatten
 from .cp_plans import CPPlan, Pieces, _layout
 
-__all__ = ["megatron_cp_plan", "megatron_degrees"]
+__all__ = ["megatron_cp_flat", "megatron_cp_plan", "megatron_degrees"]
 
 
 def megatron_degrees(req: Any) -> np.ndarray:
@@ -38,6 +39,12 @@ def _rooms(width: np.ndarray, tok: np.ndarray, cap: int) -> tuple[int, int]:
 
 def megatron_cp_plan(req: Any) -> CPPlan:
     """The ``megatron-cp`` plan for a validated request of :mod:`.context_parallel`."""
+    return megatron_cp_flat(req)[0]
+
+
+def megatron_cp_flat(req: Any) -> tuple[CPPlan, tuple[np.ndarray, ...]]:
+    """:func:`megatron_cp_plan`, and its pieces as ``_flatten`` gives them (dynamic CP
+    simulates the plan it built)."""
     W, cap, lens = req.world, req.cap, req.lens
     deg = megatron_degrees(req)
     if (deg > req.cp_size).any():
@@ -139,7 +146,8 @@ def megatron_cp_plan(req: Any) -> CPPlan:
             for i in members[g]:
                 d = int(deg[i])  # aligned group: g % d is the member's rank inside it
                 pieces[g][j].extend((i, s, e) for s, e in _layout(int(lens[i]), d)[g % d])
-    return CPPlan._from_validated_pieces(
+    flat = _flatten(pieces)
+    plan = CPPlan._from_validated_pieces(
         pieces,
         lens,
         max_tokens=cap,
@@ -150,4 +158,6 @@ def megatron_cp_plan(req: Any) -> CPPlan:
         sync=req.sync,
         strategy="megatron-cp",
         notes=[],
+        flat=flat,
     )
+    return plan, flat

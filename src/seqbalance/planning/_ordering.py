@@ -176,14 +176,22 @@ def separate_oversized(
         return grid
     over = [[any(true_lens[i] > cap for i in mb) for mb in rank] for rank in grid]
     out = [[list(mb) for mb in rank] for rank in grid]
+    lens = [int(x) for x in true_lens.tolist()]
+    # each micro-batch's tokens, count and longest sequence, kept as sequences move
+    tok = [[sum(lens[i] for i in mb) for mb in rank] for rank in out]
+    cnt = [[len(mb) for mb in rank] for rank in out]
+    top = [[max((lens[i] for i in mb), default=0) for mb in rank] for rank in out]
 
-    def load(mb: list[int]) -> int:
+    def load(s: int, d: int, extra: int = -1) -> int:
+        """The tokens of ``out[s][d]`` (padded: count x longest), with ``extra`` too."""
         if padded:
-            return len(mb) * max((int(true_lens[i]) for i in mb), default=0)
-        return int(sum(int(true_lens[i]) for i in mb))
+            if extra < 0:
+                return cnt[s][d] * top[s][d]
+            return (cnt[s][d] + 1) * max(top[s][d], lens[extra])
+        return tok[s][d] + (lens[extra] if extra >= 0 else 0)
 
     def room(s: int, d: int, i: int) -> bool:
-        return not over[s][d] and load([*out[s][d], i]) <= cap
+        return not over[s][d] and load(s, d, i) <= cap
 
     moved = False
     for r, rank in enumerate(out):
@@ -197,9 +205,15 @@ def separate_oversized(
                             if room(s, d, i)]  # fmt: skip
                 if not dest:
                     continue
-                s, d = min(dest, key=lambda sd: (load(out[sd[0]][sd[1]]), sd))
+                s, d = min(dest, key=lambda sd: (load(*sd), sd))
                 mb.remove(i)
                 out[s][d].append(i)
+                tok[r][j] -= lens[i]
+                cnt[r][j] -= 1
+                top[r][j] = max((lens[x] for x in mb), default=0)
+                tok[s][d] += lens[i]
+                cnt[s][d] += 1
+                top[s][d] = max(top[s][d], lens[i])
                 moved = True
     return [[sorted(mb) for mb in rank] for rank in out] if moved else grid
 

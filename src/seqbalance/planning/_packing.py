@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Callable, Sequence
 from itertools import chain
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from ..partitioning.kway import partition_arrays
 from ._grouping import bin_totals
-from ._work import charge
+from ._work import charge, remembered_search
 
 __all__ = ["best_fit", "ffd_failed", "first_fit", "first_fit_opening", "first_fit_parts", "pack"]
 
@@ -366,27 +367,43 @@ def ffd_failed(memo: dict, nbins: int, cap: int, padded: bool = False) -> dict:
     return memo
 
 
-def _shared(memo: dict | None, key: tuple, make: Callable[[], _Bins | None]) -> _Bins | None:
-    """``make()``, computed once per ``key`` in ``memo`` (when given); each caller gets its
-    own copy, since refinement changes bins in place."""
-    if memo is None:
-        return make()
-    if key not in memo:
-        memo[key] = make()
-    got = memo[key]
+def _shared(
+    memo: dict | None, key: tuple, make: Callable[[], _Bins | None], w: np.ndarray, t: np.ndarray
+) -> _Bins | None:
+    """``make()``, computed once per ``key`` in ``memo`` (when given) and once per items and
+    ``key`` in the request (:func:`._work.remembered_search`: a request packs the same items at the
+    same count from several places, e.g. the first start before the other starts, the
+    rank-first split of one rank, a count planned again); each caller gets its own copy,
+    since refinement changes bins in place."""
+    store = {} if memo is None else memo
+    if key not in store:
+        items = (w.dtype.str, w.tobytes(), t.dtype.str, t.tobytes())
+        store[key] = remembered_search(("pack start", key, items), make)
+    got = store[key]
     return None if got is None else got.copy()
 
 
 _NEAR = np.array([-2, -1, 0, 1])  # candidate offsets around the ideal partner's rank
 
 
-def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
-    """Move or swap between heavier bin ``a`` and lighter bin ``b`` to even them out."""
+def _improve_pair(
+    bins: _Bins, a: int, b: int, lists: tuple[list[float], list[int]] | None = None
+) -> bool:
+    """Move or swap between heavier bin ``a`` and lighter bin ``b`` to even them out.
+
+    ``lists``: ``(bins.w.tolist(), bins.t.tolist())``; with them, pairs of few sequences
+    are compared in plain Python (:func:`_best_pair_small`)."""
     cost_a = float(bins.cost[a])
     gap = cost_a - float(bins.cost[b])
     if gap <= 0:
         return False
     w, t, cap = bins.w, bins.t, bins.cap
+    if lists is not None and len(bins.items[a]) + len(bins.items[b]) <= _SMALL_PAIR:
+        move = _best_pair_small(bins, a, b, gap, cost_a, *lists)
+        if move is None:
+            return False
+        _apply_pair(bins, a, b, *move)
+        return True
     ia = np.asarray(bins.items[a], dtype=np.int64)
     ib = np.asarray(bins.items[b], dtype=np.int64)
     wa, ta = w[ia], t[ia]
@@ -422,67 +439,64 @@ def _improve_pair(bins: _Bins, a: int, b: int) -> bool:
     if best is None:
         return False
     x, y = best
-    _exchange(bins, a, b, int(ia[x]), int(ib[y]) if y >= 0 else -1)
+    _apply_pair(bins, a, b, int(ia[x]), -1 if y < 0 else int(ib[y]))
     return True
 
 
-# Bins up to this many sequences are compared as Python lists (_improve_pair_lists): on
-# a few sequences a bin numpy's per-call overhead is most of a pair scan's time.
-_LIST_MAX_ITEMS = 24
+#: Pairs of bins holding at most this many sequences together are compared in plain
+#: Python (:func:`_best_pair_small`): on a few sequences numpy's per-call overhead is
+#: most of a pair scan (the rank-first packing of a grouped request over 64 ranks runs
+#: tens of thousands of them).
+_SMALL_PAIR = 40
 
 
-def _improve_pair_lists(
-    bins: _Bins, a: int, b: int, wl: list[float], tl: list[int]
-) -> bool:
-    """:func:`_improve_pair` on small bins, with ``wl``, ``tl`` the costs and tokens as
-    lists: the same float64 arithmetic and the same first-of-the-least choices, so the
-    same exchange."""
-    cost_a = float(bins.cost[a])
-    gap = cost_a - float(bins.cost[b])
-    if gap <= 0:
-        return False
+def _best_pair_small(
+    bins: _Bins, a: int, b: int, gap: float, cost_a: float, wl: list[float], tl: list[int]
+) -> tuple[int, int] | None:
+    """:func:`_improve_pair`'s choice on Python numbers: the same candidates in the same
+    order (moves, then for each sequence of ``a`` the partners at offsets ``_NEAR`` around
+    its ideal one's rank), the same first minimum; as ``(x, y)``, the sequence leaving
+    ``a`` and the one leaving ``b`` (-1: a move), or None."""
     ia, ib = bins.items[a], bins.items[b]
-    wa, ta = [wl[i] for i in ia], [tl[i] for i in ia]
     target = gap / 2.0
     tiny = 1e-12 * cost_a
     lo, hi = tiny, gap - tiny
     room_a, room_b = bins.cap - int(bins.tok[a]), bins.cap - int(bins.tok[b])
-    best_err, best = np.inf, None
-    # Move x: a -> b.
-    for x, wx in enumerate(wa):
-        if lo < wx < hi and ta[x] <= room_b:
+    best_err, best = math.inf, None
+    for x in ia:
+        wx = wl[x]
+        if lo < wx < hi and tl[x] <= room_b:
             err = abs(wx - target)
             if err < best_err:
                 best_err, best = err, (x, -1)
-    # Swap x <-> y: for each x, the y whose cost is nearest wx - gap/2.
     if ib and best_err > 0:
-        wb, tb = [wl[i] for i in ib], [tl[i] for i in ib]
-        last = len(ib) - 1
-        srt = sorted(range(len(ib)), key=wb.__getitem__)  # (stable, as argsort's)
-        ws = [wb[j] for j in srt]
-        swap_err, swap = np.inf, None
-        for x, wx in enumerate(wa):
+        nb = len(ib)
+        srt = sorted(ib, key=wl.__getitem__)  # stable, as argsort(kind="stable")
+        ws = [wl[y] for y in srt]
+        s_err, s_best = math.inf, None
+        for x in ia:
+            wx, tx = wl[x], tl[x]
             pos = bisect.bisect_left(ws, wx - target)
-            for off in (-2, -1, 0, 1):  # _NEAR
+            for off in _NEAR_OFFSETS:
                 c = pos + off
-                y = srt[0 if c < 0 else last if c > last else c]
-                delta = wx - wb[y]
-                dt = ta[x] - tb[y]  # tokens moving from a to b
+                y = srt[0 if c < 0 else (nb - 1 if c >= nb else c)]
+                delta = wx - wl[y]
+                dt = tx - tl[y]
                 if lo < delta < hi and dt <= room_b and -dt <= room_a:
                     err = abs(delta - target)
-                    if err < swap_err:
-                        swap_err, swap = err, (x, y)
-        if swap is not None and swap_err < best_err:
-            best_err, best = swap_err, swap
-    if best is None:
-        return False
-    x, y = best
-    _exchange(bins, a, b, ia[x], ib[y] if y >= 0 else -1)
-    return True
+                    if err < s_err:
+                        s_err, s_best = err, (x, y)
+        if s_best is not None and s_err < best_err:
+            best = s_best
+    return best
 
 
-def _exchange(bins: _Bins, a: int, b: int, xi: int, yi: int) -> None:
-    """Move sequence ``xi`` from bin ``a`` to ``b`` and, unless ``yi < 0``, ``yi`` back."""
+_NEAR_OFFSETS = tuple(int(x) for x in _NEAR)
+
+
+def _apply_pair(bins: _Bins, a: int, b: int, xi: int, yi: int) -> None:
+    """Move sequence ``xi`` from bin ``a`` to bin ``b`` and, unless ``yi`` is -1, ``yi``
+    from ``b`` to ``a``."""
     w, t = bins.w, bins.t
     bins.items[a].remove(xi)
     bins.items[b].append(xi)
@@ -509,17 +523,13 @@ def _refine(bins: _Bins, max_steps: int, stop_at: float | None = None) -> None:
     enough = -np.inf if stop_at is None else stop_at
     pool_size = min(nb, 4 * k + 1)
     pairs = [0]  # pair scans run (the request's work meter)
-    lists: list[tuple[list[float], list[int]]] = []  # (costs, tokens), made when needed
-    small = bins.w.dtype == np.float64 and bins.t.dtype.kind in "iu"
+    # (float costs and int64 tokens: Python's numbers then compare as numpy's do)
+    exact = bins.w.dtype == np.float64 and bins.t.dtype == np.int64
+    lists = (bins.w.tolist(), bins.t.tolist()) if exact else None
 
     def improve(a: int, b: int) -> bool:
         pairs[0] += 1
-        items = bins.items
-        if small and len(items[a]) <= _LIST_MAX_ITEMS and len(items[b]) <= _LIST_MAX_ITEMS:
-            if not lists:
-                lists.append((bins.w.tolist(), bins.t.tolist()))
-            return _improve_pair_lists(bins, a, b, *lists[0])
-        return _improve_pair(bins, a, b)
+        return _improve_pair(bins, a, b, lists)
 
     try:
         _refine_steps(bins, max_steps, enough, k, pool_size, improve)
@@ -628,9 +638,11 @@ def pack(
     """
     bins = _lpt(w, t, nbins, cap, padded) if start == "lpt" else None
     if bins is None:
-        bins = _shared(memo, ("ffd", nbins, cap, padded), lambda: _ffd(w, t, nbins, cap, padded))
+        bins = _shared(memo, ("ffd", nbins, cap, padded), lambda: _ffd(w, t, nbins, cap, padded),
+                       w, t)
     if bins is None and not padded:
-        bins = _shared(memo, ("tokens", nbins, cap), lambda: _token_balanced(w, t, nbins, cap))
+        bins = _shared(memo, ("tokens", nbins, cap), lambda: _token_balanced(w, t, nbins, cap),
+                       w, t)
     if bins is None:
         return None
     if refine and not padded:

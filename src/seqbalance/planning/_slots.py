@@ -540,16 +540,21 @@ def _best_fill(
     # (the work meter: a column costs about 8 us plus 1 ns per rank and subset; 25 us a unit)
     charge((h + len(cols)) * (1024 + (dp << h)) // 3200)
     cc, tt, fits = np.empty_like(c), np.empty_like(t), np.empty(c.shape, dtype=bool)
+    # Where no rank's remaining sequences together exceed the cap, no fill can: the token
+    # sums are left out (the same masks).
+    tokens_bind = bool((np.where(left, t_all, 0).sum(axis=1) > cap).any())
     for k in cols:
         np.add(c, c_rest[k, :, None], out=cc)
-        np.add(t, t_rest[k, :, None], out=tt)
         add = took[k]
         np.less_equal(cc, level, out=add)
-        np.less_equal(tt, cap, out=fits)
-        add &= fits
+        if tokens_bind:
+            np.add(t, t_rest[k, :, None], out=tt)
+            np.less_equal(tt, cap, out=fits)
+            add &= fits
         add &= valid
         np.copyto(c, cc, where=add)
-        np.copyto(t, tt, where=add)
+        if tokens_bind:
+            np.copyto(t, tt, where=add)
     took = took.transpose(1, 2, 0)
     c = np.where(valid, c, -1.0)
     if candidates:

@@ -14,6 +14,8 @@ import contextlib
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator
 
+from ..partitioning.searches import nodes_left, spend_nodes
+
 __all__ = [
     "CANDIDATE_WORK",
     "COUNT_WORK",
@@ -21,6 +23,7 @@ __all__ = [
     "charge",
     "counts_spent",
     "remembered",
+    "remembered_search",
     "spent",
     "work_meter",
 ]
@@ -88,6 +91,25 @@ def remembered(key: Any, make: Callable[[], Any]) -> Any:
     if key not in memo:
         memo[key] = make()
     return memo[key]
+
+
+def remembered_search(key: Any, make: Callable[[], Any]) -> Any:
+    """:func:`remembered` for steps whose exact searches draw on the request's node pool
+    (:func:`seqbalance.partitioning.searches.exact_work_pool`): remembered per ``key`` and
+    the nodes left when it runs, and a remembered result spends again the nodes it spent
+    when made, so every later search finds the pool as if it had run again."""
+    memo = _MEMO.get()
+    if memo is None:
+        return make()
+    left = nodes_left()
+    full = ("nodes", key, left)
+    if full not in memo:
+        got = make()
+        after = nodes_left()
+        memo[full] = (got, 0 if left is None or after is None else left - after)
+    else:
+        spend_nodes(memo[full][1])
+    return memo[full][0]
 
 
 def candidates_spent() -> bool:

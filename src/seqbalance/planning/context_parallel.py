@@ -44,6 +44,7 @@ import bisect
 import copy
 import heapq
 import math
+from itertools import chain
 from typing import Any, Callable
 
 import numpy as np
@@ -65,7 +66,8 @@ from ..partitioning.searches import exact_work_pool
 from ._count_notes import without_raised_to
 from ._effort import exact_pool
 from ._grouping import bin_totals
-from ._megatron import megatron_cp_plan, megatron_degrees
+from ._megatron import megatron_cp_flat, megatron_degrees
+from ._pieces import _flatten
 from ._slots import fill_slack
 from ._work import COUNT_WORK, counts_spent, remembered, spent, work_meter
 from .cp_pipeline import CPPipelineSetup, order_phases, permute_slots, pipeline_note
@@ -73,8 +75,10 @@ from .cp_plans import (
     CP_MODES,
     CPPlan,
     Pieces,
+    _degrees,
     _layout,
     _powers,
+    _simulate_flat,
     check_cp_size,
     degree_tables,
     simulate_pieces,
@@ -599,22 +603,78 @@ def _static_notes(req: _Request, notes: Any) -> list[str]:
 
 
 def _replica_pieces(req: _Request, base: Any) -> Pieces:
-    """Every sequence of a replica's micro-batch over the replica's cp_size GPUs."""
+    """Every sequence of a replica's micro-batch over the replica's cp_size GPUs: on GPU
+    ``k`` of the replica, the ranges :meth:`_Request.members` gives it, sequence after
+    sequence in the micro-batch's order."""
+    return _replica_layout(req, base)[0]
+
+
+def _replica_layout(req: _Request, base: Any) -> tuple[Pieces, tuple[np.ndarray, ...] | None]:
+    """:func:`_replica_pieces`, and the pieces as ``_flatten`` gives them (None with
+    ``cp_size`` 1), both built from the layout's cuts of all sequences at once: a wide
+    mesh holds a hundred thousand ranges."""
     c = req.cp_size
-    pieces: Pieces = [[] for _ in range(req.world)]
-    for r, rank in enumerate(base.micro_batches):
-        for mb in rank:
-            members: list[list[tuple[int, int, int]]] = [[] for _ in range(c)]
-            for i in mb:
-                for k, ranges in enumerate(req.members(i)):
-                    members[k].extend(ranges)
-            for k in range(c):
-                pieces[r * c + k].append(members[k])
-    return pieces
+    if c < 2:
+        pieces: Pieces = [[] for _ in range(req.world)]
+        for r, rank in enumerate(base.micro_batches):
+            for mb in rank:
+                members: list[list[tuple[int, int, int]]] = [[] for _ in range(c)]
+                for i in mb:
+                    for k, ranges in enumerate(req.members(i)):
+                        members[k].extend(ranges)
+                for k in range(c):
+                    pieces[r * c + k].append(members[k])
+        return pieces, None
+    sizes = [len(mb) for rank in base.micro_batches for mb in rank]
+    seq = np.fromiter(chain.from_iterable(chain.from_iterable(base.micro_batches)),
+                      dtype=np.int64, count=sum(sizes))  # fmt: skip
+    lens = req.lens.astype(np.int64)[seq]
+    # the cuts of _balanced_members, of the sequences in slot order: (len(seq), 2c + 1)
+    cuts = (np.arange(2 * c + 1, dtype=np.int64)[None, :] * lens[:, None]) // (2 * c)
+    at_k = np.arange(c)
+    # a row per GPU k of a replica: every sequence's two ranges, first then second
+    start = np.stack((cuts[:, at_k].T, cuts[:, 2 * c - 1 - at_k].T), axis=2).reshape(c, -1)
+    end = np.stack((cuts[:, at_k + 1].T, cuts[:, 2 * c - at_k].T), axis=2).reshape(c, -1)
+    pair = np.repeat(seq, 2)
+    ids = pair.tolist()
+    row_of: list[list[tuple[int, int, int]]] = [
+        list(zip(ids, a, b)) for a, b in zip(start.tolist(), end.tolist())
+    ]
+    bounds = np.concatenate(([0], np.cumsum(sizes, dtype=np.int64) * 2)).tolist()
+    slot_of = np.repeat(np.arange(len(sizes), dtype=np.int64), np.multiply(sizes, 2))
+    out: Pieces = []
+    # the flat arrays: per replica, its ranges (``at`` of a row) on each of its GPUs
+    flat_parts: list[list[np.ndarray]] = [[] for _ in range(5)]
+    cell = 0
+    for k_rank, rank in enumerate(base.micro_batches):
+        lo = cell
+        cell += len(rank)
+        for k in range(c):
+            row = row_of[k]
+            out.append([row[bounds[x] : bounds[x + 1]] for x in range(lo, cell)])
+        at = slice(bounds[lo], bounds[cell])
+        gpus = np.arange(k_rank * c, k_rank * c + c, dtype=np.int64)
+        for part, values in zip(flat_parts, (
+            np.repeat(gpus, bounds[cell] - bounds[lo]), np.tile(slot_of[at] - lo, c),
+            np.tile(pair[at], c), start[:, at].ravel(), end[:, at].ravel(),
+        )):  # fmt: skip
+            part.append(values)
+    flat = tuple(
+        np.concatenate(part) if part else np.zeros(0, dtype=np.int64) for part in flat_parts
+    )
+    return out, flat
 
 
 def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
-    pieces = _replica_pieces(req, base)
+    return _static_layout(req, base, strategy)[0]
+
+
+def _static_layout(
+    req: _Request, base: Any, strategy: str
+) -> tuple[CPPlan, tuple[np.ndarray, ...] | None]:
+    """:func:`_static_pieces`, and its pieces as ``_flatten`` gives them where they are
+    built so (no pipeline; else None)."""
+    pieces, flat = _replica_layout(req, base)
     notes = _static_notes(req, base.note_items)
     slots = [[sorted(set(mb)) for mb in rank] for rank in base.micro_batches]
     if req.pp is not None:
@@ -626,6 +686,7 @@ def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
         _, orders, _, (f0, b0, c0) = req._orders[id(base)]
         phases = (f0, b0, c0)
         pieces = permute_slots(pieces, orders, req.cp_size, req.sync)
+        flat = None
         if orders.shape[-1]:
             slots = [[rank[j] for j in orders[0 if req.sync == "fsdp" else r].tolist()]
                      for r, rank in enumerate(slots)]  # fmt: skip
@@ -652,7 +713,7 @@ def _static_pieces(req: _Request, base: Any, strategy: str) -> CPPlan:
         micro_batches=[[list(mb) for mb in slots[g // req.cp_size]] for g in range(req.world)],
     )
     p.pipeline = req.pp
-    return p
+    return p, flat
 
 
 def _static(req: _Request, strategy: str = "seqbalance") -> CPPlan | str:
@@ -925,8 +986,41 @@ def _place_groups(req: _Request, deg: np.ndarray) -> tuple[list[_Group], list[in
     return groups, used, level
 
 
-def _build_dynamic(req: _Request, deg: np.ndarray, refine: bool = True) -> CPPlan | None:
-    """Steps 2-3 of the module docstring for one degree vector; None if nothing fits."""
+def _build_dynamic(
+    req: _Request, deg: np.ndarray, refine: bool = True, layouts: dict[bytes, Any] | None = None
+) -> tuple[CPPlan, tuple[np.ndarray, ...]] | None:
+    """Steps 2-3 of the module docstring for one degree vector, and the plan's pieces as
+    ``_flatten`` gives them; None if nothing fits. ``layouts``: what :func:`_place_shorts`
+    gave for the degree vectors built so far (by their bytes), which the slot refinement
+    of the best one builds on again rather than placing its sequences anew."""
+    key = deg.tobytes()
+    if layouts is not None and key in layouts:
+        built = layouts[key]
+    else:
+        built = _place_shorts(req, deg)
+        if layouts is not None:
+            layouts[key] = built
+    if built is None:
+        return None
+    placed, owners, shorts, a_items, f_items, m, m_long = built
+    # (_assemble adds the absorbed sequences to the groups: it gets copies of them)
+    twins = {}
+    for g in placed:
+        twin = _Group(g.d, g.slot)
+        twin.seqs, twin.time, twin.tok = list(g.seqs), g.time, g.tok
+        twins[id(g)] = twin
+    groups = [twins[id(g)] for g in placed]
+    owner = [twins[id(o)] if isinstance(o, _Group) else o for o in owners]
+    return _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long, refine)
+
+
+_Placed = tuple[list["_Group"], list[Any], np.ndarray, list[list[int]], list[list[int]], int, int]
+
+
+def _place_shorts(req: _Request, deg: np.ndarray) -> _Placed | None:
+    """:func:`_build_dynamic` up to its pieces: the groups, the absorb bins' owners, the
+    short sequences and their absorb and free bins, the count and the slots of the groups;
+    None if nothing fits."""
     W, cap = req.world, req.cap
     groups, used, level = _place_groups(req, deg)
     shorts = np.flatnonzero(deg == 1)
@@ -945,7 +1039,7 @@ def _build_dynamic(req: _Request, deg: np.ndarray, refine: bool = True) -> CPPla
         got = _fill_shorts(req, shorts, bins, n_free, absorbed)
         if got is not None:
             a_items, f_items = got
-            return _assemble(req, groups, owner, shorts, a_items, f_items, m, m_long, refine)
+            return groups, owner, shorts, a_items, f_items, m, m_long
         m += req.mult
     return None
 
@@ -960,26 +1054,27 @@ def _assemble(
     m: int,
     m_long: int,
     refine: bool,
-) -> CPPlan | None:
+) -> tuple[CPPlan, tuple[np.ndarray, ...]] | None:
     W, lens = req.world, req.lens
     full_cost = req.tables[1][0]
     pieces: Pieces = [[[] for _ in range(m)] for _ in range(W)]
     load = np.zeros(W)
     singles: dict[int, list[list[int]]] = {}
+    short_ids = shorts.tolist()
     for k, items in enumerate(a_items):
-        ids = [int(shorts[x]) for x in items]
+        ids = [short_ids[x] for x in items]
         if isinstance(owner[k], _Group):
             g = owner[k]
             g.seqs.extend(ids)
         else:
             singles.setdefault(owner[k], []).append(ids)
-    free_bins = [[int(shorts[x]) for x in b] for b in f_items]
+    free_bins = [[short_ids[x] for x in b] for b in f_items]
     if any(not b for b in free_bins) or any(not b for v in singles.values() for b in v):
         if not req.allow_empty:
             return None  # too few sequences for a piece on every GPU in every slot
     grid: list[list[list[int]]] = [[] for _ in range(W)]
     if free_bins:
-        bcost = np.array([float(full_cost[b].sum()) for b in free_bins])
+        bcost = _bin_sums(free_bins, full_cost)  # (thousands of bins, most empty)
         order = np.lexsort((np.arange(len(free_bins)), -bcost)).tolist()
         grid = [[free_bins[order[j * W + r]] for j in range(m - m_long)] for r in range(W)]
         if refine and req.sync == "fsdp" and m - m_long >= 2:
@@ -1017,7 +1112,8 @@ def _assemble(
                 pieces[g][j].extend((i, 0, int(lens[i])) for i in sorted(bins[b]))
             slot_load[g] = bcost[b]
         load += slot_load
-    return CPPlan._from_validated_pieces(
+    flat = _flatten(pieces)
+    plan = CPPlan._from_validated_pieces(
         pieces,
         lens,
         max_tokens=req.cap,
@@ -1028,7 +1124,9 @@ def _assemble(
         sync=req.sync,
         strategy="seqbalance",
         notes=[],
+        flat=flat,
     )
+    return plan, flat
 
 
 def _bin_sums(bins: list[list[int]], values: np.ndarray) -> np.ndarray:
@@ -1047,8 +1145,11 @@ def _ranges(deg: np.ndarray) -> int:
     return int(np.where(deg > 1, 2 * deg, 1).sum())
 
 
-def _step(p: CPPlan, sync: str) -> float:
-    return simulate_pieces(p.pieces, p.lengths, p.cp_cost, sync=sync).step_time
+def _step(p: CPPlan, sync: str, flat: tuple[np.ndarray, ...] | None = None) -> float:
+    """The simulated step of ``p`` (``flat``: its pieces as ``_flatten`` gives them)."""
+    if flat is None:
+        return simulate_pieces(p.pieces, p.lengths, p.cp_cost, sync=sync).step_time
+    return _simulate_flat(p.pieces, p.lengths, p.cp_cost, sync, None, flat).step_time
 
 
 def _dynamic(req: _Request) -> CPPlan:
@@ -1060,6 +1161,8 @@ def _dynamic(req: _Request) -> CPPlan:
         empty.cp = "dynamic"
         return empty
     tried: list[tuple[str, CPPlan, float]] = []
+    flats: dict[int, tuple[np.ndarray, ...] | None] = {}  # by id of a tried plan: _flatten's
+    layouts: dict[bytes, Any] = {}  # _build_dynamic's placements, by degree vector
     seen: list[np.ndarray] = []
     t_top = float(max(req.tables[int(d)][0][i] for i, d in enumerate(req.d_min.tolist())))
     thetas = [math.inf] + [t_top / 2**k for k in range(1, len(req.tables) + 1)]
@@ -1079,13 +1182,14 @@ def _dynamic(req: _Request) -> CPPlan:
                            f"{DYNAMIC_WORK:,} of seqbalance.planning.context_parallel)")
             break
         # Candidates are compared unrefined; the winner gets the slot refinement below.
-        p = _build_dynamic(req, deg, refine=False)
+        built = _build_dynamic(req, deg, refine=False, layouts=layouts)
         work += _ranges(deg)
-        if p is None:
+        if built is None:
             continue
+        p, flats[id(p)] = built
         slots = req.world * p.num_micro_batches
         work += slots
-        t = _step(p, req.sync)
+        t = _step(p, req.sync, flats[id(p)])
         label = (
             "smallest fitting degrees"
             if math.isinf(theta)
@@ -1104,9 +1208,10 @@ def _dynamic(req: _Request) -> CPPlan:
     if tried and work + best_units > DYNAMIC_WORK:
         skipped.append("the slot refinement of the best degree candidate (DYNAMIC_WORK)")
     elif tried:
-        refined = _build_dynamic(req, best_deg, refine=True)
-        if refined is not None:
-            t = _step(refined, req.sync)
+        built = _build_dynamic(req, best_deg, refine=True, layouts=layouts)
+        if built is not None:
+            refined, flats[id(built[0])] = built
+            t = _step(refined, req.sync, flats[id(refined)])
             k = next(k for k, (_, _, tt) in enumerate(tried) if tt == best_time)
             if t <= best_time:
                 tried[k] = (tried[k][0], refined, t)
@@ -1118,20 +1223,20 @@ def _dynamic(req: _Request) -> CPPlan:
     else:
         base = _static_base(req)
         if not isinstance(base, str) and _static_step(req, base) <= best_time * (1 + 1e-9):
-            p = _static_pieces(req, base, "seqbalance")
+            p, flats[id(p)] = _static_layout(req, base, "seqbalance")
             if req.allow_empty or all(sl for gpu in p.pieces for sl in gpu):
-                tried.append(("the static-CP layout", p, _step(p, req.sync)))
+                tried.append(("the static-CP layout", p, _step(p, req.sync, flats[id(p)])))
     if not req.baselines:
         skipped.append("the Megatron-style layout (baselines=False)")
     elif best_time <= _fixed_bound(req, megatron_degrees(req)):
         skipped.append("the Megatron-style layout (its bound is no lower)")
     else:
-        p = megatron_cp_plan(req)
+        p, flats[id(p)] = megatron_cp_flat(req)
         m = p.num_micro_batches
         # Megatron packs into as few slots as it can: it knows no min_micro_batches/multiple.
         keeps_count = m >= req.m_min and m % req.mult == 0
         if keeps_count and (req.allow_empty or all(sl for gpu in p.pieces for sl in gpu)):
-            tried.append(("the Megatron-style layout", p, _step(p, req.sync)))
+            tried.append(("the Megatron-style layout", p, _step(p, req.sync, flats[id(p)])))
     if not tried:
         raise ValueError(
             f"{req.n} sequences cannot give each of {req.world} GPUs x "
@@ -1140,7 +1245,9 @@ def _dynamic(req: _Request) -> CPPlan:
         )
     k = min(range(len(tried)), key=lambda x: (tried[x][2], tried[x][1].num_micro_batches, x))
     label, best, t = tried[k]
-    deg = best.degrees()
+    flat = flats.get(id(best))
+    deg = best.degrees() if flat is None else _degrees(
+        flat, best.num_sequences, best.world_size, best.num_micro_batches)
     hist = ", ".join(
         f"d={d}: {int((deg == d).sum())}" for d in _powers(req.cp_size) if (deg == d).any()
     )

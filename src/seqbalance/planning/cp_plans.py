@@ -116,9 +116,12 @@ def _layout(length: int, d: int) -> tuple[tuple[tuple[int, int], ...], ...]:
     return tuple(tuple(ranges) for ranges in balanced_layout(length, d))
 
 
-def _slot_sequences(pieces: Sequence[Sequence[Sequence[Any]]]) -> list[list[list[int]]]:
-    """Per GPU and slot: the sequences it holds a piece of, sorted, each once."""
-    gpu, slot, seq, _, _ = _flatten(pieces)
+def _slot_sequences(
+    pieces: Sequence[Sequence[Sequence[Any]]], flat: tuple[np.ndarray, ...] | None = None
+) -> list[list[list[int]]]:
+    """Per GPU and slot: the sequences it holds a piece of, sorted, each once. ``flat``:
+    ``_flatten(pieces)``, where the caller has it."""
+    gpu, slot, seq, _, _ = _flatten(pieces) if flat is None else flat
     m = max((len(g) for g in pieces), default=0)
     n = int(seq.max()) + 1 if seq.size else 1
     if seq.size and int(seq.min()) < 0:  # (refused by the checks after this)
@@ -129,6 +132,18 @@ def _slot_sequences(pieces: Sequence[Sequence[Sequence[Any]]]) -> list[list[list
     out: list[list[list[int]]] = [[[] for _ in g] for g in pieces]
     for c, i in zip(cell, seqs):
         out[c // m][c % m].append(i)
+    return out
+
+
+def _degrees(flat: tuple[np.ndarray, ...], n: int, world: int, m: int) -> np.ndarray:
+    """:meth:`CPPlan.degrees` of the pieces ``flat`` (``_flatten``'s) of ``n`` sequences
+    over ``world`` GPUs and ``m`` slots."""
+    gpu, slot, seq, _, _ = flat
+    out = np.zeros(n, dtype=np.int64)
+    if seq.size:
+        w, m = world, max(m, 1)
+        key = np.unique((seq * w + gpu) * m + slot)  # one entry per (sequence, gpu, slot)
+        np.add.at(out, key // (w * m), 1)
     return out
 
 
@@ -318,7 +333,19 @@ def simulate_pieces(
     check_choice(sync, "sync", SYNC_MODELS)
     lens = as_lengths(lengths)
     _check_cp_cost(cp_cost)
-    flat = _flatten(pieces)
+    return _simulate_flat(pieces, lens, cp_cost, sync, lower_bound, _flatten(pieces))
+
+
+def _simulate_flat(
+    pieces: Sequence[Sequence[Sequence[Any]]],
+    lens: np.ndarray,
+    cp_cost: ContextParallelCost,
+    sync: str,
+    lower_bound: float | None,
+    flat: tuple[np.ndarray, ...],
+) -> Simulation:
+    """:func:`simulate_pieces` on checked arguments, with ``flat = _flatten(pieces)`` (a
+    planner simulating the pieces it built has it already)."""
     _, _, seq, st, en = flat
     # Checked here too, not only by CPPlan: a range past its sequence was priced, a
     # foreign index raised IndexError.
@@ -579,6 +606,7 @@ class CPPlan(Plan):
         sync: str,
         strategy: str,
         micro_batches: list[list[list[int]]] | None = None,
+        flat: tuple[np.ndarray, ...] | None = None,
     ) -> None:
         self.pieces = pieces
         self.lengths = lens
@@ -586,7 +614,9 @@ class CPPlan(Plan):
         self.cp = check_choice(cp, "cp", CP_MODES)
         self.cp_cost = cp_cost
         self.replicas = replicas
-        self.micro_batches = _slot_sequences(pieces) if micro_batches is None else micro_batches
+        self.micro_batches = (
+            _slot_sequences(pieces, flat) if micro_batches is None else micro_batches
+        )
         self.costs = np.asarray(cp_cost.cost(lens), dtype=np.float64)
         self.per_microbatch = cp_cost.per_microbatch
         self.max_tokens = check_max_tokens(max_tokens, "max_tokens")
@@ -613,11 +643,13 @@ class CPPlan(Plan):
         size: str = "free",
         groups: np.ndarray | None = None,
         micro_batches: list[list[list[int]]] | None = None,
+        flat: tuple[np.ndarray, ...] | None = None,
     ) -> CPPlan:
-        # micro_batches: each GPU's slots' sorted sequences, where the caller has them
+        # micro_batches: each GPU's slots' sorted sequences, where the caller has them;
+        # flat: _flatten(pieces), where the caller has it
         self = cls.__new__(cls)
         self._init_fields(pieces, lens, max_tokens, cp_size, cp, cp_cost, replicas, sync, strategy,
-                          micro_batches)  # fmt: skip
+                          micro_batches, flat)  # fmt: skip
         self.notes = tuple(notes)
         self.size, self.groups = size, groups
         return self
@@ -641,13 +673,8 @@ class CPPlan(Plan):
 
     def degrees(self) -> np.ndarray:
         """CP degree of every sequence: the GPUs holding it (0 if it is missing)."""
-        gpu, slot, seq, _, _ = _flatten(self.pieces)
-        out = np.zeros(self.num_sequences, dtype=np.int64)
-        if seq.size:
-            w, m = self.world_size, max(self.num_micro_batches, 1)
-            key = np.unique((seq * w + gpu) * m + slot)  # one entry per (sequence, gpu, slot)
-            np.add.at(out, key // (w * m), 1)
-        return out
+        return _degrees(_flatten(self.pieces), self.num_sequences, self.world_size,
+                        self.num_micro_batches)  # fmt: skip
 
     def __repr__(self) -> str:
         return (
@@ -888,6 +915,18 @@ class CPPlan(Plan):
         return simulate_cp_pipeline(
             self.pieces, self.lengths, self.cp_cost, self.cp_size, sync, self.pipeline, flat
         )
+
+    def _planned_pipeline_step(self) -> float:
+        """:meth:`simulate_pipeline`'s step, without its checks of the pieces: for a plan the
+        planner has just made (in the balanced layout, covering every token), whose checks
+        would cost as much as planning a wide mesh."""
+        from .cp_pipeline import simulate_cp_pipeline
+
+        assert self.pipeline is not None
+        flat = _flatten(self.pieces)
+        return float(simulate_cp_pipeline(
+            self.pieces, self.lengths, self.cp_cost, self.cp_size, self.sync, self.pipeline, flat
+        ).step_time)  # fmt: skip
 
     def _simulate(self, costs: Any, c0: float, sync: str, bound: float | None) -> Simulation:
         return simulate_pieces(

@@ -56,6 +56,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Callable, cast
 
 import numpy as np
@@ -101,6 +102,7 @@ from ._work import (
     charge,
     counts_spent,
     remembered,
+    remembered_search,
     spent,
     work_meter,
 )
@@ -659,7 +661,7 @@ def _rank_splits(req: _Request, first_m: int) -> list[list[list[int]] | None]:
         by_weight = []
         for weights in (req.costs, req.lens, np.ones(req.n)):
             w = np.asarray(weights, dtype=np.float64)
-            parts = [list(p) for p in partition_arrays(w, req.dp, req.size, "auto", req.groups)]
+            parts = _rank_partition(w, req.dp, req.size, req.groups)
             by_weight.append(parts)
             if parts not in splits:
                 splits.append(parts)
@@ -681,9 +683,22 @@ def _rank_splits(req: _Request, first_m: int) -> list[list[list[int]] | None]:
         # (_ddp_rank_first_at_bound).
         fit = (None if req.budget.stop_gap is None
                else lower_bound(req.costs, req.dp) * (1.0 + req.budget.stop_gap))  # fmt: skip
-        parts = partition_arrays(req.costs, req.dp, "free", "auto", None, fit=fit)
-        return [None, [list(p) for p in parts]]
+        return [None, _rank_partition(req.costs, req.dp, "free", None, fit)]
     return [None]
+
+
+def _rank_partition(
+    w: np.ndarray, dp: int, size: str, groups: np.ndarray | None, fit: float | None = None
+) -> list[list[int]]:
+    """``partition_arrays(w, dp, size, "auto", groups, fit=fit)`` as lists, computed once
+    per request (:func:`._work.remembered_search`: static CP plans its replicas once per count
+    and pipeline candidate, each splitting the same sequences over the same ranks)."""
+    key = ("rank split", w.dtype.str, w.tobytes(), dp, size,
+           None if groups is None else (groups.dtype.str, groups.tobytes()), fit)  # fmt: skip
+    parts = remembered_search(key, lambda: [
+        list(p) for p in partition_arrays(w, dp, size, "auto", groups, fit=fit)
+    ])  # fmt: skip
+    return [list(p) for p in parts]
 
 
 def _groups_per_rank(req: _Request, parts: list[list[int]]) -> list[list[int]]:
@@ -1024,6 +1039,31 @@ _PIPELINE_MAX_ITEMS = 20_000  # the framework pipelines run as candidates up to 
 _VERL_WORK = 1 << 23
 
 
+def _baseline_grid(
+    req: _Request, name: str, ranks: Any, m_best: int | None
+) -> list[list[list[int]]] | None:
+    """Baseline ``name``'s micro-batches as its Plan holds them, without building one
+    (``ranks``: its rank split, for the baselines that split first); None when it puts a
+    micro-batch over the cap and is dropped anyway."""
+    if name in UNCAPPED_STAGES:
+        # a micro-batch over the cap drops the baseline: stop at the first one
+        got = UNCAPPED_STAGES[name](req.lens, ranks, req.cap, req.costs)
+        if got is None:
+            return None
+        return [[sorted(int(i) for i in mb) for mb in rank] for rank in _equalize(got)]
+    if name == "verl":
+        # verl's loop runs one KK per count until the cap holds; counts above the best
+        # plan's are discarded by the caller, so its loop stops there (the same plan
+        # otherwise).
+        return _equalize(verl_micro_batches(req.lens, ranks, req.cap, m_best, _VERL_WORK) or [])
+    staged = BASELINE_STAGES.get(name)
+    grid = _equalize(
+        staged[1](req.lens, ranks, req.cap, req.costs) if staged is not None
+        else BASELINE_GRIDS[name](req.lens, req.dp, req.cap, req.costs)
+    )  # fmt: skip
+    return [[sorted(int(i) for i in mb) for mb in rank] for rank in grid]
+
+
 def _pipeline_candidates(
     req: _Request, m_best: int | None, best_step: float | None = None, fewest: bool = False
 ) -> list[Plan]:
@@ -1056,35 +1096,27 @@ def _pipeline_candidates(
     floors = (fewest and best_step is not None and not req.extra and req.pp is None
               and not req.budget.thorough)  # fmt: skip
     out = []
+    # (remembered for the request: the replica plans of static CP, one per count and
+    # pipeline candidate, run the same baselines on the same sequences)
+    items = (req.lens.tobytes(), req.costs.dtype.str, req.costs.tobytes(), req.dp, req.cap)
     for name in BASELINES:
         # (charged whether it runs or not: the work meter counts the same in both)
         charge(req.n >> 3)  # the work meter: a baseline costs about 3 us a sequence
         staged = BASELINE_STAGES.get(name)
+        ranks: Any = None
         if staged is not None:
-            ranks = staged[0](req.lens, req.dp, req.costs)
+            ranks = remembered_search(
+                ("baseline ranks", name, items), partial(staged[0], req.lens, req.dp, req.costs)
+            )
             if (floors and m_best is not None and best_step is not None
                     and bin_totals(ranks, req.costs).max() + m_best * req.c0
                     > best_step * (1.0 + 1e-9)):  # (float sums, as below)  # fmt: skip
                 continue  # its step is at least its busiest rank's total
-        if name in UNCAPPED_STAGES:
-            # a micro-batch over the cap drops the baseline below: stop at the first one
-            got = UNCAPPED_STAGES[name](req.lens, ranks, req.cap, req.costs)
-            if got is None:
-                continue
-            grid = [[sorted(int(i) for i in mb) for mb in rank] for rank in _equalize(got)]
-        elif name == "verl":
-            # verl's loop runs one KK per count until the cap holds; counts above the best
-            # plan's are discarded below, so its loop stops there (the same plan otherwise).
-            grid = _equalize(
-                verl_micro_batches(req.lens, ranks, req.cap, m_best, _VERL_WORK) or []
-            )
-        else:
-            # the baseline's micro-batches as its Plan holds them, without building one
-            grid = _equalize(
-                staged[1](req.lens, ranks, req.cap, req.costs) if staged is not None
-                else BASELINE_GRIDS[name](req.lens, req.dp, req.cap, req.costs)
-            )  # fmt: skip
-            grid = [[sorted(int(i) for i in mb) for mb in rank] for rank in grid]
+        key = ("baseline grid", name, items, m_best if name == "verl" else None)
+        made = remembered_search(key, partial(_baseline_grid, req, name, ranks, m_best))
+        if made is None:
+            continue
+        grid = [[list(mb) for mb in rank] for rank in made]
         m = len(grid[0]) if grid else 0
         if m == 0 or any(len(r) != m for r in grid):
             continue
@@ -1170,8 +1202,7 @@ def _full_rank_candidates(
         # Within 0.1% of max(mean part, largest unit) is close enough to split ranks by:
         # the exact searches behind "auto" would cost more than this whole candidate.
         near = max(float(weights.sum()) / req.dp, float(weights.max())) * 1.001
-        ranks = [list(part) for part in
-                 partition_arrays(weights, req.dp, "free", "auto", None, fit=near)]
+        ranks = _rank_partition(weights, req.dp, "free", None, near)
         if ranks in seen:
             continue
         seen.append(ranks)
@@ -2432,4 +2463,6 @@ def _pipeline_counts(p: Plan, multiple: int) -> int:
 
 def _final_step(p: Plan) -> float:
     """The step a finished plan is judged by: its pipeline's, else its simulated one."""
+    if p.pipeline is not None and isinstance(p, CPPlan):
+        return p._planned_pipeline_step()  # (the planner's own pieces: no checks)
     return p.simulate_pipeline().step_time if p.pipeline is not None else p.simulate().step_time
