@@ -391,23 +391,24 @@ def rank_token_bound(
     rho = float(np.nextafter(np.nextafter(rho, 0.0), 0.0)) * (1.0 - 4 * np.finfo(float).eps)
     if rho <= 0.0:
         return 0.0
-    e = np.sort(np.maximum(costs / rho - lens, 0.0))[::-1]
+    # In cost units (rho * e_i, rho * t, rho * F): no division by a tiny rho.
+    e = np.sort(np.maximum(costs - rho * lens, 0.0))[::-1]
     pre = np.cumsum(e)
-    if pre[-1] <= free:
+    room = rho * free
+    if pre[-1] <= room:
         return 0.0
-    # On [e[k], e[k-1]] the sum is pre[k-1] - k t: the least t >= 0 where it is <= free.
-    k = np.arange(1, e.size + 1)
-    t = (pre - free) / k
-    lo = np.r_[e[1:], 0.0]
-    ok = (t >= lo) & (t <= e)
+    # On [e[k], e[k-1]] the sum is pre[k-1] - k t: the least t >= 0 where it is <= room.
+    t = (pre - room) / np.arange(1, e.size + 1)
+    ok = (t >= np.r_[e[1:], 0.0]) & (t <= e)
     t_star = float(t[np.flatnonzero(ok)[0]]) if ok.any() else 0.0
-    bound = rho * (k_tok + max(t_star, 0.0))
+    bound = rho * k_tok + max(t_star, 0.0)
     # Lowered by the rounding of the sums (each below n eps of the total cost).
-    slack = 4.0 * (e.size + 8) * np.finfo(float).eps * float(costs.sum())
+    tiny = np.finfo(float).tiny
+    slack = 4.0 * (e.size + 8) * np.finfo(float).eps * float(costs.sum()) + 16.0 * tiny
     integer, _ = exactness(costs)
     if integer:  # every rank's total is then an integer
         return float(max(0, math.ceil(bound - slack)))
-    return max(0.0, bound - slack)
+    return float(max(0.0, bound - slack))
 
 
 def fsdp_slot_bound(
