@@ -359,12 +359,19 @@ def rank_token_bound(
     >= max(0, a - t) + max(0, b - t)``), so ``max(0, E_r - t) >= sum_{i in r} max(0, e_i -
     t)``. Summing over the ranks, ``T <= dp * K - sum_i max(0, e_i - t)``, that is
     ``sum_i max(0, e_i - t) <= F``. That sum does not grow with ``t``, so ``t`` is at least
-    the least ``t >= 0`` meeting it, and ``C = rho * (K + t)``. (If ``t < 0`` the plan
-    meets the bound whenever it is ``rho * K`` or less; the bound is above ``rho * K``
-    only when ``t = 0`` does not meet the condition, so a plan with ``t < 0`` cannot
-    exist then.) Under FSDP the step is at least the busiest rank's total, so the bound
-    holds there too. More micro-batches than ``m`` hold more tokens: the bound is for
-    plans of at most ``m`` per rank (the planner compares plans of one count).
+    the least ``t >= 0`` meeting it, and ``C = rho * (K + t)``. A plan with ``t < 0``
+    has ``T_r <= K - E_r`` on every rank, so ``sum_i e_i <= F``: ``t = 0`` meets the
+    condition and the bound is 0. Under FSDP the step is at least the busiest rank's
+    total, so the bound holds there too. More micro-batches than ``m`` hold more tokens:
+    the bound is for plans of at most ``m`` per rank (the planner picks among plans of the
+    fewest count); it is not part of :func:`capacity_step_bound`, which holds for every
+    count.
+
+    Floating point: ``rho`` is lowered by a few ulps (every cost stays at least ``rho``
+    times its tokens), the search runs in cost units (``rho * e_i``, ``rho * t``, ``rho *
+    F``: nothing is divided by a tiny ``rho``), and the result is lowered by ``4 (n + 8)
+    eps`` of the total cost (the rounding of the sums), then rounded up to an integer for
+    integer costs (every rank's total is one).
 
     Why it matters: where a few long sequences cost far more per token than the short
     ones (long-context batches with quadratic costs), the ranks that hold them are full in
