@@ -16,6 +16,7 @@ from seqbalance.planning.bounds import (
     costliest_slot_bound,
     min_bins,
     min_micro_batches,
+    rank_token_bound,
 )
 
 
@@ -413,3 +414,56 @@ def test_plans_with_oversized_sequences_never_beat_their_bounds(
         # session; [0, 5] into padded bins of 8 needs 2).
         best = _brute_min_bins(lengths, cap, padded)
         assert p.min_micro_batches_bound() <= max(1, -(-best // dp))
+
+
+def _brute_ddp_at_count(lengths, costs, dp, m, cap):
+    """Least busiest-rank total over every plan with ``m`` micro-batches per rank within
+    ``cap`` tokens each (empty ones allowed: a superset of the plans, so a lower minimum)."""
+    best = np.inf
+    nb = dp * m
+    for assign in itertools.product(range(nb), repeat=len(lengths)):
+        tok = np.zeros(nb)
+        np.add.at(tok, list(assign), lengths)
+        if (tok > cap).any():
+            continue
+        load = np.zeros(dp)
+        np.add.at(load, [b // m for b in assign], costs)
+        best = min(best, float(load.max()))
+    return best
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 12), min_size=1, max_size=6),
+    shape=st.sampled_from([(1, 1), (1, 2), (2, 1), (2, 2), (3, 1), (4, 1)]),
+    cap=st.integers(6, 16),
+    data=st.data(),
+)
+def test_rank_token_bound_never_above_the_best_plan(lengths, shape, cap, data):
+    dp, m = shape
+    lens = np.minimum(np.array(lengths), cap)
+    integer = data.draw(st.booleans())
+    if integer:
+        costs = np.array([data.draw(st.integers(0, 200)) for _ in lens], dtype=float)
+    else:
+        costs = np.array([data.draw(st.floats(0, 50, allow_nan=False)) for _ in lens])
+    best = _brute_ddp_at_count(lens, costs, dp, m, cap)
+    bound = rank_token_bound(costs, lens, dp, m, cap)
+    assert bound <= best * (1 + 1e-12) + 1e-12
+    # ... and with a quadratic cost, the one the planner's long-context cases have
+    quad = lens + 0.05 * lens.astype(float) ** 2
+    assert rank_token_bound(quad, lens, dp, m, cap) <= _brute_ddp_at_count(
+        lens, quad, dp, m, cap
+    ) * (1 + 1e-12)
+
+
+def test_rank_token_bound_known_values():
+    lens = np.array([6] + [1] * 14)
+    costs = np.array([60.0] + [1.0] * 14)
+    assert rank_token_bound(costs, lens, 2, 1, 10) == 64.0  # 4 ones must join the 6
+    assert rank_token_bound(costs, lens, 2, 2, 10) == 54.0  # below the 6 alone: weak there
+    assert rank_token_bound(costs, lens, 2, 1, 9) == 0.0  # no plan has 1 micro-batch
+    # exact on the brute force here
+    assert _brute_ddp_at_count(lens[:9], costs[:9], 2, 1, 7) == rank_token_bound(
+        costs[:9], lens[:9], 2, 1, 7
+    )

