@@ -3,36 +3,46 @@
 from __future__ import annotations
 
 from itertools import chain
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-__all__ = ["bin_summer", "bin_totals"]
+__all__ = ["BinSummer", "bin_summer", "bin_totals"]
 
 
-def bin_summer(
-    bins: Sequence[Sequence[int]], *, padded: bool = False
-) -> Callable[[np.ndarray], np.ndarray]:
-    """A function of ``values`` that returns :func:`bin_totals` ``(bins, values, padded=)``,
-    with ``bins`` flattened once for every total taken over them."""
-    n = len(bins)
-    sizes = np.fromiter(map(len, bins), dtype=np.int64, count=n)
-    flat = np.fromiter(chain.from_iterable(bins), dtype=np.int64, count=int(sizes.sum()))
-    labels = np.repeat(np.arange(n), sizes)
+class BinSummer:
+    """Per-bin totals over ``bins``, flattened once: ``summer(values)`` is
+    :func:`bin_totals` ``(bins, values, padded=)``. ``sizes``, ``flat`` and ``labels`` are
+    each bin's length, the bins' items one after another, and the bin of each item, for
+    callers that need other per-bin reductions of the same flattening."""
 
-    def totals(values: np.ndarray) -> np.ndarray:
-        v = values[flat]
-        if padded:
+    def __init__(self, bins: Sequence[Sequence[int]], *, padded: bool = False) -> None:
+        self.n = n = len(bins)
+        self.padded = padded
+        self.sizes = np.fromiter(map(len, bins), dtype=np.int64, count=n)
+        self.flat = np.fromiter(
+            chain.from_iterable(bins), dtype=np.int64, count=int(self.sizes.sum())
+        )
+        self.labels = np.repeat(np.arange(n), self.sizes)
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        n, labels = self.n, self.labels
+        v = values[self.flat]
+        if self.padded:
             out = np.zeros(n, dtype=v.dtype)
             np.maximum.at(out, labels, v)
-            return out * sizes
+            return out * self.sizes
         if v.dtype.kind in "iu":
             out = np.zeros(n, dtype=np.int64)
             np.add.at(out, labels, v)
             return out
         return np.bincount(labels, weights=v, minlength=n)
 
-    return totals
+
+def bin_summer(bins: Sequence[Sequence[int]], *, padded: bool = False) -> BinSummer:
+    """A function of ``values`` that returns :func:`bin_totals` ``(bins, values, padded=)``,
+    with ``bins`` flattened once for every total taken over them."""
+    return BinSummer(bins, padded=padded)
 
 
 def bin_totals(

@@ -21,12 +21,11 @@ import bisect
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from itertools import chain
 
 import numpy as np
 
 from ..partitioning.kway import partition_arrays
-from ._grouping import bin_totals
+from ._grouping import bin_summer, bin_totals
 from ._work import charge, remembered_search
 
 __all__ = ["best_fit", "ffd_failed", "first_fit", "first_fit_opening", "first_fit_parts", "pack"]
@@ -229,9 +228,11 @@ def first_fit_parts(
     width = int(sizes.max())
     idx = np.concatenate(parts).astype(np.int64, copy=False)
     part = np.repeat(np.arange(k), sizes)
+    # Each item's position within its part; after the sort below (which keeps the parts
+    # where they are), also each sorted item's column.
     pos = np.arange(idx.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     order = np.lexsort((pos, -w[idx], -t[idx], part))  # by part, then as _ffd orders
-    col = np.arange(idx.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    col = pos
     local = np.full((k, width), -1, dtype=np.int64)
     tok = np.zeros((k, width), dtype=np.int64)
     local[part, col] = pos[order]
@@ -350,13 +351,11 @@ def _token_balanced(w: np.ndarray, t: np.ndarray, nbins: int, cap: int) -> _Bins
     # items' order from 0 (bin_totals adds in array order), its maxima taken from 0.
     bins = _Bins(w, t, nbins, cap, False)
     bins.items = [list(part) for part in parts]
-    bins.cost = bin_totals(bins.items, w).astype(np.float64, copy=False)
-    bins.tok = bin_totals(bins.items, t).astype(np.int64, copy=False)
-    sizes = np.fromiter((len(x) for x in bins.items), dtype=np.int64, count=nbins)
-    flat = np.fromiter(chain.from_iterable(bins.items), dtype=np.int64, count=int(sizes.sum()))
-    owner = np.repeat(np.arange(nbins), sizes)
-    np.maximum.at(bins.maxw, owner, w[flat])
-    np.maximum.at(bins.maxt, owner, t[flat])
+    sums = bin_summer(bins.items)
+    bins.cost = sums(w).astype(np.float64, copy=False)
+    bins.tok = sums(t).astype(np.int64, copy=False)
+    np.maximum.at(bins.maxw, sums.labels, w[sums.flat])
+    np.maximum.at(bins.maxt, sums.labels, t[sums.flat])
     return bins
 
 

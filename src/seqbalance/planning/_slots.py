@@ -10,12 +10,11 @@ has the slack (cost stays at or below its slot's level) and the token room for i
 
 from __future__ import annotations
 
-from itertools import chain
 from typing import Any
 
 import numpy as np
 
-from ._grouping import bin_totals
+from ._grouping import bin_summer, bin_totals
 from ._work import charge
 from .bounds import fsdp_slot_bound
 
@@ -56,12 +55,11 @@ def fill_slack(
     slot = np.repeat(np.arange(m), dp)
     # Bins a sequence of bin b may go to: another slot, and the same rank if asked.
     rank = np.tile(np.arange(dp), m) if same_rank else np.zeros(dp * m, dtype=np.int64)
-    cost = bin_totals(items, costs)
-    tok = bin_totals(items, lengths)
+    sums = bin_summer(items)
+    cost = sums(costs)
+    tok = sums(lengths)
     where = np.full(costs.shape[0], -1, dtype=np.int64)  # bin of each sequence
-    sizes = np.fromiter((len(x) for x in items), dtype=np.int64, count=len(items))
-    flat = np.fromiter(chain.from_iterable(items), dtype=np.int64, count=int(sizes.sum()))
-    where[flat] = np.repeat(np.arange(len(items)), sizes)
+    where[sums.flat] = sums.labels
     placed = np.flatnonzero(where >= 0)
     # The swap scans' per-sequence arrays (placed sequences, ascending): the sequence's
     # cost and tokens never change; its bin, that bin's slot and rank change only for the
