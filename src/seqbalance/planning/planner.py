@@ -2295,7 +2295,10 @@ def _plan_checked(kw: dict[str, Any], pipeline_counts: bool) -> Plan:
 def _plan_in_order(kw: dict[str, Any]) -> Plan:
     """:func:`_plan_once`; with ``order=`` (plain plans) the plan made without it, put in
     that order, and with ``"index"`` also the plan whose candidates were judged in that
-    order: whichever has the shorter simulated step (ties: the latter).
+    order: whichever has the shorter simulated step (ties: the latter). The latter is left
+    out where no order changes a step (one rank, ``ddp``), at ``effort="fast"`` (one
+    candidate, the plain plan's), and below ``"thorough"`` where the former is within the
+    stop gap of the step's lower bound.
 
     So an ordered plan is never slower than the plan made without ``order`` reordered
     afterwards: candidates judged in the order stop and refill differently, and ``"index"``
@@ -2315,8 +2318,13 @@ def _plan_in_order(kw: dict[str, Any]) -> Plan:
     reordered = Plan.__new__(Plan)
     reordered.__dict__.update(plain.__dict__)
     reordered.micro_batches = [[list(mb) for mb in rank] for rank in grid]
-    if order != "index":
+    budget = effort_of(kw.get("effort", "default"))
+    if (order != "index" or kw["dp_size"] == 1 or kw["sync"] == "ddp"
+            or not budget.candidates):  # fmt: skip
+        # (one rank, or ddp: no order changes a step; "fast" judges one candidate)
         return reordered
+    if budget.stop_gap is not None and reordered.simulate().gap <= budget.stop_gap:
+        return reordered  # (within the stop gap of the bound: no plan gains more)
     own = _plan_once(**kw)
     return own if _final_step(own) <= _final_step(reordered) else reordered
 
