@@ -61,7 +61,7 @@ def test_order_keeps_plan_and_step_time(lens, dp, order):
         key = sorted(tuple(mb) for rank in p.micro_batches for mb in rank)
         assert key == sorted(tuple(mb) for rank in base.micro_batches for mb in rank)
         assert p.simulate().step_time == pytest.approx(base.simulate().step_time)
-        # (The full search: the default effort may stop on another packing of its own.)
+        # (At every effort: a slot order reorders the plan made without order.)
     # ("index" may pick other micro-batches: see test_ordered_plan_judged_in_its_order.)
     if order == "index":
         for rank in p.micro_batches:
