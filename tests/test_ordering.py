@@ -61,7 +61,7 @@ def test_order_keeps_plan_and_step_time(lens, dp, order):
         key = sorted(tuple(mb) for rank in p.micro_batches for mb in rank)
         assert key == sorted(tuple(mb) for rank in base.micro_batches for mb in rank)
         assert p.simulate().step_time == pytest.approx(base.simulate().step_time)
-        # (The full search: the default effort may stop on another packing of its own.)
+        # (At every effort: a slot order reorders the plan made without order.)
     # ("index" may pick other micro-batches: see test_ordered_plan_judged_in_its_order.)
     if order == "index":
         for rank in p.micro_batches:
@@ -256,6 +256,35 @@ def test_ordered_plan_judged_in_its_order(lens, dp, order, quad):
     assert ordered.simulate().step_time <= step_time_of(microbatch_costs(late, costs), "fsdp") * (
         1 + 1e-12
     )
+
+
+@pytest.mark.parametrize(
+    ("effort", "want"), [("fast", 340.0), ("default", 340.0), ("thorough", 338.0)]
+)
+def test_ordered_plan_judged_in_its_order_known_case(effort, want):
+    # Searched with its candidates judged in index order alone, order="index" kept another
+    # packing and ran 341 where the plan made without order, sorted by index, runs 340.
+    from seqbalance.costs import QuadraticCost
+    from seqbalance.planning.simulation import microbatch_costs, step_time_of
+
+    lens = [1, 1, 1, 4, 5, 9, 10, 10, 10, 12, 12, 13, 18, 19, 21, 22, 22, 23, 23, 23, 26,
+            26, 26, 27, 27, 31, 31, 36, 36, 40, 40]  # fmt: skip
+    cost = QuadraticCost(per_token=1.0, per_token_sq=0.0, per_sequence=2.0)
+    costs = cost(np.asarray(lens))
+    free = sb.plan(lens, 2, 48, cost=cost, sync="fsdp", effort=effort)
+    ordered = sb.plan(lens, 2, 48, cost=cost, sync="fsdp", order="index", effort=effort)
+    late = order_grid(free.micro_batches, costs, 0.0, False, "index")
+    assert ordered.num_micro_batches == free.num_micro_batches == 7
+    assert ordered.simulate().step_time <= step_time_of(microbatch_costs(late, costs), "fsdp")
+    assert ordered.simulate().step_time == want
+    for rank in ordered.micro_batches:
+        firsts = [mb[0] for mb in rank]
+        assert firsts == sorted(firsts)
+    # Slot orders keep every step: the plan made without order, its slots reordered.
+    for order in ("light_ends", "heaviest_first"):
+        p = sb.plan(lens, 2, 48, cost=cost, sync="fsdp", order=order, effort=effort)
+        assert p.micro_batches == order_grid(free.micro_batches, costs, 0.0, False, order)
+        assert p.simulate().step_time == free.simulate().step_time
 
 
 def _fewest_padded_bins(lens, cap, per_mb):
