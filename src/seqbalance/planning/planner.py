@@ -2362,9 +2362,11 @@ def _plan_in_order(kw: dict[str, Any]) -> Plan:
     plain = _plan_once(**{**kw, "order": None})
     grid = order_grid(plain.micro_batches, plain.costs, plain.per_microbatch, plain.padded,
                       order)  # fmt: skip
-    reordered = Plan.__new__(Plan)
-    reordered.__dict__.update(plain.__dict__)
-    reordered.micro_batches = [[list(mb) for mb in rank] for rank in grid]
+    reordered = Plan._from_validated(
+        grid, plain.lengths, max_tokens=plain.max_tokens, costs=plain.costs,
+        per_microbatch=plain.per_microbatch, padded=plain.padded, sync=plain.sync,
+        strategy=plain.strategy, notes=plain.note_items, size=plain.size, groups=plain.groups,
+    )  # fmt: skip
     budget = effort_of(kw.get("effort", "default"))
     if (order != "index" or kw["dp_size"] == 1 or kw["sync"] == "ddp"
             or not budget.candidates):  # fmt: skip
