@@ -85,15 +85,14 @@ def fsdp_greedy(costs: np.ndarray, lens: np.ndarray, dp: int, m: int, cap: int) 
     --------
     >>> lens = np.array([8, 4, 4, 2, 2, 1, 1])
     >>> fsdp_greedy(lens.astype(float) ** 2, lens, 2, 2, 8)
-    [[[0], [4, 6]], [[1, 2], [3, 5]]]
+    [[[0], [3, 5]], [[1, 2], [4, 6]]]
     """
     n = costs.size
     if n == 0 or dp < 1 or m < 1:
         return None
     w = costs.tolist()
     t = lens.tolist()
-    by_cost = _costliest_first(costs)
-    top = by_cost[0]
+    top = int(np.argmax(costs))  # (the costliest; ties: the lowest index)
     level = w[top]
     first: list[list[int]] = [[top]] + [[] for _ in range(dp - 1)]
     ftok = [0] * dp

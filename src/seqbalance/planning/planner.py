@@ -93,6 +93,7 @@ from ._ordering import (
     separate_oversized,
     shares_oversized,
 )
+from ._packed_slot import packed_slot_bound
 from ._packing import ffd_failed, first_fit_parts, pack
 from ._pipelines import verl_micro_batches
 from ._ranks import repartition_pairs
@@ -1323,7 +1324,35 @@ def _close_enough(
         bound = _step_bound(req, first_m, memo)
         if memo is not None:
             memo[key] = bound
-    return best <= bound * (1.0 + gap)
+    if best <= bound * (1.0 + gap):
+        return True
+    if memo is not None and _sharpened_slot_bound(req, memo):
+        return best <= float(memo[key]) * (1.0 + gap)
+    return False
+
+
+def _sharpened_slot_bound(req: _Request, memo: dict[Any, Any]) -> bool:
+    """Whether :func:`._packed_slot.packed_slot_bound` raised the request's FSDP slot
+    bound (then the step bounds in ``memo`` are recomputed from it). Asked once per
+    request, and only where the slot bound is the binding term (the costliest sequence
+    sets the step: long sequences, where packing them whole is what the fractional bound
+    misses), under FSDP, up to ``_PIPELINE_MAX_ITEMS`` sequences."""
+    if "packed_slot" in memo:
+        return False
+    memo["packed_slot"] = None
+    if req.sync != "fsdp" or req.n > _PIPELINE_MAX_ITEMS or req.dp < 2:
+        return False
+    p, s, m_cap = _bound_terms(req, memo)
+    if s < p:
+        return False
+    sharper = packed_slot_bound(req.costs, req.lens, req.dp, req.cap)
+    memo["packed_slot"] = sharper
+    if sharper <= s:
+        return False
+    memo["bound_terms"] = (p, sharper, m_cap)
+    for key in [k for k in memo if isinstance(k, tuple) and k and k[0] == "step_bound"]:
+        memo[key] = _step_bound(req, key[1], memo)
+    return True
 
 
 # Above _PIPELINE_MAX_ITEMS sequences (where no baseline runs as a candidate) the default
