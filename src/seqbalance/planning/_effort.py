@@ -11,9 +11,13 @@ same plan, byte for byte). Three levels:
 ``"default"``
     For per-step use. The search stops adding candidates once the best plan so far is
     provably within ``stop_gap`` of the step-time lower bound at the fewest micro-batches
-    (:func:`seqbalance.planning.bounds.capacity_step_bound`): then no other candidate, a
-    baseline included, can be shorter by more than that. It checks after the first
-    packing (LPT), after the other starts and rank splits, and after the full-rank splits
+    (the largest of :func:`seqbalance.planning.bounds.capacity_step_bound`,
+    :func:`~seqbalance.planning.bounds.rank_token_bound` at that count and, under FSDP
+    where the costliest sequence sets the step, :mod:`._packed_slot`'s bound): then no
+    other candidate, a baseline included, can be shorter by more than that. It checks
+    after the capacity-aware greedy plan (:mod:`._capacity_greedy`, tried first), after
+    the first packing (LPT), after the other starts and rank splits, and after the
+    full-rank splits
     and the refill toward slot levels (under FSDP the full-rank split comes first where
     big sequences set the slot bound, else right after LPT's packing; under DDP the cost
     partition over the ranks stops within ``stop_gap`` of its bound, and its plan then
