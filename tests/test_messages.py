@@ -116,6 +116,39 @@ def test_static_cp_notes_speak_of_replicas_and_pieces():
     assert term("rank") == "rank"  # the replica words were the call's, and ended with it
 
 
+def test_replica_count_note_restated_from_its_fields():
+    # Static CP's replicas planned without their pipeline run at the interleaved
+    # schedule's multiple; their count note names the caller's multiple and what raised it,
+    # rebuilt from the note's kind and fields (nothing rewrites its text).
+    from seqbalance.planning import context_parallel as cpm
+
+    seen = []
+    restate = cpm.with_asked_multiple
+
+    def spy(notes, asked, mult, schedule):
+        out = restate(notes, asked, mult, schedule)
+        seen.append(out)
+        return out
+
+    cpm.with_asked_multiple = spy
+    try:
+        sb.plan(np.full(8, 300), 2, 4096, cp_size=2, pp_size=2, schedule="interleaved",
+                virtual_stages=2)  # fmt: skip
+    finally:
+        cpm.with_asked_multiple = restate
+    assert seen
+    note = next(n for n in seen[0] if "micro-batches per replica" in n)
+    assert note == (
+        "2 micro-batches per replica where the capacity alone needs 1: rounded up to a "
+        "multiple of micro_batch_multiple=1 (raised to 2 by schedule='interleaved')"
+    )
+    from seqbalance._notes import as_note
+
+    restated = as_note(note)  # (the text keeps its note: kind and fields, not just words)
+    assert restated.kind == "count_raised"
+    assert (restated.fields["asked"], restated.fields["mult"]) == (1, 2)
+
+
 # ---- the command line's words ---------------------------------------------------------
 
 

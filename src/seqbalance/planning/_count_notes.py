@@ -1,18 +1,72 @@
-"""Which notes a count search drops from the plans it makes.
+"""The ``count_raised`` note, and which of them a count search drops or restates.
 
-A search that plans a larger count asks for it with ``min_micro_batches``; the plan's
-``count_raised`` note (made where the starting count is chosen) would then blame an
-argument the caller did not pass. The search says why in a note of its own, and drops
-that one by its kind and fields, never by its words.
+The note says why a plan has more micro-batches per rank than the capacity needs
+(``min_micro_batches``, ``micro_batch_multiple``, a pipeline schedule's multiple). A search
+that plans a larger count asks for it with ``min_micro_batches``, and static context
+parallelism plans its replicas at the schedule's multiple; the note would then blame an
+argument the caller did not pass. Those callers drop or restate it by its kind and
+fields, never by its words.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .._notes import as_note
+from .._notes import Note, as_note, as_text, term
 
-__all__ = ["without_raised_to"]
+__all__ = ["count_raised", "with_asked_multiple", "without_raised_to"]
+
+
+def count_raised(
+    count: int, needed: int, m_min: int, mult: int, *, schedule: str | None = None,
+    pp_size: int | None = None, by_schedule: bool = False, asked: int | None = None,
+) -> Note:
+    """Why ``count`` micro-batches per rank where the capacity alone needs ``needed``:
+    ``min_micro_batches=m_min`` and the multiple ``mult``, which is ``micro_batch_multiple``
+    and (``by_schedule``) the ``schedule``'s multiple on ``pp_size`` stages, or (``asked``
+    given) the caller's ``micro_batch_multiple=asked`` raised to ``mult`` by the
+    ``schedule``."""
+    why = []
+    if m_min > needed:
+        why.append("{@min_micro_batches:{m_min}}")
+    if count > max(needed, m_min):
+        if by_schedule:
+            why.append("rounded up to a multiple of {mult} ({@micro_batch_multiple} and the "
+                       "{schedule} schedule's multiple of {@pp_size:{pp_size}})")  # fmt: skip
+        elif asked is not None:
+            why.append("rounded up to a multiple of {@micro_batch_multiple:{asked}} (raised to "
+                       "{mult} by {@schedule:{schedule!r}})")  # fmt: skip
+        else:
+            why.append("rounded up to a multiple of {@micro_batch_multiple:{mult}}")
+    fields = {"count": count, "needed": needed, "m_min": m_min, "mult": mult,
+              "schedule": schedule, "pp_size": pp_size}  # fmt: skip
+    if asked is not None:
+        fields["asked"] = asked
+    return Note(
+        "count_raised", fields,
+        "{count} micro-batches per " + term("rank") + " where the capacity alone needs "
+        "{needed}: " + " and ".join(why),
+    )  # fmt: skip
+
+
+def with_asked_multiple(
+    notes: Iterable[str], asked: int, mult: int, schedule: str
+) -> tuple[str, ...]:
+    """``notes`` with the ``count_raised`` note of a plan made at the multiple ``mult``
+    restated: the caller asked for ``micro_batch_multiple=asked``, and the ``schedule``
+    raised it (static CP's replicas planned without their pipeline). In the words of the
+    planning call running now (:func:`.term`)."""
+
+    def restated(text: str) -> str:
+        note = as_note(text)
+        f = note.fields
+        if note.kind != "count_raised" or f.get("mult") != mult or "asked" in f:
+            return text
+        return as_text(count_raised(f["count"], f["needed"], f["m_min"], mult,
+                                    schedule=schedule, pp_size=f.get("pp_size"),
+                                    asked=asked))  # fmt: skip
+
+    return tuple(restated(n) for n in notes)
 
 
 def without_raised_to(notes: Iterable[str], m: int) -> tuple[str, ...]:

@@ -63,7 +63,7 @@ from .._validate import (
 from ..costs.context_parallel import ContextParallelCost
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
-from ._count_notes import without_raised_to
+from ._count_notes import with_asked_multiple, without_raised_to
 from ._effort import exact_pool
 from ._grouping import bin_totals
 from ._megatron import megatron_cp_flat, megatron_degrees
@@ -435,16 +435,12 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
             # starting order.
             with search_suspended(), using_words(REPLICA_WORDS):
                 base = replicas(ptok, req.dp, req.cap, cost=tmax, **options)
+                if mult != req.mult:  # (its note would blame a multiple nobody passed)
+                    assert req.pp is not None
+                    base.notes = with_asked_multiple(base.notes, req.mult, mult,
+                                                     req.pp.spec.schedule)  # fmt: skip
         except ValueError as exc:
             return _in_replicas(exc)
-        if mult != req.mult:  # a note would blame a micro_batch_multiple the caller did not pass
-            said = f"micro_batch_multiple={mult}"
-            base.notes = tuple(
-                n if said not in n else
-                n.replace(said, f"micro_batch_multiple={req.mult} (raised to {mult} by "
-                                f"schedule={req.pp.spec.schedule!r})")  # type: ignore[union-attr]
-                for n in base.notes
-            )  # fmt: skip
         return base
 
     # With a pipeline and extra_micro_batches, plan() plans the CP plan again without the

@@ -79,7 +79,7 @@ from ..partitioning.kway import AUTO_RTOL, partition_arrays
 from ..partitioning.searches import exact_searches_unless_chosen, exact_work_pool
 from ._capacity_greedy import ddp_greedy, fsdp_greedy
 from ._costing import sequence_costs
-from ._count_notes import without_raised_to
+from ._count_notes import count_raised, without_raised_to
 from ._effort import Effort, effort_of, exact_pool
 from ._exact import pack_ranked_exact
 from ._exchange import exchange_between_ranks
@@ -602,23 +602,11 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     m_hi = m if spec is None else max(m, min(spec.pp_size, req.n // req.dp))
     check_slots(req.n, req.dp, m_hi, allow_empty=req.allow_empty, chunks=chunks)
     if m > m_low:
-        why = []
-        if req.m_min > m_low:
-            why.append("{@min_micro_batches:{m_min}}")
-        if m > max(m_low, req.m_min):
-            spec = req.pp.spec if req.pp is not None else None
-            why.append(
-                "rounded up to a multiple of {mult} ({@micro_batch_multiple} and the "
-                "{schedule} schedule's multiple of {@pp_size:{pp_size}})"
-                if spec is not None and spec.count_multiple > 1
-                else "rounded up to a multiple of {@micro_batch_multiple:{mult}}"
-            )
-        notes.append(as_text(Note(
-            "count_raised",
-            {"count": m, "needed": m_low, "m_min": req.m_min, "mult": req.mult,
-             "schedule": spec and spec.schedule, "pp_size": spec and spec.pp_size},
-            "{count} micro-batches per " + term("rank") + " where the capacity alone needs "
-            "{needed}: " + " and ".join(why),
+        spec = req.pp.spec if req.pp is not None else None
+        notes.append(as_text(count_raised(
+            m, m_low, req.m_min, req.mult, schedule=None if spec is None else spec.schedule,
+            pp_size=None if spec is None else spec.pp_size,
+            by_schedule=spec is not None and spec.count_multiple > 1,
         )))  # fmt: skip
     return m, notes
 
