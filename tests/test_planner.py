@@ -149,6 +149,21 @@ def test_forced_m_is_explained():
     assert plan([10] * 40, 2, 1000).notes == ()
 
 
+@pytest.mark.parametrize("effort", ["default", "thorough"])
+def test_forced_m_is_explained_whichever_candidate_wins(effort):
+    # On long-context lengths a full-rank split wins; its plan keeps the request's note on
+    # why it runs 8 micro-batches where the capacity needs fewer.
+    from seqbalance._notes import as_note
+    from seqbalance.costs import load_cost
+
+    lens = workloads.load("long-context", 1024, seed=0).lengths
+    p = plan(lens, 8, int(lens.max()), cost=load_cost("qwen2.5-7b"), min_micro_batches=8,
+             effort=effort)  # fmt: skip
+    assert p.num_micro_batches == 8
+    raised = [as_note(n) for n in p.notes if as_note(n).kind == "count_raised"]
+    assert len(raised) == 1 and raised[0].fields["m_min"] == 8, p.notes
+
+
 def test_extra_micro_batches_trade_off():
     lengths = workloads.lengths("sft-chat", 512, seed=1)
     base = plan(lengths, 4, 32768, cost=lengths.astype(float))

@@ -2033,7 +2033,9 @@ def _plan_attempt(
         # (last: on a tie the other candidates' plan stands)
         candidates = [p for p in candidates if p is not greedy] + [greedy]
     best = _pick(req, candidates, problems, len(splits))
-    alone_note = [n for n in alone_note if n not in best.notes]  # baseline plans lack it
+    # The request's notes (why the count is what it is, sequences that run alone), which
+    # the candidates built beside the packings (full-rank splits, baselines) lack.
+    missing = [n for n in notes if n not in best.notes]
     if (
         pp is None
         and req.sync == "ddp"
@@ -2069,11 +2071,11 @@ def _plan_attempt(
             best = _plan_of(req, grid, best.notes)
         # Packings were compared in their best starting order; search the winner's order.
         best = finish_plan(best, pp, user_mult)
-        best.notes = (*alone_note, *best.notes)
+        best.notes = (*missing, *best.notes)
         return best
-    if req.order is None and not alone_note and grid is best.micro_batches:
+    if req.order is None and not missing and grid is best.micro_batches:
         return best
-    return _with_grid(req, grid, [*alone_note, *best.notes])
+    return _with_grid(req, grid, [*missing, *best.notes])
 
 
 def plan(
