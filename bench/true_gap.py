@@ -22,7 +22,10 @@ ordered by ``s_j`` and the longest sequence is put on rank 0 (both only relabel 
 - ``greedy``: a simple capacity-aware greedy plan (:func:`greedy_grid`), checked and
   simulated by seqbalance: an upper bound on the optimum.
 - ``rank_token_bound``: :func:`seqbalance.planning.bounds.rank_token_bound` at ``m``
-  (numpy, well under a millisecond).
+  (numpy, well under a millisecond); ``packed_slot_bound`` (FSDP): the slot bound with the
+  long sequences packed whole that the default's stop asks
+  (``seqbalance.planning._packed_slot``, a few milliseconds). Both are lower bounds the
+  planner uses; the greedy plan is also one of its candidates.
 - ``exact``: every ``x`` integral, within ``--time-limit`` seconds: its best plan is an
   upper bound on the optimum (a shorter plan than the default's, where it is below the
   plan's step), and its dual bound a lower bound.
@@ -56,6 +59,7 @@ from _common import machine_info, print_table, write_json
 import seqbalance as sb
 from seqbalance import workloads
 from seqbalance.costs import load_cost
+from seqbalance.planning._packed_slot import packed_slot_bound
 from seqbalance.planning.bounds import rank_token_bound
 
 # (workload, n, dp, sync): the rows of bench/latency.py --quick that miss their target
@@ -202,6 +206,8 @@ def case_row(name: str, n: int, dp: int, sync: str, opts: argparse.Namespace) ->
         "plan": sim.step_time / bound, "thorough": thorough.simulate().step_time / bound,
     }  # fmt: skip
     row["rank_token_bound"] = rank_token_bound(w, lens, dp, m, cap)
+    if sync == "fsdp":
+        row["packed_slot_bound"] = packed_slot_bound(w, lens, dp, cap)
     grid = greedy_grid(lens, w, dp, m, cap, sync)
     if grid is not None and all(mb for rank in grid for mb in rank):
         got = sb.Plan(grid, lens, max_tokens=cap, costs=plan.costs, sync=sync)
@@ -252,6 +258,8 @@ def survey_rows() -> list[dict[str, Any]]:
                     "thorough": full.simulate().step_time / bound,
                     "rank_token_bound": rank_token_bound(w, lens, dp, m, cap),
                 }  # fmt: skip
+                if sync == "fsdp":
+                    row["packed_slot_bound"] = packed_slot_bound(w, lens, dp, cap)
                 grid = greedy_grid(lens, w, dp, m, cap, sync)
                 if grid is not None and all(mb for rank in grid for mb in rank):
                     got = sb.Plan(grid, lens, max_tokens=cap, costs=plan.costs, sync=sync)
@@ -279,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.survey:
         rows = survey_rows()
         print_table(rows, ["workload", "n", "dp", "sync", "m", "plan", "thorough", "greedy",
-                           "rank_token_bound"])  # fmt: skip
+                           "rank_token_bound", "packed_slot_bound"])  # fmt: skip
         better = [r for r in rows if r.get("greedy", np.inf) < min(r["plan"], r["thorough"])]
         print(f"greedy shorter than both efforts' plans on {len(better)} of {len(rows)} rows")
         write_json(opts.out.replace(".json", "_survey.json"), {
@@ -291,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows = [case_row(*c, opts) for c in CASES]
     cols = ["workload", "n", "dp", "sync", "m", "plan", "thorough", "greedy", "relaxed",
-            "exact_dual", "exact_best", "rank_token_bound"]  # fmt: skip
+            "exact_dual", "exact_best", "rank_token_bound", "packed_slot_bound"]  # fmt: skip
     print_table(rows, cols)
     write_json(opts.out, {
         "command": " ".join(["python bench/true_gap.py", *(argv or sys.argv[1:])]),
