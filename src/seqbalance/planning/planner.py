@@ -1285,7 +1285,8 @@ def _step_bound(req: _Request, m: int, memo: dict[Any, Any] | None) -> float:
     # (rank_token_bound) is above the partition's. It holds for plans of at most m per
     # rank, the plans this bound is asked about (the pick takes the fewest count).
     r = rank_token_bound(req.costs, req.lens, req.dp, m, req.cap)
-    return float(max(p, s, r) + max(m, m_cap) * req.c0)  # (as capacity_step_bound adds them)
+    packed = memo.get("packed_slot") or 0.0  # (_sharpened_slot_bound's, once it has run)
+    return float(max(p, s, r, packed) + max(m, m_cap) * req.c0)  # (as capacity_step_bound)
 
 
 def _bound_terms(req: _Request, memo: dict[Any, Any]) -> tuple[float, float, int]:
@@ -1327,7 +1328,8 @@ def _close_enough(
 
 def _sharpened_slot_bound(req: _Request, memo: dict[Any, Any]) -> bool:
     """Whether :func:`._packed_slot.packed_slot_bound` raised the request's FSDP slot
-    bound (then the step bounds in ``memo`` are recomputed from it). Asked once per
+    bound (kept in ``memo`` beside the bound's terms, which stay as computed; the step
+    bounds in ``memo`` are then recomputed with it). Asked once per
     request, and only where the slot bound is the binding term (the costliest sequence
     sets the step: long sequences, where packing them whole is what the fractional bound
     misses), under FSDP, up to ``_PIPELINE_MAX_ITEMS`` sequences."""
@@ -1336,14 +1338,13 @@ def _sharpened_slot_bound(req: _Request, memo: dict[Any, Any]) -> bool:
     memo["packed_slot"] = None
     if req.sync != "fsdp" or req.n > _PIPELINE_MAX_ITEMS or req.dp < 2:
         return False
-    p, s, m_cap = _bound_terms(req, memo)
+    p, s, _ = _bound_terms(req, memo)
     if s < p:
         return False
     sharper = packed_slot_bound(req.costs, req.lens, req.dp, req.cap)
-    memo["packed_slot"] = sharper
     if sharper <= s:
         return False
-    memo["bound_terms"] = (p, sharper, m_cap)
+    memo["packed_slot"] = sharper
     for key in [k for k in memo if isinstance(k, tuple) and k and k[0] == "step_bound"]:
         memo[key] = _step_bound(req, key[1], memo)
     return True
