@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from functools import cache
 
 import numpy as np
@@ -522,3 +523,56 @@ def test_packed_slot_bound_on_long_context():
     step = p.simulate().step_time
     assert costliest_slot_bound(costs, lens, 8, cap) < step / 1.005
     assert step / 1.0002 <= packed_slot_bound(costs, lens, 8, cap) <= step
+
+
+def _most_beside(lengths, costs, dp, cap, star):
+    """The most cost that ``dp - 1`` micro-batches of at most ``cap`` tokens can hold of
+    the sequences other than ``star``: every assignment (or none) of each to one of them."""
+    others = [i for i in range(len(lengths)) if i != star]
+    best = 0.0
+    for where in itertools.product(range(dp), repeat=len(others)):  # dp - 1: not in the slot
+        tok, got = [0] * (dp - 1), 0.0
+        for i, r in zip(others, where):
+            if r < dp - 1:
+                tok[r] += min(lengths[i], cap)
+                got += costs[i]
+        if max(tok, default=0) <= cap:
+            best = max(best, got)
+    return best
+
+
+@pytest.mark.slow
+@settings(max_examples=2000, deadline=None)
+@given(
+    long=st.lists(st.integers(3, 16), min_size=1, max_size=3),
+    short=st.integers(1, 4),
+    costs=st.lists(st.integers(1, 99), min_size=7, max_size=7),
+)
+def test_packed_slot_bound_never_above_its_exact_form(long, short, costs):
+    # The bound with X, the most the costliest sequence's slot holds beside it, computed
+    # exactly: rooms of different sizes beside long sequences, and short dense sequences
+    # that may go into any of them (the case a relaxation gets wrong first). 2,000
+    # examples: a relaxation that let the short ones fill the largest rooms only failed
+    # about one case in 500.
+    from seqbalance.planning._packed_slot import packed_slot_bound
+
+    lens = [30, *long, *([2] * short)]  # 30: above the cap 16, counted as 16
+    c = [1000.0, *map(float, costs[: len(lens) - 1])]
+    dp, cap = 3, 16
+    exact = c[0] * (dp - 1) / dp + (sum(c) - _most_beside(lens, c, dp, cap, 0)) / dp
+    got = packed_slot_bound(np.array(c), np.array(lens), dp, cap)
+    assert got <= math.ceil(exact - 1e-9)  # (integer costs: the bound is rounded up)
+
+
+def test_packed_slot_bound_with_rooms_of_different_sizes():
+    # Short sequences go into any room: beside the 22, {7, 15} and {9, 2, 2, 8} fit (251).
+    from seqbalance.planning._packed_slot import packed_slot_bound
+
+    lens = np.array([22, 7, 9, 15, 2, 2, 8])
+    costs = np.array([300, 66, 52, 40, 18, 68, 7], dtype=float)
+    assert _brute_fsdp(lens.tolist(), costs.tolist(), 3, 22, 0.0) == 300.0
+    assert packed_slot_bound(costs, lens, 3, 22) == 300.0
+    lens = np.array([16, 14, 11, 12, 2, 2, 16, 16])
+    costs = np.array([1000, 45, 41, 59, 52, 78, 41, 41], dtype=float)
+    assert packed_slot_bound(costs, lens, 3, 16) <= _brute_fsdp(lens.tolist(), costs.tolist(),
+                                                                3, 16, 0.0)  # fmt: skip

@@ -435,8 +435,8 @@ def _static_base(req: _Request, flat: bool = False, **overrides: Any) -> Any:
             # starting order.
             with search_suspended(), using_words(REPLICA_WORDS):
                 base = replicas(ptok, req.dp, req.cap, cost=tmax, **options)
-                if mult != req.mult:  # (its note would blame a multiple nobody passed)
-                    assert req.pp is not None
+                if mult != req.mult and req.pp is not None:  # (its note would blame a
+                    # multiple nobody passed: the schedule's raised it)
                     base.notes = with_asked_multiple(base.notes, req.mult, mult,
                                                      req.pp.spec.schedule)  # fmt: skip
         except ValueError as exc:
