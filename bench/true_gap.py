@@ -19,13 +19,14 @@ ordered by ``s_j`` and the longest sequence is put on rank 0 (both only relabel 
   others may be split (cost and tokens in proportion): a relaxation, so its optimum is a
   lower bound on every plan with ``m`` micro-batches per rank (the dual bound is reported
   when the time limit stops it first).
-- ``greedy``: a simple capacity-aware greedy plan (:func:`greedy_grid`), checked and
-  simulated by seqbalance: an upper bound on the optimum.
+- ``greedy``: the planner's capacity-aware greedy candidate alone
+  (``seqbalance.planning._capacity_greedy``), checked and simulated by seqbalance: an
+  upper bound on the optimum.
 - ``rank_token_bound``: :func:`seqbalance.planning.bounds.rank_token_bound` at ``m``
   (numpy, well under a millisecond); ``packed_slot_bound`` (FSDP): the slot bound with the
   long sequences packed whole that the default's stop asks
   (``seqbalance.planning._packed_slot``, a few milliseconds). Both are lower bounds the
-  planner uses; the greedy plan is also one of its candidates.
+  planner uses.
 - ``exact``: every ``x`` integral, within ``--time-limit`` seconds: its best plan is an
   upper bound on the optimum (a shorter plan than the default's, where it is below the
   plan's step), and its dual bound a lower bound.
@@ -59,6 +60,7 @@ from _common import machine_info, print_table, write_json
 import seqbalance as sb
 from seqbalance import workloads
 from seqbalance.costs import load_cost
+from seqbalance.planning._capacity_greedy import ddp_greedy, fsdp_greedy
 from seqbalance.planning._packed_slot import packed_slot_bound
 from seqbalance.planning.bounds import rank_token_bound
 
@@ -122,62 +124,6 @@ def model(
     return obj, LinearConstraint(a, lo, hi), integ, Bounds(np.zeros(nx + ny), ub)
 
 
-def greedy_grid(lens: np.ndarray, w: np.ndarray, dp: int, m: int, cap: int, sync: str) -> Any:
-    """A simple capacity-aware greedy plan with ``m`` micro-batches per rank, or None.
-
-    DDP: sequences costliest first, each to the least-loaded rank with a micro-batch it
-    fits in (the fullest such one). FSDP: the costliest sequence's slot first, its other
-    micro-batches filled longest first (first fit, each up to that sequence's cost: the
-    slot's cost does not grow), then the rest costliest first into the least-loaded of the
-    other ``dp (m - 1)`` micro-batches it fits in, sorted into slots by cost.
-    """
-    order = np.lexsort((np.arange(lens.size), -w))
-    if sync == "ddp":
-        tok, load = np.zeros((dp, m)), np.zeros(dp)
-        grid: list[list[list[int]]] = [[[] for _ in range(m)] for _ in range(dp)]
-        for i in order:
-            for r in np.argsort(load, kind="stable"):
-                fits = np.flatnonzero(tok[r] + lens[i] <= cap)
-                if fits.size:
-                    j = int(fits[np.argmax(tok[r, fits])])
-                    tok[r, j] += lens[i]
-                    load[r] += w[i]
-                    grid[r][j].append(int(i))
-                    break
-            else:
-                return None
-        return grid
-    top = int(order[0])
-    first: list[list[int]] = [[top]] + [[] for _ in range(dp - 1)]
-    ftok, fcost, rest = np.zeros(dp), np.zeros(dp), []
-    for i in np.lexsort((np.arange(lens.size), -lens)):
-        if i == top:
-            continue
-        ok = np.flatnonzero((ftok[1:] + lens[i] <= cap) & (fcost[1:] + w[i] <= w[top]))
-        if ok.size:
-            b = int(ok[0]) + 1
-            first[b].append(int(i))
-            ftok[b] += lens[i]
-            fcost[b] += w[i]
-        else:
-            rest.append(int(i))
-    bins: list[list[int]] = [[] for _ in range(dp * (m - 1))]
-    btok, bcost = np.zeros(len(bins)), np.zeros(len(bins))
-    for i in sorted(rest, key=lambda i: (-w[i], i)):
-        ok = np.flatnonzero(btok + lens[i] <= cap)
-        if not ok.size:
-            return None
-        b = int(ok[np.argmin(bcost[ok])])
-        bins[b].append(i)
-        btok[b] += lens[i]
-        bcost[b] += w[i]
-    slots = [first] + [
-        [bins[k] for k in np.argsort(-bcost, kind="stable")[s * dp : (s + 1) * dp]]
-        for s in range(m - 1)
-    ]
-    return [[slots[j][r] for j in range(m)] for r in range(dp)]
-
-
 def solve(args: tuple[Any, ...], time_limit: float) -> dict[str, Any]:
     obj, cons, integ, bounds = args
     t = time.perf_counter()
@@ -192,27 +138,36 @@ def solve(args: tuple[Any, ...], time_limit: float) -> dict[str, Any]:
     }
 
 
-def case_row(name: str, n: int, dp: int, sync: str, opts: argparse.Namespace) -> dict[str, Any]:
+def _bounds_row(name: str, n: int, dp: int, sync: str) -> tuple[dict[str, Any], Any]:
+    """The default and full-search plans, the greedy plan and the planner's stop bounds of
+    one row, over the default plan's ``Plan.lower_bound``; and what the HiGHS models need:
+    ``(lens, w, cap, m, plan, bound)`` with ``w`` the costs in units of that bound."""
     cost = load_cost("qwen2.5-7b")
     lens = workloads.load(name, n, seed=0).lengths
     cap = max(32768, int(lens.max()))
     plan = sb.plan(lens, dp, cap, cost=cost, sync=sync)
     thorough = sb.plan(lens, dp, cap, cost=cost, sync=sync, effort="thorough")
-    sim, bound = plan.simulate(), plan.lower_bound()
-    m = plan.num_micro_batches
+    bound, m = plan.lower_bound(), plan.num_micro_batches
     w = np.asarray(plan.costs, dtype=float) / bound  # in units of the plan's bound
     row: dict[str, Any] = {
         "workload": name, "n": n, "dp": dp, "sync": sync, "m": m, "max_tokens": cap,
-        "plan": sim.step_time / bound, "thorough": thorough.simulate().step_time / bound,
+        "plan": plan.simulate().step_time / bound,
+        "thorough": thorough.simulate().step_time / bound,
+        "rank_token_bound": rank_token_bound(w, lens, dp, m, cap),
     }  # fmt: skip
-    row["rank_token_bound"] = rank_token_bound(w, lens, dp, m, cap)
     if sync == "fsdp":
         row["packed_slot_bound"] = packed_slot_bound(w, lens, dp, cap)
-    grid = greedy_grid(lens, w, dp, m, cap, sync)
+    greedy = ddp_greedy if sync == "ddp" else fsdp_greedy
+    grid = greedy(np.asarray(plan.costs, dtype=float), lens, dp, m, cap)
     if grid is not None and all(mb for rank in grid for mb in rank):
         got = sb.Plan(grid, lens, max_tokens=cap, costs=plan.costs, sync=sync)
         assert not any(got.violations().values()), got.violations()
         row["greedy"] = got.simulate().step_time / bound
+    return row, (lens, w, cap, m, plan, bound)
+
+
+def case_row(name: str, n: int, dp: int, sync: str, opts: argparse.Namespace) -> dict[str, Any]:
+    row, (lens, w, cap, m, plan, bound) = _bounds_row(name, n, dp, sync)
     big = lens >= min(opts.integral, cap // 2)
     if n * dp * m <= opts.max_relaxed:
         rel = solve(model(lens, w, dp, m, cap, sync, big), opts.time_limit)
@@ -240,31 +195,13 @@ def case_row(name: str, n: int, dp: int, sync: str, opts: argparse.Namespace) ->
 
 def survey_rows() -> list[dict[str, Any]]:
     """Every row of ``bench/latency.py --quick``: the default plan, the full search and
-    :func:`greedy_grid` at the default plan's count, over ``Plan.lower_bound``."""
-    cost = load_cost("qwen2.5-7b")
+    the greedy plan at the default plan's count, over ``Plan.lower_bound``."""
     rows = []
     for name in ("rl-math", "sft-chat", "long-mix", "long-context"):
         for n, dp in ((48, 8), (64, 8), (256, 16), (1024, 8), (4096, 32), (8192, 64)):
-            lens = workloads.load(name, n, seed=0).lengths
-            cap = max(32768, int(lens.max()))
             for sync in ("fsdp", "ddp"):
-                plan = sb.plan(lens, dp, cap, cost=cost, sync=sync)
-                full = sb.plan(lens, dp, cap, cost=cost, sync=sync, effort="thorough")
-                bound, m = plan.lower_bound(), plan.num_micro_batches
-                w = np.asarray(plan.costs, dtype=float) / bound
-                row: dict[str, Any] = {
-                    "workload": name, "n": n, "dp": dp, "sync": sync, "m": m,
-                    "plan": plan.simulate().step_time / bound,
-                    "thorough": full.simulate().step_time / bound,
-                    "rank_token_bound": rank_token_bound(w, lens, dp, m, cap),
-                }  # fmt: skip
-                if sync == "fsdp":
-                    row["packed_slot_bound"] = packed_slot_bound(w, lens, dp, cap)
-                grid = greedy_grid(lens, w, dp, m, cap, sync)
-                if grid is not None and all(mb for rank in grid for mb in rank):
-                    got = sb.Plan(grid, lens, max_tokens=cap, costs=plan.costs, sync=sync)
-                    assert not any(got.violations().values()), got.violations()
-                    row["greedy"] = got.simulate().step_time / bound
+                row, _ = _bounds_row(name, n, dp, sync)
+                del row["max_tokens"]
                 rows.append(row)
                 print(name, n, dp, sync, {k: row.get(k) for k in
                       ("plan", "thorough", "greedy", "rank_token_bound")}, flush=True)  # fmt: skip
@@ -292,8 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"greedy shorter than both efforts' plans on {len(better)} of {len(rows)} rows")
         write_json(opts.out.replace(".json", "_survey.json"), {
             "command": " ".join(["python bench/true_gap.py", *(argv or sys.argv[1:])]),
-            "note": "figures relative to Plan.lower_bound(); greedy: greedy_grid's plan at "
-                    "the default plan's count; rank_token_bound: valid for that count only",
+            "note": "figures relative to Plan.lower_bound(); greedy: the capacity-aware "
+                    "greedy plan at the default plan's count; rank_token_bound: valid for that "
+                    "count only",
             "machine": machine_info(), "rows": rows,
         })  # fmt: skip
         return 0
@@ -305,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join(["python bench/true_gap.py", *(argv or sys.argv[1:])]),
         "note": "figures relative to Plan.lower_bound(); relaxed and exact_dual: lower bounds "
                 "on every plan with m micro-batches per rank; exact_best: a plan HiGHS found; "
-                "greedy: a plan greedy_grid found",
+                "greedy: the capacity-aware greedy plan",
         "machine": machine_info(), "rows": rows,
     })  # fmt: skip
     return 0
