@@ -120,10 +120,24 @@ def packed_slot_bound(costs: np.ndarray, lengths: np.ndarray, dp: int, cap: int)
     def relaxed(rooms: tuple[int, ...], k: int) -> float:
         """The fractional filling of ``rooms`` by the long sequences ``k:`` and every short one."""
         work[0] += len(rooms)
-        levels = sorted({r for r in rooms if r > 0})
+        # The distinct rooms, ascending, and the total room of those at least each: one
+        # pass down the rooms (kept in descending order).
+        levels: list[int] = []
+        slack: list[int] = []
+        total = 0
+        for r in rooms:
+            if r <= 0:
+                break
+            total += r
+            if levels and levels[-1] == r:
+                slack[-1] = total
+            else:
+                levels.append(r)
+                slack.append(total)
         if not levels:
             return 0.0
-        slack = [sum(r for r in rooms if r >= s) for s in levels]
+        levels.reverse()
+        slack.reverse()
         got = 0.0
         for j in range(k, k_large + 1):
             work[0] += 1 + len(levels)

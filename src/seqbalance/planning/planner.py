@@ -1238,10 +1238,9 @@ def _greedy_candidate(req: _Request, m: int, notes: list[str]) -> Plan | None:
     ranks (2 micro-batches, a quadratic cost) it is 2-3% shorter than every other
     candidate, and within 0.02% of the optimum (``bench/true_gap.py``). Not at
     ``effort="fast"`` (one candidate). Free size, no groups, packed, no pipeline, no
-    extra counts, at most ``_PIPELINE_MAX_ITEMS``
-    sequences and ``_GREEDY_WORK`` of ``n dp`` (``n dp m`` under DDP); None where a
-    sequence fits nowhere or (without ``allow_empty``) a micro-batch stays empty.
-    ``notes``: the request's.
+    extra counts, at most ``_PIPELINE_MAX_ITEMS`` sequences and ``_GREEDY_WORK`` of ``n
+    dp`` (``n dp m`` under DDP); None where a sequence fits nowhere or (without
+    ``allow_empty``) a micro-batch stays empty. ``notes``: the request's.
     """
     if (not req.budget.candidates or req.padded or req.size != "free"
             or req.groups is not None or req.pp is not None
@@ -1286,7 +1285,10 @@ def _step_bound(req: _Request, m: int, memo: dict[Any, Any] | None) -> float:
     # sequences fill the ranks that hold them in cost long before in tokens, that bound
     # (rank_token_bound) is above the partition's. It holds for plans of at most m per
     # rank, the plans this bound is asked about (the pick takes the fewest count).
-    r = rank_token_bound(req.costs, req.lens, req.dp, m, req.cap)
+    key = ("rank_tokens", m)
+    if key not in memo:
+        memo[key] = rank_token_bound(req.costs, req.lens, req.dp, m, req.cap)
+    r = memo[key]
     packed = memo.get("packed_slot") or 0.0  # (_sharpened_slot_bound's, once it has run)
     return float(max(p, s, r, packed) + max(m, m_cap) * req.c0)  # (as capacity_step_bound)
 
