@@ -97,6 +97,7 @@ from ._packed_slot import packed_slot_bound
 from ._packing import ffd_failed, first_fit_parts, pack
 from ._pipelines import verl_micro_batches
 from ._ranks import repartition_pairs
+from ._slot_balance import balance_slots
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
 from ._work import (
     COUNT_WORK,
@@ -338,6 +339,9 @@ def _plan_global(
                                fill_work=fill_work)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
+            if pp is None and not budget.thorough:
+                grid = balance_slots(grid, costs, lengths, cap,
+                                     stop_at=None if enough is None else enough - m * c0)
         if pp is None:
             t = _step_time(grid, costs, c0, padded, sync)
         else:  # the pipeline step, in the best starting order
@@ -1230,7 +1234,9 @@ _GREEDY_NOTE = (
 )
 
 
-def _greedy_candidate(req: _Request, m: int, notes: list[str]) -> Plan | None:
+def _greedy_candidate(
+    req: _Request, m: int, notes: list[str], memo: dict[Any, Any] | None = None
+) -> Plan | None:
     """The capacity-aware greedy plan at ``m`` micro-batches (:mod:`._capacity_greedy`), or None.
 
     It puts the short sequences beside the long ones from the start, where the packers
@@ -1251,6 +1257,14 @@ def _greedy_candidate(req: _Request, m: int, notes: list[str]) -> Plan | None:
     grid = build(req.costs, req.lens, req.dp, m, req.cap)
     if grid is None or (not req.allow_empty and any(not mb for rank in grid for mb in rank)):
         return None
+    if req.sync == "fsdp":
+        enough = _enough(req, m, memo)
+        if (enough is not None and memo is not None
+                and _step_time(grid, req.costs, req.c0, False, "fsdp") > enough
+                and _sharpened_slot_bound(req, memo)):  # fmt: skip
+            enough = _enough(req, m, memo)  # (the bound the stop will use)
+        grid = balance_slots(grid, req.costs, req.lens, req.cap,
+                             stop_at=None if enough is None else enough - m * req.c0)
     return _plan_of(req, grid, [*notes, _GREEDY_NOTE.format(ranks=term("ranks")),
                                 *_empty_note(grid)])
 
@@ -1932,7 +1946,7 @@ def _plan_attempt(
         early = _ddp_rank_first_within_gap(req, splits, first_m, notes, memo)
     if early is not None:
         candidates.append(early)
-    greedy = None if early is not None else _greedy_candidate(req, first_m, notes)
+    greedy = None if early is not None else _greedy_candidate(req, first_m, notes, memo)
     if greedy is not None:
         candidates.append(greedy)
         if _close_enough(req, candidates, first_m, memo):
