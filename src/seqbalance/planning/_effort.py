@@ -15,7 +15,8 @@ same plan, byte for byte). Three levels:
     :func:`~seqbalance.planning.bounds.rank_token_bound` at that count and, under FSDP
     where the costliest sequence sets the step, :mod:`._packed_slot`'s bound): then no
     other candidate, a baseline included, can be shorter by more than that. It checks
-    after the capacity-aware greedy plan (:mod:`._capacity_greedy`, tried first), after
+    after the capacity-aware greedy plan (:mod:`._capacity_greedy`, tried first; under
+    FSDP its slots evened out across the ranks, :mod:`._slot_balance`), after
     the first packing (LPT), after the other starts and rank splits, and after the
     full-rank splits
     and the refill toward slot levels (under FSDP the full-rank split comes first where
@@ -27,7 +28,8 @@ same plan, byte for byte). Three levels:
     second full-rank split, the packings, the refill) once within five stop gaps of the
     bound; each family's own search still aims at ``stop_gap``. The packer's
     refinement stops within ``refine_rtol`` of the mean bin; slack filling does not search
-    a slot again until a step changes it; the partition exact searches are off (as inside
+    a slot again until a step changes it, and the global packings then have each slot
+    evened out across the ranks; the partition exact searches are off (as inside
     ``exact_searches(False)``, unless the caller chose). When the cost has a
     per-micro-batch term, counts above the fewest are planned one at a time while each
     runs a shorter simulated step.
