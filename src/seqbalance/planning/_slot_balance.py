@@ -12,7 +12,7 @@ micro-batch a little above the others.
 For each slot on its own, while a step helps: the heaviest micro-batch (lowest rank on
 ties) gives one of its sequences to another micro-batch of the slot, or swaps one for a
 cheaper one, whichever lowers the larger of the two micro-batches the most, within the
-token cap (best fit: ties go to the first in rank and sequence order). Each step lowers
+token cap (ties go to a move, then to the first sequence in rank order). Each step lowers
 the pair it changes, so the slot's sorted costs fall and the pass ends. A micro-batch is
 never emptied; a slot keeps its sequences, so the count and every rank's micro-batch
 order stay as they were.
@@ -23,6 +23,8 @@ bound in about 300 steps.
 """
 
 from __future__ import annotations
+
+from itertools import chain
 
 import numpy as np
 
@@ -72,7 +74,10 @@ def balance_slots(
     out = [[list(mb) for mb in rank] for rank in grid]
     if dp < 2 or m == 0:
         return out
-    loads = np.array([[float(costs[mb].sum()) if mb else 0.0 for mb in rank] for rank in out])
+    sizes = [len(mb) for rank in out for mb in rank]
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(out)), np.int64, sum(sizes))
+    cells = np.repeat(np.arange(dp * m), sizes)
+    loads = np.bincount(cells, weights=costs[flat], minlength=dp * m).reshape(dp, m)
     level = loads.max(axis=0)
     total = float(level.sum())
     if stop_at is not None and total <= stop_at:
@@ -137,8 +142,9 @@ def _best_step(
             step = (int(mine[at // load.size]), at % load.size, -1)
     if others.size:
         # Only sequences that pass every test below for some sequence of ``b`` (the same
-        # comparisons against the extremes of ``b``'s costs and tokens): the 2-D scan runs
-        # over those, in the same order, so it picks what the full scan would.
+        # comparisons against the extremes of ``b``'s costs and tokens, up to rounding):
+        # the 2-D scan runs over those, in the same order, so it picks what the full scan
+        # would.
         d = owner[others]
         wo, to = w[others], t[others]
         keep = (wo < wx.max() - best_gain) & (wo > wx.min() - (top - load[d]) + best_gain)

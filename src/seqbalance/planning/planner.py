@@ -315,6 +315,7 @@ def _plan_global(
     interim: Callable[[], bool] | None = None,
     lpt_enough: float | None = None,
     fill_work: float | None = None,
+    settle: float | None = None,
 ) -> tuple[list[list[list[int]]] | None, str]:
     """``sent``: the tokens a pipeline stage sends per sequence (the true lengths where
     ``lengths`` are clipped to the cap for packing); default ``lengths``. ``enough``: a
@@ -323,7 +324,9 @@ def _plan_global(
     packing when that is not enough; True keeps the first packing without trying the
     others (another candidate, made by ``interim``, is within the stop gap).
     ``lpt_enough``: a step at which the first packing is the only one (the other
-    candidates of the search still run)."""
+    candidates of the search still run). ``settle`` (FSDP, plain plans, below
+    ``effort="thorough"``): each packing's slots are evened out across the ranks
+    (:func:`._slot_balance.balance_slots`) down to this step; None: they are not."""
     sent = lengths if sent is None else sent
     best, best_time = None, np.inf
     # One rank has nothing to line up with: its step is the sum of its bins whatever they
@@ -339,9 +342,8 @@ def _plan_global(
                                fill_work=fill_work)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
-            if pp is None and not budget.thorough:
-                grid = balance_slots(grid, costs, lengths, cap,
-                                     stop_at=None if enough is None else enough - m * c0)
+            if settle is not None:
+                grid = balance_slots(grid, costs, lengths, cap, stop_at=settle - m * c0)
         if pp is None:
             t = _step_time(grid, costs, c0, padded, sync)
         else:  # the pipeline step, in the best starting order
@@ -889,7 +891,7 @@ def _search(
                 req.lens, req.costs, req.dp, m, req.cap, req.padded, req.sync, req.c0, req.pp,
                 req.run_lens, req.budget, _enough(req, m, memo),
                 interim if m == first_m else None, _lpt_enough(req, m, memo),
-                fill_work=req.fill_work,
+                fill_work=req.fill_work, settle=_settle(req, m, memo),
             )
         else:
             mbs, st = _by_rank_at(req, rank_items, m, memo, blocked)
@@ -1284,6 +1286,20 @@ def _enough(req: _Request, m: int, memo: dict[Any, Any] | None = None) -> float 
             return bound * (1.0 + gap)
         memo[key] = bound
     return float(memo[key]) * (1.0 + gap)
+
+
+def _settle(req: _Request, m: int, memo: dict[Any, Any]) -> float | None:
+    """The step down to which the global packings' slots are evened out across the ranks
+    (:func:`_plan_global`'s ``settle``): within the search's stop gap of the step bound
+    (:func:`_candidate_gap`: above ``_PIPELINE_MAX_ITEMS`` sequences the search stops at
+    five gaps, and evening out 32,768 sequences further cost more than it gained). None
+    at ``effort="thorough"`` (the full search keeps its candidates) and where the budget
+    never stops early."""
+    gap, stop = req.budget.stop_gap, _candidate_gap(req)
+    enough = _enough(req, m, memo)
+    if req.budget.thorough or gap is None or stop is None or enough is None:
+        return None
+    return enough / (1.0 + gap) * (1.0 + stop)
 
 
 def _step_bound(req: _Request, m: int, memo: dict[Any, Any] | None) -> float:
