@@ -20,8 +20,9 @@ ordered by ``s_j`` and the longest sequence is put on rank 0 (both only relabel 
   lower bound on every plan with ``m`` micro-batches per rank (the dual bound is reported
   when the time limit stops it first).
 - ``greedy``: the planner's capacity-aware greedy candidate alone
-  (``seqbalance.planning._capacity_greedy``), checked and simulated by seqbalance: an
-  upper bound on the optimum.
+  (``seqbalance.planning._capacity_greedy``; under FSDP its slots then evened out across
+  the ranks, ``seqbalance.planning._slot_balance``, without the default's stop), checked
+  and simulated by seqbalance: an upper bound on the optimum.
 - ``rank_token_bound``: :func:`seqbalance.planning.bounds.rank_token_bound` at ``m``
   (numpy, well under a millisecond); ``packed_slot_bound`` (FSDP): the slot bound with the
   long sequences packed whole that the default's stop asks
@@ -61,6 +62,7 @@ import seqbalance as sb
 from seqbalance import workloads
 from seqbalance.costs import load_cost
 from seqbalance.planning._capacity_greedy import ddp_greedy, fsdp_greedy
+from seqbalance.planning._slot_balance import balance_slots
 from seqbalance.planning._packed_slot import packed_slot_bound
 from seqbalance.planning.bounds import rank_token_bound
 
@@ -157,8 +159,11 @@ def _bounds_row(name: str, n: int, dp: int, sync: str) -> tuple[dict[str, Any], 
     }  # fmt: skip
     if sync == "fsdp":
         row["packed_slot_bound"] = packed_slot_bound(w, lens, dp, cap)
+    costs = np.asarray(plan.costs, dtype=float)
     greedy = ddp_greedy if sync == "ddp" else fsdp_greedy
-    grid = greedy(np.asarray(plan.costs, dtype=float), lens, dp, m, cap)
+    grid = greedy(costs, lens, dp, m, cap)
+    if grid is not None and sync == "fsdp":
+        grid = balance_slots(grid, costs, lens, cap)  # (as the planner's candidate, in full)
     if grid is not None and all(mb for rank in grid for mb in rank):
         got = sb.Plan(grid, lens, max_tokens=cap, costs=plan.costs, sync=sync)
         assert not any(got.violations().values()), got.violations()

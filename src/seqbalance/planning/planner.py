@@ -342,10 +342,11 @@ def _plan_global(
                                fill_work=fill_work)
             bins = [mb for rank in grid for mb in rank]
             grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
-            if settle is not None:
-                grid = balance_slots(grid, costs, lengths, cap, stop_at=settle - m * c0)
         if pp is None:
             t = _step_time(grid, costs, c0, padded, sync)
+            if settle is not None and sync == "fsdp" and not padded and t > settle:
+                grid = balance_slots(grid, costs, lengths, cap, stop_at=settle - m * c0)
+                t = _step_time(grid, costs, c0, padded, sync)
         else:  # the pipeline step, in the best starting order
             grid = pipeline_order_grid(grid, costs, c0, sent, padded, sync, pp, quick=True)
             t = pipeline_step_time(grid, costs, c0, sent, padded, sync, pp)
@@ -1296,8 +1297,10 @@ def _settle(req: _Request, m: int, memo: dict[Any, Any]) -> float | None:
     at ``effort="thorough"`` (the full search keeps its candidates) and where the budget
     never stops early."""
     gap, stop = req.budget.stop_gap, _candidate_gap(req)
+    if req.sync != "fsdp" or req.budget.thorough or gap is None or stop is None:
+        return None
     enough = _enough(req, m, memo)
-    if req.budget.thorough or gap is None or stop is None or enough is None:
+    if enough is None:
         return None
     return enough / (1.0 + gap) * (1.0 + stop)
 
