@@ -1249,7 +1249,10 @@ def _greedy_candidate(
     ``effort="fast"`` (one candidate). Free size, no groups, packed, no pipeline, no
     extra counts, at most ``_PIPELINE_MAX_ITEMS`` sequences and ``_GREEDY_WORK`` of ``n
     dp`` (``n dp m`` under DDP); None where a sequence fits nowhere or (without
-    ``allow_empty``) a micro-batch stays empty. ``notes``: the request's.
+    ``allow_empty``) a micro-batch stays empty. ``notes``: the request's. Under FSDP
+    each slot is then evened out across the ranks (:mod:`._slot_balance`; rl-math, 8,192
+    sequences over 64 ranks: 0.124% above the bound to 0.090%), down to the default's
+    stop (``memo``: the request's, where the step bound at ``m`` is kept).
     """
     if (not req.budget.candidates or req.padded or req.size != "free"
             or req.groups is not None or req.pp is not None
