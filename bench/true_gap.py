@@ -62,8 +62,8 @@ import seqbalance as sb
 from seqbalance import workloads
 from seqbalance.costs import load_cost
 from seqbalance.planning._capacity_greedy import ddp_greedy, fsdp_greedy
-from seqbalance.planning._slot_balance import balance_slots
 from seqbalance.planning._packed_slot import packed_slot_bound
+from seqbalance.planning._slot_balance import balance_slots
 from seqbalance.planning.bounds import rank_token_bound
 
 # (workload, n, dp, sync): the rows of bench/latency.py --quick that miss their target
