@@ -7,7 +7,9 @@ same plan, byte for byte). Three levels:
 ``"thorough"``
     The full search: every candidate packing, every rank split, every baseline pipeline
     slack-filled as a candidate, the exact searches on small inputs, slack filling up to
-    its own limits. The plan is never slower than any baseline that runs.
+    its own limits, and under FSDP the packings' slots evened out across the ranks
+    (:mod:`._slot_balance`) within that pass's budget. The plan is never slower than any
+    baseline that runs.
 ``"default"``
     For per-step use. The search stops adding candidates once the best plan so far is
     provably within ``stop_gap`` of the step-time lower bound at the fewest micro-batches

@@ -324,9 +324,9 @@ def _plan_global(
     packing when that is not enough; True keeps the first packing without trying the
     others (another candidate, made by ``interim``, is within the stop gap).
     ``lpt_enough``: a step at which the first packing is the only one (the other
-    candidates of the search still run). ``settle`` (FSDP, plain plans, below
-    ``effort="thorough"``): each packing's slots are evened out across the ranks
-    (:func:`._slot_balance.balance_slots`) down to this step; None: they are not."""
+    candidates of the search still run). ``settle`` (FSDP, plain plans): each packing's
+    slots are evened out across the ranks (:func:`._slot_balance.balance_slots`) down to
+    this step; None: they are not."""
     sent = lengths if sent is None else sent
     best, best_time = None, np.inf
     # One rank has nothing to line up with: its step is the sum of its bins whatever they
@@ -1294,16 +1294,18 @@ def _enough(req: _Request, m: int, memo: dict[Any, Any] | None = None) -> float 
 
 def _settle(req: _Request, m: int, memo: dict[Any, Any]) -> float | None:
     """The step down to which the global packings' slots are evened out across the ranks
-    (:func:`_plan_global`'s ``settle``): within the search's stop gap of the step bound
+    (:func:`_plan_global`'s ``settle``), FSDP without a pipeline: at ``effort="thorough"``
+    all the way (0); below it, to within the search's stop gap of the step bound
     (:func:`_candidate_gap`: above ``_PIPELINE_MAX_ITEMS`` sequences the search stops at
     five gaps, and evening out 32,768 sequences further cost more than it gained). None
-    at ``effort="thorough"`` (the full search keeps its candidates) and where the budget
-    never stops early."""
-    gap, stop = req.budget.stop_gap, _candidate_gap(req)
-    if req.sync != "fsdp" or req.budget.thorough or gap is None or stop is None:
+    (not evened out) otherwise, and where the budget never stops early."""
+    if req.sync != "fsdp" or req.padded or req.pp is not None:
         return None
+    if req.budget.thorough:
+        return 0.0
+    gap, stop = req.budget.stop_gap, _candidate_gap(req)
     enough = _enough(req, m, memo)
-    if enough is None:
+    if gap is None or stop is None or enough is None:
         return None
     return enough / (1.0 + gap) * (1.0 + stop)
 
