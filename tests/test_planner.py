@@ -423,20 +423,25 @@ def _lockstep_time_of_ffd(lengths: np.ndarray, costs: np.ndarray, nbins: int, dp
 )
 def test_fsdp_plan_never_slower_than_full_ffd_bins(lengths, dp, cap):
     """Under lockstep slots, bins filled to the cap line up across ranks; the planner keeps
-    that packing as a candidate, so (without the framework baselines) it is never slower
-    than plain first-fit-decreasing bins at its own micro-batch count."""
+    that packing as a candidate, so (without the framework baselines) the full search is
+    never slower than plain first-fit-decreasing bins at its own micro-batch count, and
+    the default is not either unless it stopped within its 0.1% stop gap of the bound
+    (then it is within that of them)."""
     from seqbalance.costs import QuadraticCost
 
     lens = np.asarray(lengths, dtype=np.int64)
     cost = QuadraticCost(per_token=1.0, per_token_sq=1.0 / 512, per_sequence=64.0)
-    try:
-        p = plan(lens, dp, cap, cost=cost, sync="fsdp", baselines=False)
-    except ValueError:  # too few sequences for every micro-batch of the needed count
-        assume(False)
     costs = np.array([cost.microbatch_cost(np.array([x])) for x in lens])
-    ref = _lockstep_time_of_ffd(lens, costs, dp * p.num_micro_batches, dp, cap)
-    assume(ref is not None)
-    assert p.simulate(cost).step_time <= ref * (1 + 1e-9)
+    for effort in ("thorough", "default"):
+        try:
+            p = plan(lens, dp, cap, cost=cost, sync="fsdp", baselines=False, effort=effort)
+        except ValueError:  # too few sequences for every micro-batch of the needed count
+            assume(False)
+        ref = _lockstep_time_of_ffd(lens, costs, dp * p.num_micro_batches, dp, cap)
+        assume(ref is not None)
+        sim = p.simulate(cost)
+        stopped = effort == "default" and sim.gap <= 1e-3
+        assert sim.step_time <= ref * (1 + (1e-3 if stopped else 1e-9))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
