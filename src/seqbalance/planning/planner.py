@@ -1303,11 +1303,10 @@ def _settle(req: _Request, m: int, memo: dict[Any, Any]) -> float | None:
         return None
     if req.budget.thorough:
         return 0.0
-    gap, stop = req.budget.stop_gap, _candidate_gap(req)
-    enough = _enough(req, m, memo)
-    if gap is None or stop is None or enough is None:
+    stop = _candidate_gap(req)
+    if stop is None or _enough(req, m, memo) is None:
         return None
-    return enough / (1.0 + gap) * (1.0 + stop)
+    return float(memo[("step_bound", m)]) * (1.0 + stop)  # (the bound _enough keeps)
 
 
 def _step_bound(req: _Request, m: int, memo: dict[Any, Any] | None) -> float:
