@@ -1413,6 +1413,25 @@ def _candidate_gap(req: _Request) -> float | None:
     return gap * _LARGE_STOP_GAPS
 
 
+# The default effort leaves the full-rank splits out (_full_rank_rare) under FSDP with
+# more than one micro-batch per rank, up to _PIPELINE_MAX_ITEMS sequences, where the
+# slot bound is not above the partition bound. On the 119 FSDP default plans of
+# bench/plan.py's configurations and bench/latency.py's sizes up to 8,192 sequences they
+# were built for 18 and the fastest candidate for none, at up to a third of the plan's
+# time (rl-math, 64 over 8 ranks: 2.3 of 7.2 ms, and the refill of their plan 1.7 ms;
+# 1,024 over 8 ranks: 12 of 46 ms); leaving them out changed no plan. Up to
+# _FULL_RANK_CHEAP sequences x ranks they cost well under a millisecond and are kept:
+# there a split that ties the packings' sync step can still run a pipeline faster (the
+# plain plan is a pipelined plan's rival; 20 sequences over 4 ranks, GPipe: 1,620
+# against 1,627.5).
+_FULL_RANK_CHEAP = 256
+def _full_rank_rare(req: _Request, first_m: int, memo: dict[Any, Any]) -> bool:
+    """Whether the default effort skips the full-rank splits (see the comment above)."""
+    return (req.sync == "fsdp" and not req.budget.thorough and req.budget.stop_gap is not None
+            and first_m > 1 and _FULL_RANK_CHEAP < req.n * req.dp
+            and req.n <= _PIPELINE_MAX_ITEMS and not _slots_set_step(req, memo))  # fmt: skip
+
+
 def _slots_set_step(req: _Request, memo: dict[Any, Any]) -> bool:
     """Whether the FSDP slot bound (big sequences) is above the partition bound. Kept in
     ``memo``."""
@@ -1997,8 +2016,11 @@ def _plan_attempt(
         return _close_enough(req, full_first, first_m, memo)
 
     interim = None
+    # (default effort) Where neither one micro-batch per rank nor big sequences make the
+    # full-rank split the natural plan, it is not built at all (see _FULL_RANK_RARE).
+    no_full = _full_rank_rare(req, first_m, memo)
     if (early is None and req.sync == "fsdp" and req.budget.stop_gap is not None
-            and req.budget.candidates):  # fmt: skip
+            and req.budget.candidates and not no_full):  # fmt: skip
         small = req.n <= _PIPELINE_MAX_ITEMS
         if (first_m == 1 and small) or (first_m > 1 and _slots_set_step(req, memo)):
             if full_rank_first():
@@ -2034,8 +2056,9 @@ def _plan_attempt(
         # The full-rank splits and the refill toward slot levels, then the baselines
         # (below, as they are) only while the plan may still be more than stop_gap above
         # the bound.
-        candidates.extend(full_first if full_first is not None and m_best == first_m
-                          else _full_rank_candidates(req, m_best, candidates, memo=memo))
+        if not no_full:
+            candidates.extend(full_first if full_first is not None and m_best == first_m
+                              else _full_rank_candidates(req, m_best, candidates, memo=memo))
         close = _close_enough(req, candidates, first_m, memo)
         if not close:
             candidates = _levelled(
