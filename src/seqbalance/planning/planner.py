@@ -1417,14 +1417,15 @@ def _candidate_gap(req: _Request) -> float | None:
 # more than one micro-batch per rank, up to _PIPELINE_MAX_ITEMS sequences, where the
 # slot bound is not above the partition bound. On the 119 FSDP default plans of
 # bench/plan.py's configurations and bench/latency.py's sizes up to 8,192 sequences they
-# were built for 18 and the fastest candidate for none, at up to a third of the plan's
+# were built for 18 and the fastest candidate for none, at up to half of the plan's
 # time (rl-math, 64 over 8 ranks: 2.3 of 7.2 ms, and the refill of their plan 1.7 ms;
 # 1,024 over 8 ranks: 12 of 46 ms); leaving them out changed no plan. Up to
-# _FULL_RANK_CHEAP sequences x ranks they cost well under a millisecond and are kept:
-# there a split that ties the packings' sync step can still run a pipeline faster (the
-# plain plan is a pipelined plan's rival; 20 sequences over 4 ranks, GPipe: 1,620
-# against 1,627.5).
+# _FULL_RANK_CHEAP sequences x ranks they are kept (about 1-3 ms): there a split that
+# ties the packings' sync step can still run a pipeline faster (the plain plan is a
+# pipelined plan's rival; 20 sequences over 4 ranks, GPipe: 1,620 against 1,627.5).
 _FULL_RANK_CHEAP = 256
+
+
 def _full_rank_rare(req: _Request, first_m: int, memo: dict[Any, Any]) -> bool:
     """Whether the default effort skips the full-rank splits (see the comment above)."""
     return (req.sync == "fsdp" and not req.budget.thorough and req.budget.stop_gap is not None
