@@ -19,7 +19,8 @@ same plan, byte for byte). Three levels:
     other candidate, a baseline included, can be shorter by more than that. It checks
     after the capacity-aware greedy plan (:mod:`._capacity_greedy`, tried first; under
     FSDP its slots evened out across the ranks, :mod:`._slot_balance`), after
-    the first packing (LPT), after the other starts and rank splits, and after the
+    the first packing (LPT; first-fit decreasing where the bins need more than 99% of
+    their tokens, where LPT fails), after the other starts and rank splits, and after the
     full-rank splits
     and the refill toward slot levels (under FSDP the full-rank split comes first where
     big sequences set the slot bound, else right after LPT's packing, and it is left out
