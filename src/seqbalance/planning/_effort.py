@@ -19,13 +19,10 @@ same plan, byte for byte). Three levels:
     other candidate, a baseline included, can be shorter by more than that. It checks
     after the capacity-aware greedy plan (:mod:`._capacity_greedy`, tried first; under
     FSDP its slots evened out across the ranks, :mod:`._slot_balance`), after
-    the first packing (LPT; first-fit decreasing where the bins need more than 99% of
-    their tokens, where LPT fails), after the other starts and rank splits, and after the
+    the first packing (LPT), after the other starts and rank splits, and after the
     full-rank splits
     and the refill toward slot levels (under FSDP the full-rank split comes first where
-    big sequences set the slot bound, else right after LPT's packing, and it is left out
-    where they do not and every rank has more than one micro-batch, above 256 sequences
-    x ranks and up to 20,000 sequences; under DDP the cost
+    big sequences set the slot bound, else right after LPT's packing; under DDP the cost
     partition over the ranks stops within ``stop_gap`` of its bound, and its plan then
     stops the search); otherwise the baselines run as candidates as they
     are (not slack-filled), so the plan is never slower than any of them. Above 20,000

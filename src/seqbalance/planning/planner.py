@@ -355,9 +355,7 @@ def _plan_global(
     first = None
     if enough is not None and pp is None:
         stop = _refine_stop(costs, dp * m, dp, budget)
-        # (where LPT is all but sure to fail, its fallback directly: the same packing)
-        start = "ffd" if _lpt_fails(lengths, dp * m, cap, padded) else "lpt"
-        lpt = pack(costs, lengths, dp * m, cap, padded=padded, start=start, stop_at=stop)
+        lpt = pack(costs, lengths, dp * m, cap, padded=padded, start="lpt", stop_at=stop)
         if lpt is not None:
             first = (lpt, *finish(lpt))
             if first[2] <= enough or (interim is not None and interim()):
@@ -373,22 +371,6 @@ def _plan_global(
         if t < best_time:
             best, best_time = grid, t
     return best, status
-
-
-# Capacitated LPT fills every bin's tokens about evenly, so where the sequences need
-# nearly all the bins' tokens it strands the last ones: on the packings of
-# bench/plan.py's and bench/latency.py's plans it failed on every one above 99% of the
-# tokens (8 of 68 starts; none above fitted), and a failure costs about as much as the
-# first-fit decreasing packing that replaces it (32,768 rl-math sequences over 256
-# ranks: 28 of 139 ms).
-_LPT_MAX_FILL = 0.99
-
-
-def _lpt_fails(lengths: np.ndarray, nbins: int, cap: int, padded: bool) -> bool:
-    """Whether the default effort's first packing skips its LPT start (packed bins
-    filled above ``_LPT_MAX_FILL`` of their tokens): first-fit decreasing then, which is
-    also what LPT falls back on when it fails."""
-    return not padded and int(lengths.sum()) > _LPT_MAX_FILL * nbins * cap
 
 
 def _rank_bins(
@@ -1431,26 +1413,6 @@ def _candidate_gap(req: _Request) -> float | None:
     return gap * _LARGE_STOP_GAPS
 
 
-# The default effort leaves the full-rank splits out (_full_rank_rare) under FSDP with
-# more than one micro-batch per rank, up to _PIPELINE_MAX_ITEMS sequences, where the
-# slot bound is not above the partition bound. On the 119 FSDP default plans of
-# bench/plan.py's configurations and bench/latency.py's sizes up to 8,192 sequences they
-# were built for 18 and the fastest candidate for none, at up to half of the plan's
-# time (rl-math, 64 over 8 ranks: 2.3 of 7.2 ms, and the refill of their plan 1.7 ms;
-# 1,024 over 8 ranks: 12 of 46 ms); leaving them out changed no plan. Up to
-# _FULL_RANK_CHEAP sequences x ranks they are kept (about 1-3 ms): there a split that
-# ties the packings' sync step can still run a pipeline faster (the plain plan is a
-# pipelined plan's rival; 20 sequences over 4 ranks, GPipe: 1,620 against 1,627.5).
-_FULL_RANK_CHEAP = 256
-
-
-def _full_rank_rare(req: _Request, first_m: int, memo: dict[Any, Any]) -> bool:
-    """Whether the default effort skips the full-rank splits (see the comment above)."""
-    return (req.sync == "fsdp" and not req.budget.thorough and req.budget.stop_gap is not None
-            and first_m > 1 and _FULL_RANK_CHEAP < req.n * req.dp
-            and req.n <= _PIPELINE_MAX_ITEMS and not _slots_set_step(req, memo))  # fmt: skip
-
-
 def _slots_set_step(req: _Request, memo: dict[Any, Any]) -> bool:
     """Whether the FSDP slot bound (big sequences) is above the partition bound. Kept in
     ``memo``."""
@@ -2035,11 +1997,8 @@ def _plan_attempt(
         return _close_enough(req, full_first, first_m, memo)
 
     interim = None
-    # (default effort) Where neither one micro-batch per rank nor big sequences make the
-    # full-rank split the natural plan, it is not built at all (see _FULL_RANK_RARE).
-    no_full = _full_rank_rare(req, first_m, memo)
     if (early is None and req.sync == "fsdp" and req.budget.stop_gap is not None
-            and req.budget.candidates and not no_full):  # fmt: skip
+            and req.budget.candidates):  # fmt: skip
         small = req.n <= _PIPELINE_MAX_ITEMS
         if (first_m == 1 and small) or (first_m > 1 and _slots_set_step(req, memo)):
             if full_rank_first():
@@ -2075,9 +2034,8 @@ def _plan_attempt(
         # The full-rank splits and the refill toward slot levels, then the baselines
         # (below, as they are) only while the plan may still be more than stop_gap above
         # the bound.
-        if not no_full:
-            candidates.extend(full_first if full_first is not None and m_best == first_m
-                              else _full_rank_candidates(req, m_best, candidates, memo=memo))
+        candidates.extend(full_first if full_first is not None and m_best == first_m
+                          else _full_rank_candidates(req, m_best, candidates, memo=memo))
         close = _close_enough(req, candidates, first_m, memo)
         if not close:
             candidates = _levelled(
