@@ -41,6 +41,7 @@ from _common import best_time, machine_info, print_table, write_json
 
 from seqbalance import workloads
 from seqbalance.costs import load_cost
+from seqbalance.planning.baselines import BASELINES
 from seqbalance.planning.planner import plan
 
 SIZES = [(64, 8), (256, 8), (1024, 8), (512, 16), (2048, 32)]
@@ -62,6 +63,24 @@ def run_one(lens: np.ndarray, dp: int, cap: int, cost: Any, sync: str, repeat: i
         out[effort] = {"step": sim.step_time, "gap": sim.gap, "m": p.num_micro_batches,
                        "ms": secs * 1e3}  # fmt: skip
     out["ratio"] = out["default"]["step"] / out["thorough"]["step"]
+    # The baselines that keep the cap and leave no micro-batch empty: the default plan is
+    # never slower than one (within the stop gap where its own gap is within it), and
+    # never has more micro-batches than AReaL's or verl's.
+    costs = cost(lens)
+    base = {}
+    for name, fn in BASELINES.items():
+        b = fn(lens, dp, cap, cost=costs)
+        v = b.violations()
+        if v["over_capacity"] == 0 and v["empty"] == 0:
+            base[name] = {"m": b.num_micro_batches, "step": b.simulate(sync=sync).step_time}
+    d = out["default"]
+    slack = 1 + STOP if d["gap"] <= STOP else 1 + 1e-12
+    beaten = [k for k, b in base.items() if d["m"] == b["m"] and d["step"] > b["step"] * slack]
+    more = [k for k in ("areal", "verl") if k in base and d["m"] > base[k]["m"]]
+    out["baselines"] = base
+    out["beaten_by"] = beaten + [f"{k} (fewer micro-batches)" for k in more]
+    fewest = [b for b in base.values() if b["m"] == d["m"]]
+    out["best_baseline_ratio"] = min(b["step"] for b in fewest) / d["step"] if fewest else None
     return out
 
 
@@ -71,6 +90,7 @@ def _summary(recs: list[dict], key: str) -> list[dict]:
         group = [r for r in recs if r[key] == value]
         ms = sorted(r["default"]["ms"] for r in group)
         thorough = sorted(r["thorough"]["ms"] for r in group)
+        ratios = [r["best_baseline_ratio"] for r in group if r["best_baseline_ratio"]]
         worst = max(group, key=lambda r: r["ratio"])
         rows.append({
             key: value if key != "size" else f"{value[0]} x {value[1]}",
@@ -81,8 +101,14 @@ def _summary(recs: list[dict], key: str) -> list[dict]:
             "ms_p90": round(ms[min(len(ms) - 1, int(0.9 * len(ms)))], 1),
             "ms_max": round(ms[-1], 1),
             "thorough_ms_median": round(thorough[len(thorough) // 2], 1),
+            "beaten": sum(bool(r["beaten_by"]) for r in group),
+            "baseline/plan": round(_geomean(ratios), 4) if ratios else None,
         })  # fmt: skip
     return rows
+
+
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def _against(recs: list[dict], path: str) -> dict:
@@ -101,7 +127,7 @@ def _against(recs: list[dict], path: str) -> dict:
         "shorter": sum(s[0] < 1 - 1e-12 for s in step),
         "worst": longer[0][0] if longer else 1.0,
         "worst_key": longer[0][1] if longer else None,
-        "time_ratio_geomean": math.exp(sum(math.log(t) for t in times) / len(times)),
+        "time_ratio_geomean": _geomean(times),
     }
 
 
@@ -134,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
                                    max_tokens=cap)  # fmt: skip
                         recs.append(rec)
         print(f"{sync}: {sum(r['sync'] == sync for r in recs)} plans", flush=True)
-    cols = ["plans", "over_0.1%", "worst_%", "ms_median", "ms_p90", "ms_max", "thorough_ms_median"]
+    cols = ["plans", "over_0.1%", "worst_%", "ms_median", "ms_p90", "ms_max",
+            "thorough_ms_median", "beaten", "baseline/plan"]  # fmt: skip
     by_fill, by_size = {}, {}
     for sync in args.sync:
         mine = [r for r in recs if r["sync"] == sync]
@@ -161,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
          for r in slowest],
         ["plan", "ms", "thorough_ms", "gap"],
     )  # fmt: skip
+    beaten = [r for r in recs if r["beaten_by"]]
+    print(f"\nplans slower than a baseline, or with more micro-batches: {len(beaten)}")
+    for r in beaten[:10]:
+        print(f"  {r['key']}: {', '.join(r['beaten_by'])}")
     against = _against(recs, args.against) if args.against else None
     if against is not None:
         print(f"\nagainst {args.against}: {json.dumps(against)}")
