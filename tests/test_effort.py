@@ -151,6 +151,21 @@ def test_default_is_within_a_tenth_of_a_percent_of_the_full_search(name, sync) -
     assert default.simulate().step_time <= full.simulate().step_time * (1 + 1e-3)
 
 
+def test_a_baseline_that_wins_at_the_default_is_slack_filled() -> None:
+    """At a tight cap (99.5% of 3 micro-batches per rank) a baseline's rank split wins the
+    pick; the default fills it as the full search fills every baseline (0.64% above the
+    bound as it is, 0.15% filled: the full search's plan)."""
+    lengths = workloads.load("rl-math-truncated", 256, seed=0).lengths
+    cap = int(np.ceil(lengths.sum() / (8 * 3 * 0.995)))
+    full = sb.plan(lengths, 8, cap, cost=_QWEN, effort="thorough")
+    default = sb.plan(lengths, 8, cap, cost=_QWEN)
+    assert any("baseline's plan, slack-filled," in n for n in default.notes)
+    assert default.num_micro_batches == full.num_micro_batches == 3
+    assert default.simulate().step_time <= full.simulate().step_time * (1 + 1e-3)
+    assert default.simulate().gap < 0.002
+    _check(default, 256, cap)
+
+
 @pytest.mark.parametrize(("name", "sync"), [("sft-chat", "fsdp"), ("rl-math", "fsdp"),
                                           ("rl-math", "ddp")])
 def test_large_default_stays_near_the_full_search(name, sync) -> None:

@@ -25,7 +25,9 @@ same plan, byte for byte). Three levels:
     big sequences set the slot bound, else right after LPT's packing; under DDP the cost
     partition over the ranks stops within ``stop_gap`` of its bound, and its plan then
     stops the search); otherwise the baselines run as candidates as they
-    are (not slack-filled), so the plan is never slower than any of them. Above 20,000
+    are (not slack-filled), so the plan is never slower than any of them, and under FSDP
+    one that wins the pick is then slack-filled and refilled as the full search does
+    every baseline. Above 20,000
     sequences (where no baseline runs) the search stops adding candidate families (the
     second full-rank split, the packings, the refill) once within five stop gaps of the
     bound; each family's own search still aims at ``stop_gap``. The packer's

@@ -260,7 +260,7 @@ _LEVEL_MAX_WORK = 5e5
 
 def fill_to_levels(
     grid: list[list[list[int]]], costs: np.ndarray, lengths: np.ndarray, cap: int,
-    slot_bound: float | None = None,
+    slot_bound: float | None = None, passes: list[int] | None = None,
 ) -> list[list[list[int]]]:
     """Repack every rank's sequences so each slot is filled up to a target level.
 
@@ -286,6 +286,9 @@ def fill_to_levels(
     met). Returns ``grid`` itself when nothing improves, or when ``dp`` x sequences per
     rank x (slots - 1) exceeds ``_LEVEL_MAX_WORK``. ``slot_bound``: the grid's
     :func:`.bounds.fsdp_slot_bound` if the caller has it (computed here otherwise).
+    ``passes``: ``[k]``, the most passes (one pass of every rank toward a set of targets)
+    to run; ``k`` is lowered by the passes run, and the search stops with the best grid
+    so far when it reaches 0.
     """
     dp = len(grid)
     m = len(grid[0]) if dp else 0
@@ -303,10 +306,20 @@ def fill_to_levels(
     # The look-ahead is a heuristic, not a dominance: where the passes are cheap they are
     # also run without it, and the better result is kept.
     both = m >= 3 and dp * width * (m - 1) <= _LEVEL_BOTH_WORK
+    def spend() -> bool:  # one more pass, if the budget has it
+        if passes is None:
+            return True
+        if passes[0] <= 0:
+            return False
+        passes[0] -= 1
+        return True
+
     for ahead, first in ((a, t) for a in ((True, False) if both else (True,)) for t in targets):
         target = first
         # A cheap probe first (the costliest sequence in or out, the rest greedy): a target
         # that does not help there is left.
+        if not spend():
+            break
         probe = _refill(grid, costs, lengths, cap, target, head=1, ahead=ahead)
         probe_step, _ = _slot_levels(probe, costs)
         if not probe_step < start * (1.0 - _LEVEL_ROUND_GAIN):
@@ -315,6 +328,8 @@ def fill_to_levels(
             best = (probe_step, probe)
         g, step = grid, start
         for _ in range(3):
+            if not spend():
+                break
             new = _refill(g, costs, lengths, cap, target, head=head, ahead=ahead)
             new_step, target = _slot_levels(new, costs)
             if not new_step < step:

@@ -1063,7 +1063,8 @@ def _baseline_grid(
 
 
 def _pipeline_candidates(
-    req: _Request, m_best: int | None, best_step: float | None = None, fewest: bool = False
+    req: _Request, m_best: int | None, best_step: float | None = None, fewest: bool = False,
+    raw: dict[int, str] | None = None,
 ) -> list[Plan]:
     """Step 3b: every baseline as a candidate, so plan is never worse than one that runs.
 
@@ -1084,6 +1085,9 @@ def _pipeline_candidates(
     kept has at least as many. Below ``effort="thorough"`` a baseline whose ranks are
     known before its micro-batches (:data:`.baselines.BASELINE_STAGES`) is then not run
     when its busiest rank's total alone is above ``best_step``: its step would be too.
+
+    ``raw``: filled with ``id(plan) -> name`` for the baselines kept as they are (below
+    ``effort="thorough"``; :func:`_finished_baseline` fills the one picked).
     """
     if req.padded or req.n > _PIPELINE_MAX_ITEMS or req.n == 0:
         return []
@@ -1145,8 +1149,28 @@ def _pipeline_candidates(
         )  # fmt: skip
         if any(cand._rule_violations().values()):
             continue
+        if raw is not None and not fill:
+            raw[id(cand)] = name
         out.append(cand)
     return out
+
+
+def _finished_baseline(
+    req: _Request, chosen: Plan, name: str, problems: list[str], n_splits: int
+) -> Plan:
+    """(fsdp, below ``effort="thorough"``) The baseline plan ``chosen`` as it is, or, where
+    faster, slack-filled and refilled toward slot levels as the full search does every
+    baseline. The baselines run as they are (filling each costs a large share of the plan's
+    time and seldom changes the pick); the one that won the pick is filled: at tight caps a
+    baseline can win by its rank split alone, and filling it then takes the plan most of the
+    way to the full search's (rl-math-truncated 256 x 8 at 99.5% fill: 0.64% -> 0.15% above
+    the bound, the full search's plan; ``bench/fill.py``)."""
+    filled = _plan_of(
+        req, _fill_rank_slack(req, chosen.micro_batches),
+        [f"the {name} baseline's plan, slack-filled, was the fastest candidate"],
+    )  # fmt: skip
+    # (chosen first: on a tie it stands)
+    return _pick(req, [chosen, *_levelled(req, [filled])], problems, n_splits)
 
 
 # Ranks split first, filled to the cap, up to this many sequences (and micro-batches): on
@@ -1529,13 +1553,16 @@ def _levelled(
             need = len(grid_i[0]) * (width + 8)
             if need > units:
                 continue
-            units -= need
         if slots is None:
             slots = fsdp_slot_bound(req.costs, req.lens, req.dp, req.cap)
         m = candidates[i].num_micro_batches
         if slots + m * req.c0 >= step[i] * (1.0 - _LEVEL_MIN_GAIN):
             continue
-        grid = _fill_to_levels(req, candidates[i].micro_batches, slots)
+        # (below "thorough": as many passes as the units left pay for, and those run spent)
+        grid, ran = _fill_to_levels(req, candidates[i].micro_batches, slots,
+                                    None if units is None else units // need)  # fmt: skip
+        if units is not None:
+            units -= ran * need
         if limit is not None:
             limit -= 1
         if grid is candidates[i].micro_batches:
@@ -1548,18 +1575,25 @@ def _levelled(
 
 
 def _fill_to_levels(
-    req: _Request, grid: list[list[list[int]]], slots: float
-) -> list[list[list[int]]]:
+    req: _Request, grid: list[list[list[int]]], slots: float, passes: int | None = None
+) -> tuple[list[list[list[int]]], int]:
     """:func:`._slots.fill_to_levels` of ``grid``, once per grid in a request (the fewest
-    count planned again after the extra counts refills the same grids); ``grid`` itself
-    when nothing improves."""
+    count planned again after the extra counts refills the same grids), and the passes it
+    ran (counted where ``passes``, the most it may run, is given); ``grid`` itself when
+    nothing improves."""
     cells = tuple(tuple(tuple(mb) for mb in rank) for rank in grid)
-    key = ("levels", cells, req.costs.tobytes(), req.lens.tobytes(), req.cap, slots)
-    got = remembered(key, lambda: fill_to_levels(grid, req.costs, req.lens, req.cap,
-                                                 slot_bound=slots))  # fmt: skip
+    key = ("levels", cells, req.costs.tobytes(), req.lens.tobytes(), req.cap, slots, passes)
+
+    def make() -> tuple[list[list[list[int]]], int]:
+        left = None if passes is None else [passes]
+        got = fill_to_levels(grid, req.costs, req.lens, req.cap, slot_bound=slots,
+                             passes=left)  # fmt: skip
+        return got, 0 if left is None or passes is None else passes - left[0]
+
+    got, ran = remembered(key, make)
     if got is grid or got == grid:
-        return grid
-    return [[list(mb) for mb in rank] for rank in got]
+        return grid, ran
+    return [[list(mb) for mb in rank] for rank in got], ran
 
 
 # effort="default", above _LEVEL_LIMIT_ITEMS sequences: refill at most this many
@@ -2061,13 +2095,14 @@ def _plan_attempt(
             )
         )  # fmt: skip
     known: dict[int, float] = {}  # id(plan) -> step in order, for _levelled
+    raw: dict[int, str] = {}  # id(plan) -> name, the baselines kept as they are
     # With extra counts too: the baselines at the fewest count are candidates as well, or
     # asking for more counts could end slower than not asking (+23% on 7 lengths).
     if use_baselines and more and req.budget.baselines != "none":
         known = {id(p): _step_in_order(req, p.micro_batches) for p in candidates
                  if p.num_micro_batches == m_best}  # fmt: skip
         best_step = min(known.values(), default=None)
-        candidates.extend(_pipeline_candidates(req, m_best, best_step, m_best == first_m))
+        candidates.extend(_pipeline_candidates(req, m_best, best_step, m_best == first_m, raw))
     if req.budget.thorough:
         candidates = _levelled(req, candidates, known)
     elif more and req.budget.baselines == "filled":
@@ -2077,6 +2112,9 @@ def _plan_attempt(
         # (last: on a tie the other candidates' plan stands)
         candidates = [p for p in candidates if p is not greedy] + [greedy]
     best = _pick(req, candidates, problems, len(splits))
+    if (id(best) in raw and req.sync == "fsdp" and req.pp is None
+            and not _close_enough(req, [best], first_m, memo)):  # fmt: skip
+        best = _finished_baseline(req, best, raw[id(best)], problems, len(splits))
     # The request's notes (why the count is what it is, sequences that run alone), which
     # the candidates built beside the packings (full-rank splits, baselines) lack.
     missing = [n for n in notes if n not in best.notes]
