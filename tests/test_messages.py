@@ -116,6 +116,47 @@ def test_static_cp_notes_speak_of_replicas_and_pieces():
     assert term("rank") == "rank"  # the replica words were the call's, and ended with it
 
 
+def test_the_planners_notes_carry_their_kind_and_fields():
+    p = sb.plan([5000] * 6 + [100] * 10, 2, 8192)
+    assert [(n.kind, dict(n.fields)) for n in p.note_items] == [
+        ("count_bins", {"count": 3, "needed": 2, "bins": 6, "cap": 8192, "big": 6}),
+        ("won_greedy", {"ranks": "ranks"}),
+    ]
+    assert p.notes[0].startswith("3 micro-batches per rank where the token total alone")
+    p = sb.plan(np.full(40, 1000), 2, 2500, sequences_per_micro_batch=3)
+    (fixed,) = p.note_items
+    assert (fixed.kind, dict(fixed.fields)) == (
+        "count_fixed", {"count": 10, "n": 40, "per_mb": 3, "reason": "capacity"}
+    )
+    assert str(fixed) == (
+        "10 micro-batches per rank: 40 sequences at most sequences_per_micro_batch=3 per "
+        "micro-batch, to fit max_tokens"
+    )
+    rng = np.random.default_rng(0)
+    p = sb.plan(rng.integers(100, 30_000, 64), 4, 32768, groups=np.arange(64) // 4)
+    assert [n.kind for n in p.note_items] == ["count_bins", "count_not_found"]
+    missing = p.note_items[1]
+    assert dict(missing.fields) == {"count": 10, "fewer": 9, "cap": 32768, "status": "skipped",
+                                    "limit": 24, "rule": "size='free' and groups"}  # fmt: skip
+
+
+def test_static_cp_says_its_tokens_are_pieces_by_the_notes_kinds():
+    # A replica note that states tokens (by its kind) gets the largest-piece note beside
+    # it; a replica plan without one does not.
+    from seqbalance._notes import as_note
+    from seqbalance.planning._count_notes import states_tokens
+
+    rng = np.random.default_rng(0)
+    p = sb.plan(rng.integers(100, 30_000, 64), 4, 8192, cp_size=4, cp="static",
+                groups=np.arange(64) // 4)  # fmt: skip
+    assert [n.kind for n in p.note_items] == ["count_bins", "count_not_found", "largest_piece"]
+    p = sb.plan([5000] * 6 + [100] * 10, 2, 8192, cp_size=2, cp="static")
+    assert not any(n.kind == "largest_piece" for n in p.note_items)
+    assert not states_tokens(as_note("12 tokens"))  # (text is never read for it)
+    hold = sb.plan(np.full(40, 1000), 2, 4000, sequences_per_micro_batch=3).note_items[0]
+    assert hold.fields["reason"] == "count" and not states_tokens(hold)
+
+
 def test_replica_count_note_restated_from_its_fields():
     # Static CP's replicas planned without their pipeline run at the interleaved
     # schedule's multiple; their count note names the caller's multiple and what raised it,

@@ -234,8 +234,9 @@ def test_dropping_baselines_below_their_floor_changes_no_plan(lengths, dp, cap, 
     full = planner._pipeline_candidates
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(
-            planner, "_pipeline_candidates", lambda req, m, best=None, fewest=False: full(req, m)
-        )
+            planner, "_pipeline_candidates",
+            lambda req, m, best=None, fewest=False, raw=None: full(req, m, raw=raw),
+        )  # fmt: skip
         kept = plan(lens, dp, cap, cost=cost)
     assert skipped.micro_batches == kept.micro_batches
     assert skipped.notes == kept.notes

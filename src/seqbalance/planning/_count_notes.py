@@ -1,4 +1,5 @@
-"""The ``count_raised`` note, and which of them a count search drops or restates.
+"""The ``count_raised`` note, which of them a count search drops or restates, and which
+notes on a count state amounts of tokens.
 
 The note says why a plan has more micro-batches per rank than the capacity needs
 (``min_micro_batches``, ``micro_batch_multiple``, a pipeline schedule's multiple). A search
@@ -14,7 +15,19 @@ from collections.abc import Iterable
 
 from .._notes import Note, as_note, as_text, term
 
-__all__ = ["count_raised", "with_asked_multiple", "without_raised_to"]
+__all__ = ["count_raised", "states_tokens", "with_asked_multiple", "without_raised_to"]
+
+# The notes on a plan's count that state amounts of tokens (the capacity, a rank's tokens
+# under a rule); a count_fixed note does where the capacity raised the count.
+_TOKEN_KINDS = frozenset({"count_bins", "count_padded", "count_rule", "count_not_found"})
+
+
+def states_tokens(note: Note) -> bool:
+    """Whether ``note`` states amounts of tokens (static CP's replica plans count each
+    sequence's largest piece as its tokens, and say so beside such a note)."""
+    return note.kind in _TOKEN_KINDS or (
+        note.kind == "count_fixed" and note.fields.get("reason") == "capacity"
+    )
 
 
 def count_raised(

@@ -63,7 +63,7 @@ from .._validate import (
 from ..costs.context_parallel import ContextParallelCost
 from ..partitioning._rules import SIZES
 from ..partitioning.searches import exact_work_pool
-from ._count_notes import with_asked_multiple, without_raised_to
+from ._count_notes import states_tokens, with_asked_multiple, without_raised_to
 from ._effort import exact_pool
 from ._grouping import bin_totals
 from ._megatron import megatron_cp_flat, megatron_degrees
@@ -589,7 +589,7 @@ def _static_notes(req: _Request, notes: Any) -> list[str]:
         if note.kind == "oversized_alone" else as_text(note.in_words(REPLICA_WORDS))
         for note in notes
     ]  # fmt: skip
-    if any("tokens" in note and "largest piece" not in note for note in out):
+    if any(states_tokens(note) for note in notes):
         out.append(as_text(Note(
             "largest_piece", {"cp_size": req.cp_size},
             "the replica plan above counts each sequence's largest piece (its tokens on one "

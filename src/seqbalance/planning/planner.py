@@ -589,29 +589,35 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     notes = []
     if m_bins > m_cap:
         big = int((2 * req.lens > req.cap).sum())
-        notes.append(
-            f"{m_bins} micro-batches per {term('rank')} where the token total alone needs {m_cap}: "
-            f"a bin-packing bound (Martello-Toth L2) proves the sequences need at least "
-            f"{min_bins(req.lens, req.cap)} micro-batches of {req.cap} tokens ({big} of them "
-            f"are longer than {req.cap}/2 and no two of those can share one)"
-        )
+        notes.append(as_text(Note(
+            "count_bins",
+            {"count": m_bins, "needed": m_cap, "bins": min_bins(req.lens, req.cap),
+             "cap": req.cap, "big": big},
+            "{count} micro-batches per " + term("rank") + " where the token total alone needs "
+            "{needed}: a bin-packing bound (Martello-Toth L2) proves the sequences need at "
+            "least {bins} micro-batches of {cap} tokens ({big} of them are longer than "
+            "{cap}/2 and no two of those can share one)",
+        )))  # fmt: skip
     if req.padded and req.n:
         pad_bins = min_padded_bins(req.lens, req.cap)
         m_pad = max(1, math.ceil(pad_bins / req.dp))
         if m_pad > max(m_cap, m_bins):
-            notes.append(
-                f"{m_pad} micro-batches per {term('rank')} where the token total alone needs "
-                f"{m_cap}: "
-                f"padded to their longest sequence, the sequences need at least {pad_bins} "
-                f"micro-batches of {req.cap} tokens (longest first, as many as fit, is optimal)"
-            )
+            notes.append(as_text(Note(
+                "count_padded",
+                {"count": m_pad, "needed": m_cap, "bins": pad_bins, "cap": req.cap},
+                "{count} micro-batches per " + term("rank") + " where the token total alone "
+                "needs {needed}: padded to their longest sequence, the sequences need at "
+                "least {bins} micro-batches of {cap} tokens (longest first, as many as fit, is "
+                "optimal)",
+            )))  # fmt: skip
             m_bins = m_pad  # raises m through m_low below
     m_rule, why_rule = _rule_micro_batches(req)
     if m_rule > max(m_cap, m_bins):
-        notes.append(
-            f"{m_rule} micro-batches per {term('rank')} where the token total alone needs {m_cap}: "
-            + why_rule
-        )
+        notes.append(as_text(Note(
+            "count_rule", {"count": m_rule, "needed": m_cap, "why": why_rule},
+            "{count} micro-batches per " + term("rank") + " where the token total alone needs "
+            "{needed}: {why}",
+        )))  # fmt: skip
     m_low = max(m_cap, m_bins, m_rule)
     m = max(m, _round_up(m_low, req.mult))
     # (without allow_empty, too few sequences is refused before packing)
@@ -798,12 +804,16 @@ _WHY = {
 
 def _why_more(req: _Request, m: int, status: str) -> str:
     """The note for a plan that needed ``m`` micro-batches, ``status`` saying why not fewer."""
-    k = m - req.mult
-    per = f"{k} micro-batches of {req.cap} tokens per {term('rank')}"
     ruled = req.size != "free" or req.groups is not None
-    under = f" under {req.rule}" if ruled else ""
-    limit = _JOINT_EXACT_MAX_ITEMS if ruled else EXACT_MAX_ITEMS
-    return f"{m} micro-batches per {term('rank')}: {_WHY[status].format(k=per, n=limit)}{under}"
+    per = "{fewer} micro-batches of {cap} tokens per " + term("rank")
+    return as_text(Note(
+        "count_not_found",
+        {"count": m, "fewer": m - req.mult, "cap": req.cap, "status": status,
+         "limit": _JOINT_EXACT_MAX_ITEMS if ruled else EXACT_MAX_ITEMS,
+         "rule": req.rule if ruled else None},
+        "{count} micro-batches per " + term("rank") + ": "
+        + _WHY[status].format(k=per, n="{limit}") + (" under {rule}" if ruled else ""),
+    ))  # fmt: skip
 
 
 def _joint_exact(req: _Request, m: int, memo: dict[Any, Any]) -> tuple[Any, str]:
@@ -1156,8 +1166,7 @@ def _pipeline_candidates(
         cand = _plan_of(  # req.padded is False here (checked on entry)
             req,
             _fill_rank_slack(req, grid) if fill else grid,
-            [f"the {name} baseline's plan{', slack-filled,' if fill else ''} was the "
-             "fastest candidate"],
+            [_baseline_note(name, fill)],
         )  # fmt: skip
         if any(cand._rule_violations().values()):
             continue
@@ -1165,6 +1174,14 @@ def _pipeline_candidates(
             raw[id(cand)] = name
         out.append(cand)
     return out
+
+
+def _baseline_note(name: str, filled: bool) -> str:
+    return as_text(Note(
+        "won_baseline", {"name": name, "filled": filled},
+        "the {name} baseline's plan" + (", slack-filled," if filled else "")
+        + " was the fastest candidate",
+    ))  # fmt: skip
 
 
 def _finished_baseline(
@@ -1179,7 +1196,7 @@ def _finished_baseline(
     the bound, the full search's plan; ``bench/fill.py``)."""
     filled = _plan_of(
         req, _fill_rank_slack(req, chosen.micro_batches),
-        [f"the {name} baseline's plan, slack-filled, was the fastest candidate"],
+        [_baseline_note(name, True)],
     )  # fmt: skip
     # (chosen first: on a tie it stands)
     return _pick(req, [chosen, *_levelled(req, [filled])], problems, n_splits)
@@ -1252,10 +1269,11 @@ def _full_rank_candidates(
             grid.append(_heaviest_first(idx, bins, req.costs, padded=False))
         if len(grid) != req.dp:
             continue
-        cand = _plan_of(req, _fill_rank_slack(req, grid), [
-            f"{term('ranks')} split by {what}, each filled first-fit decreasing to the cap and "
-            "slack-filled, was the fastest candidate"
-        ])
+        cand = _plan_of(req, _fill_rank_slack(req, grid), [as_text(Note(
+            "won_full_rank", {"by": what},
+            term("ranks") + " split by {by}, each filled first-fit decreasing to the cap and "
+            "slack-filled, was the fastest candidate",
+        ))])  # fmt: skip
         if not any(cand._rule_violations().values()):
             out.append(cand)
             if enough is not None and _step_in_order(req, cand.micro_batches) <= enough:
@@ -1270,7 +1288,7 @@ _GREEDY_WORK = 1 << 22
 _GREEDY_NOTE = (
     "sequences placed costliest first where the token cap left room (a capacity-aware "
     "greedy over the {ranks}) was the fastest candidate"
-)
+)  # (the template of the won_greedy note; {ranks} in the words of the call)
 
 
 def _greedy_candidate(
@@ -1307,8 +1325,8 @@ def _greedy_candidate(
             enough = _enough(req, m, memo)  # (the bound the stop will use)
         grid = balance_slots(grid, req.costs, req.lens, req.cap,
                              stop_at=None if enough is None else enough - m * req.c0)
-    return _plan_of(req, grid, [*notes, _GREEDY_NOTE.format(ranks=term("ranks")),
-                                *_empty_note(grid)])
+    won = as_text(Note("won_greedy", {"ranks": term("ranks")}, _GREEDY_NOTE))
+    return _plan_of(req, grid, [*notes, won, *_empty_note(grid)])
 
 
 def _enough(req: _Request, m: int, memo: dict[Any, Any] | None = None) -> float | None:
@@ -1626,7 +1644,9 @@ _LEVEL_LIMIT_ITEMS = 2048
 # Refill a candidate only if its floor is this far below its own step: the refill costs
 # up to ~0.1 s per candidate on 16,384 sequences over 256 ranks.
 _LEVEL_MIN_GAIN = 5e-3
-_LEVELLED_NOTE = "its micro-batches were then refilled toward each slot's level (fsdp)"
+_LEVELLED_NOTE = as_text(Note(
+    "levelled", {}, "its micro-batches were then refilled toward each slot's level (fsdp)"
+))
 
 
 def _pick(req: _Request, candidates: list[Plan], problems: list[str], n_splits: int) -> Plan:
@@ -1764,12 +1784,14 @@ def _fixed_count(req: _Request, first_m: int, notes: list[str]) -> Plan:
         m, bins = _fixed_count_gallop(req, start, bins_at, too_few)
     bins = [[int(i)] for i in alone] + [sorted(int(rest[i]) for i in b) for b in bins]
     if m > first_m:
-        why = "to fit max_tokens" if m > start else "to hold them"
-        notes = [
-            *notes,
-            f"{m} micro-batches per {term('rank')}: {req.n} sequences at most "
-            f"sequences_per_micro_batch={per_mb} per micro-batch, {why}",
-        ]
+        notes = [*notes, as_text(Note(
+            "count_fixed",
+            {"count": m, "n": req.n, "per_mb": per_mb,
+             "reason": "capacity" if m > start else "count"},
+            "{count} micro-batches per " + term("rank") + ": {n} sequences at most "
+            "{@sequences_per_micro_batch:{per_mb}} per micro-batch, "
+            + ("to fit {@max_tokens}" if m > start else "to hold them"),
+        ))]  # fmt: skip
     grid = _deal_slots(bins, bin_totals(bins, req.costs, padded=req.padded), req.dp, m)
     return _with_grid(req, grid, [*notes, *_empty_note(grid)])
 
