@@ -2495,7 +2495,11 @@ def _plan_in_order(kw: dict[str, Any]) -> Plan:
     sorts each rank on its own (which can misalign FSDP slots), so the search in order can
     miss the packing the plain search keeps (341 against 340 on 31 lengths over 2 ranks).
     The plain plan is made first, so it is the plan ``order=None`` gives. Slot orders keep
-    every step, so there it is the plan.
+    every step, so there it is the plan. Both plans draw on the request's one work meter:
+    with ``extra_micro_batches`` the second plans the counts the budget has left
+    (:data:`._work.COUNT_WORK`), so asking for an order at most doubles the fewest count's
+    work, never the extra counts', and its plan is still never slower than the first one
+    reordered.
     """
     order = kw.get("order")
     if (order is None or kw.get("pp_size", 1) != 1 or kw.get("cp_size", 1) != 1
