@@ -166,6 +166,18 @@ def test_a_baseline_that_wins_at_the_default_is_slack_filled() -> None:
     _check(default, 256, cap)
 
 
+def test_thorough_past_its_candidate_budget_keeps_the_baselines_as_they_are(monkeypatch):
+    """Past ``CANDIDATE_WORK`` the full search takes the baselines as they are; the
+    default's filling of a winning baseline does not run there."""
+    from seqbalance.planning import planner
+
+    lengths = workloads.load("rl-math-truncated", 256, seed=0).lengths
+    cap = int(np.ceil(lengths.sum() / (8 * 3 * 0.995)))
+    monkeypatch.setattr(planner, "candidates_spent", lambda: True)
+    p = sb.plan(lengths, 8, cap, cost=_QWEN, effort="thorough")
+    assert "the token-kk baseline's plan was the fastest candidate" in p.notes
+
+
 @pytest.mark.parametrize(("name", "sync"), [("sft-chat", "fsdp"), ("rl-math", "fsdp"),
                                           ("rl-math", "ddp")])
 def test_large_default_stays_near_the_full_search(name, sync) -> None:

@@ -155,6 +155,19 @@ def test_static_cp_says_its_tokens_are_pieces_by_the_notes_kinds():
     assert not states_tokens(as_note("12 tokens"))  # (text is never read for it)
     hold = sb.plan(np.full(40, 1000), 2, 4000, sequences_per_micro_batch=3).note_items[0]
     assert hold.fields["reason"] == "count" and not states_tokens(hold)
+    # ranks split by tokens, and the count that lets an oversized sequence run alone
+    lengths = [193, 335, 1176, 509, 35, 573, 336, 969, 26, 778, 46, 681, 968, 1053, 144, 239,
+               192, 126, 31, 477, 555, 166]  # fmt: skip
+    p = sb.plan(lengths, 4, 1210, cp_size=2, cp="static", effort="thorough")
+    assert [n.kind for n in p.note_items] == ["won_full_rank", "largest_piece"]
+    assert p.note_items[0].fields["by"] == "tokens"
+    p = sb.plan([20000, 0, 0], 1, 8192, oversized="alone", cp_size=2, cp="static")
+    kinds = [n.kind for n in p.note_items]
+    assert "count_alone" in kinds and kinds[-1] == "largest_piece"
+    assert p.notes[kinds.index("count_alone")].startswith(
+        "oversized='alone': 2 micro-batches per replica, the fewest at which every sequence "
+        "longer than max_tokens runs alone"
+    )
 
 
 def test_replica_count_note_restated_from_its_fields():

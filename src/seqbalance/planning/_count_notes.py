@@ -17,16 +17,21 @@ from .._notes import Note, as_note, as_text, term
 
 __all__ = ["count_raised", "states_tokens", "with_asked_multiple", "without_raised_to"]
 
-# The notes on a plan's count that state amounts of tokens (the capacity, a rank's tokens
-# under a rule); a count_fixed note does where the capacity raised the count.
-_TOKEN_KINDS = frozenset({"count_bins", "count_padded", "count_rule", "count_not_found"})
+# The planner's notes that speak of tokens (the capacity, a rank's tokens under a rule,
+# ranks split by tokens); a count_fixed note does where the capacity raised the count, a
+# won_full_rank note where the ranks were split by tokens.
+_TOKEN_KINDS = frozenset({"count_bins", "count_padded", "count_rule", "count_not_found",
+                          "count_alone"})  # fmt: skip
 
 
 def states_tokens(note: Note) -> bool:
-    """Whether ``note`` states amounts of tokens (static CP's replica plans count each
+    """Whether ``note`` speaks of the sequences' tokens (static CP's replica plans count each
     sequence's largest piece as its tokens, and say so beside such a note)."""
-    return note.kind in _TOKEN_KINDS or (
-        note.kind == "count_fixed" and note.fields.get("reason") == "capacity"
+    f = note.fields
+    return (
+        note.kind in _TOKEN_KINDS
+        or (note.kind == "count_fixed" and f.get("reason") == "capacity")
+        or (note.kind == "won_full_rank" and f.get("by") == "tokens")
     )
 
 

@@ -45,8 +45,9 @@ Pipelined (``pp_size > 1``) and context-parallel plans run their own budgets
 (:mod:`seqbalance.planning.limits`) and keep the full candidate search at every level;
 below ``"thorough"`` they take the effort's exact-search nodes and slack filling's work,
 static CP's replicas and a pipelined plan's rival planned without the pipeline are
-planned at the effort. Below ``"thorough"`` the slot refills of one
-request share a work budget (``planner._LEVEL_DEFAULT_UNITS``), and with
+planned at the effort. Below ``"thorough"`` the slot refills of the candidates share a
+work budget (``planner._LEVEL_DEFAULT_UNITS``, counted per pass; a baseline that wins the
+pick is refilled within a budget of its own), and with
 ``sequences_per_micro_batch`` the count is found by doubling steps and bisection.
 """
 

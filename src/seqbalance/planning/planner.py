@@ -1170,7 +1170,7 @@ def _pipeline_candidates(
         )  # fmt: skip
         if any(cand._rule_violations().values()):
             continue
-        if raw is not None and not fill:
+        if raw is not None and not filled:  # (not past "thorough"'s candidate budget)
             raw[id(cand)] = name
         out.append(cand)
     return out
@@ -1632,7 +1632,8 @@ def _fill_to_levels(
 # on large inputs the others cost almost half the plan and none of them won). Small
 # inputs refill every candidate that may gain: cheap there, and a second refill can win.
 _LEVEL_DEFAULT_LIMIT = 1
-# Below effort="thorough" the refills of one request take at most this many units in all,
+# Below effort="thorough" the refills of one round (the candidates found; then a baseline
+# that won the pick, :func:`_finished_baseline`) take at most this many units in all,
 # each pass of a refill (2-16 of them) slots x (sequences per rank + 8), about 8 us a unit;
 # a refill stops with its best grid when they run out, and a candidate whose first pass
 # does not fit is not refilled (1,484 sequences over 2 ranks in 75 slots: 1 s a candidate,
@@ -1943,14 +1944,14 @@ def _plan_alone(**kw: Any) -> Plan:
             kw = {**kw, "min_micro_batches": raised}
             continue
         if raised is not None:
-            p.notes = (
-                *without_raised_to(p.notes, raised),
-                f"oversized='alone': {p.num_micro_batches} micro-batches per {term('rank')}, the "
-                "fewest at which every sequence longer than max_tokens runs alone (at fewer, "
-                f"every micro-batch of some {term('rank')} held one, and the {term('rank')}'s "
-                "other sequences "
-                "had nowhere else to go)",
-            )
+            rank = term("rank")
+            p.notes = (*without_raised_to(p.notes, raised), as_text(Note(
+                "count_alone", {"count": p.num_micro_batches},
+                "{@oversized:'alone'}: {count} micro-batches per " + rank + ", the fewest at "
+                "which every sequence longer than {@max_tokens} runs alone (at fewer, every "
+                "micro-batch of some " + rank + " held one, and the " + rank + "'s other "
+                "sequences had nowhere else to go)",
+            )))  # fmt: skip
         return p
 
 
