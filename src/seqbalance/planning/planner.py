@@ -370,15 +370,15 @@ def _plan_global(
     # where it finds no room, and refinement may leave first-fit decreasing as it was):
     # finished once, its copies would only repeat the slack filling (3 x 45 ms on rl-math
     # 2,048 x 32 at 98% fill) for the same grid and step.
-    seen = set() if first is None else {tuple(tuple(b) for b in first[0])}
+    # (compared as lists: two packings differ early, so a comparison is cheap)
+    done: list[list[list[int]]] = [] if first is None else [first[0]]
     for bins in packings:
         if first is not None and bins is first[0]:
             grid, t = first[1:]
         else:
-            key = tuple(tuple(b) for b in bins)
-            if key in seen:
+            if any(bins == b for b in done):
                 continue
-            seen.add(key)
+            done.append(bins)
             grid, t = finish(bins)
         if t < best_time:
             best, best_time = grid, t
