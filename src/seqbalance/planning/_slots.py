@@ -306,6 +306,7 @@ def fill_to_levels(
     # The look-ahead is a heuristic, not a dominance: where the passes are cheap they are
     # also run without it, and the better result is kept.
     both = m >= 3 and dp * width * (m - 1) <= _LEVEL_BOTH_WORK
+
     def spend() -> bool:  # one more pass, if the budget has it
         if passes is None:
             return True

@@ -589,35 +589,26 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     notes = []
     if m_bins > m_cap:
         big = int((2 * req.lens > req.cap).sum())
-        notes.append(as_text(Note(
-            "count_bins",
-            {"count": m_bins, "needed": m_cap, "bins": min_bins(req.lens, req.cap),
-             "cap": req.cap, "big": big},
-            "{count} micro-batches per " + term("rank") + " where the token total alone needs "
-            "{needed}: a bin-packing bound (Martello-Toth L2) proves the sequences need at "
-            "least {bins} micro-batches of {cap} tokens ({big} of them are longer than "
-            "{cap}/2 and no two of those can share one)",
-        )))  # fmt: skip
+        notes.append(_count_floor_note(
+            "count_bins", m_bins, m_cap,
+            {"bins": min_bins(req.lens, req.cap), "cap": req.cap, "big": big},
+            "a bin-packing bound (Martello-Toth L2) proves the sequences need at least {bins} "
+            "micro-batches of {cap} tokens ({big} of them are longer than {cap}/2 and no two "
+            "of those can share one)",
+        ))  # fmt: skip
     if req.padded and req.n:
         pad_bins = min_padded_bins(req.lens, req.cap)
         m_pad = max(1, math.ceil(pad_bins / req.dp))
         if m_pad > max(m_cap, m_bins):
-            notes.append(as_text(Note(
-                "count_padded",
-                {"count": m_pad, "needed": m_cap, "bins": pad_bins, "cap": req.cap},
-                "{count} micro-batches per " + term("rank") + " where the token total alone "
-                "needs {needed}: padded to their longest sequence, the sequences need at "
-                "least {bins} micro-batches of {cap} tokens (longest first, as many as fit, is "
-                "optimal)",
-            )))  # fmt: skip
+            notes.append(_count_floor_note(
+                "count_padded", m_pad, m_cap, {"bins": pad_bins, "cap": req.cap},
+                "padded to their longest sequence, the sequences need at least {bins} "
+                "micro-batches of {cap} tokens (longest first, as many as fit, is optimal)",
+            ))  # fmt: skip
             m_bins = m_pad  # raises m through m_low below
     m_rule, why_rule = _rule_micro_batches(req)
     if m_rule > max(m_cap, m_bins):
-        notes.append(as_text(Note(
-            "count_rule", {"count": m_rule, "needed": m_cap, "why": why_rule},
-            "{count} micro-batches per " + term("rank") + " where the token total alone needs "
-            "{needed}: {why}",
-        )))  # fmt: skip
+        notes.append(_count_floor_note("count_rule", m_rule, m_cap, {"why": why_rule}, "{why}"))
     m_low = max(m_cap, m_bins, m_rule)
     m = max(m, _round_up(m_low, req.mult))
     # (without allow_empty, too few sequences is refused before packing)
@@ -634,6 +625,18 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
             by_schedule=spec is not None and spec.count_multiple > 1,
         )))  # fmt: skip
     return m, notes
+
+
+def _count_floor_note(
+    kind: str, count: int, needed: int, fields: dict[str, Any], why: str
+) -> str:
+    """The note on a count above what the token total alone needs (``needed``), and
+    ``why`` (a template over ``fields``)."""
+    return as_text(Note(
+        kind, {"count": count, "needed": needed, **fields},
+        "{count} micro-batches per " + term("rank") + " where the token total alone needs "
+        "{needed}: " + why,
+    ))  # fmt: skip
 
 
 def _rule_micro_batches(req: _Request) -> tuple[int, str]:
@@ -1163,11 +1166,7 @@ def _pipeline_candidates(
         if (not fill and best_step is not None and m == m_best and not req.extra
                 and _step_in_order(req, grid) >= best_step):  # fmt: skip
             continue  # as it is, it cannot win the pick (ties go to the plans found first)
-        cand = _plan_of(  # req.padded is False here (checked on entry)
-            req,
-            _fill_rank_slack(req, grid) if fill else grid,
-            [_baseline_note(name, fill)],
-        )  # fmt: skip
+        cand = _baseline_plan(req, grid, name, fill)  # (req.padded is False: checked on entry)
         if any(cand._rule_violations().values()):
             continue
         if raw is not None and not filled:  # (not past "thorough"'s candidate budget)
@@ -1176,12 +1175,16 @@ def _pipeline_candidates(
     return out
 
 
-def _baseline_note(name: str, filled: bool) -> str:
-    return as_text(Note(
+def _baseline_plan(
+    req: _Request, grid: list[list[list[int]]], name: str, filled: bool
+) -> Plan:
+    """Baseline ``name``'s ``grid`` as a candidate: slack-filled inside its ranks where
+    ``filled`` (so its size rule and groups hold), with the note that names it."""
+    return _plan_of(req, _fill_rank_slack(req, grid) if filled else grid, [as_text(Note(
         "won_baseline", {"name": name, "filled": filled},
         "the {name} baseline's plan" + (", slack-filled," if filled else "")
         + " was the fastest candidate",
-    ))  # fmt: skip
+    ))])  # fmt: skip
 
 
 def _finished_baseline(
@@ -1194,10 +1197,7 @@ def _finished_baseline(
     baseline can win by its rank split alone, and filling it then takes the plan most of the
     way to the full search's (rl-math-truncated 256 x 8 at 99.5% fill: 0.64% -> 0.15% above
     the bound, the full search's plan; ``bench/fill.py``)."""
-    filled = _plan_of(
-        req, _fill_rank_slack(req, chosen.micro_batches),
-        [_baseline_note(name, True)],
-    )  # fmt: skip
+    filled = _baseline_plan(req, chosen.micro_batches, name, True)
     # (chosen first: on a tie it stands)
     return _pick(req, [chosen, *_levelled(req, [filled])], problems, n_splits)
 
@@ -1615,10 +1615,12 @@ def _fill_to_levels(
     key = ("levels", cells, req.costs.tobytes(), req.lens.tobytes(), req.cap, slots, passes)
 
     def make() -> tuple[list[list[list[int]]], int]:
-        left = None if passes is None else [passes]
+        if passes is None:
+            return fill_to_levels(grid, req.costs, req.lens, req.cap, slot_bound=slots), 0
+        left = [passes]
         got = fill_to_levels(grid, req.costs, req.lens, req.cap, slot_bound=slots,
                              passes=left)  # fmt: skip
-        return got, 0 if left is None or passes is None else passes - left[0]
+        return got, passes - left[0]
 
     got, ran = remembered(key, make)
     if got is grid or got == grid:
