@@ -53,7 +53,8 @@ def fill_slack(
         return grid
     items = [list(grid[r][j]) for j in range(m) for r in range(dp)]  # bin b = j * dp + r
     slot = np.repeat(np.arange(m), dp)
-    # Bins a sequence of bin b may go to: another slot, and the same rank if asked.
+    # Bins a sequence of bin b may go to: another slot's (same-slot moves are the packer's
+    # job), of b's rank if asked (rank 0 for every bin otherwise).
     rank = np.tile(np.arange(dp), m) if same_rank else np.zeros(dp * m, dtype=np.int64)
     sums = bin_summer(items)
     cost = sums(costs)
@@ -65,10 +66,7 @@ def fill_slack(
     # cost and tokens never change; its bin, that bin's slot and rank change only for the
     # sequences a step moves (kept up to date by _Placed.shift).
     seqs = _Placed(placed, where, slot, rank, costs, lengths)
-    # bin -> the bins its sequences may move to; kept while the cache stays within
-    # _DEST_CACHE entries (each holds up to dp * m bins: one per slot would grow with m**2)
-    dests: dict[int, np.ndarray] = {}
-    cached = 0
+    n_dests = m - 1 if same_rank else dp * (m - 1)  # the bins a sequence may go to
     # elements of (top-bin items x sequences) left to scan, and of (items x bins) for moves
     swap_budget = _SWAP_BUDGET if swap_work is None else swap_work
     move_budget = np.inf if move_work is None else move_work
@@ -98,15 +96,11 @@ def fill_slack(
             if stuck[j]:
                 continue
             b = int(top[j])
-            to = dests.get(b)
-            if to is None:  # same-slot moves are the packer's job
-                to = np.flatnonzero((slot != slot[b]) & (rank == rank[b]))
-                if cached + to.size <= _DEST_CACHE:
-                    dests[b], cached = to, cached + to.size
             if move_budget <= 0:
                 break
-            move_budget -= len(items[b]) * to.size
-            step = _best_move(items, b, second[j], to, cost, slack, room, costs, lengths, tiny)
+            move_budget -= len(items[b]) * n_dests
+            step = _best_move(items, b, second[j], dp, b % dp if same_rank else -1, cost, slack,
+                              room, costs, lengths, tiny)  # fmt: skip
             scans += 1
             if step is None and swap_budget > 0:
                 scans += _SWAP_UNITS
@@ -140,9 +134,6 @@ def fill_slack(
 # A swap scan's work in move scans (measured: about 90 us against 25 us).
 _SWAP_UNITS = 4
 
-# Destination lists kept between steps, in entries (8 bytes each): 32 MiB.
-_DEST_CACHE = 1 << 22
-
 # Swap scans cost (items of a top bin) x (all sequences) each; this caps their total, which
 # keeps the pass well under a second on large batches while small ones get the full search.
 _SWAP_BUDGET = 1.5e7
@@ -158,27 +149,34 @@ def _shift(items, cost, tok, where, costs, lengths, i: int, src: int, dst: int) 
     where[i] = dst
 
 
-def _best_move(items, b, second, dests, cost, slack, room, costs, lengths, tiny):
-    """Move one sequence off top bin ``b`` into one of ``dests`` (the bins of other slots,
-    of the same rank if asked, ascending) with slack and room."""
+def _best_move(items, b, second, dp, r, cost, slack, room, costs, lengths, tiny):
+    """Move one sequence off top bin ``b`` into a bin of another slot (of rank ``r`` only
+    if ``r >= 0``) with slack and room; of those that fit, the lowest bin index."""
     if len(items[b]) < 2:  # a micro-batch must keep one sequence
         return None
     ib = np.asarray(items[b], dtype=np.int64)
     w, t = costs[ib], lengths[ib]
-    slack_d, room_d = slack[dests], room[dests]
+    s = b // dp  # b's slot
     # Only bins with the slack and room for the cheapest and shortest sequence can take
-    # any (the same comparisons as below, so the pick is the one over all ``dests``).
-    near = np.flatnonzero((slack_d >= w.min()) & (room_d >= t.min()))
+    # any (the same comparisons as below, so the pick is the one over all destinations).
+    if r < 0:  # every bin of another slot, in bin order
+        fit = (slack >= w.min()) & (room >= t.min())
+        fit[s * dp : (s + 1) * dp] = False
+        near = np.flatnonzero(fit)
+    else:  # rank r's bin of every other slot: bins r, r + dp, ...
+        fit = (slack[r::dp] >= w.min()) & (room[r::dp] >= t.min())
+        fit[s] = False
+        near = np.flatnonzero(fit) * dp + r
     if near.size == 0:
         return None
-    slack_d, room_d = slack_d[near], room_d[near]
+    slack_d, room_d = slack[near], room[near]
     ok = (slack_d[None, :] >= w[:, None]) & (room_d[None, :] >= t[:, None])
     gain = np.where(ok.any(axis=1), np.minimum(w, cost[b] - second), 0.0)
     x = int(np.argmax(gain))
     if gain[x] <= tiny:
         return None
     left = np.where(ok[x], slack_d - w[x], np.inf)  # best fit: least slack left over
-    return b, int(ib[x]), int(dests[near[int(np.argmin(left))]]), -1
+    return b, int(ib[x]), int(near[int(np.argmin(left))]), -1
 
 
 class _Placed:
