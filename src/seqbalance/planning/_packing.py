@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ..partitioning.kway import partition_arrays
-from ._grouping import bin_summer, bin_totals
+from ._grouping import bin_summer
 from ._work import charge, remembered_search
 
 __all__ = ["best_fit", "ffd_failed", "first_fit", "first_fit_opening", "first_fit_parts", "pack"]
@@ -81,6 +81,13 @@ def _lpt(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _B
     heap = [(0.0, b) for b in range(nbins)]
     for i in order.tolist():
         ti = tl[i]
+        c, b = heap[0]
+        if tok[b] + ti <= cap:  # the cheapest bin has room (one heap update, not two)
+            items[b].append(i)
+            tok[b] += ti
+            cost[b] = c + wl[i]
+            heapq.heapreplace(heap, (cost[b], b))
+            continue
         stash = []
         while heap:
             c, b = heapq.heappop(heap)
@@ -312,8 +319,8 @@ def _ffd(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _B
         if items is None:
             return None
         bins.items = items
-        bins.cost = bin_totals(items, w)
-        bins.tok = bin_totals(items, t)
+        sums = bin_summer(items)  # (flattened once for both totals)
+        bins.cost, bins.tok = sums(w), sums(t)
         return bins
     # Padded first fit in O(n): items come longest first, so a bin's longest row is its
     # first item and adding item i to bin b costs (count_b + 1) * longest_b tokens whatever

@@ -488,13 +488,15 @@ def _step_bound_terms(
     sync: str | None = None,
     size: str = "free",
     groups: np.ndarray | None = None,
+    fewest: int | None = None,
 ) -> tuple[float, float, int]:
     """The terms of :func:`capacity_step_bound` that do not depend on the count: ``P``,
     ``S`` (0 unless ``sync="fsdp"``) and :func:`min_micro_batches`; non-empty ``costs``.
     The bound at a count ``M`` is ``max(P, S) + max(M, min_micro_batches) *
-    per_microbatch``, so a caller that asks at several counts computes these once."""
+    per_microbatch``, so a caller that asks at several counts computes these once.
+    ``fewest``: :func:`min_micro_batches` of these lengths, where the caller has it."""
     lengths = clip_to_capacity(lengths, cap)  # oversized ones run alone: module docstring
     p = lower_bound(costs, dp, size=size, groups=groups)
     labels = None if groups is None else as_groups(groups, costs.shape[0])
     s = fsdp_slot_bound(costs, lengths, dp, cap, labels) if sync == "fsdp" else 0.0
-    return p, s, min_micro_batches(lengths, dp, cap)
+    return p, s, min_micro_batches(lengths, dp, cap) if fewest is None else fewest

@@ -164,8 +164,13 @@ def _deal_slots(
     bins: list[list[int]], bin_cost: np.ndarray, dp: int, m: int
 ) -> list[list[list[int]]]:
     """Sorted bins -> slots of ``dp``; inside a slot the heaviest bin to the lightest rank."""
+    return [[bins[b] for b in row] for row in _deal_layout(bin_cost, dp, m)]
+
+
+def _deal_layout(bin_cost: np.ndarray, dp: int, m: int) -> list[list[int]]:
+    """:func:`_deal_slots` as bin indices: ``[rank][slot] -> bin``."""
     order = np.lexsort((np.arange(bin_cost.size), -bin_cost))
-    ranks: list[list[list[int]]] = [[] for _ in range(dp)]
+    ranks: list[list[int]] = [[] for _ in range(dp)]
     load = np.zeros(dp)
     rank_ids = np.arange(dp)
     busy = np.flatnonzero(bin_cost[order])
@@ -178,10 +183,10 @@ def _deal_slots(
             # so every remaining slot goes to the ranks in this same order.
             rest = order[j * dp :].reshape(-1, dp)[:, np.argsort(lightest)].T.tolist()
             for r in range(dp):
-                ranks[r].extend(bins[b] for b in rest[r])
+                ranks[r].extend(rest[r])
             break
         for r, b in zip(lightest.tolist(), slot.tolist()):
-            ranks[r].append(bins[b])
+            ranks[r].append(b)
             load[r] += bin_cost[b]
     return ranks
 
@@ -334,16 +339,21 @@ def _plan_global(
     full = sync == "fsdp" and dp > 1
 
     def finish(bins: list[list[int]]) -> tuple[list[list[list[int]]], float]:
-        grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
+        cost = bin_totals(bins, costs, padded=padded)
+        layout = _deal_layout(cost, dp, m)
+        grid = [[bins[b] for b in row] for row in layout]
         if sync == "fsdp" and not padded:
             # (enough: within the stop gap, where the search stops; c0 per slot is apart)
             grid = _fill_slack(grid, costs, lengths, cap, budget,
                                stop_at=None if enough is None else enough - m * c0,
                                fill_work=fill_work)
             bins = [mb for rank in grid for mb in rank]
-            grid = _deal_slots(bins, bin_totals(bins, costs, padded=padded), dp, m)
+            cost = bin_totals(bins, costs, padded=padded)
+            layout = _deal_layout(cost, dp, m)
+            grid = [[bins[b] for b in row] for row in layout]
         if pp is None:
-            t = _step_time(grid, costs, c0, padded, sync)
+            # (the micro-batch costs are the bins' totals as dealt: _step_time's values)
+            t = step_time_of(cost[np.asarray(layout, dtype=np.int64)] + c0, sync)
             if settle is not None and sync == "fsdp" and not padded and t > settle:
                 grid = balance_slots(grid, costs, lengths, cap, stop_at=settle - m * c0)
                 t = _step_time(grid, costs, c0, padded, sync)
@@ -584,7 +594,7 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
     ``ceil(total / (dp * max_tokens))``; no plan can use fewer micro-batches.
     """
     m_cap = capacity_min_micro_batches(req.lens, req.dp, req.cap)
-    m_bins = min_micro_batches(req.lens, req.dp, req.cap) if req.n else 1
+    m_bins = _fewest_by_bins(req) if req.n else 1
     m = _round_up(max(m_cap, m_bins, req.m_min), req.mult)
     notes = []
     if m_bins > m_cap:
@@ -625,6 +635,13 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
             by_schedule=spec is not None and spec.count_multiple > 1,
         )))  # fmt: skip
     return m, notes
+
+
+def _fewest_by_bins(req: _Request) -> int:
+    """:func:`.bounds.min_micro_batches` of the request, once per request (the count's start
+    and the step bound's terms both need it; a sort of every length)."""
+    key = ("min_micro_batches", req.lens.tobytes(), req.dp, req.cap)
+    return int(remembered(key, lambda: min_micro_batches(req.lens, req.dp, req.cap)))
 
 
 def _count_floor_note(
@@ -1387,8 +1404,10 @@ def _step_bound(req: _Request, m: int, memo: dict[Any, Any] | None) -> float:
 def _bound_terms(req: _Request, memo: dict[Any, Any]) -> tuple[float, float, int]:
     """:func:`.bounds._step_bound_terms` of the request, kept in ``memo``."""
     if "bound_terms" not in memo:
-        memo["bound_terms"] = _step_bound_terms(req.costs, req.lens, req.dp, req.cap,
-                                                sync=req.sync, size=req.size, groups=req.groups)
+        memo["bound_terms"] = _step_bound_terms(
+            req.costs, req.lens, req.dp, req.cap, sync=req.sync, size=req.size,
+            groups=req.groups, fewest=_fewest_by_bins(req),
+        )  # fmt: skip
     return cast(tuple[float, float, int], memo["bound_terms"])
 
 
