@@ -16,11 +16,14 @@ its ``max_examples``. ``python -m pytest -m slow`` runs the rest: the tests mark
 ``slow`` and every hypothesis test again, at its full ``max_examples``. CI runs both.
 
 Both tiers are deterministic: hypothesis runs under the ``seqbalance`` profile
-(``derandomize=True``: each test's examples come from a seed that is a hash of the test),
-so a run fails or passes the same way on every machine and every run, and a red CI is a
-change's doing. ``--hypothesis-factor K`` searches randomly, with K times the examples: the
-search for counterexamples that a fixed seed cannot give (a failure it finds prints its
-``@reproduce_failure``). ``--hypothesis-profile default`` also restores the random search.
+(``derandomize=True``: each test's examples come from a seed that is a hash of the test;
+no deadline: a test is never failed for its time, which depends on the machine's load),
+so with one hypothesis version a run fails or passes the same way on every machine and
+every run. ``--hypothesis-factor K`` (K >= 2) searches at random, with K times the
+examples: the search for counterexamples that a fixed seed cannot give. A failure it finds
+is saved to the example database (``.hypothesis/``, replayed by the next run) and printed
+with its ``@reproduce_failure`` line. ``--hypothesis-profile default`` also restores the
+random search (``--hypothesis-seed`` takes effect only then).
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from hypothesis import settings
 
 # Loaded before the test modules are imported: their @settings take what they leave unset
 # from it (--hypothesis-profile, read later, still overrides it).
-settings.register_profile("seqbalance", derandomize=True)
+settings.register_profile("seqbalance", derandomize=True, deadline=None)
 settings.load_profile("seqbalance")
 
 TORCH_HINT = (
@@ -121,6 +124,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             fn._hypothesis_internal_use_settings = settings(
                 current, max_examples=current.max_examples * factor, deadline=None,
                 suppress_health_check=list(HealthCheck), derandomize=False,
+                # (derandomize turned the database off): failures are saved and printed
+                database=settings.get_profile("default").database, print_blob=True,
             )  # fmt: skip
         elif tier == FAST_TIER:
             fewer = max(FAST_MIN_EXAMPLES, current.max_examples // FAST_DIVISOR)

@@ -151,7 +151,8 @@ def _shift(items, cost, tok, where, costs, lengths, i: int, src: int, dst: int) 
 
 def _best_move(items, b, second, dp, r, cost, slack, room, costs, lengths, tiny):
     """Move one sequence off top bin ``b`` into a bin of another slot (of rank ``r`` only
-    if ``r >= 0``) with slack and room; of those that fit, the lowest bin index."""
+    if ``r >= 0``) with slack and room: the sequence that lowers ``b`` most, into the bin
+    it leaves the least slack in (ties: the first sequence, the lowest bin)."""
     if len(items[b]) < 2:  # a micro-batch must keep one sequence
         return None
     ib = np.asarray(items[b], dtype=np.int64)

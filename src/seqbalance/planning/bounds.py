@@ -494,7 +494,8 @@ def _step_bound_terms(
     ``S`` (0 unless ``sync="fsdp"``) and :func:`min_micro_batches`; non-empty ``costs``.
     The bound at a count ``M`` is ``max(P, S) + max(M, min_micro_batches) *
     per_microbatch``, so a caller that asks at several counts computes these once.
-    ``fewest``: :func:`min_micro_batches` of these lengths, where the caller has it."""
+    ``fewest``: :func:`min_micro_batches` of these lengths clipped to ``cap``, where the
+    caller has it."""
     lengths = clip_to_capacity(lengths, cap)  # oversized ones run alone: module docstring
     p = lower_bound(costs, dp, size=size, groups=groups)
     labels = None if groups is None else as_groups(groups, costs.shape[0])

@@ -53,8 +53,8 @@ and sized so that the plans of normal requests do not reach them:
   :data:`seqbalance.planning.context_parallel.ORDER_BUDGET` in all; the pipeline lower
   bound's window term only up to ``2 pp v m**3 = 2**28``;
 - verl's count loop as a planner candidate stops after ``2**23`` sequences x parts of KK
-  work; the slot refinement keeps its destination lists within ``2**22`` entries and its
-  swap scans within its own budget (:mod:`seqbalance.planning._slots`);
+  work; the slot refinement keeps its swap scans within its own budget
+  (:mod:`seqbalance.planning._slots`);
 - counts beyond the first a search finds (extra counts, the pipeline count search, the plan
   made without the pipeline) and their slot refills stop once the request has metered
   :data:`~seqbalance.planning._work.COUNT_WORK` units of packing work, and a pipelined
