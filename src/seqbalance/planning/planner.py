@@ -317,7 +317,7 @@ def _plan_global(
     sent: np.ndarray | None = None,
     budget: Effort = _THOROUGH,
     enough: float | None = None,
-    interim: Callable[[], bool] | None = None,
+    interim: Callable[[float], bool] | None = None,
     lpt_enough: float | None = None,
     fill_work: float | None = None,
     settle: float | None = None,
@@ -326,8 +326,9 @@ def _plan_global(
     ``lengths`` are clipped to the cap for packing); default ``lengths``. ``enough``: a
     step at which the first packing (LPT) is kept without trying the others (the budget's
     stop gap above the step bound; plain plans only). ``interim``: run after the first
-    packing when that is not enough; True keeps the first packing without trying the
-    others (another candidate, made by ``interim``, is within the stop gap).
+    packing when that is not enough, with that packing's step; True keeps the first
+    packing without trying the others (another candidate, made by ``interim``, is within
+    the stop gap).
     ``lpt_enough``: a step at which the first packing is the only one (the other
     candidates of the search still run). ``settle`` (FSDP, plain plans): each packing's
     slots are evened out across the ranks (:func:`._slot_balance.balance_slots`) down to
@@ -338,19 +339,19 @@ def _plan_global(
     # hold, and float rounding must not let unbalanced bins win a tie.
     full = sync == "fsdp" and dp > 1
 
-    def finish(bins: list[list[int]]) -> tuple[list[list[list[int]]], float]:
+    def deal(bins: list[list[int]]) -> tuple[list[list[list[int]]], np.ndarray, list[list[int]]]:
         cost = bin_totals(bins, costs, padded=padded)
         layout = _deal_layout(cost, dp, m)
-        grid = [[bins[b] for b in row] for row in layout]
+        return [[bins[b] for b in row] for row in layout], cost, layout
+
+    def finish(bins: list[list[int]]) -> tuple[list[list[list[int]]], float]:
+        grid, cost, layout = deal(bins)
         if sync == "fsdp" and not padded:
             # (enough: within the stop gap, where the search stops; c0 per slot is apart)
             grid = _fill_slack(grid, costs, lengths, cap, budget,
                                stop_at=None if enough is None else enough - m * c0,
                                fill_work=fill_work)
-            bins = [mb for rank in grid for mb in rank]
-            cost = bin_totals(bins, costs, padded=padded)
-            layout = _deal_layout(cost, dp, m)
-            grid = [[bins[b] for b in row] for row in layout]
+            grid, cost, layout = deal([mb for rank in grid for mb in rank])
         if pp is None:
             # (the micro-batch costs are the bins' totals as dealt: _step_time's values)
             t = step_time_of(cost[np.asarray(layout, dtype=np.int64)] + c0, sync)
@@ -368,7 +369,7 @@ def _plan_global(
         lpt = pack(costs, lengths, dp * m, cap, padded=padded, start="lpt", stop_at=stop)
         if lpt is not None:
             first = (lpt, *finish(lpt))
-            if first[2] <= enough or (interim is not None and interim()):
+            if first[2] <= enough or (interim is not None and interim(first[2])):
                 return first[1], "found"
             if lpt_enough is not None and first[2] <= lpt_enough:
                 return first[1], "found"
@@ -640,7 +641,7 @@ def _starting_micro_batches(req: _Request) -> tuple[int, list[str]]:
 def _fewest_by_bins(req: _Request) -> int:
     """:func:`.bounds.min_micro_batches` of the request, once per request (the count's start
     and the step bound's terms both need it; a sort of every length)."""
-    key = ("min_micro_batches", req.lens.tobytes(), req.dp, req.cap)
+    key = ("min_micro_batches", req.lens.dtype.str, req.lens.tobytes(), req.dp, req.cap)
     return int(remembered(key, lambda: min_micro_batches(req.lens, req.dp, req.cap)))
 
 
@@ -894,7 +895,7 @@ def _search(
     notes: list[str],
     memo: dict[Any, Any],
     m_stop: int | None = None,
-    interim: Callable[[], bool] | None = None,
+    interim: Callable[[float], bool] | None = None,
 ) -> list[Plan] | str:
     """Step 3: plans for the smallest feasible m (and the extra ones asked for), or why not.
 
@@ -1232,7 +1233,7 @@ _FULL_RANK_LARGE_GAIN = 0.02
 
 def _full_rank_candidates(
     req: _Request, m_best: int | None, found: list[Plan], enough: float | None = None,
-    memo: dict[Any, Any] | None = None,
+    memo: dict[Any, Any] | None = None, beat: float | None = None,
 ) -> list[Plan]:
     """Step 3c (fsdp): ranks split first, each rank's micro-batches filled to the cap.
 
@@ -1248,6 +1249,11 @@ def _full_rank_candidates(
     empty (tried before the packings). ``enough``: a step at which the first split's plan
     is kept without the second (within the stop gap of the bound: the search stops).
     ``memo``: the request's, where the step bound at ``m_best`` may already be.
+
+    Below ``effort="thorough"``, without extra counts, a split whose busiest rank's total
+    is above the fastest step at ``m_best`` (of ``found``, or ``beat``: the step of a grid
+    the search has built at that count) is not packed: neither slack filling nor the
+    refill moves sequences between ranks, so that candidate could never win the pick.
     """
     if (req.sync != "fsdp" or req.dp < 2 or req.padded or req.size != "free"
             or req.groups is not None or req.pp is not None or m_best is None
@@ -1266,6 +1272,12 @@ def _full_rank_candidates(
             return []
     out: list[Plan] = []
     seen: list[list[list[int]]] = []
+    if req.budget.thorough or req.extra:
+        beat = None
+    elif found:
+        steps = [_step_in_order(req, p.micro_batches) for p in found
+                 if p.num_micro_batches == m_best]  # fmt: skip
+        beat = min([*steps, *([] if beat is None else [beat])], default=None)
     for what, weights in (("tokens", req.lens.astype(np.float64)), ("cost", req.costs)):
         # Within 0.1% of max(mean part, largest unit) is close enough to split ranks by:
         # the exact searches behind "auto" would cost more than this whole candidate.
@@ -1274,6 +1286,9 @@ def _full_rank_candidates(
         if ranks in seen:
             continue
         seen.append(ranks)
+        if (beat is not None and bin_totals(ranks, req.costs).max() + m_best * req.c0
+                > beat * (1.0 + 1e-9)):  # (float sums)  # fmt: skip
+            continue  # its step is at least its busiest rank's total
         grid = []
         idxs = [np.asarray(items, dtype=np.int64) for items in ranks]
         fast = first_fit_parts(idxs, req.costs, req.lens, m_best, req.cap)
@@ -2078,14 +2093,14 @@ def _plan_attempt(
     # without it.
     full_first: list[Plan] | None = None
 
-    def full_rank_first() -> bool:
+    def full_rank_first(beat: float | None = None) -> bool:
         nonlocal full_first
         enough = _enough(req, first_m, memo)
         gap, stop = req.budget.stop_gap, _candidate_gap(req)
         if enough is not None and stop is not None and stop != gap:
             # (the second split is a family of its own: kept out where _close_enough stops)
             enough = float(memo[("step_bound", first_m)]) * (1.0 + stop)
-        full_first = _full_rank_candidates(req, first_m, [], enough, memo=memo)
+        full_first = _full_rank_candidates(req, first_m, [], enough, memo=memo, beat=beat)
         return _close_enough(req, full_first, first_m, memo)
 
     interim = None
