@@ -11,6 +11,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from seqbalance.planning import _packing
 from seqbalance.planning._packing import first_fit, first_fit_parts
 
 
@@ -42,12 +43,24 @@ def _cases(draw: st.DrawFn) -> tuple:
     return parts, w, t, nbins, cap
 
 
+def _all_at_once(parts: list, w: np.ndarray, t: np.ndarray, nbins: int, cap: int) -> list:
+    """first_fit_parts with every part count on the numpy path (few parts take the
+    one-walk-per-part path by default)."""
+    saved = _packing._PARTS_AT_ONCE
+    _packing._PARTS_AT_ONCE = 1
+    try:
+        return first_fit_parts(parts, w, t, nbins, cap)
+    finally:
+        _packing._PARTS_AT_ONCE = saved
+
+
 @settings(max_examples=300, deadline=None)
 @given(case=_cases())
 def test_each_part_packs_as_alone(case: tuple) -> None:
     parts, w, t, nbins, cap = case
     got = first_fit_parts(parts, w, t, nbins, cap)
     assert len(got) == len(parts)
+    assert _all_at_once(parts, w, t, nbins, cap) == got  # both paths: the same bins
     for part, bins in zip(parts, got):
         wp, tp = w[part], t[part]
         order = np.lexsort((np.arange(part.size), -wp, -tp)).tolist()
@@ -62,3 +75,5 @@ def test_no_parts_and_empty_parts() -> None:
     empty = np.array([], dtype=np.int64)
     assert first_fit_parts([empty, np.array([1, 0])], w, t, 2, 5) == [[[], []], [[0], [1]]]
     assert first_fit_parts([np.array([0, 1])], w, t, 1, 5) == [None]  # 7 tokens, one bin of 5
+    for parts in ([], [empty, np.array([1, 0])], [np.array([0, 1])]):
+        assert _all_at_once(parts, w, t, 2, 5) == first_fit_parts(parts, w, t, 2, 5)

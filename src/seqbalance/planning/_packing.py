@@ -224,13 +224,22 @@ def first_fit_parts(
     ``parts``: index arrays into ``w`` and ``t``. For each part, what :func:`first_fit`
     gives on the part's items in first-fit-decreasing order (tokens, then cost, both
     decreasing, then position), as positions into the part: ``nbins`` bins, or None where
-    an item fits in none. The parts advance together, one item of each per numpy step
-    (each takes the leftmost bin with room, as the one-part walk does), so many small parts
-    cost a few vectorised passes instead of a Python loop over every part's items.
+    an item fits in none. From ``_PARTS_AT_ONCE`` parts on, the parts advance together,
+    one item of each per numpy step (each takes the leftmost bin with room, as the one-part
+    walk does), so many small parts cost a few vectorised passes instead of a Python loop
+    over every part's items; fewer parts are walked one at a time.
     """
     k = len(parts)
     if k == 0 or nbins < 1:
         return [first_fit([], t, cap, nbins) if p.size == 0 else None for p in parts]
+    if k < _PARTS_AT_ONCE:  # few parts: one walk each costs less than a numpy step per item
+        out_few: list[list[list[int]] | None] = []
+        for p in parts:
+            p = np.asarray(p, dtype=np.int64)
+            tp = t[p]
+            order = np.lexsort((np.arange(p.size), -w[p], -tp)).tolist()
+            out_few.append(first_fit(order, tp, cap, nbins))
+        return out_few
     sizes = np.fromiter((p.size for p in parts), dtype=np.int64, count=k)
     width = int(sizes.max())
     idx = np.concatenate(parts).astype(np.int64, copy=False)
@@ -276,6 +285,12 @@ def first_fit_parts(
             lo = hi
         out.append(bins)
     return out
+
+
+# From this many parts on, first_fit_parts advances all parts together in numpy; below it
+# each part is walked on its own (8 parts of 128 items: 0.7 ms against 2.2 ms; the two
+# are even at 32 parts, and at 64 the numpy steps take 4.1 ms against 6.3 ms).
+_PARTS_AT_ONCE = 32
 
 
 def first_fit_opening(order: Sequence[int], t: np.ndarray, cap: int) -> list[list[int]]:
