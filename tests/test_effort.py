@@ -288,3 +288,40 @@ def test_thorough_pipelines_keep_the_full_search_step(name, n, dp, sync, options
     w = workloads.load(name, n, seed=0)
     p = sb.plan(w.lengths, dp, 32768, cost=_QWEN, sync=sync, effort="thorough", **options)
     assert p.simulate().step_time <= step
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "dp", "m", "fill", "skips"),
+    [("rl-math", 64, 8, None, None, True), ("rl-math", 1024, 8, None, None, False),
+     ("sft-chat", 256, 8, 3, 0.7, True), ("rl-math-truncated", 256, 16, 4, 0.95, True),
+     ("uniform", 64, 8, 2, 0.9, True)],
+)  # fmt: skip
+def test_a_full_rank_split_that_cannot_win_is_not_packed(
+    monkeypatch, name, n, dp, m, fill, skips
+) -> None:
+    """Below "thorough" a full-rank split whose busiest rank alone is slower than a grid
+    already built at that count is not packed. The plan and its notes are the same as
+    when every split is packed (the candidates made as if no step were known yet)."""
+    from seqbalance.planning import planner
+
+    lengths = workloads.load(name, n, seed=0).lengths
+    cap = (max(32768, int(lengths.max())) if m is None
+           else int(np.ceil(lengths.sum() / (dp * m * fill))))  # fmt: skip
+    packed: list[int] = []
+    fill_rank_slack = planner._fill_rank_slack
+    monkeypatch.setattr(planner, "_fill_rank_slack",
+                        lambda req, mbs: packed.append(1) or fill_rank_slack(req, mbs))
+    skipping = sb.plan(lengths, dp, cap, cost=_QWEN)
+    skipped_packs = len(packed)
+    full_rank = planner._full_rank_candidates
+
+    def every_split(req, m_best, found, enough=None, memo=None, beat=None):
+        # (found only gates this on inputs above _PIPELINE_MAX_ITEMS, not these)
+        return full_rank(req, m_best, [], enough, memo=memo)
+
+    monkeypatch.setattr(planner, "_full_rank_candidates", every_split)
+    packed.clear()
+    every = sb.plan(lengths, dp, cap, cost=_QWEN)
+    assert skipping.micro_batches == every.micro_batches
+    assert skipping.notes == every.notes
+    assert (skipped_packs < len(packed)) == skips

@@ -219,7 +219,7 @@ def first_fit(
 def first_fit_parts(
     parts: Sequence[np.ndarray], w: np.ndarray, t: np.ndarray, nbins: int, cap: int
 ) -> list[list[list[int]] | None]:
-    """First-fit decreasing of each part on its own, all parts at once.
+    """First-fit decreasing of each part on its own (many parts: all at once).
 
     ``parts``: index arrays into ``w`` and ``t``. For each part, what :func:`first_fit`
     gives on the part's items in first-fit-decreasing order (tokens, then cost, both

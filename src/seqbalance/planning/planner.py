@@ -1254,6 +1254,9 @@ def _full_rank_candidates(
     is above the fastest step at ``m_best`` (of ``found``, or ``beat``: the step of a grid
     the search has built at that count) is not packed: neither slack filling nor the
     refill moves sequences between ranks, so that candidate could never win the pick.
+    (Its slack filling is not charged to the work meter either: budgets counted in work
+    reach further. And where :func:`_close_enough` would have sharpened the slot bound on
+    it first, the search may go on to the other packings: never a longer step.)
     """
     if (req.sync != "fsdp" or req.dp < 2 or req.padded or req.size != "free"
             or req.groups is not None or req.pp is not None or m_best is None
