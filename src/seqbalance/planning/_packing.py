@@ -236,9 +236,7 @@ def first_fit_parts(
         out_few: list[list[list[int]] | None] = []
         for p in parts:
             p = np.asarray(p, dtype=np.int64)
-            tp = t[p]
-            order = np.lexsort((np.arange(p.size), -w[p], -tp)).tolist()
-            out_few.append(first_fit(order, tp, cap, nbins))
+            out_few.append(first_fit(_ffd_order(w[p], t[p]), t[p], cap, nbins))
         return out_few
     sizes = np.fromiter((p.size for p in parts), dtype=np.int64, count=k)
     width = int(sizes.max())
@@ -326,8 +324,13 @@ def best_fit(order: list[int], t: np.ndarray, cap: int, nbins: int) -> list[list
     return items
 
 
+def _ffd_order(w: np.ndarray, t: np.ndarray) -> list[int]:
+    """First-fit decreasing's order: tokens, then cost, both decreasing, then position."""
+    return np.lexsort((np.arange(w.size), -w, -t)).tolist()
+
+
 def _ffd(w: np.ndarray, t: np.ndarray, nbins: int, cap: int, padded: bool) -> _Bins | None:
-    order = np.lexsort((np.arange(w.size), -w, -t)).tolist()
+    order = _ffd_order(w, t)
     bins = _Bins(w, t, nbins, cap, padded)
     if not padded:
         items = first_fit(order, t, cap, nbins)

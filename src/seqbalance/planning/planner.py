@@ -1154,7 +1154,7 @@ def _pipeline_candidates(
                 ("baseline ranks", name, items), partial(staged[0], req.lens, req.dp, req.costs)
             )
             if (floors and m_best is not None and best_step is not None
-                    and bin_totals(ranks, req.costs).max() + m_best * req.c0
+                    and _ranks_floor(req, ranks, m_best)
                     > best_step * (1.0 + 1e-9)):  # (float sums, as below)  # fmt: skip
                 continue  # its step is at least its busiest rank's total
         key = ("baseline grid", name, items, m_best if name == "verl" else None)
@@ -1280,7 +1280,7 @@ def _full_rank_candidates(
     elif found:
         steps = [_step_in_order(req, p.micro_batches) for p in found
                  if p.num_micro_batches == m_best]  # fmt: skip
-        beat = min([*steps, *([] if beat is None else [beat])], default=None)
+        beat = min([*steps, beat] if beat is not None else steps, default=None)
     for what, weights in (("tokens", req.lens.astype(np.float64)), ("cost", req.costs)):
         # Within 0.1% of max(mean part, largest unit) is close enough to split ranks by:
         # the exact searches behind "auto" would cost more than this whole candidate.
@@ -1289,9 +1289,8 @@ def _full_rank_candidates(
         if ranks in seen:
             continue
         seen.append(ranks)
-        if (beat is not None and bin_totals(ranks, req.costs).max() + m_best * req.c0
-                > beat * (1.0 + 1e-9)):  # (float sums)  # fmt: skip
-            continue  # its step is at least its busiest rank's total
+        if beat is not None and _ranks_floor(req, ranks, m_best) > beat * (1.0 + 1e-9):
+            continue  # its step is at least its busiest rank's total (float sums: 1e-9)
         grid = []
         idxs = [np.asarray(items, dtype=np.int64) for items in ranks]
         fast = first_fit_parts(idxs, req.costs, req.lens, m_best, req.cap)
@@ -1554,11 +1553,15 @@ _LPT_ALONE_WORK = 1_000_000
 
 
 def _busiest_floor(req: _Request, grid: list[list[list[int]]]) -> float:
-    """The busiest rank's total plus ``m`` per-micro-batch costs: a floor of the FSDP step of
-    any grid with these rank contents and ``m`` (a sum of slot maxima is at least the
-    largest sum of a rank's micro-batches)."""
-    loads = bin_totals([[s for mb in rank for s in mb] for rank in grid], req.costs)
-    return float(loads.max()) + len(grid[0]) * req.c0
+    """:func:`_ranks_floor` of ``grid``'s ranks and count."""
+    return _ranks_floor(req, [[s for mb in rank for s in mb] for rank in grid], len(grid[0]))
+
+
+def _ranks_floor(req: _Request, ranks: list[list[int]], m: int) -> float:
+    """The busiest of ``ranks``' totals plus ``m`` per-micro-batch costs: a floor of the
+    FSDP step of any grid with these rank contents and ``m`` micro-batches per rank (a sum
+    of slot maxima is at least the largest sum of a rank's micro-batches)."""
+    return float(bin_totals(ranks, req.costs).max()) + m * req.c0
 
 
 def _levelled(
