@@ -292,9 +292,11 @@ def test_thorough_pipelines_keep_the_full_search_step(name, n, dp, sync, options
 
 @pytest.mark.parametrize(
     ("name", "n", "dp", "m", "fill", "skips"),
-    [("rl-math", 64, 8, None, None, True), ("rl-math", 1024, 8, None, None, False),
+    # (rl-math 64 x 8 and uniform 64 x 8 stop within the stop gap before any full-rank
+    # split, since pairs of micro-batches are split anew: nothing to skip there)
+    [("rl-math", 64, 8, None, None, False), ("rl-math", 1024, 8, None, None, False),
      ("sft-chat", 256, 8, 3, 0.7, True), ("rl-math-truncated", 256, 16, 4, 0.95, True),
-     ("uniform", 64, 8, 2, 0.9, True)],
+     ("uniform", 64, 8, 2, 0.9, False)],
 )  # fmt: skip
 def test_a_full_rank_split_that_cannot_win_is_not_packed(
     monkeypatch, name, n, dp, m, fill, skips

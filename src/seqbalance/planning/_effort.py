@@ -19,7 +19,9 @@ same plan, byte for byte). Three levels:
     other candidate, a baseline included, can be shorter by more than that. It checks
     after the capacity-aware greedy plan (:mod:`._capacity_greedy`, tried first; under
     FSDP its slots evened out across the ranks, :mod:`._slot_balance`), after
-    the first packing (LPT), after the other starts and rank splits, and after the
+    the first packing (LPT; under FSDP, after slack filling and evening out, pairs of its
+    micro-batches split anew, :mod:`._pair_split`, each packing of the global search
+    alike), after the other starts and rank splits, and after the
     full-rank splits
     and the refill toward slot levels (under FSDP the full-rank split comes first where
     big sequences set the slot bound, else right after LPT's packing; under DDP the cost

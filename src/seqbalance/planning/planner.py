@@ -95,6 +95,7 @@ from ._ordering import (
 )
 from ._packed_slot import packed_slot_bound
 from ._packing import ffd_failed, first_fit_parts, pack
+from ._pair_split import resplit_pairs
 from ._pipelines import verl_micro_batches
 from ._ranks import repartition_pairs
 from ._slot_balance import balance_slots
@@ -358,6 +359,15 @@ def _plan_global(
             if settle is not None and sync == "fsdp" and not padded and t > settle:
                 grid = balance_slots(grid, costs, lengths, cap, stop_at=settle - m * c0)
                 t = _step_time(grid, costs, c0, padded, sync)
+                if t > settle and not budget.thorough:
+                    # (below "thorough": exchanges of two for one or two for two, which the
+                    # steps above cannot make, kept only where they bring the step within
+                    # the stop gap, where the search stops; elsewhere the grid stays as it
+                    # was, since the refill toward slot levels may do better from there)
+                    split = resplit_pairs(grid, costs, lengths, cap, stop_at=settle - m * c0)
+                    t_split = _step_time(split, costs, c0, padded, sync)
+                    if t_split <= settle:
+                        grid, t = split, t_split
         else:  # the pipeline step, in the best starting order
             grid = pipeline_order_grid(grid, costs, c0, sent, padded, sync, pp, quick=True)
             t = pipeline_step_time(grid, costs, c0, sent, padded, sync, pp)
