@@ -69,10 +69,11 @@ def test_one_step_is_the_best_split_of_the_heaviest_bin(seed, dp, m):
     j = int(np.argmax(loads.max(axis=0)))  # the first slot the pass takes
     a = j * dp + int(np.argmax(loads[:, j]))
     want = best_gain_brute(grid, costs, lens, cap, a)
-    # One step (work for one scan): what it gains is the brute force's best, where every
-    # bin is scanned (dp * m - 1 <= _PARTNERS).
+    # One step (work for the setup and one scan): what it gains is the brute force's
+    # best, where every bin is scanned (dp * m - 1 <= _PARTNERS).
     assert dp * m - 1 <= _pair_split._PARTNERS
-    one = resplit_pairs(grid, costs, lens, cap, work=1)
+    setup = _pair_split._SEQUENCE_ELEMENTS * n + _pair_split._BIN_ELEMENTS * dp * m
+    one = resplit_pairs(grid, costs, lens, cap, work=setup + 1)
     got = fsdp_step(grid, costs) - fsdp_step(one, costs)
     if want <= 1e-9 * fsdp_step(grid, costs):
         assert got <= 1e-9 * fsdp_step(grid, costs)
@@ -109,13 +110,27 @@ def test_stop_at_and_work_end_the_pass():
     assert resplit_pairs([[[0, 1, 2]]], c, lens, 20) == [[[0, 1, 2]]]  # one bin
 
 
-def test_the_default_effort_stops_on_rl_math_64_over_8():
+def test_a_slot_low_in_the_order_is_scanned_before_the_pass_gives_up():
+    # 2 ranks x 10 slots: slots 0-7 are tied at 10 (nothing to gain there), slot 8 can
+    # fall from 9 to 7. The stop (88) is reached only by scanning slot 8.
+    c = np.array([10.0] * 16 + [6, 3, 4, 1, 1, 1])
+    lens = np.ones(22, dtype=np.int64)
+    grid = [[[2 * j] for j in range(8)] + [[16, 17], [20]],
+            [[2 * j + 1] for j in range(8)] + [[18, 19], [21]]]  # fmt: skip
+    assert fsdp_step(grid, c) == 90.0
+    assert fsdp_step(resplit_pairs(grid, c, lens, 100, stop_at=88.0), c) == 88.0
+
+
+def test_the_default_effort_stops_on_rl_math_64_over_8(monkeypatch):
     # Slack filling and evening out leave this batch 0.21% above the bound; new splits of
     # pairs bring it within the default's stop gap (0.1%), where the search stops.
+    from seqbalance.planning import planner
+
     lens = workloads.load("rl-math", 64, seed=0).lengths
     cost = load_cost("qwen2.5-7b")
     p = sb.plan(lens, 8, 32768, cost=cost)
     assert p.num_micro_batches == 2
     assert p.simulate().gap <= 1e-3
-    thorough = sb.plan(lens, 8, 32768, cost=cost, effort="thorough")
-    assert p.simulate().step_time < thorough.simulate().step_time
+    monkeypatch.setattr(planner, "resplit_pairs", lambda grid, *args, **kw: grid)
+    without = sb.plan(lens, 8, 32768, cost=cost)
+    assert without.simulate().gap > 2e-3

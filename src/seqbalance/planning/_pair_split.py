@@ -25,6 +25,8 @@ to 0.07% (0.09% where it stops at the default effort's stop gap, in about 2 ms).
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from ._grouping import bin_summer
@@ -42,10 +44,15 @@ _PARTNERS = 8
 # Elements (partners x splits x (pooled sequences + 8), plus _SCAN_ELEMENTS a scan) one
 # call may scan.
 _WORK = 4e6
-# Top bins scanned after which a pass with a ``stop_at`` forecasts whether it can get there.
+# Top bins scanned after which a pass with a ``stop_at`` that has found a step forecasts
+# whether it can get there.
 _FORECAST_SCANS = 8
-# A scan's fixed cost in elements (its numpy calls: about 100 us, as many elements take).
+# What the pass costs beside the splits, in elements of about 1.7 ns: a scan's numpy calls
+# (about 100 us), its passes over every bin, and the setup's per sequence (measured from 64
+# sequences over 8 ranks to 32,768 over 512).
 _SCAN_ELEMENTS = 60_000
+_BIN_ELEMENTS = 40
+_SEQUENCE_ELEMENTS = 60
 # Elements per unit of the request's work meter (a unit is about 25 us).
 _ELEMENTS_PER_UNIT = 15_000
 
@@ -85,17 +92,19 @@ def resplit_pairs(
     by_slot = cost.reshape(m, dp)  # (a view: follows `cost`)
     size = np.fromiter((len(b) for b in items), dtype=np.int64, count=dp * m)
     stuck = np.zeros(m, dtype=bool)
-    budget = float(work)
-    scanned = 0
+    # (the setup's copies and sums, and each scan's per-bin passes, in elements too)
+    scanned = _SEQUENCE_ELEMENTS * int(size.sum()) + _BIN_ELEMENTS * dp * m
+    budget = float(work) - scanned
     tiny = 1e-12 * max(float(cost.max(initial=0.0)), 1e-300)
     start = float(by_slot.max(axis=1).sum())
-    scans = 0  # top bins scanned
+    scans = steps = 0  # top bins scanned, steps taken
 
     def hopeless(now: float) -> bool:
-        # At the rate so far (gain per element scanned, which only slows down as the easy
-        # splits are taken) the budget left would not reach stop_at: the caller keeps
-        # the grid only if it does.
-        return (stop_at is not None and scans >= _FORECAST_SCANS
+        # Once a step was found: at the rate so far (gain per element scanned, which slows
+        # down as the easy splits are taken) the budget left would not reach stop_at, and
+        # the caller keeps the grid only if it does. (Before the first step every slot
+        # is scanned once: a slot low in the order may still have one.)
+        return (stop_at is not None and steps > 0 and scans >= _FORECAST_SCANS
                 and (start - now) * budget < (now - stop_at) * scanned)  # fmt: skip
 
     while budget > 0:
@@ -132,6 +141,7 @@ def resplit_pairs(
             tok[x] = int(lengths[idx].sum())
             size[x] = idx.size
         stuck[a // dp] = stuck[b // dp] = False
+        steps += 1
     charge(scanned // _ELEMENTS_PER_UNIT)
     for rank in out:
         for mb in rank:
@@ -164,32 +174,34 @@ def _best_split(a, items, size, cost, tok, by_slot, dp, costs, lengths, cap, tin
     fits[a] = False
     partners = np.flatnonzero(fits)
     if partners.size == 0 or size[a] == 0:
-        return None, _SCAN_ELEMENTS
+        return None, _SCAN_ELEMENTS + _BIN_ELEMENTS * nbins
     if partners.size > _PARTNERS:
         # the bins with the most to gain (ties: the lower bin)
         partners = np.sort(partners[np.lexsort((partners, -gain_most[partners]))[:_PARTNERS]])
     k = int(size[a] + size[partners].max())
     npart = partners.size
-    # Each partner's pool, a's sequences first, padded with cost 0 and no tokens.
-    pool_cost = np.zeros((npart, k))
-    pool_tok = np.zeros((npart, k), dtype=np.int64)
+    # Each partner's pool, a's sequences first, padded with cost 0 and no tokens: costs in
+    # pool[0], tokens in pool[1] (as floats: integers below 2**53 stay exact).
+    pool = np.zeros((2, npart, k))
     ia = np.asarray(items[a], dtype=np.int64)
     na = ia.size
-    pool_cost[:, :na] = costs[ia]
-    pool_tok[:, :na] = lengths[ia]
-    for p, b in enumerate(partners.tolist()):
-        ib = np.asarray(items[b], dtype=np.int64)
-        pool_cost[p, na : na + ib.size] = costs[ib]
-        pool_tok[p, na : na + ib.size] = lengths[ib]
+    pool[0, :, :na] = costs[ia]
+    pool[1, :, :na] = lengths[ia]
+    per = size[partners]
+    flat = np.fromiter(chain.from_iterable(items[b] for b in partners.tolist()),
+                       dtype=np.int64, count=int(per.sum()))  # fmt: skip
+    row = np.repeat(np.arange(npart), per)
+    col = na + np.arange(flat.size) - np.repeat(np.cumsum(per) - per, per)
+    pool[0, row, col] = costs[flat]
+    pool[1, row, col] = lengths[flat]
     # Split s gives a the pooled positions whose bit is set in s; the rest go to b. The
     # sums double one position at a time (the splits with bit q are those without it plus
     # position q), so each is added in position order, the same on every rank.
-    x = np.zeros((npart, 1 << k))
-    t = np.zeros((npart, 1 << k), dtype=np.int64)
+    sums = np.zeros((2, npart, 1 << k))
     for q in range(k):
         half = 1 << q
-        np.add(x[:, :half], pool_cost[:, q, None], out=x[:, half : 2 * half])
-        np.add(t[:, :half], pool_tok[:, q, None], out=t[:, half : 2 * half])
+        np.add(sums[:, :, :half], pool[:, :, q, None], out=sums[:, :, half : 2 * half])
+    x, t = sums[0], sums[1]
     splits = np.arange(1 << k)
     whole = (1 << (na + size[partners])) - 1  # each partner's full split
     total_cost = x[np.arange(npart), whole]
@@ -213,7 +225,7 @@ def _best_split(a, items, size, cost, tok, by_slot, dp, costs, lengths, cap, tin
     )
     old = np.where(same, level_a, level_a + top1[jb])
     gain = np.where(ok, old[:, None] - new, 0.0)
-    scanned = npart * (1 << k) * (k + 8) + _SCAN_ELEMENTS
+    scanned = npart * (1 << k) * (k + 8) + _SCAN_ELEMENTS + _BIN_ELEMENTS * nbins
     at = int(np.argmax(gain))
     if gain.flat[at] <= tiny:
         return None, scanned

@@ -362,8 +362,9 @@ def _plan_global(
                 if t > settle and not budget.thorough:
                     # (below "thorough": exchanges of two for one or two for two, which the
                     # steps above cannot make, kept only where they bring the step within
-                    # the stop gap, where the search stops; elsewhere the grid stays as it
-                    # was, since the refill toward slot levels may do better from there)
+                    # the stop gap, where at the fewest count the search stops; elsewhere
+                    # the grid stays as it was: the refill toward slot levels may do better
+                    # from there, bimodal 64 x 8 at 90% fill: 1.99% against 2.36%)
                     split = resplit_pairs(grid, costs, lengths, cap, stop_at=settle - m * c0)
                     t_split = _step_time(split, costs, c0, padded, sync)
                     if t_split <= settle:
