@@ -88,7 +88,6 @@ def resplit_pairs(
     items = [out[r][j] for j in range(m) for r in range(dp)]  # bin b = j * dp + r
     sums = bin_summer(items)
     cost = sums(costs).astype(np.float64)
-    tok = sums(lengths).astype(np.int64)
     by_slot = cost.reshape(m, dp)  # (a view: follows `cost`)
     size = np.fromiter((len(b) for b in items), dtype=np.int64, count=dp * m)
     stuck = np.zeros(m, dtype=bool)
@@ -120,8 +119,8 @@ def resplit_pairs(
                 budget = 0.0
                 break
             a = j * dp + int(np.argmax(by_slot[j]))
-            step, spent = _best_split(a, items, size, cost, tok, by_slot, dp, costs,
-                                      lengths, cap, tiny)  # fmt: skip
+            step, spent = _best_split(a, items, size, cost, by_slot, dp, costs, lengths,
+                                      cap, tiny)  # fmt: skip
             budget -= spent
             scanned += spent
             scans += 1
@@ -138,7 +137,6 @@ def resplit_pairs(
         for x in (a, b):
             idx = np.asarray(items[x], dtype=np.int64)
             cost[x] = float(np.add.reduce(costs[idx].astype(np.float64)))
-            tok[x] = int(lengths[idx].sum())
             size[x] = idx.size
         stuck[a // dp] = stuck[b // dp] = False
         steps += 1
@@ -149,7 +147,7 @@ def resplit_pairs(
     return out
 
 
-def _best_split(a, items, size, cost, tok, by_slot, dp, costs, lengths, cap, tiny):
+def _best_split(a, items, size, cost, by_slot, dp, costs, lengths, cap, tiny):
     """The best new split of top bin ``a`` and another bin (module docstring):
     ``((b, positions for a, positions for b), elements scanned)``, or ``(None, scanned)``.
     Positions index ``items[a] + items[b]``. Ties: the first bin, then the first split."""
