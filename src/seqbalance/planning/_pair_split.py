@@ -107,7 +107,10 @@ def resplit_pairs(
                 and (start - now) * budget < (now - stop_at) * scanned)  # fmt: skip
 
     while budget > 0:
-        level = by_slot.max(axis=1)
+        # (the slots' levels are what every scan of this step reads: by_slot changes only
+        # when a step is taken)
+        stats = _slot_stats(by_slot)
+        level = stats[1]
         now = float(level.sum())
         if stop_at is not None and now <= stop_at:
             break
@@ -118,9 +121,9 @@ def resplit_pairs(
             if budget <= 0 or hopeless(now):
                 budget = 0.0
                 break
-            a = j * dp + int(np.argmax(by_slot[j]))
-            step, spent = _best_split(a, items, size, cost, by_slot, dp, costs, lengths,
-                                      cap, tiny)  # fmt: skip
+            a = j * dp + int(stats[0][j, 0])  # (its costliest bin; ties: the lowest rank)
+            step, spent = _best_split(a, items, size, cost, by_slot, stats, costs,
+                                      lengths, cap, tiny)  # fmt: skip
             budget -= spent
             scanned += spent
             scans += 1
@@ -147,22 +150,31 @@ def resplit_pairs(
     return out
 
 
-def _best_split(a, items, size, cost, by_slot, dp, costs, lengths, cap, tiny):
-    """The best new split of top bin ``a`` and another bin (module docstring):
-    ``((b, positions for a, positions for b), elements scanned)``, or ``(None, scanned)``.
-    Positions index ``items[a] + items[b]``. Ties: the first bin, then the first split."""
-    nbins = cost.size
-    m = nbins // dp
-    ja = a // dp
-    # The levels each slot keeps without one of its bins: its costliest bin's level is its
-    # second, every other bin's its first (a is its slot's costliest).
-    order = np.argsort(-by_slot, axis=1, kind="stable")  # bins of each slot, costliest first
+def _slot_stats(by_slot: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Per slot (rows of ``by_slot``, ``[slot][rank]`` costs): its bins costliest first, its
+    level and second-highest cost; per bin, the level its slot keeps without it (the
+    second for the costliest bin, the level for every other)."""
+    m, dp = by_slot.shape
+    order = np.argsort(-by_slot, axis=1, kind="stable")
     slots = np.arange(m)
     top1 = by_slot[slots, order[:, 0]]
     top2 = by_slot[slots, order[:, 1]] if dp > 1 else np.zeros(m)
     first = order[:, 0] + slots * dp
+    slot_of = np.arange(m * dp) // dp
+    without = np.where(np.arange(m * dp) == first[slot_of], top2[slot_of], top1[slot_of])
+    return order, top1, top2, without
+
+
+def _best_split(a, items, size, cost, by_slot, stats, costs, lengths, cap, tiny):
+    """The best new split of top bin ``a`` and another bin (module docstring):
+    ``((b, positions for a, positions for b), elements scanned)``, or ``(None, scanned)``.
+    Positions index ``items[a] + items[b]``. Ties: the first bin, then the first split.
+    ``stats``: :func:`_slot_stats` of ``by_slot``."""
+    nbins = cost.size
+    dp = by_slot.shape[1]
+    ja = a // dp
+    order, top1, top2, without = stats
     slot_of = np.arange(nbins) // dp
-    without = np.where(np.arange(nbins) == first[slot_of], top2[slot_of], top1[slot_of])
     shed = top1[ja] - top2[ja]  # the most a's slot can fall
     # What a split with bin b can gain at most: what a's slot can fall, and no more than b
     # can take below its own slot's level (half the difference, in a's slot).
