@@ -1,7 +1,8 @@
 """Per-step latency of ``plan()`` by effort, side by side with AReaL's FFD pipeline.
 
 ``plan`` runs on every training step, on the critical path. This times it at the default
-effort (and ``--thorough``: also at ``effort="thorough"``, the full search) on the standard
+effort (``--thorough``: also at ``effort="thorough"``, the full search; ``--fast``: also at
+``effort="fast"``) on the standard
 workloads, FSDP and DDP, the Qwen2.5-7B FLOPs cost, ``max_tokens = max(32768, longest)``;
 for n >= 1,024 AReaL's own FFD pipeline runs on the same lengths in the same run: its
 token-balanced equal-count rank split (``areal.utils.seqpack.balanced_greedy_partition``)
@@ -13,7 +14,9 @@ its logging module); without it the column is left empty.
 
 Columns: ``ms`` best of ``--repeat`` wall times of ``plan`` (``time.perf_counter``), the
 target for that size, ``m`` and ``gap`` (the plan's simulated step over the capacity-aware
-lower bound, minus 1), ``areal_ms`` and ``areal/sb`` (above 1: seqbalance is faster).
+lower bound, minus 1), ``areal_ms`` and ``areal/sb`` (above 1: seqbalance is faster);
+with ``--thorough`` or ``--fast`` that effort's time and its step against the default's
+(``step/thorough``: default over thorough; ``fast/default``: fast over default).
 Then two checks: no n <= 4,096 slower than the same workload and sync at n = 8,192, and the
 count chosen with a per-micro-batch cost (the H100 fit of ``bench/results/gpu_step_h100.json``)
 on GRPO rl-math 1,024 x dp 64 with groups: the simulated step of each count and the pick.
@@ -21,6 +24,7 @@ on GRPO rl-math 1,024 x dp 64 with groups: the simulated step of each count and 
     python bench/latency.py --ext /work/ext                 # the full grid (minutes)
     python bench/latency.py --ext /work/ext --quick         # n <= 8,192
     python bench/latency.py --ext /work/ext --thorough      # also effort="thorough"
+    python bench/latency.py --ext /work/ext --fast          # also effort="fast"
 
 Writes ``bench/results/latency.json`` (``--quick``: ``latency_quick.json``). The machine
 is shared: compare the ratios of one run.
@@ -89,7 +93,8 @@ def areal_ffd(seqpack: Any, lengths: list[int], dp: int, cap: int) -> list[list[
 
 
 def latency_rows(
-    sizes: list[tuple[int, int, float | None]], repeat: int, seqpack: Any, thorough: bool
+    sizes: list[tuple[int, int, float | None]], repeat: int, seqpack: Any, thorough: bool,
+    fast: bool = False,
 ) -> list[dict[str, Any]]:
     cost = load_cost("qwen2.5-7b")
     rows = []
@@ -116,12 +121,17 @@ def latency_rows(
                     tt, q = best_time(functools.partial(ours, effort="thorough"), repeat)
                     row["thorough_ms"] = tt * 1e3
                     row["step/thorough"] = p.simulate().step_time / q.simulate().step_time
+                if fast:
+                    tf, f = best_time(functools.partial(ours, effort="fast"), repeat)
+                    row["fast_ms"] = tf * 1e3
+                    row["fast/default"] = f.simulate().step_time / p.simulate().step_time
                 rows.append(row)
                 print(
                     f"{name:13} {n:6} x {dp:5} {sync}  {t * 1e3:8.1f} ms"
                     + ("" if target is None else f" (target {target:g})")
                     + ("" if areal_s is None else f"  areal {areal_s * 1e3:8.1f} ms")
-                    + (f"  thorough {row['thorough_ms']:8.1f} ms" if thorough else ""),
+                    + (f"  thorough {row['thorough_ms']:8.1f} ms" if thorough else "")
+                    + (f"  fast {row['fast_ms']:8.1f} ms" if fast else ""),
                     flush=True,
                 )
     return rows
@@ -182,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="folder with areal==1.0.4 installed --no-deps")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="n <= 8,192 only")
     ap.add_argument("--thorough", action="store_true", help='also time effort="thorough"')
+    ap.add_argument("--fast", action="store_true", help='also time effort="fast"')
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default=None, help="default: bench/results/latency.json, "
                     "with --quick latency_quick.json")
@@ -196,10 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:  # (a peer that fails to import is skipped)
             print(f"areal not loaded from {args.ext}: {exc!r}")
     rows = latency_rows(QUICK_SIZES if args.quick else SIZES, args.repeat, seqpack,
-                        args.thorough)  # fmt: skip
+                        args.thorough, args.fast)  # fmt: skip
     columns = ["workload", "n", "dp", "sync", "ms", "target_ms", "ok", "m", "gap",
-               "areal_ms", "areal/sb"] + (["thorough_ms", "step/thorough"] if args.thorough
-                                          else [])  # fmt: skip
+               "areal_ms", "areal/sb"]
+    columns += ["thorough_ms", "step/thorough"] if args.thorough else []
+    columns += ["fast_ms", "fast/default"] if args.fast else []
     print_table(rows, columns)
     slower = monotone_check(rows)
     missed = [r for r in rows if r["ok"] is False]

@@ -40,8 +40,14 @@ same plan, byte for byte). Three levels:
     per-micro-batch term, counts above the fewest are planned one at a time while each
     runs a shorter simulated step.
 ``"fast"``
-    The cheapest reasonable plan: the first packing at the fewest micro-batches, slack
-    filled on a small budget; no other candidates, no baselines.
+    The default's first candidates, none of its later ones: it stops within the same
+    ``stop_gap``, and tries the DDP rank-first plan, the capacity-aware greedy plan, the
+    full-rank split where the default tries it first (FSDP, big sequences set the slot
+    bound) and the global packing (under FSDP only its LPT start, slack filled on a small
+    budget, then evened out and pairs split anew as at the default); the plan is the best
+    of those. No other rank split or packing start, no full-rank split after the
+    packing, no refill toward slot levels, no baselines, no DDP exchange, no count above
+    the fewest. Where the default stops early it is the default's plan.
 
 Pipelined (``pp_size > 1``) and context-parallel plans run their own budgets
 (:mod:`seqbalance.planning.limits`) and keep the full candidate search at every level;
@@ -137,7 +143,7 @@ _POOL, _JOINT = 2**15, 10_000
 _LEVELS = {
     "thorough": Effort("thorough", None, 1.5e7, 2, True, "filled", True, 0, None),
     "default": Effort("default", 1e-3, 1.5e7, 2, True, "raw", False, 3, 5e-4, _POOL, _JOINT),
-    "fast": Effort("fast", None, 2e5, 1, False, "none", False, 0, 1e-3, _POOL, _JOINT),
+    "fast": Effort("fast", 1e-3, 2e5, 1, False, "none", False, 0, 1e-3, _POOL, _JOINT),
 }
 
 

@@ -264,13 +264,15 @@ def _global_bins(
     ``"infeasible"`` (proven: no packing exists) or ``"limit"`` (not found within the
     search limit). ``full`` adds first-fit decreasing left unbalanced (bins filled to the
     cap, the rest in the last ones), for lockstep slots. ``budget``: the refinement's stop
-    and, without further candidates (``effort="fast"``), the first start that packs alone.
+    and, without further candidates (``effort="fast"``) under lockstep slots (``full``),
+    the first start that packs alone (``first`` itself where given).
     ``dp``: the ranks the bins are dealt to. ``first``: the LPT start's packing, if made.
     """
     starts = ["lpt"]
     stop = _refine_stop(costs, nbins, dp, budget)
-    if not budget.candidates:
-        first = pack(costs, lengths, nbins, cap, padded=padded, start="lpt", stop_at=stop)
+    if not budget.candidates and full:
+        if first is None:
+            first = pack(costs, lengths, nbins, cap, padded=padded, start="lpt", stop_at=stop)
         if first is not None:
             return [first], "found"
     if lengths.size * nbins <= _FFD_START_WORK:
@@ -1344,8 +1346,8 @@ def _greedy_candidate(
     It puts the short sequences beside the long ones from the start, where the packers
     balance cost first and meet the cap second: on 1,024 long-context sequences over 8
     ranks (2 micro-batches, a quadratic cost) it is 2-3% shorter than every other
-    candidate, and within 0.02% of the optimum (``bench/true_gap.py``). Not at
-    ``effort="fast"`` (one candidate). Free size, no groups, packed, no pipeline, no
+    candidate, and within 0.02% of the optimum (``bench/true_gap.py``). At every effort
+    (at ``"fast"`` one of its few candidates). Free size, no groups, packed, no pipeline, no
     extra counts, at most ``_PIPELINE_MAX_ITEMS`` sequences and ``_GREEDY_WORK`` of ``n
     dp`` (``n dp m`` under DDP); None where a sequence fits nowhere or (without
     ``allow_empty``) a micro-batch stays empty. ``notes``: the request's. Under FSDP
@@ -1353,8 +1355,7 @@ def _greedy_candidate(
     sequences over 64 ranks: 0.124% above the bound to 0.090%), down to the default's
     stop (``memo``: the request's, where the step bound at ``m`` is kept).
     """
-    if (not req.budget.candidates or req.padded or req.size != "free"
-            or req.groups is not None or req.pp is not None
+    if (req.padded or req.size != "free" or req.groups is not None or req.pp is not None
             or req.extra or req.n == 0 or req.n > _PIPELINE_MAX_ITEMS
             or req.n * req.dp * (m if req.sync == "ddp" else 1) > _GREEDY_WORK):
         return None  # fmt: skip
@@ -2098,16 +2099,16 @@ def _plan_attempt(
         candidates.append(greedy)
         if _close_enough(req, candidates, first_m, memo):
             early = greedy
-    # (fsdp, default effort) The full-rank split at first_m is tried early: when it is
+    # (fsdp, below thorough) The full-rank split at first_m is tried early: when it is
     # within the stop gap, the packings are not needed. With one micro-batch per rank
     # the plan is a partition of the sequences over the ranks, which it makes directly,
     # so it comes first. So it does where the FSDP slot bound is above the partition
     # bound (big sequences set the step and keep the packings' slots apart: it is often
     # within the gap where the packings are not). Otherwise it comes between the global
     # packing's first start and the others (there the first start often is within the
-    # gap, and trying the split first would cost more than it saves). When it is not within
-    # the gap it keeps its usual place among the candidates below, so the pick is as
-    # without it.
+    # gap, and trying the split first would cost more than it saves; "fast" has no
+    # others, so not there). When it is not within the gap it keeps its usual place among
+    # the candidates below, so the pick is as without it.
     full_first: list[Plan] | None = None
 
     def full_rank_first(beat: float | None = None) -> bool:
@@ -2121,8 +2122,7 @@ def _plan_attempt(
         return _close_enough(req, full_first, first_m, memo)
 
     interim = None
-    if (early is None and req.sync == "fsdp" and req.budget.stop_gap is not None
-            and req.budget.candidates):  # fmt: skip
+    if early is None and req.sync == "fsdp" and req.budget.stop_gap is not None:
         small = req.n <= _PIPELINE_MAX_ITEMS
         if (first_m == 1 and small) or (first_m > 1 and _slots_set_step(req, memo)):
             if full_rank_first():
@@ -2133,7 +2133,7 @@ def _plan_attempt(
                 early = (_plan_of(req, fastest.micro_batches, notes) if first_m == 1
                          else fastest)  # fmt: skip
                 candidates.append(early)
-        elif small:
+        elif small and req.budget.candidates:
             interim = full_rank_first
     # the best candidate is within the budget's stop_gap of the bound
     close = early is not None and _close_enough(req, candidates, first_m, memo)
@@ -2152,6 +2152,8 @@ def _plan_attempt(
         close = _close_enough(req, candidates, first_m, memo)
         if close or (candidates and not req.budget.candidates):
             break
+    if full_first and not req.budget.candidates:
+        candidates.extend(full_first)  # (built, so a candidate: no other family runs)
     more = req.budget.candidates and not close
     m_best = min((p.num_micro_batches for p in candidates), default=None)
     if more and not req.budget.thorough:
@@ -2301,11 +2303,12 @@ def plan(
         (unless inside ``exact_searches(True)``); with a per-micro-batch cost, counts
         above the fewest are tried one at a time while each gives a shorter simulated
         step. ``"thorough"``: the full search, slower, at most a fraction of a per cent
-        better. ``"fast"``: the first packing at the fewest micro-batches, slack-filled on
-        a small budget. Pipelined and context-parallel plans keep their full candidate
-        search at every level; below ``"thorough"`` their exact searches, slack filling
-        and static CP's replica plans take the effort's budgets
-        (:mod:`seqbalance.planning._effort`).
+        better. ``"fast"``: the default's first candidates only (the greedy plan, the
+        full-rank split where tried first, the first packing on a small slack-filling
+        budget), within the same stop gap, no baselines. Pipelined and context-parallel
+        plans keep their full candidate search at every level; below ``"thorough"`` their
+        exact searches, slack filling and static CP's replica plans take the effort's
+        budgets (:mod:`seqbalance.planning._effort`).
     **flat
         The flat form's keywords, described below (``baselines``, a field of
         :class:`~seqbalance.planning.request.PlanSpec` but of none of its parts, is given
@@ -2540,8 +2543,8 @@ def _plan_in_order(kw: dict[str, Any]) -> Plan:
     """:func:`_plan_once`; with ``order=`` (plain plans) the plan made without it, put in
     that order, and with ``"index"`` also the plan whose candidates were judged in that
     order: whichever has the shorter simulated step (ties: the latter). The latter is left
-    out where no order changes a step (one rank, ``ddp``), at ``effort="fast"`` (one
-    candidate, the plain plan's), and below ``"thorough"`` where the former is within the
+    out where no order changes a step (one rank, ``ddp``), at ``effort="fast"`` (its few
+    candidates are the plain plan's), and below ``"thorough"`` where the former is within the
     stop gap of the step's lower bound.
 
     So an ordered plan is never slower than the plan made without ``order`` reordered
@@ -2571,7 +2574,7 @@ def _plan_in_order(kw: dict[str, Any]) -> Plan:
     budget = effort_of(kw.get("effort", "default"))
     if (order != "index" or kw["dp_size"] == 1 or kw["sync"] == "ddp"
             or not budget.candidates):  # fmt: skip
-        # (one rank, or ddp: no order changes a step; "fast" judges one candidate)
+        # (one rank, or ddp: no order changes a step; "fast" keeps the plain plan's few)
         return reordered
     if budget.stop_gap is not None and reordered.simulate().gap <= budget.stop_gap:
         return reordered  # (within the stop gap of the bound: no plan gains more)
