@@ -231,6 +231,23 @@ def test_fast_skips_the_later_candidates() -> None:
     assert d <= f <= d * 1.005
 
 
+def test_fast_ddp_keeps_the_exchange_between_ranks() -> None:
+    """Under ddp, where the rank split stopped within the stop gap does not pack and the
+    global packing is 3% above the bound, "fast" still exchanges sequences between ranks
+    as the default does (29 lengths over 2 ranks, costs given)."""
+    lengths = [804, 712, 45, 928, 507, 769, 690, 645, 323, 626, 464, 929, 875, 931, 670,
+               1013, 149, 29, 547, 526, 550, 521, 59, 543, 856, 663, 117, 617, 1040]  # fmt: skip
+    costs = [2096.832, 813.3888, 49.05, 18151.68, 1021.098, 1951.722, 785.22, 1477.05,
+             531.658, 1409.752, 894.592, 18189.82, 1028.125, 18266.22, 1567.8, 3065.338,
+             593.02, 29.1682, 6531.18, 1079.352, 610.5, 575.2882, 65.962, 1132.698,
+             1002.5472, 9454.38, 390.78, 693.1378, 3203.2]  # fmt: skip
+    kw = {"cost": costs, "sync": "ddp", "micro_batch_multiple": 2}
+    fast = sb.plan(lengths, 2, 1101, effort="fast", **kw)
+    default = sb.plan(lengths, 2, 1101, **kw)
+    _check(fast, len(lengths), 1101)
+    assert fast.simulate().step_time <= default.simulate().step_time * (1 + 1e-3)
+
+
 def test_count_by_the_step_with_a_per_micro_batch_cost() -> None:
     """A per-micro-batch cost: the default's count is the fewest or a larger one with a
     shorter simulated step, never slower than the fewest; without the term the fewest."""

@@ -172,6 +172,13 @@ def test_extra_micro_batches_trade_off():
     assert base.num_micro_batches <= more.num_micro_batches <= base.num_micro_batches + 3
 
 
+def test_extra_counts_note_counts_in_the_singular_and_plural():
+    one = plan([5, 5, 5, 5, 7, 3], 2, 100, extra_micro_batches=1)
+    two = plan([5, 5, 5, 5, 7, 3], 2, 10, extra_micro_batches=1)
+    assert "and 1 micro-batch per rank stayed the fastest" in one.notes[-1]
+    assert "and 2 micro-batches per rank stayed the fastest" in two.notes[-1]
+
+
 def test_allow_empty_marks_empty_micro_batches():
     p = plan([5, 5, 5], 2, 100, min_micro_batches=2, allow_empty=True)
     assert p.violations()["empty"] == 1

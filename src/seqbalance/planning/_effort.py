@@ -40,14 +40,18 @@ same plan, byte for byte). Three levels:
     per-micro-batch term, counts above the fewest are planned one at a time while each
     runs a shorter simulated step.
 ``"fast"``
-    The default's first candidates, none of its later ones: it stops within the same
-    ``stop_gap``, and tries the DDP rank-first plan, the capacity-aware greedy plan, the
-    full-rank split where the default tries it first (FSDP, big sequences set the slot
-    bound) and the global packing (under FSDP only its LPT start, slack filled on a small
-    budget, then evened out and pairs split anew as at the default); the plan is the best
-    of those. No other rank split or packing start, no full-rank split after the
-    packing, no refill toward slot levels, no baselines, no DDP exchange, no count above
-    the fewest. Where the default stops early it is the default's plan.
+    The default's first steps, none of its later ones, with the same ``stop_gap``: the
+    DDP rank-first plan at the bound, the capacity-aware greedy plan (both models), the
+    full-rank split where the default tries it first (FSDP: one micro-batch per rank, or
+    big sequences set the slot bound), then the first rank split's search (the global
+    packing: under FSDP with two or more ranks its LPT start only, slack filled on a
+    small budget, then evened out and pairs split anew as at the default; otherwise
+    every start). The plan is the best of those, exchanged between ranks under DDP and
+    judged in the requested order with ``order="index"`` as at the default. No other rank
+    split, no full-rank split after the packing, no refill toward slot levels, no
+    baselines, no count above the fewest. Its candidates are the default's first ones;
+    where the default stops on one of them the plans differ at most by the smaller
+    slack-filling budget.
 
 Pipelined (``pp_size > 1``) and context-parallel plans run their own budgets
 (:mod:`seqbalance.planning.limits`) and keep the full candidate search at every level;
@@ -90,8 +94,9 @@ class Effort:
     step_factor : int
         Slack filling's steps: ``step_factor * dp * m + 100`` at most.
     candidates : bool
-        Build more than the first candidate (other rank splits, the full-rank split, the
-        refill toward slot levels, the DDP exchange).
+        Go on past the first rank split's search: the other rank splits and packing
+        starts, the full-rank splits after the packings, the refill toward slot levels
+        and the baselines.
     baselines : str
         ``"filled"``: the baseline pipelines are candidates after slack filling;
         ``"raw"``: as they are; ``"none"``: not run.

@@ -270,7 +270,7 @@ def _global_bins(
     """
     starts = ["lpt"]
     stop = _refine_stop(costs, nbins, dp, budget)
-    if not budget.candidates and full:
+    if not budget.candidates and (full or dp <= 1):
         if first is None:
             first = pack(costs, lengths, nbins, cap, padded=padded, start="lpt", stop_at=stop)
         if first is not None:
@@ -2106,9 +2106,9 @@ def _plan_attempt(
     # bound (big sequences set the step and keep the packings' slots apart: it is often
     # within the gap where the packings are not). Otherwise it comes between the global
     # packing's first start and the others (there the first start often is within the
-    # gap, and trying the split first would cost more than it saves; "fast" has no
-    # others, so not there). When it is not within the gap it keeps its usual place among
-    # the candidates below, so the pick is as without it.
+    # gap, and trying the split first would cost more than it saves; "fast", which has no
+    # other starts, does not try it there). When it is not within the gap it keeps its
+    # usual place among the candidates below, so the pick is as without it.
     full_first: list[Plan] | None = None
 
     def full_rank_first(beat: float | None = None) -> bool:
@@ -2153,7 +2153,7 @@ def _plan_attempt(
         if close or (candidates and not req.budget.candidates):
             break
     if full_first and not req.budget.candidates:
-        candidates.extend(full_first)  # (built, so a candidate: no other family runs)
+        candidates.extend(full_first)  # ("fast": built, so a candidate; no other runs)
     more = req.budget.candidates and not close
     m_best = min((p.num_micro_batches for p in candidates), default=None)
     if more and not req.budget.thorough:
@@ -2216,7 +2216,6 @@ def _plan_attempt(
         and not req.padded
         and req.groups is None
         and best is not early
-        and req.budget.candidates
         and not close
     ):
         # (the early plan's busiest rank is within AUTO_RTOL of the bound: the exchange
@@ -2543,9 +2542,8 @@ def _plan_in_order(kw: dict[str, Any]) -> Plan:
     """:func:`_plan_once`; with ``order=`` (plain plans) the plan made without it, put in
     that order, and with ``"index"`` also the plan whose candidates were judged in that
     order: whichever has the shorter simulated step (ties: the latter). The latter is left
-    out where no order changes a step (one rank, ``ddp``), at ``effort="fast"`` (its few
-    candidates are the plain plan's), and below ``"thorough"`` where the former is within the
-    stop gap of the step's lower bound.
+    out where no order changes a step (one rank, ``ddp``), and below ``"thorough"`` where
+    the former is within the stop gap of the step's lower bound.
 
     So an ordered plan is never slower than the plan made without ``order`` reordered
     afterwards: candidates judged in the order stop and refill differently, and ``"index"``
@@ -2572,10 +2570,8 @@ def _plan_in_order(kw: dict[str, Any]) -> Plan:
         strategy=plain.strategy, notes=plain.note_items, size=plain.size, groups=plain.groups,
     )  # fmt: skip
     budget = effort_of(kw.get("effort", "default"))
-    if (order != "index" or kw["dp_size"] == 1 or kw["sync"] == "ddp"
-            or not budget.candidates):  # fmt: skip
-        # (one rank, or ddp: no order changes a step; "fast" keeps the plain plan's few)
-        return reordered
+    if order != "index" or kw["dp_size"] == 1 or kw["sync"] == "ddp":
+        return reordered  # (one rank, or ddp: no order changes a step)
     if budget.stop_gap is not None and reordered.simulate().gap <= budget.stop_gap:
         return reordered  # (within the stop gap of the bound: no plan gains more)
     own = _plan_once(**kw)
@@ -2665,12 +2661,14 @@ def _plan_of_pipelined(p: Plan, setup: Any, grid: list[list[list[int]]]) -> Plan
 
 
 def _kept_fewest(fewest: Plan, extra: int) -> Plan:
+    count = fewest.num_micro_batches
     fewest.notes = (
         *fewest.notes,
-        as_text(Note("extra_counts", {"extra": extra, "count": fewest.num_micro_batches},
+        as_text(Note("extra_counts", {"extra": extra, "count": count},
                      "{@extra_micro_batches:{extra}}: larger counts were tried, and "
-                     "{count} micro-batches per " + term("rank") + " stayed the fastest")),
-    )
+                     "{count} " + ("micro-batch" if count == 1 else "micro-batches")
+                     + " per " + term("rank") + " stayed the fastest")),
+    )  # fmt: skip
     return fewest
 
 
