@@ -45,13 +45,13 @@ same plan, byte for byte). Three levels:
     full-rank split where the default tries it first (FSDP: one micro-batch per rank, or
     big sequences set the slot bound), then the first rank split's search (the global
     packing: under FSDP with two or more ranks its LPT start only, slack filled on a
-    small budget, then evened out and pairs split anew as at the default; otherwise
-    every start). The plan is the best of those, exchanged between ranks under DDP and
-    judged in the requested order with ``order="index"`` as at the default. No other rank
-    split, no full-rank split after the packing, no refill toward slot levels, no
-    baselines, no count above the fewest. Its candidates are the default's first ones;
+    small budget and not evened out further; otherwise every start). The plan is the
+    best of those, exchanged between ranks under DDP and judged in the requested order
+    with ``order="index"`` as at the default. No other rank split, no full-rank split
+    after the packing, no refill toward slot levels, no baselines, no count above the
+    fewest. Its candidates are the default's first ones;
     where the default stops on one of them the plans differ at most by the smaller
-    slack-filling budget.
+    slack-filling budget and the evening out of the packing's slots.
 
 Pipelined (``pp_size > 1``) and context-parallel plans run their own budgets
 (:mod:`seqbalance.planning.limits`) and keep the full candidate search at every level;

@@ -1398,9 +1398,10 @@ def _settle(req: _Request, m: int, memo: dict[Any, Any]) -> float | None:
     all the way (0); below it, to within the search's stop gap of the step bound
     (:func:`_candidate_gap`: above ``_PIPELINE_MAX_ITEMS`` sequences the search stops at
     five gaps, and evening out 32,768 sequences further cost more than it gained). None
-    (not evened out) otherwise, and where the budget never stops early."""
-    if req.sync != "fsdp" or req.padded or req.pp is not None:
-        return None
+    (not evened out) otherwise, at ``effort="fast"`` and where the budget never stops
+    early."""
+    if req.sync != "fsdp" or req.padded or req.pp is not None or not req.budget.candidates:
+        return None  # ("fast": its packing is slack-filled on a small budget, no more)
     if req.budget.thorough:
         return 0.0
     stop = _candidate_gap(req)
