@@ -43,15 +43,16 @@ same plan, byte for byte). Three levels:
     The default's first steps, none of its later ones, with the same ``stop_gap``: the
     DDP rank-first plan at the bound, the capacity-aware greedy plan (both models), the
     full-rank split where the default tries it first (FSDP: one micro-batch per rank, or
-    big sequences set the slot bound), then the first rank split's search (the global
-    packing: under FSDP with two or more ranks its LPT start only, slack filled on a
-    small budget and not evened out further; otherwise every start). The plan is the
-    best of those, exchanged between ranks under DDP and judged in the requested order
-    with ``order="index"`` as at the default. No other rank split, no full-rank split
-    after the packing, no refill toward slot levels, no baselines, no count above the
-    fewest. Its candidates are the default's first ones;
-    where the default stops on one of them the plans differ at most by the smaller
-    slack-filling budget and the evening out of the packing's slots.
+    big sequences set the slot bound), then the first rank split's search (where ranks
+    are free, the global packing: under FSDP or over one rank its LPT start only, slack
+    filled on a small budget and not evened out further; under DDP over two or more
+    ranks every start). The plan is the best of those, exchanged between ranks under DDP
+    and judged in the requested order with ``order="index"`` as at the default. No other
+    rank split, no full-rank split after the packing, no refill toward slot levels, no
+    baselines, no count above the fewest. Its candidates are the default's first ones;
+    where the default stops on one of them the plans can still differ through the
+    packer's looser refinement stop, the smaller slack-filling budget and the slots not
+    evened out (by less than the stop gap on the measured workloads).
 
 Pipelined (``pp_size > 1``) and context-parallel plans run their own budgets
 (:mod:`seqbalance.planning.limits`) and keep the full candidate search at every level;
@@ -94,9 +95,11 @@ class Effort:
     step_factor : int
         Slack filling's steps: ``step_factor * dp * m + 100`` at most.
     candidates : bool
-        Go on past the first rank split's search: the other rank splits and packing
-        starts, the full-rank splits after the packings, the refill toward slot levels
-        and the baselines.
+        Go on past the first rank split's search (the other rank splits, the full-rank
+        splits after the packings, the refill toward slot levels, the baselines); under
+        FSDP also run every packing start, the full-rank split between them, and even
+        out the packings' slots and split pairs of their micro-batches anew. False is
+        ``"fast"``.
     baselines : str
         ``"filled"``: the baseline pipelines are candidates after slack filling;
         ``"raw"``: as they are; ``"none"``: not run.

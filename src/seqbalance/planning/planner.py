@@ -264,8 +264,9 @@ def _global_bins(
     ``"infeasible"`` (proven: no packing exists) or ``"limit"`` (not found within the
     search limit). ``full`` adds first-fit decreasing left unbalanced (bins filled to the
     cap, the rest in the last ones), for lockstep slots. ``budget``: the refinement's stop
-    and, without further candidates (``effort="fast"``) under lockstep slots (``full``),
-    the first start that packs alone (``first`` itself where given).
+    and, without further candidates (``effort="fast"``) under lockstep slots (``full``)
+    or over one rank (``dp <= 1``: no packing changes the step), the first start that
+    packs alone (``first`` itself where given).
     ``dp``: the ranks the bins are dealt to. ``first``: the LPT start's packing, if made.
     """
     starts = ["lpt"]
@@ -2303,9 +2304,10 @@ def plan(
         (unless inside ``exact_searches(True)``); with a per-micro-batch cost, counts
         above the fewest are tried one at a time while each gives a shorter simulated
         step. ``"thorough"``: the full search, slower, at most a fraction of a per cent
-        better. ``"fast"``: the default's first candidates only (the greedy plan, the
-        full-rank split where tried first, the first packing on a small slack-filling
-        budget), within the same stop gap, no baselines. Pipelined and context-parallel
+        better. ``"fast"``: the default's first candidates only (the DDP rank-first
+        plan at the bound, the greedy plan, the full-rank split where tried first, the
+        first rank split's packing with less slack filling, the DDP exchange), within
+        the same stop gap, no baselines. Pipelined and context-parallel
         plans keep their full candidate search at every level; below ``"thorough"`` their
         exact searches, slack filling and static CP's replica plans take the effort's
         budgets (:mod:`seqbalance.planning._effort`).
