@@ -140,6 +140,17 @@ def test_the_planners_notes_carry_their_kind_and_fields():
                                     "limit": 24, "rule": "size='free' and groups"}  # fmt: skip
 
 
+def test_a_count_not_found_above_the_exact_search_says_it_was_skipped():
+    # 178 lengths on one rank: the packers find no packing into 100 micro-batches, and the
+    # exhaustive search runs on at most 64 sequences, so the note must not claim it ran.
+    rng = np.random.default_rng(1)
+    lens = rng.integers(1, 1000, int(rng.integers(70, 300)))
+    p = sb.plan(lens, int(rng.choice([1, 2, 4])), int(lens.max()), sync="ddp")
+    (missing,) = [n for n in p.note_items if n.kind == "count_not_found"]
+    assert missing.fields["status"] == "skipped" and missing.fields["limit"] == 64
+    assert "exhaustive search runs on at most 64 sequences" in str(missing)
+
+
 def test_static_cp_says_its_tokens_are_pieces_by_the_notes_kinds():
     # A replica note that states tokens (by its kind) gets the largest-piece note beside
     # it; a replica plan without one does not.

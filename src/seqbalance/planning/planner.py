@@ -298,8 +298,9 @@ def _global_bins(
     if lengths.size > EXACT_MAX_ITEMS:
         # A token partition refined to its end, after pack's own one (stopped at the cap)
         # failed, never fitted in 879 measured tries (planner sweeps of 64-8,192 sequences)
-        # and took up to half of a failing count's time: kept only before the exact search.
-        return [], "limit"
+        # and took up to half of a failing count's time: kept only before the exact search,
+        # which runs on at most EXACT_MAX_ITEMS sequences (the note says it was skipped).
+        return [], "skipped"
     if not padded:
         bins = fit_by_partition(costs, lengths, nbins, cap)
         if bins is not None:
