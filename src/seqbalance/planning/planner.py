@@ -261,8 +261,9 @@ def _global_bins(
     the cap); only when they all fail, on at most ``EXACT_MAX_ITEMS`` sequences, a token
     partition refined to its end and then the bounded exact search
     (:mod:`seqbalance.planning._fitting`). Status: ``"found"``,
-    ``"infeasible"`` (proven: no packing exists) or ``"limit"`` (not found within the
-    search limit). ``full`` adds first-fit decreasing left unbalanced (bins filled to the
+    ``"infeasible"`` (proven: no packing exists), ``"limit"`` (not found within the
+    search limit) or ``"skipped"`` (above ``EXACT_MAX_ITEMS`` sequences, where the exact
+    search does not run). ``full`` adds first-fit decreasing left unbalanced (bins filled to the
     cap, the rest in the last ones), for lockstep slots. ``budget``: the refinement's stop
     and, without further candidates (``effort="fast"``) under lockstep slots (``full``)
     or over one rank (``dp <= 1``: no packing changes the step), the first start that
@@ -2155,7 +2156,7 @@ def _plan_attempt(
         close = _close_enough(req, candidates, first_m, memo)
         if close or (candidates and not req.budget.candidates):
             break
-    if full_first and not req.budget.candidates:
+    if full_first and early is None and not req.budget.candidates:
         candidates.extend(full_first)  # ("fast": built, so a candidate; no other runs)
     more = req.budget.candidates and not close
     m_best = min((p.num_micro_batches for p in candidates), default=None)
