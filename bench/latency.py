@@ -19,12 +19,15 @@ with ``--thorough`` or ``--fast`` that effort's time and its step against the de
 (``step/thorough``: default over thorough; ``fast/default``: fast over default).
 Then two checks: no n <= 4,096 slower than the same workload and sync at n = 8,192, and the
 count chosen with a per-micro-batch cost (the H100 fit of ``bench/results/gpu_step_h100.json``)
-on GRPO rl-math 1,024 x dp 64 with groups: the simulated step of each count and the pick.
+on rl-math 1,024 (GRPO over dp 64, and dp 8): the simulated step of each count and the
+pick. ``--calibrated``: the rows of n <= 8,192 again under the H100 fit, the default's and
+fast's time and the step the default saves over fast (``saved_ms``).
 
     python bench/latency.py --ext /work/ext                 # the full grid (minutes)
     python bench/latency.py --ext /work/ext --quick         # n <= 8,192
     python bench/latency.py --ext /work/ext --thorough      # also effort="thorough"
     python bench/latency.py --ext /work/ext --fast          # also effort="fast"
+    python bench/latency.py --ext /work/ext --calibrated    # also the H100 fit, n <= 8,192
 
 Writes ``bench/results/latency.json`` (``--quick``: ``latency_quick.json``). The machine
 is shared: compare the ratios of one run.
@@ -150,26 +153,26 @@ def monotone_check(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def count_demo(repeat: int) -> dict[str, Any]:
-    """GRPO rl-math 1,024 x dp 64, FSDP, an equal share per rank and with groups: the
-    simulated step at each count (``min_micro_batches``, full search) and the default
-    effort's pick, without and with a per-micro-batch cost."""
+    """rl-math 1,024, FSDP: GRPO over dp 64 (an equal share per rank, and with groups),
+    and over dp 8 with free ranks: the simulated step at each count
+    (``min_micro_batches``, full search) and the default effort's pick and time, without
+    and with a per-micro-batch cost."""
     w = workloads.load("rl-math", 1024, seed=0)
     cap = max(32768, int(w.lengths.max()))
     costs = {"qwen2.5-7b (no per-micro-batch term)": load_cost("qwen2.5-7b")}
     if H100.exists():
-        costs[f"H100 fit (per micro-batch {_h100_c0():.4g} s)"] = sb.load_cost(
-            json.loads(H100.read_text())["calibration"]["cost"]
-        )
+        costs[f"H100 fit (per micro-batch {_h100_c0():.4g} s)"] = _h100()
     out: dict[str, Any] = {"max_tokens": cap, "cases": []}
-    for rule, kw in (("size='equal'", {"size": "equal"}), ("groups", {"groups": w.groups})):
+    for dp, rule, kw in ((64, "size='equal'", {"size": "equal"}),
+                         (64, "groups", {"groups": w.groups}), (8, "free", {})):  # fmt: skip
         for label, cost in costs.items():
-            run = functools.partial(sb.plan, w.lengths, 64, cap, cost=cost, **kw)
+            run = functools.partial(sb.plan, w.lengths, dp, cap, cost=cost, **kw)
             m0 = run(effort="thorough").num_micro_batches
             steps = {m: run(min_micro_batches=m, effort="thorough").simulate().step_time
                      for m in range(m0, m0 + 4)}  # fmt: skip
             t, chosen = best_time(run, repeat)
             case = {
-                "case": f"rl-math 1,024 x dp 64, {rule}, fsdp", "cost": label,
+                "case": f"rl-math 1,024 x dp {dp}, {rule}, fsdp", "cost": label,
                 "step_by_count": steps, "fewest": m0,
                 "default_picks": chosen.num_micro_batches,
                 "default_step": chosen.simulate().step_time, "default_ms": t * 1e3,
@@ -186,6 +189,38 @@ def _h100_c0() -> float:
     return float(json.loads(H100.read_text())["calibration"]["cost"]["per_microbatch"])
 
 
+def _h100() -> Any:
+    return sb.load_cost(json.loads(H100.read_text())["calibration"]["cost"])
+
+
+def calibrated_rows(sizes: list[tuple[int, int, float | None]], repeat: int) -> list[dict]:
+    """The same workloads under the H100 fit (seconds, with a per-sequence and a
+    per-micro-batch term), where the count is chosen by the step: the default's and
+    ``effort="fast"``'s time, the count, and the step the default saves over fast."""
+    cost = _h100()
+    rows = []
+    for name in NAMES:
+        for n, dp, _ in sizes:
+            lens = workloads.load(name, n, seed=0).lengths
+            cap = max(32768, int(lens.max()))
+            for sync in ("fsdp", "ddp"):
+                run = functools.partial(sb.plan, lens, dp, cap, cost=cost, sync=sync)
+                t, p = best_time(run, repeat)
+                tf, f = best_time(functools.partial(run, effort="fast"), repeat)
+                step = p.simulate().step_time
+                row = {
+                    "workload": name, "n": n, "dp": dp, "sync": sync, "ms": t * 1e3,
+                    "fast_ms": tf * 1e3, "m": p.num_micro_batches, "m_fast": f.num_micro_batches,
+                    "gap": p.simulate().gap, "step_s": step,
+                    "saved_ms": (f.simulate().step_time - step) * 1e3,
+                }  # fmt: skip
+                rows.append(row)
+                print(f"{name:13} {n:6} x {dp:5} {sync}  {t * 1e3:8.1f} ms  fast "
+                      f"{tf * 1e3:8.1f} ms  m {row['m']}  saved {row['saved_ms']:.1f} ms",
+                      flush=True)  # fmt: skip
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ext", default=os.environ.get("SEQBALANCE_EXT"),
@@ -193,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="n <= 8,192 only")
     ap.add_argument("--thorough", action="store_true", help='also time effort="thorough"')
     ap.add_argument("--fast", action="store_true", help='also time effort="fast"')
+    ap.add_argument("--calibrated", action="store_true",
+                    help="also time n <= 8,192 under the H100 fit (a per-micro-batch cost)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default=None, help="default: bench/results/latency.json, "
                     "with --quick latency_quick.json")
@@ -221,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slower than AReaL's FFD pipeline (n >= 1,024): {len(behind)} of "
           f"{sum(r['areal/sb'] is not None for r in rows)}")  # fmt: skip
     counts = count_demo(args.repeat)
+    calibrated = None
+    if args.calibrated and H100.exists():
+        print("\nunder the H100 fit (seconds; saved_ms: the default's step against fast's)")
+        calibrated = calibrated_rows(QUICK_SIZES, args.repeat)
+        print_table(calibrated, ["workload", "n", "dp", "sync", "ms", "fast_ms", "m",
+                                 "m_fast", "gap", "saved_ms"])  # fmt: skip
     out = write_json(args.json, {
         "machine": machine_info(),
         "load_average": os.getloadavg(),
@@ -229,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "slower_than_8192": slower,
         "count_choice": counts,
+        "calibrated": calibrated,
     })  # fmt: skip
     print(f"wrote {out}")
     return 0

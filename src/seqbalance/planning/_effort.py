@@ -38,7 +38,8 @@ same plan, byte for byte). Three levels:
     evened out across the ranks; the partition exact searches are off (as inside
     ``exact_searches(False)``, unless the caller chose). When the cost has a
     per-micro-batch term, counts above the fewest are planned one at a time while each
-    runs a shorter simulated step.
+    runs a shorter simulated step, unless a bound on the larger counts shows that none
+    can be shorter by more than ``stop_gap``.
 ``"fast"``
     The default's first steps, none of its later ones, with the same ``stop_gap``: the
     DDP rank-first plan at the bound, the capacity-aware greedy plan (both models), the
@@ -108,7 +109,8 @@ class Effort:
         off with ``exact_searches(False)``).
     counts : int
         With a per-micro-batch cost, at most this many counts above the fewest, tried one
-        at a time while each gives a shorter simulated step; 0: the fewest only.
+        at a time while each gives a shorter simulated step and, where ``stop_gap`` is
+        set, while a bound leaves room for a gain above it; 0: the fewest only.
     refine_rtol : float or None
         The packer's refinement stops once its heaviest bin is within this of the mean bin
         (or the costliest sequence); None: it runs until stuck or out of steps.

@@ -1950,9 +1950,11 @@ def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
     ranks: which wins depends on the batch, so the count is chosen by the step (not with
     ``allow_empty``, ``extra_micro_batches`` or ``sequences_per_micro_batch``). The search
     starts at the fewest and tries one count more at a time (in steps of
-    ``micro_batch_multiple``) while each is shorter than the best so far; not at all when
-    the fewest is within ``budget.stop_gap`` of its lower bound (no count can then gain
-    more: the bound only grows with the count). Without that term the fewest stays.
+    ``micro_batch_multiple``) while each is shorter than the best so far. A count is not
+    planned when the best so far is within ``budget.stop_gap`` of a floor on every count
+    from it on (:func:`_counts_floor` plus that many per-micro-batch costs): no larger
+    count can then gain more than the stop gap, the tolerance the search stops on
+    everywhere else. Without that term the fewest stays.
     """
     if (not budget.counts or fewest.per_microbatch <= 0 or kw.get("extra_micro_batches")
             or kw.get("sequences_per_micro_batch") is not None or kw.get("allow_empty")
@@ -1964,8 +1966,13 @@ def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
     if fewest.simulate().gap <= budget.stop_gap:
         return fewest
     mult = int(kw.get("micro_batch_multiple", 1))
+    floor = _counts_floor(fewest, fewest.num_micro_batches + budget.counts * mult)
     for k in range(1, budget.counts + 1):
         m = fewest.num_micro_batches + k * mult
+        if best_step <= (floor + m * fewest.per_microbatch) * (1.0 + budget.stop_gap):
+            # (every count from m on is bounded below by floor + m per-micro-batch costs:
+            # none can be shorter than the best so far by more than the stop gap)
+            break
         try:
             more = _plan_alone(**{**kw, "min_micro_batches": m})
         except ValueError:  # too few sequences for that many micro-batches
@@ -1984,6 +1991,25 @@ def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
         "at a time while each is shorter)",
     )
     return best
+
+
+def _counts_floor(fewest: Plan, top: int) -> float:
+    """A floor on the sequence cost of the step (the step less its per-micro-batch costs)
+    of every plan of ``fewest``'s request with ``fewest.num_micro_batches`` to ``top``
+    micro-batches per rank: the terms of :func:`.bounds.capacity_step_bound` that do not
+    grow with the count, the tokens-per-rank bound at ``top`` (it falls as the count
+    grows) and, under FSDP where the slot bound binds, the packed slot bound."""
+    costs, lens = np.asarray(fewest.costs, dtype=np.float64), np.asarray(fewest.lengths)
+    if costs.size == 0:
+        return 0.0
+    dp, cap = fewest.dp_size, fewest.max_tokens
+    groups = None if fewest.groups is None else np.asarray(fewest.groups)
+    p, s, _ = _step_bound_terms(costs, lens, dp, cap, sync=fewest.sync, size=fewest.size,
+                                groups=groups)  # fmt: skip
+    floor = max(p, s, rank_token_bound(costs, lens, dp, top, cap))
+    if fewest.sync == "fsdp" and dp >= 2 and s >= p and costs.size <= _PIPELINE_MAX_ITEMS:
+        floor = max(floor, packed_slot_bound(costs, lens, dp, cap))
+    return float(floor)
 
 
 def _plan_alone(**kw: Any) -> Plan:
