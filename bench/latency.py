@@ -20,16 +20,20 @@ with ``--thorough`` or ``--fast`` that effort's time and its step against the de
 Then two checks: no n <= 4,096 slower than the same workload and sync at n = 8,192, and the
 count chosen with a per-micro-batch cost (the H100 fit of ``bench/results/gpu_step_h100.json``)
 on rl-math 1,024 (GRPO over dp 64, and dp 8): the simulated step of each count and the
-pick. ``--calibrated``: the rows of n <= 8,192 again under the H100 fit, the default's and
-fast's time and the step the default saves over fast (``saved_ms``).
+pick. ``--calibrated`` runs instead: that count choice; the rows of n <= 8,192 under the
+H100 fit (seconds, with per-sequence and per-micro-batch terms), the default's and fast's
+time and the step the default saves over fast (``saved_ms``); and, on rl-math 1,024 x 8
+under FSDP with the FLOPs cost, the default's extra planning time against what its plan
+saves on the step under the fit. It writes ``bench/results/latency_calibrated.json``.
 
     python bench/latency.py --ext /work/ext                 # the full grid (minutes)
     python bench/latency.py --ext /work/ext --quick         # n <= 8,192
     python bench/latency.py --ext /work/ext --thorough      # also effort="thorough"
     python bench/latency.py --ext /work/ext --fast          # also effort="fast"
-    python bench/latency.py --ext /work/ext --calibrated    # also the H100 fit, n <= 8,192
+    python bench/latency.py --calibrated                    # under the H100 fit instead
 
-Writes ``bench/results/latency.json`` (``--quick``: ``latency_quick.json``). The machine
+Writes ``bench/results/latency.json`` (``--quick``: ``latency_quick.json``; ``--calibrated``:
+``latency_calibrated.json``). The machine
 is shared: compare the ratios of one run.
 """
 
@@ -193,6 +197,49 @@ def _h100() -> Any:
     return sb.load_cost(json.loads(H100.read_text())["calibration"]["cost"])
 
 
+def calibrated_main(args: argparse.Namespace) -> int:
+    """``--calibrated``: the count choice, the rows of n <= 8,192 under the H100 fit, and
+    what the default's search time buys on the FLOPs-cost row of rl-math 1,024 x 8 under
+    FSDP (both efforts' plans simulated under the fit)."""
+    if not H100.exists():
+        raise SystemExit(f"{H100} is missing")
+    counts = count_demo(args.repeat)
+    print("\nunder the H100 fit (seconds; saved_ms: the default's step against fast's)")
+    rows = calibrated_rows(QUICK_SIZES, args.repeat)
+    print_table(rows, ["workload", "n", "dp", "sync", "ms", "fast_ms", "m", "m_fast", "gap",
+                       "saved_ms"])  # fmt: skip
+    payback = flops_plan_payback(args.repeat)
+    out = write_json(args.json, {
+        "machine": machine_info(),
+        "load_average": os.getloadavg(),
+        "cost": "H100 fit (bench/results/gpu_step_h100.json)",
+        "repeat": args.repeat,
+        "count_choice": counts,
+        "rows": rows,
+        "flops_plan_payback": payback,
+    })  # fmt: skip
+    print(f"wrote {out}")
+    return 0
+
+
+def flops_plan_payback(repeat: int) -> dict[str, Any]:
+    """rl-math 1,024 x 8, FSDP, planned with the FLOPs cost at the default effort and at
+    ``effort="fast"``: each plan's time, and its step simulated under the H100 fit (what
+    the extra planning time buys on the GPU)."""
+    lens = workloads.load("rl-math", 1024, seed=0).lengths
+    run = functools.partial(sb.plan, lens, 8, 32768, cost=load_cost("qwen2.5-7b"), sync="fsdp")
+    fit = _h100()
+    out: dict[str, Any] = {"case": "rl-math 1,024 x 8, fsdp, qwen2.5-7b FLOPs cost"}
+    for effort in ("default", "fast"):
+        t, p = best_time(functools.partial(run, effort=effort), repeat)
+        out[effort] = {"ms": t * 1e3, "step_s_h100": p.simulate(cost=fit).step_time}
+    out["extra_ms"] = out["default"]["ms"] - out["fast"]["ms"]
+    out["saved_ms"] = (out["fast"]["step_s_h100"] - out["default"]["step_s_h100"]) * 1e3
+    print(f"\n{out['case']}: the default plans in {out['extra_ms']:.1f} ms more than fast; "
+          f"its step under the H100 fit is {out['saved_ms']:.1f} ms shorter")
+    return out
+
+
 def calibrated_rows(sizes: list[tuple[int, int, float | None]], repeat: int) -> list[dict]:
     """The same workloads under the H100 fit (seconds, with a per-sequence and a
     per-micro-batch term), where the count is chosen by the step: the default's and
@@ -229,14 +276,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--thorough", action="store_true", help='also time effort="thorough"')
     ap.add_argument("--fast", action="store_true", help='also time effort="fast"')
     ap.add_argument("--calibrated", action="store_true",
-                    help="also time n <= 8,192 under the H100 fit (a per-micro-batch cost)")
+                    help="instead: the count choice and n <= 8,192 under the H100 fit")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default=None, help="default: bench/results/latency.json, "
                     "with --quick latency_quick.json")
     args = ap.parse_args(argv)
     if args.json is None:
         name = "latency_quick.json" if args.quick else "latency.json"
-        args.json = f"bench/results/{name}"
+        args.json = f"bench/results/{'latency_calibrated.json' if args.calibrated else name}"
+    if args.calibrated:
+        return calibrated_main(args)
     seqpack = None
     if args.ext:
         try:
@@ -258,12 +307,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slower than AReaL's FFD pipeline (n >= 1,024): {len(behind)} of "
           f"{sum(r['areal/sb'] is not None for r in rows)}")  # fmt: skip
     counts = count_demo(args.repeat)
-    calibrated = None
-    if args.calibrated and H100.exists():
-        print("\nunder the H100 fit (seconds; saved_ms: the default's step against fast's)")
-        calibrated = calibrated_rows(QUICK_SIZES, args.repeat)
-        print_table(calibrated, ["workload", "n", "dp", "sync", "ms", "fast_ms", "m",
-                                 "m_fast", "gap", "saved_ms"])  # fmt: skip
     out = write_json(args.json, {
         "machine": machine_info(),
         "load_average": os.getloadavg(),
@@ -272,7 +315,6 @@ def main(argv: list[str] | None = None) -> int:
         "rows": rows,
         "slower_than_8192": slower,
         "count_choice": counts,
-        "calibrated": calibrated,
     })  # fmt: skip
     print(f"wrote {out}")
     return 0
