@@ -18,9 +18,16 @@ sizes, thousands of empty micro-batches, option combinations that were time clif
 in a fresh child process (time of the call, the child's peak RSS,
 planned or the error's first words).
 
+``--calibrated``: the same random cases under a calibrated cost (the H100 fit of
+``bench/results/gpu_step_h100.json``, in seconds, with per-sequence and per-micro-batch
+terms) wherever a case has no cost array and no context parallelism; with a
+per-micro-batch term the default effort also plans larger counts. Writes
+``bench/results/bounds_calibrated.json``.
+
     python bench/bounds.py                     # 10,000 cases (about half an hour on 2 cores)
     python bench/bounds.py --quick             # 300 cases
     python bench/bounds.py --reproducers       # the reproducers, one child process each
+    python bench/bounds.py --calibrated        # the cases under a calibrated cost (H100 fit)
     git archive REV src | tar -x -C /tmp/base   # ... next to an older commit's, alternately:
     python bench/bounds.py --reproducers --baseline-src /tmp/base/src
 """
@@ -177,8 +184,18 @@ def run_reproducers(args: argparse.Namespace) -> dict[str, Any]:
 # ---- random option combinations ---------------------------------------------------------
 
 
-def random_case(seed: int, max_n: int) -> tuple[list[int], int, int, dict[str, Any]]:
-    """One random request: (lengths, dp_size, max_tokens, keyword options)."""
+# The H100 fit of bench/results/gpu_step_h100.json (seconds): a cost with per-sequence and
+# per-micro-batch terms, under which the default effort also chooses the count by the step.
+CALIBRATED = {"per_microbatch": 9.761e-3, "per_sequence": 5.370e-3, "per_token": 7.641e-5,
+              "per_token_sq": 1.296e-9}  # fmt: skip
+
+
+def random_case(
+    seed: int, max_n: int, calibrated: bool = False
+) -> tuple[list[int], int, int, dict[str, Any]]:
+    """One random request: (lengths, dp_size, max_tokens, keyword options).
+    ``calibrated``: the same request with :data:`CALIBRATED`'s cost wherever it has no
+    cost array of its own and no context parallelism."""
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, max_n + 1)) if rng.random() < 0.7 else int(rng.integers(0, 65))
     shape = rng.choice(["uniform", "lognormal", "bimodal", "zeros", "constant"])
@@ -243,6 +260,10 @@ def random_case(seed: int, max_n: int) -> tuple[list[int], int, int, dict[str, A
             kw["padded"] = True
     if r[16] < 0.2:
         kw["baselines"] = False
+    if calibrated and cp == 1 and not isinstance(kw.get("cost"), list):
+        from seqbalance.costs import QuadraticCost
+
+        kw["cost"] = QuadraticCost(**CALIBRATED)
     return lens.tolist(), dp, cap, kw
 
 
@@ -282,8 +303,8 @@ def _guarantees(p: Any, n: int, cap: int, kw: dict[str, Any]) -> str:
 def run_case(job: tuple[int, int, float]) -> dict[str, Any]:
     import seqbalance as sb
 
-    seed, max_n, timeout = job
-    lens, dp, cap, kw = random_case(seed, max_n)
+    seed, max_n, timeout, calibrated = job
+    lens, dp, cap, kw = random_case(seed, max_n, calibrated)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     signal.setitimer(signal.ITIMER_REAL, timeout)
     c0 = time.process_time()
@@ -313,7 +334,8 @@ def run_case(job: tuple[int, int, float]) -> dict[str, Any]:
     after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {
         "seed": seed, "n": len(lens), "dp": dp, "max_tokens": cap,
-        "options": {k: (f"<{len(v)} values>" if isinstance(v, list) else v)
+        "options": {k: (f"<{len(v)} values>" if isinstance(v, list)
+                        else "calibrated" if k == "cost" and not isinstance(v, str) else v)
                     for k, v in kw.items()},
         "seconds": elapsed, "cpu_s": cpu, "outcome": outcome, "broken": broken,
         "peak_mb": after / 1024, "raised_peak": after > before,
@@ -322,7 +344,8 @@ def run_case(job: tuple[int, int, float]) -> dict[str, Any]:
 
 def run_random(args: argparse.Namespace) -> dict[str, Any]:
     cases = 300 if args.quick and args.cases == 10_000 else args.cases
-    jobs = [(args.seed + i, args.max_n, args.case_timeout) for i in range(cases)]
+    jobs = [(args.seed + i, args.max_n, args.case_timeout, args.calibrated)
+            for i in range(cases)]  # fmt: skip
     ctx = mp.get_context("fork")
     rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
@@ -367,6 +390,7 @@ def run_random(args: argparse.Namespace) -> dict[str, Any]:
         print(f"  other error, seed {r['seed']}: {r['outcome']}")
     return {
         "cases": cases, "max_n": args.max_n, "workers": args.workers, "seed": args.seed,
+        "calibrated": args.calibrated,
         "wall_s": wall, "outcomes": counts, "over_1s": int(over_1s),
         "over_1s_cpu": int((cpu > 1.0).sum()), "max_cpu_s": float(cpu.max()),
         "median_s": float(np.median(times)), "p99_s": float(np.quantile(times, 0.99)),
@@ -386,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--case-timeout", type=float, default=60.0, help="seconds per case")
     ap.add_argument("--memory-limit", type=float, default=4.0, help="GiB per process")
     ap.add_argument("--reproducers", action="store_true", help="run the reproducers instead")
+    ap.add_argument("--calibrated", action="store_true", help="the cases under the H100 fit "
+                    "(per-sequence and per-micro-batch terms) where they have no cost array "
+                    "and no CP; writes bounds_calibrated.json")  # fmt: skip
     ap.add_argument("--baseline-src", help="with --reproducers: also run each on this source "
                     "tree (e.g. an exported older commit's src/), side by side")  # fmt: skip
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -403,6 +430,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         out.update(run_random(args))
         path = Path(args.json)
+        if args.calibrated:
+            path = path.with_name(path.stem + "_calibrated.json")
     write_json(str(path), out)
     print(f"wrote {path}")
     return 0

@@ -329,7 +329,7 @@ _H100 = QuadraticCost(per_token=7.64e-5, per_token_sq=1.296e-9, per_sequence=5.3
 
 def test_a_larger_count_is_kept_when_its_step_is_shorter() -> None:
     """rl-math, 1,024 over 8 ranks, FSDP, with ~10 ms a micro-batch: one micro-batch more
-    than the fewest runs a step 0.4% shorter (more than the stop gap), and is picked."""
+    than the fewest runs a step 0.16% shorter (more than the stop gap), and is picked."""
     w = workloads.load("rl-math", 1024, seed=0)
     fewest = sb.plan(w.lengths, 8, 32768, cost=_H100, effort="thorough")
     chosen = sb.plan(w.lengths, 8, 32768, cost=_H100)

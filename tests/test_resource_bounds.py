@@ -840,3 +840,50 @@ def test_pair_resplit_from_the_subset_table_matches_the_bit_product(w, lo, hi):
     assert (got is None) == (want is None)
     if want is not None:
         assert np.array_equal(got, want)
+
+
+# A small pipelined request's rank costs (the H100 fit of bench/results/gpu_step_h100.json
+# on 29 lengths): floats, on which the heaviest-part searches rarely prove the optimum
+# and used to spend their whole budgets (seconds) inside every plan.
+_FLOAT_UNITS = [5.37e-3 + 7.641e-5 * x + 1.296e-9 * x * x for x in (
+    0, 98, 0, 0, 616, 58, 0, 781, 822, 120, 878, 619, 917, 428, 202, 804, 0, 177, 598, 279,
+    482, 231, 537, 487, 994, 560, 59, 0, 0)]  # fmt: skip
+
+
+def test_heaviest_part_searches_draw_from_the_request_pool(monkeypatch):
+    from seqbalance.partitioning import _heaviest
+    from seqbalance.partitioning.kway import HEAVIEST_UNITS_PER_NODE
+
+    spent: list[int] = []
+    spend = _heaviest._Search.spend
+    monkeypatch.setattr(_heaviest._Search, "spend",
+                        lambda self, n: (spent.append(n), spend(self, n))[1])  # fmt: skip
+    pool = 2_000
+    with searches.exact_work_pool(pool):
+        inside = sb.partition(_FLOAT_UNITS, 8)
+        assert searches.nodes_left() <= 0
+    assert sum(spent) <= pool * HEAVIEST_UNITS_PER_NODE + max(spent)
+    spent.clear()
+    outside = sb.partition(_FLOAT_UNITS, 8)  # no pool: each search's own budget
+    assert sum(spent) > 10 * pool * HEAVIEST_UNITS_PER_NODE
+    assert outside.max_load <= inside.max_load
+    assert sorted(i for part in inside for i in part) == list(range(len(_FLOAT_UNITS)))
+
+
+def test_count_search_by_the_step_stops_at_the_count_budget_with_a_note(monkeypatch):
+    """With a per-micro-batch cost the default plans larger counts by the step, within the
+    request's budget for counts beyond the first (COUNT_WORK), as every count search."""
+    from seqbalance.costs import QuadraticCost
+    from seqbalance.planning import _work
+
+    lens = sb.workloads.load("rl-math", 1024, seed=0).lengths
+    cost = QuadraticCost(per_token=7.64e-5, per_token_sq=1.296e-9, per_sequence=5.37e-3,
+                         per_microbatch=9.76e-3)  # fmt: skip
+    full = sb.plan(lens, 8, 32768, cost=cost)
+    monkeypatch.setattr(_work, "COUNT_WORK", 0)  # spent by the fewest count
+    cut = sb.plan(lens, 8, 32768, cost=cost)
+    _valid(cut, len(lens), 32768)
+    fewest = sb.plan(lens, 8, 32768, cost=cost, effort="thorough")
+    assert full.num_micro_batches > cut.num_micro_batches == fewest.num_micro_batches
+    assert any("were not planned" in n for n in cut.notes)
+    assert not any("were not planned" in n for n in full.notes)

@@ -91,7 +91,8 @@ class _OutOfWork(Exception):
 
 
 def heaviest_part_labels(
-    w: np.ndarray, k: int, size: str, hi: float, bound: float, *, work: int = HEAVIEST_WORK
+    w: np.ndarray, k: int, size: str, hi: float, bound: float, *, work: int = HEAVIEST_WORK,
+    used: list[int] | None = None,
 ) -> tuple[np.ndarray | None, bool]:
     """Search for a partition lighter than ``hi``; prove the optimum if the budget allows.
 
@@ -110,6 +111,8 @@ def heaviest_part_labels(
         A proven lower bound on the optimum for the rule.
     work : int
         Budget of subset sums listed plus candidates tried.
+    used : list of int, optional
+        ``used[0]`` is raised by the work spent (for a caller that charges a pool).
 
     Returns
     -------
@@ -124,12 +127,15 @@ def heaviest_part_labels(
         labels = search.lightest(np.arange(w.shape[0]), k, size, lo, top)
     except _OutOfWork:
         return None, False
+    finally:
+        search.report(used)
     return labels, True
 
 
 def bisection_labels(
     w: np.ndarray, k: int, size: str, hi: float, bound: float, *,
     work: int = HEAVIEST_LATE_WORK, step: int = BISECTION_STEP, enough: float | None = None,
+    used: list[int] | None = None,
 ) -> tuple[np.ndarray | None, bool]:
     """Search for a partition lighter than ``hi`` by bisecting the capacity.
 
@@ -148,6 +154,17 @@ def bisection_labels(
     partition no heavier than it.
     """
     search, integer, floor = _prepare("bisection_labels", w, k, bound, work)
+    try:
+        return _bisect(search, integer, floor, w, k, size, hi, step, enough)
+    finally:
+        search.report(used)
+
+
+def _bisect(
+    search: _Search, integer: bool, floor: float, w: np.ndarray, k: int, size: str, hi: float,
+    step: int, enough: float | None,
+) -> tuple[np.ndarray | None, bool]:
+    """The loop of :func:`bisection_labels`."""
     items = np.arange(w.shape[0])
     # floor: every partition's maximum is proven at least this; undecided: the lowest
     # capacity a step gave up on (the next step aims between it and the best).
@@ -202,6 +219,7 @@ class _Search:
 
     def __init__(self, w: np.ndarray, slack: float, work: int) -> None:
         self.w, self.slack, self.left = w, slack, work
+        self.work = work
         # (bit mask of units, parts) -> the highest capacity they were refuted under
         self.refuted: dict[tuple[int, int], float] = {}
 
@@ -209,6 +227,11 @@ class _Search:
         self.left -= n
         if self.left < 0:
             raise _OutOfWork
+
+    def report(self, used: list[int] | None) -> None:
+        """Add the work spent to ``used[0]`` (when given)."""
+        if used is not None:
+            used[0] += min(self.work, self.work - self.left)
 
     def fits_within(
         self, limit: int, items: np.ndarray, k: int, size: str, cap: float

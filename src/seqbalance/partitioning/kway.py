@@ -46,7 +46,13 @@ from ._loads import relative_gap, stats_from_loads
 from ._refine import PAIR_MAX_COUNT, STEEPEST_MAX_UNITS, pair_rounds, refine_labels, steepest_swaps
 from ._rules import SIZES, check_size, min_count
 from ._two_way import TWO_WAY_MAX_UNITS, two_way_labels
-from .searches import FAST_TWO_WAY_MAX_UNITS, exact_searches, exact_searches_enabled
+from .searches import (
+    FAST_TWO_WAY_MAX_UNITS,
+    exact_searches,
+    exact_searches_enabled,
+    spend_nodes,
+    take_nodes,
+)
 
 __all__ = ["HEAVIEST_UNITS", "METHODS", "Partition", "bound_of_units", "partition"]
 
@@ -522,6 +528,11 @@ def _pairable(labels: np.ndarray, k: int, m: int, size: str, fit: float | None) 
     return fit is None and int(np.bincount(labels, minlength=k).max()) <= PAIR_MAX_COUNT
 
 
+#: Work units of the heaviest-part searches (:mod:`._heaviest`: 0.03-0.16 us each) charged
+#: as one node of a request's exact-search pool (a branch-and-bound node: 3-25 us).
+HEAVIEST_UNITS_PER_NODE = 64
+
+
 def _enumerate_heaviest(
     units: np.ndarray, k: int, size: str, best: tuple[float, np.ndarray, str], bound: float,
     fit: float | None, work: int = HEAVIEST_WORK, bisect: bool = False,
@@ -532,10 +543,24 @@ def _enumerate_heaviest(
     lighter found" proves only that nothing fits), and the bisection stops at the first
     partition within it."""
     hi = best[0] if fit is None else min(best[0], float(np.nextafter(fit, np.inf)))
-    if bisect:
-        labels, proven = bisection_labels(units, k, size, hi, bound, work=work, enough=fit)
-    else:
-        labels, proven = heaviest_part_labels(units, k, size, hi, bound, work=work)
+    # Inside a planning request its work comes out of the request's exact-search pool
+    # (searches.exact_work_pool), HEAVIEST_UNITS_PER_NODE units a node, as the branch and
+    # bound's nodes do; outside one, the whole budget.
+    want = -(-work // HEAVIEST_UNITS_PER_NODE)
+    nodes = take_nodes(want)
+    if nodes <= 0:
+        return best, False
+    work = min(work, nodes * HEAVIEST_UNITS_PER_NODE)
+    used = [0]
+    try:
+        if bisect:
+            labels, proven = bisection_labels(units, k, size, hi, bound, work=work,
+                                              enough=fit, used=used)  # fmt: skip
+        else:
+            labels, proven = heaviest_part_labels(units, k, size, hi, bound, work=work,
+                                                  used=used)  # fmt: skip
+    finally:
+        spend_nodes(-(-used[0] // HEAVIEST_UNITS_PER_NODE))
     if labels is not None:
         best = _lighter(best, units, labels, k, "exact")
     # Proven: the optimum was found, or nothing lighter than ``hi`` exists.

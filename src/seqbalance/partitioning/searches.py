@@ -89,7 +89,9 @@ def exact_work_pool(nodes: int) -> Iterator[None]:
 
     Each search is bounded on its own; a request that runs many of them (a plan searches
     every rank at every count it tries) could still add up to minutes. Inside the block
-    every node-counted search takes its budget out of this pool (:func:`take_nodes`), and
+    every node-counted search takes its budget out of this pool (:func:`take_nodes`; the
+    heaviest-part enumerations and the bisection of ``partition`` count
+    ``kway.HEAVIEST_UNITS_PER_NODE`` of their work units a node), and
     once the pool is spent the rest of the block runs as inside
     ``exact_searches(False)``. Counted in nodes, never in time: every rank computes the
     same result. A nested block shares the outer pool.

@@ -42,7 +42,8 @@ and sized so that the plans of normal requests do not reach them:
 - the exact searches of one request share :data:`EXACT_NODES_PER_REQUEST` nodes at
   ``effort="thorough"``, fewer below it (:mod:`seqbalance.planning._effort`)
   (:func:`seqbalance.partitioning.searches.exact_work_pool`; each search keeps its own
-  limit too); past it the request finishes as inside ``exact_searches(False)``;
+  limit too; the heaviest-part enumerations draw 64 of their work units a node); past it
+  the request finishes as inside ``exact_searches(False)``;
 - the pipeline order search (:data:`seqbalance.planning.pipeline_orders.BUDGET`
   simulated operations beyond its starting orders) runs a pass over all neighbour orders
   of a replica only where one pass fits what is left of the budget, and its exhaustive
@@ -56,7 +57,8 @@ and sized so that the plans of normal requests do not reach them:
   work; the slot refinement keeps its swap scans within its own budget
   (:mod:`seqbalance.planning._slots`);
 - counts beyond the first a search finds (extra counts, the pipeline count search, the plan
-  made without the pipeline) and their slot refills stop once the request has metered
+  made without the pipeline, the counts chosen by the step under a per-micro-batch cost)
+  and their slot refills stop once the request has metered
   :data:`~seqbalance.planning._work.COUNT_WORK` units of packing work, and a pipelined
   plan's baselines are no longer slack-filled past
   :data:`~seqbalance.planning._work.CANDIDATE_WORK`; dynamic CP builds its degree

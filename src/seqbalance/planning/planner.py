@@ -1950,7 +1950,10 @@ def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
     ranks: which wins depends on the batch, so the count is chosen by the step (not with
     ``allow_empty``, ``extra_micro_batches`` or ``sequences_per_micro_batch``). The search
     starts at the fewest and tries one count more at a time (in steps of
-    ``micro_batch_multiple``) while each is shorter than the best so far. A count is not
+    ``micro_batch_multiple``) while each is shorter than the best so far, and while the
+    request's work with what the last count cost stays within ``COUNT_WORK`` (as every
+    search for counts beyond the first; the plan's note then says where it stopped). A
+    count is not
     planned when the best so far is within ``budget.stop_gap`` of a floor on every count
     from it on (:func:`_counts_floor` plus that many per-micro-batch costs): no larger
     count can then gain more than the stop gap, the tolerance the search stops on
@@ -1967,16 +1970,22 @@ def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
         return fewest
     mult = int(kw.get("micro_batch_multiple", 1))
     floor = _counts_floor(fewest, fewest.num_micro_batches + budget.counts * mult)
+    last = spent() or 0  # the work of the last count planned (the request's so far: the fewest)
     for k in range(1, budget.counts + 1):
         m = fewest.num_micro_batches + k * mult
         if best_step <= (floor + m * fewest.per_microbatch) * (1.0 + budget.stop_gap):
             # (every count from m on is bounded below by floor + m per-micro-batch costs:
             # none can be shorter than the best so far by more than the stop gap)
             break
+        if counts_spent(last):  # (the next count costs about what the last one did)
+            _note_counts_spent([best], m)
+            break
+        before = spent() or 0
         try:
             more = _plan_alone(**{**kw, "min_micro_batches": m})
         except ValueError:  # too few sequences for that many micro-batches
             break
+        last = (spent() or 0) - before
         step = _final_step(more)
         if more.num_micro_batches != m or not step < best_step * (1 - _COUNT_GAIN):
             break
