@@ -22,7 +22,8 @@ planned or the error's first words).
 ``bench/results/gpu_step_h100.json``, in seconds, with per-sequence and per-micro-batch
 terms) wherever a case has no cost array and no context parallelism; with a
 per-micro-batch term the default effort also plans larger counts. Writes
-``bench/results/bounds_calibrated.json``.
+``bench/results/bounds_calibrated.json`` (with ``--json X``: ``X``'s name with
+``_calibrated`` added).
 
     python bench/bounds.py                     # 10,000 cases (about half an hour on 2 cores)
     python bench/bounds.py --quick             # 300 cases
@@ -300,7 +301,7 @@ def _guarantees(p: Any, n: int, cap: int, kw: dict[str, Any]) -> str:
     return ""
 
 
-def run_case(job: tuple[int, int, float]) -> dict[str, Any]:
+def run_case(job: tuple[int, int, float, bool]) -> dict[str, Any]:
     import seqbalance as sb
 
     seed, max_n, timeout, calibrated = job

@@ -529,7 +529,7 @@ def _pairable(labels: np.ndarray, k: int, m: int, size: str, fit: float | None) 
 
 
 #: Work units of the heaviest-part searches (:mod:`._heaviest`: 0.03-0.16 us each) charged
-#: as one node of a request's exact-search pool (a branch-and-bound node: 3-25 us).
+#: as one node of a request's exact-search pool (a branch-and-bound node: a few to 25 us).
 HEAVIEST_UNITS_PER_NODE = 64
 
 
@@ -548,9 +548,11 @@ def _enumerate_heaviest(
     # bound's nodes do; outside one, the whole budget.
     want = -(-work // HEAVIEST_UNITS_PER_NODE)
     nodes = take_nodes(want)
-    if nodes <= 0:
+    if nodes <= 0 and not bisect:
         return best, False
-    work = min(work, nodes * HEAVIEST_UNITS_PER_NODE)
+    # (the bisection runs with no work left too: a floor already at the best maximum
+    # proves it without a decision)
+    work = min(work, max(nodes, 0) * HEAVIEST_UNITS_PER_NODE)
     used = [0]
     try:
         if bisect:

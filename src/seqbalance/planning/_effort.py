@@ -38,8 +38,9 @@ same plan, byte for byte). Three levels:
     evened out across the ranks; the partition exact searches are off (as inside
     ``exact_searches(False)``, unless the caller chose). When the cost has a
     per-micro-batch term, counts above the fewest are planned one at a time while each
-    runs a shorter simulated step, unless a bound on the larger counts shows that none
-    can be shorter by more than ``stop_gap``.
+    runs a shorter simulated step, unless a bound on the larger counts it would try shows
+    that none can be shorter by more than ``stop_gap``, and within the budget of work for
+    counts beyond the first (``COUNT_WORK``).
 ``"fast"``
     The default's first steps, none of its later ones, with the same ``stop_gap``: the
     DDP rank-first plan at the bound, the capacity-aware greedy plan (both models), the

@@ -42,7 +42,9 @@ and sized so that the plans of normal requests do not reach them:
 - the exact searches of one request share :data:`EXACT_NODES_PER_REQUEST` nodes at
   ``effort="thorough"``, fewer below it (:mod:`seqbalance.planning._effort`)
   (:func:`seqbalance.partitioning.searches.exact_work_pool`; each search keeps its own
-  limit too; the heaviest-part enumerations draw 64 of their work units a node); past it
+  limit too; the heaviest-part enumerations draw
+  :data:`seqbalance.partitioning.kway.HEAVIEST_UNITS_PER_NODE` of their work units a
+  node); past it
   the request finishes as inside ``exact_searches(False)``;
 - the pipeline order search (:data:`seqbalance.planning.pipeline_orders.BUDGET`
   simulated operations beyond its starting orders) runs a pass over all neighbour orders

@@ -1938,10 +1938,12 @@ def _plan_once(**kw: Any) -> Plan:
     if budget.thorough or not plain:
         return _plan_alone(**kw)
     with exact_searches_unless_chosen(budget.exact):
-        return _by_count(kw, _plan_alone(**kw), budget)
+        before = spent() or 0
+        fewest = _plan_alone(**kw)
+        return _by_count(kw, fewest, budget, (spent() or 0) - before)
 
 
-def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
+def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort, last: int = 0) -> Plan:
     """``fewest``, or a plan with up to ``budget.counts`` more micro-batches per rank when
     its simulated step is shorter.
 
@@ -1951,13 +1953,13 @@ def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
     ``allow_empty``, ``extra_micro_batches`` or ``sequences_per_micro_batch``). The search
     starts at the fewest and tries one count more at a time (in steps of
     ``micro_batch_multiple``) while each is shorter than the best so far, and while the
-    request's work with what the last count cost stays within ``COUNT_WORK`` (as every
-    search for counts beyond the first; the plan's note then says where it stopped). A
-    count is not
-    planned when the best so far is within ``budget.stop_gap`` of a floor on every count
-    from it on (:func:`_counts_floor` plus that many per-micro-batch costs): no larger
-    count can then gain more than the stop gap, the tolerance the search stops on
-    everywhere else. Without that term the fewest stays.
+    request's work with what the last count cost (``last``: the fewest's, at first) stays
+    within ``COUNT_WORK`` (as every search for counts beyond the first; the plan's note
+    then says where it stopped). A count is not planned when the best so far is within
+    ``budget.stop_gap`` of a floor on every count from it up to the largest the search
+    would try (:func:`_counts_floor` plus that many per-micro-batch costs): none of them
+    can then gain more than the stop gap, the tolerance the search stops on everywhere
+    else. Without that term the fewest stays.
     """
     if (not budget.counts or fewest.per_microbatch <= 0 or kw.get("extra_micro_batches")
             or kw.get("sequences_per_micro_batch") is not None or kw.get("allow_empty")
@@ -1970,12 +1972,12 @@ def _by_count(kw: dict[str, Any], fewest: Plan, budget: Effort) -> Plan:
         return fewest
     mult = int(kw.get("micro_batch_multiple", 1))
     floor = _counts_floor(fewest, fewest.num_micro_batches + budget.counts * mult)
-    last = spent() or 0  # the work of the last count planned (the request's so far: the fewest)
     for k in range(1, budget.counts + 1):
         m = fewest.num_micro_batches + k * mult
         if best_step <= (floor + m * fewest.per_microbatch) * (1.0 + budget.stop_gap):
-            # (every count from m on is bounded below by floor + m per-micro-batch costs:
-            # none can be shorter than the best so far by more than the stop gap)
+            # (every count from m to the largest tried is bounded below by floor + m
+            # per-micro-batch costs: none can be shorter than the best so far by more
+            # than the stop gap)
             break
         if counts_spent(last):  # (the next count costs about what the last one did)
             _note_counts_spent([best], m)
