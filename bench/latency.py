@@ -165,7 +165,8 @@ def count_demo(repeat: int) -> dict[str, Any]:
     cap = max(32768, int(w.lengths.max()))
     costs = {"qwen2.5-7b (no per-micro-batch term)": load_cost("qwen2.5-7b")}
     if H100.exists():
-        costs[f"H100 fit (per micro-batch {_h100_c0():.4g} s)"] = _h100()
+        fit = _h100()
+        costs[f"H100 fit (per micro-batch {fit.per_microbatch:.4g} s)"] = fit
     out: dict[str, Any] = {"max_tokens": cap, "cases": []}
     for dp, rule, kw in ((64, "size='equal'", {"size": "equal"}),
                          (64, "groups", {"groups": w.groups}), (8, "free", {})):  # fmt: skip
@@ -189,12 +190,14 @@ def count_demo(repeat: int) -> dict[str, Any]:
     return out
 
 
-def _h100_c0() -> float:
-    return float(json.loads(H100.read_text())["calibration"]["cost"]["per_microbatch"])
-
-
 def _h100() -> Any:
     return sb.load_cost(json.loads(H100.read_text())["calibration"]["cost"])
+
+
+def _record(path: str, cost: str, repeat: int, **parts: Any) -> str:
+    """Write ``parts`` to ``path`` with the machine, its load, the cost and the repeats."""
+    return str(write_json(path, {"machine": machine_info(), "load_average": os.getloadavg(),
+                                 "cost": cost, "repeat": repeat, **parts}))  # fmt: skip
 
 
 def calibrated_main(args: argparse.Namespace) -> int:
@@ -209,15 +212,8 @@ def calibrated_main(args: argparse.Namespace) -> int:
     print_table(rows, ["workload", "n", "dp", "sync", "ms", "fast_ms", "m", "m_fast", "gap",
                        "saved_ms"])  # fmt: skip
     payback = flops_plan_payback(args.repeat)
-    out = write_json(args.json, {
-        "machine": machine_info(),
-        "load_average": os.getloadavg(),
-        "cost": "H100 fit (bench/results/gpu_step_h100.json)",
-        "repeat": args.repeat,
-        "count_choice": counts,
-        "rows": rows,
-        "flops_plan_payback": payback,
-    })  # fmt: skip
+    out = _record(args.json, "H100 fit (bench/results/gpu_step_h100.json)", args.repeat,
+                  count_choice=counts, rows=rows, flops_plan_payback=payback)  # fmt: skip
     print(f"wrote {out}")
     return 0
 
@@ -254,12 +250,12 @@ def calibrated_rows(sizes: list[tuple[int, int, float | None]], repeat: int) -> 
                 run = functools.partial(sb.plan, lens, dp, cap, cost=cost, sync=sync)
                 t, p = best_time(run, repeat)
                 tf, f = best_time(functools.partial(run, effort="fast"), repeat)
-                step = p.simulate().step_time
+                sim = p.simulate()
                 row = {
                     "workload": name, "n": n, "dp": dp, "sync": sync, "ms": t * 1e3,
                     "fast_ms": tf * 1e3, "m": p.num_micro_batches, "m_fast": f.num_micro_batches,
-                    "gap": p.simulate().gap, "step_s": step,
-                    "saved_ms": (f.simulate().step_time - step) * 1e3,
+                    "gap": sim.gap, "step_s": sim.step_time,
+                    "saved_ms": (f.simulate().step_time - sim.step_time) * 1e3,
                 }  # fmt: skip
                 rows.append(row)
                 print(f"{name:13} {n:6} x {dp:5} {sync}  {t * 1e3:8.1f} ms  fast "
@@ -307,15 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slower than AReaL's FFD pipeline (n >= 1,024): {len(behind)} of "
           f"{sum(r['areal/sb'] is not None for r in rows)}")  # fmt: skip
     counts = count_demo(args.repeat)
-    out = write_json(args.json, {
-        "machine": machine_info(),
-        "load_average": os.getloadavg(),
-        "cost": "qwen2.5-7b",
-        "repeat": args.repeat,
-        "rows": rows,
-        "slower_than_8192": slower,
-        "count_choice": counts,
-    })  # fmt: skip
+    out = _record(args.json, "qwen2.5-7b", args.repeat, rows=rows, slower_than_8192=slower,
+                  count_choice=counts)  # fmt: skip
     print(f"wrote {out}")
     return 0
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from test_capacity_bounds import _set_partitions
 
 import seqbalance as sb
 from seqbalance import workloads
@@ -364,25 +365,13 @@ def test_larger_counts_are_not_planned_where_their_bound_leaves_no_gain() -> Non
     assert chosen.simulate().step_time <= more.simulate().step_time * (1 + 1e-3)
 
 
-def _partitions(items: list[int]):
-    """Every set partition of ``items``."""
-    if not items:
-        yield []
-        return
-    first, rest = items[0], items[1:]
-    for part in _partitions(rest):
-        for i in range(len(part)):
-            yield [*part[:i], [first, *part[i]], *part[i + 1 :]]
-        yield [[first], *part]
-
-
 def _least_step_at(lengths, costs, dp, cap, c0, m, sync) -> float:
     """The least step over every plan with ``m`` micro-batches per rank (empty ones
     allowed: a floor that holds for them holds for the planner's), by brute force."""
     best = np.inf
     n = len(lengths)
     if sync == "fsdp":  # bins dealt into m slots of dp, sorted (the best slotting)
-        for part in _partitions(list(range(n))):
+        for part in _set_partitions(list(range(n))):
             if len(part) > dp * m or any(sum(lengths[i] for i in b) > cap for b in part):
                 continue
             c = sorted((sum(costs[i] for i in b) for b in part), reverse=True)
@@ -391,7 +380,7 @@ def _least_step_at(lengths, costs, dp, cap, c0, m, sync) -> float:
     for assign in itertools.product(range(dp), repeat=n):  # ddp: each rank in <= m bins
         ranks = [[i for i in range(n) if assign[i] == r] for r in range(dp)]
         if all(any(len(p) <= m and all(sum(lengths[i] for i in b) <= cap for b in p)
-                   for p in _partitions(r)) for r in ranks):  # fmt: skip
+                   for p in _set_partitions(r)) for r in ranks):  # fmt: skip
             best = min(best, max(sum(costs[i] for i in r) for r in ranks) + m * c0)
     return best
 

@@ -552,7 +552,7 @@ def _enumerate_heaviest(
         return best, False
     # (the bisection runs with no work left too: a floor already at the best maximum
     # proves it without a decision)
-    work = min(work, max(nodes, 0) * HEAVIEST_UNITS_PER_NODE)
+    work = min(work, nodes * HEAVIEST_UNITS_PER_NODE)  # (take_nodes is never negative)
     used = [0]
     try:
         if bisect:

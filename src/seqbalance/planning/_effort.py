@@ -111,7 +111,8 @@ class Effort:
     counts : int
         With a per-micro-batch cost, at most this many counts above the fewest, tried one
         at a time while each gives a shorter simulated step and, where ``stop_gap`` is
-        set, while a bound leaves room for a gain above it; 0: the fewest only.
+        set, while a bound leaves room for a gain above it, within ``COUNT_WORK``; 0: the
+        fewest only.
     refine_rtol : float or None
         The packer's refinement stops once its heaviest bin is within this of the mean bin
         (or the costliest sequence); None: it runs until stuck or out of steps.
