@@ -248,7 +248,8 @@ def test_fast_does_not_even_out_its_packing(monkeypatch) -> None:
         return real(*args, **kwargs)
 
     monkeypatch.setattr(planner, "_plan_global", spy)
-    w = workloads.load("rl-math", 1024, seed=0)
+    # (seed 2: at the default no candidate before the packings stops the search)
+    w = workloads.load("rl-math", 1024, seed=2)
     sb.plan(w.lengths, 8, 32768, cost=_QWEN, effort="fast")
     assert seen and all(x is None for x in seen)
     seen.clear()
@@ -330,9 +331,10 @@ _H100 = QuadraticCost(per_token=7.64e-5, per_token_sq=1.296e-9, per_sequence=5.3
 
 
 def test_a_larger_count_is_kept_when_its_step_is_shorter() -> None:
-    """rl-math, 1,024 over 8 ranks, FSDP, with ~10 ms a micro-batch: one micro-batch more
-    than the fewest runs a step more than the stop gap (0.1%) shorter, and is picked."""
-    w = workloads.load("rl-math", 1024, seed=0)
+    """rl-math, 1,024 over 8 ranks (seed 2), FSDP, with ~10 ms a micro-batch: one
+    micro-batch more than the fewest runs a step more than the stop gap (0.1%) shorter,
+    and is picked."""
+    w = workloads.load("rl-math", 1024, seed=2)
     fewest = sb.plan(w.lengths, 8, 32768, cost=_H100, effort="thorough")
     chosen = sb.plan(w.lengths, 8, 32768, cost=_H100)
     assert chosen.num_micro_batches == fewest.num_micro_batches + 1

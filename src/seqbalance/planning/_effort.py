@@ -6,7 +6,8 @@ same plan, byte for byte). Three levels:
 
 ``"thorough"``
     The full search: every candidate packing, every rank split, every baseline pipeline
-    slack-filled as a candidate, the exact searches on small inputs, slack filling up to
+    slack-filled as a candidate, the slot-first plan where the default tries it, the
+    exact searches on small inputs, slack filling up to
     its own limits, and under FSDP the packings' slots evened out across the ranks
     (:mod:`._slot_balance`) within that pass's budget. The plan is never slower than any
     baseline that runs.
@@ -18,7 +19,9 @@ same plan, byte for byte). Three levels:
     where the costliest sequence sets the step, :mod:`._packed_slot`'s bound): then no
     other candidate, a baseline included, can be shorter by more than that. It checks
     after the capacity-aware greedy plan (:mod:`._capacity_greedy`, tried first; under
-    FSDP its slots evened out across the ranks, :mod:`._slot_balance`), after
+    FSDP its slots evened out across the ranks, :mod:`._slot_balance`), under FSDP
+    where that plan stranded a sequence (the token cap binds) after the slot-first plan
+    (:mod:`._slot_first`, evened out and slack-filled on a budget of its own), after
     the first packing (LPT; under FSDP, after slack filling and evening out, pairs of its
     micro-batches split anew, :mod:`._pair_split`, each packing of the global search
     alike), after the other starts and rank splits, and after the
@@ -50,8 +53,9 @@ same plan, byte for byte). Three levels:
     filled on a small budget and not evened out further; under DDP over two or more
     ranks every start). The plan is the best of those, exchanged between ranks under DDP
     and judged in the requested order with ``order="index"`` as at the default. No other
-    rank split, no full-rank split after the packing, no refill toward slot levels, no
-    baselines, no count above the fewest. Its candidates are the default's first ones;
+    rank split, no slot-first plan, no full-rank split after the packing, no refill
+    toward slot levels, no baselines, no count above the fewest. Its candidates are the
+    default's first ones but the slot-first plan;
     where the default stops on one of them the plans can still differ through the
     packer's looser refinement stop, the smaller slack-filling budget and the slots not
     evened out (by less than the stop gap on the measured workloads).

@@ -53,6 +53,7 @@ def balance_slots(
     *,
     stop_at: float | None = None,
     work: float = _WORK,
+    slot_gap: float | None = None,
 ) -> Grid:
     """``grid`` (``[rank][slot] -> indices``) with each slot evened out across the ranks.
 
@@ -62,6 +63,9 @@ def balance_slots(
     their heaviest micro-batch is above their mean, farthest first. ``stop_at``: stop once
     ``sum_j max_r`` is at most this (a step the caller needs no better than). ``work``:
     the scans' budget in elements; past it, the slots not yet balanced stay as they are.
+    ``slot_gap``: a slot is left once its heaviest micro-batch is within this of the
+    slot's mean (a caller that evens out the slots further by other means needs each
+    slot no closer); None: each slot is evened out as far as the steps go.
 
     Examples
     --------
@@ -85,8 +89,9 @@ def balance_slots(
     budget = float(work)
     scanned = 0
     excess = level - loads.mean(axis=0)
+    floor = 0.0 if slot_gap is None else slot_gap
     for j in np.lexsort((np.arange(m), -excess)).tolist():
-        if budget <= 0 or excess[j] <= 0:
+        if budget <= 0 or excess[j] <= floor:
             break
         sizes = [len(out[r][j]) for r in range(dp)]
         items = np.fromiter((i for r in range(dp) for i in out[r][j]), dtype=np.int64)
@@ -96,7 +101,8 @@ def balance_slots(
         load = np.bincount(owner, weights=w, minlength=dp)
         tok = np.bincount(owner, weights=t, minlength=dp).astype(np.int64)
         changed = False
-        while budget > 0:
+        mean = float(load.sum()) / dp
+        while budget > 0 and (slot_gap is None or float(load.max()) - mean > slot_gap):
             b = int(np.argmax(load))
             step, cost = _best_step(b, owner, w, t, load, tok, cap)
             budget -= cost

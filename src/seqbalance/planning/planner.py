@@ -99,6 +99,7 @@ from ._pair_split import resplit_pairs
 from ._pipelines import verl_micro_batches
 from ._ranks import repartition_pairs
 from ._slot_balance import balance_slots
+from ._slot_first import slot_first
 from ._slots import fill_slack, fill_to_levels, too_big_to_refill
 from ._work import (
     COUNT_WORK,
@@ -1365,6 +1366,8 @@ def _greedy_candidate(
     build = ddp_greedy if req.sync == "ddp" else fsdp_greedy
     grid = build(req.costs, req.lens, req.dp, m, req.cap)
     if grid is None or (not req.allow_empty and any(not mb for rank in grid for mb in rank)):
+        if memo is not None:
+            memo[("greedy_stranded", m)] = True  # (the token cap binds: see _slot_first_candidate)
         return None
     if req.sync == "fsdp":
         enough = _enough(req, m, memo)
@@ -1376,6 +1379,80 @@ def _greedy_candidate(
                              stop_at=None if enough is None else enough - m * req.c0)
     won = as_text(Note("won_greedy", {"ranks": term("ranks")}, _GREEDY_NOTE))
     return _plan_of(req, grid, [*notes, won, *_empty_note(grid)])
+
+
+_SLOT_FIRST_NOTE = (
+    "each slot's sequences chosen first, in bands of nearly equal lengths, then split "
+    "over the {ranks} (a slot-first plan) was the fastest candidate"
+)  # (the template of the won_slot_first note)
+# The slot-first plan's slots are evened out within each slot, down to half of each slot's
+# share of the stop gap (slots already there are left to the slack filling), and, where
+# that leaves the plan within _SLOT_FIRST_GAPS stop gaps of the bound, slack-filled within
+# _SLOT_FIRST_FILL_WORK scan elements: rl-math, 1,024 sequences over 8 ranks x 15-20
+# (seeds 0-7 of bench/latency.py's workload), within the stop gap on 6 of the 7 seeds it
+# builds for, with half the evening-out steps of evening every slot out. Above
+# _SLOT_FIRST_MAX_ITEMS sequences it is not tried: there the evening out alone costs as
+# much as the packings' whole search (16,384 sequences over 256 ranks: about 0.1 s).
+_SLOT_FIRST_GAPS = 3.0
+_SLOT_FIRST_SLOT_SHARE = 0.5
+_SLOT_FIRST_FILL_WORK = 2e6
+_SLOT_FIRST_MAX_ITEMS = 8192
+
+
+def _slot_first_candidate(
+    req: _Request, m: int, notes: list[str], memo: dict[Any, Any]
+) -> Plan | None:
+    """The slot-first plan at ``m`` micro-batches (:mod:`._slot_first`), its slots evened
+    out across the ranks (:mod:`._slot_balance`) and, where that leaves it within
+    ``_SLOT_FIRST_GAPS`` stop gaps of the step bound, slack-filled
+    (:func:`._slots.fill_slack`), each down to the stop gap; or None.
+
+    Where the token cap binds and the cost is quadratic, full micro-batches spread in
+    cost, and the packings' slots keep part of that spread: capacitated LPT finds no
+    packing and the packers fall back to first-fit decreasing, whose slots then take a
+    long slack filling and the whole search (rl-math, 1,024 sequences over 8 ranks x 19
+    at 98% fill: 0.18% above the bound after every candidate). This plan chooses every
+    slot's sequences first, in bands of nearly equal lengths, so that each slot splits
+    evenly (there: within 0.1% of the bound, where the search stops). It is tried where
+    the capacity-aware greedy plan stranded a sequence at ``m`` (the sign that the cap
+    binds, which the greedy plan finds for free): FSDP at ``effort="default"`` (at
+    ``"thorough"`` as one more candidate, evened out and slack-filled as far as those
+    passes go; not at ``"fast"``), free size, no groups, packed, no pipeline, no extra
+    counts, no ``order``, ``m >= 2`` (with one
+    micro-batch per rank the full-rank split is that plan), at most
+    ``_SLOT_FIRST_MAX_ITEMS`` sequences, and only where the partition bound is the
+    binding one (where long sequences set the slot bound, the bands put them side by
+    side); None elsewhere, or where it has no plan.
+    """
+    thorough = req.budget.thorough
+    enough = None if thorough else _enough(req, m, memo)
+    if ((enough is None and not thorough) or req.pp is not None or req.extra or req.padded
+            or req.order is not None or req.sync != "fsdp" or not req.budget.candidates
+            or req.size != "free" or req.groups is not None or m < 2
+            or req.n > _SLOT_FIRST_MAX_ITEMS or not memo.get(("greedy_stranded", m))
+            or _slots_set_step(req, memo)):
+        return None  # fmt: skip
+    grid = slot_first(req.costs, req.lens, req.dp, m, req.cap)
+    if grid is None:
+        return None
+    won = as_text(Note("won_slot_first", {"ranks": term("ranks")}, _SLOT_FIRST_NOTE))
+    if enough is None:  # ("thorough": evened out and slack-filled as far as they go)
+        grid = balance_slots(grid, req.costs, req.lens, req.cap)
+        grid = _fill_slack(grid, req.costs, req.lens, req.cap, req.budget,
+                           fill_work=req.fill_work)  # fmt: skip
+        return _plan_of(req, grid, [*notes, won])
+    stop = enough - m * req.c0  # (a sum of slot maxima: c0 per slot is apart)
+    gap = cast(float, req.budget.stop_gap)
+    share = gap * (enough / (1.0 + gap) - m * req.c0) / m  # (each slot's share of the gap)
+    grid = balance_slots(grid, req.costs, req.lens, req.cap, stop_at=stop,
+                         slot_gap=_SLOT_FIRST_SLOT_SHARE * share)  # fmt: skip
+    step = _step_time(grid, req.costs, req.c0, False, "fsdp")
+    if enough < step <= enough / (1.0 + gap) * (1.0 + _SLOT_FIRST_GAPS * gap):
+        work = min(req.budget.swap_work, _SLOT_FIRST_FILL_WORK)
+        grid = fill_slack(grid, req.costs, req.lens, req.cap,
+                          max_steps=req.budget.step_factor * req.dp * m + 100,
+                          swap_work=work, move_work=work, retry=False, stop_at=stop)  # fmt: skip
+    return _plan_of(req, grid, [*notes, won])
 
 
 def _enough(req: _Request, m: int, memo: dict[Any, Any] | None = None) -> float | None:
@@ -2140,6 +2217,14 @@ def _plan_attempt(
         candidates.append(greedy)
         if _close_enough(req, candidates, first_m, memo):
             early = greedy
+    # (fsdp, where the greedy plan stranded a sequence) The slot-first plan next: where it
+    # is within the stop gap, the packings, the full-rank splits and the baselines are not
+    # needed ("thorough": one more candidate).
+    slotted = None if early is not None else _slot_first_candidate(req, first_m, notes, memo)
+    if slotted is not None:
+        candidates.append(slotted)
+        if _close_enough(req, candidates, first_m, memo):
+            early = slotted
     # (fsdp, below thorough) The full-rank split at first_m is tried early: when it is
     # within the stop gap, the packings are not needed. With one micro-batch per rank
     # the plan is a partition of the sequences over the ranks, which it makes directly,
