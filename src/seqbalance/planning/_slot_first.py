@@ -92,30 +92,30 @@ def slot_first(costs: np.ndarray, lens: np.ndarray, dp: int, m: int, cap: int) -
     by_slot: list[list[int]] = [[] for _ in range(m)]
     for i, s in zip(order.tolist(), members.tolist()):
         by_slot[s].append(i)
+    rank = np.empty(n, dtype=np.int64)  # each sequence's place, costliest first
+    rank[np.lexsort((np.arange(n), -costs))] = np.arange(n)
+    by_cost = rank.tolist()
     grid: Grid = [[[] for _ in range(m)] for _ in range(dp)]
     for s, held in enumerate(by_slot):
-        split = _band_by_band(held, t, dp)
-        greedy = _costliest_to_lightest(held, w, t, dp, cap)
-        if greedy is not None and all(greedy) and _heaviest(greedy, w) <= _heaviest(split, w):
-            split = greedy
+        split, heaviest = _band_by_band(held, w, t, dp)
+        greedy = _costliest_to_lightest(sorted(held, key=by_cost.__getitem__), w, t, dp, cap)
+        if greedy is not None and all(greedy[0]) and greedy[1] <= heaviest:
+            split = greedy[0]
         for r in range(dp):
             grid[r][s] = split[r]
     return grid
 
 
-def _heaviest(parts: list[list[int]], w: list[float]) -> float:
-    return max(sum(w[i] for i in part) for part in parts)
-
-
 def _costliest_to_lightest(
     held: list[int], w: list[float], t: list[int], dp: int, cap: int
-) -> list[list[int]] | None:
-    """One slot's sequences over ``dp`` ranks, costliest first onto the least-loaded rank
-    with room; None where one has no room."""
+) -> tuple[list[list[int]], float] | None:
+    """One slot's sequences (``held``, costliest first) over ``dp`` ranks, each onto the
+    least-loaded rank with room, and the heaviest rank's cost; None where one has no
+    room."""
     parts: list[list[int]] = [[] for _ in range(dp)]
     tok = [0] * dp
     heap = [(0.0, r) for r in range(dp)]  # (load, rank): a heap as listed
-    for i in sorted(held, key=lambda i: (-w[i], i)):
+    for i in held:
         load, r = heap[0]
         if tok[r] + t[i] <= cap:  # the lightest rank has room (one heap update, not two)
             parts[r].append(i)
@@ -135,18 +135,23 @@ def _costliest_to_lightest(
         heapq.heappush(heap, (load + w[i], r))
         for x in full:
             heapq.heappush(heap, x)
-    return parts
+    return parts, max(heap)[0]
 
 
-def _band_by_band(held: list[int], t: list[int], dp: int) -> list[list[int]]:
+def _band_by_band(
+    held: list[int], w: list[float], t: list[int], dp: int
+) -> tuple[list[list[int]], float]:
     """One slot's sequences (bands of ``dp`` in ``held``'s order, longest first) over
-    ``dp`` ranks as :func:`slot_first` counted their tokens: each band's sequences,
-    longest first, to the ranks with the fewest tokens (ties: lower rank), so every rank
-    is within the cap and holds one sequence of each full band."""
+    ``dp`` ranks as :func:`slot_first` counted their tokens, and the heaviest rank's cost:
+    each band's sequences, longest first, to the ranks with the fewest tokens (ties:
+    lower rank), so every rank is within the cap and holds one sequence of each full
+    band."""
     parts: list[list[int]] = [[] for _ in range(dp)]
     tok = [0] * dp
+    load = [0.0] * dp
     for k in range(0, len(held), dp):
         for i, r in zip(held[k : k + dp], sorted(range(dp), key=tok.__getitem__)):
             parts[r].append(i)
             tok[r] += t[i]
-    return parts
+            load[r] += w[i]
+    return parts, max(load)

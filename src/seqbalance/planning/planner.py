@@ -1395,8 +1395,14 @@ _SLOT_FIRST_NOTE = (
 # much as the packings' whole search (16,384 sequences over 256 ranks: about 0.1 s).
 _SLOT_FIRST_GAPS = 3.0
 _SLOT_FIRST_SLOT_SHARE = 0.5
+_SLOT_FIRST_BALANCE_WORK = 64  # scan elements per sequence (the row above: 21k in all)
 _SLOT_FIRST_FILL_WORK = 2e6
 _SLOT_FIRST_MAX_ITEMS = 8192
+# Below this many micro-batches per rank it is not tried: on bench/plan.py's configurations
+# with 2 (rl-math and rl-math-truncated, 128 x 8 and 1,024 x 64) it ended the search with
+# a plan up to 0.07% longer than the packings', in no less time, and at 4,096 x 256 it did
+# not end it and took half the search's time again.
+_SLOT_FIRST_MIN_COUNT = 4
 
 
 def _slot_first_candidate(
@@ -1418,8 +1424,8 @@ def _slot_first_candidate(
     binds, which the greedy plan finds for free): FSDP at ``effort="default"`` (at
     ``"thorough"`` as one more candidate, evened out and slack-filled as far as those
     passes go; not at ``"fast"``), free size, no groups, packed, no pipeline, no extra
-    counts, no ``order``, ``m >= 2`` (with one
-    micro-batch per rank the full-rank split is that plan), at most
+    counts, no ``order``, at least ``_SLOT_FIRST_MIN_COUNT`` micro-batches per rank (with
+    fewer the packings' slots line up nearly as well), at most
     ``_SLOT_FIRST_MAX_ITEMS`` sequences, and only where the partition bound is the
     binding one (where long sequences set the slot bound, the bands put them side by
     side); None elsewhere, or where it has no plan.
@@ -1428,7 +1434,7 @@ def _slot_first_candidate(
     enough = None if thorough else _enough(req, m, memo)
     if ((enough is None and not thorough) or req.pp is not None or req.extra or req.padded
             or req.order is not None or req.sync != "fsdp" or not req.budget.candidates
-            or req.size != "free" or req.groups is not None or m < 2
+            or req.size != "free" or req.groups is not None or m < _SLOT_FIRST_MIN_COUNT
             or req.n > _SLOT_FIRST_MAX_ITEMS or not memo.get(("greedy_stranded", m))
             or _slots_set_step(req, memo)):
         return None  # fmt: skip
@@ -1445,6 +1451,7 @@ def _slot_first_candidate(
     gap = cast(float, req.budget.stop_gap)
     share = gap * (enough / (1.0 + gap) - m * req.c0) / m  # (each slot's share of the gap)
     grid = balance_slots(grid, req.costs, req.lens, req.cap, stop_at=stop,
+                         work=_SLOT_FIRST_BALANCE_WORK * req.n,
                          slot_gap=_SLOT_FIRST_SLOT_SHARE * share)  # fmt: skip
     step = _step_time(grid, req.costs, req.c0, False, "fsdp")
     if enough < step <= enough / (1.0 + gap) * (1.0 + _SLOT_FIRST_GAPS * gap):
