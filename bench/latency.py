@@ -31,9 +31,15 @@ saves on the step under the fit. It writes ``bench/results/latency_calibrated.js
     python bench/latency.py --ext /work/ext --thorough      # also effort="thorough"
     python bench/latency.py --ext /work/ext --fast          # also effort="fast"
     python bench/latency.py --calibrated                    # under the H100 fit instead
+    python bench/latency.py --ext /work/ext --against /tmp/old/src --rows rl-math:1024:8
+
+``--against SRC`` (another checkout's ``src``, e.g. made with ``git worktree add``) times
+``--rows`` instead, at the default effort: here and in that checkout (a worker process),
+alternating ``--rounds`` times, beside AReaL's pipeline in the same rounds, so that the
+ratios hold on a noisy machine.
 
 Writes ``bench/results/latency.json`` (``--quick``: ``latency_quick.json``; ``--calibrated``:
-``latency_calibrated.json``). The machine
+``latency_calibrated.json``; ``--against``: ``latency_against.json``). The machine
 is shared: compare the ratios of one run.
 """
 
@@ -190,6 +196,81 @@ def count_demo(repeat: int) -> dict[str, Any]:
     return out
 
 
+# The worker that times another checkout's plan() (``--against``): one JSON request a line.
+_WORKER = """
+import json, sys, time
+import seqbalance as sb
+from seqbalance import workloads
+from seqbalance.costs import load_cost
+cost = load_cost("qwen2.5-7b")
+for line in sys.stdin:
+    q = json.loads(line)
+    lens = workloads.load(q["workload"], q["n"], seed=0).lengths
+    cap = max(32768, int(lens.max()))
+    best = float("inf")
+    for _ in range(q["repeat"]):
+        t0 = time.perf_counter()
+        p = sb.plan(lens, q["dp"], cap, cost=cost, sync=q["sync"])
+        best = min(best, time.perf_counter() - t0)
+    print(json.dumps({"ms": best * 1e3, "step": p.simulate().step_time}), flush=True)
+"""
+
+
+def against_rows(
+    rows: list[tuple[str, int, int]], src: str, rounds: int, repeat: int, seqpack: Any
+) -> list[dict[str, Any]]:
+    """Each row's default-effort time here and in the seqbalance at ``src`` (a worker
+    process), alternating ``rounds`` times (best of ``repeat`` each), beside AReaL's
+    pipeline in the same rounds: the best of each, their ratios and the steps."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": src}
+    worker = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    assert worker.stdin is not None and worker.stdout is not None
+    cost = load_cost("qwen2.5-7b")
+    out = []
+    for name, n, dp in rows:
+        lens = workloads.load(name, n, seed=0).lengths
+        cap = max(32768, int(lens.max()))
+        for sync in ("fsdp", "ddp"):
+            here = there = areal = float("inf")
+            for _ in range(rounds):
+                worker.stdin.write(json.dumps({"workload": name, "n": n, "dp": dp,
+                                               "sync": sync, "repeat": repeat}) + "\n")
+                worker.stdin.flush()
+                got = json.loads(worker.stdout.readline())
+                there = min(there, got["ms"])
+                t, p = best_time(functools.partial(sb.plan, lens, dp, cap, cost=cost,
+                                                   sync=sync), repeat)  # fmt: skip
+                here = min(here, t * 1e3)
+                if seqpack is not None:
+                    run = functools.partial(areal_ffd, seqpack, lens.tolist(), dp, cap)
+                    areal = min(areal, best_time(run, repeat)[0] * 1e3)
+            row = {
+                "workload": name, "n": n, "dp": dp, "sync": sync, "ms": here,
+                "against_ms": there, "ms/against": here / there,
+                "areal_ms": None if seqpack is None else areal,
+                "areal/sb": None if seqpack is None else areal / here,
+                "gap": p.simulate().gap, "step/against": p.simulate().step_time / got["step"],
+            }  # fmt: skip
+            out.append(row)
+            print(f"{name:13} {n:6} x {dp:5} {sync}  {here:8.1f} ms  against {there:8.1f} ms"
+                  + ("" if seqpack is None else f"  areal {areal:8.1f} ms"), flush=True)
+    worker.stdin.close()
+    worker.wait()
+    return out
+
+
+def _git_rev(src: str) -> str | None:
+    """The commit of the checkout that holds ``src``, if it is one."""
+    import subprocess
+
+    got = subprocess.run(["git", "-C", src, "rev-parse", "HEAD"], capture_output=True,
+                         text=True)  # fmt: skip
+    return got.stdout.strip() or None
+
+
 def _h100() -> Any:
     return sb.load_cost(json.loads(H100.read_text())["calibration"]["cost"])
 
@@ -273,12 +354,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fast", action="store_true", help='also time effort="fast"')
     ap.add_argument("--calibrated", action="store_true",
                     help="instead: the count choice and n <= 8,192 under the H100 fit")
+    ap.add_argument("--against", metavar="SRC", default=None,
+                    help="instead: time --rows here and in the seqbalance at SRC (another "
+                    "checkout's src folder), alternating, beside AReaL's pipeline")
+    ap.add_argument("--rows", nargs="+", default=["rl-math:1024:8"],
+                    help="with --against: WORKLOAD:N:DP rows (default rl-math:1024:8)")
+    ap.add_argument("--rounds", type=int, default=5, help="with --against: alternations")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", default=None, help="default: bench/results/latency.json, "
                     "with --quick latency_quick.json")
     args = ap.parse_args(argv)
     if args.json is None:
         name = "latency_quick.json" if args.quick else "latency.json"
+        name = "latency_against.json" if args.against else name
         args.json = f"bench/results/{'latency_calibrated.json' if args.calibrated else name}"
     if args.calibrated:
         return calibrated_main(args)
@@ -288,6 +376,15 @@ def main(argv: list[str] | None = None) -> int:
             seqpack = load_areal(args.ext)
         except Exception as exc:  # (a peer that fails to import is skipped)
             print(f"areal not loaded from {args.ext}: {exc!r}")
+    if args.against:
+        picked = [(w, int(n), int(dp)) for w, n, dp in (r.split(":") for r in args.rows)]
+        rows = against_rows(picked, args.against, args.rounds, args.repeat, seqpack)
+        print_table(rows, ["workload", "n", "dp", "sync", "ms", "against_ms", "ms/against",
+                           "areal_ms", "areal/sb", "gap", "step/against"])  # fmt: skip
+        against = {"src": args.against, "rounds": args.rounds, "git_rev": _git_rev(args.against)}
+        out = _record(args.json, "qwen2.5-7b", args.repeat, against=against, rows=rows)
+        print(f"wrote {out}")
+        return 0
     rows = latency_rows(QUICK_SIZES if args.quick else SIZES, args.repeat, seqpack,
                         args.thorough, args.fast)  # fmt: skip
     columns = ["workload", "n", "dp", "sync", "ms", "target_ms", "ok", "m", "gap",
