@@ -224,41 +224,55 @@ def against_rows(
     pipeline in the same rounds: the best of each, their ratios and the steps."""
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": src}
+    path = os.pathsep.join(x for x in (src, os.environ.get("PYTHONPATH")) if x)
     worker = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True, env=env)  # fmt: skip
+                              stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": path})  # fmt: skip
     assert worker.stdin is not None and worker.stdout is not None
+
+    def ask(request: dict[str, Any]) -> dict[str, Any]:
+        worker.stdin.write(json.dumps(request) + "\n")
+        worker.stdin.flush()
+        line = worker.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the worker planning with {src} stopped (see its stderr)")
+        return json.loads(line)
+
     cost = load_cost("qwen2.5-7b")
     out = []
-    for name, n, dp in rows:
-        lens = workloads.load(name, n, seed=0).lengths
-        cap = max(32768, int(lens.max()))
-        for sync in ("fsdp", "ddp"):
-            here = there = areal = float("inf")
-            for _ in range(rounds):
-                worker.stdin.write(json.dumps({"workload": name, "n": n, "dp": dp,
-                                               "sync": sync, "repeat": repeat}) + "\n")
-                worker.stdin.flush()
-                got = json.loads(worker.stdout.readline())
-                there = min(there, got["ms"])
-                t, p = best_time(functools.partial(sb.plan, lens, dp, cap, cost=cost,
-                                                   sync=sync), repeat)  # fmt: skip
-                here = min(here, t * 1e3)
-                if seqpack is not None:
-                    run = functools.partial(areal_ffd, seqpack, lens.tolist(), dp, cap)
-                    areal = min(areal, best_time(run, repeat)[0] * 1e3)
-            row = {
-                "workload": name, "n": n, "dp": dp, "sync": sync, "ms": here,
-                "against_ms": there, "ms/against": here / there,
-                "areal_ms": None if seqpack is None else areal,
-                "areal/sb": None if seqpack is None else areal / here,
-                "gap": p.simulate().gap, "step/against": p.simulate().step_time / got["step"],
-            }  # fmt: skip
-            out.append(row)
-            print(f"{name:13} {n:6} x {dp:5} {sync}  {here:8.1f} ms  against {there:8.1f} ms"
-                  + ("" if seqpack is None else f"  areal {areal:8.1f} ms"), flush=True)
-    worker.stdin.close()
-    worker.wait()
+    try:
+        for name, n, dp in rows:
+            lens = workloads.load(name, n, seed=0).lengths
+            cap = max(32768, int(lens.max()))
+            for sync in ("fsdp", "ddp"):
+                here = there = areal = float("inf")
+                got: dict[str, Any] = {}
+                p = None
+                for _ in range(rounds):
+                    got = ask({"workload": name, "n": n, "dp": dp, "sync": sync,
+                               "repeat": repeat})  # fmt: skip
+                    there = min(there, got["ms"])
+                    t, p = best_time(functools.partial(sb.plan, lens, dp, cap, cost=cost,
+                                                       sync=sync), repeat)  # fmt: skip
+                    here = min(here, t * 1e3)
+                    if seqpack is not None:
+                        run = functools.partial(areal_ffd, seqpack, lens.tolist(), dp, cap)
+                        areal = min(areal, best_time(run, repeat)[0] * 1e3)
+                sim = p.simulate()
+                row = {
+                    "workload": name, "n": n, "dp": dp, "sync": sync, "ms": here,
+                    "against_ms": there, "ms/against": here / there,
+                    "areal_ms": None if seqpack is None else areal,
+                    "areal/sb": None if seqpack is None else areal / here,
+                    "gap": sim.gap, "step/against": sim.step_time / got["step"],
+                }  # fmt: skip
+                out.append(row)
+                print(f"{name:13} {n:6} x {dp:5} {sync}  {here:8.1f} ms  against "
+                      f"{there:8.1f} ms" + ("" if seqpack is None else f"  areal {areal:8.1f} ms"),
+                      flush=True)  # fmt: skip
+    finally:
+        worker.stdin.close()
+        worker.wait(timeout=60)
     return out
 
 
@@ -364,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="default: bench/results/latency.json, "
                     "with --quick latency_quick.json")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     if args.json is None:
         name = "latency_quick.json" if args.quick else "latency.json"
         name = "latency_against.json" if args.against else name

@@ -54,7 +54,7 @@ def slot_first(costs: np.ndarray, lens: np.ndarray, dp: int, m: int, cap: int) -
     n = int(lens.size)
     if dp < 1 or m < 1 or n < dp * m:
         return None
-    order = np.lexsort((np.arange(n), -lens))
+    order = np.lexsort((np.arange(n), -lens.astype(np.int64)))
     nbands = -(-n // dp)
     if nbands < m:
         return None

@@ -1365,9 +1365,9 @@ def _greedy_candidate(
         return None  # fmt: skip
     build = ddp_greedy if req.sync == "ddp" else fsdp_greedy
     grid = build(req.costs, req.lens, req.dp, m, req.cap)
+    if grid is None and memo is not None:
+        memo[("greedy_stranded", m)] = True  # (the token cap binds: see _slot_first_candidate)
     if grid is None or (not req.allow_empty and any(not mb for rank in grid for mb in rank)):
-        if memo is not None:
-            memo[("greedy_stranded", m)] = True  # (the token cap binds: see _slot_first_candidate)
         return None
     if req.sync == "fsdp":
         enough = _enough(req, m, memo)
@@ -1430,14 +1430,15 @@ def _slot_first_candidate(
     binding one (where long sequences set the slot bound, the bands put them side by
     side); None elsewhere, or where it has no plan.
     """
+    if (req.pp is not None or req.extra or req.padded or req.order is not None
+            or req.sync != "fsdp" or not req.budget.candidates or req.size != "free"
+            or req.groups is not None or m < _SLOT_FIRST_MIN_COUNT
+            or req.n > _SLOT_FIRST_MAX_ITEMS or not memo.get(("greedy_stranded", m))):
+        return None  # fmt: skip
     thorough = req.budget.thorough
     enough = None if thorough else _enough(req, m, memo)
-    if ((enough is None and not thorough) or req.pp is not None or req.extra or req.padded
-            or req.order is not None or req.sync != "fsdp" or not req.budget.candidates
-            or req.size != "free" or req.groups is not None or m < _SLOT_FIRST_MIN_COUNT
-            or req.n > _SLOT_FIRST_MAX_ITEMS or not memo.get(("greedy_stranded", m))
-            or _slots_set_step(req, memo)):
-        return None  # fmt: skip
+    if (enough is None and not thorough) or _slots_set_step(req, memo):
+        return None
     grid = slot_first(req.costs, req.lens, req.dp, m, req.cap)
     if grid is None:
         return None
@@ -1449,7 +1450,9 @@ def _slot_first_candidate(
         return _plan_of(req, grid, [*notes, won])
     stop = enough - m * req.c0  # (a sum of slot maxima: c0 per slot is apart)
     gap = cast(float, req.budget.stop_gap)
-    share = gap * (enough / (1.0 + gap) - m * req.c0) / m  # (each slot's share of the gap)
+    # (each slot's share of the stop gap on the sequences' costs: the bound less the
+    # per-micro-batch costs, over the slots)
+    share = gap * (enough / (1.0 + gap) - m * req.c0) / m
     grid = balance_slots(grid, req.costs, req.lens, req.cap, stop_at=stop,
                          work=_SLOT_FIRST_BALANCE_WORK * req.n,
                          slot_gap=_SLOT_FIRST_SLOT_SHARE * share)  # fmt: skip
