@@ -74,7 +74,7 @@ def test_the_band_by_band_split_alone_fits(lens, dp, m, cap) -> None:
     lens = np.asarray(lens, dtype=np.int64)
     costs = lens.astype(np.float64) ** 2
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(_slot_first, "_costliest_to_lightest", lambda *a: None)
+        mp.setattr(_slot_first, "least_loaded_with_room", lambda *a: None)
         grid = slot_first(costs, lens, dp, m, cap)
     if grid is not None:
         _check(grid, lens, dp, m, cap)

@@ -32,7 +32,7 @@ import heapq
 
 import numpy as np
 
-__all__ = ["ddp_greedy", "fsdp_greedy"]
+__all__ = ["ddp_greedy", "fsdp_greedy", "least_loaded_with_room"]
 
 Grid = list[list[list[int]]]
 
@@ -136,20 +136,48 @@ def fsdp_greedy(costs: np.ndarray, lens: np.ndarray, dp: int, m: int, cap: int) 
     if m == 1:
         return [[mb] for mb in first] if not rest else None
     nbins = dp * (m - 1)
+    rest.sort(key=lambda i: (-w[i], i))
+    got = least_loaded_with_room(rest, w, t, nbins, cap)
+    if got is None:
+        return None
+    bins, bcost = got
+    order = sorted(range(nbins), key=lambda b: (-bcost[b], b))
+    slots = [first] + [[bins[b] for b in order[s * dp : (s + 1) * dp]] for s in range(m - 1)]
+    return [[slots[j][r] for j in range(m)] for r in range(dp)]
+
+
+def least_loaded_with_room(
+    items: list[int], w: list[float], t: list[int], nbins: int, cap: int
+) -> tuple[list[list[int]], list[float]] | None:
+    """``items``, in the order given, each onto the least-loaded of ``nbins`` bins that has
+    room for it within ``cap`` tokens (ties: lower bin): the bins and their costs, or
+    None where one fits no bin. ``w`` and ``t``: every item's cost and tokens.
+
+    Examples
+    --------
+    >>> least_loaded_with_room([0, 1, 2], [3.0, 2.0, 2.0], [3, 2, 2], 2, 4)
+    ([[0], [1, 2]], [3.0, 4.0])
+    """
     bins: list[list[int]] = [[] for _ in range(nbins)]
     btok = [0] * nbins
     bcost = [0.0] * nbins
-    # The least-loaded bin with room: bins popped without room for the current sequence are
-    # parked by room (a max-heap) and come back as soon as a sequence fits them, so every
-    # bin with room is in ``heap`` when a sequence chooses (the pick is the plain scan's).
+    # Bins popped without room for the current item are parked by room (a max-heap) and
+    # come back as soon as an item fits them, so every bin with room is in ``heap`` when
+    # an item chooses (the pick is the plain scan's).
     heap = [(0.0, b) for b in range(nbins)]
     parked: list[tuple[int, int]] = []  # (-room, bin)
-    rest.sort(key=lambda i: (-w[i], i))
-    for i in rest:
+    for i in items:
         ti = t[i]
         while parked and -parked[0][0] >= ti:
             b = heapq.heappop(parked)[1]
             heapq.heappush(heap, (bcost[b], b))
+        if heap and btok[heap[0][1]] + ti <= cap:  # the least-loaded bin has room (one update)
+            c, b = heap[0]
+            bins[b].append(i)
+            btok[b] += ti
+            bcost[b] = c + w[i]
+            heapq.heapreplace(heap, (bcost[b], b))
+            continue
         while heap:
             c, b = heapq.heappop(heap)
             if btok[b] + ti <= cap:
@@ -161,6 +189,4 @@ def fsdp_greedy(costs: np.ndarray, lens: np.ndarray, dp: int, m: int, cap: int) 
             heapq.heappush(parked, (btok[b] - cap, b))
         else:
             return None
-    order = sorted(range(nbins), key=lambda b: (-bcost[b], b))
-    slots = [first] + [[bins[b] for b in order[s * dp : (s + 1) * dp]] for s in range(m - 1)]
-    return [[slots[j][r] for j in range(m)] for r in range(dp)]
+    return bins, bcost

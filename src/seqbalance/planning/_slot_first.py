@@ -36,6 +36,8 @@ import heapq
 
 import numpy as np
 
+from ._capacity_greedy import least_loaded_with_room
+
 __all__ = ["slot_first"]
 
 Grid = list[list[list[int]]]
@@ -98,44 +100,12 @@ def slot_first(costs: np.ndarray, lens: np.ndarray, dp: int, m: int, cap: int) -
     grid: Grid = [[[] for _ in range(m)] for _ in range(dp)]
     for s, held in enumerate(by_slot):
         split, heaviest = _band_by_band(held, w, t, dp)
-        greedy = _costliest_to_lightest(sorted(held, key=by_cost.__getitem__), w, t, dp, cap)
-        if greedy is not None and all(greedy[0]) and greedy[1] <= heaviest:
+        greedy = least_loaded_with_room(sorted(held, key=by_cost.__getitem__), w, t, dp, cap)
+        if greedy is not None and all(greedy[0]) and max(greedy[1]) <= heaviest:
             split = greedy[0]
         for r in range(dp):
             grid[r][s] = split[r]
     return grid
-
-
-def _costliest_to_lightest(
-    held: list[int], w: list[float], t: list[int], dp: int, cap: int
-) -> tuple[list[list[int]], float] | None:
-    """One slot's sequences (``held``, costliest first) over ``dp`` ranks, each onto the
-    least-loaded rank with room, and the heaviest rank's cost; None where one has no
-    room."""
-    parts: list[list[int]] = [[] for _ in range(dp)]
-    tok = [0] * dp
-    heap = [(0.0, r) for r in range(dp)]  # (load, rank): a heap as listed
-    for i in held:
-        load, r = heap[0]
-        if tok[r] + t[i] <= cap:  # the lightest rank has room (one heap update, not two)
-            parts[r].append(i)
-            tok[r] += t[i]
-            heapq.heapreplace(heap, (load + w[i], r))
-            continue
-        full = []
-        while heap:
-            load, r = heapq.heappop(heap)
-            if tok[r] + t[i] <= cap:
-                break
-            full.append((load, r))
-        else:
-            return None
-        parts[r].append(i)
-        tok[r] += t[i]
-        heapq.heappush(heap, (load + w[i], r))
-        for x in full:
-            heapq.heappush(heap, x)
-    return parts, max(heap)[0]
 
 
 def _band_by_band(
