@@ -102,9 +102,12 @@ def balance_slots(
         tok = np.bincount(owner, weights=t, minlength=dp).astype(np.int64)
         changed = False
         mean = float(load.sum()) / dp
-        while budget > 0 and (slot_gap is None or float(load.max()) - mean > slot_gap):
-            b = int(np.argmax(load))
-            step, cost = _best_step(b, owner, w, t, load, tok, cap)
+        while budget > 0:
+            b = int(load.argmax())
+            top = float(load[b])
+            if slot_gap is not None and top - mean <= slot_gap:
+                break
+            step, cost = _best_step(b, top, owner, w, t, load, tok, cap)
             budget -= cost
             scanned += cost
             if step is None:
@@ -127,21 +130,22 @@ def balance_slots(
 
 
 def _best_step(
-    b: int, owner: np.ndarray, w: np.ndarray, t: np.ndarray, load: np.ndarray,
+    b: int, top: float, owner: np.ndarray, w: np.ndarray, t: np.ndarray, load: np.ndarray,
     tok: np.ndarray, cap: int,
 ) -> tuple[tuple[int, int, int] | None, int]:
-    """The best move or swap off micro-batch ``b`` (the slot's heaviest) and the scan
-    elements it cost: ``(sequence, destination, swapped sequence or -1)``, None where no
-    step lowers ``b`` without raising another micro-batch to its cost."""
-    top = float(load[b])
+    """The best move or swap off micro-batch ``b`` (the slot's heaviest, costing ``top``)
+    and the scan elements it cost: ``(sequence, destination, swapped sequence or -1)``,
+    None where no step lowers ``b`` without raising another micro-batch to its cost."""
     best_gain, step = 1e-12 * top, None
-    mine = np.flatnonzero(owner == b)
-    others = np.flatnonzero(owner != b)
-    wx, tx = w[mine][:, None], t[mine][:, None]
+    is_b = owner == b
+    mine = np.flatnonzero(is_b)
+    others = np.flatnonzero(~is_b)
+    wm, tm = w[mine], t[mine]
+    wx, tx = wm[:, None], tm[:, None]
     if mine.size > 1:  # a move: the micro-batch keeps one sequence
-        fits = tok[None, :] + tx <= cap
+        fits = tx <= cap - tok  # (integers: exactly tok + tx <= cap)
         fits[:, b] = False
-        gain = np.where(fits, top - np.maximum(top - wx, load[None, :] + wx), 0.0)
+        gain = np.where(fits, top - np.maximum(top - wx, load + wx), 0.0)
         at = int(np.argmax(gain))
         if gain.flat[at] > best_gain:
             best_gain = float(gain.flat[at])
@@ -151,26 +155,28 @@ def _best_step(
         # comparisons against the extremes of ``b``'s costs and tokens, up to rounding):
         # the 2-D scan runs over those, in the same order, so it picks what the full scan
         # would.
+        ws, ts = wm.tolist(), tm.tolist()
         d = owner[others]
-        wo, to = w[others], t[others]
-        keep = (wo < wx.max() - best_gain) & (wo > wx.min() - (top - load[d]) + best_gain)
-        keep &= (tok[d] + tx.min() - to <= cap) & (tok[b] - tx.max() + to <= cap)
+        wo, to, load_d, tok_d = w[others], t[others], load[d], tok[d]
+        keep = (wo < max(ws) - best_gain) & (wo > min(ws) - (top - load_d) + best_gain)
+        keep &= (tok_d + min(ts) - to <= cap) & (tok[b] - max(ts) + to <= cap)
         others = others[keep]
-    if others.size and mine.size * others.size > _STEP_SCAN:
-        # (a heavy micro-batch of many short sequences: its costliest ones only, which
-        # have the most to give)
-        keep = max(1, _STEP_SCAN // others.size)
-        mine = mine[np.lexsort((mine, -w[mine]))[:keep]]
-        wx, tx = w[mine][:, None], t[mine][:, None]
-    if others.size:
-        d = owner[others]
-        wy, ty = w[others][None, :], t[others][None, :]
-        ok = (wy < wx) & (tok[d][None, :] + tx - ty <= cap) & (tok[b] - tx + ty <= cap)
-        gain = np.where(ok, top - np.maximum(top - wx + wy, load[d][None, :] + wx - wy), 0.0)
-        at = int(np.argmax(gain))
-        if gain.flat[at] > best_gain:
-            x, y = int(mine[at // others.size]), int(others[at % others.size])
-            step = (x, int(owner[y]), y)
+        if others.size and mine.size * others.size > _STEP_SCAN:
+            # (a heavy micro-batch of many short sequences: its costliest ones only, which
+            # have the most to give)
+            mine = mine[np.lexsort((mine, -wm))[: max(1, _STEP_SCAN // others.size)]]
+            wx, tx = w[mine][:, None], t[mine][:, None]
+        if others.size:
+            wy, ty, load_y, tok_y = wo[keep], to[keep], load_d[keep], tok_d[keep]
+            # Both micro-batches within the cap after the swap (integers: exactly
+            # tok_y + tx - ty <= cap and tok[b] - tx + ty <= cap). A partner that is not
+            # cheaper needs no test: its gain is at most rounding, below ``best_gain``.
+            ok = (tx <= cap - tok_y + ty) & (ty <= cap - tok[b] + tx)
+            gain = np.where(ok, top - np.maximum(top - wx + wy, load_y + wx - wy), 0.0)
+            at = int(np.argmax(gain))
+            if gain.flat[at] > best_gain:
+                x, y = int(mine[at // others.size]), int(others[at % others.size])
+                step = (x, int(owner[y]), y)
     return step, mine.size * (load.size + others.size) + owner.size
 
 

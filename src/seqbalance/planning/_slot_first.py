@@ -33,6 +33,7 @@ fewer than ``dp`` sequences.
 from __future__ import annotations
 
 import heapq
+from operator import add
 
 import numpy as np
 
@@ -71,18 +72,20 @@ def slot_first(costs: np.ndarray, lens: np.ndarray, dp: int, m: int, cap: int) -
     band_cost = np.bincount(np.arange(n) // dp, weights=costs[order], minlength=nbands).tolist()
     tok = [[0] * dp for _ in range(m)]
     heap = [(0.0, s) for s in range(m)]  # (cost so far, slot): a heap as listed
-    slot_of = np.empty(nbands, dtype=np.int64)
+    slot_of = []
     for k, size in enumerate(sizes):
         full = []
         while heap:
             cost, s = heapq.heappop(heap)
-            if all(a + b <= cap for a, b in zip(tok[s], size)):
+            grown = list(map(add, tok[s], size))
+            if max(grown) <= cap:
                 break
             full.append((cost, s))
         else:
             return None
-        slot_of[k] = s
-        tok[s] = sorted(a + b for a, b in zip(tok[s], size))
+        slot_of.append(s)
+        grown.sort()
+        tok[s] = grown
         heapq.heappush(heap, (cost + band_cost[k], s))
         for x in full:
             heapq.heappush(heap, x)

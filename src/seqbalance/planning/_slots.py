@@ -83,14 +83,18 @@ def fill_slack(
     top = by_slot.argmax(axis=1) + np.arange(m) * dp
     second = np.partition(by_slot, dp - 2, axis=1)[:, dp - 2]
     scans = 0  # move scans, and swap scans at _SWAP_UNITS each: the request's work meter
+    # Python copies for the top bin's few sequences (their extremes bound both scans).
+    cost_of, tokens_of = costs.tolist(), lengths.tolist()
+    capped = False  # whether the last swap found lowered its bin all the way to the second
     for _ in range(max_steps):
         if level.sum() <= good_enough:
             break
         slack = level[slot] - cost
         room = cap - tok
+        most_room = None  # the largest room of any bin, read once a step when needed
         step = None
         view = None  # the swap scans' per-sequence arrays, made once a step when needed
-        for j in np.argsort(-level, kind="stable").tolist():  # (ties: lower slot)
+        for j in _by_level(level):  # (ties: lower slot)
             if level[j] <= tiny:
                 break  # this slot and the rest hold no cost: nothing to move off them
             if stuck[j]:
@@ -98,19 +102,22 @@ def fill_slack(
             b = int(top[j])
             if move_budget <= 0:
                 break
-            move_budget -= len(items[b]) * n_dests
-            step = _best_move(items, b, second[j], dp, b % dp if same_rank else -1, cost, slack,
-                              room, costs, lengths, tiny)  # fmt: skip
+            held = items[b]
+            move_budget -= len(held) * n_dests
+            top_bin = _TopBin(held, cost_of, tokens_of, costs, lengths)
+            if most_room is None:
+                most_room = room.max()
+            if len(held) > 1 and top_bin.t_min <= most_room:  # (else no bin has room)
+                step = _best_move(top_bin, b, second[j], dp, b % dp if same_rank else -1, cost,
+                                  slack, room, tiny)  # fmt: skip
             scans += 1
             if step is None and swap_budget > 0:
                 scans += _SWAP_UNITS
-                swap_budget -= (len(items[int(top[j])]) + 8) * placed.size
+                swap_budget -= (len(held) + 8) * placed.size
                 if view is None:
                     view = seqs.view(slack, room)
-                step = _best_swap(
-                    items, int(top[j]), second[j], slot, rank, cost, tok, cap, costs, lengths,
-                    placed, view, tiny,
-                )  # fmt: skip
+                step, capped = _best_swap(top_bin, b, second[j], slot, rank, cost, tok, cap,
+                                          placed, view, tiny, capped)  # fmt: skip
             if step is not None:
                 break
             stuck[j] = not retry
@@ -118,10 +125,10 @@ def fill_slack(
             break
         b, xi, dest, yi = step
         stuck[slot[b]] = stuck[slot[dest]] = False
-        _shift(items, cost, tok, where, costs, lengths, xi, b, dest)
+        _shift(items, cost, tok, where, cost_of, tokens_of, xi, b, dest)
         seqs.shift(xi, dest)
         if yi >= 0:
-            _shift(items, cost, tok, where, costs, lengths, yi, dest, b)
+            _shift(items, cost, tok, where, cost_of, tokens_of, yi, dest, b)
             seqs.shift(yi, b)
         for j in {int(slot[b]), int(slot[dest])}:
             row = by_slot[j]
@@ -159,35 +166,57 @@ def _shift(items, cost, tok, where, costs, lengths, i: int, src: int, dst: int) 
     where[i] = dst
 
 
-def _best_move(items, b, second, dp, r, cost, slack, room, costs, lengths, tiny):
-    """Move one sequence off top bin ``b`` into a bin of another slot (of rank ``r`` only
-    if ``r >= 0``) with slack and room: the sequence that lowers ``b`` most, into the bin
-    it leaves the least slack in (ties: the first sequence, the lowest bin)."""
-    if len(items[b]) < 2:  # a micro-batch must keep one sequence
-        return None
-    ib = np.asarray(items[b], dtype=np.int64)
-    w, t = costs[ib], lengths[ib]
+def _by_level(level: np.ndarray):
+    """Slot indices by level, highest first (ties: lower slot), the first without a
+    sort: a step nearly always comes from the highest slot."""
+    first = int(level.argmax())
+    yield first
+    for j in np.argsort(-level, kind="stable").tolist():
+        if j != first:
+            yield j
+
+
+class _TopBin:
+    """A top bin's sequences as arrays, with their cost and token extremes (which bound
+    which destinations and partners either scan can use)."""
+
+    __slots__ = ("ib", "t", "t_max", "t_min", "w", "w_max", "w_min")
+
+    def __init__(self, held, cost_of, tokens_of, costs, lengths) -> None:
+        ws = [cost_of[i] for i in held]
+        ts = [tokens_of[i] for i in held]
+        self.w_min, self.w_max, self.t_min, self.t_max = min(ws), max(ws), min(ts), max(ts)
+        self.ib = np.asarray(held, dtype=np.int64)
+        self.w, self.t = costs[self.ib], lengths[self.ib]
+
+
+def _best_move(top_bin, b, second, dp, r, cost, slack, room, tiny):
+    """Move one sequence off top bin ``b`` (``top_bin``: its sequences, at least two, since
+    a micro-batch must keep one) into a bin of another slot (of rank ``r`` only if
+    ``r >= 0``) with slack and room: the sequence that lowers ``b`` most, into the bin it
+    leaves the least slack in (ties: the first sequence, the lowest bin)."""
+    w = top_bin.w
     s = b // dp  # b's slot
     # Only bins with the slack and room for the cheapest and shortest sequence can take
     # any (the same comparisons as below, so the pick is the one over all destinations).
     if r < 0:  # every bin of another slot, in bin order
-        fit = (slack >= w.min()) & (room >= t.min())
+        fit = (slack >= top_bin.w_min) & (room >= top_bin.t_min)
         fit[s * dp : (s + 1) * dp] = False
         near = np.flatnonzero(fit)
     else:  # rank r's bin of every other slot: bins r, r + dp, ...
-        fit = (slack[r::dp] >= w.min()) & (room[r::dp] >= t.min())
+        fit = (slack[r::dp] >= top_bin.w_min) & (room[r::dp] >= top_bin.t_min)
         fit[s] = False
         near = np.flatnonzero(fit) * dp + r
     if near.size == 0:
         return None
     slack_d, room_d = slack[near], room[near]
-    ok = (slack_d[None, :] >= w[:, None]) & (room_d[None, :] >= t[:, None])
+    ok = (slack_d[None, :] >= w[:, None]) & (room_d[None, :] >= top_bin.t[:, None])
     gain = np.where(ok.any(axis=1), np.minimum(w, cost[b] - second), 0.0)
     x = int(np.argmax(gain))
     if gain[x] <= tiny:
         return None
     left = np.where(ok[x], slack_d - w[x], np.inf)  # best fit: least slack left over
-    return b, int(ib[x]), int(near[int(np.argmin(left))]), -1
+    return b, int(top_bin.ib[x]), int(near[int(np.argmin(left))]), -1
 
 
 class _Placed:
@@ -216,41 +245,59 @@ class _Placed:
                 slack[d] + self.w, room[d] + self.t)  # fmt: skip
 
 
-def _best_swap(items, b, second, slot, rank, cost, tok, cap, costs, lengths, placed, view, tiny):
-    """Swap a sequence of top bin ``b`` with a cheaper one of another slot's bin that has
-    slack (``view``: :meth:`_Placed.view` of this step)."""
-    ib = np.asarray(items[b], dtype=np.int64)
-    w, t = costs[ib], lengths[ib]
+def _best_swap(top_bin, b, second, slot, rank, cost, tok, cap, placed, view, tiny, rows_first):
+    """Swap a sequence of top bin ``b`` (``top_bin``: its sequences) with a cheaper one of
+    another slot's bin that has slack (``view``: :meth:`_Placed.view` of this step): the
+    step, or None, and whether its gain is the most any swap can have (``b`` down to the
+    slot's second-heaviest bin). ``rows_first``: look for such a swap one sequence of
+    ``b`` at a time first (the same pick; cheaper where one is found early, as after a
+    swap that had it)."""
     d_all, slot_d, rank_d, w_all, t_all, slack_w, room_t = view
+    # A swap lowers ``b`` by at most ``cap_gain``: down to the second-heaviest bin.
+    cap_gain = cost[b] - second
+    if cap_gain <= tiny:
+        return None, False
+    room_b = cap - tok[b]
+    other = slot_d != slot[b]
+    if rank_d is not None:
+        other &= rank_d == rank[b]
+    if rows_first:
+        # The first pair in (sequence of b, partner) order whose gain is the cap is the
+        # scan's pick below: no gain is above the cap, and the scan takes the first best.
+        for x, (wx, tx) in enumerate(zip(top_bin.w.tolist(), top_bin.t.tolist())):
+            ok = other & (wx - w_all >= cap_gain) & (slack_w >= wx) & (room_t >= tx)
+            ok &= room_b + tx >= t_all
+            k = int(ok.argmax())
+            if ok[k]:
+                return (b, int(top_bin.ib[x]), int(d_all[k]), int(placed[k])), True
     # Only sequences that pass every test below for some sequence of ``b`` can be swapped
     # (the same comparisons against the extremes of ``b``'s costs and tokens): the 2-D
     # scan runs over those, in the same order, so it picks what the full scan would.
-    room_b = cap - tok[b]
-    keep = slot_d != slot[b]
-    if rank_d is not None:
-        keep &= rank_d == rank[b]
-    keep &= w_all < w.max()
-    keep &= slack_w >= w.min()
-    keep &= room_t >= t.min()
-    keep &= room_b + t.max() >= t_all
+    keep = other
+    keep &= w_all < top_bin.w_max
+    keep &= slack_w >= top_bin.w_min
+    keep &= room_t >= top_bin.t_min
+    keep &= room_b + top_bin.t_max >= t_all
     cand = np.flatnonzero(keep)
     if cand.size == 0:
-        return None
-    wx, tx = w[:, None], t[:, None]
-    wy, ty = w_all[cand][None, :], t_all[cand][None, :]
-    ok = (
-        (wy < wx)
-        & (slack_w[cand][None, :] >= wx)  # the other slot's level does not rise
-        & (room_t[cand][None, :] >= tx)
-        & (room_b + tx >= ty)
+        return None, False
+    w_y, t_y, slack_y, room_y = w_all[cand], t_all[cand], slack_w[cand], room_t[cand]
+    wx, tx = top_bin.w[:, None], top_bin.t[:, None]
+    # A pair where the partner is not cheaper gains nothing (at most 0, never above
+    # ``tiny``), so only the slack and the rooms are masked.
+    gain = np.minimum(wx - w_y[None, :], cap_gain)
+    gain *= (
+        (slack_y[None, :] >= wx)  # the other slot's level does not rise
+        & (room_y[None, :] >= tx)
+        & (room_b + tx >= t_y[None, :])
     )
-    gain = np.where(ok, np.minimum(wx - wy, cost[b] - second), 0.0)
     flat = int(np.argmax(gain))
     if gain.flat[flat] <= tiny:
-        return None
+        return None, False
     x, k = divmod(flat, gain.shape[1])
     at = int(cand[k])
-    return b, int(ib[x]), int(d_all[at]), int(placed[at])
+    capped = bool(gain.flat[flat] == cap_gain)
+    return (b, int(top_bin.ib[x]), int(d_all[at]), int(placed[at])), capped
 
 
 # Subsets of a rank's costliest sequences tried as the core of each slot's micro-batch:
