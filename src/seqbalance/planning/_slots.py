@@ -83,8 +83,6 @@ def fill_slack(
     top = by_slot.argmax(axis=1) + np.arange(m) * dp
     second = np.partition(by_slot, dp - 2, axis=1)[:, dp - 2]
     scans = 0  # move scans, and swap scans at _SWAP_UNITS each: the request's work meter
-    # Python copies for the top bin's few sequences (their extremes bound both scans).
-    cost_of, tokens_of = costs.tolist(), lengths.tolist()
     capped = False  # whether the last swap found lowered its bin all the way to the second
     for _ in range(max_steps):
         if level.sum() <= good_enough:
@@ -104,7 +102,7 @@ def fill_slack(
                 break
             held = items[b]
             move_budget -= len(held) * n_dests
-            top_bin = _TopBin(held, cost_of, tokens_of, costs, lengths)
+            top_bin = _TopBin(held, costs, lengths)
             if most_room is None:
                 most_room = room.max()
             if len(held) > 1 and top_bin.t_min <= most_room:  # (else no bin has room)
@@ -125,10 +123,10 @@ def fill_slack(
             break
         b, xi, dest, yi = step
         stuck[slot[b]] = stuck[slot[dest]] = False
-        _shift(items, cost, tok, where, cost_of, tokens_of, xi, b, dest)
+        _shift(items, cost, tok, where, costs, lengths, xi, b, dest)
         seqs.shift(xi, dest)
         if yi >= 0:
-            _shift(items, cost, tok, where, cost_of, tokens_of, yi, dest, b)
+            _shift(items, cost, tok, where, costs, lengths, yi, dest, b)
             seqs.shift(yi, b)
         for j in {int(slot[b]), int(slot[dest])}:
             row = by_slot[j]
@@ -180,14 +178,15 @@ class _TopBin:
     """A top bin's sequences as arrays, with their cost and token extremes (which bound
     which destinations and partners either scan can use)."""
 
-    __slots__ = ("ib", "t", "t_max", "t_min", "w", "w_max", "w_min")
+    __slots__ = ("ib", "t", "t_max", "t_min", "ts", "w", "w_max", "w_min", "ws")
 
-    def __init__(self, held, cost_of, tokens_of, costs, lengths) -> None:
-        ws = [cost_of[i] for i in held]
-        ts = [tokens_of[i] for i in held]
-        self.w_min, self.w_max, self.t_min, self.t_max = min(ws), max(ws), min(ts), max(ts)
+    def __init__(self, held, costs, lengths) -> None:
         self.ib = np.asarray(held, dtype=np.int64)
         self.w, self.t = costs[self.ib], lengths[self.ib]
+        # (a few sequences: their extremes in Python, fewer calls than numpy's)
+        self.ws, self.ts = self.w.tolist(), self.t.tolist()
+        self.w_min, self.w_max = min(self.ws), max(self.ws)
+        self.t_min, self.t_max = min(self.ts), max(self.ts)
 
 
 def _best_move(top_bin, b, second, dp, r, cost, slack, room, tiny):
@@ -264,7 +263,7 @@ def _best_swap(top_bin, b, second, slot, rank, cost, tok, cap, placed, view, tin
     if rows_first:
         # The first pair in (sequence of b, partner) order whose gain is the cap is the
         # scan's pick below: no gain is above the cap, and the scan takes the first best.
-        for x, (wx, tx) in enumerate(zip(top_bin.w.tolist(), top_bin.t.tolist())):
+        for x, (wx, tx) in enumerate(zip(top_bin.ws, top_bin.ts)):
             ok = other & (wx - w_all >= cap_gain) & (slack_w >= wx) & (room_t >= tx)
             ok &= room_b + tx >= t_all
             k = int(ok.argmax())
