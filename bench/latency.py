@@ -220,8 +220,9 @@ def against_rows(
     rows: list[tuple[str, int, int]], src: str, rounds: int, repeat: int, seqpack: Any
 ) -> list[dict[str, Any]]:
     """Each row's default-effort time here and in the seqbalance at ``src`` (a worker
-    process), alternating ``rounds`` times (best of ``repeat`` each), beside AReaL's
-    pipeline in the same rounds: the best of each, their ratios and the steps."""
+    process), alternating ``rounds`` times (best of ``repeat`` each, :func:`_alternate`),
+    beside AReaL's pipeline in the same rounds: the best of each, their ratios and the
+    steps."""
     import subprocess
 
     path = os.pathsep.join(x for x in (src, os.environ.get("PYTHONPATH")) if x)
@@ -245,19 +246,13 @@ def against_rows(
             lens = workloads.load(name, n, seed=0).lengths
             cap = max(32768, int(lens.max()))
             for sync in ("fsdp", "ddp"):
-                here = there = areal = float("inf")
-                got: dict[str, Any] = {}
-                p = None
-                for _ in range(rounds):
-                    got = ask({"workload": name, "n": n, "dp": dp, "sync": sync,
-                               "repeat": repeat})  # fmt: skip
-                    there = min(there, got["ms"])
-                    t, p = best_time(functools.partial(sb.plan, lens, dp, cap, cost=cost,
-                                                       sync=sync), repeat)  # fmt: skip
-                    here = min(here, t * 1e3)
-                    if seqpack is not None:
-                        run = functools.partial(areal_ffd, seqpack, lens.tolist(), dp, cap)
-                        areal = min(areal, best_time(run, repeat)[0] * 1e3)
+                here, there, areal, p, got = _alternate(
+                    ask, {"workload": name, "n": n, "dp": dp, "sync": sync, "repeat": repeat},
+                    functools.partial(sb.plan, lens, dp, cap, cost=cost, sync=sync),
+                    None if seqpack is None else functools.partial(
+                        areal_ffd, seqpack, lens.tolist(), dp, cap),
+                    rounds, repeat,
+                )  # fmt: skip
                 sim = p.simulate()
                 row = {
                     "workload": name, "n": n, "dp": dp, "sync": sync, "ms": here,
@@ -274,6 +269,34 @@ def against_rows(
         worker.stdin.close()
         worker.wait(timeout=60)
     return out
+
+
+def _alternate(
+    ask: Any, request: dict[str, Any], here: Any, areal: Any, rounds: int, repeat: int
+) -> tuple[float, float, float, Any, dict[str, Any]]:
+    """Best times (ms) of ``here`` (a plan call), the worker's answer to ``request`` and
+    ``areal`` (None: not run), ``rounds`` rounds of ``repeat`` each, each round starting
+    with the next of them (the first run of a round measured up to 15% slower than the
+    same code run second); with the last plan and the worker's last answer."""
+    best = {"here": float("inf"), "there": float("inf"), "areal": float("inf")}
+    last: dict[str, Any] = {}
+
+    def time_here() -> float:
+        t, last["plan"] = best_time(here, repeat)
+        return t * 1e3
+
+    def time_there() -> float:
+        last["got"] = ask(request)
+        return float(last["got"]["ms"])
+
+    runs = {"here": time_here, "there": time_there}
+    if areal is not None:
+        runs["areal"] = lambda: best_time(areal, repeat)[0] * 1e3
+    order = list(runs)
+    for k in range(rounds):
+        for key in order[k % len(order):] + order[: k % len(order)]:
+            best[key] = min(best[key], runs[key]())
+    return best["here"], best["there"], best["areal"], last["plan"], last["got"]
 
 
 def _git_rev(src: str) -> str | None:
