@@ -395,3 +395,70 @@ def test_oversized_alone_known_cases(lens, dp, cap, options):
     for rank in p.micro_batches:
         for mb in rank:
             assert len(mb) == 1 or not over & set(mb)
+
+
+def _splits_within_one(n: int, nbins: int):
+    """Every split of ``range(n)`` into ``nbins`` unordered bins whose counts differ by at
+    most one (bins as sorted tuples; small n only)."""
+    c, r = divmod(n, nbins)
+
+    def rec(items, bins_left, big_left):
+        if bins_left == 0:
+            if not items:
+                yield []
+            return
+        first, rest = items[0], items[1:]
+        for size in (c + 1, c) if big_left else (c,):
+            if size < 1 or size > len(items):
+                continue
+            if size == c and bins_left == big_left:
+                continue  # the bins left must all hold c + 1
+            for others in itertools.combinations(rest, size - 1):
+                left = [i for i in rest if i not in others]
+                for tail in rec(left, bins_left - 1, big_left - (size == c + 1)):
+                    yield [(first, *others), *tail]
+
+    if c == 0:
+        yield [(i,) for i in range(n)] + [() for _ in range(nbins - n)]
+        return
+    yield from rec(list(range(n)), nbins, r)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 12), min_size=1, max_size=7), st.integers(1, 5), st.booleans()
+)
+def test_fullest_floor_is_a_lower_bound_and_exact_for_pairs(lens, nbins, padded):
+    # The count search passes over counts below this floor without trying a split: it
+    # must be below every split's fullest bin, and it is the fewest where bins hold at
+    # most two sequences (so no count with a split is passed over there).
+    from seqbalance.planning._ordering import _fullest_floor
+
+    def tokens(b):
+        return len(b) * max((lens[i] for i in b), default=0) if padded else sum(lens[i] for i in b)
+
+    best = min(max(tokens(b) for b in split) for split in _splits_within_one(len(lens), nbins))
+    floor = _fullest_floor(np.array(lens), nbins, padded)
+    assert floor <= best
+    if len(lens) <= 2 * nbins and not padded:
+        assert floor == best
+
+
+def test_sequences_per_micro_batch_passes_over_counts_no_split_fits(monkeypatch):
+    # One sequence fills the cap, so no micro-batch can hold it with another: every count
+    # with two or more sequences in each micro-batch is passed over without a partition.
+    from seqbalance.planning import _ordering
+
+    calls = []
+    real = _ordering.partition_arrays
+
+    def spy(weights, k, *args):
+        calls.append(k)
+        return real(weights, k, *args)
+
+    monkeypatch.setattr(_ordering, "partition_arrays", spy)
+    lens = [100] + [10] * 39
+    p = sb.plan(lens, 1, 100, sequences_per_micro_batch=16)
+    assert p.num_micro_batches == 21  # the 100 alone, the 39 others two by two
+    assert not any(p.violations().values())
+    assert calls and min(calls) >= 21

@@ -129,6 +129,12 @@ def fixed_count_bins(
     n = lengths.shape[0]
     if n > nbins * per_bin:  # the caller sized nbins; guard the invariant anyway
         return f"{n} sequences do not fit {nbins} micro-batches of {per_bin}"
+    need = _fullest_floor(lengths, nbins, padded)
+    if need > cap:  # (no split of these counts fits: the partitions need not be tried)
+        return (
+            f"with {per_bin} sequences per micro-batch a micro-batch needs at least {need} "
+            f"tokens, more than max_tokens={cap}"
+        )
     worst = 0
     for weights in (costs, lengths.astype(np.float64)):
         parts = [list(p) for p in partition_arrays(weights, nbins, "balanced", "auto", None)]
@@ -153,6 +159,38 @@ def fixed_count_bins(
         f"with {per_bin} sequences per micro-batch a micro-batch needs {worst} tokens, more "
         f"than max_tokens={cap}"
     )
+
+
+def _fullest_floor(lengths: np.ndarray, nbins: int, padded: bool) -> int:
+    """A lower bound on the tokens of the fullest of ``nbins`` bins holding ``lengths``
+    with counts within one, so that a caller searching for the fewest bins can pass
+    over counts no split fits without trying one.
+
+    Every bin holds at least ``c = n // nbins`` sequences, so the one with the longest
+    holds ``c - 1`` others, at least the shortest ones (padded: ``c`` times the
+    longest). Where ``c = 1`` the ``n - nbins`` bins of two hold, at best, the
+    ``2 (n - nbins)`` shortest sequences paired shortest with longest, which is the
+    fewest tokens any pairing of them has in its fullest pair (the longest sequences
+    run alone): exact there.
+    """
+    n = int(lengths.shape[0])
+    if n == 0 or nbins < 1:
+        return 0
+    c, pairs = divmod(n, nbins)
+    y = np.sort(lengths.astype(np.int64))
+    longest = int(y[-1])
+    if c == 0:
+        return longest
+    if padded:
+        floor = c * longest
+        if c == 1 and pairs:
+            floor = max(floor, 2 * int(y[2 * pairs - 1]))
+        return floor
+    floor = longest + int(y[: c - 1].sum())
+    if c == 1 and pairs:
+        short = y[: 2 * pairs]
+        floor = max(floor, int((short[:pairs] + short[::-1][:pairs]).max()))
+    return floor
 
 
 def separate_oversized(
