@@ -21,6 +21,21 @@ def fsdp_step(grid, costs) -> float:
     return sum(max(float(costs[rank[j]].sum()) for rank in grid) for j in range(len(grid[0])))
 
 
+def both_scans(calls: list):
+    """A patch of the swap scan that runs it both ways, asserts they agree, and records
+    (whether the pass asked for the row-by-row scan first, the pick) in ``calls``."""
+    real = _slots._best_swap
+
+    def both(*args):
+        *head, rows_first = args
+        fast, full = real(*head, True), real(*head, False)
+        assert fast == full
+        calls.append((rows_first, fast[0]))
+        return fast
+
+    return mock.patch.object(_slots, "_best_swap", both)
+
+
 @st.composite
 def grids(draw):
     dp = draw(st.integers(2, 5))
@@ -46,17 +61,7 @@ def grids(draw):
 @given(grids())
 def test_rows_first_swap_scan_picks_what_the_full_scan_picks(case):
     grid, costs, lens, cap = case
-    real = _slots._best_swap
-    seen = []
-
-    def both(*args):
-        *head, _rows_first = args
-        fast, full = real(*head, True), real(*head, False)
-        assert fast == full
-        seen.append(fast)
-        return fast
-
-    with mock.patch.object(_slots, "_best_swap", both):
+    with both_scans([]):
         out = fill_slack(grid, costs, lens, cap, max_steps=200)
     assert sorted(i for rank in out for mb in rank for i in mb) == list(range(lens.size))
     assert all(mb for rank in out for mb in rank)
@@ -70,20 +75,11 @@ def test_after_a_capped_swap_the_next_scan_looks_row_by_row():
     lens = workloads.load("rl-math", 1024, seed=0).lengths
     costs = load_cost("qwen2.5-7b")(lens)
     grid = slot_first(costs, lens, 8, 19, 32768)
-    real = _slots._best_swap
-    rows_first = []
-
-    def both(*args):
-        *head, first = args
-        fast, full = real(*head, True), real(*head, False)
-        assert fast == full
-        rows_first.append(first)
-        return fast
-
-    with mock.patch.object(_slots, "_best_swap", both):
+    calls: list = []
+    with both_scans(calls):
         out = fill_slack(grid, costs, lens, 32768, max_steps=100, retry=False)
     assert fsdp_step(out, costs) < fsdp_step(grid, costs)
-    assert sum(rows_first) > len(rows_first) // 2
+    assert sum(rows_first for rows_first, _ in calls) > len(calls) // 2
 
 
 def test_a_capped_swap_keeps_the_top_bin_within_the_cap():
@@ -94,17 +90,8 @@ def test_a_capped_swap_keeps_the_top_bin_within_the_cap():
     costs = np.array([5.0, 1.0, 4.0, 1.0, 2.0, 4.0])
     lens = np.array([1, 5, 1, 7, 1, 1])
     grid = [[[0, 1], [3]], [[2], [4, 5]]]
-    real = _slots._best_swap
-    picks = []
-
-    def both(*args):
-        *head, _rows_first = args
-        fast, full = real(*head, True), real(*head, False)
-        assert fast == full
-        picks.append(fast[0])
-        return fast
-
-    with mock.patch.object(_slots, "_best_swap", both):
+    calls: list = []
+    with both_scans(calls):
         out = fill_slack(grid, costs, lens, 7, max_steps=10)
-    assert picks and picks[0] is None
+    assert calls and calls[0][1] is None
     assert all(int(lens[mb].sum()) <= 7 for rank in out for mb in rank)
