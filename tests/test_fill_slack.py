@@ -36,16 +36,94 @@ def both_scans(calls: list):
     return mock.patch.object(_slots, "_best_swap", both)
 
 
+def reference(grid, costs, lens, cap, max_steps, same_rank=False, retry=True, stop_at=None):
+    """The pass with plain loops, from its rule: slots by level (ties: lower slot), the
+    heaviest micro-batch of each (lowest rank on ties) gives its best move (the first
+    sequence of the largest gain, into the bin it leaves the least slack in), else its
+    best swap (the first pair, in (its sequence, partner index) order, of the largest
+    gain), the gain at most down to the slot's second. Integer costs, so sums are exact."""
+    dp, m = len(grid), len(grid[0])
+    items = [list(grid[r][j]) for j in range(m) for r in range(dp)]  # bin b = j * dp + r
+    cost = [float(sum(costs[i] for i in it)) for it in items]
+    tok = [int(sum(lens[i] for i in it)) for it in items]
+    tiny = 1e-12 * max(max(cost), 1e-300)
+    good = (1 + 1e-4) * max(sum(cost) / dp, float(max(costs)))
+    good = good if stop_at is None else max(good, stop_at)
+    stuck = [False] * m
+
+    def level(j):
+        return max(cost[j * dp : (j + 1) * dp])
+
+    def reachable(b, d):  # d may take a sequence of b
+        return d // dp != b // dp and (not same_rank or d % dp == b % dp)
+
+    for _ in range(max_steps):
+        if sum(level(j) for j in range(m)) <= good:
+            break
+        slack = [level(d // dp) - cost[d] for d in range(dp * m)]
+        room = [cap - tok[d] for d in range(dp * m)]
+        where = {i: d for d in range(dp * m) for i in items[d]}
+        step = None
+        for j in sorted(range(m), key=lambda j: (-level(j), j)):
+            if level(j) <= tiny:
+                break
+            if stuck[j]:
+                continue
+            row = cost[j * dp : (j + 1) * dp]
+            b = j * dp + row.index(max(row))
+            most = max(row) - sorted(row)[dp - 2]  # down to the slot's second
+            best = 0.0
+            if len(items[b]) > 1:
+                for x in items[b]:
+                    dests = [d for d in range(dp * m) if reachable(b, d)
+                             and slack[d] >= costs[x] and room[d] >= lens[x]]  # fmt: skip
+                    gain = min(costs[x], most) if dests else 0.0
+                    if gain > best:
+                        dest = min(dests, key=lambda d: (slack[d] - costs[x], d))
+                        best, step = gain, (b, x, dest, -1)
+            if step is None or best <= tiny:
+                step, best = None, 0.0
+                for x in items[b]:
+                    for y in sorted(where):
+                        d = where[y]
+                        if not reachable(b, d) or not costs[y] < costs[x]:
+                            continue
+                        if (slack[d] + costs[y] >= costs[x] and room[d] + lens[y] >= lens[x]
+                                and room[b] + lens[x] >= lens[y]):  # fmt: skip
+                            gain = min(costs[x] - costs[y], most)
+                            if gain > best:
+                                best, step = gain, (b, x, d, y)
+                if best <= tiny:
+                    step = None
+            if step is not None:
+                break
+            stuck[j] = not retry
+        if step is None:
+            break
+        b, x, d, y = step
+        stuck[b // dp] = stuck[d // dp] = False
+        for i, src, dst in ((x, b, d), (y, d, b)):
+            if i >= 0:
+                items[src].remove(i)
+                items[dst].append(i)
+                cost[src] -= costs[i]
+                cost[dst] += costs[i]
+                tok[src] -= lens[i]
+                tok[dst] += lens[i]
+    return [[items[j * dp + r] for j in range(m)] for r in range(dp)]
+
+
 @st.composite
-def grids(draw):
+def grids(draw, integer_costs=False):
     dp = draw(st.integers(2, 5))
     m = draw(st.integers(2, 5))
     n = draw(st.integers(dp * m, dp * m * 4))
     # Few distinct lengths, so that costs tie and the first-in-order rule is exercised.
-    lens = np.array(draw(st.lists(st.integers(1, 30), min_size=n, max_size=n)), dtype=np.int64)
-    quad = draw(st.sampled_from([0.0, 0.05, 1.0, None, None, None]))
+    lens = np.array(draw(st.lists(st.integers(0, 30), min_size=n, max_size=n)), dtype=np.int64)
+    quad = draw(st.sampled_from([0.0, 1.0, None] if integer_costs else
+                                [0.0, 0.05, 1.0, None, None, None]))  # fmt: skip
     if quad is None:  # costs apart from the lengths: a cheaper partner may be longer
-        costs = np.array(draw(st.lists(st.integers(1, 9), min_size=n, max_size=n)), float)
+        costs = np.array(draw(st.lists(st.integers(0, 9), min_size=n, max_size=n)), float)
     else:
         costs = lens + quad * lens.astype(np.float64) ** 2
     order = draw(st.permutations(range(n)))
@@ -67,6 +145,17 @@ def test_rows_first_swap_scan_picks_what_the_full_scan_picks(case):
     assert all(mb for rank in out for mb in rank)
     assert all(int(lens[mb].sum()) <= cap for rank in out for mb in rank)
     assert fsdp_step(out, costs) <= fsdp_step(grid, costs) * (1 + 1e-12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(grids(integer_costs=True), st.booleans(), st.booleans(), st.booleans())
+def test_matches_the_plain_loop(case, same_rank, retry, stop):
+    grid, costs, lens, cap = case
+    stop_at = 0.999 * fsdp_step(grid, costs) if stop else None
+    got = fill_slack(grid, costs, lens, cap, max_steps=60, same_rank=same_rank, retry=retry,
+                     stop_at=stop_at)  # fmt: skip
+    want = reference(grid, costs, lens, cap, 60, same_rank, retry, stop_at)
+    assert got == want
 
 
 def test_after_a_capped_swap_the_next_scan_looks_row_by_row():
@@ -95,3 +184,15 @@ def test_a_capped_swap_keeps_the_top_bin_within_the_cap():
         out = fill_slack(grid, costs, lens, 7, max_steps=10)
     assert calls and calls[0][1] is None
     assert all(int(lens[mb].sum()) <= 7 for rank in out for mb in rank)
+
+
+def test_a_move_into_a_bin_with_room_for_exactly_the_shortest_sequence():
+    # Slot 0's top bin (sequences 0 and 1, 3 tokens each, at a cap of 6) can give
+    # sequence 1 (cost 4) to slot 1's bin of sequence 2, whose room is exactly 3 tokens
+    # and the most any bin has: a move, not a swap.
+    costs = np.array([2.0, 4.0, 1.0, 6.0, 1.0])
+    lens = np.array([3, 3, 3, 3, 3])
+    grid = [[[0, 1], [2]], [[4], [3]]]
+    out = fill_slack(grid, costs, lens, 6, max_steps=1)
+    assert out == reference(grid, costs, lens, 6, 1)
+    assert out == [[[0], [2, 1]], [[4], [3]]]

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import seqbalance as sb
@@ -428,10 +428,13 @@ def _splits_within_one(n: int, nbins: int):
 @given(
     st.lists(st.integers(0, 12), min_size=1, max_size=7), st.integers(1, 5), st.booleans()
 )
+@example([1, 4, 4, 5], 2, False)  # two a bin: {1, 5} + {4, 4}, not longest + shortest
+@example([0, 0, 1, 1, 1, 1], 3, False)
 def test_fullest_floor_is_a_lower_bound_and_exact_for_pairs(lens, nbins, padded):
-    # The count search passes over counts below this floor without trying a split: it
-    # must be below every split's fullest bin, and it is the fewest where bins hold at
-    # most two sequences (so no count with a split is passed over there).
+    # The count search passes over a count without trying a split where this floor is
+    # above the cap: it must be at most every split's fullest bin (else a count some
+    # split fits could be passed over), and where bins hold at most two sequences it is
+    # the fewest any split has.
     from seqbalance.planning._ordering import _fullest_floor
 
     def tokens(b):

@@ -124,7 +124,8 @@ def fixed_count_bins(
     returns the first that fits the capacity, or a sentence saying why none did. The last
     is the fewest padded tokens any split of these counts can have in its fullest bin
     (count × longest is smallest with the longest sequences together), so with
-    ``padded`` a split is found whenever one exists.
+    ``padded`` a split is found whenever one exists. None is tried where a lower bound on
+    every split's fullest bin (:func:`_fullest_floor`) is above ``cap``.
     """
     n = lengths.shape[0]
     if n > nbins * per_bin:  # the caller sized nbins; guard the invariant anyway
@@ -168,10 +169,9 @@ def _fullest_floor(lengths: np.ndarray, nbins: int, padded: bool) -> int:
 
     Every bin holds at least ``c = n // nbins`` sequences, so the one with the longest
     holds ``c - 1`` others, at least the shortest ones (padded: ``c`` times the
-    longest). Where ``c = 1`` the ``n - nbins`` bins of two hold, at best, the
-    ``2 (n - nbins)`` shortest sequences paired shortest with longest, which is the
-    fewest tokens any pairing of them has in its fullest pair (the longest sequences
-    run alone): exact there.
+    longest). Where bins hold two sequences at most, the bins of two hold, at best, the
+    shortest sequences (the longest run alone), paired shortest with longest: the fewest
+    tokens any pairing of them has in its fullest pair, so the floor is exact there.
     """
     n = int(lengths.shape[0])
     if n == 0 or nbins < 1:
@@ -187,9 +187,10 @@ def _fullest_floor(lengths: np.ndarray, nbins: int, padded: bool) -> int:
             floor = max(floor, 2 * int(y[2 * pairs - 1]))
         return floor
     floor = longest + int(y[: c - 1].sum())
-    if c == 1 and pairs:
-        short = y[: 2 * pairs]
-        floor = max(floor, int((short[:pairs] + short[::-1][:pairs]).max()))
+    two = pairs if c == 1 else nbins if c == 2 and not pairs else 0  # (bins of two)
+    if two:
+        short = y[: 2 * two]
+        floor = max(floor, int((short[:two] + short[::-1][:two]).max()))
     return floor
 
 
