@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
+from test_capacity_bounds import _set_partitions
 
 import seqbalance as sb
 from seqbalance.planning._ordering import order_grid
@@ -398,30 +399,13 @@ def test_oversized_alone_known_cases(lens, dp, cap, options):
 
 
 def _splits_within_one(n: int, nbins: int):
-    """Every split of ``range(n)`` into ``nbins`` unordered bins whose counts differ by at
-    most one (bins as sorted tuples; small n only)."""
-    c, r = divmod(n, nbins)
-
-    def rec(items, bins_left, big_left):
-        if bins_left == 0:
-            if not items:
-                yield []
-            return
-        first, rest = items[0], items[1:]
-        for size in (c + 1, c) if big_left else (c,):
-            if size < 1 or size > len(items):
-                continue
-            if size == c and bins_left == big_left:
-                continue  # the bins left must all hold c + 1
-            for others in itertools.combinations(rest, size - 1):
-                left = [i for i in rest if i not in others]
-                for tail in rec(left, bins_left - 1, big_left - (size == c + 1)):
-                    yield [(first, *others), *tail]
-
-    if c == 0:
-        yield [(i,) for i in range(n)] + [() for _ in range(nbins - n)]
-        return
-    yield from rec(list(range(n)), nbins, r)
+    """Every split of ``range(n)`` into ``nbins`` bins whose counts differ by at most one
+    (empty bins where ``n < nbins``; small n only)."""
+    c = n // nbins
+    for part in _set_partitions(list(range(n))):
+        bins = part + [[] for _ in range(nbins - len(part))]
+        if len(bins) == nbins and all(c <= len(b) <= c + 1 for b in bins):
+            yield bins
 
 
 @settings(max_examples=150, deadline=None)
